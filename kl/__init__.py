@@ -1,0 +1,39 @@
+"""kl: the classic Kafka log design over a shared filesystem.
+
+    import kl
+    root = kl.Root("/data/kl")
+    root.create_topic("events", kl.TopicConfig(partitions=2))
+    kl.Producer(root).send("events", b"hello")
+    for message in kl.Consumer(root).fetch("events", 0, 0):
+        print(message.offset, message.value)
+"""
+
+from kl.config import TopicConfig
+from kl.consumer import DEFAULT_MAX_BYTES, Consumer
+from kl.errors import (
+    CorruptMessage,
+    CorruptState,
+    InvalidConfig,
+    InvalidOffset,
+    InvalidTopicName,
+    KlError,
+    LockTimeout,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    StorageError,
+    TopicExists,
+    TopicNotFound,
+    UnsupportedCodec,
+)
+from kl.log import EARLIEST, LATEST, Log
+from kl.message import Message
+from kl.messageset import MessageSet
+from kl.producer import Appended, Producer, hash_partitioner
+from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
+
+__all__ = [
+    "Appended", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
+    "InvalidOffset", "InvalidTopicName", "KlError", "LATEST", "LockTimeout", "Log", "Message", "MessageSet",
+    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "StorageError", "TopicConfig",
+    "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner", "validate_name",
+]

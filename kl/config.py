@@ -1,0 +1,71 @@
+"""A topic's configuration: the small ``topic.json`` file beside its partitions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from kl.errors import InvalidConfig
+
+CONFIG_FILE = "topic.json"
+GiB = 1 << 30
+MiB = 1 << 20
+MIN_MESSAGE_BYTES = 64
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Settings of one topic; the defaults are what ``kl topics create`` writes.
+
+    ``flush_messages`` and ``flush_ms`` bound the data at risk: a partition is fsynced
+    once that many messages or milliseconds have gone by since its last flush (checked at
+    each append; 0 switches a rule off).  A producer closing also flushes what it wrote.
+    """
+
+    partitions: int = 1
+    segment_bytes: int = GiB
+    max_message_bytes: int = MiB
+    flush_messages: int = 10_000
+    flush_ms: int = 1_000
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = 0
+    """0 keeps every byte (retention by age only)."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidConfig(f"{field.name} must be a whole number >= 0, not {value!r}")
+        if not 1 <= self.partitions <= 10_000:
+            raise InvalidConfig(f"partitions must be between 1 and 10000, not {self.partitions}")
+        if self.max_message_bytes < MIN_MESSAGE_BYTES:
+            raise InvalidConfig(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}, not {self.max_message_bytes}")
+        if self.max_message_bytes > 0x7FFFFFFF:
+            raise InvalidConfig(f"max_message_bytes must be below 2 GiB, not {self.max_message_bytes}")
+        if self.segment_bytes < self.max_message_bytes:
+            raise InvalidConfig(
+                f"segment_bytes ({self.segment_bytes}) must be at least max_message_bytes ({self.max_message_bytes})"
+            )
+
+    def to_json(self) -> bytes:
+        return (json.dumps(dataclasses.asdict(self), indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, path: str) -> TopicConfig:
+        try:
+            fields = json.loads(data)
+            if not isinstance(fields, dict):
+                raise ValueError("not an object")
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(fields) - known)
+            if unknown:
+                raise ValueError(f"unknown settings {', '.join(unknown)}")
+            return cls(**fields)
+        except (ValueError, TypeError) as e:
+            raise InvalidConfig(f"topic config {path} is unreadable: {e}") from None
+
+    @classmethod
+    def with_overrides(cls, **settings: int | None) -> TopicConfig:
+        """Defaults, with every setting that is not None replaced."""
+        return cls(**{k: v for k, v in settings.items() if v is not None})

@@ -1,0 +1,69 @@
+"""kl's exceptions: one class per condition, each message naming the values involved."""
+
+from __future__ import annotations
+
+
+class KlError(Exception):
+    """Base class of every error kl raises on purpose."""
+
+
+class InvalidTopicName(KlError):
+    """A topic name is not 1-249 characters of [A-Za-z0-9._-], or escapes the root."""
+
+
+class TopicNotFound(KlError):
+    """The topic (or partition) does not exist under the root."""
+
+
+class TopicExists(KlError):
+    """A topic with that name already exists."""
+
+
+class InvalidConfig(KlError):
+    """A topic or client setting is out of range, or a config file is unreadable."""
+
+
+class OffsetOutOfRange(KlError):
+    """An offset is below the log start or beyond the log end."""
+
+    def __init__(self, message: str, *, offset: int, log_start_offset: int, log_end_offset: int):
+        super().__init__(message)
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class InvalidOffset(KlError):
+    """An offset inside the log that is not the start of a message."""
+
+
+class CorruptMessage(KlError):
+    """A message before the committed end fails its length or checksum check."""
+
+    def __init__(self, path: str, position: int, reason: str, *, offset: int | None = None):
+        where = f"offset {offset} ({path} position {position})" if offset is not None else f"{path} position {position}"
+        super().__init__(f"corrupt message at {where}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+        self.offset = offset
+
+
+class CorruptState(KlError):
+    """A partition's state record is unreadable; ``kl recover`` rebuilds it."""
+
+
+class MessageTooLarge(KlError):
+    """A message is larger than the topic's maximum message size."""
+
+
+class UnsupportedCodec(KlError):
+    """A compressed message uses a codec kl cannot read or write."""
+
+
+class LockTimeout(KlError):
+    """A lock was not acquired within its timeout."""
+
+
+class StorageError(KlError):
+    """The filesystem refused a write, fsync or open (disk full, read-only, I/O error)."""

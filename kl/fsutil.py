@@ -1,0 +1,95 @@
+"""Small filesystem helpers: modes, durable creation, atomic replace, error translation."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+
+from kl.errors import StorageError
+
+FILE_MODE = 0o664
+DIR_MODE = 0o2775
+"""setgid, so files in a group-shared root stay in the group."""
+
+_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EIO: "I/O error",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def storage_error(e: OSError, action: str, path: str) -> StorageError:
+    """A one-line ``StorageError`` for an ``OSError`` met while doing ``action`` on ``path``."""
+    reason = _REASONS.get(e.errno or 0, e.strerror or str(e))
+    return StorageError(f"cannot {action} {path}: {reason}")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str) -> None:
+    """Create ``path`` and its parents with ``DIR_MODE`` where missing."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        ensure_dir(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise storage_error(e, "create directory", path) from None
+    os.chmod(path, DIR_MODE)
+    fsync_dir(parent or ".")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: unique temp file, fsync, rename, fsync the directory."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        fsync_dir(directory)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise storage_error(e, "write", path) from None
+
+
+def create_file(path: str) -> int:
+    """Create (or truncate) ``path`` for reading and writing with ``FILE_MODE``; returns the fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except PermissionError:
+        pass
+    return fd
+
+
+def pwrite_all(fd: int, data: bytes, position: int) -> None:
+    """Write all of ``data`` at ``position`` (pwrite may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        view = view[written:]
+        position += written

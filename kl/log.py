@@ -1,0 +1,460 @@
+"""A partition's log: a directory of segment files, a state record and a lock.
+
+Writers append under the partition's inter-process lock: they read the state, repair a
+torn tail a crashed writer left, write the message set at the end they found (never with
+O_APPEND, which NFS does not honour), then publish the new end in the state record.
+Readers take no lock: they read the state, then only bytes below its log end.
+
+A ``Log`` object is safe to share between threads and across ``fork()``; several
+processes on several hosts may append to one partition at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from collections import deque
+from typing import NamedTuple
+
+from kl import locks
+from kl.config import TopicConfig
+from kl.errors import (
+    CorruptMessage,
+    CorruptState,
+    InvalidOffset,
+    OffsetOutOfRange,
+    StorageError,
+    TopicNotFound,
+)
+from kl.fsutil import create_file, fsync_dir, pwrite_all, storage_error
+from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
+from kl.messageset import INCOMPLETE, MessageSet
+from kl.segment import list_segments, scan, segment_name
+from kl.state import STATE_FILE, PartitionState, read_state
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCK_TIMEOUT = 120.0
+"""Longer than the default NFSv4 lease (90 s) a crashed client's lock can outlive it by."""
+
+
+class Segment(NamedTuple):
+    base_offset: int
+    path: str
+    size_in_bytes: int
+
+
+class Log:
+    """One partition of a topic."""
+
+    def __init__(self, directory: str, lock_path: str, config: TopicConfig, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT):
+        self.directory = directory
+        self.lock_path = lock_path
+        self.config = config
+        self.lock_timeout = lock_timeout
+        self.state_path = os.path.join(directory, STATE_FILE)
+        self._bases: list[int] = []
+        self._names: list[str] = []
+        # Writer handles, used only under the lock.
+        self._state_fd: int | None = None
+        self._active_fd: int | None = None
+        self._active_base = -1
+        self._failed: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Log({self.directory!r})"
+
+    # ----------------------------------------------------------------- reading
+
+    def state(self) -> PartitionState:
+        """The published state.  Raises ``TopicNotFound`` when the partition is gone."""
+        try:
+            return read_state(self.state_path)
+        except FileNotFoundError:
+            raise TopicNotFound(f"partition {self.directory} does not exist") from None
+        except OSError as e:
+            raise storage_error(e, "read", self.state_path) from None
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.state().log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.state().log_end_offset
+
+    def read(self, offset: int, max_bytes: int) -> MessageSet:
+        """The complete messages in ``[offset, offset + max_bytes)``, as a lazily parsed set.
+
+        A first message larger than ``max_bytes`` is still returned whole: the read grows
+        up to the topic's maximum message size.  Raises ``OffsetOutOfRange`` outside
+        ``[log start, log end]`` and ``InvalidOffset`` where no message starts at ``offset``.
+        """
+        state = self.state()
+        self._check_range(offset, state)
+        for _ in range(3):
+            if offset == state.log_end_offset:
+                return MessageSet(b"", offset, max_message_bytes=self.config.max_message_bytes)
+            base, segment_end, stable = self._locate(offset, state)
+            path = os.path.join(self.directory, segment_name(base))
+            try:
+                return self._read_segment(path, base, offset, min(max_bytes, segment_end - offset), segment_end, stable)
+            except FileNotFoundError:  # deleted by retention, or a stale listing: look again
+                state = self.state()
+                self._check_range(offset, state)
+                self._bases = []
+        raise TopicNotFound(f"segment for offset {offset} in {self.directory} keeps disappearing")
+
+    def _check_range(self, offset: int, state: PartitionState) -> None:
+        if not state.log_start_offset <= offset <= state.log_end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is out of range: {self.directory} holds offsets "
+                f"{state.log_start_offset} to {state.log_end_offset}",
+                offset=offset,
+                log_start_offset=state.log_start_offset,
+                log_end_offset=state.log_end_offset,
+            )
+
+    def _locate(self, offset: int, state: PartitionState) -> tuple[int, int, int]:
+        """(base offset, end offset, stable offset) of the segment holding ``offset``."""
+        if offset >= state.active_base_offset:
+            return state.active_base_offset, state.log_end_offset, state.stable_offset
+        i = bisect.bisect_right(self._bases, offset) - 1
+        if i < 0 or i + 1 >= len(self._bases) or self._bases[i + 1] > state.active_base_offset:
+            self._refresh()
+            i = bisect.bisect_right(self._bases, offset) - 1
+        if i < 0:
+            raise OffsetOutOfRange(
+                f"offset {offset} is out of range: no segment of {self.directory} holds it",
+                offset=offset,
+                log_start_offset=state.log_start_offset,
+                log_end_offset=state.log_end_offset,
+            )
+        end = self._bases[i + 1] if i + 1 < len(self._bases) else state.active_base_offset
+        return self._bases[i], end, end  # closed segments were fsynced when they rolled
+
+    def _refresh(self) -> None:
+        try:
+            found = list_segments(self.directory)
+        except FileNotFoundError:
+            raise TopicNotFound(f"partition {self.directory} does not exist") from None
+        self._bases = [base for base, _ in found]
+        self._names = [name for _, name in found]
+
+    def _read_segment(self, path: str, base: int, offset: int, size: int, segment_end: int, stable: int) -> MessageSet:
+        limit = self.config.max_message_bytes
+        position = offset - base
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, size, position)
+            head = data if len(data) >= PREFIX.size else os.pread(fd, PREFIX.size, position)
+            if len(data) == size < segment_end - offset and len(head) == PREFIX.size:
+                length, magic = PREFIX.unpack_from(head)
+                if magic < len(MIN_LENGTH) and size < LENGTH_SIZE + length <= limit:
+                    size = min(LENGTH_SIZE + length, segment_end - offset)
+                    data = os.pread(fd, size, position)  # one message larger than max_bytes
+            if not data and offset < stable:
+                raise CorruptMessage(path, position, f"file ends before offset {segment_end}", offset=offset)
+            messages = MessageSet(
+                data, offset, max_message_bytes=limit, stable_offset=stable, path=path, position=position,
+                ends_at_eof=len(data) < size,
+            )
+            first = next(messages.entries(), None)
+            if first is not None and first.problem is not None:
+                cut_short = first.problem == INCOMPLETE and offset + first.size <= segment_end and not messages.ends_at_eof
+                if not cut_short:
+                    self._check_boundary(fd, base, offset)
+        finally:
+            os.close(fd)
+        return messages
+
+    def _check_boundary(self, fd: int, base: int, offset: int) -> None:
+        """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
+        target, before, after = offset - base, 0, 0
+        for entry in scan(fd, 0, os.fstat(fd).st_size, self.config.max_message_bytes):
+            if entry.position >= target or entry.problem is not None:
+                break
+            before, after = entry.position, entry.position + entry.size
+        if after > target:
+            raise InvalidOffset(
+                f"offset {offset} is not the start of a message in {self.directory}; "
+                f"the nearest messages start at {base + before} and {base + after}"
+            )
+
+    def segments(self) -> list[Segment]:
+        """The segments from the log start to the active one, oldest first, with sizes."""
+        state = self.state()
+        self._refresh()
+        out = []
+        for base, name in zip(self._bases, self._names):
+            if state.log_start_offset <= base <= state.active_base_offset:
+                path = os.path.join(self.directory, name)
+                if base == state.active_base_offset:
+                    size = state.log_end_offset - base
+                else:
+                    try:
+                        size = os.stat(path).st_size
+                    except FileNotFoundError:
+                        continue
+                out.append(Segment(base, path, size))
+        return out
+
+    def size_in_bytes(self) -> int:
+        return sum(s.size_in_bytes for s in self.segments())
+
+    def first_timestamp(self, segment: Segment) -> int | None:
+        """Timestamp of a segment's first message (None if empty, gone, or magic 0/1)."""
+        try:
+            first = next(iter(self.read(segment.base_offset, 4096)), None)
+        except OffsetOutOfRange:
+            return None
+        return None if first is None else first.timestamp
+
+    def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
+        """Up to ``max_offsets`` segment start offsets at or before ``time_ms``, newest first.
+
+        A segment counts as "before" when its first message's timestamp is at or before
+        ``time_ms``; the log end is included when the whole log is.  ``LATEST`` (-1) and
+        ``EARLIEST`` (-2) give the log end and the log start.
+        """
+        state = self.state()
+        if time_ms == LATEST:
+            return [state.log_end_offset][:max_offsets]
+        if time_ms == EARLIEST:
+            return [state.log_start_offset][:max_offsets]
+        found = []
+        for segment in self.segments():
+            ts = self.first_timestamp(segment)
+            if ts is not None and ts <= time_ms:
+                found.append(segment.base_offset)
+        return found[::-1][:max_offsets]
+
+    def offset_for_time(self, time_ms: int) -> int:
+        """The offset of the first message with a timestamp at or after ``time_ms``
+        (the log end if there is none).  Assumes timestamps rise within the partition."""
+        segments = self.segments()
+        start = segments[0].base_offset if segments else self.state().log_start_offset
+        for segment in segments:
+            ts = self.first_timestamp(segment)
+            if ts is not None and ts <= time_ms:
+                start = segment.base_offset
+        offset = start
+        end = self.state().log_end_offset
+        while offset < end:
+            messages = self.read(offset, 1 << 20)
+            progressed = False
+            for msg in messages:
+                if msg.timestamp is not None and msg.timestamp >= time_ms:
+                    return msg.offset
+                offset, progressed = msg.next_offset, True
+            if not progressed:
+                break
+        return offset
+
+    def offset_back(self, count: int) -> int:
+        """The offset from which the last ``count`` messages can be read (the log start
+        when there are fewer); a compressed batch is read whole, so it may give more."""
+        state = self.state()
+        needed = count
+        for segment in reversed(self.segments()):
+            recent: deque[int] = deque(maxlen=needed)
+            fd = os.open(segment.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                for entry in scan(fd, 0, segment.size_in_bytes, self.config.max_message_bytes):
+                    if entry.problem is not None:
+                        break
+                    recent.append(segment.base_offset + entry.position)
+            finally:
+                os.close(fd)
+            for offset in reversed(recent):
+                needed -= sum(1 for _ in self.read(offset, 1))
+                if needed <= 0:
+                    return offset
+        return state.log_start_offset
+
+    # ----------------------------------------------------------------- writing
+
+    def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
+        """Append a framed message set of ``count`` messages; returns the offset it starts at.
+
+        The set is written whole at the end of the active segment and then published.
+        With ``fsync`` the data and state are flushed before this returns; otherwise the
+        topic's flush policy decides.  Raises ``LockTimeout``, ``StorageError`` (the log is
+        left as it was) and ``CorruptMessage`` when the tail is damaged below its
+        committed end (run ``kl recover``).
+        """
+        if self._failed:
+            raise StorageError(self._failed)
+        with locks.locked(self.lock_path, self.lock_timeout):
+            state = self._writable_state()
+            size = state.log_end_offset - state.active_base_offset
+            if size and size + len(data) > self.config.segment_bytes:
+                state = self._roll(state)
+            position = state.log_end_offset - state.active_base_offset
+            try:
+                pwrite_all(self._active_fd, data, position)
+            except OSError as e:
+                self._undo_write(position)
+                raise storage_error(e, f"append {len(data)} bytes to", self._active_path()) from None
+            now = time.time_ns() // 1_000_000
+            new = state._replace(
+                log_end_offset=state.log_end_offset + len(data),
+                last_append_offset=state.log_end_offset,
+                unflushed_messages=state.unflushed_messages + count,
+            )
+            cfg = self.config
+            due = (cfg.flush_messages and new.unflushed_messages >= cfg.flush_messages) or (
+                cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms
+            )
+            if fsync or due:
+                self._fsync(self._active_fd, self._active_path())
+                new = new._replace(flushed_offset=new.log_end_offset, unflushed_messages=0, flushed_at_ms=now)
+            self._publish(new, durable=fsync or due)
+            return state.log_end_offset
+
+    def flush(self) -> None:
+        """fsync the active segment and the state, if anything is unflushed."""
+        if self._failed:
+            raise StorageError(self._failed)
+        with locks.locked(self.lock_path, self.lock_timeout):
+            state = self._writable_state()
+            if state.flushed_offset < state.log_end_offset:
+                self._fsync(self._active_fd, self._active_path())
+                now = time.time_ns() // 1_000_000
+                self._publish(
+                    state._replace(flushed_offset=state.log_end_offset, unflushed_messages=0, flushed_at_ms=now),
+                    durable=True,
+                )
+
+    def close(self) -> None:
+        """Close the writer's file descriptors (reading needs none)."""
+        for fd in (self._state_fd, self._active_fd):
+            if fd is not None:
+                os.close(fd)
+        self._state_fd = self._active_fd = None
+        self._active_base = -1
+
+    def _active_path(self) -> str:
+        return os.path.join(self.directory, segment_name(self._active_base))
+
+    def _writable_state(self) -> PartitionState:
+        """Under the lock: the state, with the active segment open and its tail repaired."""
+        try:
+            if self._state_fd is None:
+                self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            state = PartitionState.decode(os.pread(self._state_fd, 64, 0), self.state_path)
+            if state.active_base_offset != self._active_base:
+                if self._active_fd is not None:
+                    os.close(self._active_fd)
+                    self._active_fd = None
+                path = os.path.join(self.directory, segment_name(state.active_base_offset))
+                self._active_fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._active_base = state.active_base_offset
+            stat = os.fstat(self._active_fd)
+        except FileNotFoundError:
+            self.close()
+            raise TopicNotFound(f"partition {self.directory} does not exist") from None
+        except OSError as e:
+            self.close()
+            raise storage_error(e, "open", self.directory) from None
+        if stat.st_nlink == 0:
+            self.close()
+            raise TopicNotFound(f"partition {self.directory} was deleted")
+        if stat.st_size != state.log_end_offset - state.active_base_offset:
+            state = self._repair_tail(state, stat.st_size)
+        return state
+
+    def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
+        """Keep the valid messages past the stable offset, cut what follows, publish."""
+        base = state.active_base_offset
+        stable_position = state.stable_offset - base
+        path = self._active_path()
+        if file_size < stable_position:
+            raise CorruptMessage(
+                path, file_size, f"segment ends before its committed end {state.stable_offset}; run 'kl recover'"
+            )
+        end = stable_position
+        for entry in scan(self._active_fd, stable_position, file_size, self.config.max_message_bytes):
+            if entry.problem is not None:
+                break
+            end = entry.position + entry.size
+        if end < file_size:
+            try:
+                os.ftruncate(self._active_fd, end)
+            except OSError as e:
+                raise storage_error(e, "truncate", path) from None
+            log.warning("%s: cut a torn tail of %d bytes at position %d", path, file_size - end, end)
+        log_end = base + end
+        repaired = state._replace(
+            log_end_offset=log_end,
+            flushed_offset=min(state.flushed_offset, log_end),
+            last_append_offset=min(state.last_append_offset, log_end),
+        )
+        self._publish(repaired, durable=False)
+        return repaired
+
+    def _roll(self, state: PartitionState) -> PartitionState:
+        """Close the active segment (fsynced) and start a new one at the log end."""
+        if state.flushed_offset < state.log_end_offset:
+            self._fsync(self._active_fd, self._active_path())
+        new_base = state.log_end_offset
+        path = os.path.join(self.directory, segment_name(new_base))
+        try:
+            fd = create_file(path)
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise storage_error(e, "create segment", path) from None
+        now = time.time_ns() // 1_000_000
+        rolled = state._replace(
+            active_base_offset=new_base,
+            flushed_offset=new_base,
+            last_append_offset=new_base,
+            unflushed_messages=0,
+            flushed_at_ms=now,
+        )
+        try:
+            self._publish(rolled, durable=True)
+        except StorageError:
+            os.close(fd)
+            raise
+        os.close(self._active_fd)
+        self._active_fd, self._active_base = fd, new_base
+        self._remove_orphans(state.active_base_offset, new_base)
+        return rolled
+
+    def _remove_orphans(self, old_base: int, new_base: int) -> None:
+        """Delete segments a writer killed mid-roll created but never published."""
+        for base, name in list_segments(self.directory):
+            if old_base < base < new_base or base > new_base:
+                log.warning("%s: removing unpublished segment %s", self.directory, name)
+                os.unlink(os.path.join(self.directory, name))
+
+    def _publish(self, state: PartitionState, *, durable: bool) -> None:
+        try:
+            pwrite_all(self._state_fd, state.encode(), 0)
+        except OSError as e:
+            raise storage_error(e, "write", self.state_path) from None
+        if durable:
+            self._fsync(self._state_fd, self.state_path)
+
+    def _fsync(self, fd: int, path: str) -> None:
+        """fsync, or fail this ``Log`` for good: after an fsync error the page cache may
+        have dropped the data, so nothing written here may be acknowledged again."""
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            error = storage_error(e, "fsync", path)
+            self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
+            raise error from None
+
+    def _undo_write(self, position: int) -> None:
+        try:
+            os.ftruncate(self._active_fd, position)
+        except OSError as e:
+            log.error("%s: could not cut a failed write back to %d: %s", self._active_path(), position, e)
+
+
+LATEST = -1
+EARLIEST = -2

@@ -1,0 +1,133 @@
+"""One message: the on-disk format, its constants, checksums and codecs.
+
+The format is specified in ``man/kl-format.5``; every number here mirrors that page.
+All integers are big-endian.  Three versions (the ``magic`` byte) exist and all are read::
+
+    magic 0  length:4 magic:1 crc:4 payload          (Kafka 0.7; crc = CRC32(payload))
+    magic 1  length:4 magic:1 attrs:1 crc:4 payload  (Kafka 0.7; crc = CRC32(payload))
+    magic 2  length:4 magic:1 attrs:1 crc:4 timestamp:8 key_length:4 key value
+             crc = CRC32(magic, attrs, timestamp, key_length, key, value)
+
+``length`` counts the bytes after itself.  kl writes magic 2 only.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+from kl.errors import UnsupportedCodec
+
+LENGTH_SIZE = 4
+MAGIC_OFFSET = 4
+ATTRIBUTES_OFFSET = 5
+CRC_OFFSET_V0 = 5
+PAYLOAD_OFFSET_V0 = 9
+CRC_OFFSET = 6
+PAYLOAD_OFFSET_V1 = 10
+TIMESTAMP_OFFSET = 10
+KEY_LENGTH_OFFSET = 18
+KEY_OFFSET = 22
+HEADER_SIZE = KEY_OFFSET
+"""Bytes of a magic 2 message before its key."""
+
+CURRENT_MAGIC = 2
+MIN_LENGTH = (5, 6, HEADER_SIZE - LENGTH_SIZE)
+"""Smallest valid ``length`` field for magic 0, 1 and 2."""
+NO_KEY = -1
+
+CODEC_MASK = 0x07
+CODEC_NONE = 0
+CODEC_GZIP = 1
+CODEC_SNAPPY = 2
+CODEC_LZ4 = 3
+CODEC_ZSTD = 4
+CODECS = {"none": CODEC_NONE, "gzip": CODEC_GZIP, "zstd": CODEC_ZSTD}
+CODEC_NAMES = {CODEC_NONE: "none", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
+
+HEADER = struct.Struct(">iBBIqi")
+"""length, magic, attrs, crc, timestamp, key_length of a magic 2 message."""
+PREFIX = struct.Struct(">iB")
+"""length and magic: the part every version shares."""
+ATTRS_CRC = struct.Struct(">BI")
+CRC_V0 = struct.Struct(">I")
+TIMESTAMP_KEY_LENGTH = struct.Struct(">qi")
+
+CRC_SEEDS = tuple(zlib.crc32(bytes((CURRENT_MAGIC, attrs))) for attrs in range(256))
+"""CRC32 of the (magic 2, attrs) pair: the running checksum a magic 2 body continues from."""
+
+
+class Message(NamedTuple):
+    """A message as a consumer sees it.
+
+    ``offset`` is where the message (or, inside a compressed batch, its wrapper) starts;
+    ``next_offset`` is where to resume after it.  ``timestamp`` is milliseconds since
+    the epoch, or None for magic 0 and 1.
+    """
+
+    offset: int
+    next_offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes
+
+
+def crc_of(magic: int, attrs: int, body: bytes | memoryview) -> int:
+    """The checksum a message of ``magic`` with these ``attrs`` and ``body`` must carry.
+
+    ``body`` is everything after the crc field (the payload for magic 0 and 1).
+    """
+    if magic == CURRENT_MAGIC:
+        return zlib.crc32(body, CRC_SEEDS[attrs])
+    return zlib.crc32(body)
+
+
+def encode(value: bytes, key: bytes | None = None, timestamp: int = 0, attrs: int = CODEC_NONE) -> bytes:
+    """One magic 2 message, framed and checksummed."""
+    if key is None:
+        body = TIMESTAMP_KEY_LENGTH.pack(timestamp, NO_KEY) + value
+    else:
+        body = TIMESTAMP_KEY_LENGTH.pack(timestamp, len(key)) + key + value
+    return PREFIX.pack(len(body) + 6, CURRENT_MAGIC) + ATTRS_CRC.pack(attrs, zlib.crc32(body, CRC_SEEDS[attrs])) + body
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    """Compress an inner message set with ``codec`` (gzip or zstd)."""
+    if codec == CODEC_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    if codec == CODEC_GZIP:
+        compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return compressor.compress(data) + compressor.flush()
+    raise UnsupportedCodec(f"kl cannot write codec {CODEC_NAMES.get(codec, codec)}")
+
+
+def decompress(codec: int, data: bytes | memoryview, max_size: int) -> bytes:
+    """Decompress a wrapper's payload, refusing to produce more than ``max_size`` bytes.
+
+    Raises ``UnsupportedCodec`` for snappy, lz4 and unknown codecs and ``ValueError`` for
+    damaged or oversized data.
+    """
+    if codec == CODEC_ZSTD:
+        import zstandard
+
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+                out = reader.read(max_size + 1)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"zstd: {e}") from None
+    elif codec == CODEC_GZIP:
+        d = zlib.decompressobj(47)
+        try:
+            out = d.decompress(data, max_size + 1)
+        except zlib.error as e:
+            raise ValueError(f"gzip: {e}") from None
+        if not d.eof and len(out) <= max_size:
+            raise ValueError("gzip: truncated stream")
+    else:
+        raise UnsupportedCodec(f"kl cannot read codec {CODEC_NAMES.get(codec, codec)}")
+    if len(out) > max_size:
+        raise ValueError(f"decompresses to more than {max_size} bytes")
+    return out

@@ -1,0 +1,240 @@
+"""Message sets: many messages framed back to back, built and parsed in bulk.
+
+A set read from disk is validated lazily, while it is iterated.  Where a message fails
+its checks decides what that means: before the set's ``stable_offset`` (data that was
+committed and flushed) it is corruption and raises ``CorruptMessage``; at or past it, it
+is a torn tail left by a crash and simply ends the set.  A message cut off by the end
+of the buffer always ends the set: the next read starts there.
+
+Compressed batches are one wrapper message whose value is an inner message set.  Every
+inner message is reported at the wrapper's offset, and all but the last resume at that
+offset too, so a consumer that stops inside a batch gets the whole batch again.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from kl import message as m
+from kl.errors import CorruptMessage, UnsupportedCodec
+from kl.message import Message
+
+INCOMPLETE = "incomplete message"
+_FAST = m.HEADER.unpack_from
+_FAST_VALUE = struct.Struct(">i2xI8xi").unpack_from
+"""length, crc and key_length of a magic 2 message."""
+_SEED = m.CRC_SEEDS[m.CODEC_NONE]
+
+
+class Entry(NamedTuple):
+    """One stored message as it sits in the file (a wrapper is one entry)."""
+
+    position: int
+    size: int
+    magic: int
+    attrs: int
+    problem: str | None
+    """None when the message is valid, else why not (``INCOMPLETE`` for a cut-off one)."""
+
+
+def check(buf: bytes, pos: int, end: int, max_message_bytes: int) -> Entry:
+    """Validate the message at ``pos``; nothing is allocated before its length is checked."""
+    if end - pos < m.LENGTH_SIZE + 1:
+        return Entry(pos, end - pos, -1, 0, INCOMPLETE)
+    length, magic = m.PREFIX.unpack_from(buf, pos)
+    if magic > m.CURRENT_MAGIC:
+        return Entry(pos, 0, magic, 0, f"unknown magic {magic}")
+    if not m.MIN_LENGTH[magic] <= length <= max_message_bytes - m.LENGTH_SIZE:
+        return Entry(pos, 0, magic, 0, f"bad length {length}")
+    nxt = pos + m.LENGTH_SIZE + length
+    if nxt > end:
+        return Entry(pos, nxt - pos, magic, 0, INCOMPLETE)
+    if magic == 0:
+        attrs, body_at = 0, m.PAYLOAD_OFFSET_V0
+        (stored,) = m.CRC_V0.unpack_from(buf, pos + m.CRC_OFFSET_V0)
+    else:
+        attrs, stored = m.ATTRS_CRC.unpack_from(buf, pos + m.ATTRIBUTES_OFFSET)
+        body_at = m.PAYLOAD_OFFSET_V1
+    size = nxt - pos
+    if m.crc_of(magic, attrs, memoryview(buf)[pos + body_at : nxt]) != stored:
+        return Entry(pos, size, magic, attrs, "checksum mismatch")
+    if magic == m.CURRENT_MAGIC:
+        (key_length,) = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)[1:]
+        if not m.NO_KEY <= key_length <= length - (m.HEADER_SIZE - m.LENGTH_SIZE):
+            return Entry(pos, size, magic, attrs, f"bad key length {key_length}")
+    return Entry(pos, size, magic, attrs, None)
+
+
+def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
+    """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
+    pack, crc32 = m.HEADER.pack, zlib.crc32
+    if keys is None:
+        values = values if isinstance(values, list) else list(values)
+        seed = zlib.crc32(m.TIMESTAMP_KEY_LENGTH.pack(timestamp, m.NO_KEY), _SEED)
+        fixed = m.HEADER_SIZE - m.LENGTH_SIZE
+        parts: list[bytes] = [b""] * (2 * len(values))
+        parts[0::2] = [pack(len(v) + fixed, m.CURRENT_MAGIC, 0, crc32(v, seed), timestamp, m.NO_KEY) for v in values]
+        parts[1::2] = values
+        return b"".join(parts)
+    return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys)])
+
+
+def wrap(inner: bytes, codec: int, timestamp: int) -> bytes:
+    """One wrapper message holding the compressed ``inner`` set."""
+    return m.encode(m.compress(codec, inner), None, timestamp, codec)
+
+
+class MessageSet:
+    """A byte range of a partition starting at ``offset``, parsed lazily.
+
+    ``stable_offset`` is the offset below which a bad message is corruption rather than a
+    torn tail; ``ends_at_eof`` says the buffer stops where its file does, so a message cut
+    off there below ``stable_offset`` is corruption too; ``path`` and ``position`` say
+    where the bytes came from, for errors.
+    """
+
+    __slots__ = ("buffer", "offset", "stable_offset", "max_message_bytes", "path", "position", "ends_at_eof")
+
+    def __init__(
+        self,
+        buffer: bytes,
+        offset: int = 0,
+        *,
+        max_message_bytes: int,
+        stable_offset: int = 0,
+        path: str = "<memory>",
+        position: int = 0,
+        ends_at_eof: bool = False,
+    ):
+        self.buffer = buffer
+        self.offset = offset
+        self.stable_offset = stable_offset
+        self.max_message_bytes = max_message_bytes
+        self.path = path
+        self.position = position
+        self.ends_at_eof = ends_at_eof
+
+    @property
+    def size_in_bytes(self) -> int:
+        return len(self.buffer)
+
+    def __iter__(self) -> Iterator[Message]:
+        buf, base, end = self.buffer, self.offset, len(self.buffer)
+        crc32, unpack, seed, limit = zlib.crc32, _FAST, _SEED, end - m.HEADER_SIZE
+        pos = 0
+        while True:
+            while pos <= limit:  # fast path: uncompressed magic 2
+                length, magic, attrs, crc, ts, klen = unpack(buf, pos)
+                nxt = pos + m.LENGTH_SIZE + length
+                if magic != 2 or attrs or not pos + m.HEADER_SIZE <= nxt <= end or not -1 <= klen <= nxt - pos - 22:
+                    break
+                body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
+                if crc32(body, seed) != crc:
+                    break
+                if klen < 0:
+                    yield Message(base + pos, base + nxt, ts, None, body[12:])
+                else:
+                    yield Message(base + pos, base + nxt, ts, body[12 : 12 + klen], body[12 + klen :])
+                pos = nxt
+            step = self._slow(pos)
+            if step is None:
+                return
+            pos, messages = step
+            yield from messages
+
+    def values(self) -> tuple[list[bytes], int]:
+        """All values in one pass, and the offset to read from next: the consumer's fast path."""
+        buf, end, out = self.buffer, len(self.buffer), []
+        append, crc32, unpack, seed, limit = out.append, zlib.crc32, _FAST_VALUE, _SEED, end - m.HEADER_SIZE
+        pos = 0
+        while True:
+            while pos <= limit:  # fast path: uncompressed magic 2 without a key
+                length, crc, klen = unpack(buf, pos)
+                nxt = pos + m.LENGTH_SIZE + length
+                if klen != -1 or not pos + m.HEADER_SIZE <= nxt <= end:
+                    break
+                body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
+                if crc32(body, seed) != crc:  # the crc covers magic and attrs too
+                    break
+                append(body[12:])
+                pos = nxt
+            step = self._slow(pos)
+            if step is None:
+                return out, self.offset + pos
+            pos, messages = step
+            out.extend([msg.value for msg in messages])
+
+    def entries(self) -> Iterator[Entry]:
+        """Every stored message with its problem, up to the first bad or cut-off one (included)."""
+        pos, end = 0, len(self.buffer)
+        while pos < end:
+            entry = check(self.buffer, pos, end, self.max_message_bytes)
+            yield entry
+            if entry.problem is not None:
+                return
+            pos += entry.size
+
+    def valid_bytes(self) -> int:
+        """Bytes from the start that hold complete, valid messages (no exception raised)."""
+        pos = 0
+        for entry in self.entries():
+            if entry.problem is not None:
+                break
+            pos += entry.size
+        return pos
+
+    def decode(self, entry: Entry) -> list[Message]:
+        """The messages a valid entry holds: itself, or a compressed batch's inner messages."""
+        buf, pos = self.buffer, entry.position
+        nxt = pos + entry.size
+        offset, next_offset = self.offset + pos, self.offset + nxt
+        if entry.magic == 0:
+            return [Message(offset, next_offset, None, None, buf[pos + m.PAYLOAD_OFFSET_V0 : nxt])]
+        codec = entry.attrs & m.CODEC_MASK
+        if entry.magic == 1:
+            ts, key, value = None, None, buf[pos + m.PAYLOAD_OFFSET_V1 : nxt]
+        else:
+            ts, klen = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)
+            key_end = pos + m.KEY_OFFSET + max(klen, 0)
+            key = None if klen < 0 else buf[pos + m.KEY_OFFSET : key_end]
+            value = buf[key_end:nxt]
+        if codec == m.CODEC_NONE:
+            return [Message(offset, next_offset, ts, key, value)]
+        return self._inner(entry, codec, value, offset, next_offset)
+
+    def _inner(self, entry: Entry, codec: int, payload: bytes, offset: int, next_offset: int) -> list[Message]:
+        def corrupt(reason: str) -> CorruptMessage:
+            return CorruptMessage(self.path, self.position + entry.position, f"compressed batch: {reason}", offset=offset)
+
+        try:
+            inner = m.decompress(codec, payload, self.max_message_bytes)
+        except UnsupportedCodec:
+            raise
+        except ValueError as e:
+            raise corrupt(str(e)) from None
+        inner_set = MessageSet(inner, max_message_bytes=self.max_message_bytes, stable_offset=len(inner))
+        out = []
+        for e in inner_set.entries():
+            if e.problem is not None:
+                raise corrupt(f"inner message at +{e.position}: {e.problem}")
+            if e.magic and e.attrs & m.CODEC_MASK:
+                raise corrupt(f"inner message at +{e.position} is itself compressed")
+            (msg,) = inner_set.decode(e)
+            out.append(Message(offset, offset, msg.timestamp, msg.key, msg.value))
+        if not out:
+            raise corrupt("empty")
+        out[-1] = out[-1]._replace(next_offset=next_offset)
+        return out
+
+    def _slow(self, pos: int) -> tuple[int, list[Message]] | None:
+        """Decode the one message at ``pos`` carefully; None where the set ends there."""
+        entry = check(self.buffer, pos, len(self.buffer), self.max_message_bytes)
+        if entry.problem is None:
+            return pos + entry.size, self.decode(entry)
+        if self.offset + pos >= self.stable_offset or entry.problem == INCOMPLETE and not self.ends_at_eof:
+            return None
+        reason = "file ends inside a message" if entry.problem == INCOMPLETE else entry.problem
+        raise CorruptMessage(self.path, self.position + pos, reason, offset=self.offset + pos)

@@ -1,0 +1,203 @@
+"""Producers: partition, frame and append messages.
+
+``send`` appends one message and returns once it is published (and, with
+``fsync=True``, durable).  ``send_batch`` frames many messages in bulk and appends them
+per partition in chunks of at most ``batch_bytes``; each chunk is one atomic append.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from kl import message as m
+from kl.errors import InvalidConfig, MessageTooLarge
+from kl.log import Log
+from kl.messageset import frame, wrap
+from kl.topic import Root
+
+Partitioner = Callable[[bytes | None, int], int]
+"""(key, number of partitions) -> partition."""
+
+DEFAULT_BATCH_BYTES = 1 << 20
+
+
+def hash_partitioner(key: bytes | None, partitions: int) -> int:
+    """CRC32 of the key modulo the partition count (stable across processes, hosts and
+    Python versions); a random partition when there is no key."""
+    if key is None:
+        return random.randrange(partitions)
+    return zlib.crc32(key) % partitions
+
+
+class Appended(NamedTuple):
+    """Where one append landed: ``count`` messages from ``offset`` to ``next_offset``."""
+
+    topic: str
+    partition: int
+    offset: int
+    next_offset: int
+    count: int
+
+
+class Producer:
+    """Sends messages to topics under a root.  Safe to share between threads.
+
+    ``compression`` is ``"zstd"``, ``"gzip"`` or None; ``fsync`` makes every send durable
+    before it returns; ``partitioner`` replaces :func:`hash_partitioner`.
+    """
+
+    def __init__(
+        self,
+        root: Root | str | os.PathLike[str],
+        *,
+        compression: str | None = None,
+        fsync: bool = False,
+        partitioner: Partitioner = hash_partitioner,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ):
+        self.root = root if isinstance(root, Root) else Root(root)
+        if compression not in (None, *m.CODECS):
+            raise InvalidConfig(f"unknown compression {compression!r}: use zstd, gzip or none")
+        self.codec = m.CODECS[compression or "none"]
+        self.fsync = fsync
+        self.partitioner = partitioner
+        self.batch_bytes = batch_bytes
+        self._written: set[Log] = set()
+        self._guard = threading.Lock()
+
+    def send(
+        self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None, timestamp: int | None = None
+    ) -> Appended:
+        """Append one message; returns where it landed."""
+        if partition is None:
+            partition = self._partition(topic, key)
+        log = self.root.log(topic, partition)
+        ts = now_ms() if timestamp is None else timestamp
+        data = m.encode(value, key, ts)
+        self._check_size(log, len(data), topic)
+        if self.codec:
+            data = wrap(data, self.codec, ts)
+        offset = log.append(data, 1, fsync=self.fsync)
+        self._note(log)
+        return Appended(topic, partition, offset, offset + len(data), 1)
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        keys: Sequence[bytes | None] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> list[Appended]:
+        """Append many messages.  With keys each goes to its key's partition; without,
+        the whole batch goes to ``partition`` or to one partition the partitioner picks.
+        Every message is checked against the topic's size limit before any is written."""
+        if keys is not None and len(keys) != len(values):
+            raise ValueError(f"{len(values)} values but {len(keys)} keys")
+        if not values:
+            return []
+        ts = now_ms() if timestamp is None else timestamp
+        if partition is not None or keys is None:
+            groups = {partition if partition is not None else self._partition(topic, None): (values, keys)}
+        else:
+            groups = self._group(topic, values, keys)
+        logs = {p: self.root.log(topic, p) for p in groups}
+        for p, (vals, ks) in groups.items():
+            self._check_batch(logs[p], vals, ks, topic)
+        return [a for p, (vals, ks) in groups.items() for a in self._append_batch(topic, p, logs[p], vals, ks, ts)]
+
+    def flush(self) -> None:
+        """fsync every partition this producer wrote to since the last flush."""
+        with self._guard:
+            written, self._written = self._written, set()
+        for log in written:
+            log.flush()
+
+    def close(self) -> None:
+        """Flush what was written; the producer stays usable."""
+        self.flush()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- helpers
+
+    def _partition(self, topic: str, key: bytes | None) -> int:
+        partitions = self.root.config(topic).partitions
+        p = self.partitioner(key, partitions)
+        if not isinstance(p, int) or not 0 <= p < partitions:
+            raise InvalidConfig(f"partitioner returned {p!r} for a topic with {partitions} partitions")
+        return p
+
+    def _group(
+        self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None]
+    ) -> dict[int, tuple[list[bytes], list[bytes | None]]]:
+        groups: dict[int, tuple[list[bytes], list[bytes | None]]] = {}
+        for value, key in zip(values, keys):
+            vals, ks = groups.setdefault(self._partition(topic, key), ([], []))
+            vals.append(value)
+            ks.append(key)
+        return groups
+
+    @staticmethod
+    def _check_size(log: Log, size: int, topic: str) -> None:
+        if size > log.config.max_message_bytes:
+            raise MessageTooLarge(
+                f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {log.config.max_message_bytes}"
+            )
+
+    def _check_batch(self, log: Log, values: Sequence[bytes], keys: Sequence[bytes | None] | None, topic: str) -> None:
+        largest = max(map(len, values)) + m.HEADER_SIZE
+        if keys is not None:
+            largest = max(len(v) + len(k or b"") + m.HEADER_SIZE for v, k in zip(values, keys))
+        self._check_size(log, largest, topic)
+
+    def _append_batch(
+        self, topic: str, partition: int, log: Log, values: Sequence[bytes], keys: Sequence[bytes | None] | None, ts: int
+    ) -> list[Appended]:
+        limit = min(self.batch_bytes, log.config.segment_bytes)
+        if self.codec:
+            limit = min(limit, log.config.max_message_bytes - m.HEADER_SIZE)
+        out = []
+        for start, stop in _chunks(values, keys, limit):
+            data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
+            if self.codec:
+                wrapped = wrap(data, self.codec, ts)
+                if len(wrapped) <= log.config.max_message_bytes:
+                    data = wrapped
+            offset = log.append(data, stop - start, fsync=self.fsync)
+            out.append(Appended(topic, partition, offset, offset + len(data), stop - start))
+        self._note(log)
+        return out
+
+    def _note(self, log: Log) -> None:
+        if not self.fsync and log not in self._written:
+            with self._guard:
+                self._written.add(log)
+
+
+def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit: int) -> Iterable[tuple[int, int]]:
+    """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
+    message larger than it is a chunk of its own)."""
+    sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys))
+    ends = list(itertools.accumulate(s + m.HEADER_SIZE for s in sizes))
+    start, consumed = 0, 0
+    while start < len(ends):
+        stop = max(bisect.bisect_right(ends, consumed + limit, lo=start), start + 1)
+        yield start, stop
+        consumed, start = ends[stop - 1], stop
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,67 @@
+"""Segment files: naming, listing, and scanning one file message by message."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from kl.messageset import INCOMPLETE, Entry, MessageSet
+
+SUFFIX = ".kl"
+LEGACY_SUFFIX = ".kafka"
+NAME_DIGITS = 20
+"""Base offsets are zero-padded to 20 digits so that ``ls`` sorts segments numerically."""
+SCAN_CHUNK = 1 << 20
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:0{NAME_DIGITS}d}{SUFFIX}"
+
+
+def parse_name(name: str) -> int | None:
+    """The base offset a segment file name encodes, or None for any other file."""
+    stem, dot, suffix = name.partition(".")
+    if dot and "." + suffix in (SUFFIX, LEGACY_SUFFIX) and len(stem) == NAME_DIGITS and stem.isdigit():
+        return int(stem)
+    return None
+
+
+def list_segments(directory: str) -> list[tuple[int, str]]:
+    """(base offset, file name) of every segment in ``directory``, oldest first.
+
+    Other files (the state, NFS ``.nfsXXXX`` leftovers, files set aside) are ignored.
+    """
+    found = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            base = parse_name(entry.name)
+            if base is not None:
+                found.append((base, entry.name))
+    found.sort()
+    return found
+
+
+def scan(fd: int, position: int, end: int, max_message_bytes: int) -> Iterator[Entry]:
+    """Every message of the file from ``position`` to ``end``, read in chunks.
+
+    Entries carry file positions; the last one yielded is the first with a problem, if
+    any (``INCOMPLETE`` where the file ends inside a message).
+    """
+    need = SCAN_CHUNK
+    while position < end:
+        want = min(max(SCAN_CHUNK, need), end - position)
+        buf = os.pread(fd, want, position)
+        more = len(buf) == want and position + want < end
+        walked = 0
+        for entry in MessageSet(buf, max_message_bytes=max_message_bytes).entries():
+            if entry.problem == INCOMPLETE and more:
+                need = entry.size
+                break
+            yield entry._replace(position=position + entry.position)
+            if entry.problem is not None:
+                return
+            walked += entry.size
+        else:
+            if not buf:
+                return
+        position += walked
