@@ -90,6 +90,8 @@ class Consumer:
             for message in messages:
                 yield message
                 offset, got = message.next_offset, True
+            got = got or messages.next_offset > offset  # stepped over padding
+            offset = max(offset, messages.next_offset)
             if got:
                 idle_since = time.monotonic()
                 continue

@@ -93,3 +93,35 @@ def pwrite_all(fd: int, data: bytes, position: int) -> None:
         written = os.pwrite(fd, view, position)
         view = view[written:]
         position += written
+
+
+def mount_of(path: str) -> tuple[str, str, set[str]]:
+    """(mount point, filesystem type, mount options) of the filesystem holding ``path``."""
+    real = os.path.realpath(path)
+    best = ("/", "", set())
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return best
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 3:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, tail[0], set(fields[5].split(",")) | set(tail[2].split(",")))
+    return best
+
+
+def nfs_locking_problem(path: str) -> str | None:
+    """Why kl's locks would not work on the NFS mount holding ``path`` (None if fine or not NFS)."""
+    point, fstype, options = mount_of(path)
+    if not fstype.startswith("nfs"):
+        return None
+    for bad in ("nolock", "local_lock=all", "local_lock=posix", "local_lock=flock"):
+        if bad in options:
+            return f"{point} is an NFS mount with {bad}: locks would not exclude other hosts; remount without it"
+    return None

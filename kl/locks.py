@@ -59,52 +59,70 @@ class _HeldOpenLock(fasteners.InterProcessLock):
         """Keep the file open: closing it would drop the process's lock."""
 
 
-class _Entry:
-    __slots__ = ("thread_lock", "file_lock")
+class ProcessLock:
+    """The one lock on a path in this process: a thread lock, then the file lock."""
+
+    __slots__ = ("path", "pid", "_thread_lock", "_file_lock")
 
     def __init__(self, path: str):
-        self.thread_lock = threading.Lock()
-        self.file_lock = _HeldOpenLock(path)
+        self.path = path
+        self.pid = os.getpid()
+        self._thread_lock = threading.Lock()
+        self._file_lock = _HeldOpenLock(path)
+
+    def acquire(self, timeout: float) -> None:
+        """Raises ``LockTimeout`` when the lock cannot be had within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        thread_lock = self._thread_lock
+        if not thread_lock.acquire(False) and not thread_lock.acquire(timeout=max(timeout, 0)):
+            raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
+        try:
+            file_lock = self._file_lock
+            if file_lock.lockfile is None:
+                file_lock._do_open()
+            if not _try(file_lock) and not file_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def release(self) -> None:
+        try:
+            self._file_lock.unlock()
+            self._file_lock.acquired = False
+        finally:
+            self._thread_lock.release()
 
 
-_registry: dict[str, _Entry] = {}
+_registry: dict[str, ProcessLock] = {}
 _registry_lock = threading.Lock()
 _registry_pid = os.getpid()
 
 
-def _entry(path: str) -> _Entry:
+def lock_for(path: str) -> ProcessLock:
+    """This process's lock on ``path`` (a fresh registry after ``fork()``).
+
+    Holders must call again when ``lock.pid != os.getpid()``.
+    """
     global _registry, _registry_pid
-    pid = os.getpid()
     with _registry_lock:
-        if pid != _registry_pid:  # forked: the parent's locks are not ours
-            _registry, _registry_pid = {}, pid
-        entry = _registry.get(path)
-        if entry is None:
-            entry = _registry[path] = _Entry(path)
-        return entry
+        if os.getpid() != _registry_pid:  # forked: the parent's locks are not ours
+            _registry, _registry_pid = {}, os.getpid()
+        lock = _registry.get(path)
+        if lock is None:
+            lock = _registry[path] = ProcessLock(path)
+        return lock
 
 
 @contextmanager
 def locked(path: str, timeout: float) -> Iterator[None]:
-    """Hold the lock on ``path`` (thread lock, then file lock) for the ``with`` block.
-
-    Raises ``LockTimeout`` when it cannot be had within ``timeout`` seconds.
-    """
-    entry = _entry(path)
-    deadline = time.monotonic() + timeout
-    if not entry.thread_lock.acquire(timeout=max(timeout, 0)):
-        raise LockTimeout(f"lock {path} is held by another thread of this process (waited {timeout:g}s)")
+    """Hold the lock on ``path`` for the ``with`` block.  Raises ``LockTimeout``."""
+    lock = lock_for(path)
+    lock.acquire(timeout)
     try:
-        file_lock = entry.file_lock
-        file_lock._do_open()
-        if not _try(file_lock) and not file_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
-            raise LockTimeout(f"lock {path} is held by another process (waited {timeout:g}s)")
-        try:
-            yield
-        finally:
-            file_lock.release()
+        yield
     finally:
-        entry.thread_lock.release()
+        lock.release()
 
 
 def _try(file_lock: _HeldOpenLock) -> bool:

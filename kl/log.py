@@ -12,10 +12,13 @@ processes on several hosts may append to one partition at once.
 from __future__ import annotations
 
 import bisect
+import errno
+import contextlib
 import logging
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl import locks
@@ -28,10 +31,11 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import create_file, fsync_dir, pwrite_all, storage_error
+from kl.fsutil import create_file, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import list_segments, scan, segment_name
+from kl.state import SIZE as STATE_SIZE
 from kl.state import STATE_FILE, PartitionState, read_state
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,11 @@ class Log:
         self._state_fd: int | None = None
         self._active_fd: int | None = None
         self._active_base = -1
+        self._tail_checked = False
+        self._published: PartitionState | None = None
+        self._published_raw: bytes | None = None
+        self._nfs: bool | None = None
+        self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
 
     def __repr__(self) -> str:
@@ -98,10 +107,11 @@ class Log:
             if offset == state.log_end_offset:
                 return MessageSet(b"", offset, max_message_bytes=self.config.max_message_bytes)
             base, segment_end, stable = self._locate(offset, state)
-            path = os.path.join(self.directory, segment_name(base))
             try:
-                return self._read_segment(path, base, offset, min(max_bytes, segment_end - offset), segment_end, stable)
-            except FileNotFoundError:  # deleted by retention, or a stale listing: look again
+                return self._read_segment(state, base, offset, max_bytes, segment_end, stable)
+            except OSError as e:  # deleted by retention, or a stale listing: look again
+                if e.errno not in (errno.ENOENT, errno.ESTALE):
+                    raise storage_error(e, "read", os.path.join(self.directory, segment_name(base))) from None
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
@@ -123,7 +133,7 @@ class Log:
             return state.active_base_offset, state.log_end_offset, state.stable_offset
         i = bisect.bisect_right(self._bases, offset) - 1
         if i < 0 or i + 1 >= len(self._bases) or self._bases[i + 1] > state.active_base_offset:
-            self._refresh()
+            self.refresh()
             i = bisect.bisect_right(self._bases, offset) - 1
         if i < 0:
             raise OffsetOutOfRange(
@@ -135,7 +145,7 @@ class Log:
         end = self._bases[i + 1] if i + 1 < len(self._bases) else state.active_base_offset
         return self._bases[i], end, end  # closed segments were fsynced when they rolled
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         try:
             found = list_segments(self.directory)
         except FileNotFoundError:
@@ -143,11 +153,19 @@ class Log:
         self._bases = [base for base, _ in found]
         self._names = [name for _, name in found]
 
-    def _read_segment(self, path: str, base: int, offset: int, size: int, segment_end: int, stable: int) -> MessageSet:
+    def _read_segment(
+        self, state: PartitionState, base: int, offset: int, max_bytes: int, segment_end: int, stable: int
+    ) -> MessageSet:
         limit = self.config.max_message_bytes
         position = offset - base
+        path = os.path.join(self.directory, segment_name(base))
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
+            if base == state.active_base_offset and offset + max_bytes > stable:
+                segment_end = base + self.good_end(fd, state, os.fstat(fd).st_size)[0]
+                if offset >= segment_end:  # stopped at a torn tail
+                    return MessageSet(b"", offset, max_message_bytes=limit)
+            size = min(max_bytes, segment_end - offset)
             data = os.pread(fd, size, position)
             head = data if len(data) >= PREFIX.size else os.pread(fd, PREFIX.size, position)
             if len(data) == size < segment_end - offset and len(head) == PREFIX.size:
@@ -170,6 +188,38 @@ class Log:
             os.close(fd)
         return messages
 
+    def good_end(self, fd: int, state: PartitionState, file_size: int) -> tuple[int, str | None]:
+        """Where the good published data of the active segment ends (a position), and why
+        it ends there (None when it reaches the log end).
+
+        Only the tail past the stable offset is examined.  A file that ends inside a
+        message keeps the complete messages before it; a message failing its checks
+        inside the last append drops that whole append; one failing before it (in
+        unflushed data) ends the good data there.  A file shorter than the stable offset
+        is corruption: the result is then ``file_size`` and the caller must not go on.
+        """
+        base = state.active_base_offset
+        stable = state.stable_offset - base
+        last = state.last_append_offset - base
+        published = state.log_end_offset - base
+        if file_size < stable:
+            return file_size, f"file ends at offset {base + file_size}, before the committed end {base + stable}"
+        end = stable
+        for entry in scan(fd, stable, min(file_size, published), self.config.max_message_bytes):
+            if entry.problem is None:
+                end = entry.position + entry.size
+                continue
+            where = base + entry.position
+            if entry.problem == INCOMPLETE and file_size < published and entry.position + entry.size <= published:
+                return end, f"file ends inside the message at offset {where}"
+            if entry.position >= last:
+                problem = "message runs past the log end" if entry.problem == INCOMPLETE else entry.problem
+                return last, f"{problem} at offset {where} (drops the last append, from {base + last})"
+            return entry.position, f"{entry.problem} at offset {where}"
+        if end < published:
+            return end, f"file ends at offset {base + end}, before the log end {base + published}"
+        return end, None
+
     def _check_boundary(self, fd: int, base: int, offset: int) -> None:
         """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
         target, before, after = offset - base, 0, 0
@@ -186,7 +236,7 @@ class Log:
     def segments(self) -> list[Segment]:
         """The segments from the log start to the active one, oldest first, with sizes."""
         state = self.state()
-        self._refresh()
+        self.refresh()
         out = []
         for base, name in zip(self._bases, self._names):
             if state.log_start_offset <= base <= state.active_base_offset:
@@ -287,43 +337,55 @@ class Log:
         """
         if self._failed:
             raise StorageError(self._failed)
-        with locks.locked(self.lock_path, self.lock_timeout):
-            state = self._writable_state()
+        lock = self._process_lock()
+        lock.acquire(self.lock_timeout)
+        try:
+            state = self.writable_state()
+            fsync = fsync or self._nfs
             size = state.log_end_offset - state.active_base_offset
             if size and size + len(data) > self.config.segment_bytes:
                 state = self._roll(state)
-            position = state.log_end_offset - state.active_base_offset
+            start = state.log_end_offset
+            position = start - state.active_base_offset
             try:
-                pwrite_all(self._active_fd, data, position)
+                written = os.pwrite(self._active_fd, data, position)
+                if written != len(data):
+                    pwrite_all(self._active_fd, memoryview(data)[written:], position + written)
             except OSError as e:
                 self._undo_write(position)
                 raise storage_error(e, f"append {len(data)} bytes to", self._active_path()) from None
             now = time.time_ns() // 1_000_000
-            new = state._replace(
-                log_end_offset=state.log_end_offset + len(data),
-                last_append_offset=state.log_end_offset,
-                unflushed_messages=state.unflushed_messages + count,
-            )
+            end = start + len(data)
+            unflushed = state.unflushed_messages + count
             cfg = self.config
-            due = (cfg.flush_messages and new.unflushed_messages >= cfg.flush_messages) or (
-                cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms
-            )
-            if fsync or due:
-                self._fsync(self._active_fd, self._active_path())
-                new = new._replace(flushed_offset=new.log_end_offset, unflushed_messages=0, flushed_at_ms=now)
-            self._publish(new, durable=fsync or due)
-            return state.log_end_offset
+            if (
+                fsync
+                or (cfg.flush_messages and unflushed >= cfg.flush_messages)
+                or (cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms)
+            ):
+                self.fsync(self._active_fd, self._active_path())
+                new = PartitionState(state.log_start_offset, state.active_base_offset, end, end, start, 0, now)
+                self.publish(new, durable=True)
+            else:
+                new = PartitionState(
+                    state.log_start_offset, state.active_base_offset, end, state.flushed_offset, start, unflushed,
+                    state.flushed_at_ms,
+                )
+                self.publish(new, durable=False)
+            return start
+        finally:
+            lock.release()
 
     def flush(self) -> None:
         """fsync the active segment and the state, if anything is unflushed."""
         if self._failed:
             raise StorageError(self._failed)
-        with locks.locked(self.lock_path, self.lock_timeout):
-            state = self._writable_state()
+        with self.locked():
+            state = self.writable_state()
             if state.flushed_offset < state.log_end_offset:
-                self._fsync(self._active_fd, self._active_path())
+                self.fsync(self._active_fd, self._active_path())
                 now = time.time_ns() // 1_000_000
-                self._publish(
+                self.publish(
                     state._replace(flushed_offset=state.log_end_offset, unflushed_messages=0, flushed_at_ms=now),
                     durable=True,
                 )
@@ -335,16 +397,49 @@ class Log:
                 os.close(fd)
         self._state_fd = self._active_fd = None
         self._active_base = -1
+        self._tail_checked = False
+        self._published_raw = None
+
+    def _process_lock(self) -> locks.ProcessLock:
+        lock = self._lock
+        if lock is None or lock.pid != os.getpid():
+            lock = self._lock = locks.lock_for(self.lock_path)
+        return lock
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the partition's lock (``LockTimeout`` after ``lock_timeout``)."""
+        lock = self._process_lock()
+        lock.acquire(self.lock_timeout)
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _active_path(self) -> str:
         return os.path.join(self.directory, segment_name(self._active_base))
 
-    def _writable_state(self) -> PartitionState:
-        """Under the lock: the state, with the active segment open and its tail repaired."""
+    def writable_state(self) -> PartitionState:
+        """Under the lock: the state, with the active segment open and its tail sound.
+
+        On NFS the state file is opened afresh (close-to-open consistency): the lock
+        revalidates only the lock file's cache, not the state's.
+        """
+        if self._nfs is None:
+            problem = nfs_locking_problem(self.directory)
+            if problem:
+                raise StorageError(f"cannot append to {self.directory}: {problem}")
+            self._nfs = mount_of(self.directory)[1].startswith("nfs")
+        if self._nfs and self._state_fd is not None:
+            os.close(self._state_fd)
+            self._state_fd, self._published_raw = None, None
         try:
             if self._state_fd is None:
                 self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            state = PartitionState.decode(os.pread(self._state_fd, 64, 0), self.state_path)
+            raw = os.pread(self._state_fd, STATE_SIZE, 0)
+            if raw == self._published_raw:  # nobody appended since we did: the tail is ours
+                return self._published
+            state = PartitionState.decode(raw, self.state_path)
             if state.active_base_offset != self._active_base:
                 if self._active_fd is not None:
                     os.close(self._active_fd)
@@ -362,43 +457,48 @@ class Log:
         if stat.st_nlink == 0:
             self.close()
             raise TopicNotFound(f"partition {self.directory} was deleted")
-        if stat.st_size != state.log_end_offset - state.active_base_offset:
+        if not self._tail_checked or stat.st_size != state.log_end_offset - state.active_base_offset:
             state = self._repair_tail(state, stat.st_size)
+            self._tail_checked = True
         return state
 
     def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
-        """Keep the valid messages past the stable offset, cut what follows, publish."""
-        base = state.active_base_offset
-        stable_position = state.stable_offset - base
+        """Make the active segment end exactly where its good published data does.
+
+        Bytes past the log end were never published (a writer died first) and are cut,
+        never adopted.  A damaged tail past the stable offset moves the log end back (see
+        ``good_end``).  Below the stable offset nothing is touched: a file short of it
+        raises ``CorruptMessage`` for ``kl recover``.
+        """
         path = self._active_path()
-        if file_size < stable_position:
-            raise CorruptMessage(
-                path, file_size, f"segment ends before its committed end {state.stable_offset}; run 'kl recover'"
-            )
-        end = stable_position
-        for entry in scan(self._active_fd, stable_position, file_size, self.config.max_message_bytes):
-            if entry.problem is not None:
-                break
-            end = entry.position + entry.size
+        end, why = self.good_end(self._active_fd, state, file_size)
+        if end < state.stable_offset - state.active_base_offset:
+            raise CorruptMessage(path, end, f"{why}; run 'kl recover'", offset=state.active_base_offset + end)
         if end < file_size:
             try:
                 os.ftruncate(self._active_fd, end)
             except OSError as e:
                 raise storage_error(e, "truncate", path) from None
-            log.warning("%s: cut a torn tail of %d bytes at position %d", path, file_size - end, end)
-        log_end = base + end
+            log.warning("%s: cut %d bytes at position %d: %s", path, file_size - end, end, why or "never published")
+        if end == state.log_end_offset - state.active_base_offset:
+            return state
+        log_end = state.active_base_offset + end
         repaired = state._replace(
             log_end_offset=log_end,
             flushed_offset=min(state.flushed_offset, log_end),
             last_append_offset=min(state.last_append_offset, log_end),
         )
-        self._publish(repaired, durable=False)
+        self.publish(repaired, durable=True)
         return repaired
 
     def _roll(self, state: PartitionState) -> PartitionState:
-        """Close the active segment (fsynced) and start a new one at the log end."""
+        """Close the active segment (exact size, fsynced) and start one at the log end."""
+        try:
+            os.ftruncate(self._active_fd, state.log_end_offset - state.active_base_offset)  # unpublished leftovers
+        except OSError as e:
+            raise storage_error(e, "truncate", self._active_path()) from None
         if state.flushed_offset < state.log_end_offset:
-            self._fsync(self._active_fd, self._active_path())
+            self.fsync(self._active_fd, self._active_path())
         new_base = state.log_end_offset
         path = os.path.join(self.directory, segment_name(new_base))
         try:
@@ -407,15 +507,9 @@ class Log:
         except OSError as e:
             raise storage_error(e, "create segment", path) from None
         now = time.time_ns() // 1_000_000
-        rolled = state._replace(
-            active_base_offset=new_base,
-            flushed_offset=new_base,
-            last_append_offset=new_base,
-            unflushed_messages=0,
-            flushed_at_ms=now,
-        )
+        rolled = PartitionState(state.log_start_offset, new_base, new_base, new_base, new_base, 0, now)
         try:
-            self._publish(rolled, durable=True)
+            self.publish(rolled, durable=True)
         except StorageError:
             os.close(fd)
             raise
@@ -431,15 +525,20 @@ class Log:
                 log.warning("%s: removing unpublished segment %s", self.directory, name)
                 os.unlink(os.path.join(self.directory, name))
 
-    def _publish(self, state: PartitionState, *, durable: bool) -> None:
+    def publish(self, state: PartitionState, *, durable: bool) -> None:
+        """Write the state record (under the lock); ``durable`` fsyncs it."""
+        raw = state.encode()
+        self._published_raw = None
         try:
-            pwrite_all(self._state_fd, state.encode(), 0)
+            if os.pwrite(self._state_fd, raw, 0) != len(raw):
+                pwrite_all(self._state_fd, raw, 0)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
-        if durable:
-            self._fsync(self._state_fd, self.state_path)
+        if durable or self._nfs:
+            self.fsync(self._state_fd, self.state_path)
+        self._published, self._published_raw = state, raw
 
-    def _fsync(self, fd: int, path: str) -> None:
+    def fsync(self, fd: int, path: str) -> None:
         """fsync, or fail this ``Log`` for good: after an fsync error the page cache may
         have dropped the data, so nothing written here may be acknowledged again."""
         try:

@@ -43,6 +43,8 @@ CODEC_GZIP = 1
 CODEC_SNAPPY = 2
 CODEC_LZ4 = 3
 CODEC_ZSTD = 4
+ATTR_PADDING = 0x08
+"""A message ``kl recover --repair`` wrote over damaged bytes to keep later offsets: readers skip it."""
 CODECS = {"none": CODEC_NONE, "gzip": CODEC_GZIP, "zstd": CODEC_ZSTD}
 CODEC_NAMES = {CODEC_NONE: "none", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
 

@@ -96,7 +96,7 @@ class MessageSet:
     where the bytes came from, for errors.
     """
 
-    __slots__ = ("buffer", "offset", "stable_offset", "max_message_bytes", "path", "position", "ends_at_eof")
+    __slots__ = ("buffer", "offset", "stable_offset", "max_message_bytes", "path", "position", "ends_at_eof", "next_offset")
 
     def __init__(
         self,
@@ -116,6 +116,8 @@ class MessageSet:
         self.path = path
         self.position = position
         self.ends_at_eof = ends_at_eof
+        self.next_offset = offset
+        """Where to read next, once the set has been iterated to its end."""
 
     @property
     def size_in_bytes(self) -> int:
@@ -141,6 +143,7 @@ class MessageSet:
                 pos = nxt
             step = self._slow(pos)
             if step is None:
+                self.next_offset = base + pos
                 return
             pos, messages = step
             yield from messages
@@ -163,7 +166,8 @@ class MessageSet:
                 pos = nxt
             step = self._slow(pos)
             if step is None:
-                return out, self.offset + pos
+                self.next_offset = self.offset + pos
+                return out, self.next_offset
             pos, messages = step
             out.extend([msg.value for msg in messages])
 
@@ -193,6 +197,8 @@ class MessageSet:
         offset, next_offset = self.offset + pos, self.offset + nxt
         if entry.magic == 0:
             return [Message(offset, next_offset, None, None, buf[pos + m.PAYLOAD_OFFSET_V0 : nxt])]
+        if entry.attrs & m.ATTR_PADDING:
+            return []
         codec = entry.attrs & m.CODEC_MASK
         if entry.magic == 1:
             ts, key, value = None, None, buf[pos + m.PAYLOAD_OFFSET_V1 : nxt]

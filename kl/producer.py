@@ -80,13 +80,15 @@ class Producer:
         if partition is None:
             partition = self._partition(topic, key)
         log = self.root.log(topic, partition)
-        ts = now_ms() if timestamp is None else timestamp
+        ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         data = m.encode(value, key, ts)
-        self._check_size(log, len(data), topic)
+        if len(data) > log.config.max_message_bytes:
+            self._check_size(log, len(data), topic)
         if self.codec:
             data = wrap(data, self.codec, ts)
         offset = log.append(data, 1, fsync=self.fsync)
-        self._note(log)
+        if log not in self._written:
+            self._note(log)
         return Appended(topic, partition, offset, offset + len(data), 1)
 
     def send_batch(

@@ -1,0 +1,110 @@
+"""Deleting old data one whole segment at a time (``kl retain``).
+
+A segment's age comes from the data: the timestamp of the first message of the segment
+after it, which is no older than any message it holds (file times are used only where
+messages carry none, as in magic 0 and 1).  So ``cp`` or ``rsync`` of a topic neither
+makes old data immortal nor expires young data.  The active segment is never deleted.
+
+Deletion is done in steps so readers are never disturbed (PITFALLS, "Deletion while
+reading"): the new log start is published first, so readers asking for older offsets get
+``OffsetOutOfRange``; the segment is then renamed aside, and unlinked only after
+``delete_delay`` seconds, so a reader still inside it finishes (on NFS, other clients
+would otherwise get ESTALE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+from kl.fsutil import fsync_dir, storage_error
+from kl.log import Log, Segment
+
+DELETED_SUFFIX = ".deleted"
+DEFAULT_DELETE_DELAY = 60.0
+
+
+@dataclass
+class RetentionReport:
+    directory: str
+    deleted: list[Segment] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    log_start_offset: int = 0
+    unlinked: int = 0
+    """Segments set aside by earlier runs and now removed for good."""
+
+    @property
+    def deleted_bytes(self) -> int:
+        return sum(s.size_in_bytes for s in self.deleted)
+
+
+def retain(
+    log: Log,
+    *,
+    max_age_ms: int | None = None,
+    max_bytes: int | None = None,
+    now_ms: int | None = None,
+    dry_run: bool = False,
+    delete_delay: float = DEFAULT_DELETE_DELAY,
+) -> RetentionReport:
+    """Delete the oldest closed segments older than ``max_age_ms`` or beyond ``max_bytes``
+    in total (None takes the topic's setting; 0 switches a rule off)."""
+    max_age_ms = log.config.retention_ms if max_age_ms is None else max_age_ms
+    max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    report = RetentionReport(log.directory)
+    with log.locked():
+        segments = log.segments()
+        total = sum(s.size_in_bytes for s in segments)
+        for segment, following in zip(segments, segments[1:]):  # the active segment is never a candidate
+            newest = _newest_ms(log, segment, following)
+            if max_age_ms and newest is not None and now_ms - newest > max_age_ms:
+                report.reasons.append(f"older than {max_age_ms} ms (newest message {newest})")
+            elif max_bytes and total > max_bytes:
+                report.reasons.append(f"partition holds {total} bytes, over {max_bytes}")
+            else:
+                break
+            report.deleted.append(segment)
+            total -= segment.size_in_bytes
+        state = log.writable_state()
+        report.log_start_offset = state.log_start_offset
+        if report.deleted and not dry_run:
+            report.log_start_offset = segments[len(report.deleted)].base_offset
+            log.publish(state._replace(log_start_offset=report.log_start_offset), durable=True)
+            for segment in report.deleted:
+                _set_aside(segment.path)
+            fsync_dir(log.directory)
+    if not dry_run:
+        report.unlinked = _unlink_set_aside(log.directory, delete_delay)
+    return report
+
+
+def _newest_ms(log: Log, segment: Segment, following: Segment) -> int | None:
+    """An upper bound on the timestamps in ``segment``: the next segment's first one."""
+    newest = log.first_timestamp(following)
+    if newest is None:
+        with contextlib.suppress(FileNotFoundError):
+            return int(os.stat(segment.path).st_mtime * 1000)
+    return newest
+
+
+def _set_aside(path: str) -> None:
+    try:
+        os.rename(path, path + DELETED_SUFFIX)
+    except OSError as e:
+        raise storage_error(e, "set aside", path) from None
+
+
+def _unlink_set_aside(directory: str, delay: float) -> int:
+    """Remove segments set aside at least ``delay`` seconds ago (by their change time)."""
+    removed = 0
+    cutoff = time.time() - delay
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(DELETED_SUFFIX) and entry.stat(follow_symlinks=False).st_ctime <= cutoff:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
