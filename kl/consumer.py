@@ -6,12 +6,13 @@ the caller stores ``next_offset`` wherever suits it (with its output, for exactl
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from kl.errors import InvalidConfig, OffsetOutOfRange
+from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.log import EARLIEST, LATEST
 from kl.message import Message
 from kl.messageset import MessageSet
@@ -19,6 +20,8 @@ from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES"]
 
@@ -68,12 +71,15 @@ class Consumer:
         poll_interval: float = 0.1,
         reset: ResetPolicy = "fail",
         max_bytes: int | None = None,
+        skip_corrupt: bool = False,
     ) -> Iterator[Message]:
         """Follow a partition from ``offset``, waiting for new messages as they come.
 
         Stops after ``idle_timeout`` seconds without a new message (never, if None).  When
         the position falls out of the log (retention deleted it), ``reset`` says what to do:
-        raise ``OffsetOutOfRange`` ("fail"), or go on from the log start or end.
+        raise ``OffsetOutOfRange`` ("fail"), or go on from the log start or end.  A damaged
+        message raises ``CorruptMessage`` unless ``skip_corrupt``, which logs it and goes on
+        from the next valid message.
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
@@ -87,9 +93,17 @@ class Consumer:
                 offset = e.log_start_offset if reset == "earliest" else e.log_end_offset
                 continue
             got = False
-            for message in messages:
-                yield message
-                offset, got = message.next_offset, True
+            try:
+                for message in messages:
+                    yield message
+                    offset, got = message.next_offset, True
+            except CorruptMessage as e:
+                if not skip_corrupt or e.offset is None:
+                    raise
+                offset = self.root.log(topic, partition).skip_corrupt(e.offset)
+                log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", topic, partition, e.offset, offset, e.reason)
+                idle_since = time.monotonic()
+                continue
             got = got or messages.next_offset > offset  # stepped over padding
             offset = max(offset, messages.next_offset)
             if got:

@@ -34,7 +34,7 @@ from kl.errors import (
 from kl.fsutil import create_file, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
-from kl.segment import list_segments, scan, segment_name
+from kl.segment import list_segments, resync, scan, segment_name
 from kl.state import SIZE as STATE_SIZE
 from kl.state import STATE_FILE, PartitionState, read_state
 
@@ -262,6 +262,19 @@ class Log:
             return None
         return None if first is None else first.timestamp
 
+    def skip_corrupt(self, offset: int) -> int:
+        """The offset of the first message after the damaged one at ``offset``: where a
+        chain of valid messages starts that runs to its segment's end (or that end)."""
+        state = self.state()
+        base, end, _ = self._locate(offset, state)
+        path = os.path.join(self.directory, segment_name(base))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            found = resync(fd, offset - base + 1, end - base, self.config.max_message_bytes)
+        finally:
+            os.close(fd)
+        return end if found is None else base + found
+
     def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
         """Up to ``max_offsets`` segment start offsets at or before ``time_ms``, newest first.
 
@@ -344,16 +357,10 @@ class Log:
             fsync = fsync or self._nfs
             size = state.log_end_offset - state.active_base_offset
             if size and size + len(data) > self.config.segment_bytes:
-                state = self._roll(state)
+                return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
             position = start - state.active_base_offset
-            try:
-                written = os.pwrite(self._active_fd, data, position)
-                if written != len(data):
-                    pwrite_all(self._active_fd, memoryview(data)[written:], position + written)
-            except OSError as e:
-                self._undo_write(position)
-                raise storage_error(e, f"append {len(data)} bytes to", self._active_path()) from None
+            self._write(self._active_fd, data, position, self._active_path())
             now = time.time_ns() // 1_000_000
             end = start + len(data)
             unflushed = state.unflushed_messages + count
@@ -491,32 +498,58 @@ class Log:
         self.publish(repaired, durable=True)
         return repaired
 
-    def _roll(self, state: PartitionState) -> PartitionState:
-        """Close the active segment (exact size, fsynced) and start one at the log end."""
+    def _append_rolled(self, state: PartitionState, data: bytes, count: int, fsync: bool) -> int:
+        """Close the active segment (cut to its exact size, fsynced), write ``data`` into a
+        new segment at the log end, and only then publish both: a failed write leaves
+        the partition as it was."""
+        old_path = self._active_path()
         try:
             os.ftruncate(self._active_fd, state.log_end_offset - state.active_base_offset)  # unpublished leftovers
         except OSError as e:
-            raise storage_error(e, "truncate", self._active_path()) from None
+            raise storage_error(e, "truncate", old_path) from None
         if state.flushed_offset < state.log_end_offset:
-            self.fsync(self._active_fd, self._active_path())
-        new_base = state.log_end_offset
-        path = os.path.join(self.directory, segment_name(new_base))
+            self.fsync(self._active_fd, old_path)
+        base = state.log_end_offset
+        path = os.path.join(self.directory, segment_name(base))
         try:
             fd = create_file(path)
-            fsync_dir(self.directory)
         except OSError as e:
             raise storage_error(e, "create segment", path) from None
+        try:
+            self._write(fd, data, 0, path)
+            if fsync:
+                self.fsync(fd, path)
+            fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         now = time.time_ns() // 1_000_000
-        rolled = PartitionState(state.log_start_offset, new_base, new_base, new_base, new_base, 0, now)
+        end = base + len(data)
+        rolled = PartitionState(state.log_start_offset, base, end, end if fsync else base, base, 0 if fsync else count, now)
         try:
             self.publish(rolled, durable=True)
         except StorageError:
             os.close(fd)
             raise
         os.close(self._active_fd)
-        self._active_fd, self._active_base = fd, new_base
-        self._remove_orphans(state.active_base_offset, new_base)
-        return rolled
+        self._active_fd, self._active_base = fd, base
+        self._remove_orphans(state.active_base_offset, base)
+        return base
+
+    def _write(self, fd: int, data: bytes, position: int, path: str) -> None:
+        """Write all of ``data`` at ``position``; on failure cut the file back to it."""
+        try:
+            written = os.pwrite(fd, data, position)
+            if written != len(data):
+                pwrite_all(fd, memoryview(data)[written:], position + written)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, position)
+            except OSError as undo:
+                log.error("%s: could not cut a failed write back to %d: %s", path, position, undo)
+            raise storage_error(e, f"append {len(data)} bytes to", path) from None
 
     def _remove_orphans(self, old_base: int, new_base: int) -> None:
         """Delete segments a writer killed mid-roll created but never published."""
@@ -547,12 +580,6 @@ class Log:
             error = storage_error(e, "fsync", path)
             self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
             raise error from None
-
-    def _undo_write(self, position: int) -> None:
-        try:
-            os.ftruncate(self._active_fd, position)
-        except OSError as e:
-            log.error("%s: could not cut a failed write back to %d: %s", self._active_path(), position, e)
 
 
 LATEST = -1

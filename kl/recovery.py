@@ -10,7 +10,6 @@ offset stays valid; only where no valid message follows is the log cut instead.
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import time
@@ -20,8 +19,8 @@ from kl import message as m
 from kl.errors import CorruptState
 from kl.fsutil import fsync_dir, pwrite_all, storage_error
 from kl.log import Log, Segment
-from kl.messageset import Entry, check
-from kl.segment import list_segments, scan, segment_name
+from kl.messageset import Entry
+from kl.segment import list_segments, resync, scan, segment_name
 from kl.state import SIZE as STATE_SIZE
 from kl.state import PartitionState
 
@@ -229,7 +228,7 @@ def _corruption(log: Log, segment: Segment, expected: int, problem: Entry, repor
     try:
         shutil.copy2(segment.path, aside)
         with open(segment.path, "r+b") as f:
-            resume = _resync(f.fileno(), problem.position + 1, expected, log)
+            resume = resync(f.fileno(), problem.position + 1, expected, log.config.max_message_bytes)
             gap = (expected if resume is None else resume) - problem.position
             if gap >= m.HEADER_SIZE and not (active and resume is None):
                 pwrite_all(f.fileno(), m.encode(b"\0" * (gap - m.HEADER_SIZE), None, 0, m.ATTR_PADDING), problem.position)
@@ -244,22 +243,3 @@ def _corruption(log: Log, segment: Segment, expected: int, problem: Entry, repor
     _truncate_active(log, log.state(), problem.position)
     report.cut_bytes += expected - problem.position
     report.findings.append(Finding(offset, segment.path, reason, f"cut: nothing valid follows, original kept as {aside}"))
-
-
-def _resync(fd: int, start: int, expected: int, log: Log) -> int | None:
-    """The first position from ``start`` where valid messages run exactly to ``expected``."""
-    end = min(os.fstat(fd).st_size, expected)
-    if end - start < m.HEADER_SIZE:
-        return None
-    limit = log.config.max_message_bytes
-    with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as buf:
-        for position in range(start, end - m.HEADER_SIZE + 1):
-            chain = position
-            while chain < end:
-                entry = check(buf, chain, end, limit)
-                if entry.problem is not None:
-                    break
-                chain += entry.size
-            if chain == expected:
-                return position
-    return None

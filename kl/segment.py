@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 
-from kl.messageset import INCOMPLETE, Entry, MessageSet
+from kl.message import HEADER_SIZE
+from kl.messageset import INCOMPLETE, Entry, MessageSet, check
 
 SUFFIX = ".kl"
 LEGACY_SUFFIX = ".kafka"
@@ -65,3 +67,22 @@ def scan(fd: int, position: int, end: int, max_message_bytes: int) -> Iterator[E
             if not buf:
                 return
         position += walked
+
+
+def resync(fd: int, start: int, expected: int, max_message_bytes: int) -> int | None:
+    """The first position from ``start`` where valid messages run exactly to ``expected``
+    (the end of the segment's data): the next message boundary after damage."""
+    end = min(os.fstat(fd).st_size, expected)
+    if end - start < HEADER_SIZE:
+        return None
+    with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as buf:
+        for position in range(start, end - HEADER_SIZE + 1):
+            chain = position
+            while chain < end:
+                entry = check(buf, chain, end, max_message_bytes)
+                if entry.problem is not None:
+                    break
+                chain += entry.size
+            if chain == expected:
+                return position
+    return None
