@@ -62,7 +62,7 @@ class TopicConfig:
             if unknown:
                 raise ValueError(f"unknown settings {', '.join(unknown)}")
             return cls(**fields)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, InvalidConfig) as e:
             raise InvalidConfig(f"topic config {path} is unreadable: {e}") from None
 
     @classmethod

@@ -25,7 +25,6 @@ from kl import locks
 from kl.config import TopicConfig
 from kl.errors import (
     CorruptMessage,
-    CorruptState,
     InvalidOffset,
     OffsetOutOfRange,
     StorageError,
@@ -34,7 +33,7 @@ from kl.errors import (
 from kl.fsutil import create_file, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
-from kl.segment import list_segments, resync, scan, segment_name
+from kl.segment import LEGACY_SUFFIX, list_segments, resync, scan, segment_path
 from kl.state import SIZE as STATE_SIZE
 from kl.state import STATE_FILE, PartitionState, read_state
 
@@ -66,6 +65,7 @@ class Log:
         self._active_fd: int | None = None
         self._active_base = -1
         self._tail_checked = False
+        self._active_foreign = False
         self._published: PartitionState | None = None
         self._published_raw: bytes | None = None
         self._nfs: bool | None = None
@@ -111,7 +111,7 @@ class Log:
                 return self._read_segment(state, base, offset, max_bytes, segment_end, stable)
             except OSError as e:  # deleted by retention, or a stale listing: look again
                 if e.errno not in (errno.ENOENT, errno.ESTALE):
-                    raise storage_error(e, "read", os.path.join(self.directory, segment_name(base))) from None
+                    raise storage_error(e, "read", segment_path(self.directory, base)) from None
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
@@ -158,7 +158,7 @@ class Log:
     ) -> MessageSet:
         limit = self.config.max_message_bytes
         position = offset - base
-        path = os.path.join(self.directory, segment_name(base))
+        path = segment_path(self.directory, base)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             if base == state.active_base_offset and offset + max_bytes > stable:
@@ -168,20 +168,21 @@ class Log:
             size = min(max_bytes, segment_end - offset)
             data = os.pread(fd, size, position)
             head = data if len(data) >= PREFIX.size else os.pread(fd, PREFIX.size, position)
-            if len(data) == size < segment_end - offset and len(head) == PREFIX.size:
+            if len(data) == size < segment_end - offset and len(head) >= PREFIX.size:
                 length, magic = PREFIX.unpack_from(head)
                 if magic < len(MIN_LENGTH) and size < LENGTH_SIZE + length <= limit:
                     size = min(LENGTH_SIZE + length, segment_end - offset)
                     data = os.pread(fd, size, position)  # one message larger than max_bytes
             if not data and offset < stable:
                 raise CorruptMessage(path, position, f"file ends before offset {segment_end}", offset=offset)
+            short = offset + len(data) == segment_end < stable  # the file ends before its committed end
             messages = MessageSet(
                 data, offset, max_message_bytes=limit, stable_offset=stable, path=path, position=position,
-                ends_at_eof=len(data) < size,
+                ends_at_eof=len(data) < size or short,
             )
             first = next(messages.entries(), None)
             if first is not None and first.problem is not None:
-                cut_short = first.problem == INCOMPLETE and offset + first.size <= segment_end and not messages.ends_at_eof
+                cut_short = first.problem == INCOMPLETE and offset + len(data) < segment_end and not messages.ends_at_eof
                 if not cut_short:
                     self._check_boundary(fd, base, offset)
         finally:
@@ -267,7 +268,7 @@ class Log:
         chain of valid messages starts that runs to its segment's end (or that end)."""
         state = self.state()
         base, end, _ = self._locate(offset, state)
-        path = os.path.join(self.directory, segment_name(base))
+        path = segment_path(self.directory, base)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             found = resync(fd, offset - base + 1, end - base, self.config.max_message_bytes)
@@ -292,6 +293,8 @@ class Log:
             ts = self.first_timestamp(segment)
             if ts is not None and ts <= time_ms:
                 found.append(segment.base_offset)
+        if state.log_end_offset > state.active_base_offset and time_ms >= time.time_ns() // 1_000_000:
+            found.append(state.log_end_offset)
         return found[::-1][:max_offsets]
 
     def offset_for_time(self, time_ms: int) -> int:
@@ -320,6 +323,8 @@ class Log:
         """The offset from which the last ``count`` messages can be read (the log start
         when there are fewer); a compressed batch is read whole, so it may give more."""
         state = self.state()
+        if count <= 0:
+            return state.log_end_offset
         needed = count
         for segment in reversed(self.segments()):
             recent: deque[int] = deque(maxlen=needed)
@@ -356,7 +361,7 @@ class Log:
             state = self.writable_state()
             fsync = fsync or self._nfs
             size = state.log_end_offset - state.active_base_offset
-            if size and size + len(data) > self.config.segment_bytes:
+            if size and (size + len(data) > self.config.segment_bytes or self._active_foreign):
                 return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
             position = start - state.active_base_offset
@@ -424,9 +429,9 @@ class Log:
             lock.release()
 
     def _active_path(self) -> str:
-        return os.path.join(self.directory, segment_name(self._active_base))
+        return segment_path(self.directory, self._active_base)
 
-    def writable_state(self) -> PartitionState:
+    def writable_state(self, reopened: bool = False) -> PartitionState:
         """Under the lock: the state, with the active segment open and its tail sound.
 
         On NFS the state file is opened afresh (close-to-open consistency): the lock
@@ -444,16 +449,17 @@ class Log:
             if self._state_fd is None:
                 self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             raw = os.pread(self._state_fd, STATE_SIZE, 0)
-            if raw == self._published_raw:  # nobody appended since we did: the tail is ours
-                return self._published
+            if raw == self._published_raw and os.fstat(self._state_fd).st_nlink:
+                return self._published  # nobody appended since we did: the tail is ours
             state = PartitionState.decode(raw, self.state_path)
             if state.active_base_offset != self._active_base:
                 if self._active_fd is not None:
                     os.close(self._active_fd)
                     self._active_fd = None
-                path = os.path.join(self.directory, segment_name(state.active_base_offset))
+                path = segment_path(self.directory, state.active_base_offset)
                 self._active_fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 self._active_base = state.active_base_offset
+                self._active_foreign = path.endswith(LEGACY_SUFFIX)  # Kafka 0.7's: read, never written
             stat = os.fstat(self._active_fd)
         except FileNotFoundError:
             self.close()
@@ -461,9 +467,11 @@ class Log:
         except OSError as e:
             self.close()
             raise storage_error(e, "open", self.directory) from None
-        if stat.st_nlink == 0:
+        if stat.st_nlink == 0:  # deleted, maybe created again: start afresh from the paths
             self.close()
-            raise TopicNotFound(f"partition {self.directory} was deleted")
+            if reopened:
+                raise TopicNotFound(f"partition {self.directory} was deleted")
+            return self.writable_state(reopened=True)
         if not self._tail_checked or stat.st_size != state.log_end_offset - state.active_base_offset:
             state = self._repair_tail(state, stat.st_size)
             self._tail_checked = True
@@ -510,7 +518,7 @@ class Log:
         if state.flushed_offset < state.log_end_offset:
             self.fsync(self._active_fd, old_path)
         base = state.log_end_offset
-        path = os.path.join(self.directory, segment_name(base))
+        path = segment_path(self.directory, base)
         try:
             fd = create_file(path)
         except OSError as e:

@@ -24,8 +24,11 @@ from kl.message import Message
 
 INCOMPLETE = "incomplete message"
 _FAST = m.HEADER.unpack_from
-_FAST_VALUE = struct.Struct(">i2xI8xi").unpack_from
-"""length, crc and key_length of a magic 2 message."""
+_FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
+"""length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
+_PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
+_FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
+"""Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
 
 
@@ -124,22 +127,28 @@ class MessageSet:
         return len(self.buffer)
 
     def __iter__(self) -> Iterator[Message]:
-        buf, base, end = self.buffer, self.offset, len(self.buffer)
-        crc32, unpack, seed, limit = zlib.crc32, _FAST, _SEED, end - m.HEADER_SIZE
-        pos = 0
+        buf, base, end, pos = self.buffer, self.offset, len(self.buffer), 0
+        crc32, unpack, seed, header, fields = zlib.crc32, _FAST, _SEED, m.HEADER_SIZE, _FIELDS
+        limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
         while True:
             while pos <= limit:  # fast path: uncompressed magic 2
                 length, magic, attrs, crc, ts, klen = unpack(buf, pos)
                 nxt = pos + m.LENGTH_SIZE + length
-                if magic != 2 or attrs or not pos + m.HEADER_SIZE <= nxt <= end or not -1 <= klen <= nxt - pos - 22:
+                if (
+                    magic != m.CURRENT_MAGIC
+                    or attrs
+                    or length > max_length
+                    or not pos + header <= nxt <= end
+                    or not m.NO_KEY <= klen <= nxt - pos - header
+                ):
                     break
                 body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
                 if crc32(body, seed) != crc:
                     break
                 if klen < 0:
-                    yield Message(base + pos, base + nxt, ts, None, body[12:])
+                    yield Message(base + pos, base + nxt, ts, None, body[fields:])
                 else:
-                    yield Message(base + pos, base + nxt, ts, body[12 : 12 + klen], body[12 + klen :])
+                    yield Message(base + pos, base + nxt, ts, body[fields : fields + klen], body[fields + klen :])
                 pos = nxt
             step = self._slow(pos)
             if step is None:
@@ -150,19 +159,19 @@ class MessageSet:
 
     def values(self) -> tuple[list[bytes], int]:
         """All values in one pass, and the offset to read from next: the consumer's fast path."""
-        buf, end, out = self.buffer, len(self.buffer), []
-        append, crc32, unpack, seed, limit = out.append, zlib.crc32, _FAST_VALUE, _SEED, end - m.HEADER_SIZE
-        pos = 0
+        buf, end, out, pos = self.buffer, len(self.buffer), [], 0
+        append, crc32, unpack, seed, header, fields = out.append, zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE, _FIELDS
+        limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
         while True:
             while pos <= limit:  # fast path: uncompressed magic 2 without a key
-                length, crc, klen = unpack(buf, pos)
+                length, magic_attrs, crc, klen = unpack(buf, pos)
                 nxt = pos + m.LENGTH_SIZE + length
-                if klen != -1 or not pos + m.HEADER_SIZE <= nxt <= end:
+                if magic_attrs != _PLAIN or klen != m.NO_KEY or length > max_length or not pos + header <= nxt <= end:
                     break
                 body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
-                if crc32(body, seed) != crc:  # the crc covers magic and attrs too
+                if crc32(body, seed) != crc:
                     break
-                append(body[12:])
+                append(body[fields:])
                 pos = nxt
             step = self._slow(pos)
             if step is None:

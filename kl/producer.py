@@ -14,7 +14,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from kl import message as m
@@ -26,7 +26,8 @@ from kl.topic import Root
 Partitioner = Callable[[bytes | None, int], int]
 """(key, number of partitions) -> partition."""
 
-DEFAULT_BATCH_BYTES = 1 << 20
+DEFAULT_BATCH_BYTES = 256 << 10
+"""The largest append (keyless batches turn to the next partition after each)."""
 
 
 def hash_partitioner(key: bytes | None, partitions: int) -> int:
@@ -48,7 +49,7 @@ class Appended(NamedTuple):
 
 
 class Producer:
-    """Sends messages to topics under a root.  Safe to share between threads.
+    """Sends messages to topics under a root.  Safe to share between threads and processes.
 
     ``compression`` is ``"zstd"``, ``"gzip"`` or None; ``fsync`` makes every send durable
     before it returns; ``partitioner`` replaces :func:`hash_partitioner`.
@@ -83,9 +84,11 @@ class Producer:
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         data = m.encode(value, key, ts)
         if len(data) > log.config.max_message_bytes:
-            self._check_size(log, len(data), topic)
+            self._check_size(topic, len(data))
         if self.codec:
-            data = wrap(data, self.codec, ts)
+            wrapped = wrap(data, self.codec, ts)
+            if len(wrapped) <= log.config.max_message_bytes:
+                data = wrapped
         offset = log.append(data, 1, fsync=self.fsync)
         if log not in self._written:
             self._note(log)
@@ -99,22 +102,30 @@ class Producer:
         partition: int | None = None,
         timestamp: int | None = None,
     ) -> list[Appended]:
-        """Append many messages.  With keys each goes to its key's partition; without,
-        the whole batch goes to ``partition`` or to one partition the partitioner picks.
-        Every message is checked against the topic's size limit before any is written."""
+        """Append many messages, in appends of up to ``batch_bytes``.
+
+        With keys (and no ``partition``) each message goes to its key's partition.
+        Without, the appends go to ``partition``, or else in turn to every partition,
+        starting from the one the partitioner picks.  Every message is checked against
+        the topic's size limit before any is written.
+        """
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"{len(values)} values but {len(keys)} keys")
         if not values:
             return []
-        ts = now_ms() if timestamp is None else timestamp
-        if partition is not None or keys is None:
-            groups = {partition if partition is not None else self._partition(topic, None): (values, keys)}
-        else:
+        ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
+        if keys is not None and partition is None:
             groups = self._group(topic, values, keys)
-        logs = {p: self.root.log(topic, p) for p in groups}
-        for p, (vals, ks) in groups.items():
-            self._check_batch(logs[p], vals, ks, topic)
-        return [a for p, (vals, ks) in groups.items() for a in self._append_batch(topic, p, logs[p], vals, ks, ts)]
+            for vals, ks in groups.values():
+                self._check_batch(topic, vals, ks)
+            return [a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts)]
+        self._check_batch(topic, values, keys)
+        if partition is None:
+            first, count = self._partition(topic, None), self.root.config(topic).partitions
+            targets: Iterator[int] = ((first + i) % count for i in itertools.count())
+        else:
+            targets = itertools.repeat(partition)
+        return self._append(topic, targets, values, keys, ts)
 
     def flush(self) -> None:
         """fsync every partition this producer wrote to since the last flush."""
@@ -152,35 +163,39 @@ class Producer:
             ks.append(key)
         return groups
 
-    @staticmethod
-    def _check_size(log: Log, size: int, topic: str) -> None:
-        if size > log.config.max_message_bytes:
-            raise MessageTooLarge(
-                f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {log.config.max_message_bytes}"
-            )
+    def _check_size(self, topic: str, size: int) -> None:
+        limit = self.root.config(topic).max_message_bytes
+        if size > limit:
+            raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
 
-    def _check_batch(self, log: Log, values: Sequence[bytes], keys: Sequence[bytes | None] | None, topic: str) -> None:
-        largest = max(map(len, values)) + m.HEADER_SIZE
-        if keys is not None:
-            largest = max(len(v) + len(k or b"") + m.HEADER_SIZE for v, k in zip(values, keys))
-        self._check_size(log, largest, topic)
+    def _check_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> None:
+        if keys is None:
+            largest = max(map(len, values))
+        else:
+            largest = max(len(v) + len(k or b"") for v, k in zip(values, keys))
+        self._check_size(topic, largest + m.HEADER_SIZE)
 
-    def _append_batch(
-        self, topic: str, partition: int, log: Log, values: Sequence[bytes], keys: Sequence[bytes | None] | None, ts: int
+    def _append(
+        self, topic: str, targets: Iterator[int], values: Sequence[bytes], keys: Sequence[bytes | None] | None, ts: int
     ) -> list[Appended]:
-        limit = min(self.batch_bytes, log.config.segment_bytes)
+        """Frame, compress and append ``values`` chunk by chunk, each to the next target."""
+        config = self.root.config(topic)
+        limit = min(self.batch_bytes, config.segment_bytes)
         if self.codec:
-            limit = min(limit, log.config.max_message_bytes - m.HEADER_SIZE)
+            limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
         out = []
         for start, stop in _chunks(values, keys, limit):
+            partition = next(targets)
+            log = self.root.log(topic, partition)
             data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
             if self.codec:
                 wrapped = wrap(data, self.codec, ts)
-                if len(wrapped) <= log.config.max_message_bytes:
+                if len(wrapped) <= config.max_message_bytes:
                     data = wrapped
             offset = log.append(data, stop - start, fsync=self.fsync)
             out.append(Appended(topic, partition, offset, offset + len(data), stop - start))
-        self._note(log)
+            if log not in self._written:
+                self._note(log)
         return out
 
     def _note(self, log: Log) -> None:
@@ -199,7 +214,3 @@ def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit:
         stop = max(bisect.bisect_right(ends, consumed + limit, lo=start), start + 1)
         yield start, stop
         consumed, start = ends[stop - 1], stop
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -20,7 +20,7 @@ from kl.errors import CorruptState
 from kl.fsutil import fsync_dir, pwrite_all, storage_error
 from kl.log import Log, Segment
 from kl.messageset import Entry
-from kl.segment import list_segments, resync, scan, segment_name
+from kl.segment import list_segments, resync, scan, segment_name, segment_path
 from kl.state import SIZE as STATE_SIZE
 from kl.state import PartitionState
 
@@ -173,7 +173,7 @@ def _check_active(
 
 def _truncate_active(log: Log, state: PartitionState, end: int) -> None:
     base = state.active_base_offset
-    path = os.path.join(log.directory, segment_name(base))
+    path = segment_path(log.directory, base)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         try:

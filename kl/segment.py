@@ -20,6 +20,16 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:0{NAME_DIGITS}d}{SUFFIX}"
 
 
+def segment_path(directory: str, base_offset: int) -> str:
+    """The segment's path: kl's name, or Kafka 0.7's where only that one exists."""
+    path = os.path.join(directory, segment_name(base_offset))
+    if not os.path.exists(path):
+        legacy = os.path.join(directory, f"{base_offset:0{NAME_DIGITS}d}{LEGACY_SUFFIX}")
+        if os.path.exists(legacy):
+            return legacy
+    return path
+
+
 def parse_name(name: str) -> int | None:
     """The base offset a segment file name encodes, or None for any other file."""
     stem, dot, suffix = name.partition(".")

@@ -107,7 +107,7 @@ class Root:
             raise TopicExists(f"topic {name!r} already exists in {self.path}")
         if not os.path.isdir(self.path):
             ensure_dir(self.path)
-        tmp = os.path.join(self.path, f".creating-{name}-{uuid.uuid4().hex}")
+        tmp = os.path.join(self.path, f".creating-{uuid.uuid4().hex}")
         try:
             os.mkdir(tmp, DIR_MODE)
             os.chmod(tmp, DIR_MODE)
@@ -200,7 +200,7 @@ class Root:
         with contextlib.ExitStack() as held:
             for p in range(config.partitions):
                 held.enter_context(locks.locked(self._lock_path(name, p), self.lock_timeout))
-            doomed = os.path.join(self.path, f".deleting-{name}-{uuid.uuid4().hex}")
+            doomed = os.path.join(self.path, f".deleting-{uuid.uuid4().hex}")
             try:
                 os.rename(path, doomed)
                 fsync_dir(self.path)
