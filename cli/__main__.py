@@ -1,0 +1,5 @@
+"""``python -m kl_cli``: the same as the ``kl`` command."""
+
+from kl_cli.main import main
+
+main()

@@ -1,0 +1,148 @@
+"""What the commands share: the root, delimiters and escapes, stderr notes, input chunks.
+
+rich is imported only when stderr (or, for tables, stdout) is a terminal, so a piped
+``kl`` starts fast and prints nothing but its data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import select
+import stat
+import sys
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
+
+import click
+
+import kl
+
+CHUNK_BYTES = 1 << 20
+"""Bytes read from the input at a time, and the largest append by default."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.|$)", re.DOTALL)
+_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""Interpret \n \t \r \0 \\ and \xNN in ``text``.
+
+    ``\xNN`` of 0x80 and above becomes the lone surrogate that ``surrogateescape``
+    encodes back to that byte, so any byte can be written.  Raises ``ValueError``.
+    """
+
+    def one(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if code in _SIMPLE:
+            return _SIMPLE[code]
+        if len(code) == 3:
+            byte = int(code[1:], 16)
+            return chr(byte) if byte < 0x80 else chr(0xDC00 + byte)
+        raise ValueError(f"unknown escape '\\{code}' (use \\n \\t \\r \\0 \\\\ or \\xNN)")
+
+    return _ESCAPE.sub(one, text)
+
+
+def to_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _escaped_bytes(ctx: click.Context, param: click.Parameter, value: str | None) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        data = to_bytes(unescape(value))
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+    if not data:
+        raise click.BadParameter("must not be empty", ctx, param)
+    return data
+
+
+def delimiter_options(verb: str) -> Callable[[F], F]:
+    """``-d/--delimiter`` and ``-0/--null``; resolve them with :func:`resolve_delimiter`."""
+
+    def decorate(f: F) -> F:
+        f = click.option("-0", "--null", is_flag=True, help=f"{verb} NUL-delimited records (same as -d '\\0').")(f)
+        f = click.option(
+            "-d",
+            "--delimiter",
+            metavar="TEXT",
+            callback=_escaped_bytes,
+            help=f"{verb} records delimited by TEXT instead of a newline; "
+            "escapes \\n \\t \\r \\0 \\\\ \\xNN are understood.",
+        )(f)
+        return f
+
+    return decorate
+
+
+def key_delimiter_option(help: str) -> Callable[[F], F]:
+    return click.option("-K", "--key-delimiter", metavar="TEXT", callback=_escaped_bytes, help=help)
+
+
+def resolve_delimiter(delimiter: bytes | None, null: bool) -> bytes:
+    exclusive(delimiter=delimiter, null=null)
+    return b"\0" if null else delimiter or b"\n"
+
+
+def exclusive(**options: object) -> None:
+    """Raise a usage error when more than one of ``options`` is set."""
+    given = [name for name, value in options.items() if value not in (None, False)]
+    if len(given) > 1:
+        names = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise click.UsageError(f"{names} cannot be used together")
+
+
+def get_root(ctx: click.Context) -> kl.Root:
+    """The root from ``--root`` or ``KL_ROOT``; a usage error when there is neither."""
+    path = ctx.find_root().params.get("root")
+    if not path:
+        raise click.UsageError("no root directory: pass --root or set KL_ROOT", ctx)
+    return kl.Root(path)
+
+
+def note(text: str) -> None:
+    """A summary for a person: to stderr, only when it is a terminal."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(text)
+
+
+def read_chunks(stream: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The input in chunks of up to ``size`` bytes, as soon as they are there.
+
+    A pipe delivers 64 KiB at a time: reads go on while more is ready at once, so a
+    fast writer still gives big chunks and a slow one (``tail -f``) is not kept waiting.
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
+        while chunk := stream.read(size):
+            yield chunk
+        return
+    mode = os.fstat(fd).st_mode
+    regular = stat.S_ISREG(mode)
+    if stat.S_ISFIFO(mode) and hasattr(fcntl, "F_SETPIPE_SZ"):
+        with contextlib.suppress(OSError):  # a bigger pipe: fewer reads and wake-ups (Linux)
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    while True:
+        chunk = os.read(fd, size)
+        if not chunk:
+            return
+        if not regular and len(chunk) < size:
+            parts, have = [chunk], len(chunk)
+            while have < size and select.select([fd], [], [], 0)[0]:
+                more = os.read(fd, size - have)
+                if not more:
+                    break
+                parts.append(more)
+                have += len(more)
+            chunk = b"".join(parts)
+        yield chunk

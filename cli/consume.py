@@ -1,0 +1,267 @@
+"""``kl consume``: print a topic's messages, round-robin over its partitions.
+
+Without ``--follow`` the end of each partition is read once, at the start, and the
+command stops there, so a topic that keeps growing still ends.  The default output is
+the fast path: ``MessageSet.values()`` and one write per fetch.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import IO
+
+import click
+
+import kl
+from kl_cli.common import (
+    delimiter_options,
+    exclusive,
+    get_root,
+    key_delimiter_option,
+    resolve_delimiter,
+    to_bytes,
+    unescape,
+)
+
+POLL_SECONDS = 0.1
+FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+Render = Callable[[str, int, list[kl.Message]], bytes]
+
+
+@click.command(short_help="Print the messages of a topic.")
+@click.argument("topic")
+@click.option(
+    "-o",
+    "--from-offset",
+    metavar="N|earliest|latest|-N",
+    help="Start at byte offset N, at the first message (earliest), after the last one (latest), "
+    "or N messages before the end  [default: earliest].",
+)
+@click.option(
+    "--from-time",
+    metavar="TIME",
+    help="Start at the first message stamped at or after TIME (ISO 8601, or milliseconds since the epoch).",
+)
+@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Read partition N only.")
+@click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")
+@click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages.")
+@delimiter_options("Write")
+@key_delimiter_option("Write each key, TEXT and the value (no TEXT for a message without a key).")
+@click.option(
+    "--format",
+    "fmt",
+    metavar="FMT",
+    help="Write each message with the Python format string FMT, then the delimiter; fields: "
+    + " ".join(f"{{{field}}}" for field in FORMAT_FIELDS)
+    + ".",
+)
+@click.option("--json", "json_output", is_flag=True, help="Write one JSON object per message.")
+@click.option("--binary", is_flag=True, help="Write the values exactly as stored, nothing added.")
+@click.pass_context
+def consume(
+    ctx: click.Context,
+    topic: str,
+    from_offset: str | None,
+    from_time: str | None,
+    partition: int | None,
+    count: int | None,
+    follow: bool,
+    delimiter: bytes | None,
+    null: bool,
+    key_delimiter: bytes | None,
+    fmt: str | None,
+    json_output: bool,
+    binary: bool,
+) -> None:
+    """Write the messages of TOPIC to stdout, one value a line, and exit when caught up."""
+    exclusive(from_offset=from_offset, from_time=from_time)
+    exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
+    exclusive(json=json_output, delimiter=delimiter, null=null)
+    exclusive(binary=binary, delimiter=delimiter, null=null)
+    delim = resolve_delimiter(delimiter, null)
+    where, n = _parse_from_offset(from_offset)
+    time_ms = None if from_time is None else _parse_time(from_time)
+    render = None
+    if fmt is not None:
+        render = _format_renderer(fmt, delim)
+    elif json_output:
+        render = _render_json
+    elif key_delimiter is not None:
+        render = _keyed_renderer(key_delimiter, delim)
+
+    root = get_root(ctx)
+    consumer = kl.Consumer(root)
+    partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
+    if where == "offset" and len(partitions) > 1:
+        raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
+    ends = {p: consumer.latest_offset(topic, p) for p in partitions}
+    offsets = {p: _start_offset(consumer, topic, p, where, n, time_ms) for p in partitions}
+
+    out = sys.stdout.buffer
+    remaining = count
+    # A byte offset is always fetched once, so that a bad one is an error.
+    active = [p for p in partitions if follow or offsets[p] < ends[p] or where == "offset"]
+    while active and remaining != 0:
+        progressed = False
+        for p in list(active):
+            offset = offsets[p]
+            max_bytes = kl.DEFAULT_MAX_BYTES if follow else max(1, min(kl.DEFAULT_MAX_BYTES, ends[p] - offset))
+            messages = consumer.fetch(topic, p, offset, max_bytes)
+            if render is None:
+                written, offsets[p] = _write_values(out, messages, remaining, b"" if binary else delim)
+            else:
+                written, offsets[p] = _write_rendered(out, messages, remaining, render, topic, p)
+            if remaining is not None:
+                remaining -= written
+                if remaining == 0:
+                    break
+            if offsets[p] > offset:
+                progressed = True
+                if follow or offsets[p] < ends[p]:
+                    continue
+            if not follow:
+                active.remove(p)
+        if follow and not progressed:
+            out.flush()
+            time.sleep(POLL_SECONDS)
+    out.flush()
+
+
+def _start_offset(consumer: kl.Consumer, topic: str, partition: int, where: str, n: int, time_ms: int | None) -> int:
+    if time_ms is not None:
+        return consumer.offset_for_time(topic, partition, time_ms)
+    if where == "earliest":
+        return consumer.earliest_offset(topic, partition)
+    if where == "latest":
+        return consumer.latest_offset(topic, partition)
+    if where == "back":
+        return consumer.offset_back(topic, partition, n)
+    return n
+
+
+def _write_values(out: IO[bytes], messages: kl.MessageSet, limit: int | None, delim: bytes) -> tuple[int, int]:
+    values, next_offset = messages.values()
+    if limit is not None and len(values) > limit:
+        del values[limit:]
+    written = len(values)
+    if values:
+        if delim:
+            values.append(b"")  # a delimiter after the last value too, without another copy
+        out.write(delim.join(values))
+    return written, next_offset
+
+
+def _write_rendered(
+    out: IO[bytes], messages: kl.MessageSet, limit: int | None, render: Render, topic: str, partition: int
+) -> tuple[int, int]:
+    batch = []
+    for message in messages:
+        batch.append(message)
+        if len(batch) == limit:
+            break
+    if not batch:
+        return 0, messages.offset
+    out.write(render(topic, partition, batch))
+    return len(batch), batch[-1].next_offset
+
+
+def _text(data: bytes | None) -> str:
+    return "" if data is None else data.decode("utf-8", "surrogateescape")
+
+
+def _format_renderer(fmt: str, delim: bytes) -> Render:
+    try:
+        fmt = unescape(fmt)
+        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=0, key="", value="")
+    except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+        raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
+
+    def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
+        out = []
+        for m in messages:
+            fields = {
+                "topic": topic,
+                "partition": partition,
+                "offset": m.offset,
+                "next_offset": m.next_offset,
+                "timestamp": "" if m.timestamp is None else m.timestamp,
+                "key": _text(m.key),
+                "value": _text(m.value),
+            }
+            try:
+                out.append(to_bytes(fmt.format_map(fields)))
+            except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+                raise click.ClickException(f"--format cannot render the message at offset {m.offset}: {e}") from None
+        out.append(b"")
+        return delim.join(out)
+
+    return render
+
+
+def _keyed_renderer(key_delim: bytes, delim: bytes) -> Render:
+    def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
+        return delim.join(m.value if m.key is None else m.key + key_delim + m.value for m in messages) + delim
+
+    return render
+
+
+def _json_field(obj: dict[str, object], name: str, data: bytes | None) -> None:
+    if data is None:
+        obj[name] = None
+        return
+    try:
+        obj[name] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        obj[name + "_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def _render_json(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
+    lines = []
+    for m in messages:
+        obj: dict[str, object] = {
+            "topic": topic,
+            "partition": partition,
+            "offset": m.offset,
+            "next_offset": m.next_offset,
+            "timestamp": m.timestamp,
+        }
+        _json_field(obj, "key", m.key)
+        _json_field(obj, "value", m.value)
+        lines.append(json.dumps(obj, ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")
+
+
+def _parse_from_offset(text: str | None) -> tuple[str, int]:
+    """("earliest" or "latest", 0), ("offset", N) for a byte offset, or ("back", N) for -N."""
+    if text is None or text == "earliest":
+        return "earliest", 0
+    if text == "latest":
+        return "latest", 0
+    if re.fullmatch(r"[0-9]+", text):
+        return "offset", int(text)
+    if re.fullmatch(r"-[0-9]+", text):
+        return "back", int(text[1:])
+    raise click.BadParameter(f"{text!r} is not N, earliest, latest or -N", param_hint="'-o' / '--from-offset'")
+
+
+def _parse_time(text: str) -> int:
+    """Milliseconds since the epoch from digits or an ISO 8601 time (local when no zone)."""
+    if re.fullmatch(r"[0-9]+", text):
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" and text else text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither an ISO 8601 time nor milliseconds since the epoch", param_hint="'--from-time'"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return (when - _EPOCH) // datetime.timedelta(milliseconds=1)

@@ -1,0 +1,102 @@
+"""``kl topics create|list|describe|delete``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import click
+
+import kl
+from kl_cli.common import F, get_root, note
+
+CONFIG_OPTIONS = [
+    ("--partitions", "partitions", "Number of partitions."),
+    ("--segment-bytes", "segment_bytes", "Roll to a new segment file past this size."),
+    ("--max-message-bytes", "max_message_bytes", "Largest message, header included."),
+    ("--flush-messages", "flush_messages", "fsync after this many messages (0: off)."),
+    ("--flush-ms", "flush_ms", "fsync after this many milliseconds (0: off)."),
+    ("--retention-ms", "retention_ms", "Keep segments this long."),
+    ("--retention-bytes", "retention_bytes", "Keep at most this many bytes per partition (0: no limit)."),
+]
+DEFAULTS = kl.TopicConfig()
+
+
+def config_options(f: F) -> F:
+    """One option per ``TopicConfig`` setting, each None unless given."""
+    for flag, name, text in reversed(CONFIG_OPTIONS):
+        default = getattr(DEFAULTS, name)
+        f = click.option(flag, name, type=int, metavar="N", help=f"{text}  [default: {default}]")(f)
+    return f
+
+
+@click.group()
+def topics() -> None:
+    """Create, list, describe and delete topics."""
+
+
+@topics.command()
+@click.argument("topic")
+@config_options
+@click.pass_context
+def create(ctx: click.Context, topic: str, **settings: int | None) -> None:
+    """Create TOPIC with all its partitions."""
+    root = get_root(ctx)
+    config = root.create_topic(topic, kl.TopicConfig.with_overrides(**settings))
+    note(f"created topic {topic} with {config.partitions} partition{'s' if config.partitions != 1 else ''}")
+
+
+@topics.command("list")
+@click.pass_context
+def list_(ctx: click.Context) -> None:
+    """List the topics, one name a line (a table on a terminal)."""
+    root = get_root(ctx)
+    names = root.topics()
+    if not sys.stdout.isatty():
+        sys.stdout.write("".join(name + "\n" for name in names))
+        return
+    from rich.console import Console
+    from rich.table import Column, Table
+
+    table = Table("topic", Column("partitions", justify="right"), Column("bytes", justify="right"), box=None)
+    for name in names:
+        info = root.describe(name)
+        table.add_row(name, str(len(info.partitions)), f"{info.size_in_bytes:,}")
+    Console().print(table)
+
+
+@topics.command()
+@click.argument("topic")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def describe(ctx: click.Context, topic: str, as_json: bool) -> None:
+    """Print TOPIC's config and, per partition, its segments, offsets and bytes."""
+    info = get_root(ctx).describe(topic)
+    if as_json:
+        obj = {
+            "topic": info.name,
+            "config": dataclasses.asdict(info.config),
+            "partitions": [dataclasses.asdict(p) for p in info.partitions],
+        }
+        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+        return
+    config = dataclasses.asdict(info.config)
+    width = max(map(len, config))
+    lines = [f"{'topic':<{width}}  {info.name}"]
+    lines += [f"{name:<{width}}  {value}" for name, value in config.items()]
+    header = [field.name for field in dataclasses.fields(kl.PartitionInfo)]
+    rows = [header] + [[str(v) for v in dataclasses.astuple(p)] for p in info.partitions]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+@topics.command()
+@click.argument("topic")
+@click.pass_context
+def delete(ctx: click.Context, topic: str) -> None:
+    """Delete TOPIC and all its data."""
+    get_root(ctx).delete_topic(topic)
+    note(f"deleted topic {topic}")

@@ -1,0 +1,573 @@
+"""The kl command line: round trips asserting exact bytes, exact error lines, signals.
+
+Most cases run in-process through click's CliRunner; the ones that need real pipes,
+file descriptors or signals run ``python -m kl_cli`` as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import kl
+from kl_cli.main import cli
+
+KL = [sys.executable, "-m", "kl_cli"]
+MIXED = b"first\n\nthird \xff\xfe not utf-8\n\n\ttabs\tand spaces  \nlast\n"
+"""Empty lines, bytes that are not UTF-8, and a final newline."""
+
+
+# ----------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def kl_root(tmp_path: Path) -> str:
+    """An empty root directory holding one-partition topic ``t``."""
+    path = str(tmp_path / "root")
+    kl.Root(path).create_topic("t")
+    return path
+
+
+def run(root: str | None, *args: str, input: bytes | None = None) -> Result:
+    """``kl [--root ROOT] ARGS`` in-process, stdout and stderr kept apart."""
+    argv = (["--root", root] if root is not None else []) + list(args)
+    return CliRunner().invoke(cli, argv, input=input, env={"KL_ROOT": None}, catch_exceptions=False)
+
+
+def ok(root: str | None, *args: str, input: bytes | None = None) -> bytes:
+    """Run kl, assert it succeeded quietly, return its stdout bytes."""
+    result = run(root, *args, input=input)
+    assert (result.exit_code, result.stderr) == (0, ""), result.output
+    return result.stdout_bytes
+
+
+def fails(root: str | None, *args: str, input: bytes | None = None, code: int = 1) -> str:
+    """Run kl, assert it failed with ``code`` and printed nothing on stdout; return the
+    last stderr line."""
+    result = run(root, *args, input=input)
+    assert result.exit_code == code, result.output
+    assert result.stdout_bytes == b""
+    return result.stderr.splitlines()[-1]
+
+
+def spawn(root: str, *args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "KL_ROOT": root}
+    return subprocess.Popen(KL + list(args), env=env, **kwargs)
+
+
+def shell(root: str, command: str) -> subprocess.CompletedProcess:
+    """A shell command line where ``kl`` is this checkout's command line."""
+    env = {**os.environ, "KL_ROOT": root, "KL": " ".join(KL)}
+    return subprocess.run(["bash", "-c", command], env=env, capture_output=True, timeout=30)
+
+
+def messages(root: str, topic: str = "t", *args: str) -> list[dict]:
+    return [json.loads(line) for line in ok(root, "consume", topic, "--json", *args).splitlines()]
+
+
+def lines(n: int, width: int = 40) -> bytes:
+    """``n`` distinct newline-terminated records."""
+    return b"".join(b"%08d" % i + b"." * (width - 9) + b"\n" for i in range(n))
+
+
+# ----------------------------------------------------------------- round trips
+
+
+def test_lines_round_trip_exactly(kl_root, tmp_path):
+    f = tmp_path / "in"
+    f.write_bytes(MIXED)
+    done = shell(kl_root, f'$KL produce t < {f} && $KL consume t')
+    assert (done.returncode, done.stdout, done.stderr) == (0, MIXED, b"")
+
+
+def test_file_argument_and_dash(kl_root, tmp_path):
+    f = tmp_path / "in"
+    f.write_bytes(b"a\nb\n")
+    ok(kl_root, "produce", "t", str(f))
+    ok(kl_root, "produce", "t", "-", input=b"c\n")
+    assert ok(kl_root, "consume", "t") == b"a\nb\nc\n"
+
+
+def test_unterminated_last_line_is_a_message_and_gains_a_newline(kl_root):
+    ok(kl_root, "produce", "t", input=b"a\n\nb")
+    assert ok(kl_root, "consume", "t") == b"a\n\nb\n"
+
+
+def test_empty_input_produces_nothing(kl_root):
+    ok(kl_root, "produce", "t", input=b"")
+    ok(kl_root, "produce", "t", "--binary", input=b"")
+    assert ok(kl_root, "consume", "t") == b""
+
+
+def test_single_newline_is_one_empty_message(kl_root):
+    ok(kl_root, "produce", "t", input=b"\n")
+    assert [m["value"] for m in messages(kl_root)] == [""]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"no trailing newline",
+        b"\n\n\nempty lines\n\n",
+        b"crlf\r\nline ends\r\n\r\n",
+        b"\x00\xff\xfe\x80 not utf-8 \xc3\x28\n\xed\xa0\x80",
+        bytes(range(256)) * 3,
+    ],
+    ids=["no-final-newline", "empty-lines", "crlf", "non-utf8", "all-bytes"],
+)
+def test_binary_round_trip_is_exact(kl_root, data):
+    ok(kl_root, "produce", "t", "--binary", input=data)
+    assert ok(kl_root, "consume", "t", "--binary") == data
+
+
+def test_binary_round_trip_through_pipes(kl_root, tmp_path):
+    data = os.urandom(3 << 20)  # several 1 MiB chunks, records cut at random newlines
+    f = tmp_path / "in"
+    f.write_bytes(data)
+    done = shell(kl_root, f"cat {f} | $KL produce --binary t && $KL consume --binary t > {f}.out")
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert (tmp_path / "in.out").read_bytes() == data
+
+
+def test_binary_keeps_each_delimiter_in_its_message(kl_root):
+    ok(kl_root, "produce", "t", "--binary", input=b"a\nb\n\nc")
+    assert [m["value"] for m in messages(kl_root)] == ["a\n", "b\n", "\n", "c"]
+
+
+def test_delimiter_split_across_chunks(kl_root):
+    first = b"x" * ((1 << 20) - 2) + b"\r\n"  # '\r' ends the first 1 MiB chunk, '\n' starts the next
+    data = first + b"second\r\nthird"
+    ok(kl_root, "topics", "create", "big", "--max-message-bytes", str(2 << 20))
+    ok(kl_root, "produce", "big", "-d", r"\r\n", input=data)
+    assert [len(m["value"]) for m in messages(kl_root, "big")] == [(1 << 20) - 2, 6, 5]
+
+
+def test_many_chunks_round_trip(kl_root):
+    data = lines(60_000)  # 2.4 MB: records carried across 1 MiB chunks
+    ok(kl_root, "produce", "t", input=data)
+    assert ok(kl_root, "consume", "t") == data
+
+
+def test_null_delimited_round_trip(kl_root):
+    data = b"one\0two with\nnewline\0\0four\0"
+    ok(kl_root, "produce", "t", "-0", input=data)
+    assert [m["value"] for m in messages(kl_root)] == ["one", "two with\nnewline", "", "four"]
+    assert ok(kl_root, "consume", "t", "--null") == data
+
+
+def test_escaped_delimiter(kl_root):
+    ok(kl_root, "produce", "t", "-d", r"\x1e", input=b"a\x1eb\x1e")
+    assert ok(kl_root, "consume", "t", "-d", r"\t") == b"a\tb\t"
+    assert ok(kl_root, "consume", "t", "--delimiter", r"\xff\\") == b"a\xff\\b\xff\\"
+
+
+def test_key_delimiter(kl_root):
+    data = b"k1:v1\nno key here\n:empty key\nk2:v:with:colons\n"
+    ok(kl_root, "produce", "t", "-K", ":", input=data)
+    assert [(m["key"], m["value"]) for m in messages(kl_root)] == [
+        ("k1", "v1"), (None, "no key here"), ("", "empty key"), ("k2", "v:with:colons"),
+    ]
+    assert ok(kl_root, "consume", "t", "-K", ":") == data
+    assert ok(kl_root, "consume", "t") == b"v1\nno key here\nempty key\nv:with:colons\n"
+
+
+def test_json_round_trip_into_another_topic(kl_root):
+    ok(kl_root, "topics", "create", "copy")
+    ok(kl_root, "produce", "t", "-K", r"\t", input=b"k\xff\tv\xfe\nplain\n\xe2\x82\xac\t\xe2\x82\xac\n")
+    ok(kl_root, "produce", "t", "--binary", input=b"no newline")
+    dump = ok(kl_root, "consume", "t", "--json")
+    ok(kl_root, "produce", "copy", "--json", input=dump)
+
+    def fields(topic):
+        return [(m.get("key"), m.get("key_b64"), m.get("value"), m.get("value_b64"), m["timestamp"])
+                for m in messages(kl_root, topic)]
+
+    assert fields("copy") == fields("t")
+    assert fields("t")[0] == (None, "a/8=", None, "dv4=", fields("t")[0][4])
+    assert fields("t")[2][:3] == ("€", None, "€")
+
+
+def test_json_output_is_exact(kl_root):
+    ok(kl_root, "produce", "t", "--json", input=b'{"key": "k", "value": "v\\n\\u00e9", "timestamp": 1700000000000}\n'
+       b'{"value_b64": "/w==", "timestamp": 1700000000001}\n')
+    assert ok(kl_root, "consume", "t", "--json").decode() == (
+        '{"topic": "t", "partition": 0, "offset": 0, "next_offset": 27, "timestamp": 1700000000000, '
+        '"key": "k", "value": "v\\n\u00e9"}\n'
+        '{"topic": "t", "partition": 0, "offset": 27, "next_offset": 50, "timestamp": 1700000000001, '
+        '"key": null, "value_b64": "/w=="}\n'
+    )
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_compressed_round_trip(kl_root, codec):
+    data = lines(20_000)
+    ok(kl_root, "produce", "t", "-z", codec, input=data)
+    assert ok(kl_root, "consume", "t") == data
+    size = json.loads(ok(kl_root, "topics", "describe", "t", "--json"))["partitions"][0]["size_in_bytes"]
+    assert size < len(data) // 4
+
+
+def test_batch_size_bounds_each_append(kl_root):
+    ok(kl_root, "produce", "t", "-z", "zstd", "--batch-size", "3", input=lines(10))
+    offsets = [m["offset"] for m in messages(kl_root)]  # inner messages carry their batch's offset
+    assert [offsets.count(o) for o in sorted(set(offsets))] == [3, 3, 3, 1]
+
+
+def test_fsync(kl_root):
+    ok(kl_root, "produce", "t", "--fsync", input=b"durable\n")
+    assert ok(kl_root, "consume", "t") == b"durable\n"
+
+
+# ----------------------------------------------------------------- consume: where and how much
+
+
+@pytest.fixture
+def ten(kl_root) -> str:
+    """Topic ``t`` holding the lines m0 .. m9, appended one by one at times 1000 .. 10000."""
+    records = "".join(json.dumps({"value": f"m{i}", "timestamp": 1000 * (i + 1)}) + "\n" for i in range(10))
+    ok(kl_root, "produce", "t", "--json", input=records.encode())
+    return kl_root
+
+
+def test_count(ten):
+    assert ok(ten, "consume", "t", "-c", "3") == b"m0\nm1\nm2\n"
+    assert ok(ten, "consume", "t", "--count", "0") == b""
+    assert ok(ten, "consume", "t", "-c", "3", "--json").count(b"\n") == 3
+
+
+def test_last_n_messages(ten):
+    assert ok(ten, "consume", "t", "-o", "-2") == b"m8\nm9\n"
+    assert ok(ten, "consume", "t", "--from-offset=-20") == b"".join(b"m%d\n" % i for i in range(10))
+
+
+def test_earliest_and_latest(ten):
+    assert ok(ten, "consume", "t", "-o", "earliest", "-c", "1") == b"m0\n"
+    assert ok(ten, "consume", "t", "-o", "latest") == b""
+
+
+def test_byte_offset_from_next_offset(ten):
+    third = messages(ten)[2]
+    assert ok(ten, "consume", "t", "-o", str(third["offset"]), "-c", "2") == b"m2\nm3\n"
+    assert ok(ten, "consume", "t", "-o", str(messages(ten)[-1]["next_offset"])) == b""
+
+
+def test_from_time(ten):
+    assert ok(ten, "consume", "t", "--from-time", "8000") == b"m7\nm8\nm9\n"
+    assert ok(ten, "consume", "t", "--from-time", "7500") == b"m7\nm8\nm9\n"
+    assert ok(ten, "consume", "t", "--from-time", "1970-01-01T00:00:09Z") == b"m8\nm9\n"
+    assert ok(ten, "consume", "t", "--from-time", "1970-01-01T01:00:10+01:00") == b"m9\n"
+    assert ok(ten, "consume", "t", "--from-time", "99999") == b""
+
+
+def test_format(kl_root):
+    ok(kl_root, "produce", "t", "-K", "=", input=b"k=v\xff\nbare\n")
+    out = ok(kl_root, "consume", "t", "--format", r"{partition}|{offset}|{next_offset}|{key}|{value}\t")
+    assert out == b"0|0|25|k|v\xff\t\n0|25|51||bare\t\n"
+    stamped = ok(kl_root, "consume", "t", "-c", "1", "-0", "--format", "{topic}:{timestamp}")
+    assert stamped.startswith(b"t:") and stamped.endswith(b"\0") and stamped[2:-1].isdigit()
+
+
+def test_partition(kl_root):
+    ok(kl_root, "topics", "create", "three", "--partitions", "3")
+    ok(kl_root, "produce", "three", "-p", "1", input=b"one\n")
+    ok(kl_root, "produce", "three", "--partition", "2", input=b"two\n")
+    assert ok(kl_root, "consume", "three", "-p", "1") == b"one\n"
+    assert ok(kl_root, "consume", "three", "-p", "0") == b""
+    assert sorted(ok(kl_root, "consume", "three").splitlines()) == [b"one", b"two"]
+
+
+def test_multi_partition_keys_keep_order_per_partition(kl_root):
+    ok(kl_root, "topics", "create", "three", "--partitions", "3")
+    data = b"".join(b"key%d:%05d\n" % (i % 7, i) for i in range(3000))
+    ok(kl_root, "produce", "three", "-K", ":", input=data)
+    got = messages(kl_root, "three")
+    assert sorted((m["key"], m["value"]) for m in got) == sorted(
+        tuple(line.decode().split(":")) for line in data.splitlines()
+    )
+    assert {m["partition"] for m in got} == {0, 1, 2}
+    for key in {m["key"] for m in got}:
+        mine = [m for m in got if m["key"] == key]
+        assert len({m["partition"] for m in mine}) == 1
+        assert [m["value"] for m in mine] == sorted(m["value"] for m in mine)
+    assert ok(kl_root, "consume", "three", "-K", ":", "-o", "-1").count(b"\n") == 3
+
+
+def test_follow_prints_new_messages(kl_root):
+    ok(kl_root, "produce", "t", input=b"old\n")
+    follower = spawn(kl_root, "consume", "t", "--follow", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert follower.stdout.readline() == b"old\n"
+        ok(kl_root, "produce", "t", input=b"new 1\nnew 2\n")
+        got = []
+        timer = threading.Timer(10, follower.kill)
+        timer.start()
+        got += [follower.stdout.readline(), follower.stdout.readline()]
+        timer.cancel()
+        assert got == [b"new 1\n", b"new 2\n"]
+        assert follower.poll() is None
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(10) == 130
+    assert follower.stderr.read() == b""
+
+
+def test_follow_stops_after_count(kl_root):
+    ok(kl_root, "produce", "t", input=b"a\nb\n")
+    assert ok(kl_root, "consume", "t", "-f", "-c", "2") == b"a\nb\n"
+
+
+def test_caught_up_is_fixed_at_start(kl_root):
+    """A topic that keeps growing still ends: a producer runs all the time here."""
+    stop = threading.Event()
+
+    def keep_producing():
+        producer = kl.Producer(kl_root)
+        while not stop.is_set():
+            producer.send_batch("t", [b"more"] * 100, partition=0)
+
+    writer = threading.Thread(target=keep_producing)
+    writer.start()
+    try:
+        done = subprocess.run(KL + ["--root", kl_root, "consume", "t"], capture_output=True, timeout=20)
+    finally:
+        stop.set()
+        writer.join()
+    assert done.returncode == 0 and set(done.stdout.splitlines()) <= {b"more"}
+
+
+def test_closed_pipe_exits_quietly(kl_root):
+    ok(kl_root, "produce", "t", input=lines(200_000))
+    done = shell(kl_root, "$KL consume t | head -n 1; echo ${PIPESTATUS[0]} >&2")
+    assert done.stdout == lines(1)
+    assert done.stderr == b"%d\n" % (128 + signal.SIGPIPE)
+
+
+def test_ctrl_c_leaves_a_prefix_of_whole_messages(kl_root):
+    producer = spawn(kl_root, "produce", "t", "--batch-size", "500", stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    data = lines(2_000_000)  # 80 MB: far more than is appended before the interrupt
+
+    def feed():
+        try:
+            producer.stdin.write(data)
+        except (BrokenPipeError, ValueError):
+            pass
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    consumer = kl.Consumer(kl_root)
+    deadline = time.monotonic() + 20
+    while consumer.latest_offset("t", 0) < 1_000_000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    producer.send_signal(signal.SIGINT)
+    assert producer.wait(20) == 130
+    feeder.join()
+    assert producer.stderr.read() == b""
+    out = ok(kl_root, "consume", "t")
+    assert 1_000_000 // 80 < out.count(b"\n") < 2_000_000
+    assert data.startswith(out)
+
+
+# ----------------------------------------------------------------- topics
+
+
+def test_topics_create_list_describe_delete(tmp_path):
+    root = str(tmp_path / "new-root")
+    assert ok(root, "topics", "list") == b""
+    ok(root, "topics", "create", "b", "--partitions", "2", "--segment-bytes", "2000000", "--max-message-bytes", "1000")
+    ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5",
+       "--retention-bytes", "7")
+    assert ok(root, "topics", "list") == b"a\nb\n"
+    ok(root, "produce", "b", "-p", "1", input=b"hello\n")
+    assert ok(root, "topics", "describe", "b").decode() == (
+        "topic              b\n"
+        "partitions         2\n"
+        "segment_bytes      2000000\n"
+        "max_message_bytes  1000\n"
+        "flush_messages     10000\n"
+        "flush_ms           1000\n"
+        "retention_ms       604800000\n"
+        "retention_bytes    0\n"
+        "\n"
+        "partition  segments  log_start_offset  log_end_offset  size_in_bytes\n"
+        "0          1         0                 0               0\n"
+        "1          1         0                 27              27\n"
+    )
+    described = json.loads(ok(root, "topics", "describe", "a", "--json"))
+    assert described == {
+        "topic": "a",
+        "config": {"partitions": 1, "segment_bytes": 1 << 30, "max_message_bytes": 1 << 20, "flush_messages": 0,
+                   "flush_ms": 0, "retention_ms": 5, "retention_bytes": 7},
+        "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0,
+                        "size_in_bytes": 0}],
+    }
+    ok(root, "topics", "delete", "b")
+    assert ok(root, "topics", "list") == b"a\n"
+
+
+# ----------------------------------------------------------------- errors: exact lines, exit codes
+
+
+def test_missing_root_is_a_usage_error():
+    result = run(None, "topics", "list")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == "Error: no root directory: pass --root or set KL_ROOT"
+
+
+def test_root_from_environment(kl_root):
+    result = CliRunner().invoke(cli, ["topics", "list"], env={"KL_ROOT": kl_root})
+    assert (result.exit_code, result.stdout) == (0, "t\n")
+
+
+def test_unknown_topic(kl_root):
+    commands = [["consume", "nope"], ["produce", "nope"], ["topics", "describe", "nope"], ["topics", "delete", "nope"]]
+    for args in commands:
+        assert fails(kl_root, *args, input=b"x\n") == f"Error: topic 'nope' does not exist in {kl_root}"
+
+
+def test_unknown_partition(kl_root):
+    assert fails(kl_root, "consume", "t", "-p", "3") == "Error: topic 't' has partitions 0 to 0, not 3"
+    assert fails(kl_root, "produce", "t", "-p", "1", input=b"x\n") == "Error: topic 't' has partitions 0 to 0, not 1"
+    assert ok(kl_root, "consume", "t") == b""
+
+
+def test_bad_topic_name(kl_root):
+    expected = "Error: invalid topic name {!r}: use 1-249 characters from A-Z a-z 0-9 . _ - not starting with a dot"
+    for name in ("../x", "a/b", ".hidden", "sp ace", "x" * 250):
+        assert fails(kl_root, "topics", "create", name) == expected.format(name)
+    assert fails(kl_root, "consume", "../t") == expected.format("../t")
+
+
+def test_topic_exists(kl_root):
+    assert fails(kl_root, "topics", "create", "t") == f"Error: topic 't' already exists in {kl_root}"
+
+
+def test_bad_config(kl_root):
+    assert fails(kl_root, "topics", "create", "z", "--partitions", "0") == (
+        "Error: partitions must be between 1 and 10000, not 0"
+    )
+
+
+def test_offset_out_of_range(ten):
+    end = messages(ten)[-1]["next_offset"]
+    assert fails(ten, "consume", "t", "-o", "999999") == (
+        f"Error: offset 999999 is out of range: {ten}/t/0 holds offsets 0 to {end}"
+    )
+
+
+def test_offset_inside_a_message(ten):
+    second = messages(ten)[1]["offset"]
+    assert fails(ten, "consume", "t", "-o", "5") == (
+        f"Error: offset 5 is not the start of a message in {ten}/t/0; the nearest messages start at 0 and {second}"
+    )
+
+
+def test_byte_offset_needs_a_partition(kl_root):
+    ok(kl_root, "topics", "create", "three", "--partitions", "3")
+    assert fails(kl_root, "consume", "three", "-o", "0", code=2) == (
+        "Error: a byte offset needs --partition: topic 'three' has 3 partitions"
+    )
+    assert ok(kl_root, "consume", "three", "-o", "0", "-p", "2") == b""
+
+
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        (b"not json", "line 2: invalid JSON: Expecting value: line 1 column 1 (char 0)"),
+        (b"[1]", "line 2: expected a JSON object"),
+        (b'{"value": "v", "colour": "red"}', "line 2: unknown field 'colour'"),
+        (b'{"key": "k"}', "line 2: no 'value' or 'value_b64'"),
+        (b'{"value": "v", "value_b64": "dg=="}', "line 2: both 'value' and 'value_b64'"),
+        (b'{"value_b64": "***"}', "line 2: 'value_b64' is not valid base64"),
+        (b'{"value": 5}', "line 2: 'value' must be a string or null"),
+        (
+            b'{"value": "v", "timestamp": "noon"}',
+            "line 2: 'timestamp' must be milliseconds since the epoch, not 'noon'",
+        ),
+        (b"", "line 2: invalid JSON: Expecting value: line 1 column 1 (char 0)"),
+    ],
+)
+def test_bad_json_line_writes_nothing(kl_root, line, error):
+    assert fails(kl_root, "produce", "t", "--json", input=b'{"value": "fine"}\n' + line + b"\n") == f"Error: {error}"
+    assert ok(kl_root, "consume", "t") == b""
+
+
+def test_message_too_large(kl_root):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
+    assert fails(kl_root, "produce", "small", input=b"x" * 200) == (
+        "Error: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (
+            ["consume", "t", "-o", "soon"],
+            "Invalid value for '-o' / '--from-offset': 'soon' is not N, earliest, latest or -N",
+        ),
+        (["consume", "t", "--from-time", "noon"],
+         "Invalid value for '--from-time': 'noon' is neither an ISO 8601 time nor milliseconds since the epoch"),
+        (["consume", "t", "-o", "0", "--from-time", "0"], "--from-offset, --from-time cannot be used together"),
+        (["consume", "t", "--json", "--binary"], "--json, --binary cannot be used together"),
+        (["consume", "t", "--json", "-0"], "--json, --null cannot be used together"),
+        (["consume", "t", "--format", "{nope}"], "Invalid value for '--format': KeyError: 'nope'"),
+        (["consume", "t", "-d", ""], "Invalid value for '-d' / '--delimiter': must not be empty"),
+        (["consume", "t", "-d", r"\q"],
+         "Invalid value for '-d' / '--delimiter': unknown escape '\\q' (use \\n \\t \\r \\0 \\\\ or \\xNN)"),
+        (["produce", "t", "-K", ":", "-0", "-d", ","], "--delimiter, --null cannot be used together"),
+        (["produce", "t", "--json", "--binary"], "--json, --binary cannot be used together"),
+        (
+            ["produce", "t", "-z", "lz4"],
+            "Invalid value for '-z' / '--compression': 'lz4' is not one of 'none', 'zstd', 'gzip'.",
+        ),
+        (["produce", "t", "--batch-size", "0"], "Invalid value for '--batch-size': 0 is not in the range x>=1."),
+    ],
+)
+def test_usage_errors(kl_root, args, error):
+    assert fails(kl_root, *args, input=b"", code=2) == f"Error: {error}"
+
+
+@pytest.mark.parametrize(
+    "args, code, stderr",
+    [
+        (["consume", "nope"], 1, "Error: topic 'nope' does not exist in {root}\n"),
+        (["produce", "t"], 0, ""),
+        (["consume", "t"], 0, ""),
+        (["topics", "list"], 0, ""),
+    ],
+)
+def test_no_traceback_and_no_rich_when_piped(kl_root, args, code, stderr):
+    program = f"""
+import sys
+from kl_cli.main import main
+sys.argv = ["kl", *{args!r}]
+try:
+    main()
+except SystemExit as e:
+    assert "rich" not in sys.modules, "rich imported"
+    sys.exit(e.code)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], input=b"x\n", env={**os.environ, "KL_ROOT": kl_root}, capture_output=True
+    )
+    assert (done.returncode, done.stderr.decode()) == (code, stderr.format(root=kl_root))
+
+
+def test_version():
+    result = run(None, "--version")
+    assert (result.exit_code, result.stdout) == (0, f"kl, version {kl_version()}\n")
+
+
+def kl_version() -> str:
+    from importlib.metadata import version
+
+    return version("kl")
