@@ -21,12 +21,14 @@ class TopicConfig:
     ``flush_messages`` and ``flush_ms`` bound the data at risk: a partition is fsynced
     once that many messages or milliseconds have gone by since its last flush (checked at
     each append; 0 switches a rule off).  A producer closing also flushes what it wrote.
+    The default, once a second, is Redis's "everysec": a power cut may lose up to a
+    second of acknowledged messages; a killed process loses nothing acknowledged.
     """
 
     partitions: int = 1
     segment_bytes: int = GiB
     max_message_bytes: int = MiB
-    flush_messages: int = 10_000
+    flush_messages: int = 0
     flush_ms: int = 1_000
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = 0
