@@ -94,24 +94,52 @@ class ProcessLock:
             self._thread_lock.release()
 
 
-_registry: dict[str, ProcessLock] = {}
+_registry: dict[tuple[int, int], ProcessLock] = {}
 _registry_lock = threading.Lock()
 _registry_pid = os.getpid()
 
 
 def lock_for(path: str) -> ProcessLock:
-    """This process's lock on ``path`` (a fresh registry after ``fork()``).
+    """This process's lock on the file at ``path`` (a fresh registry after ``fork()``).
 
-    Holders must call again when ``lock.pid != os.getpid()``.
+    Keyed by the file's device and inode, so two spellings of one path (a symlink, a
+    bind mount) still share one lock.  Holders must call again when
+    ``lock.pid != os.getpid()``.
     """
     global _registry, _registry_pid
+    key = _identity(path)
     with _registry_lock:
         if os.getpid() != _registry_pid:  # forked: the parent's locks are not ours
             _registry, _registry_pid = {}, os.getpid()
-        lock = _registry.get(path)
+        lock = _registry.get(key)
         if lock is None:
-            lock = _registry[path] = ProcessLock(path)
+            lock = _registry[key] = ProcessLock(path)
         return lock
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """(device, inode) of the lock file, created if missing.
+
+    Only a brand-new file is ever opened and closed here: closing a descriptor of a file
+    this process has locked would drop that lock.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        ensure_dir(os.path.dirname(path))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise storage_error(e, "create lock file", path) from None
+        else:
+            os.fchmod(fd, FILE_MODE)
+            os.close(fd)
+        st = os.stat(path)
+    except OSError as e:
+        raise storage_error(e, "open lock file", path) from None
+    return st.st_dev, st.st_ino
 
 
 @contextmanager

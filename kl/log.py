@@ -161,8 +161,10 @@ class Log:
         path = segment_path(self.directory, base)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            if base == state.active_base_offset and offset + max_bytes > stable:
-                segment_end = base + self.good_end(fd, state, os.fstat(fd).st_size)[0]
+            if base == state.active_base_offset and offset + max_bytes > state.last_append_offset:
+                # The last append is all or nothing: check it whole before any of it is read.
+                last = state.last_append_offset - base
+                segment_end = base + self.good_end(fd, state, os.fstat(fd).st_size, start=max(last, stable - base))[0]
                 if offset >= segment_end:  # stopped at a torn tail
                     return MessageSet(b"", offset, max_message_bytes=limit)
             size = min(max_bytes, segment_end - offset)
@@ -189,11 +191,12 @@ class Log:
             os.close(fd)
         return messages
 
-    def good_end(self, fd: int, state: PartitionState, file_size: int) -> tuple[int, str | None]:
+    def good_end(self, fd: int, state: PartitionState, file_size: int, start: int | None = None) -> tuple[int, str | None]:
         """Where the good published data of the active segment ends (a position), and why
         it ends there (None when it reaches the log end).
 
-        Only the tail past the stable offset is examined.  A file that ends inside a
+        Only the tail past the stable offset (or from ``start``, a message boundary in
+        it) is examined.  A file that ends inside a
         message keeps the complete messages before it; a message failing its checks
         inside the last append drops that whole append; one failing before it (in
         unflushed data) ends the good data there.  A file shorter than the stable offset
@@ -205,8 +208,8 @@ class Log:
         published = state.log_end_offset - base
         if file_size < stable:
             return file_size, f"file ends at offset {base + file_size}, before the committed end {base + stable}"
-        end = stable
-        for entry in scan(fd, stable, min(file_size, published), self.config.max_message_bytes):
+        end = stable if start is None else start
+        for entry in scan(fd, end, min(file_size, published), self.config.max_message_bytes):
             if entry.problem is None:
                 end = entry.position + entry.size
                 continue

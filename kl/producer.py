@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import os
 import random
 import threading
@@ -208,7 +209,7 @@ def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit:
     """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
     message larger than it is a chunk of its own)."""
     sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys))
-    ends = list(itertools.accumulate(s + m.HEADER_SIZE for s in sizes))
+    ends = list(itertools.accumulate(map(operator.add, sizes, itertools.repeat(m.HEADER_SIZE))))
     start, consumed = 0, 0
     while start < len(ends):
         stop = max(bisect.bisect_right(ends, consumed + limit, lo=start), start + 1)

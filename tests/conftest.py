@@ -1,0 +1,163 @@
+"""Shared fixtures and small helpers for kl's library tests (leveldb style).
+
+Helpers are plain functions so tests read as one line each::
+
+    write(root, "t", [b"a", b"b"])          # append through a Producer
+    flip_bit(path, bit)                     # damage a file in place
+    shrink_to(path, size)                   # cut a file (a torn tail)
+    read_all(root, "t")                     # every message of a partition
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+import kl
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+"""``../shared`` next to the repository root: the project's shared reference files."""
+
+KAFKA07_SEGMENT = SHARED / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+
+MAX = 1 << 20
+"""A max_message_bytes for in-memory message sets."""
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> kl.Root:
+    r = kl.Root(tmp_path / "root", lock_timeout=30)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def topic(root: kl.Root) -> str:
+    """A one-partition topic with default settings."""
+    root.create_topic("t")
+    return "t"
+
+
+# ----------------------------------------------------------------- building messages
+
+
+def v0(payload: bytes) -> bytes:
+    """A Kafka 0.7 magic 0 message: length magic crc payload."""
+    return struct.pack(">iBI", 1 + 4 + len(payload), 0, zlib.crc32(payload)) + payload
+
+
+def v1(payload: bytes, attrs: int = 0) -> bytes:
+    """A Kafka 0.7 magic 1 message: length magic attrs crc payload."""
+    return struct.pack(">iBBI", 1 + 1 + 4 + len(payload), 1, attrs, zlib.crc32(payload)) + payload
+
+
+def with_length(message: bytes, length: int) -> bytes:
+    """``message`` with its length field replaced (body unchanged)."""
+    return struct.pack(">I", length & 0xFFFFFFFF) + message[4:]
+
+
+def message_set(data: bytes, offset: int = 0, *, stable: int | None = None, eof: bool = False) -> kl.MessageSet:
+    """An in-memory set; by default everything in it counts as committed (stable)."""
+    return kl.MessageSet(
+        data, offset, max_message_bytes=MAX, stable_offset=offset + len(data) if stable is None else stable, ends_at_eof=eof
+    )
+
+
+def values_of(messages) -> list[bytes]:
+    return [msg.value for msg in messages]
+
+
+# ----------------------------------------------------------------- writing and reading topics
+
+
+def write(root: kl.Root, topic: str, values, *, partition: int = 0, keys=None, timestamp: int | None = None,
+          compression: str | None = None) -> list[kl.Appended]:
+    """Append ``values`` as one batch (one append per chunk) through a Producer."""
+    producer = kl.Producer(root, compression=compression)
+    return producer.send_batch(topic, list(values), keys=keys, partition=partition, timestamp=timestamp)
+
+
+def write_each(root: kl.Root, topic: str, values, *, partition: int = 0, timestamp: int | None = None) -> list[int]:
+    """Append ``values`` one message per append; returns their offsets."""
+    producer = kl.Producer(root)
+    return [producer.send(topic, v, partition=partition, timestamp=timestamp).offset for v in values]
+
+
+def read_all(root: kl.Root, topic: str, partition: int = 0, offset: int | None = None, max_bytes: int = 1 << 16):
+    """Every message from ``offset`` (the log start) to the published end."""
+    consumer = kl.Consumer(root)
+    if offset is None:
+        offset = consumer.earliest_offset(topic, partition)
+    end = consumer.latest_offset(topic, partition)
+    out = []
+    while offset < end:
+        got = list(consumer.fetch(topic, partition, offset, max_bytes))
+        assert got, f"no progress at offset {offset} (end {end})"
+        out.extend(got)
+        offset = got[-1].next_offset
+    return out
+
+
+def partition_dir(root: kl.Root, topic: str, partition: int = 0) -> Path:
+    return Path(root.path) / topic / str(partition)
+
+
+def segment_files(root: kl.Root, topic: str, partition: int = 0) -> list[Path]:
+    return sorted(p for p in partition_dir(root, topic, partition).iterdir() if p.suffix in (".kl", ".kafka"))
+
+
+def active_segment(root: kl.Root, topic: str, partition: int = 0) -> Path:
+    return segment_files(root, topic, partition)[-1]
+
+
+# ----------------------------------------------------------------- damaging files
+
+
+def flip_bit(path: Path | str, bit: int) -> None:
+    """Invert one bit of a file, counting from its first byte's most significant bit."""
+    with open(path, "r+b") as f:
+        f.seek(bit // 8)
+        byte = f.read(1)[0]
+        f.seek(bit // 8)
+        f.write(bytes([byte ^ (0x80 >> (bit % 8))]))
+
+
+def flip_byte(path: Path | str, position: int) -> None:
+    """Invert every bit of one byte of a file."""
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def shrink_to(path: Path | str, size: int) -> None:
+    """Cut a file to ``size`` bytes."""
+    os.truncate(path, size)
+
+
+def grow_by(path: Path | str, data: bytes) -> None:
+    """Append raw bytes past a file's end (what a crashed writer leaves)."""
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def flipped(data: bytes, bit: int) -> bytes:
+    """``data`` with one bit inverted (same numbering as ``flip_bit``)."""
+    out = bytearray(data)
+    out[bit // 8] ^= 0x80 >> (bit % 8)
+    return bytes(out)
+
+
+__all__ = [
+    "KAFKA07_SEGMENT", "MAX", "SHARED", "active_segment", "flip_bit", "flip_byte", "flipped", "grow_by",
+    "message_set", "partition_dir", "read_all", "segment_files", "shrink_to", "v0", "v1", "values_of",
+    "with_length", "write", "write_each",
+]

@@ -1,0 +1,348 @@
+"""Topics under a root: names, create, list, describe, delete, config."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import kl
+from kl.config import CONFIG_FILE
+
+from conftest import partition_dir, read_all, values_of, write, write_each
+
+BAD_NAMES = ["", ".", "..", ".hidden", "../x", "a/b", "a\x00b", "x" * 250, "é", "/etc", "a b", "a\nb", "a:b",
+             "a\\b", "..."]
+
+
+# ----------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_validate_name_rejects(name):
+    with pytest.raises(kl.InvalidTopicName, match="invalid topic name"):
+        kl.validate_name(name)
+
+
+@pytest.mark.parametrize("name", ["a", "A-Z_0.9", "x" * 249, "a..b", "a.", "-", "_", "0"])
+def test_validate_name_accepts(name):
+    assert kl.validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", [None, 1, b"bytes"])
+def test_validate_name_rejects_non_strings(name):
+    with pytest.raises(kl.InvalidTopicName):
+        kl.validate_name(name)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_create_topic_rejects_bad_names(root, name):
+    with pytest.raises(kl.InvalidTopicName):
+        root.create_topic(name)
+    assert root.topics() == []
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_every_use_of_a_bad_name_raises_invalid_topic_name(root, name):
+    with pytest.raises(kl.InvalidTopicName):
+        root.config(name)
+    with pytest.raises(kl.InvalidTopicName):
+        root.log(name, 0)
+    with pytest.raises(kl.InvalidTopicName):
+        root.describe(name)
+    with pytest.raises(kl.InvalidTopicName):
+        root.delete_topic(name)
+    with pytest.raises(kl.InvalidTopicName):
+        kl.Producer(root).send(name, b"x")
+    with pytest.raises(kl.InvalidTopicName):
+        kl.Consumer(root).fetch(name, 0, 0)
+
+
+def test_a_249_character_name_works(root):
+    name = "n" * 249
+    root.create_topic(name)
+    write_each(root, name, [b"long name"])
+    assert root.topics() == [name]
+    assert values_of(read_all(root, name)) == [b"long name"]
+
+
+def test_a_name_that_climbs_out_of_the_root_touches_nothing(root, tmp_path):
+    with pytest.raises(kl.InvalidTopicName):
+        root.create_topic("../escaped")
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_a_symlink_planted_as_a_topic_is_invalid_on_use(root, tmp_path):
+    root.create_topic("real")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(root.path, "planted"))
+    for use in (
+        lambda: root.create_topic("planted"),
+        lambda: root.config("planted"),
+        lambda: root.log("planted", 0),
+        lambda: root.describe("planted"),
+        lambda: root.delete_topic("planted"),
+        lambda: kl.Producer(root).send("planted", b"x"),
+        lambda: kl.Consumer(root).fetch("planted", 0, 0),
+    ):
+        with pytest.raises(kl.InvalidTopicName):
+            use()
+    assert list(elsewhere.iterdir()) == []
+    assert root.topics() == ["real"]
+
+
+def test_a_symlink_to_a_real_topic_is_invalid_on_use(root):
+    root.create_topic("real")
+    write_each(root, "real", [b"x"])
+    os.symlink(os.path.join(root.path, "real"), os.path.join(root.path, "alias"))
+    fresh = kl.Root(root.path)
+    with pytest.raises(kl.InvalidTopicName):
+        fresh.config("alias")
+    with pytest.raises(kl.InvalidTopicName):
+        kl.Consumer(fresh).fetch("alias", 0, 0)
+    with pytest.raises(kl.InvalidTopicName):
+        kl.Producer(fresh).send("alias", b"y")
+    assert values_of(read_all(root, "real")) == [b"x"]
+
+
+def test_a_plain_file_where_a_topic_should_be_is_invalid(root):
+    os.makedirs(root.path)
+    with open(os.path.join(root.path, "file"), "w") as f:
+        f.write("{}")
+    with pytest.raises(kl.InvalidTopicName):
+        root.config("file")
+    with pytest.raises(kl.InvalidTopicName):
+        root.create_topic("file")
+
+
+def test_a_root_reached_through_a_symlink_works(tmp_path):
+    real = tmp_path / "real"
+    kl.Root(real).create_topic("t")
+    os.symlink(real, tmp_path / "link")
+    linked = kl.Root(tmp_path / "link")
+    write_each(linked, "t", [b"via link"])
+    assert values_of(read_all(kl.Root(real), "t")) == [b"via link"]
+
+
+# ----------------------------------------------------------------- create, list, describe, delete
+
+
+def test_create_makes_every_partition(root):
+    config = root.create_topic("t", kl.TopicConfig(partitions=3))
+    assert config.partitions == 3
+    assert sorted(p.name for p in (partition_dir(root, "t").parent).iterdir()) == ["0", "1", "2", CONFIG_FILE]
+
+
+def test_create_returns_the_default_config(root):
+    assert root.create_topic("t") == kl.TopicConfig()
+
+
+def test_create_writes_the_config_file(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2, segment_bytes=1 << 20, max_message_bytes=1 << 16))
+    fields = json.loads((partition_dir(root, "t").parent / CONFIG_FILE).read_text())
+    assert fields["partitions"] == 2
+    assert fields["segment_bytes"] == 1 << 20
+    assert fields["max_message_bytes"] == 1 << 16
+    assert kl.Root(root.path).config("t") == kl.TopicConfig(partitions=2, segment_bytes=1 << 20,
+                                                            max_message_bytes=1 << 16)
+
+
+def test_create_an_existing_topic_raises_topic_exists(root):
+    root.create_topic("t")
+    write_each(root, "t", [b"keep me"])
+    with pytest.raises(kl.TopicExists, match="'t' already exists"):
+        root.create_topic("t")
+    with pytest.raises(kl.TopicExists):
+        kl.Root(root.path).create_topic("t", kl.TopicConfig(partitions=5))
+    assert values_of(read_all(root, "t")) == [b"keep me"]
+    assert root.config("t").partitions == 1
+
+
+def test_create_leaves_no_temporary_directories(root):
+    root.create_topic("t")
+    assert [n for n in os.listdir(root.path) if n not in (".locks", "t")] == []
+
+
+def test_create_makes_the_root_if_missing(tmp_path):
+    root = kl.Root(tmp_path / "a" / "b")
+    root.create_topic("t")
+    assert root.topics() == ["t"]
+
+
+def test_list_is_sorted_and_skips_hidden_and_foreign_entries(root):
+    for name in ["b", "a", "c.d"]:
+        root.create_topic(name)
+    os.makedirs(os.path.join(root.path, ".hidden"))
+    os.makedirs(os.path.join(root.path, "with space"))
+    open(os.path.join(root.path, "plainfile"), "w").close()
+    os.symlink(os.path.join(root.path, "a"), os.path.join(root.path, "link"))
+    assert root.topics() == ["a", "b", "c.d"]
+
+
+def test_list_of_a_missing_root_is_empty(tmp_path):
+    assert kl.Root(tmp_path / "nothing").topics() == []
+
+
+def test_describe_an_empty_topic(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    info = root.describe("t")
+    assert info.name == "t"
+    assert info.config.partitions == 2
+    assert info.partitions == [kl.PartitionInfo(0, 1, 0, 0, 0), kl.PartitionInfo(1, 1, 0, 0, 0)]
+    assert info.size_in_bytes == 0
+
+
+def test_describe_counts_segments_offsets_and_bytes(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2, segment_bytes=128, max_message_bytes=128))
+    write_each(root, "t", [b"%010d" % i for i in range(10)], partition=0)
+    write_each(root, "t", [b"x"], partition=1)
+    info = root.describe("t")
+    assert info.partitions == [kl.PartitionInfo(0, 3, 0, 320, 320), kl.PartitionInfo(1, 1, 0, 23, 23)]
+    assert info.size_in_bytes == 343
+
+
+def test_describe_a_missing_topic_raises_topic_not_found(root):
+    with pytest.raises(kl.TopicNotFound, match="'nope' does not exist"):
+        root.describe("nope")
+
+
+def test_delete_removes_the_topic(root):
+    root.create_topic("t")
+    write_each(root, "t", [b"x"])
+    root.delete_topic("t")
+    assert root.topics() == []
+    assert not os.path.exists(os.path.join(root.path, "t"))
+    with pytest.raises(kl.TopicNotFound):
+        root.config("t")
+    with pytest.raises(kl.TopicNotFound):
+        kl.Consumer(root).fetch("t", 0, 0)
+
+
+def test_delete_a_missing_topic_raises_topic_not_found(root):
+    with pytest.raises(kl.TopicNotFound):
+        root.delete_topic("nope")
+
+
+def test_delete_leaves_no_leftovers_but_lock_files(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    write_each(root, "t", [b"x"])
+    root.delete_topic("t")
+    assert [n for n in os.listdir(root.path) if n != ".locks"] == []
+
+
+def test_a_topic_can_be_recreated_after_delete(root):
+    root.create_topic("t")
+    write_each(root, "t", [b"old"])
+    root.delete_topic("t")
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    assert root.config("t").partitions == 2
+    write_each(root, "t", [b"new"])
+    assert values_of(read_all(root, "t")) == [b"new"]
+
+
+def test_a_producer_of_another_root_handle_fails_cleanly_after_delete(root):
+    root.create_topic("t")
+    other = kl.Root(root.path)
+    write_each(other, "t", [b"before"])
+    root.delete_topic("t")
+    with pytest.raises(kl.TopicNotFound):
+        write_each(other, "t", [b"after"])
+    assert root.topics() == []
+
+
+def test_a_producer_of_another_root_handle_writes_into_a_recreated_topic(root):
+    root.create_topic("t")
+    other = kl.Root(root.path)  # a long-lived producer in another process
+    write_each(other, "t", [b"before"])
+    root.delete_topic("t")
+    root.create_topic("t")
+    try:
+        write_each(other, "t", [b"after"])
+    except kl.TopicNotFound:
+        write_each(other, "t", [b"after"])  # one clean failure, then the new topic
+    assert values_of(read_all(root, "t")) == [b"after"]
+
+
+def test_a_consumer_of_another_root_handle_fails_cleanly_after_delete(root):
+    root.create_topic("t")
+    other = kl.Root(root.path)
+    write_each(other, "t", [b"before"])
+    assert values_of(read_all(other, "t")) == [b"before"]
+    root.delete_topic("t")
+    with pytest.raises(kl.TopicNotFound):
+        kl.Consumer(other).fetch("t", 0, 0)
+
+
+def test_unknown_partition_raises_topic_not_found(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    for partition in (-1, 2, 100):
+        with pytest.raises(kl.TopicNotFound, match="partitions 0 to 1"):
+            root.log("t", partition)
+
+
+def test_unknown_topic_raises_topic_not_found(root):
+    with pytest.raises(kl.TopicNotFound):
+        root.log("nope", 0)
+    with pytest.raises(kl.TopicNotFound):
+        kl.Producer(root).send("nope", b"x")
+
+
+def test_topics_are_independent(root):
+    root.create_topic("a")
+    root.create_topic("b")
+    write(root, "a", [b"1", b"2"])
+    write(root, "b", [b"3"])
+    assert values_of(read_all(root, "a")) == [b"1", b"2"]
+    assert values_of(read_all(root, "b")) == [b"3"]
+
+
+# ----------------------------------------------------------------- config
+
+
+def test_config_defaults():
+    config = kl.TopicConfig()
+    assert (config.partitions, config.segment_bytes, config.max_message_bytes) == (1, 1 << 30, 1 << 20)
+    assert (config.flush_messages, config.flush_ms) == (0, 1_000)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"partitions": 0},
+        {"partitions": 10_001},
+        {"partitions": -1},
+        {"max_message_bytes": 63},
+        {"max_message_bytes": 1 << 31, "segment_bytes": 1 << 32},
+        {"segment_bytes": 100, "max_message_bytes": 200},
+        {"flush_ms": -1},
+        {"partitions": True},
+        {"partitions": 1.5},
+    ],
+)
+def test_bad_configs_raise_invalid_config(settings):
+    with pytest.raises(kl.InvalidConfig):
+        kl.TopicConfig(**settings)
+
+
+def test_config_json_round_trips():
+    config = kl.TopicConfig(partitions=3, flush_messages=0, retention_bytes=5)
+    assert kl.TopicConfig.from_json(config.to_json(), "x") == config
+
+
+@pytest.mark.parametrize("data", [b"", b"[]", b"{", b'{"partitions": 0}', b'{"colour": 1}', b'{"partitions": "1"}'])
+def test_an_unreadable_config_file_raises_invalid_config(data):
+    with pytest.raises(kl.InvalidConfig, match="topic.json"):
+        kl.TopicConfig.from_json(data, "topic.json")
+
+
+def test_a_damaged_config_file_raises_invalid_config_on_use(root):
+    root.create_topic("t")
+    (partition_dir(root, "t").parent / CONFIG_FILE).write_text("{not json")
+    with pytest.raises(kl.InvalidConfig):
+        kl.Root(root.path).config("t")
+
+
+def test_with_overrides_ignores_none():
+    assert kl.TopicConfig.with_overrides(partitions=4, segment_bytes=None) == kl.TopicConfig(partitions=4)
