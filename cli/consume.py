@@ -144,6 +144,7 @@ def _start_offset(consumer: kl.Consumer, topic: str, partition: int, where: str,
         return consumer.latest_offset(topic, partition)
     if where == "back":
         return consumer.offset_back(topic, partition, n)
+    consumer.check_offset(topic, partition, n)
     return n
 
 

@@ -42,6 +42,11 @@ class Consumer:
         """``fetch`` for each (topic, partition, offset, max_bytes), in order."""
         return [self.fetch(*request) for request in requests]
 
+    def check_offset(self, topic: str, partition: int, offset: int) -> None:
+        """Raise ``InvalidOffset`` unless a message starts at ``offset`` (a full check by
+        scanning its segment; use it for offsets that come from a person)."""
+        self.root.log(topic, partition).check_offset(offset)
+
     def earliest_offset(self, topic: str, partition: int) -> int:
         return self.root.log(topic, partition).log_start_offset
 

@@ -21,6 +21,7 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -62,13 +63,14 @@ class _HeldOpenLock(fasteners.InterProcessLock):
 class ProcessLock:
     """The one lock on a path in this process: a thread lock, then the file lock."""
 
-    __slots__ = ("path", "pid", "_thread_lock", "_file_lock")
+    __slots__ = ("path", "pid", "_thread_lock", "_file_lock", "_fd")
 
     def __init__(self, path: str):
         self.path = path
         self.pid = os.getpid()
         self._thread_lock = threading.Lock()
         self._file_lock = _HeldOpenLock(path)
+        self._fd = -1
 
     def acquire(self, timeout: float) -> None:
         """Raises ``LockTimeout`` when the lock cannot be had within ``timeout`` seconds."""
@@ -78,9 +80,10 @@ class ProcessLock:
             raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
         try:
             file_lock = self._file_lock
-            if file_lock.lockfile is None:
+            if self._fd < 0:
                 file_lock._do_open()
-            if not _try(file_lock) and not file_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                self._fd = file_lock.lockfile.fileno()
+            if not self._try() and not file_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
                 raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
         except BaseException:
             self._thread_lock.release()
@@ -88,10 +91,22 @@ class ProcessLock:
 
     def release(self) -> None:
         try:
-            self._file_lock.unlock()
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
             self._file_lock.acquired = False
         finally:
             self._thread_lock.release()
+
+    def _try(self) -> bool:
+        """One non-blocking attempt, straight to fcntl: the uncontended path costs two
+        system calls; fasteners' own acquire (with its timeout) takes the contended one."""
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held elsewhere
+            return False
+        except OSError as e:
+            raise StorageError(f"cannot lock {self.path}: {e.strerror}") from None
+        self._file_lock.acquired = True
+        return True
 
 
 _registry: dict[tuple[int, int], ProcessLock] = {}
@@ -151,15 +166,3 @@ def locked(path: str, timeout: float) -> Iterator[None]:
         yield
     finally:
         lock.release()
-
-
-def _try(file_lock: _HeldOpenLock) -> bool:
-    """One non-blocking attempt: the uncontended path costs two system calls, not fifty µs."""
-    try:
-        file_lock.trylock()
-    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held elsewhere
-        return False
-    except OSError as e:
-        raise StorageError(f"cannot lock {os.fsdecode(file_lock.path)}: {e.strerror}") from None
-    file_lock.acquired = True
-    return True

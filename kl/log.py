@@ -39,6 +39,9 @@ from kl.state import STATE_FILE, PartitionState, read_state
 
 log = logging.getLogger(__name__)
 
+RECHECK_SECONDS = 1.0
+"""How long a writer that was the last to append trusts its view of the files without
+an fstat (a partition removed by hand, not by ``kl topics delete``, is noticed after it)."""
 DEFAULT_LOCK_TIMEOUT = 120.0
 """Longer than the default NFSv4 lease (90 s) a crashed client's lock can outlive it by."""
 
@@ -64,7 +67,9 @@ class Log:
         self._state_fd: int | None = None
         self._active_fd: int | None = None
         self._active_base = -1
+        self._active_file = ""
         self._tail_checked = False
+        self._recheck_at = 0.0
         self._active_foreign = False
         self._published: PartitionState | None = None
         self._published_raw: bytes | None = None
@@ -223,6 +228,24 @@ class Log:
         if end < published:
             return end, f"file ends at offset {base + end}, before the log end {base + published}"
         return end, None
+
+    def check_offset(self, offset: int) -> None:
+        """Make sure a message starts at ``offset`` by scanning its segment from the start.
+
+        A read checks only the bytes at the offset, so an offset inside a value that
+        itself holds a well-formed message would read that as one; call this for
+        offsets a person typed.  Raises ``OffsetOutOfRange`` and ``InvalidOffset``.
+        """
+        state = self.state()
+        self._check_range(offset, state)
+        if offset == state.log_end_offset:
+            return
+        base, _, _ = self._locate(offset, state)
+        fd = os.open(segment_path(self.directory, base), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self._check_boundary(fd, base, offset)
+        finally:
+            os.close(fd)
 
     def _check_boundary(self, fd: int, base: int, offset: int) -> None:
         """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
@@ -432,7 +455,7 @@ class Log:
             lock.release()
 
     def _active_path(self) -> str:
-        return segment_path(self.directory, self._active_base)
+        return self._active_file
 
     def writable_state(self, reopened: bool = False) -> PartitionState:
         """Under the lock: the state, with the active segment open and its tail sound.
@@ -452,16 +475,22 @@ class Log:
             if self._state_fd is None:
                 self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             raw = os.pread(self._state_fd, STATE_SIZE, 0)
-            if raw == self._published_raw and os.fstat(self._state_fd).st_nlink:
+            if raw == self._published_raw and time.monotonic() < self._recheck_at:
                 return self._published  # nobody appended since we did: the tail is ours
-            state = PartitionState.decode(raw, self.state_path)
+            try:
+                state = PartitionState.decode(raw, self.state_path)
+            except TopicNotFound:  # deleted with kl topics delete: maybe created again
+                self.close()
+                if reopened:
+                    raise
+                return self.writable_state(reopened=True)
             if state.active_base_offset != self._active_base:
                 if self._active_fd is not None:
                     os.close(self._active_fd)
                     self._active_fd = None
                 path = segment_path(self.directory, state.active_base_offset)
                 self._active_fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                self._active_base = state.active_base_offset
+                self._active_base, self._active_file = state.active_base_offset, path
                 self._active_foreign = path.endswith(LEGACY_SUFFIX)  # Kafka 0.7's: read, never written
             stat = os.fstat(self._active_fd)
         except FileNotFoundError:
@@ -470,11 +499,12 @@ class Log:
         except OSError as e:
             self.close()
             raise storage_error(e, "open", self.directory) from None
-        if stat.st_nlink == 0:  # deleted, maybe created again: start afresh from the paths
+        if stat.st_nlink == 0:  # removed by hand, maybe created again: start afresh from the paths
             self.close()
             if reopened:
                 raise TopicNotFound(f"partition {self.directory} was deleted")
             return self.writable_state(reopened=True)
+        self._recheck_at = time.monotonic() + RECHECK_SECONDS
         if not self._tail_checked or stat.st_size != state.log_end_offset - state.active_base_offset:
             state = self._repair_tail(state, stat.st_size)
             self._tail_checked = True
@@ -545,7 +575,7 @@ class Log:
             os.close(fd)
             raise
         os.close(self._active_fd)
-        self._active_fd, self._active_base = fd, base
+        self._active_fd, self._active_base, self._active_file = fd, base, path
         self._remove_orphans(state.active_base_offset, base)
         return base
 

@@ -130,19 +130,20 @@ class MessageSet:
         buf, base, end, pos = self.buffer, self.offset, len(self.buffer), 0
         crc32, unpack, seed, header, fields = zlib.crc32, _FAST, _SEED, m.HEADER_SIZE, _FIELDS
         limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
+        magic_now, no_key, length_size, body_at = m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
         while True:
             while pos <= limit:  # fast path: uncompressed magic 2
                 length, magic, attrs, crc, ts, klen = unpack(buf, pos)
-                nxt = pos + m.LENGTH_SIZE + length
+                nxt = pos + length_size + length
                 if (
-                    magic != m.CURRENT_MAGIC
+                    magic != magic_now
                     or attrs
                     or length > max_length
                     or not pos + header <= nxt <= end
-                    or not m.NO_KEY <= klen <= nxt - pos - header
+                    or not no_key <= klen <= nxt - pos - header
                 ):
                     break
-                body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
+                body = buf[pos + body_at : nxt]
                 if crc32(body, seed) != crc:
                     break
                 if klen < 0:
@@ -162,13 +163,14 @@ class MessageSet:
         buf, end, out, pos = self.buffer, len(self.buffer), [], 0
         append, crc32, unpack, seed, header, fields = out.append, zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE, _FIELDS
         limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
+        plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
         while True:
             while pos <= limit:  # fast path: uncompressed magic 2 without a key
                 length, magic_attrs, crc, klen = unpack(buf, pos)
-                nxt = pos + m.LENGTH_SIZE + length
-                if magic_attrs != _PLAIN or klen != m.NO_KEY or length > max_length or not pos + header <= nxt <= end:
+                nxt = pos + length_size + length
+                if magic_attrs != plain or klen != no_key or length > max_length or not pos + header <= nxt <= end:
                     break
-                body = buf[pos + m.TIMESTAMP_OFFSET : nxt]
+                body = buf[pos + body_at : nxt]
                 if crc32(body, seed) != crc:
                     break
                 append(body[fields:])

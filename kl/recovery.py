@@ -33,7 +33,8 @@ class Finding:
     path: str
     reason: str
     action: str
-    """"cut", "repaired", "removed", "rebuilt", or "reported" (left as it is)."""
+    """"cut", "repaired", "removed", "rebuilt"; with ``dry_run`` "would cut", "would
+    remove", "would rebuild"; or "reported": damage left as it is (``repair`` fixes it)."""
 
 
 @dataclass
@@ -83,7 +84,7 @@ def _state(log: Log, report: RecoveryReport, act: bool) -> PartitionState:
     path = os.path.join(log.directory, found[-1][1])
     end = _valid_end(path, 0, os.path.getsize(path) if os.path.exists(path) else 0, log)
     state = PartitionState(first, last, last + end, last + end, last + end, 0, time.time_ns() // 1_000_000)
-    report.findings.append(Finding(last + end, log.state_path, reason, "rebuilt" if act else "reported"))
+    report.findings.append(Finding(last + end, log.state_path, reason, "rebuilt" if act else "would rebuild"))
     if act:
         _write_state(log, state)
     return state
@@ -121,7 +122,9 @@ def _segments(log: Log, state: PartitionState, report: RecoveryReport, act: bool
             path = os.path.join(log.directory, name)
             size = os.path.getsize(path)
             report.cut_bytes += size
-            report.findings.append(Finding(base, path, "segment past the active one was never published", "removed" if act else "reported"))
+            report.findings.append(
+                Finding(base, path, "segment past the active one was never published", "removed" if act else "would remove")
+            )
             if act:
                 os.unlink(path)
     return log.segments()
@@ -166,7 +169,7 @@ def _check_active(
         report.cut_bytes += file_size - end
         report.cut_messages += _message_starts(f.fileno(), end, file_size, log)
         reason = why or f"{file_size - end} bytes past the log end were never published"
-        report.findings.append(Finding(base + end, active.path, reason, "cut" if act else "reported"))
+        report.findings.append(Finding(base + end, active.path, reason, "cut" if act else "would cut"))
     if act:
         _truncate_active(log, state, end)
 
@@ -237,7 +240,7 @@ def _corruption(log: Log, segment: Segment, expected: int, problem: Entry, repor
                 return
     except OSError as e:
         raise storage_error(e, "repair", segment.path) from None
-    if not active:
+    if not active or resume is not None:  # never cut valid messages that follow
         report.findings.append(Finding(offset, segment.path, f"{reason}; {gap} bytes are too few to pad", "reported"))
         return
     _truncate_active(log, log.state(), problem.position)

@@ -68,7 +68,7 @@ def retain(
                 break
             report.deleted.append(segment)
             total -= segment.size_in_bytes
-        state = log.writable_state()
+        state = log.state() if dry_run else log.writable_state()
         report.log_start_offset = state.log_start_offset
         if report.deleted and not dry_run:
             report.log_start_offset = segments[len(report.deleted)].base_offset

@@ -19,10 +19,12 @@ import time
 import zlib
 from typing import NamedTuple
 
-from kl.errors import CorruptState
+from kl.errors import CorruptState, TopicNotFound
 
 STATE_FILE = "state"
 TAG = b"klst"
+DELETED_TAG = b"kldl"
+"""Written over the record by ``kl topics delete`` so writers holding it open notice."""
 VERSION = 1
 RECORD = struct.Struct(">4sBQQQQQIQ")
 CRC = struct.Struct(">I")
@@ -64,12 +66,20 @@ class PartitionState(NamedTuple):
         if CRC.unpack_from(data, RECORD.size)[0] != zlib.crc32(record):
             raise CorruptState(f"partition state {path} fails its checksum")
         tag, version, *fields = RECORD.unpack(record)
+        if tag == DELETED_TAG:
+            raise TopicNotFound(f"partition {os.path.dirname(path)} was deleted")
         if tag != TAG or version != VERSION:
             raise CorruptState(f"partition state {path} has unknown tag {tag!r} version {version}")
         state = cls(*fields)
         if not state.log_start_offset <= state.active_base_offset <= state.log_end_offset:
             raise CorruptState(f"partition state {path} has inconsistent offsets {state}")
         return state
+
+
+def deleted_record() -> bytes:
+    """The record that marks a partition deleted."""
+    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0)
+    return record + CRC.pack(zlib.crc32(record))
 
 
 def read_state(path: str) -> PartitionState:

@@ -25,7 +25,7 @@ from kl.errors import InvalidTopicName, KlError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.segment import segment_name
-from kl.state import STATE_FILE, PartitionState
+from kl.state import STATE_FILE, PartitionState, deleted_record
 
 LOCKS_DIR = ".locks"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -200,6 +200,7 @@ class Root:
         with contextlib.ExitStack() as held:
             for p in range(config.partitions):
                 held.enter_context(locks.locked(self._lock_path(name, p), self.lock_timeout))
+                _mark_deleted(os.path.join(path, str(p), STATE_FILE))
             doomed = os.path.join(self.path, f".deleting-{uuid.uuid4().hex}")
             try:
                 os.rename(path, doomed)
@@ -223,3 +224,13 @@ class Root:
             for log in self._logs.values():
                 log.close()
             self._logs.clear()
+
+
+def _mark_deleted(state_path: str) -> None:
+    """Overwrite a partition's state with the deleted mark, for writers holding it open."""
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(state_path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, deleted_record(), 0)
+        finally:
+            os.close(fd)

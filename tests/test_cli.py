@@ -392,7 +392,7 @@ def test_topics_create_list_describe_delete(tmp_path):
         "partitions         2\n"
         "segment_bytes      2000000\n"
         "max_message_bytes  1000\n"
-        "flush_messages     10000\n"
+        "flush_messages     0\n"
         "flush_ms           1000\n"
         "retention_ms       604800000\n"
         "retention_bytes    0\n"
