@@ -1,29 +1,38 @@
 """``kl recover``, ``kl retain`` and ``kl dump``: the operator's commands, cron-friendly.
 
-Each prints one plain line per partition (or message) when piped, a table on a terminal,
-or JSON with ``--json``; each exits 3 when it finds damage it did not repair.
+Each prints plain lines when piped (one per partition, or per message), a table on a
+terminal, or JSON lines with ``--json``; each exits 3 when it finds damage it did not
+repair.  The work is the library's (``kl.recovery``, ``kl.retention``, ``kl.dump``).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import click
 
 import kl
 from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
-from kl.retention import DEFAULT_DELETE_DELAY, retain
-from kl_cli.common import get_root
+from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
+from kl_cli.common import exclusive, get_root
 
 EXIT_DAMAGE = 3
+"""Damage was found and not repaired (or, with --dry-run, anything was found)."""
+
+SEGMENT_SUFFIXES = (".kl", ".kafka")
+_SEGMENT_COPY = re.compile(r"(\d{20})\.(?:kl|kafka)(?:\..*)?")
+"""A segment's name, or the name of a copy of it: ``NAME.damaged-TIME``, ``NAME.deleted``."""
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)?")
 _UNIT_MS = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\\\udc80-\udcff]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0", "\\": "\\\\"}
 
 
 def _duration_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -42,29 +51,45 @@ def _partitions(root: kl.Root, topics: Iterable[str]) -> Iterator[tuple[str, int
             yield name, p, root.log(name, p)
 
 
-def _emit(rows: list[dict], as_json: bool, line) -> None:
-    if as_json:
-        sys.stdout.write("".join(json.dumps(row) + "\n" for row in rows))
-    elif sys.stdout.isatty() and rows:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class _Output:
+    """Rows as JSON lines, as plain lines written as they come, or (on a terminal) one
+    table at the end.  ``line`` renders a row as one or more lines; ``cells`` as the
+    table's columns."""
+
+    def __init__(self, as_json: bool, line: Callable[[dict], str], cells: Callable[[dict], dict[str, str]]):
+        self.as_json, self.line, self.cells = as_json, line, cells
+        self.table = not as_json and sys.stdout.isatty()
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        if self.table:
+            self.rows.append(row)
+            return
+        sys.stdout.write(json.dumps(row) + "\n" if self.as_json else self.line(row) + "\n")
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if not self.rows:
+            return
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(*rows[0].keys(), box=None)
-        for row in rows:
-            table.add_row(*(_cell(v) for v in row.values()))
+        table = Table(*self.cells(self.rows[0]).keys(), box=None)
+        for row in self.rows:
+            table.add_row(*(Text(cell) for cell in self.cells(row).values()))  # plain text, not markup
         Console().print(table)
-    else:
-        sys.stdout.write("".join(line(row) + "\n" for row in rows))
 
 
-def _cell(value: object) -> str:
-    if isinstance(value, list):
-        return "\n".join(f"{f['offset']}: {f['reason']} ({f['action']})" for f in value) or "-"
-    return str(value)
+# ----------------------------------------------------------------- kl recover
 
 
 @click.command("recover")
-@click.argument("topics", nargs=-1)
+@click.argument("topics", nargs=-1, metavar="[TOPIC]...")
 @click.option("--deep", is_flag=True, help="Check every message of every segment, and segment continuity, not just the tail.")
 @click.option("--dry-run", is_flag=True, help="Change nothing; exit 3 if anything is found.")
 @click.option("--repair", is_flag=True, help="Also repair damage before the committed end, after copying the segment aside.")
@@ -77,23 +102,32 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     Damage before the committed end is reported with its offset and left alone unless
     --repair is given.  Exits 3 when damage remains (or, with --dry-run, was found).
     """
-    if dry_run and repair:
-        raise click.UsageError("--dry-run and --repair cannot be used together")
+    exclusive(dry_run=dry_run, repair=repair)
     root = get_root(ctx)
-    rows, damaged = [], False
-    for name, p, log in _partitions(root, topics):
-        report = recover(log, deep=deep, repair=repair, dry_run=dry_run)
-        damaged = damaged or bool(report.unrepaired) or (dry_run and bool(report.findings))
-        rows.append(_recovery_row(name, p, report))
-    _emit(rows, as_json, _recovery_line)
+    out = _Output(as_json, _recovery_line, _recovery_cells)
+    damaged = False
+    try:
+        for name, p, log in _partitions(root, topics):
+            row = _recovery_row(name, p, recover(log, deep=deep, repair=repair, dry_run=dry_run), dry_run)
+            damaged = damaged or row["status"] in ("damaged", "found")
+            out.add(row)
+    finally:
+        out.close()
     if damaged:
         ctx.exit(EXIT_DAMAGE)
 
 
-def _recovery_row(topic: str, partition: int, report: RecoveryReport) -> dict:
+def _recovery_row(topic: str, partition: int, report: RecoveryReport, dry_run: bool) -> dict:
+    if not report.findings:
+        status = "ok"
+    elif dry_run:
+        status = "found"
+    else:
+        status = "damaged" if report.unrepaired else "fixed"
     return {
         "topic": topic,
         "partition": partition,
+        "status": status,
         "checked_bytes": report.checked_bytes,
         "cut_bytes": report.cut_bytes,
         "cut_messages": report.cut_messages,
@@ -101,18 +135,40 @@ def _recovery_row(topic: str, partition: int, report: RecoveryReport) -> dict:
     }
 
 
+def _action(row: dict, action: str) -> str:
+    if action != "reported":
+        return action
+    return "nothing changed" if row["status"] == "found" else "left as it is"
+
+
 def _recovery_line(row: dict) -> str:
     where = f"{row['topic']}/{row['partition']}"
-    if not row["findings"]:
+    if row["status"] == "ok":
         return f"{where}: ok ({row['checked_bytes']} bytes checked)"
-    found = "; ".join(f"offset {f['offset']}: {f['reason']} [{f['action']}]" for f in row["findings"])
-    return f"{where}: {found} (cut {row['cut_bytes']} bytes, {row['cut_messages']} messages)"
+    found = "; ".join(f"offset {f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"])
+    if row["cut_bytes"]:
+        verb = "would cut" if row["status"] == "found" else "cut"
+        found += f"; {verb} {_plural(row['cut_bytes'], 'byte')} ({_plural(row['cut_messages'], 'message')})"
+    return f"{where}: {row['status']}: {found}"
+
+
+def _recovery_cells(row: dict) -> dict[str, str]:
+    return {
+        "partition": f"{row['topic']}/{row['partition']}",
+        "status": row["status"],
+        "checked": f"{row['checked_bytes']:,}",
+        "cut": f"{row['cut_bytes']:,} B, {row['cut_messages']} msg" if row["cut_bytes"] else "-",
+        "findings": "\n".join(f"{f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"]) or "-",
+    }
+
+
+# ----------------------------------------------------------------- kl retain
 
 
 @click.command("retain")
-@click.argument("topics", nargs=-1)
-@click.option("--max-age", callback=_duration_ms, metavar="DURATION", help="Delete segments older than this (7d, 12h, 30m, 90s, 5000ms); default: the topic's retention_ms.")
-@click.option("--max-bytes", type=click.IntRange(min=0), metavar="N", help="Keep at most N bytes per partition; default: the topic's retention_bytes.")
+@click.argument("topics", nargs=-1, metavar="[TOPIC]...")
+@click.option("--max-age", callback=_duration_ms, metavar="DURATION", help="Delete segments older than this (7d, 12h, 30m, 90s, 5000ms; 0: no age limit); default: the topic's retention_ms.")
+@click.option("--max-bytes", type=click.IntRange(min=0), metavar="N", help="Keep at most N bytes per partition (0: no limit); default: the topic's retention_bytes.")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @click.option("--delete-delay", type=click.FloatRange(min=0), default=DEFAULT_DELETE_DELAY, show_default=True, metavar="SECONDS", help="Unlink segments set aside at least this long ago.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per partition.")
@@ -126,34 +182,65 @@ def retain_command(
     change what expires.  The active segment and lock files are never deleted.
     """
     root = get_root(ctx)
-    rows = []
-    for name, p, log in _partitions(root, topics):
-        report = retain(log, max_age_ms=max_age, max_bytes=max_bytes, dry_run=dry_run, delete_delay=delete_delay)
-        rows.append(
-            {
-                "topic": name,
-                "partition": p,
-                "deleted_segments": [os.path.basename(s.path) for s in report.deleted],
-                "deleted_bytes": report.deleted_bytes,
-                "log_start_offset": report.log_start_offset,
-                "dry_run": dry_run,
-            }
-        )
-    _emit(rows, as_json, _retention_line)
+    out = _Output(as_json, _retention_line, _retention_cells)
+    try:
+        for name, p, log in _partitions(root, topics):
+            report = retain(log, max_age_ms=max_age, max_bytes=max_bytes, dry_run=dry_run, delete_delay=delete_delay)
+            out.add(_retention_row(name, p, report, dry_run))
+    finally:
+        out.close()
+
+
+def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run: bool) -> dict:
+    start = report.log_start_offset
+    if dry_run and report.deleted:  # where the log would start: just after the last segment to go
+        start = report.deleted[-1].base_offset + report.deleted[-1].size_in_bytes
+    return {
+        "topic": topic,
+        "partition": partition,
+        "dry_run": dry_run,
+        "deleted": [
+            {"segment": os.path.basename(s.path), "base_offset": s.base_offset, "size_in_bytes": s.size_in_bytes, "reason": reason}
+            for s, reason in zip(report.deleted, report.reasons)
+        ],
+        "deleted_bytes": report.deleted_bytes,
+        "log_start_offset": start,
+        "unlinked": report.unlinked,
+    }
 
 
 def _retention_line(row: dict) -> str:
+    where = f"{row['topic']}/{row['partition']}"
     verb = "would delete" if row["dry_run"] else "deleted"
-    segments = row["deleted_segments"]
-    what = f"{verb} {len(segments)} segments ({row['deleted_bytes']} bytes)" if segments else "nothing to delete"
-    return f"{row['topic']}/{row['partition']}: {what}; log starts at {row['log_start_offset']}"
+    lines = [f"{where}: {verb} {d['segment']} ({_plural(d['size_in_bytes'], 'byte')}): {d['reason']}" for d in row["deleted"]]
+    if row["deleted"]:
+        starts = "log would start at" if row["dry_run"] else "log starts at"
+        summary = f"{verb} {_plural(len(row['deleted']), 'segment')} ({_plural(row['deleted_bytes'], 'byte')}); {starts} {row['log_start_offset']}"
+    else:
+        summary = f"nothing to delete; log starts at {row['log_start_offset']}"
+    if row["unlinked"]:
+        summary += f"; unlinked {_plural(row['unlinked'], 'set-aside segment')}"
+    return "\n".join(lines + [f"{where}: {summary}"])
+
+
+def _retention_cells(row: dict) -> dict[str, str]:
+    return {
+        "partition": f"{row['topic']}/{row['partition']}",
+        "would delete" if row["dry_run"] else "deleted": "\n".join(d["segment"] for d in row["deleted"]) or "-",
+        "bytes": f"{row['deleted_bytes']:,}",
+        "log start": str(row["log_start_offset"]),
+        "unlinked": str(row["unlinked"]),
+    }
+
+
+# ----------------------------------------------------------------- kl dump
 
 
 @click.command("dump")
 @click.argument("target")
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Only this partition of a topic.")
 @click.option("--deep", is_flag=True, help="Also list the messages inside compressed batches.")
-@click.option("--print-data", is_flag=True, help="Print keys and values too.")
+@click.option("--print-data", is_flag=True, help="Print values too.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @click.pass_context
 def dump_command(ctx: click.Context, target: str, partition: int | None, deep: bool, print_data: bool, as_json: bool) -> None:
@@ -161,50 +248,117 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
 
     TARGET is a segment file (kl's .kl or Kafka 0.7's .kafka) or a topic name.  Each
     message shows its offset, position, size, magic, codec, timestamp, key and whether
-    its checksum is valid.  At damage the listing stops and says why; it then exits 3.
+    its checksum is valid.  At damage the listing of that file stops and says why; the
+    command then exits 3.
     """
-    if os.path.isfile(target):
-        files = [(target, None, None)]
-    else:
-        root = get_root(ctx)
-        config = root.config(target)
-        parts = [partition] if partition is not None else range(config.partitions)
-        files = [(s.path, s.base_offset, config.max_message_bytes) for p in parts for s in root.log(target, p).segments()]
-    out = sys.stdout
-    for path, base, limit in files:
+    damaged = False
+    for path, partition_, base, published, limit in _dump_targets(ctx, target, partition):
         if not as_json:
-            out.write(f"Dumping {path}\n")
+            sys.stdout.write(f"Dumping {path}\n")
         options = {"base_offset": base, "deep": deep} | ({"max_message_bytes": limit} if limit else {})
+        past_end = False
         for record in dump_file(path, **options):
-            out.write(_dump_json(record, print_data) if as_json else _dump_line(record, print_data))
-            if not record.valid:
+            if published is not None and record.position >= published and not past_end:
+                past_end = True
                 if not as_json:
-                    out.write(f"stopped at offset {record.offset} (position {record.position}): {record.problem}\n")
-                ctx.exit(EXIT_DAMAGE)
+                    sys.stdout.write(f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n")
+            if as_json:
+                sys.stdout.write(_dump_json(record, print_data, partition_, past_end))
+            else:
+                sys.stdout.write(_dump_line(record, print_data))
+            if record.valid:
+                continue
+            damaged = damaged or not past_end
+            if record.codec == "-" and not as_json:  # a message that failed its checks: dump_file stops there
+                sys.stdout.write(f"stopped at offset {record.offset} (position {record.position}): {record.problem}\n")
+    if damaged:
+        ctx.exit(EXIT_DAMAGE)
+
+
+def _dump_targets(
+    ctx: click.Context, target: str, partition: int | None
+) -> Iterator[tuple[str, int | None, int | None, int | None, int | None]]:
+    """(path, partition, base offset, published size, max message bytes) of each file to dump."""
+    if os.path.isdir(target):
+        raise click.ClickException(f"{target} is a directory: give a segment file or a topic name")
+    if os.path.isfile(target) or os.sep in target or target.endswith(SEGMENT_SUFFIXES):
+        if partition is not None:
+            raise click.UsageError("-p/--partition applies to a topic, not to a segment file", ctx)
+        if not os.path.isfile(target):
+            raise click.ClickException(f"no such segment file: {target}")
+        named = _SEGMENT_COPY.fullmatch(os.path.basename(target))
+        yield target, None, int(named.group(1)) if named else 0, None, None
+        return
+    root = get_root(ctx)
+    config = root.config(target)
+    for p in [partition] if partition is not None else range(config.partitions):
+        segments = root.log(target, p).segments()  # the last is the active one, sized to the published end
+        for i, segment in enumerate(segments):
+            published = segment.size_in_bytes if i == len(segments) - 1 else None
+            yield segment.path, p, segment.base_offset, published, config.max_message_bytes
 
 
 def _show(data: bytes | None) -> str:
-    return "-" if data is None else data.decode("utf-8", "backslashreplace")
+    """Bytes as text on one line: UTF-8, with the escapes ``kl produce -d`` understands."""
+    if data is None:
+        return "-"
+    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 becomes U+DC80..U+DCFF
+    return _UNPRINTABLE.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()) & 0xFF:02x}"), text)
 
 
-def _dump_line(record: DumpRecord, print_data: bool, indent: str = "") -> str:
-    if not record.valid:
-        return f"{indent}offset: {record.offset} position: {record.position} size: {record.size} valid: no\n"
+def _dump_line(record: DumpRecord, print_data: bool) -> str:
+    if not record.valid and record.codec == "-":
+        return f"offset: {record.offset} position: {record.position} size: {record.size} valid: no\n"
     line = (
-        f"{indent}offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
-        f"codec: {record.codec} timestamp: {record.timestamp if record.timestamp is not None else '-'} valid: yes"
+        f"offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
+        f"codec: {record.codec} timestamp: {_timestamp(record)} valid: yes key: {_show(record.key)}"
     )
     if print_data:
-        line += f" key: {_show(record.key)} value: {_show(record.value) if record.codec in ('none',) else '(compressed)'}"
-    return line + "\n" + "".join(_dump_line(inner, print_data, indent + "  ") for inner in record.inner)
+        line += f" value: {_value(record)}"
+    inner = [
+        f"  inner: {i} timestamp: {_timestamp(msg)} key: {_show(msg.key)} value_size: {msg.size}"
+        + (f" value: {_show(msg.value)}" if print_data else "")
+        for i, msg in enumerate(record.inner)
+    ]
+    if not record.valid:  # the batch's checksum holds, but what it holds cannot be read
+        inner.append(f"  inner: cannot be read: {record.problem}")
+    return "\n".join([line, *inner]) + "\n"
 
 
-def _dump_json(record: DumpRecord, print_data: bool) -> str:
-    obj = {k: v for k, v in dataclasses.asdict(record).items() if k not in ("key", "value", "inner")}
-    obj["valid"] = record.valid
-    if print_data:
-        obj["key"] = _show(record.key) if record.key is not None else None
-        obj["value"] = _show(record.value) if record.codec == "none" else None
+def _timestamp(record: DumpRecord) -> str:
+    return "-" if record.timestamp is None else str(record.timestamp)
+
+
+def _value(record: DumpRecord) -> str:
+    if record.codec == "none":
+        return _show(record.value)
+    return "(padding)" if record.codec == "padding" else "(compressed)"
+
+
+def _json_field(obj: dict, name: str, data: bytes | None) -> None:
+    """``name`` as a string when ``data`` is UTF-8, else ``name_b64`` (as kl consume --json)."""
+    try:
+        obj[name] = None if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
+        obj[name + "_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def _dump_json(record: DumpRecord, print_data: bool, partition: int | None, past_end: bool) -> str:
+    obj: dict = {} if partition is None else {"partition": partition}
+    obj |= {k: getattr(record, k) for k in ("offset", "position", "size", "magic", "codec", "timestamp")}
+    obj |= {"valid": record.valid, "problem": record.problem}
+    _json_field(obj, "key", record.key)
+    if print_data and record.codec == "none":
+        _json_field(obj, "value", record.value)
+    if past_end:
+        obj["past_log_end"] = True
     if record.inner:
-        obj["inner"] = [json.loads(_dump_json(inner, print_data)) for inner in record.inner]
+        obj["inner"] = []
+        for msg in record.inner:
+            inner = {"timestamp": msg.timestamp}
+            _json_field(inner, "key", msg.key)
+            inner["value_size"] = msg.size
+            if print_data:
+                _json_field(inner, "value", msg.value)
+            obj["inner"].append(inner)
     return json.dumps(obj) + "\n"

@@ -1,0 +1,463 @@
+"""``kl recover``, ``kl retain`` and ``kl dump`` on real files: exact lines, exit codes,
+and the bytes on disk before and after.
+
+Topics are written through the library with a fixed timestamp, so every size, offset
+and line below is exact.  A message with a 1-byte value and no key is 23 bytes; with a
+10-byte value, 32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import kl
+from kl_cli.main import cli
+
+TS = 1_700_000_000_000
+DAY_MS = 86_400_000
+KL = [sys.executable, "-m", "kl_cli"]
+KAFKA07_SEGMENT = Path(__file__).resolve().parents[2] / "shared" / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+SMALL_SEGMENTS = kl.TopicConfig(segment_bytes=1024, max_message_bytes=512)
+"""32 messages of 32 bytes to a segment."""
+GARBAGE = b"garbage!" * 40
+SEGMENT0 = "00000000000000000000.kl"
+
+
+# ----------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def kl_root(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+def run(root: str, *args: str) -> Result:
+    """``kl --root ROOT ARGS`` in-process, stdout and stderr kept apart."""
+    return CliRunner().invoke(cli, ["--root", root, *args], env={"KL_ROOT": None}, catch_exceptions=False)
+
+
+def out(root: str, *args: str, code: int = 0) -> list[str]:
+    """Run kl, assert its exit status and an empty stderr; return its stdout lines."""
+    result = run(root, *args)
+    assert (result.exit_code, result.stderr) == (code, ""), result.output
+    return result.stdout.splitlines()
+
+
+def usage_error(root: str, *args: str) -> str:
+    result = run(root, *args)
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    return result.stderr.splitlines()[-1]
+
+
+def make(root: str, topic: str = "t", values=(b"1", b"2", b"3"), *, config: kl.TopicConfig | None = None,
+         appends: int = 1, timestamp: int = TS, compression: str | None = None) -> Path:
+    """Create ``topic`` and write ``values`` ``appends`` times (one append each); return
+    partition 0's directory."""
+    r = kl.Root(root)
+    if topic not in r.topics():
+        r.create_topic(topic, config)
+    producer = kl.Producer(r, compression=compression)
+    for _ in range(appends):
+        producer.send_batch(topic, list(values), partition=0, timestamp=timestamp)
+    producer.close()
+    r.close()
+    return Path(root) / topic / "0"
+
+
+def send_each(root: str, topic: str, count: int, timestamp: int, first: int = 0) -> None:
+    """``count`` 32-byte messages, one append each."""
+    r = kl.Root(root)
+    producer = kl.Producer(r)
+    for i in range(first, first + count):
+        producer.send(topic, b"m%09d" % i, partition=0, timestamp=timestamp)
+    producer.close()
+    r.close()
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def flip_bit(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def consume(root: str, topic: str = "t") -> list[str]:
+    return out(root, "consume", topic)
+
+
+# ----------------------------------------------------------------- kl recover
+
+
+def test_recover_a_clean_topic(kl_root):
+    make(kl_root)
+    assert out(kl_root, "recover") == ["t/0: ok (69 bytes checked)"]
+
+
+def test_recover_cuts_a_garbage_tail_and_a_second_run_is_clean(kl_root):
+    segment = make(kl_root) / SEGMENT0
+    with open(segment, "ab") as f:
+        f.write(GARBAGE)
+    assert out(kl_root, "recover", "t") == [
+        "t/0: fixed: offset 69: 320 bytes past the log end were never published [cut]; cut 320 bytes (1 message)"
+    ]
+    assert segment.stat().st_size == 69
+    assert out(kl_root, "recover", "t") == ["t/0: ok (69 bytes checked)"]
+    assert consume(kl_root) == ["1", "2", "3"]
+
+
+def test_recover_keeps_the_complete_messages_of_a_file_ending_inside_one(kl_root):
+    segment = make(kl_root, appends=2) / SEGMENT0
+    os.truncate(segment, 69 + 23 + 5)  # the second append: one message whole, the next torn
+    assert out(kl_root, "recover") == [
+        "t/0: fixed: offset 92: file ends inside the message at offset 92 [cut]; cut 5 bytes (1 message)"
+    ]
+    assert consume(kl_root) == ["1", "2", "3", "1"]
+
+
+def test_recover_drops_the_whole_last_append_when_a_message_in_it_is_bad(kl_root):
+    segment = make(kl_root, appends=2) / SEGMENT0
+    flip_bit(segment, 69 + 23 + 22)  # the value of the second message of the last append
+    assert out(kl_root, "recover") == [
+        (
+            "t/0: fixed: offset 69: checksum mismatch at offset 92 (drops the last append, from 69) [cut]; "
+            "cut 69 bytes (2 messages)"
+        )
+    ]
+    assert consume(kl_root) == ["1", "2", "3"]
+
+
+def test_dry_run_on_a_torn_tail_changes_nothing_and_exits_3(kl_root):
+    directory = make(kl_root)
+    with open(directory / SEGMENT0, "ab") as f:
+        f.write(GARBAGE)
+    before = snapshot(directory)
+    assert out(kl_root, "recover", "--dry-run", code=3) == [
+        (
+            "t/0: found: offset 69: 320 bytes past the log end were never published [would cut]; "
+            "would cut 320 bytes (1 message)"
+        )
+    ]
+    assert snapshot(directory) == before
+
+
+def test_mid_log_damage_is_reported_with_its_offset_and_left_alone(kl_root):
+    directory = make(kl_root, appends=2)
+    flip_bit(directory / SEGMENT0, 23 + 22)  # the value of message 2, flushed and followed by an append
+    before = snapshot(directory)
+    assert out(kl_root, "recover", "--deep", code=3) == ["t/0: damaged: offset 23: checksum mismatch [left as it is]"]
+    assert out(kl_root, "recover", "--deep", "--dry-run", code=3) == [
+        "t/0: found: offset 23: checksum mismatch [nothing changed]"
+    ]
+    assert snapshot(directory) == before
+
+
+def test_repair_pads_over_the_damage_after_copying_the_segment_aside(kl_root):
+    directory = make(kl_root, values=[b"1", b"2", b"3", b"4"], appends=2)
+    segment = directory / SEGMENT0
+    flip_bit(segment, 23 + 22)
+    damaged = segment.read_bytes()
+    [line] = out(kl_root, "recover", "--deep", "--repair")
+    assert re.fullmatch(
+        rf"t/0: fixed: offset 23: checksum mismatch \[repaired: 23 bytes padded, original kept as "
+        rf"{re.escape(str(segment))}\.damaged-\d{{8}}T\d{{6}}\]",
+        line,
+    ), line
+    [aside] = [p for p in directory.iterdir() if ".damaged-" in p.name]
+    assert aside.read_bytes() == damaged
+    assert segment.stat().st_size == len(damaged)  # later offsets stay valid
+    assert consume(kl_root) == ["1", "3", "4", "1", "2", "3", "4"]
+    assert out(kl_root, "recover", "--deep") == ["t/0: ok (184 bytes checked)"]
+
+
+def test_recover_json_is_one_object_per_partition(kl_root):
+    with open(make(kl_root) / SEGMENT0, "ab") as f:
+        f.write(GARBAGE)
+    make(kl_root, "u")
+    rows = [json.loads(line) for line in out(kl_root, "recover", "--json")]
+    assert rows == [
+        {
+            "topic": "t", "partition": 0, "status": "fixed", "checked_bytes": 389, "cut_bytes": 320, "cut_messages": 1,
+            "findings": [{
+                "offset": 69, "path": str(Path(kl_root) / "t" / "0" / SEGMENT0),
+                "reason": "320 bytes past the log end were never published", "action": "cut",
+            }],
+        },
+        {"topic": "u", "partition": 0, "status": "ok", "checked_bytes": 69, "cut_bytes": 0, "cut_messages": 0, "findings": []},
+    ]
+
+
+def test_dry_run_and_repair_together_is_a_usage_error(kl_root):
+    make(kl_root)
+    assert usage_error(kl_root, "recover", "--dry-run", "--repair") == "Error: --dry-run, --repair cannot be used together"
+
+
+def test_recover_without_topics_covers_every_partition_of_every_topic(kl_root):
+    make(kl_root, "b")
+    kl.Root(kl_root).create_topic("a", kl.TopicConfig(partitions=2))
+    assert out(kl_root, "recover") == [
+        "a/0: ok (0 bytes checked)",
+        "a/1: ok (0 bytes checked)",
+        "b/0: ok (69 bytes checked)",
+    ]
+    assert out(kl_root, "recover", "b") == ["b/0: ok (69 bytes checked)"]
+
+
+def test_recover_an_unknown_topic_is_an_error(kl_root):
+    make(kl_root)
+    result = run(kl_root, "recover", "nope")
+    assert (result.exit_code, result.stderr) == (1, f"Error: topic 'nope' does not exist in {kl_root}\n")
+
+
+def test_exit_status_3_reaches_the_shell(kl_root):
+    """What cron sees: the real command's exit status."""
+    with open(make(kl_root) / SEGMENT0, "ab") as f:
+        f.write(GARBAGE)
+    env = {**os.environ, "KL_ROOT": kl_root}
+    done = subprocess.run(KL + ["recover", "--dry-run"], env=env, capture_output=True, timeout=30, check=False)
+    assert (done.returncode, done.stderr) == (3, b"")
+    done = subprocess.run(KL + ["recover"], env=env, capture_output=True, timeout=30, check=False)
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
+# ----------------------------------------------------------------- kl retain
+
+
+def small_topic(kl_root: str, count: int = 100, timestamp: int | None = None) -> Path:
+    """``count`` 32-byte messages in 1 KiB segments: 0, 1024, 2048 full, 3072 active.
+    They are young (now) unless ``timestamp`` says otherwise."""
+    kl.Root(kl_root).create_topic("t", SMALL_SEGMENTS)
+    send_each(kl_root, "t", count, int(time.time() * 1000) if timestamp is None else timestamp)
+    return Path(kl_root) / "t" / "0"
+
+
+def segments(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name != "state")
+
+
+def test_retain_by_size_deletes_the_oldest_segments(kl_root):
+    directory = small_topic(kl_root)
+    assert out(kl_root, "retain", "--max-bytes", "2000") == [
+        "t/0: deleted 00000000000000000000.kl (1024 bytes): partition holds 3200 bytes, over 2000",
+        "t/0: deleted 00000000000000001024.kl (1024 bytes): partition holds 2176 bytes, over 2000",
+        "t/0: deleted 2 segments (2048 bytes); log starts at 2048",
+    ]
+    assert segments(directory) == [
+        "00000000000000000000.kl.deleted", "00000000000000001024.kl.deleted",
+        "00000000000000002048.kl", "00000000000000003072.kl",
+    ]
+    assert consume(kl_root)[0] == "m000000064"
+    assert out(kl_root, "retain", "--max-bytes", "2000") == ["t/0: nothing to delete; log starts at 2048"]
+
+
+def test_retain_dry_run_lists_and_deletes_nothing(kl_root):
+    directory = small_topic(kl_root)
+    before = snapshot(directory)
+    assert out(kl_root, "retain", "--max-bytes", "2500", "--dry-run") == [
+        "t/0: would delete 00000000000000000000.kl (1024 bytes): partition holds 3200 bytes, over 2500",
+        "t/0: would delete 1 segment (1024 bytes); log would start at 1024",
+    ]
+    assert snapshot(directory) == before
+
+
+def test_retain_by_age_uses_message_timestamps_and_keeps_the_active_segment(kl_root):
+    now = int(time.time() * 1000)
+    directory = small_topic(kl_root, 100, timestamp=now - 30 * DAY_MS)
+    send_each(kl_root, "t", 3, now, first=100)  # young messages, in the active segment
+    [line0, _, line2, summary, *_] = out(kl_root, "retain", "--max-age", "20d", "--delete-delay", "0")
+    assert line0.startswith("t/0: deleted 00000000000000000000.kl (1024 bytes): older than 1728000000 ms")
+    assert line2.startswith("t/0: deleted 00000000000000002048.kl (1024 bytes): older than 1728000000 ms")
+    assert summary == "t/0: deleted 3 segments (3072 bytes); log starts at 3072; unlinked 3 set-aside segments"
+    assert segments(directory) == ["00000000000000003072.kl"]  # the active one, old messages and all
+    assert (Path(kl_root) / ".locks" / "t" / "0.lock").exists()
+    assert consume(kl_root) == [b"m%09d".decode() % i for i in range(96, 103)]
+
+
+def test_retain_by_age_keeps_young_segments(kl_root):
+    small_topic(kl_root, 100, timestamp=int(time.time() * 1000) - DAY_MS)
+    assert out(kl_root, "retain", "--max-age", "2d") == ["t/0: nothing to delete; log starts at 0"]
+
+
+def test_retain_uses_the_topic_settings_by_default(kl_root):
+    r = kl.Root(kl_root)
+    r.create_topic("by-age", SMALL_SEGMENTS)
+    r.create_topic("by-size", kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, retention_bytes=2500))
+    send_each(kl_root, "by-age", 100, TS)  # far older than the default retention_ms, 7 days
+    send_each(kl_root, "by-size", 100, int(time.time() * 1000))
+    assert [line for line in out(kl_root, "retain") if "log starts" in line] == [
+        "by-age/0: deleted 3 segments (3072 bytes); log starts at 3072",
+        "by-size/0: deleted 1 segment (1024 bytes); log starts at 1024",
+    ]
+
+
+def test_retain_delete_delay_unlinks_what_earlier_runs_set_aside(kl_root):
+    directory = small_topic(kl_root)
+    out(kl_root, "retain", "--max-bytes", "2500")
+    assert "00000000000000000000.kl.deleted" in segments(directory)
+    assert out(kl_root, "retain", "--max-bytes", "2500", "--delete-delay", "0") == [
+        "t/0: nothing to delete; log starts at 1024; unlinked 1 set-aside segment"
+    ]
+    assert segments(directory) == ["00000000000000001024.kl", "00000000000000002048.kl", "00000000000000003072.kl"]
+
+
+def test_retain_json(kl_root):
+    small_topic(kl_root)
+    [row] = [json.loads(line) for line in out(kl_root, "retain", "--max-bytes", "2500", "--json")]
+    assert row == {
+        "topic": "t", "partition": 0, "dry_run": False,
+        "deleted": [{"segment": "00000000000000000000.kl", "base_offset": 0, "size_in_bytes": 1024,
+                     "reason": "partition holds 3200 bytes, over 2500"}],
+        "deleted_bytes": 1024, "log_start_offset": 1024, "unlinked": 0,
+    }
+
+
+@pytest.mark.parametrize("value", ["7 days", "-1d", "1.5h", "d", ""])
+def test_a_bad_max_age_is_a_usage_error(kl_root, value):
+    make(kl_root)
+    assert usage_error(kl_root, "retain", "--max-age", value) == (
+        f"Error: Invalid value for '--max-age': {value!r} is not a duration such as 7d, 12h, 30m, 90s or 5000ms"
+    )
+
+
+# ----------------------------------------------------------------- kl dump
+
+
+def test_dump_a_topic(kl_root):
+    path = make(kl_root, values=[b"1", b"22"]) / SEGMENT0
+    assert out(kl_root, "dump", "t") == [
+        f"Dumping {path}",
+        f"offset: 0 position: 0 size: 23 magic: 2 codec: none timestamp: {TS} valid: yes key: -",
+        f"offset: 23 position: 23 size: 24 magic: 2 codec: none timestamp: {TS} valid: yes key: -",
+    ]
+
+
+def test_dump_print_data_shows_keys_and_values_escaped(kl_root):
+    r = kl.Root(kl_root)
+    r.create_topic("t")
+    kl.Producer(r).send_batch("t", [b"v", b"two\nlines\xff"], keys=[b"k", None], partition=0, timestamp=TS)
+    assert out(kl_root, "dump", "t", "--print-data")[1:] == [
+        f"offset: 0 position: 0 size: 24 magic: 2 codec: none timestamp: {TS} valid: yes key: k value: v",
+        f"offset: 24 position: 24 size: 32 magic: 2 codec: none timestamp: {TS} valid: yes key: - value: two\\nlines\\xff",
+    ]
+
+
+def test_dump_a_segment_file_needs_no_root(kl_root, tmp_path):
+    path = make(kl_root) / SEGMENT0
+    result = CliRunner().invoke(cli, ["dump", str(path)], env={"KL_ROOT": None})
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"Dumping {path}"] + [
+        f"offset: {o} position: {o} size: 23 magic: 2 codec: none timestamp: {TS} valid: yes key: -" for o in (0, 23, 46)
+    ]
+
+
+def test_dump_the_kafka_0_7_segment(kl_root):
+    assert KAFKA07_SEGMENT.exists(), f"the shared Kafka 0.7 sample is missing: {KAFKA07_SEGMENT}"
+    lines = out(kl_root, "dump", str(KAFKA07_SEGMENT), "--print-data")
+    assert len(lines) == 1 + 100
+    assert lines[1] == "offset: 0 position: 0 size: 109 magic: 0 codec: none timestamp: - valid: yes key: - value: " + "x" * 100
+    assert lines[-1].startswith("offset: 10791 position: 10791 size: 109 magic: 0 codec: none timestamp: - valid: yes")
+
+
+def test_dump_stops_at_damage_and_exits_3(kl_root):
+    path = make(kl_root, appends=2) / SEGMENT0
+    flip_bit(path, 23 + 22)
+    assert out(kl_root, "dump", "t", code=3) == [
+        f"Dumping {path}",
+        f"offset: 0 position: 0 size: 23 magic: 2 codec: none timestamp: {TS} valid: yes key: -",
+        "offset: 23 position: 23 size: 23 valid: no",
+        "stopped at offset 23 (position 23): checksum mismatch",
+    ]
+
+
+def test_dump_a_truncated_file(kl_root, tmp_path):
+    copy = tmp_path / SEGMENT0
+    copy.write_bytes((make(kl_root) / SEGMENT0).read_bytes()[:60])
+    assert out(kl_root, "dump", str(copy), code=3)[-2:] == [
+        "offset: 46 position: 46 size: 23 valid: no",
+        "stopped at offset 46 (position 46): file ends inside a message of 23 bytes",
+    ]
+
+
+def test_dump_marks_bytes_past_the_published_end_which_are_not_damage(kl_root):
+    path = make(kl_root) / SEGMENT0
+    with open(path, "ab") as f:
+        f.write(GARBAGE)
+    assert out(kl_root, "dump", "t")[-4:] == [
+        f"offset: 46 position: 46 size: 23 magic: 2 codec: none timestamp: {TS} valid: yes key: -",
+        "published end at offset 69; what follows was never published (kl recover cuts it)",
+        "offset: 69 position: 69 size: 0 valid: no",
+        "stopped at offset 69 (position 69): unknown magic 97",
+    ]
+
+
+def test_dump_deep_lists_the_messages_of_a_compressed_batch(kl_root):
+    make(kl_root, values=[b"a", b"bb"], compression="zstd")
+    lines = out(kl_root, "dump", "t", "--deep", "--print-data")
+    assert re.fullmatch(rf"offset: 0 position: 0 size: \d+ magic: 2 codec: zstd timestamp: {TS} valid: yes key: - value: \(compressed\)", lines[1])
+    assert lines[2:] == [
+        f"  inner: 0 timestamp: {TS} key: - value_size: 1 value: a",
+        f"  inner: 1 timestamp: {TS} key: - value_size: 2 value: bb",
+    ]
+    assert len(out(kl_root, "dump", "t")) == 2  # without --deep, the batch is one line
+
+
+def test_dump_json(kl_root):
+    make(kl_root, values=[b"a", b"bb"], compression="zstd")
+    [row] = [json.loads(line) for line in out(kl_root, "dump", "t", "--json", "--deep", "--print-data")]
+    assert row == {
+        "partition": 0, "offset": 0, "position": 0, "size": row["size"], "magic": 2, "codec": "zstd", "timestamp": TS,
+        "valid": True, "problem": None, "key": None,
+        "inner": [
+            {"timestamp": TS, "key": None, "value_size": 1, "value": "a"},
+            {"timestamp": TS, "key": None, "value_size": 2, "value": "bb"},
+        ],
+    }
+
+
+def test_dump_one_partition(kl_root):
+    kl.Root(kl_root).create_topic("t", kl.TopicConfig(partitions=2))
+    make(kl_root)
+    assert out(kl_root, "dump", "t", "-p", "1") == [f"Dumping {Path(kl_root) / 't' / '1' / SEGMENT0}"]
+    assert len(out(kl_root, "dump", "t")) == 1 + 3 + 1
+
+
+def test_dump_target_errors(kl_root):
+    path = make(kl_root) / SEGMENT0
+    assert usage_error(kl_root, "dump", str(path), "-p", "0") == "Error: -p/--partition applies to a topic, not to a segment file"
+    for target, message in [
+        (str(path.parent), f"Error: {path.parent} is a directory: give a segment file or a topic name"),
+        ("nope.kl", "Error: no such segment file: nope.kl"),
+        ("nope", f"Error: topic 'nope' does not exist in {kl_root}"),
+    ]:
+        result = run(kl_root, "dump", target)
+        assert (result.exit_code, result.stderr) == (1, message + "\n")
+
+
+def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
+    directory = small_topic(kl_root)
+    segment = directory / "00000000000000001024.kl"
+    flip_bit(segment, 64 + 25)  # message m000000034, at offset 1088
+    assert out(kl_root, "recover", code=0) == ["t/0: ok (32 bytes checked)"]  # only the last append: not seen
+    assert out(kl_root, "recover", "--deep", code=3) == ["t/0: damaged: offset 1088: checksum mismatch [left as it is]"]
+    [line] = out(kl_root, "recover", "--deep", "--repair")
+    assert line.startswith("t/0: fixed: offset 1088: checksum mismatch [repaired: 32 bytes padded, original kept as ")
+    [aside] = [p for p in directory.iterdir() if ".damaged-" in p.name]
+    assert out(kl_root, "dump", str(aside), code=3)[-2:] == [
+        "offset: 1088 position: 64 size: 32 valid: no",
+        "stopped at offset 1088 (position 64): checksum mismatch",
+    ]
+    assert out(kl_root, "dump", str(segment))[3] == "offset: 1088 position: 64 size: 32 magic: 2 codec: padding timestamp: - valid: yes key: -"
+    values = consume(kl_root)
+    assert len(values) == 99 and "m000000034" not in values
+    assert out(kl_root, "recover", "--deep") == ["t/0: ok (3200 bytes checked)"]
