@@ -74,19 +74,22 @@ class ProcessLock:
 
     def acquire(self, timeout: float) -> None:
         """Raises ``LockTimeout`` when the lock cannot be had within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        started = None
         thread_lock = self._thread_lock
-        if not thread_lock.acquire(False) and not thread_lock.acquire(timeout=max(timeout, 0)):
-            raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
+        if not thread_lock.acquire(False):
+            started = time.monotonic()
+            if not thread_lock.acquire(timeout=max(timeout, 0)):
+                raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
         try:
-            file_lock = self._file_lock
             if self._fd < 0:
-                file_lock._do_open()
-                self._fd = file_lock.lockfile.fileno()
-            if not self._try() and not file_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
-                raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+                self._file_lock._do_open()
+                self._fd = self._file_lock.lockfile.fileno()
+            if not self._try():
+                waited = 0.0 if started is None else time.monotonic() - started
+                if not self._file_lock.acquire(timeout=max(timeout - waited, 0)):
+                    raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
         except BaseException:
-            self._thread_lock.release()
+            thread_lock.release()
             raise
 
     def release(self) -> None:

@@ -15,6 +15,7 @@ import bisect
 import errno
 import contextlib
 import logging
+import mmap
 import os
 import time
 from collections import deque
@@ -25,6 +26,7 @@ from kl import locks
 from kl.config import TopicConfig
 from kl.errors import (
     CorruptMessage,
+    CorruptState,
     InvalidOffset,
     OffsetOutOfRange,
     StorageError,
@@ -65,6 +67,7 @@ class Log:
         self._names: list[str] = []
         # Writer handles, used only under the lock.
         self._state_fd: int | None = None
+        self._state_map: mmap.mmap | None = None
         self._active_fd: int | None = None
         self._active_base = -1
         self._active_file = ""
@@ -381,7 +384,9 @@ class Log:
         """
         if self._failed:
             raise StorageError(self._failed)
-        lock = self._process_lock()
+        lock = self._lock
+        if lock is None or lock.pid != os.getpid():
+            lock = self._process_lock()
         lock.acquire(self.lock_timeout)
         try:
             state = self.writable_state()
@@ -430,6 +435,9 @@ class Log:
 
     def close(self) -> None:
         """Close the writer's file descriptors (reading needs none)."""
+        if self._state_map is not None:
+            self._state_map.close()
+            self._state_map = None
         for fd in (self._state_fd, self._active_fd):
             if fd is not None:
                 os.close(fd)
@@ -469,12 +477,17 @@ class Log:
                 raise StorageError(f"cannot append to {self.directory}: {problem}")
             self._nfs = mount_of(self.directory)[1].startswith("nfs")
         if self._nfs and self._state_fd is not None:
-            os.close(self._state_fd)
-            self._state_fd, self._published_raw = None, None
+            self.close()
         try:
             if self._state_fd is None:
                 self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            raw = os.pread(self._state_fd, STATE_SIZE, 0)
+                if not self._nfs:  # on local disks the record is mapped: no system calls for it
+                    try:
+                        self._state_map = mmap.mmap(self._state_fd, STATE_SIZE)
+                    except ValueError:
+                        self.close()
+                        raise CorruptState(f"partition state {self.state_path} is short; run 'kl recover'") from None
+            raw = self._state_map[:STATE_SIZE] if self._state_map is not None else os.pread(self._state_fd, STATE_SIZE, 0)
             if raw == self._published_raw and time.monotonic() < self._recheck_at:
                 return self._published  # nobody appended since we did: the tail is ours
             try:
@@ -604,7 +617,9 @@ class Log:
         raw = state.encode()
         self._published_raw = None
         try:
-            if os.pwrite(self._state_fd, raw, 0) != len(raw):
+            if self._state_map is not None:
+                self._state_map[:STATE_SIZE] = raw
+            elif os.pwrite(self._state_fd, raw, 0) != len(raw):
                 pwrite_all(self._state_fd, raw, 0)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
