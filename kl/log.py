@@ -263,9 +263,10 @@ class Log:
                 f"the nearest messages start at {base + before} and {base + after}"
             )
 
-    def segments(self) -> list[Segment]:
-        """The segments from the log start to the active one, oldest first, with sizes."""
-        state = self.state()
+    def segments(self, state: PartitionState | None = None) -> list[Segment]:
+        """The segments from the log start to the active one, oldest first, with sizes
+        (as ``state`` has them; by default the published state)."""
+        state = state or self.state()
         self.refresh()
         out = []
         for base, name in zip(self._bases, self._names):
@@ -563,6 +564,7 @@ class Log:
             raise storage_error(e, "truncate", old_path) from None
         if state.flushed_offset < state.log_end_offset:
             self.fsync(self._active_fd, old_path)
+        self._remove_orphans(state.active_base_offset)  # before they could fall inside a closed segment
         base = state.log_end_offset
         path = segment_path(self.directory, base)
         try:
@@ -589,7 +591,6 @@ class Log:
             raise
         os.close(self._active_fd)
         self._active_fd, self._active_base, self._active_file = fd, base, path
-        self._remove_orphans(state.active_base_offset, base)
         return base
 
     def _write(self, fd: int, data: bytes, position: int, path: str) -> None:
@@ -605,12 +606,14 @@ class Log:
                 log.error("%s: could not cut a failed write back to %d: %s", path, position, undo)
             raise storage_error(e, f"append {len(data)} bytes to", path) from None
 
-    def _remove_orphans(self, old_base: int, new_base: int) -> None:
-        """Delete segments a writer killed mid-roll created but never published."""
+    def _remove_orphans(self, active_base: int) -> None:
+        """Delete segments past the active one: a writer killed mid-roll made them and
+        never published them."""
         for base, name in list_segments(self.directory):
-            if old_base < base < new_base or base > new_base:
+            if base > active_base:
                 log.warning("%s: removing unpublished segment %s", self.directory, name)
-                os.unlink(os.path.join(self.directory, name))
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, name))
 
     def publish(self, state: PartitionState, *, durable: bool) -> None:
         """Write the state record (under the lock); ``durable`` fsyncs it."""

@@ -63,7 +63,7 @@ def recover(log: Log, *, deep: bool = False, repair: bool = False, dry_run: bool
         state = _state(log, report, act)
         segments = _segments(log, state, report, act)
         if deep:
-            _check_closed(log, segments[:-1], report, act and repair)
+            _check_closed(log, state, segments[:-1], report, act and repair)
         _check_active(log, state, segments[-1], report, act, deep, act and repair)
     return report
 
@@ -127,20 +127,23 @@ def _segments(log: Log, state: PartitionState, report: RecoveryReport, act: bool
             )
             if act:
                 os.unlink(path)
-    return log.segments()
+    return log.segments(state)
 
 
-def _check_closed(log: Log, segments: list[Segment], report: RecoveryReport, repair: bool) -> None:
+def _check_closed(log: Log, state: PartitionState, segments: list[Segment], report: RecoveryReport, repair: bool) -> None:
     """Every message of every closed segment, and that each ends where the next begins."""
     for segment, following in zip(segments, segments[1:] + [None]):
-        expected = (following.base_offset if following else log.state().active_base_offset) - segment.base_offset
+        expected = (following.base_offset if following else state.active_base_offset) - segment.base_offset
         report.checked_bytes += segment.size_in_bytes
-        with open(segment.path, "rb") as f:
-            problem = _first_problem(f.fileno(), 0, segment.size_in_bytes, log)
-        if problem is None and segment.size_in_bytes != expected:
-            problem = Entry(min(segment.size_in_bytes, expected), 0, -1, 0, f"segment holds {segment.size_in_bytes} bytes but the next begins after {expected}")
-        if problem is not None:
-            _corruption(log, segment, expected, problem, report, repair)
+        while True:  # each repair may uncover the next damage in the same segment
+            with open(segment.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                problem = _first_problem(f.fileno(), 0, size, log)
+            if problem is None and size != expected:
+                reason = f"segment holds {size} bytes but the next begins after {expected}"
+                problem = Entry(min(size, expected), 0, -1, 0, reason)
+            if problem is None or not _corruption(log, state, segment, expected, problem, report, repair):
+                break
 
 
 def _check_active(
@@ -152,19 +155,22 @@ def _check_active(
         stable = state.stable_offset - base
         if deep:
             report.checked_bytes += min(stable, file_size)
-            problem = _first_problem(f.fileno(), 0, min(stable, file_size), log)
-            if problem is None and file_size < stable:
-                problem = Entry(file_size, 0, -1, 0, f"file ends before the committed end {state.stable_offset}")
-            if problem is not None:
-                _corruption(log, active, state.log_end_offset - base, problem, report, repair)
-                return
+            while True:  # each repair may uncover the next damage
+                problem = _first_problem(f.fileno(), 0, min(stable, file_size), log)
+                if problem is None and file_size < stable:
+                    problem = Entry(file_size, 0, -1, 0, f"file ends before the committed end {state.stable_offset}")
+                if problem is None:
+                    break
+                if not _corruption(log, state, active, state.log_end_offset - base, problem, report, repair):
+                    return
         report.checked_bytes += max(file_size - stable, 0)
         end, why = log.good_end(f.fileno(), state, file_size)
         if end < stable:
             if not deep:
-                _corruption(log, active, state.log_end_offset - base, Entry(end, 0, -1, 0, why or ""), report, repair)
+                _corruption(log, state, active, state.log_end_offset - base, Entry(end, 0, -1, 0, why or ""), report, repair)
             return
-        if end == file_size:
+        published = state.log_end_offset - base
+        if end == file_size == published:
             return
         report.cut_bytes += file_size - end
         report.cut_messages += _message_starts(f.fileno(), end, file_size, log)
@@ -217,17 +223,20 @@ def _message_starts(fd: int, start: int, end: int, log: Log) -> int:
     return count
 
 
-def _corruption(log: Log, segment: Segment, expected: int, problem: Entry, report: RecoveryReport, repair: bool) -> None:
+def _corruption(
+    log: Log, state: PartitionState, segment: Segment, expected: int, problem: Entry, report: RecoveryReport, repair: bool
+) -> bool:
     """Report damage at ``problem.position`` of ``segment`` (which should hold ``expected``
     bytes); with ``repair``, copy the segment aside and pad over the damage, or, in the
-    active segment when no valid message follows it, cut the log there."""
+    active segment when no valid message follows it, cut the log there.  True when the
+    segment was padded (and may be checked again for more damage)."""
     offset = segment.base_offset + problem.position
     reason = problem.problem or "damaged"
     if not repair:
         report.findings.append(Finding(offset, segment.path, reason, "reported"))
-        return
-    active = segment.base_offset == log.state().active_base_offset
-    aside = f"{segment.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+        return False
+    active = segment.base_offset == state.active_base_offset
+    aside = f"{segment.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
     try:
         shutil.copy2(segment.path, aside)
         with open(segment.path, "r+b") as f:
@@ -237,12 +246,13 @@ def _corruption(log: Log, segment: Segment, expected: int, problem: Entry, repor
                 pwrite_all(f.fileno(), m.encode(b"\0" * (gap - m.HEADER_SIZE), None, 0, m.ATTR_PADDING), problem.position)
                 os.fsync(f.fileno())
                 report.findings.append(Finding(offset, segment.path, reason, f"repaired: {gap} bytes padded, original kept as {aside}"))
-                return
+                return True
     except OSError as e:
         raise storage_error(e, "repair", segment.path) from None
     if not active or resume is not None:  # never cut valid messages that follow
         report.findings.append(Finding(offset, segment.path, f"{reason}; {gap} bytes are too few to pad", "reported"))
-        return
+        return False
     _truncate_active(log, log.state(), problem.position)
     report.cut_bytes += expected - problem.position
     report.findings.append(Finding(offset, segment.path, reason, f"cut: nothing valid follows, original kept as {aside}"))
+    return False

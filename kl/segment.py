@@ -80,19 +80,27 @@ def scan(fd: int, position: int, end: int, max_message_bytes: int) -> Iterator[E
 
 
 def resync(fd: int, start: int, expected: int, max_message_bytes: int) -> int | None:
-    """The first position from ``start`` where valid messages run exactly to ``expected``
-    (the end of the segment's data): the next message boundary after damage."""
+    """The first position from ``start`` that begins the rest of the segment: valid
+    messages from there run exactly to ``expected`` (the end of the segment's data), or
+    to more damage after which the same holds again.  The next message boundary after
+    damage, without giving up the valid messages between two damaged ones."""
     end = min(os.fstat(fd).st_size, expected)
     if end - start < HEADER_SIZE:
         return None
     with mmap.mmap(fd, end, access=mmap.ACCESS_READ) as buf:
-        for position in range(start, end - HEADER_SIZE + 1):
-            chain = position
-            while chain < end:
-                entry = check(buf, chain, end, max_message_bytes)
-                if entry.problem is not None:
-                    break
-                chain += entry.size
-            if chain == expected:
-                return position
+        return _resync(buf, start, end, expected, max_message_bytes)
+
+
+def _resync(buf: mmap.mmap, start: int, end: int, expected: int, max_message_bytes: int) -> int | None:
+    for position in range(start, end - HEADER_SIZE + 1):
+        chain = position
+        while chain < end:
+            entry = check(buf, chain, end, max_message_bytes)
+            if entry.problem is not None:
+                break
+            chain += entry.size
+        if chain == expected:
+            return position
+        if chain > position and _resync(buf, chain + 1, end, expected, max_message_bytes) is not None:
+            return position
     return None

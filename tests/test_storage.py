@@ -1,0 +1,378 @@
+"""Durability and storage errors: fsync before acknowledging, fsync errors, directory
+fsyncs, a full filesystem (a real small tmpfs) and a read-only mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import kl
+from kl.state import STATE_FILE, PartitionState, read_state
+
+from faultlib import fresh_log, read_log, run_kill_trials, snapshot
+
+TS = 1_700_000_000_000
+
+
+# ----------------------------------------------------------------- recording system calls
+
+
+class Calls:
+    """Records os.fsync and os.pwrite as (call, path, is_directory, published), in order.
+
+    ``published`` is the partition state a reader would have seen at that moment (the
+    writer updates the state through a memory map, so its writes are not calls to see).
+    """
+
+    def __init__(self, monkeypatch, *, fail_fsync: int | None = None, error: int = errno.EIO, state_file: str | None = None):
+        self.events: list[tuple[str, str, bool, PartitionState | None]] = []
+        self.fsyncs_seen = 0
+        self.fail_fsync = fail_fsync
+        """Make the nth fsync (1-based) from now on fail with ``error``; 0 fails every one."""
+        real_fsync, real_pwrite = os.fsync, os.pwrite
+
+        def where(fd: int) -> tuple[str, bool, PartitionState | None]:
+            published = read_state(state_file) if state_file else None
+            return os.readlink(f"/proc/self/fd/{fd}"), stat.S_ISDIR(os.fstat(fd).st_mode), published
+
+        def fsync(fd):
+            self.fsyncs_seen += 1
+            self.events.append(("fsync", *where(fd)))
+            if self.fail_fsync is not None and (self.fail_fsync == 0 or self.fail_fsync == self.fsyncs_seen):
+                raise OSError(error, os.strerror(error))
+            return real_fsync(fd)
+
+        def pwrite(fd, data, position):
+            self.events.append(("pwrite", *where(fd)))
+            return real_pwrite(fd, data, position)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "pwrite", pwrite)
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.fsyncs_seen = 0
+
+    def index(self, call: str, path: str | Path, *, last: bool = False) -> int:
+        found = [i for i, e in enumerate(self.events) if e[0] == call and e[1] == str(path)]
+        assert found, f"no {call} of {path} in {self.events}"
+        return found[-1] if last else found[0]
+
+    def directories(self) -> set[str]:
+        return {e[1] for e in self.events if e[0] == "fsync" and e[2]}
+
+
+NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)
+
+
+def make(root: kl.Root, config: kl.TopicConfig = NO_FLUSH) -> kl.Log:
+    root.create_topic("t", config)
+    kl.Producer(root).send("t", b"first", partition=0, timestamp=TS)
+    return root.log("t", 0)
+
+
+def paths(log: kl.Log) -> tuple[str, str]:
+    state = log.state()
+    return os.path.join(log.directory, "%020d.kl" % state.active_base_offset), os.path.join(log.directory, STATE_FILE)
+
+
+# ----------------------------------------------------------------- fsync before acknowledging
+
+
+@pytest.mark.parametrize("how", ["send", "send_batch"])
+def test_fsync_true_syncs_the_data_then_the_state_before_send_returns(root, monkeypatch, how):
+    log = make(root)
+    segment, state_file = paths(log)
+    before = log.state()
+    calls = Calls(monkeypatch, state_file=state_file)
+    producer = kl.Producer(root, fsync=True)
+    if how == "send":
+        producer.send("t", b"durable", partition=0)
+    else:
+        producer.send_batch("t", [b"durable"] * 10, partition=0)
+    data_written = calls.index("pwrite", segment, last=True)
+    data_synced = calls.index("fsync", segment, last=True)
+    state_synced = calls.index("fsync", state_file, last=True)
+    assert data_written < data_synced < state_synced
+    assert calls.events[data_synced][3] == before, "published before the data was durable"
+    state = log.state()
+    assert calls.events[state_synced][3] == state, "the state was synced before it was published"
+    assert state.flushed_offset == state.log_end_offset > before.log_end_offset
+
+
+def test_without_fsync_send_does_not_sync_until_the_flush_policy_says_so(root, monkeypatch):
+    log = make(root, kl.TopicConfig(flush_messages=3, flush_ms=0))
+    segment, _ = paths(log)
+    calls = Calls(monkeypatch)
+    producer = kl.Producer(root)
+    producer.send("t", b"a", partition=0)
+    assert not [e for e in calls.events if e[0] == "fsync"]
+    producer.send("t", b"b", partition=0)  # the third message since the last flush
+    assert calls.index("fsync", segment) >= 0
+    assert log.state().flushed_offset == log.state().log_end_offset
+    calls.clear()
+    producer.send("t", b"c", partition=0)
+    producer.close()  # close flushes
+    assert calls.index("fsync", segment) >= 0
+
+
+def test_a_roll_syncs_the_new_segment_and_its_directory_before_publishing(root, monkeypatch):
+    log = make(root, kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, flush_messages=0, flush_ms=0))
+    kl.Producer(root).send_batch("t", [b"x" * 100] * 8, partition=0)
+    old_base = log.state().active_base_offset
+    calls = Calls(monkeypatch, state_file=os.path.join(log.directory, STATE_FILE))
+    kl.Producer(root, fsync=True).send_batch("t", [b"y" * 100] * 3, partition=0)  # rolls
+    new_segment, state_file = paths(log)
+    assert log.state().active_base_offset > old_base
+    segment_synced = calls.index("fsync", new_segment)
+    directory_synced = calls.index("fsync", log.directory)
+    assert calls.events[directory_synced][2]
+    assert calls.events[segment_synced][3].active_base_offset == old_base, "rolled before the segment was durable"
+    assert calls.events[directory_synced][3].active_base_offset == old_base, "rolled before its directory entry was durable"
+    assert calls.index("fsync", state_file, last=True) > max(segment_synced, directory_synced)
+
+
+def test_a_roll_without_fsync_still_syncs_the_directory(root, monkeypatch):
+    log = make(root, kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, flush_messages=0, flush_ms=0))
+    kl.Producer(root).send_batch("t", [b"x" * 100] * 8, partition=0)
+    calls = Calls(monkeypatch)
+    kl.Producer(root).send_batch("t", [b"y" * 100] * 3, partition=0)
+    assert log.directory in calls.directories()
+
+
+def test_creating_a_topic_syncs_its_files_and_directories(tmp_path, monkeypatch):
+    root = kl.Root(tmp_path / "root")
+    root.create_topic("seed")  # the root directory exists from here on
+    calls = Calls(monkeypatch)
+    root.create_topic("t", kl.TopicConfig(partitions=3))
+    synced_dirs = calls.directories()
+    assert root.path in synced_dirs  # the rename into the root
+    partition_dirs = {d for d in synced_dirs if os.path.basename(d) in ("0", "1", "2")}
+    assert len(partition_dirs) == 3  # each partition's state and segment entries
+    files = {os.path.basename(e[1]) for e in calls.events if e[0] == "fsync" and not e[2]}
+    assert any(".topic.json." in f or f == "topic.json" for f in files)
+    assert any(".state." in f or f == STATE_FILE for f in files)
+
+
+# ----------------------------------------------------------------- fsync errors
+
+
+def test_an_fsync_error_fails_the_send_and_nothing_is_acknowledged(root, monkeypatch):
+    log = make(root)
+    before = log.state()
+    producer = kl.Producer(root, fsync=True)
+    calls = Calls(monkeypatch, fail_fsync=0)
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        producer.send("t", b"lost", partition=0)
+    assert log.state() == before  # never published
+    assert [msg.value for msg in read_log(fresh_log(log))] == [b"first"]
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        producer.send_batch("t", [b"also lost"] * 3, partition=0)
+    calls.fail_fsync = None  # the disk "recovers": this handle must still refuse
+    for attempt in (lambda: producer.send("t", b"x", partition=0), lambda: kl.Producer(root).send("t", b"x", partition=0),
+                    log.flush):
+        with pytest.raises(kl.StorageError):
+            attempt()
+    assert log.state() == before
+    # A new handle (a restarted process) cuts the unpublished bytes and goes on.
+    kl.Producer(kl.Root(root.path), fsync=True).send("t", b"after", partition=0)
+    assert [msg.value for msg in read_log(fresh_log(log))] == [b"first", b"after"]
+
+
+def test_an_fsync_error_on_the_state_fails_the_send_and_the_handle(root, monkeypatch):
+    log = make(root)
+    producer = kl.Producer(root, fsync=True)
+    Calls(monkeypatch, fail_fsync=2)  # the data fsync works, the state's fails
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        producer.send("t", b"unacknowledged", partition=0)
+    monkeypatch.undo()
+    with pytest.raises(kl.StorageError):
+        producer.send("t", b"x", partition=0)
+
+
+def test_an_fsync_error_under_the_flush_policy_fails_the_send(root, monkeypatch):
+    log = make(root, kl.TopicConfig(flush_messages=1, flush_ms=0))
+    before = log.state()
+    Calls(monkeypatch, fail_fsync=0)
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        kl.Producer(root).send("t", b"lost", partition=0)
+    monkeypatch.undo()
+    assert log.state() == before
+    with pytest.raises(kl.StorageError):
+        kl.Producer(root).send("t", b"x", partition=0)
+
+
+def test_an_fsync_error_during_a_roll_leaves_the_partition_as_it_was(root, monkeypatch):
+    log = make(root, kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, flush_messages=0, flush_ms=0))
+    kl.Producer(root, fsync=True).send_batch("t", [b"x" * 100] * 8, partition=0)
+    before_state, before_files = log.state(), snapshot(log.directory)
+    Calls(monkeypatch, fail_fsync=0)
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        kl.Producer(root, fsync=True).send_batch("t", [b"y" * 100] * 3, partition=0)
+    monkeypatch.undo()
+    assert log.state() == before_state
+    assert snapshot(log.directory) == before_files
+
+
+# ----------------------------------------------------------------- kill -9 with fsync
+
+
+DURABLE_TRIALS = 60
+
+
+def test_kill_9_with_fsync_loses_no_acknowledged_message(tmp_path):
+    report = run_kill_trials(tmp_path, DURABLE_TRIALS, seed=int(os.environ.get("KL_KILL_SEED", "7070")), fsync="on")
+    print("\n" + report.summary())
+    assert report.trials == DURABLE_TRIALS and report.acked_messages > 0
+    assert not report.problems, report.summary()
+
+
+# ----------------------------------------------------------------- real mounts
+
+
+def _mount(args: list[str]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting needs root (euid {os.geteuid()}): cannot run {' '.join(args)}")
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip()
+        if "permission denied" in message.lower() or "not permitted" in message.lower():
+            pytest.skip(f"mounting is not permitted here ({' '.join(args)}: {message})")
+        pytest.fail(f"{' '.join(args)} failed with status {done.returncode}: {message}")
+
+
+def _unmount(point: Path) -> None:
+    if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
+        # kl keeps lock files open for the life of the process: detach lazily.
+        subprocess.run(["umount", "-l", str(point)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MiB tmpfs, unmounted afterwards."""
+    point = tmp_path / "small"
+    point.mkdir()
+    _mount(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=1000", "tmpfs", str(point)])
+    try:
+        yield point
+    finally:
+        _unmount(point)
+
+
+def fill_up(directory: Path) -> Path:
+    """Write a ballast file until the filesystem is full."""
+    ballast = directory / "ballast"
+    chunk = b"\xba" * 4096
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                os.write(fd, chunk)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                break
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def free(ballast: Path, nbytes: int | None = None) -> None:
+    """Give back ``nbytes`` of space (all of it by default)."""
+    if nbytes is None:
+        ballast.unlink()
+    else:
+        os.truncate(ballast, max(0, ballast.stat().st_size - nbytes))
+
+
+SMALL_FS_CONFIG = kl.TopicConfig(segment_bytes=256 << 10, max_message_bytes=64 << 10, flush_messages=0, flush_ms=0)
+
+
+@pytest.mark.parametrize("room", [0, 8192], ids=["full", "nearly-full"])
+def test_producing_into_a_full_filesystem_fails_cleanly_and_leaves_the_partition_as_it_was(small_fs, room):
+    root = kl.Root(small_fs / "root")
+    root.create_topic("t", SMALL_FS_CONFIG)
+    producer = kl.Producer(root)
+    producer.send_batch("t", [b"before-%d" % i for i in range(10)], partition=0, timestamp=TS)
+    log = root.log("t", 0)
+    ballast = fill_up(small_fs)
+    if room:
+        free(ballast, room)
+    before = snapshot(log.directory)
+    state = log.state()
+    for attempt in range(2):  # and again: the failure left nothing behind to trip over
+        with pytest.raises(kl.StorageError, match="no space left on device") as e:
+            producer.send_batch("t", [b"z" * 1000] * 60, partition=0, timestamp=TS)
+        assert "\n" not in str(e.value)
+        assert snapshot(log.directory) == before
+        assert log.state() == state
+    assert [msg.value for msg in read_log(fresh_log(log))] == [b"before-%d" % i for i in range(10)]
+    free(ballast)
+    producer.send_batch("t", [b"after"] * 60, partition=0, timestamp=TS)
+    assert [msg.value for msg in read_log(fresh_log(log))] == [b"before-%d" % i for i in range(10)] + [b"after"] * 60
+
+
+def test_a_roll_onto_a_full_filesystem_fails_cleanly(small_fs):
+    root = kl.Root(small_fs / "root")
+    root.create_topic("t", kl.TopicConfig(segment_bytes=64 << 10, max_message_bytes=16 << 10, flush_messages=0, flush_ms=0))
+    producer = kl.Producer(root)
+    producer.send_batch("t", [b"a" * 1000] * 60, partition=0, timestamp=TS)  # ~61 KiB: the next batch rolls
+    log = root.log("t", 0)
+    ballast = fill_up(small_fs)
+    before, state = snapshot(log.directory), log.state()
+    with pytest.raises(kl.StorageError, match="no space left on device"):
+        producer.send_batch("t", [b"b" * 1000] * 20, partition=0, timestamp=TS)
+    assert snapshot(log.directory) == before  # no new segment file left behind
+    assert log.state() == state
+    free(ballast)
+    producer.send_batch("t", [b"b" * 1000] * 20, partition=0, timestamp=TS)
+    assert len(log.segments()) == 2
+    assert [msg.value for msg in read_log(fresh_log(log))] == [b"a" * 1000] * 60 + [b"b" * 1000] * 20
+
+
+def test_creating_a_topic_on_a_full_filesystem_leaves_nothing_behind(small_fs):
+    root = kl.Root(small_fs / "root")
+    root.create_topic("seed")
+    ballast = fill_up(small_fs)
+    with pytest.raises(kl.StorageError, match="no space left on device"):
+        root.create_topic("t", kl.TopicConfig(partitions=2))
+    assert sorted(os.listdir(root.path)) == [".locks", "seed"] or sorted(os.listdir(root.path)) == ["seed"]
+    free(ballast)
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    assert root.topics() == ["seed", "t"]
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """(writable root path, the same directory through a read-only bind mount)."""
+    source = tmp_path / "rw"
+    view = tmp_path / "ro"
+    source.mkdir()
+    view.mkdir()
+    _mount(["mount", "--bind", str(source), str(view)])
+    try:
+        _mount(["mount", "-o", "remount,bind,ro", str(view)])
+        yield source, view
+    finally:
+        _unmount(view)
+
+
+def test_producing_on_a_read_only_filesystem_fails_with_one_clear_line_and_consuming_works(read_only_view):
+    source, view = read_only_view
+    writable = kl.Root(source / "root")
+    writable.create_topic("t", NO_FLUSH)
+    kl.Producer(writable).send_batch("t", [b"m%d" % i for i in range(5)], partition=0)
+    read_only = kl.Root(view / "root")
+    with pytest.raises(kl.StorageError, match="read-only file system") as e:
+        kl.Producer(read_only).send("t", b"nope", partition=0)
+    assert "\n" not in str(e.value)
+    with pytest.raises(kl.StorageError, match="read-only file system"):
+        read_only.create_topic("u")
+    consumer = kl.Consumer(read_only)
+    assert [msg.value for msg in consumer.fetch("t", 0, 0)] == [b"m%d" % i for i in range(5)]
+    assert [msg.value for msg in consumer.stream("t", 0, 0, idle_timeout=0)] == [b"m%d" % i for i in range(5)]
+    assert consumer.latest_offset("t", 0) == writable.log("t", 0).log_end_offset
