@@ -185,7 +185,7 @@ def test_an_fsync_error_fails_the_send_and_nothing_is_acknowledged(root, monkeyp
 
 
 def test_an_fsync_error_on_the_state_fails_the_send_and_the_handle(root, monkeypatch):
-    log = make(root)
+    make(root)
     producer = kl.Producer(root, fsync=True)
     Calls(monkeypatch, fail_fsync=2)  # the data fsync works, the state's fails
     with pytest.raises(kl.StorageError, match="I/O error"):
