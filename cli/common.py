@@ -107,6 +107,12 @@ def get_root(ctx: click.Context) -> kl.Root:
     return kl.Root(path)
 
 
+def warn(text: str) -> None:
+    """Something a person must hear about even when stderr is not a terminal."""
+    sys.stderr.write(f"Warning: {text}\n")
+    sys.stderr.flush()
+
+
 def note(text: str) -> None:
     """A summary for a person: to stderr, only when it is a terminal."""
     if sys.stderr.isatty():

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from typing import IO
 
 import click
-
-import kl
 from kl_cli.common import (
     delimiter_options,
     exclusive,
@@ -27,7 +25,10 @@ from kl_cli.common import (
     resolve_delimiter,
     to_bytes,
     unescape,
+    warn,
 )
+
+import kl
 
 POLL_SECONDS = 0.1
 FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
@@ -65,6 +66,11 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
 )
 @click.option("--json", "json_output", is_flag=True, help="Write one JSON object per message.")
 @click.option("--binary", is_flag=True, help="Write the values exactly as stored, nothing added.")
+@click.option(
+    "--skip-corrupt",
+    is_flag=True,
+    help="Step over a damaged message (named on stderr) instead of stopping with an error.",
+)
 @click.pass_context
 def consume(
     ctx: click.Context,
@@ -80,6 +86,7 @@ def consume(
     fmt: str | None,
     json_output: bool,
     binary: bool,
+    skip_corrupt: bool,
 ) -> None:
     """Write the messages of TOPIC to stdout, one value a line, and exit when caught up."""
     exclusive(from_offset=from_offset, from_time=from_time)
@@ -114,11 +121,22 @@ def consume(
         for p in list(active):
             offset = offsets[p]
             max_bytes = kl.DEFAULT_MAX_BYTES if follow else max(1, min(kl.DEFAULT_MAX_BYTES, ends[p] - offset))
-            messages = consumer.fetch(topic, p, offset, max_bytes)
-            if render is None:
-                written, offsets[p] = _write_values(out, messages, remaining, b"" if binary else delim)
-            else:
-                written, offsets[p] = _write_rendered(out, messages, remaining, render, topic, p)
+            def write(messages: kl.MessageSet) -> tuple[int, int]:
+                if render is None:
+                    return _write_values(out, messages, remaining, b"" if binary else delim)
+                return _write_rendered(out, messages, remaining, render, topic, p)
+
+            try:
+                written, offsets[p] = write(consumer.fetch(topic, p, offset, max_bytes))
+            except kl.CorruptMessage as e:
+                if e.offset is None:
+                    raise
+                written = write(consumer.fetch(topic, p, offset, e.offset - offset))[0] if e.offset > offset else 0
+                if not skip_corrupt:
+                    out.flush()
+                    raise
+                offsets[p] = root.log(topic, p).skip_corrupt(e.offset)
+                warn(f"skipped damaged data of {topic}/{p} from offset {e.offset} to {offsets[p]}: {e.reason}")
             if remaining is not None:
                 remaining -= written
                 if remaining == 0:

@@ -571,3 +571,25 @@ def kl_version() -> str:
     from importlib.metadata import version
 
     return version("kl")
+
+
+def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_path):
+    root = kl.Root(tmp_path / "root")
+    root.create_topic("t")
+    with kl.Producer(root) as producer:
+        for value in (b"one", b"two", b"three"):
+            producer.send("t", value, partition=0)
+    segment = root.log("t", 0).segments()[0].path
+    data = bytearray(Path(segment).read_bytes())
+    data[25 + 24] ^= 1  # inside "two", the second 25-byte message; the third keeps it committed
+    Path(segment).write_bytes(bytes(data))
+    result = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t"])
+    assert result.exit_code == 1
+    assert result.stdout_bytes == b"one\n"
+    assert result.stderr.endswith(f"Error: corrupt message at offset 25 ({segment} position 25): checksum mismatch\n")
+    skipped = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t", "--skip-corrupt"])
+    assert skipped.exit_code == 0
+    assert skipped.stdout_bytes == b"one\nthree\n"
+    assert skipped.stderr == (
+        "Warning: skipped damaged data of t/0 from offset 25 to 50: checksum mismatch\n"
+    )
