@@ -171,7 +171,7 @@ def test_repair_pads_over_the_damage_after_copying_the_segment_aside(kl_root):
     [line] = out(kl_root, "recover", "--deep", "--repair")
     assert re.fullmatch(
         rf"t/0: fixed: offset 23: checksum mismatch \[repaired: 23 bytes padded, original kept as "
-        rf"{re.escape(str(segment))}\.damaged-\d{{8}}T\d{{6}}\]",
+        rf"{re.escape(str(segment))}\.damaged-\d{{8}}T\d{{6}}-[0-9a-f]{{6}}\]",
         line,
     ), line
     [aside] = [p for p in directory.iterdir() if ".damaged-" in p.name]
