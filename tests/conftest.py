@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import kl
+from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 """``../shared`` next to the repository root: the project's shared reference files."""
@@ -120,15 +121,6 @@ def active_segment(root: kl.Root, topic: str, partition: int = 0) -> Path:
 # ----------------------------------------------------------------- damaging files
 
 
-def flip_bit(path: Path | str, bit: int) -> None:
-    """Invert one bit of a file, counting from its first byte's most significant bit."""
-    with open(path, "r+b") as f:
-        f.seek(bit // 8)
-        byte = f.read(1)[0]
-        f.seek(bit // 8)
-        f.write(bytes([byte ^ (0x80 >> (bit % 8))]))
-
-
 def flip_byte(path: Path | str, position: int) -> None:
     """Invert every bit of one byte of a file."""
     with open(path, "r+b") as f:
@@ -136,11 +128,6 @@ def flip_byte(path: Path | str, position: int) -> None:
         byte = f.read(1)[0]
         f.seek(position)
         f.write(bytes([byte ^ 0xFF]))
-
-
-def shrink_to(path: Path | str, size: int) -> None:
-    """Cut a file to ``size`` bytes."""
-    os.truncate(path, size)
 
 
 def grow_by(path: Path | str, data: bytes) -> None:
