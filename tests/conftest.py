@@ -10,7 +10,6 @@ Helpers are plain functions so tests read as one line each::
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from pathlib import Path
