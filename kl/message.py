@@ -50,6 +50,9 @@ CODEC_NAMES = {CODEC_NONE: "none", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy", C
 
 HEADER = struct.Struct(">iBBIqi")
 """length, magic, attrs, crc, timestamp, key_length of a magic 2 message."""
+FRAME = struct.Struct(">iHI12s")
+"""length, magic and attrs (as one number), crc, then timestamp and key_length packed
+once per batch: the same 22 header bytes as ``HEADER``, with fewer fields to pack."""
 PREFIX = struct.Struct(">iB")
 """length and magic: the part every version shares."""
 ATTRS_CRC = struct.Struct(">BI")

@@ -73,13 +73,14 @@ def check(buf: bytes, pos: int, end: int, max_message_bytes: int) -> Entry:
 
 def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
     """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
-    pack, crc32 = m.HEADER.pack, zlib.crc32
     if keys is None:
         values = values if isinstance(values, list) else list(values)
-        seed = zlib.crc32(m.TIMESTAMP_KEY_LENGTH.pack(timestamp, m.NO_KEY), _SEED)
+        pack, crc32, plain = m.FRAME.pack, zlib.crc32, _PLAIN
+        fields = m.TIMESTAMP_KEY_LENGTH.pack(timestamp, m.NO_KEY)
+        seed = zlib.crc32(fields, _SEED)
         fixed = m.HEADER_SIZE - m.LENGTH_SIZE
         parts: list[bytes] = [b""] * (2 * len(values))
-        parts[0::2] = [pack(len(v) + fixed, m.CURRENT_MAGIC, 0, crc32(v, seed), timestamp, m.NO_KEY) for v in values]
+        parts[0::2] = [pack(len(v) + fixed, plain, crc32(v, seed), fields) for v in values]
         parts[1::2] = values
         return b"".join(parts)
     return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys)])
