@@ -11,7 +11,7 @@ Limits, stated plainly:
 * Locks are advisory: only kl honours them.
 * Locks are not reentrant.
 * After ``fork()`` the child holds none of the parent's locks; the registry notices the
-  new pid and starts afresh.  Never fork while holding a lock.
+  fork and starts afresh.  Never fork while holding a lock.
 * On NFS the locks are real only on mounts with working lockd/NFSv4 locking (not
   ``nolock`` or ``local_lock=``), and a crashed client keeps its locks until its lease
   expires (90 s by default): lock timeouts should be longer than that.
@@ -63,11 +63,11 @@ class _HeldOpenLock(fasteners.InterProcessLock):
 class ProcessLock:
     """The one lock on a path in this process: a thread lock, then the file lock."""
 
-    __slots__ = ("path", "pid", "_thread_lock", "_file_lock", "_fd")
+    __slots__ = ("path", "generation", "_thread_lock", "_file_lock", "_fd")
 
     def __init__(self, path: str):
         self.path = path
-        self.pid = os.getpid()
+        self.generation = forks
         self._thread_lock = threading.Lock()
         self._file_lock = _HeldOpenLock(path)
         self._fd = -1
@@ -114,7 +114,18 @@ class ProcessLock:
 
 _registry: dict[tuple[int, int], ProcessLock] = {}
 _registry_lock = threading.Lock()
-_registry_pid = os.getpid()
+forks = 0
+"""How many times this process's line of ancestors forked: a lock made under an older
+count belongs to a parent (cheaper to compare than calling getpid on every append)."""
+_registry_forks = 0
+
+
+def _forked() -> None:
+    global forks
+    forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def lock_for(path: str) -> ProcessLock:
@@ -122,13 +133,13 @@ def lock_for(path: str) -> ProcessLock:
 
     Keyed by the file's device and inode, so two spellings of one path (a symlink, a
     bind mount) still share one lock.  Holders must call again when
-    ``lock.pid != os.getpid()``.
+    ``lock.generation != locks.forks``.
     """
-    global _registry, _registry_pid
+    global _registry, _registry_forks
     key = _identity(path)
     with _registry_lock:
-        if os.getpid() != _registry_pid:  # forked: the parent's locks are not ours
-            _registry, _registry_pid = {}, os.getpid()
+        if forks != _registry_forks:  # forked: the parent's locks are not ours
+            _registry, _registry_forks = {}, forks
         lock = _registry.get(key)
         if lock is None:
             lock = _registry[key] = ProcessLock(path)

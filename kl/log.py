@@ -386,7 +386,7 @@ class Log:
         if self._failed:
             raise StorageError(self._failed)
         lock = self._lock
-        if lock is None or lock.pid != os.getpid():
+        if lock is None or lock.generation != locks.forks:
             lock = self._process_lock()
         lock.acquire(self.lock_timeout)
         try:
@@ -449,7 +449,7 @@ class Log:
 
     def _process_lock(self) -> locks.ProcessLock:
         lock = self._lock
-        if lock is None or lock.pid != os.getpid():
+        if lock is None or lock.generation != locks.forks:
             lock = self._lock = locks.lock_for(self.lock_path)
         return lock
 
