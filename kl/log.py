@@ -167,8 +167,7 @@ class Log:
         limit = self.config.max_message_bytes
         position = offset - base
         path = segment_path(self.directory, base)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
+        with _reading(path) as fd:
             if base == state.active_base_offset and offset + max_bytes > state.last_append_offset:
                 # The last append is all or nothing: check it whole before any of it is read.
                 last = state.last_append_offset - base
@@ -195,8 +194,6 @@ class Log:
                 cut_short = first.problem == INCOMPLETE and offset + len(data) < segment_end and not messages.ends_at_eof
                 if not cut_short:
                     self._check_boundary(fd, base, offset)
-        finally:
-            os.close(fd)
         return messages
 
     def good_end(self, fd: int, state: PartitionState, file_size: int, start: int | None = None) -> tuple[int, str | None]:
@@ -244,11 +241,8 @@ class Log:
         if offset == state.log_end_offset:
             return
         base, _, _ = self._locate(offset, state)
-        fd = os.open(segment_path(self.directory, base), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
+        with _reading(segment_path(self.directory, base)) as fd:
             self._check_boundary(fd, base, offset)
-        finally:
-            os.close(fd)
 
     def _check_boundary(self, fd: int, base: int, offset: int) -> None:
         """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
@@ -299,11 +293,8 @@ class Log:
         state = self.state()
         base, end, _ = self._locate(offset, state)
         path = segment_path(self.directory, base)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
+        with _reading(path) as fd:
             found = resync(fd, offset - base + 1, end - base, self.config.max_message_bytes)
-        finally:
-            os.close(fd)
         return end if found is None else base + found
 
     def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
@@ -358,14 +349,11 @@ class Log:
         needed = count
         for segment in reversed(self.segments()):
             recent: deque[int] = deque(maxlen=needed)
-            fd = os.open(segment.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
+            with _reading(segment.path) as fd:
                 for entry in scan(fd, 0, segment.size_in_bytes, self.config.max_message_bytes):
                     if entry.problem is not None:
                         break
                     recent.append(segment.base_offset + entry.position)
-            finally:
-                os.close(fd)
             for offset in reversed(recent):
                 needed -= sum(1 for _ in self.read(offset, 1))
                 if needed <= 0:
@@ -397,7 +385,7 @@ class Log:
                 return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
             position = start - state.active_base_offset
-            self._write(self._active_fd, data, position, self._active_path())
+            self._write(self._active_fd, data, position, self._active_file)
             now = time.time_ns() // 1_000_000
             end = start + len(data)
             unflushed = state.unflushed_messages + count
@@ -407,7 +395,7 @@ class Log:
                 or (cfg.flush_messages and unflushed >= cfg.flush_messages)
                 or (cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms)
             ):
-                self.fsync(self._active_fd, self._active_path())
+                self.fsync(self._active_fd, self._active_file)
                 new = PartitionState(state.log_start_offset, state.active_base_offset, end, end, start, 0, now)
                 self.publish(new, durable=True)
             else:
@@ -427,7 +415,7 @@ class Log:
         with self.locked():
             state = self.writable_state()
             if state.flushed_offset < state.log_end_offset:
-                self.fsync(self._active_fd, self._active_path())
+                self.fsync(self._active_fd, self._active_file)
                 now = time.time_ns() // 1_000_000
                 self.publish(
                     state._replace(flushed_offset=state.log_end_offset, unflushed_messages=0, flushed_at_ms=now),
@@ -462,9 +450,6 @@ class Log:
             yield
         finally:
             lock.release()
-
-    def _active_path(self) -> str:
-        return self._active_file
 
     def writable_state(self, reopened: bool = False) -> PartitionState:
         """Under the lock: the state, with the active segment open and its tail sound.
@@ -532,7 +517,7 @@ class Log:
         ``good_end``).  Below the stable offset nothing is touched: a file short of it
         raises ``CorruptMessage`` for ``kl recover``.
         """
-        path = self._active_path()
+        path = self._active_file
         end, why = self.good_end(self._active_fd, state, file_size)
         if end < state.stable_offset - state.active_base_offset:
             raise CorruptMessage(path, end, f"{why}; run 'kl recover'", offset=state.active_base_offset + end)
@@ -557,7 +542,7 @@ class Log:
         """Close the active segment (cut to its exact size, fsynced), write ``data`` into a
         new segment at the log end, and only then publish both: a failed write leaves
         the partition as it was."""
-        old_path = self._active_path()
+        old_path = self._active_file
         try:
             os.ftruncate(self._active_fd, state.log_end_offset - state.active_base_offset)  # unpublished leftovers
         except OSError as e:
@@ -639,6 +624,16 @@ class Log:
             error = storage_error(e, "fsync", path)
             self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
             raise error from None
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[int]:
+    """A read-only descriptor of the segment at ``path``, closed afterwards."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 LATEST = -1

@@ -82,7 +82,12 @@ def _state(log: Log, report: RecoveryReport, act: bool) -> PartitionState:
             os.close(os.open(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY, 0o664))
     first, last = found[0][0], found[-1][0]
     path = os.path.join(log.directory, found[-1][1])
-    end = _valid_end(path, 0, os.path.getsize(path) if os.path.exists(path) else 0, log)
+    end = 0
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            end = os.fstat(f.fileno()).st_size
+            problem = _first_problem(f.fileno(), 0, end, log)
+        end = end if problem is None else problem.position
     state = PartitionState(first, last, last + end, last + end, last + end, 0, time.time_ns() // 1_000_000)
     report.findings.append(Finding(last + end, log.state_path, reason, "rebuilt" if act else "would rebuild"))
     if act:
@@ -102,17 +107,6 @@ def _write_state(log: Log, state: PartitionState) -> None:
     except OSError as e:
         raise storage_error(e, "write", log.state_path) from None
     log.close()  # the writer's cached view is stale now
-
-
-def _valid_end(path: str, start: int, end: int, log: Log) -> int:
-    """Position after the last valid message of ``path`` from ``start``."""
-    with open(path, "rb") as f:
-        good = start
-        for entry in scan(f.fileno(), start, end, log.config.max_message_bytes):
-            if entry.problem is not None:
-                break
-            good = entry.position + entry.size
-    return good
 
 
 def _segments(log: Log, state: PartitionState, report: RecoveryReport, act: bool) -> list[Segment]:
