@@ -55,7 +55,9 @@ def dump_file(
         for entry in scan(fd, 0, size, max_message_bytes):
             offset = base_offset + entry.position
             if entry.problem is not None:
-                problem = entry.problem if entry.problem != INCOMPLETE else f"file ends inside a message of {entry.size} bytes"
+                problem = entry.problem.reason
+                if entry.problem.kind is INCOMPLETE:
+                    problem = f"file ends inside a message of {entry.size} bytes"
                 yield DumpRecord(offset, entry.position, entry.size, entry.magic, "-", None, None, None, problem)
                 return
             data = os.pread(fd, entry.size, entry.position)

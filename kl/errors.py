@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kl.messageset import Kind
+
 
 class KlError(Exception):
     """Base class of every error kl raises on purpose."""
@@ -40,13 +45,14 @@ class InvalidOffset(KlError):
 class CorruptMessage(KlError):
     """A message before the committed end fails its length or checksum check."""
 
-    def __init__(self, path: str, position: int, reason: str, *, offset: int | None = None):
+    def __init__(self, path: str, position: int, reason: str, *, offset: int | None = None, kind: Kind | None = None):
         where = f"offset {offset} ({path} position {position})" if offset is not None else f"{path} position {position}"
         super().__init__(f"corrupt message at {where}: {reason}")
         self.path = path
         self.position = position
         self.reason = reason
         self.offset = offset
+        self.kind = kind
 
 
 class CorruptState(KlError):

@@ -1,9 +1,17 @@
-"""A partition's log: a directory of segment files, a state record and a lock.
+"""A partition's log: the list of its segment files, its published state and its lock.
 
 Writers append under the partition's inter-process lock: they read the state, repair a
-torn tail a crashed writer left, write the message set at the end they found (never with
+torn tail a crash left, write the message set at the end they found (never with
 O_APPEND, which NFS does not honour), then publish the new end in the state record.
-Readers take no lock: they read the state, then only bytes below its log end.
+Readers take no lock: they read the state, then only bytes below its log end.  ``Log``
+is the only code that writes the state record; recovery and retention call its verbs.
+
+Flushing follows the topic's policy.  An append that finds a flush due publishes first
+and fsyncs after releasing the lock (one fsync covers every append before it: a group
+commit), so writers never wait for the disk behind each other; the new flushed offset
+is published by the next append or flush.  A background thread (``kl.flusher``) keeps
+the time rule for producers that go idle.  ``fsync=True`` (and NFS) fsync under the
+lock and publish only durable data.
 
 A ``Log`` object is safe to share between threads and across ``fork()``; several
 processes on several hosts may append to one partition at once.
@@ -12,8 +20,8 @@ processes on several hosts may append to one partition at once.
 from __future__ import annotations
 
 import bisect
-import errno
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -22,33 +30,37 @@ from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from kl import locks
+from kl import flusher, locks
+from kl import message as m
 from kl.config import TopicConfig
 from kl.errors import (
     CorruptMessage,
     CorruptState,
     InvalidOffset,
+    LockTimeout,
     OffsetOutOfRange,
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import create_file, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
+from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
-from kl.segment import LEGACY_SUFFIX, list_segments, resync, scan, segment_path
+from kl.segment import SUFFIX, Segment, list_segments, segment_path
+from kl.state import BOOT_ID, SIZE_V1, STATE_FILE, PartitionState, read_state
 from kl.state import SIZE as STATE_SIZE
-from kl.state import STATE_FILE, PartitionState, read_state
 
 log = logging.getLogger(__name__)
 
 RECHECK_SECONDS = 1.0
 """How long a writer that was the last to append trusts its view of the files without
-an fstat (a partition removed by hand, not by ``kl topics delete``, is noticed after it)."""
+an fstat (a partition or state file removed by hand is noticed after it)."""
 DEFAULT_LOCK_TIMEOUT = 120.0
 """Longer than the default NFSv4 lease (90 s) a crashed client's lock can outlive it by."""
+DELETED_SUFFIX = ".deleted"
+"""Segments below the log start are renamed with it, then unlinked after a delay."""
 
 
-class Segment(NamedTuple):
+class SegmentInfo(NamedTuple):
     base_offset: int
     path: str
     size_in_bytes: int
@@ -68,17 +80,18 @@ class Log:
         # Writer handles, used only under the lock.
         self._state_fd: int | None = None
         self._state_map: mmap.mmap | None = None
-        self._active_fd: int | None = None
-        self._active_base = -1
-        self._active_file = ""
+        self._active: Segment | None = None
         self._tail_checked = False
         self._recheck_at = 0.0
-        self._active_foreign = False
         self._published: PartitionState | None = None
         self._published_raw: bytes | None = None
         self._nfs: bool | None = None
         self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
+        self._synced: tuple[int, int] | None = None
+        """(active base, offset) fsynced outside the lock and not yet published."""
+        self.flush_scheduled = False
+        """Set while ``kl.flusher`` holds this log for a timed flush."""
 
     def __repr__(self) -> str:
         return f"Log({self.directory!r})"
@@ -86,12 +99,17 @@ class Log:
     # ----------------------------------------------------------------- reading
 
     def state(self) -> PartitionState:
-        """The published state.  Raises ``TopicNotFound`` when the partition is gone."""
+        """The published state.  Raises ``TopicNotFound`` when the partition is gone and
+        ``CorruptState`` when its record is missing or damaged (``kl recover`` rebuilds it)."""
         try:
             return read_state(self.state_path)
         except FileNotFoundError:
+            if os.path.isdir(self.directory):
+                raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StorageError(f"{self.state_path} is a symbolic link: kl follows no links inside a root") from None
             raise storage_error(e, "read", self.state_path) from None
 
     @property
@@ -101,6 +119,10 @@ class Log:
     @property
     def log_end_offset(self) -> int:
         return self.state().log_end_offset
+
+    def open_segment(self, base_offset: int) -> Segment:
+        """The segment starting at ``base_offset``, opened for reading."""
+        return Segment.open(segment_path(self.directory, base_offset), base_offset, self.config.max_message_bytes)
 
     def read(self, offset: int, max_bytes: int) -> MessageSet:
         """The complete messages in ``[offset, offset + max_bytes)``, as a lazily parsed set.
@@ -116,13 +138,14 @@ class Log:
                 return MessageSet(b"", offset, max_message_bytes=self.config.max_message_bytes)
             base, segment_end, stable = self._locate(offset, state)
             try:
-                return self._read_segment(state, base, offset, max_bytes, segment_end, stable)
-            except OSError as e:  # deleted by retention, or a stale listing: look again
-                if e.errno not in (errno.ENOENT, errno.ESTALE):
-                    raise storage_error(e, "read", segment_path(self.directory, base)) from None
+                with self.open_segment(base) as segment:
+                    return self._read_segment(segment, state, offset, max_bytes, segment_end, stable)
+            except FileNotFoundError:  # deleted by retention, or a stale listing: look again
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
+            except OSError as e:
+                raise storage_error(e, "read", segment_path(self.directory, base)) from None
         raise TopicNotFound(f"segment for offset {offset} in {self.directory} keeps disappearing")
 
     def _check_range(self, offset: int, state: PartitionState) -> None:
@@ -162,72 +185,36 @@ class Log:
         self._names = [name for _, name in found]
 
     def _read_segment(
-        self, state: PartitionState, base: int, offset: int, max_bytes: int, segment_end: int, stable: int
+        self, segment: Segment, state: PartitionState, offset: int, max_bytes: int, segment_end: int, stable: int
     ) -> MessageSet:
         limit = self.config.max_message_bytes
+        base = segment.base_offset
         position = offset - base
-        path = segment_path(self.directory, base)
-        with _reading(path) as fd:
-            if base == state.active_base_offset and offset + max_bytes > state.last_append_offset:
-                # The last append is all or nothing: check it whole before any of it is read.
-                last = state.last_append_offset - base
-                segment_end = base + self.good_end(fd, state, os.fstat(fd).st_size, start=max(last, stable - base))[0]
-                if offset >= segment_end:  # stopped at a torn tail
-                    return MessageSet(b"", offset, max_message_bytes=limit)
-            size = min(max_bytes, segment_end - offset)
-            data = os.pread(fd, size, position)
-            head = data if len(data) >= PREFIX.size else os.pread(fd, PREFIX.size, position)
-            if len(data) == size < segment_end - offset and len(head) >= PREFIX.size:
-                length, magic = PREFIX.unpack_from(head)
-                if magic < len(MIN_LENGTH) and size < LENGTH_SIZE + length <= limit:
-                    size = min(LENGTH_SIZE + length, segment_end - offset)
-                    data = os.pread(fd, size, position)  # one message larger than max_bytes
-            if not data and offset < stable:
-                raise CorruptMessage(path, position, f"file ends before offset {segment_end}", offset=offset)
-            short = offset + len(data) == segment_end < stable  # the file ends before its committed end
-            messages = MessageSet(
-                data, offset, max_message_bytes=limit, stable_offset=stable, path=path, position=position,
-                ends_at_eof=len(data) < size or short,
+        if base == state.active_base_offset and stable < segment_end and offset + max_bytes > state.last_append_offset:
+            # The torn-able tail: check the last append whole before any of it is read.
+            last = state.last_append_offset - base
+            segment_end = base + segment.good_end(stable - base, last, segment_end - base, start=max(last, stable - base))[0]
+            if offset >= segment_end:  # stopped at a torn tail
+                return MessageSet(b"", offset, max_message_bytes=limit)
+        size = min(max_bytes, segment_end - offset)
+        messages = segment.message_set(position, size, stable=stable - base, end=segment_end - base)
+        data = messages.buffer
+        head = data if len(data) >= PREFIX.size else segment.read(position, PREFIX.size)
+        if len(data) == size < segment_end - offset and len(head) >= PREFIX.size:
+            length, magic = PREFIX.unpack_from(head)
+            if magic < len(MIN_LENGTH) and size < LENGTH_SIZE + length <= limit:  # one message larger than max_bytes
+                size = min(LENGTH_SIZE + length, segment_end - offset)
+                messages = segment.message_set(position, size, stable=stable - base, end=segment_end - base)
+        if not messages.buffer and offset < stable:
+            raise CorruptMessage(segment.path, position, f"file ends before offset {segment_end}", offset=offset)
+        first = next(messages.entries(), None)
+        if first is not None and first.problem is not None:
+            cut_short = (
+                first.problem.kind is INCOMPLETE and offset + len(messages.buffer) < segment_end and not messages.ends_at_eof
             )
-            first = next(messages.entries(), None)
-            if first is not None and first.problem is not None:
-                cut_short = first.problem == INCOMPLETE and offset + len(data) < segment_end and not messages.ends_at_eof
-                if not cut_short:
-                    self._check_boundary(fd, base, offset)
+            if not cut_short:
+                self._check_boundary(segment, offset)
         return messages
-
-    def good_end(self, fd: int, state: PartitionState, file_size: int, start: int | None = None) -> tuple[int, str | None]:
-        """Where the good published data of the active segment ends (a position), and why
-        it ends there (None when it reaches the log end).
-
-        Only the tail past the stable offset (or from ``start``, a message boundary in
-        it) is examined.  A file that ends inside a
-        message keeps the complete messages before it; a message failing its checks
-        inside the last append drops that whole append; one failing before it (in
-        unflushed data) ends the good data there.  A file shorter than the stable offset
-        is corruption: the result is then ``file_size`` and the caller must not go on.
-        """
-        base = state.active_base_offset
-        stable = state.stable_offset - base
-        last = state.last_append_offset - base
-        published = state.log_end_offset - base
-        if file_size < stable:
-            return file_size, f"file ends at offset {base + file_size}, before the committed end {base + stable}"
-        end = stable if start is None else start
-        for entry in scan(fd, end, min(file_size, published), self.config.max_message_bytes):
-            if entry.problem is None:
-                end = entry.position + entry.size
-                continue
-            where = base + entry.position
-            if entry.problem == INCOMPLETE and file_size < published and entry.position + entry.size <= published:
-                return end, f"file ends inside the message at offset {where}"
-            if entry.position >= last:
-                problem = "message runs past the log end" if entry.problem == INCOMPLETE else entry.problem
-                return last, f"{problem} at offset {where} (drops the last append, from {base + last})"
-            return entry.position, f"{entry.problem} at offset {where}"
-        if end < published:
-            return end, f"file ends at offset {base + end}, before the log end {base + published}"
-        return end, None
 
     def check_offset(self, offset: int) -> None:
         """Make sure a message starts at ``offset`` by scanning its segment from the start.
@@ -241,23 +228,19 @@ class Log:
         if offset == state.log_end_offset:
             return
         base, _, _ = self._locate(offset, state)
-        with _reading(segment_path(self.directory, base)) as fd:
-            self._check_boundary(fd, base, offset)
+        with self.open_segment(base) as segment:
+            self._check_boundary(segment, offset)
 
-    def _check_boundary(self, fd: int, base: int, offset: int) -> None:
+    def _check_boundary(self, segment: Segment, offset: int) -> None:
         """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
-        target, before, after = offset - base, 0, 0
-        for entry in scan(fd, 0, os.fstat(fd).st_size, self.config.max_message_bytes):
-            if entry.position >= target or entry.problem is not None:
-                break
-            before, after = entry.position, entry.position + entry.size
-        if after > target:
+        before, after = segment.boundary(offset - segment.base_offset)
+        if before < offset - segment.base_offset < after:
             raise InvalidOffset(
                 f"offset {offset} is not the start of a message in {self.directory}; "
-                f"the nearest messages start at {base + before} and {base + after}"
+                f"the nearest messages start at {segment.base_offset + before} and {segment.base_offset + after}"
             )
 
-    def segments(self, state: PartitionState | None = None) -> list[Segment]:
+    def segments(self, state: PartitionState | None = None) -> list[SegmentInfo]:
         """The segments from the log start to the active one, oldest first, with sizes
         (as ``state`` has them; by default the published state)."""
         state = state or self.state()
@@ -267,19 +250,21 @@ class Log:
             if state.log_start_offset <= base <= state.active_base_offset:
                 path = os.path.join(self.directory, name)
                 if base == state.active_base_offset:
+                    if path != segment_path(self.directory, base):
+                        continue  # a second file with the active base (recover reports it)
                     size = state.log_end_offset - base
                 else:
                     try:
-                        size = os.stat(path).st_size
+                        size = os.lstat(path).st_size
                     except FileNotFoundError:
                         continue
-                out.append(Segment(base, path, size))
+                out.append(SegmentInfo(base, path, size))
         return out
 
     def size_in_bytes(self) -> int:
         return sum(s.size_in_bytes for s in self.segments())
 
-    def first_timestamp(self, segment: Segment) -> int | None:
+    def first_timestamp(self, segment: SegmentInfo) -> int | None:
         """Timestamp of a segment's first message (None if empty, gone, or magic 0/1)."""
         try:
             first = next(iter(self.read(segment.base_offset, 4096)), None)
@@ -288,13 +273,15 @@ class Log:
         return None if first is None else first.timestamp
 
     def skip_corrupt(self, offset: int) -> int:
-        """The offset of the first message after the damaged one at ``offset``: where a
-        chain of valid messages starts that runs to its segment's end (or that end)."""
+        """The offset after the damaged message at ``offset``: where valid messages start
+        again that provably run on to the segment's end (or that end)."""
         state = self.state()
         base, end, _ = self._locate(offset, state)
-        path = segment_path(self.directory, base)
-        with _reading(path) as fd:
-            found = resync(fd, offset - base + 1, end - base, self.config.max_message_bytes)
+        with self.open_segment(base) as segment:
+            bad = segment.first_problem(offset - base, end - base)
+            if bad is None:
+                return offset
+            found = segment.resync(bad, end - base)
         return end if found is None else base + found
 
     def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
@@ -310,7 +297,7 @@ class Log:
         if time_ms == EARLIEST:
             return [state.log_start_offset][:max_offsets]
         found = []
-        for segment in self.segments():
+        for segment in self.segments(state):
             ts = self.first_timestamp(segment)
             if ts is not None and ts <= time_ms:
                 found.append(segment.base_offset)
@@ -321,15 +308,15 @@ class Log:
     def offset_for_time(self, time_ms: int) -> int:
         """The offset of the first message with a timestamp at or after ``time_ms``
         (the log end if there is none).  Assumes timestamps rise within the partition."""
-        segments = self.segments()
-        start = segments[0].base_offset if segments else self.state().log_start_offset
+        state = self.state()
+        segments = self.segments(state)
+        start = segments[0].base_offset if segments else state.log_start_offset
         for segment in segments:
             ts = self.first_timestamp(segment)
             if ts is not None and ts <= time_ms:
                 start = segment.base_offset
         offset = start
-        end = self.state().log_end_offset
-        while offset < end:
+        while offset < state.log_end_offset:
             messages = self.read(offset, 1 << 20)
             progressed = False
             for msg in messages:
@@ -342,22 +329,31 @@ class Log:
 
     def offset_back(self, count: int) -> int:
         """The offset from which the last ``count`` messages can be read (the log start
-        when there are fewer); a compressed batch is read whole, so it may give more."""
+        when there are fewer); a compressed batch is read whole, so it may give more.
+        One scan of the segments it needs, newest first."""
         state = self.state()
         if count <= 0:
             return state.log_end_offset
         needed = count
-        for segment in reversed(self.segments()):
-            recent: deque[int] = deque(maxlen=needed)
-            with _reading(segment.path) as fd:
-                for entry in scan(fd, 0, segment.size_in_bytes, self.config.max_message_bytes):
+        for info in reversed(self.segments(state)):
+            with self.open_segment(info.base_offset) as segment:
+                recent: deque[tuple[int, int, int]] = deque(maxlen=needed)
+                for entry in segment.scan(0, info.size_in_bytes):
                     if entry.problem is not None:
                         break
-                    recent.append(segment.base_offset + entry.position)
-            for offset in reversed(recent):
-                needed -= sum(1 for _ in self.read(offset, 1))
-                if needed <= 0:
-                    return offset
+                    if entry.attrs & m.ATTR_PADDING and entry.magic:
+                        recent = deque(recent, maxlen=(recent.maxlen or 0) + 1)  # holds no message
+                    recent.append((entry.position, entry.size, entry.attrs if entry.magic else 0))
+                for position, size, attrs in reversed(recent):
+                    if attrs & m.ATTR_PADDING:
+                        continue
+                    if attrs & m.CODEC_MASK:
+                        batch = segment.message_set(position, size, stable=info.size_in_bytes, end=info.size_in_bytes)
+                        needed -= sum(1 for _ in batch)
+                    else:
+                        needed -= 1
+                    if needed <= 0:
+                        return info.base_offset + position
         return state.log_start_offset
 
     # ----------------------------------------------------------------- writing
@@ -379,59 +375,128 @@ class Log:
         lock.acquire(self.lock_timeout)
         try:
             state = self.writable_state()
-            fsync = fsync or self._nfs
-            size = state.log_end_offset - state.active_base_offset
-            if size and (size + len(data) > self.config.segment_bytes or self._active_foreign):
+            active = self._active
+            assert active is not None
+            base = state.active_base_offset
+            size = state.log_end_offset - base
+            fsync = fsync or bool(self._nfs)
+            if size and (size + len(data) > self.config.segment_bytes or active.foreign):
                 return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
-            position = start - state.active_base_offset
-            self._write(self._active_fd, data, position, self._active_file)
-            now = time.time_ns() // 1_000_000
+            active.append(data, size)
             end = start + len(data)
+            now = time.time_ns() // 1_000_000
+            if fsync:
+                self.fsync(active)
+                self.publish(PartitionState(state.log_start_offset, base, end, end, start, 0, now, BOOT_ID), durable=True)
+                return start
+            flushed = state.flushed_offset
+            synced = self._synced
+            if synced is not None:
+                self._synced = None
+                if synced[0] == base:
+                    flushed = max(flushed, min(synced[1], start))
             unflushed = state.unflushed_messages + count
             cfg = self.config
-            if (
-                fsync
-                or (cfg.flush_messages and unflushed >= cfg.flush_messages)
-                or (cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms)
+            if (cfg.flush_messages and unflushed >= cfg.flush_messages) or (
+                cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms
             ):
-                self.fsync(self._active_fd, self._active_file)
-                new = PartitionState(state.log_start_offset, state.active_base_offset, end, end, start, 0, now)
-                self.publish(new, durable=True)
+                self.publish(PartitionState(state.log_start_offset, base, end, flushed, start, 0, now, BOOT_ID), durable=False)
+                sync_fd = os.dup(active.fd)
             else:
-                new = PartitionState(
-                    state.log_start_offset, state.active_base_offset, end, state.flushed_offset, start, unflushed,
-                    state.flushed_at_ms,
+                self.publish(
+                    PartitionState(state.log_start_offset, base, end, flushed, start, unflushed, state.flushed_at_ms, BOOT_ID),
+                    durable=False,
                 )
-                self.publish(new, durable=False)
-            return start
+                if cfg.flush_ms and not self.flush_scheduled:
+                    flusher.schedule(self, (state.flushed_at_ms + cfg.flush_ms - now) / 1000)
+                return start
+        finally:
+            lock.release()
+        self._sync(sync_fd, active.path, base, end)
+        return start
+
+    def _sync(self, fd: int, path: str, base: int, end: int) -> None:
+        """fsync a duplicate descriptor of the active segment outside the lock (a group
+        commit: it covers every append published before it), then publish ``end`` as the
+        flushed offset if the lock is free at once (else this log's next append or
+        flush does)."""
+        try:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._fail(storage_error(e, "fsync", path))
+        self._synced = (base, end)
+        lock = self._process_lock()
+        try:
+            lock.acquire(0)
+        except LockTimeout:
+            if not self.flush_scheduled:
+                flusher.schedule(self, self.config.flush_ms / 1000 or RECHECK_SECONDS)
+            return
+        try:
+            state = self.writable_state()
+            if self._synced == (base, end) and state.active_base_offset == base and state.flushed_offset < end:
+                self.publish(state._replace(flushed_offset=min(end, state.log_end_offset), boot_id=BOOT_ID), durable=False)
+            self._synced = None
         finally:
             lock.release()
 
     def flush(self) -> None:
-        """fsync the active segment and the state, if anything is unflushed."""
+        """fsync what is published (outside the lock), then publish the flushed offset."""
         if self._failed:
             raise StorageError(self._failed)
+        state = self.state()
+        if state.flushed_offset >= state.log_end_offset and self._synced is None:
+            return
+        try:
+            segment = Segment.open(
+                segment_path(self.directory, state.active_base_offset), state.active_base_offset, self.config.max_message_bytes
+            )
+        except FileNotFoundError:
+            return  # rolled and deleted meanwhile: a roll fsyncs the segment it closes
+        with segment:
+            self.fsync(segment)
         with self.locked():
-            state = self.writable_state()
-            if state.flushed_offset < state.log_end_offset:
-                self.fsync(self._active_fd, self._active_file)
-                now = time.time_ns() // 1_000_000
+            current = self.writable_state()
+            self._synced = None
+            if current.active_base_offset == state.active_base_offset and current.flushed_offset < state.log_end_offset:
+                flushed = min(state.log_end_offset, current.log_end_offset)
+                done = flushed == current.log_end_offset
                 self.publish(
-                    state._replace(flushed_offset=state.log_end_offset, unflushed_messages=0, flushed_at_ms=now),
-                    durable=True,
+                    current._replace(
+                        flushed_offset=flushed,
+                        unflushed_messages=0 if done else current.unflushed_messages,
+                        flushed_at_ms=time.time_ns() // 1_000_000 if done else current.flushed_at_ms,
+                        boot_id=BOOT_ID,
+                    ),
+                    durable=False,
                 )
+        self._fsync_state()
+
+    def _fsync_state(self) -> None:
+        try:
+            fd = os.open(self.state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._fail(storage_error(e, "fsync", self.state_path))
 
     def close(self) -> None:
         """Close the writer's file descriptors (reading needs none)."""
         if self._state_map is not None:
             self._state_map.close()
             self._state_map = None
-        for fd in (self._state_fd, self._active_fd):
-            if fd is not None:
-                os.close(fd)
-        self._state_fd = self._active_fd = None
-        self._active_base = -1
+        if self._state_fd is not None:
+            os.close(self._state_fd)
+            self._state_fd = None
+        if self._active is not None:
+            self._active.close()
+            self._active = None
         self._tail_checked = False
         self._published_raw = None
 
@@ -466,15 +531,10 @@ class Log:
             self.close()
         try:
             if self._state_fd is None:
-                self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                if not self._nfs:  # on local disks the record is mapped: no system calls for it
-                    try:
-                        self._state_map = mmap.mmap(self._state_fd, STATE_SIZE)
-                    except ValueError:
-                        self.close()
-                        raise CorruptState(f"partition state {self.state_path} is short; run 'kl recover'") from None
+                self._open_state()
             raw = self._state_map[:STATE_SIZE] if self._state_map is not None else os.pread(self._state_fd, STATE_SIZE, 0)
             if raw == self._published_raw and time.monotonic() < self._recheck_at:
+                assert self._published is not None
                 return self._published  # nobody appended since we did: the tail is ours
             try:
                 state = PartitionState.decode(raw, self.state_path)
@@ -483,57 +543,88 @@ class Log:
                 if reopened:
                     raise
                 return self.writable_state(reopened=True)
-            if state.active_base_offset != self._active_base:
-                if self._active_fd is not None:
-                    os.close(self._active_fd)
-                    self._active_fd = None
-                path = segment_path(self.directory, state.active_base_offset)
-                self._active_fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                self._active_base, self._active_file = state.active_base_offset, path
-                self._active_foreign = path.endswith(LEGACY_SUFFIX)  # Kafka 0.7's: read, never written
-            stat = os.fstat(self._active_fd)
+            if self._active is None or state.active_base_offset != self._active.base_offset:
+                if self._active is not None:
+                    self._active.close()
+                    self._active = None
+                base = state.active_base_offset
+                self._active = Segment.open(
+                    segment_path(self.directory, base), base, self.config.max_message_bytes, writable=True
+                )
+            stat = os.fstat(self._active.fd)
+            file_size = stat.st_size
+            gone = stat.st_nlink == 0 or os.fstat(self._state_fd).st_nlink == 0
         except FileNotFoundError:
             self.close()
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
         except OSError as e:
             self.close()
             raise storage_error(e, "open", self.directory) from None
-        if stat.st_nlink == 0:  # removed by hand, maybe created again: start afresh from the paths
+        except BaseException:
+            self.close()
+            raise
+        if gone:  # removed or replaced by hand, maybe created again: start afresh from the paths
             self.close()
             if reopened:
                 raise TopicNotFound(f"partition {self.directory} was deleted")
             return self.writable_state(reopened=True)
         self._recheck_at = time.monotonic() + RECHECK_SECONDS
-        if not self._tail_checked or stat.st_size != state.log_end_offset - state.active_base_offset:
-            state = self._repair_tail(state, stat.st_size)
+        if not self._tail_checked or file_size != state.log_end_offset - state.active_base_offset:
+            state = self._repair_tail(state, file_size)
             self._tail_checked = True
         return state
+
+    def _open_state(self) -> None:
+        """Open (and on local disks map) the state record; a version 1 record is
+        lengthened so the version 2 record fits (the next publish rewrites it)."""
+        try:
+            self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if os.path.isdir(self.directory):
+                raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
+            raise
+        size = os.fstat(self._state_fd).st_size
+        if size < STATE_SIZE:
+            if size < SIZE_V1:
+                raise CorruptState(f"partition state {self.state_path} is {size} bytes; run 'kl recover'")
+            PartitionState.decode(os.pread(self._state_fd, STATE_SIZE, 0), self.state_path)
+            os.ftruncate(self._state_fd, STATE_SIZE)
+        if not self._nfs:  # on local disks the record is mapped: no system calls for it
+            self._state_map = mmap.mmap(self._state_fd, STATE_SIZE)
 
     def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
         """Make the active segment end exactly where its good published data does.
 
         Bytes past the log end were never published (a writer died first) and are cut,
-        never adopted.  A damaged tail past the stable offset moves the log end back (see
-        ``good_end``).  Below the stable offset nothing is touched: a file short of it
+        never adopted (but never in a Kafka 0.7 segment: kl did not write them).  A
+        damaged tail past the stable offset moves the log end back (see
+        ``Segment.good_end``).  Below the stable offset nothing is touched: damage there
         raises ``CorruptMessage`` for ``kl recover``.
         """
-        path = self._active_file
-        end, why = self.good_end(self._active_fd, state, file_size)
-        if end < state.stable_offset - state.active_base_offset:
-            raise CorruptMessage(path, end, f"{why}; run 'kl recover'", offset=state.active_base_offset + end)
+        active = self._active
+        assert active is not None
+        base = state.active_base_offset
+        published = state.log_end_offset - base
+        if active.foreign and file_size > published:
+            raise CorruptState(
+                f"{active.path} holds {file_size - published} bytes past the log end that kl did not write; "
+                "bring Kafka 0.7 data in with 'kl topics import'"
+            )
+        stable = state.stable_offset - base
+        end, why = active.good_end(stable, state.last_append_offset - base, published)
+        if end < stable:
+            raise CorruptMessage(active.path, end, f"{why}; run 'kl recover'", offset=base + end)
         if end < file_size:
-            try:
-                os.ftruncate(self._active_fd, end)
-            except OSError as e:
-                raise storage_error(e, "truncate", path) from None
-            log.warning("%s: cut %d bytes at position %d: %s", path, file_size - end, end, why or "never published")
-        if end == state.log_end_offset - state.active_base_offset:
+            active.truncate_to(end)
+            log.warning("%s: cut %d bytes at position %d: %s", active.path, file_size - end, end, why or "never published")
+        if end == published:
             return state
-        log_end = state.active_base_offset + end
+        log_end = base + end
         repaired = state._replace(
             log_end_offset=log_end,
             flushed_offset=min(state.flushed_offset, log_end),
             last_append_offset=min(state.last_append_offset, log_end),
+            boot_id=BOOT_ID,
         )
         self.publish(repaired, durable=True)
         return repaired
@@ -542,63 +633,51 @@ class Log:
         """Close the active segment (cut to its exact size, fsynced), write ``data`` into a
         new segment at the log end, and only then publish both: a failed write leaves
         the partition as it was."""
-        old_path = self._active_file
-        try:
-            os.ftruncate(self._active_fd, state.log_end_offset - state.active_base_offset)  # unpublished leftovers
-        except OSError as e:
-            raise storage_error(e, "truncate", old_path) from None
+        old = self._active
+        assert old is not None
+        if not old.foreign:
+            old.truncate_to(state.log_end_offset - state.active_base_offset)  # unpublished leftovers
         if state.flushed_offset < state.log_end_offset:
-            self.fsync(self._active_fd, old_path)
-        self._remove_orphans(state.active_base_offset)  # before they could fall inside a closed segment
+            self.fsync(old)
+        self._remove_orphans(state)  # before they could fall inside a closed segment
         base = state.log_end_offset
-        path = segment_path(self.directory, base)
+        new = Segment.create(self.directory, base, self.config.max_message_bytes)
         try:
-            fd = create_file(path)
-        except OSError as e:
-            raise storage_error(e, "create segment", path) from None
-        try:
-            self._write(fd, data, 0, path)
+            new.append(data, 0)
             if fsync:
-                self.fsync(fd, path)
+                self.fsync(new)
             fsync_dir(self.directory)
         except BaseException:
-            os.close(fd)
+            new.close()
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(new.path)
             raise
         now = time.time_ns() // 1_000_000
         end = base + len(data)
-        rolled = PartitionState(state.log_start_offset, base, end, end if fsync else base, base, 0 if fsync else count, now)
+        rolled = PartitionState(
+            state.log_start_offset, base, end, end if fsync else base, base, 0 if fsync else count, now, BOOT_ID
+        )
         try:
             self.publish(rolled, durable=True)
         except StorageError:
-            os.close(fd)
+            new.close()
             raise
-        os.close(self._active_fd)
-        self._active_fd, self._active_base, self._active_file = fd, base, path
+        old.close()
+        self._active = new
+        self._synced = None
         return base
 
-    def _write(self, fd: int, data: bytes, position: int, path: str) -> None:
-        """Write all of ``data`` at ``position``; on failure cut the file back to it."""
-        try:
-            written = os.pwrite(fd, data, position)
-            if written != len(data):
-                pwrite_all(fd, memoryview(data)[written:], position + written)
-        except OSError as e:
-            try:
-                os.ftruncate(fd, position)
-            except OSError as undo:
-                log.error("%s: could not cut a failed write back to %d: %s", path, position, undo)
-            raise storage_error(e, f"append {len(data)} bytes to", path) from None
-
-    def _remove_orphans(self, active_base: int) -> None:
-        """Delete segments past the active one: a writer killed mid-roll made them and
-        never published them."""
+    def _remove_orphans(self, state: PartitionState) -> None:
+        """Delete ``.kl`` segments past the active one: a writer killed mid-roll made them
+        and never published them.  Any other file there is not kl's: refuse to roll past it."""
         for base, name in list_segments(self.directory):
-            if base > active_base:
-                log.warning("%s: removing unpublished segment %s", self.directory, name)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, name))
+            if base <= state.active_base_offset:
+                continue
+            if not name.endswith(SUFFIX):
+                raise CorruptState(f"unknown segment file {name} in {self.directory}; run 'kl recover'")
+            log.warning("%s: removing unpublished segment %s", self.directory, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.directory, name))
 
     def publish(self, state: PartitionState, *, durable: bool) -> None:
         """Write the state record (under the lock); ``durable`` fsyncs it."""
@@ -607,33 +686,79 @@ class Log:
         try:
             if self._state_map is not None:
                 self._state_map[:STATE_SIZE] = raw
-            elif os.pwrite(self._state_fd, raw, 0) != len(raw):
+            else:
+                assert self._state_fd is not None
                 pwrite_all(self._state_fd, raw, 0)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
         if durable or self._nfs:
-            self.fsync(self._state_fd, self.state_path)
+            try:
+                os.fsync(self._state_fd)  # type: ignore[arg-type]
+            except OSError as e:
+                self._fail(storage_error(e, "fsync", self.state_path))
         self._published, self._published_raw = state, raw
 
-    def fsync(self, fd: int, path: str) -> None:
-        """fsync, or fail this ``Log`` for good: after an fsync error the page cache may
-        have dropped the data, so nothing written here may be acknowledged again."""
+    def fsync(self, segment: Segment) -> None:
+        """fsync a segment, or fail this ``Log`` for good (see ``_fail``)."""
         try:
-            os.fsync(fd)
+            segment.flush()
         except OSError as e:
-            error = storage_error(e, "fsync", path)
-            self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
-            raise error from None
+            self._fail(storage_error(e, "fsync", segment.path))
 
+    def _fail(self, error: StorageError) -> None:
+        """After an fsync error the page cache may have dropped the data, so nothing
+        written through this handle may be acknowledged again."""
+        self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
+        raise error from None
 
-@contextlib.contextmanager
-def _reading(path: str) -> Iterator[int]:
-    """A read-only descriptor of the segment at ``path``, closed afterwards."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+    # ----------------------------------------------------------------- maintenance (under the lock)
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the active segment at ``offset`` and publish that as the log end (durably)."""
+        state = self.state()
+        base = state.active_base_offset
+        with Segment.open(segment_path(self.directory, base), base, self.config.max_message_bytes, writable=True) as active:
+            active.truncate_to(offset - base)
+            self.fsync(active)
+        if offset != state.log_end_offset:
+            self.write_state(
+                state._replace(
+                    log_end_offset=offset,
+                    flushed_offset=min(state.flushed_offset, offset),
+                    last_append_offset=min(state.last_append_offset, offset),
+                    boot_id=BOOT_ID,
+                )
+            )
+        self.close()
+
+    def write_state(self, state: PartitionState) -> None:
+        """Write the whole state record in place (created if missing), durably, and drop
+        this handle's cached view: for recovery, which rebuilds or corrects it."""
+        try:
+            fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o664)
+            try:
+                pwrite_all(fd, state.encode(), 0)
+                os.ftruncate(fd, STATE_SIZE)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise storage_error(e, "write", self.state_path) from None
+        self.close()
+
+    def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
+        """Retention's deletion: publish ``log_start_offset`` first, so readers asking
+        for older offsets get ``OffsetOutOfRange``, then rename ``segments`` aside (they
+        are unlinked later, so a reader still inside one finishes it)."""
+        state = self.writable_state()
+        self.publish(state._replace(log_start_offset=log_start_offset, boot_id=BOOT_ID), durable=True)
+        for segment in segments:
+            try:
+                os.rename(segment.path, segment.path + DELETED_SUFFIX)
+            except OSError as e:
+                raise storage_error(e, "set aside", segment.path) from None
+        fsync_dir(self.directory)
 
 
 LATEST = -1

@@ -1,28 +1,42 @@
-"""Checking and repairing a partition after a crash (``kl recover``).
+"""Checking and repairing a partition (``kl recover``): fsck for one log.
 
-What is cut without being asked: bytes past the published log end (never acknowledged)
-and a damaged tail past the stable offset (data a crash may tear; see ``Log.good_end``).
-What is only reported: damage before the stable offset, which held committed, flushed
-messages.  ``repair=True`` fixes that too, after copying the damaged segment aside: the
-damaged bytes are overwritten by one padding message that readers skip, so every later
-offset stays valid; only where no valid message follows is the log cut instead.
+What is changed without being asked: bytes past the published log end of the segment
+kl appends to (never acknowledged), a torn tail past the stable offset (data a crash may
+have torn; see ``Segment.good_end``), a killed roll's unpublished segment, zero bytes a
+closed segment holds past the next segment's base, and a missing or damaged state
+record (rebuilt from the segments).
+
+What is only reported: damage below the stable offset, which held acknowledged data
+that no crash can tear; segment files the state does not account for; files that are
+not kl's to change (Kafka 0.7 segments).  ``repair=True`` fixes damage too, after
+copying each damaged segment aside once: every damaged region is overwritten with
+padding messages that readers skip, so every later offset stays valid and no valid
+message that provably follows is lost; a segment cut short is padded up to where the
+next one begins.  Nothing valid is ever cut.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kl import message as m
 from kl.errors import CorruptState
-from kl.fsutil import fsync_dir, pwrite_all, storage_error
-from kl.log import Log, Segment
-from kl.messageset import Entry
-from kl.segment import list_segments, resync, scan, segment_name, segment_path
-from kl.state import SIZE as STATE_SIZE
+from kl.fsutil import fsync_dir, storage_error
+from kl.log import DELETED_SUFFIX, Log, SegmentInfo
+from kl.messageset import Corruption, Kind, check
+from kl.segment import SUFFIX, Damage, Segment, list_segments, segment_name, segment_path
+from kl.state import BOOT_ID, SIZE as STATE_SIZE
 from kl.state import PartitionState
+
+Progress = Callable[[int], None]
+"""Called with the number of bytes just checked."""
+_WOULD = {"cut": "would cut", "removed": "would remove", "rebuilt": "would rebuild", "set aside": "would set aside"}
 
 
 @dataclass
@@ -33,8 +47,10 @@ class Finding:
     path: str
     reason: str
     action: str
-    """"cut", "repaired", "removed", "rebuilt"; with ``dry_run`` "would cut", "would
-    remove", "would rebuild"; or "reported": damage left as it is (``repair`` fixes it)."""
+    """"cut", "repaired", "removed", "rebuilt", "set aside"; with ``dry_run`` "would cut",
+    "would remove", ...; or "reported": left as it is (``repair`` fixes damage)."""
+    kind: str = Kind.CHECKSUM.name
+    """The ``Kind`` of the problem, by name (``STATE`` for the state record)."""
 
 
 @dataclass
@@ -44,209 +60,262 @@ class RecoveryReport:
     cut_bytes: int = 0
     cut_messages: int = 0
     findings: list[Finding] = field(default_factory=list)
+    copies: dict[str, str] = field(default_factory=dict)
+    """Segment path -> the copy set aside before it was repaired (one per segment per run)."""
 
     @property
     def unrepaired(self) -> list[Finding]:
         return [f for f in self.findings if f.action == "reported"]
 
 
-def recover(log: Log, *, deep: bool = False, repair: bool = False, dry_run: bool = False) -> RecoveryReport:
+def recover(
+    log: Log, *, deep: bool = False, repair: bool = False, dry_run: bool = False, progress: Progress | None = None
+) -> RecoveryReport:
     """Check ``log`` and cut or repair what is safe (nothing at all with ``dry_run``).
 
-    ``deep`` checks every message of every segment and their continuity, not just the
-    tail.  Safe while producers and consumers run: closed segments are read without the
-    lock; the tail is checked and cut under it.
+    ``deep`` checks every message of every segment, not just sizes and the tail.  Safe
+    while producers and consumers run: everything happens under the partition lock
+    (a dry run takes no lock, so it needs no write access to the root).
     """
     report = RecoveryReport(log.directory)
-    act = not dry_run
-    with log.locked():
-        state = _state(log, report, act)
-        segments = _segments(log, state, report, act)
-        if deep:
-            _check_closed(log, state, segments[:-1], report, act and repair)
-        _check_active(log, state, segments[-1], report, act, deep, act and repair)
+    check_ = _Check(log, report, act=not dry_run, repair=repair and not dry_run, deep=deep, progress=progress)
+    with contextlib.nullcontext() if dry_run else log.locked():
+        check_.run()
     return report
 
 
-def _state(log: Log, report: RecoveryReport, act: bool) -> PartitionState:
-    """The state record, rebuilt from the segments when it is missing or damaged."""
-    try:
-        with open(log.state_path, "rb") as f:
-            return PartitionState.decode(f.read(STATE_SIZE), log.state_path)
-    except (FileNotFoundError, CorruptState) as e:
-        reason = str(e) if isinstance(e, CorruptState) else "state record is missing"
-    found = list_segments(log.directory)
-    if not found:
-        found = [(0, segment_name(0))]
-        if act:
-            os.close(os.open(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY, 0o664))
-    first, last = found[0][0], found[-1][0]
-    path = os.path.join(log.directory, found[-1][1])
-    end = 0
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            end = os.fstat(f.fileno()).st_size
-            problem = _first_problem(f.fileno(), 0, end, log)
-        end = end if problem is None else problem.position
-    state = PartitionState(first, last, last + end, last + end, last + end, 0, time.time_ns() // 1_000_000)
-    report.findings.append(Finding(last + end, log.state_path, reason, "rebuilt" if act else "would rebuild"))
-    if act:
-        _write_state(log, state)
-    return state
+class _Check:
+    def __init__(self, log: Log, report: RecoveryReport, *, act: bool, repair: bool, deep: bool, progress: Progress | None):
+        self.log, self.report, self.act, self.repair, self.deep = log, report, act, repair, deep
+        self.progress = progress or (lambda n: None)
+        self.limit = log.config.max_message_bytes
 
+    def run(self) -> None:
+        state = self._state()
+        segments = self._segments(state)
+        for segment, following in zip(segments, segments[1:]):
+            self._check_closed(segment, following.base_offset)
+        if segments:
+            self._check_active(state, segments[-1])
+        elif self.act:
+            raise CorruptState(f"partition {self.log.directory} has no active segment {segment_name(state.active_base_offset)}")
 
-def _write_state(log: Log, state: PartitionState) -> None:
-    try:
-        fd = os.open(log.state_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o664)
+    def find(self, offset: int, path: str, problem: str, action: str, kind: Kind | str) -> None:
+        name = kind.name if isinstance(kind, Kind) else kind
+        self.report.findings.append(Finding(offset, path, problem, action, name))
+
+    def would(self, done: str) -> str:
+        """The action as done, or as it would be done in a dry run."""
+        return done if self.act else _WOULD[done]
+
+    # ----------------------------------------------------------------- the state record
+
+    def _state(self) -> PartitionState:
+        """The state record, rebuilt from the segments when it is missing or damaged."""
+        log = self.log
         try:
-            pwrite_all(fd, state.encode(), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_dir(log.directory)
-    except OSError as e:
-        raise storage_error(e, "write", log.state_path) from None
-    log.close()  # the writer's cached view is stale now
+            fd = os.open(log.state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            reason = "state record is missing"
+        except OSError as e:
+            raise storage_error(e, "read", log.state_path) from None
+        else:
+            try:
+                return PartitionState.decode(os.pread(fd, STATE_SIZE, 0), log.state_path)
+            except CorruptState as e:
+                reason = str(e).removesuffix("; run 'kl recover'")
+            finally:
+                os.close(fd)
+        found = [(base, name) for base, name in list_segments(log.directory)]
+        if not found:
+            found = [(0, segment_name(0))]
+            if self.act:
+                os.close(os.open(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o664))
+        first, last = found[0][0], found[-1][0]
+        end = last
+        path = segment_path(log.directory, last)
+        if os.path.exists(path):
+            with Segment.open(path, last, self.limit) as segment:
+                end = last + _last_message_end(segment)
+        state = PartitionState(first, last, end, end, end, 0, time.time_ns() // 1_000_000, BOOT_ID)
+        self.find(end, log.state_path, f"{reason}; rebuilt to end after the last valid message", self.would("rebuilt"), "STATE")
+        if self.act:
+            log.write_state(state)
+        return state
 
+    # ----------------------------------------------------------------- which files
 
-def _segments(log: Log, state: PartitionState, report: RecoveryReport, act: bool) -> list[Segment]:
-    """The published segments; unpublished ones past the active segment are removed."""
-    for base, name in list_segments(log.directory):
-        if base > state.active_base_offset:
+    def _segments(self, state: PartitionState) -> list[SegmentInfo]:
+        """The segments the state accounts for; the others are dealt with or reported."""
+        log = self.log
+        seen: set[int] = set()
+        for base, name in list_segments(log.directory):
             path = os.path.join(log.directory, name)
-            size = os.path.getsize(path)
-            report.cut_bytes += size
-            report.findings.append(
-                Finding(base, path, "segment past the active one was never published", "removed" if act else "would remove")
-            )
-            if act:
-                os.unlink(path)
-    return log.segments(state)
+            if os.path.islink(path):
+                self.find(base, path, "segment file is a symbolic link", "reported", Kind.UNKNOWN_SEGMENT)
+            elif base < state.log_start_offset:
+                self.find(base, path, "segment below the log start was not set aside", self.would("set aside"), Kind.UNKNOWN_SEGMENT)
+                if self.act:
+                    os.rename(path, path + DELETED_SUFFIX)
+            elif base > state.active_base_offset and name.endswith(SUFFIX):
+                self.report.cut_bytes += os.path.getsize(path)
+                self.find(base, path, "segment past the active one was never published (a roll was killed)", self.would("removed"), Kind.UNKNOWN_SEGMENT)
+                if self.act:
+                    os.unlink(path)
+            elif base > state.active_base_offset:
+                self.find(base, path, "Kafka 0.7 segment past the active one; left alone (bring it in with 'kl topics import')", "reported", Kind.UNKNOWN_SEGMENT)
+            elif base in seen or path != segment_path(log.directory, base):
+                self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", Kind.UNKNOWN_SEGMENT)
+            seen.add(base)
+        segments = log.segments(state)
+        return [s for s in segments if not os.path.islink(s.path)]
 
+    # ----------------------------------------------------------------- closed segments
 
-def _check_closed(log: Log, state: PartitionState, segments: list[Segment], report: RecoveryReport, repair: bool) -> None:
-    """Every message of every closed segment, and that each ends where the next begins."""
-    for segment, following in zip(segments, segments[1:] + [None]):
-        expected = (following.base_offset if following else state.active_base_offset) - segment.base_offset
-        report.checked_bytes += segment.size_in_bytes
-        while True:  # each repair may uncover the next damage in the same segment
-            with open(segment.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                problem = _first_problem(f.fileno(), 0, size, log)
-            if problem is None and size != expected:
-                reason = f"segment holds {size} bytes but the next begins after {expected}"
-                problem = Entry(min(size, expected), 0, -1, 0, reason)
-            if problem is None or not _corruption(log, state, segment, expected, problem, report, repair):
-                break
+    def _check_closed(self, info: SegmentInfo, next_base: int) -> None:
+        """A closed segment must hold valid messages ending exactly at the next base."""
+        expected = next_base - info.base_offset
+        with Segment.open(info.path, info.base_offset, self.limit, writable=self.act) as segment:
+            size = segment.size_in_bytes()
+            if self.deep:
+                damages: Iterator[Damage] = segment.damage(0, expected)
+                self.report.checked_bytes += size
+                self.progress(size)
+            else:
+                damages = _size_damage(segment, size, expected)
+            for damage in list(damages):
+                self._damaged(segment, damage, active=False)
 
+    # ----------------------------------------------------------------- the active segment
 
-def _check_active(
-    log: Log, state: PartitionState, active: Segment, report: RecoveryReport, act: bool, deep: bool, repair: bool
-) -> None:
-    base = state.active_base_offset
-    with open(active.path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size
-        stable = state.stable_offset - base
-        if deep:
-            report.checked_bytes += min(stable, file_size)
-            while True:  # each repair may uncover the next damage
-                problem = _first_problem(f.fileno(), 0, min(stable, file_size), log)
-                if problem is None and file_size < stable:
-                    problem = Entry(file_size, 0, -1, 0, f"file ends before the committed end {state.stable_offset}")
-                if problem is None:
-                    break
-                if not _corruption(log, state, active, state.log_end_offset - base, problem, report, repair):
-                    return
-        report.checked_bytes += max(file_size - stable, 0)
-        end, why = log.good_end(f.fileno(), state, file_size)
-        if end < stable:
-            if not deep:
-                _corruption(log, state, active, state.log_end_offset - base, Entry(end, 0, -1, 0, why or ""), report, repair)
-            return
+    def _check_active(self, state: PartitionState, info: SegmentInfo) -> None:
+        base = state.active_base_offset
         published = state.log_end_offset - base
-        if end == file_size == published:
+        stable = state.stable_offset - base
+        with Segment.open(info.path, base, self.limit, writable=self.act) as segment:
+            file_size = segment.size_in_bytes()
+            checked = min(stable, file_size)
+            if self.deep:
+                self.report.checked_bytes += checked
+                self.progress(checked)
+                for damage in list(segment.damage(0, stable)):
+                    if damage.problem.kind is Kind.LONG_FILE:
+                        break  # the tail past the stable offset is checked below
+                    self._damaged(segment, damage, active=True)
+            self.report.checked_bytes += max(file_size - checked, 0)
+            self.progress(max(file_size - checked, 0))
+            file_size = segment.size_in_bytes()
+            end, why = segment.good_end(stable, state.last_append_offset - base, published)
+            if end < stable:
+                if not self.deep:
+                    problem = Damage(end, published, Corruption(Kind.SHORT_FILE, why or "file ends early"), False)
+                    self._damaged(segment, problem, active=True)
+                return
+            if end == file_size == published:
+                return
+            if segment.foreign and file_size > published:
+                self.find(base + published, info.path, f"{file_size - published} bytes past the log end in a Kafka 0.7 segment "
+                          "kl did not write; left alone (bring it in with 'kl topics import')", "reported", Kind.UNKNOWN_SEGMENT)
+                return
+            self.report.cut_bytes += file_size - end
+            self.report.cut_messages += _message_starts(segment, end, file_size)
+            reason = why or f"{file_size - published} bytes past the log end were never published"
+            self.find(base + end, info.path, reason, self.would("cut"), Kind.INCOMPLETE)
+        if self.act:
+            self.log.truncate_to(base + end)
+
+    # ----------------------------------------------------------------- damage
+
+    def _damaged(self, segment: Segment, damage: Damage, *, active: bool) -> None:
+        """Report ``damage``; with ``repair``, copy the segment aside (once) and pad over
+        it.  Zero bytes past a closed segment's end hold nothing and are cut unasked."""
+        offset = segment.base_offset + damage.start
+        kind, reason = damage.problem.kind, damage.problem.reason
+        if kind is Kind.LONG_FILE and "zero" in reason and not active:
+            self.report.cut_bytes += damage.end - damage.start
+            self.find(offset, segment.path, reason, self.would("cut"), kind)
+            if self.act:
+                segment.truncate_to(damage.start)
+                self.log.fsync(segment)
             return
-        report.cut_bytes += file_size - end
-        report.cut_messages += _message_starts(f.fileno(), end, file_size, log)
-        reason = why or f"{file_size - end} bytes past the log end were never published"
-        report.findings.append(Finding(base + end, active.path, reason, "cut" if act else "would cut"))
-    if act:
-        _truncate_active(log, state, end)
+        if not self.repair:
+            self.find(offset, segment.path, reason, "reported", kind)
+            return
+        if segment.foreign:
+            self.find(offset, segment.path, f"{reason}; kl does not change Kafka 0.7 segments", "reported", kind)
+            return
+        aside = self._copy_aside(segment)
+        if kind is Kind.LONG_FILE:
+            segment.truncate_to(damage.start)
+            self.log.fsync(segment)
+            self.report.cut_bytes += damage.end - damage.start
+            self.find(offset, segment.path, reason, f"cut: nothing can be read there, original kept as {aside}", kind)
+            return
+        gap = damage.end - damage.start
+        if gap < m.HEADER_SIZE:
+            self.find(offset, segment.path, f"{reason}; {gap} bytes are too few to pad", "reported", kind)
+            return
+        count = segment.pad(damage.start, damage.end)
+        self.log.fsync(segment)
+        how = f"{gap} bytes padded ({count} padding message{'s' if count != 1 else ''})"
+        self.find(offset, segment.path, reason, f"repaired: {how}, original kept as {aside}", kind)
+
+    def _copy_aside(self, segment: Segment) -> str:
+        aside = self.report.copies.get(segment.path)
+        if aside is None:
+            aside = f"{segment.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
+            try:
+                shutil.copy2(segment.path, aside)
+                with open(aside, "rb") as f:
+                    os.fsync(f.fileno())
+                fsync_dir(os.path.dirname(aside))
+            except OSError as e:
+                raise storage_error(e, "copy aside", segment.path) from None
+            self.report.copies[segment.path] = aside
+        return aside
 
 
-def _truncate_active(log: Log, state: PartitionState, end: int) -> None:
-    base = state.active_base_offset
-    path = segment_path(log.directory, base)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        try:
-            os.ftruncate(fd, end)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise storage_error(e, "truncate", path) from None
-    log_end = base + end
-    if log_end != state.log_end_offset:
-        _write_state(
-            log,
-            state._replace(
-                log_end_offset=log_end,
-                flushed_offset=min(state.flushed_offset, log_end),
-                last_append_offset=min(state.last_append_offset, log_end),
-            ),
-        )
-    else:
-        log.close()
+def _size_damage(segment: Segment, size: int, expected: int) -> Iterator[Damage]:
+    """Without reading messages: a closed segment shorter or longer than it must be."""
+    if size < expected:
+        where = segment.base_offset + size
+        yield Damage(size, expected, Corruption(Kind.SHORT_FILE, f"file ends at offset {where}, before the next segment's "
+                                                  f"base {segment.base_offset + expected}"), False)
+    elif size > expected:
+        yield from (d for d in segment.damage(expected, expected) if d.problem.kind is Kind.LONG_FILE)
 
 
-def _first_problem(fd: int, start: int, end: int, log: Log) -> Entry | None:
-    for entry in scan(fd, start, end, log.config.max_message_bytes):
-        if entry.problem is not None:
-            return entry
+def _last_message_end(segment: Segment) -> int:
+    """Where the last valid message of a segment ends, stepping over damaged messages
+    (by their length when it holds, else to the next place a valid message starts)."""
+    size = segment.size_in_bytes()
+    position = end = 0
+    while position < size:
+        stop, count = segment.chain(position, size)
+        if count:
+            end = stop
+        if stop >= size:
+            break
+        bad = next(e for e in segment.scan(stop, size) if e.problem is not None)
+        if bad.size > 0 and stop + bad.size < size and segment.chain(stop + bad.size, size)[1]:
+            position = stop + bad.size
+            continue
+        position = _next_valid(segment, stop + 1, size)
+        if position is None:
+            break
+    return end
+
+
+def _next_valid(segment: Segment, start: int, size: int) -> int | None:
+    """The first position from ``start`` where a valid message begins."""
+    with mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as data:
+        for position in range(start, size - m.HEADER_SIZE + 1):
+            if any(data[position : position + m.LENGTH_SIZE]) and check(data, position, size, segment.max_message_bytes).problem is None:
+                return position
     return None
 
 
-def _message_starts(fd: int, start: int, end: int, log: Log) -> int:
+def _message_starts(segment: Segment, start: int, end: int) -> int:
     """Messages (complete or not) beginning in ``[start, end)``, as far as they can be told."""
-    count = 0
-    for entry in scan(fd, start, end, log.config.max_message_bytes):
-        count += 1
-        if entry.problem is not None:
-            break
-    return count
-
-
-def _corruption(
-    log: Log, state: PartitionState, segment: Segment, expected: int, problem: Entry, report: RecoveryReport, repair: bool
-) -> bool:
-    """Report damage at ``problem.position`` of ``segment`` (which should hold ``expected``
-    bytes); with ``repair``, copy the segment aside and pad over the damage, or, in the
-    active segment when no valid message follows it, cut the log there.  True when the
-    segment was padded (and may be checked again for more damage)."""
-    offset = segment.base_offset + problem.position
-    reason = problem.problem or "damaged"
-    if not repair:
-        report.findings.append(Finding(offset, segment.path, reason, "reported"))
-        return False
-    active = segment.base_offset == state.active_base_offset
-    aside = f"{segment.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
-    try:
-        shutil.copy2(segment.path, aside)
-        with open(segment.path, "r+b") as f:
-            resume = resync(f.fileno(), problem.position + 1, expected, log.config.max_message_bytes)
-            gap = (expected if resume is None else resume) - problem.position
-            if gap >= m.HEADER_SIZE and not (active and resume is None):
-                pwrite_all(f.fileno(), m.encode(b"\0" * (gap - m.HEADER_SIZE), None, 0, m.ATTR_PADDING), problem.position)
-                os.fsync(f.fileno())
-                report.findings.append(Finding(offset, segment.path, reason, f"repaired: {gap} bytes padded, original kept as {aside}"))
-                return True
-    except OSError as e:
-        raise storage_error(e, "repair", segment.path) from None
-    if not active or resume is not None:  # never cut valid messages that follow
-        report.findings.append(Finding(offset, segment.path, f"{reason}; {gap} bytes are too few to pad", "reported"))
-        return False
-    _truncate_active(log, log.state(), problem.position)
-    report.cut_bytes += expected - problem.position
-    report.findings.append(Finding(offset, segment.path, reason, f"cut: nothing valid follows, original kept as {aside}"))
-    return False
+    stop, count = segment.chain(start, end)
+    return count + (1 if stop < end else 0)

@@ -19,17 +19,16 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from kl.fsutil import fsync_dir, storage_error
-from kl.log import Log, Segment
+from kl.log import DELETED_SUFFIX, Log, SegmentInfo
 
-DELETED_SUFFIX = ".deleted"
 DEFAULT_DELETE_DELAY = 60.0
+__all__ = ["DELETED_SUFFIX", "DEFAULT_DELETE_DELAY", "RetentionReport", "retain"]
 
 
 @dataclass
 class RetentionReport:
     directory: str
-    deleted: list[Segment] = field(default_factory=list)
+    deleted: list[SegmentInfo] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     log_start_offset: int = 0
     unlinked: int = 0
@@ -55,7 +54,7 @@ def retain(
     max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
     now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(log.directory)
-    with log.locked():
+    with contextlib.nullcontext() if dry_run else log.locked():
         segments = log.segments()
         total = sum(s.size_in_bytes for s in segments)
         for segment, following in zip(segments, segments[1:]):  # the active segment is never a candidate
@@ -68,33 +67,22 @@ def retain(
                 break
             report.deleted.append(segment)
             total -= segment.size_in_bytes
-        state = log.state() if dry_run else log.writable_state()
-        report.log_start_offset = state.log_start_offset
+        report.log_start_offset = segments[0].base_offset if segments else log.state().log_start_offset
         if report.deleted and not dry_run:
             report.log_start_offset = segments[len(report.deleted)].base_offset
-            log.publish(state._replace(log_start_offset=report.log_start_offset), durable=True)
-            for segment in report.deleted:
-                _set_aside(segment.path)
-            fsync_dir(log.directory)
+            log.delete_segments(report.deleted, report.log_start_offset)
     if not dry_run:
         report.unlinked = _unlink_set_aside(log.directory, delete_delay)
     return report
 
 
-def _newest_ms(log: Log, segment: Segment, following: Segment) -> int | None:
+def _newest_ms(log: Log, segment: SegmentInfo, following: SegmentInfo) -> int | None:
     """An upper bound on the timestamps in ``segment``: the next segment's first one."""
     newest = log.first_timestamp(following)
     if newest is None:
         with contextlib.suppress(FileNotFoundError):
             return int(os.stat(segment.path).st_mtime * 1000)
     return newest
-
-
-def _set_aside(path: str) -> None:
-    try:
-        os.rename(path, path + DELETED_SUFFIX)
-    except OSError as e:
-        raise storage_error(e, "set aside", path) from None
 
 
 def _unlink_set_aside(directory: str, delay: float) -> int:

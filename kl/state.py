@@ -5,10 +5,13 @@ readers take no lock and read it first, so they never look past ``log_end_offset
 never see a message set that is partial or not yet published.  The record carries a
 CRC32; a reader that catches it mid-update reads again.  See ``man/kl-format.5``.
 
-``stable_offset`` splits the log in two.  Below it, data was both flushed and followed by
-a later append, so a bad message there is corruption.  From it to the log end lies only
-what a crash can tear (the last append, and anything not yet fsynced): a bad message
-there is a torn tail, which readers stop at and recovery may cut.
+The *stable offset* splits the published log in two.  Below it, no crash can have torn
+the data, so a bad message there is corruption.  From it to the log end lies what a
+power cut or kernel crash may have torn: data that was not yet fsynced when the machine
+went down.  Which data that is depends on the boot the record was written in: while the
+kernel that wrote it still runs (``boot_id`` is this boot's), everything published is
+in its page cache and intact, so the stable offset is the log end; after a reboot (or
+when another host wrote it) only what was fsynced is trusted: ``flushed_offset``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+import uuid
 import zlib
 from typing import NamedTuple
 
@@ -25,11 +29,29 @@ STATE_FILE = "state"
 TAG = b"klst"
 DELETED_TAG = b"kldl"
 """Written over the record by ``kl topics delete`` so writers holding it open notice."""
-VERSION = 1
-RECORD = struct.Struct(">4sBQQQQQIQ")
+VERSION = 2
+RECORD = struct.Struct(">4sBQQQQQIQ16s")
+RECORD_V1 = struct.Struct(">4sBQQQQQIQ")
+"""Version 1 (kl 0.1) had no boot id; it is read, and rewritten as version 2 by the next writer."""
 CRC = struct.Struct(">I")
 SIZE = RECORD.size + CRC.size
+SIZE_V1 = RECORD_V1.size + CRC.size
+VERSION_OFFSET = 4
+NO_BOOT = bytes(16)
 _READ_ATTEMPTS = 20
+
+
+def _boot_id() -> bytes:
+    """This kernel's boot id (Linux), or ``NO_BOOT`` where there is none to be had."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return uuid.UUID(f.read().strip()).bytes
+    except (OSError, ValueError):
+        return NO_BOOT
+
+
+BOOT_ID = _boot_id()
+"""The boot this process runs in; a record written in it vouches for all it publishes."""
 
 
 class PartitionState(NamedTuple):
@@ -44,14 +66,19 @@ class PartitionState(NamedTuple):
     """Where the latest append began."""
     unflushed_messages: int
     flushed_at_ms: int
+    boot_id: bytes = NO_BOOT
+    """The boot of the kernel that wrote the record (``NO_BOOT``: unknown)."""
 
     @property
     def stable_offset(self) -> int:
-        return min(self.flushed_offset, self.last_append_offset)
+        """Below it a bad message is corruption; from it to the log end, a torn tail."""
+        if self.boot_id == BOOT_ID and BOOT_ID != NO_BOOT:
+            return self.log_end_offset
+        return self.flushed_offset
 
     @classmethod
     def empty(cls, base_offset: int = 0) -> PartitionState:
-        return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, time.time_ns() // 1_000_000)
+        return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, time.time_ns() // 1_000_000, BOOT_ID)
 
     def encode(self) -> bytes:
         record = RECORD.pack(TAG, VERSION, *self)
@@ -59,26 +86,31 @@ class PartitionState(NamedTuple):
 
     @classmethod
     def decode(cls, data: bytes, path: str) -> PartitionState:
-        """Raises ``CorruptState`` when the record is short, unknown or fails its checksum."""
-        if len(data) < SIZE:
-            raise CorruptState(f"partition state {path} is {len(data)} bytes, expected {SIZE}")
-        record = data[: RECORD.size]
-        if CRC.unpack_from(data, RECORD.size)[0] != zlib.crc32(record):
-            raise CorruptState(f"partition state {path} fails its checksum")
-        tag, version, *fields = RECORD.unpack(record)
+        """Raises ``CorruptState`` when the record is short, unknown or fails its checksum,
+        and ``TopicNotFound`` when it is the deleted mark."""
+        version = data[VERSION_OFFSET] if len(data) > VERSION_OFFSET else -1
+        layout = {VERSION: RECORD, 1: RECORD_V1}.get(version)
+        if layout is None:
+            raise CorruptState(f"partition state {path} has unknown version {version}; run 'kl recover'")
+        if len(data) < layout.size + CRC.size:
+            raise CorruptState(f"partition state {path} is {len(data)} bytes, expected {layout.size + CRC.size}; run 'kl recover'")
+        record = data[: layout.size]
+        if CRC.unpack_from(data, layout.size)[0] != zlib.crc32(record):
+            raise CorruptState(f"partition state {path} fails its checksum; run 'kl recover'")
+        tag, _, *fields = layout.unpack(record)
         if tag == DELETED_TAG:
             raise TopicNotFound(f"partition {os.path.dirname(path)} was deleted")
-        if tag != TAG or version != VERSION:
-            raise CorruptState(f"partition state {path} has unknown tag {tag!r} version {version}")
+        if tag != TAG:
+            raise CorruptState(f"partition state {path} has unknown tag {tag!r}; run 'kl recover'")
         state = cls(*fields)
         if not state.log_start_offset <= state.active_base_offset <= state.log_end_offset:
-            raise CorruptState(f"partition state {path} has inconsistent offsets {state}")
+            raise CorruptState(f"partition state {path} has inconsistent offsets {state}; run 'kl recover'")
         return state
 
 
 def deleted_record() -> bytes:
     """The record that marks a partition deleted."""
-    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0)
+    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT)
     return record + CRC.pack(zlib.crc32(record))
 
 

@@ -70,6 +70,14 @@ def write_at(path: Path | str, position: int, data: bytes) -> None:
         f.write(data)
 
 
+def as_if_rebooted(log: kl.Log) -> None:
+    """Rewrite the partition's state as if written before a reboot: data not yet fsynced
+    then is what a crash may have torn (the stable offset becomes the flushed offset)."""
+    state = log.state()._replace(boot_id=b"\x01" * 16)
+    with open(log.state_path, "r+b") as f:
+        f.write(state.encode())
+
+
 def snapshot(directory: Path | str) -> dict[str, bytes]:
     """Every regular file of a directory (not recursive), name -> bytes."""
     out = {}

@@ -22,6 +22,8 @@ from click.testing import CliRunner, Result
 import kl
 from kl_cli.main import cli
 
+from faultlib import as_if_rebooted
+
 TS = 1_700_000_000_000
 DAY_MS = 86_400_000
 KL = [sys.executable, "-m", "kl_cli"]
@@ -59,16 +61,17 @@ def usage_error(root: str, *args: str) -> str:
 
 
 def make(root: str, topic: str = "t", values=(b"1", b"2", b"3"), *, config: kl.TopicConfig | None = None,
-         appends: int = 1, timestamp: int = TS, compression: str | None = None) -> Path:
+         appends: int = 1, timestamp: int = TS, compression: str | None = None, flush: bool = True) -> Path:
     """Create ``topic`` and write ``values`` ``appends`` times (one append each); return
-    partition 0's directory."""
+    partition 0's directory.  ``flush=False`` leaves the last append unflushed."""
     r = kl.Root(root)
     if topic not in r.topics():
-        r.create_topic(topic, config)
+        r.create_topic(topic, config or kl.TopicConfig(flush_ms=0))
     producer = kl.Producer(r, compression=compression)
-    for _ in range(appends):
+    for i in range(appends):
         producer.send_batch(topic, list(values), partition=0, timestamp=timestamp)
-    producer.close()
+        if flush or i < appends - 1:
+            producer.flush()
     r.close()
     return Path(root) / topic / "0"
 
@@ -102,7 +105,7 @@ def consume(root: str, topic: str = "t") -> list[str]:
 
 def test_recover_a_clean_topic(kl_root):
     make(kl_root)
-    assert out(kl_root, "recover") == ["t/0: ok (69 bytes checked)"]
+    assert out(kl_root, "recover") == ["t/0: ok (0 bytes checked)"]
 
 
 def test_recover_cuts_a_garbage_tail_and_a_second_run_is_clean(kl_root):
@@ -113,12 +116,27 @@ def test_recover_cuts_a_garbage_tail_and_a_second_run_is_clean(kl_root):
         "t/0: fixed: offset 69: 320 bytes past the log end were never published [cut]; cut 320 bytes (1 message)"
     ]
     assert segment.stat().st_size == 69
-    assert out(kl_root, "recover", "t") == ["t/0: ok (69 bytes checked)"]
+    assert out(kl_root, "recover", "t") == ["t/0: ok (0 bytes checked)"]
     assert consume(kl_root) == ["1", "2", "3"]
 
 
-def test_recover_keeps_the_complete_messages_of_a_file_ending_inside_one(kl_root):
+def reboot(root: str, topic: str = "t") -> None:
+    """Mark the partition's state as written before a reboot: its unflushed data may be torn."""
+    as_if_rebooted(kl.Root(root).log(topic, 0))
+
+
+def test_a_file_cut_in_the_boot_that_wrote_it_is_damage_not_a_torn_tail(kl_root):
     segment = make(kl_root, appends=2) / SEGMENT0
+    os.truncate(segment, 69 + 23 + 5)
+    assert out(kl_root, "recover", code=3) == [
+        "t/0: damaged: offset 97: file ends at offset 97, before the committed end 138 [left as it is]"
+    ]
+    assert segment.stat().st_size == 97
+
+
+def test_recover_keeps_the_complete_messages_of_a_file_ending_inside_one(kl_root):
+    segment = make(kl_root, appends=2, flush=False) / SEGMENT0
+    reboot(kl_root)
     os.truncate(segment, 69 + 23 + 5)  # the second append: one message whole, the next torn
     assert out(kl_root, "recover") == [
         "t/0: fixed: offset 92: file ends inside the message at offset 92 [cut]; cut 5 bytes (1 message)"
@@ -127,7 +145,8 @@ def test_recover_keeps_the_complete_messages_of_a_file_ending_inside_one(kl_root
 
 
 def test_recover_drops_the_whole_last_append_when_a_message_in_it_is_bad(kl_root):
-    segment = make(kl_root, appends=2) / SEGMENT0
+    segment = make(kl_root, appends=2, flush=False) / SEGMENT0
+    reboot(kl_root)
     flip_bit(segment, 69 + 23 + 22)  # the value of the second message of the last append
     assert out(kl_root, "recover") == [
         (
@@ -170,7 +189,7 @@ def test_repair_pads_over_the_damage_after_copying_the_segment_aside(kl_root):
     damaged = segment.read_bytes()
     [line] = out(kl_root, "recover", "--deep", "--repair")
     assert re.fullmatch(
-        rf"t/0: fixed: offset 23: checksum mismatch \[repaired: 23 bytes padded, original kept as "
+        rf"t/0: fixed: offset 23: checksum mismatch \[repaired: 23 bytes padded \(1 padding message\), original kept as "
         rf"{re.escape(str(segment))}\.damaged-\d{{8}}T\d{{6}}-[0-9a-f]{{6}}\]",
         line,
     ), line
@@ -188,13 +207,13 @@ def test_recover_json_is_one_object_per_partition(kl_root):
     rows = [json.loads(line) for line in out(kl_root, "recover", "--json")]
     assert rows == [
         {
-            "topic": "t", "partition": 0, "status": "fixed", "checked_bytes": 389, "cut_bytes": 320, "cut_messages": 1,
+            "topic": "t", "partition": 0, "status": "fixed", "checked_bytes": 320, "cut_bytes": 320, "cut_messages": 1,
             "findings": [{
                 "offset": 69, "path": str(Path(kl_root) / "t" / "0" / SEGMENT0),
-                "reason": "320 bytes past the log end were never published", "action": "cut",
+                "reason": "320 bytes past the log end were never published", "action": "cut", "kind": "INCOMPLETE",
             }],
         },
-        {"topic": "u", "partition": 0, "status": "ok", "checked_bytes": 69, "cut_bytes": 0, "cut_messages": 0, "findings": []},
+        {"topic": "u", "partition": 0, "status": "ok", "checked_bytes": 0, "cut_bytes": 0, "cut_messages": 0, "findings": []},
     ]
 
 
@@ -209,9 +228,9 @@ def test_recover_without_topics_covers_every_partition_of_every_topic(kl_root):
     assert out(kl_root, "recover") == [
         "a/0: ok (0 bytes checked)",
         "a/1: ok (0 bytes checked)",
-        "b/0: ok (69 bytes checked)",
+        "b/0: ok (0 bytes checked)",
     ]
-    assert out(kl_root, "recover", "b") == ["b/0: ok (69 bytes checked)"]
+    assert out(kl_root, "recover", "b") == ["b/0: ok (0 bytes checked)"]
 
 
 def test_recover_an_unknown_topic_is_an_error(kl_root):
@@ -448,10 +467,10 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
     directory = small_topic(kl_root)
     segment = directory / "00000000000000001024.kl"
     flip_bit(segment, 64 + 25)  # message m000000034, at offset 1088
-    assert out(kl_root, "recover", code=0) == ["t/0: ok (32 bytes checked)"]  # only the last append: not seen
+    assert out(kl_root, "recover", code=0) == ["t/0: ok (0 bytes checked)"]  # sizes and the tail only: not seen
     assert out(kl_root, "recover", "--deep", code=3) == ["t/0: damaged: offset 1088: checksum mismatch [left as it is]"]
     [line] = out(kl_root, "recover", "--deep", "--repair")
-    assert line.startswith("t/0: fixed: offset 1088: checksum mismatch [repaired: 32 bytes padded, original kept as ")
+    assert line.startswith("t/0: fixed: offset 1088: checksum mismatch [repaired: 32 bytes padded (1 padding message), original kept as ")
     [aside] = [p for p in directory.iterdir() if ".damaged-" in p.name]
     assert out(kl_root, "dump", str(aside), code=3)[-2:] == [
         "offset: 1088 position: 64 size: 32 valid: no",

@@ -3,8 +3,9 @@ length fields, and kill -9 of producer processes (leveldb style: small named cas
 
 The layout every damage case starts from (``layout``): one partition whose active
 segment holds set A (5 messages) and set B (5 messages), both flushed, then set C (3
-messages, one with a key), the last append.  So ``stable_offset`` is where C starts: C
-is the tail a crash may tear, A and B are committed data.
+messages, one with a key), the last append, not yet fsynced; then the machine
+"reboots" (the state is marked as written in another boot).  So ``stable_offset`` is
+where C starts: C is the tail a crash may tear, A and B are committed data.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kl.recovery import recover
 from faultlib import (
     OrderChecker,
     append_bytes,
+    as_if_rebooted,
     flip_bit,
     fresh_log,
     payload,
@@ -76,6 +78,8 @@ def build(root: kl.Root, *, compression: str | None = None, config: kl.TopicConf
     producer.close()  # flushes A and B
     c = producer.send_batch("t", [b"c0", b"c1" * 5, b"c2" * 3], keys=[None, b"key", None], partition=0, timestamp=TS + 2)
     log = root.log("t", 0)
+    assert log.state().stable_offset == log.state().log_end_offset  # this boot wrote it: all of it is intact
+    as_if_rebooted(log)
     state = log.state()
     assert state.stable_offset == c[0].offset == state.last_append_offset
     assert state.flushed_offset == c[0].offset < state.log_end_offset == c[-1].next_offset
@@ -398,6 +402,7 @@ def test_damage_in_unflushed_data_before_the_last_append_ends_the_data_there(roo
     producer.send_batch("t", [b"b%d" % i for i in range(3)], partition=0, timestamp=TS)  # unflushed
     producer.send_batch("t", [b"c%d" % i for i in range(3)], partition=0, timestamp=TS)  # the last append
     log = root.log("t", 0)
+    as_if_rebooted(log)
     messages = read_log(log)
     assert log.state().stable_offset == messages[3].offset
     flip_bit(Path(log.segments()[0].path), (messages[4].offset + 23) * 8)

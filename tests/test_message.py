@@ -71,7 +71,7 @@ def test_crc_of_old_magics_covers_the_payload_only():
 
 def test_a_zero_filled_message_is_not_valid():
     zeros = bytes(64)
-    assert check(zeros, 0, len(zeros), MAX).problem == "bad length 0"
+    assert check(zeros, 0, len(zeros), MAX).problem.reason == "bad length 0"
     with pytest.raises(kl.CorruptMessage):
         list(message_set(zeros))
 
@@ -79,7 +79,7 @@ def test_a_zero_filled_message_is_not_valid():
 def test_an_empty_magic_2_message_with_zero_crc_is_rejected():
     body = bytes(12)  # timestamp 0, key length 0, no value: a header of zeros
     data = struct.pack(">iBBI", 18, 2, 0, 0) + body
-    assert check(data, 0, len(data), MAX).problem == "checksum mismatch"
+    assert check(data, 0, len(data), MAX).problem.reason == "checksum mismatch"
 
 
 # ----------------------------------------------------------------- round trips
@@ -187,7 +187,7 @@ def test_magic_1_snappy_wrapper_raises_unsupported_codec():
 def test_unknown_magic_is_a_problem():
     data = bytearray(m.encode(b"x"))
     data[m.MAGIC_OFFSET] = 3
-    assert check(bytes(data), 0, len(data), MAX).problem == "unknown magic 3"
+    assert check(bytes(data), 0, len(data), MAX).problem.reason == "unknown magic 3"
 
 
 # ----------------------------------------------------------------- lengths
@@ -206,23 +206,23 @@ def test_unknown_magic_is_a_problem():
 )
 def test_impossible_lengths_are_rejected(length, problem):
     data = with_length(m.encode(b"x" * 40), length)
-    assert check(data, 0, len(data), MAX).problem == problem
+    assert check(data, 0, len(data), MAX).problem.reason == problem
 
 
 def test_length_below_magic_0_minimum_is_rejected():
     data = with_length(v0(b"abc"), 4)
-    assert check(data, 0, len(data), MAX).problem == "bad length 4"
+    assert check(data, 0, len(data), MAX).problem.reason == "bad length 4"
 
 
 def test_length_below_magic_1_minimum_is_rejected():
     data = with_length(v1(b"abc"), 5)
-    assert check(data, 0, len(data), MAX).problem == "bad length 5"
+    assert check(data, 0, len(data), MAX).problem.reason == "bad length 5"
 
 
 def test_length_above_max_message_bytes_is_rejected():
     data = m.encode(b"x" * 100)
     assert check(data, 0, len(data), len(data)).problem is None
-    assert check(data, 0, len(data), len(data) - 1).problem == f"bad length {len(data) - 4}"
+    assert check(data, 0, len(data), len(data) - 1).problem.reason == f"bad length {len(data) - 4}"
 
 
 def test_huge_length_is_rejected_without_allocating():
@@ -238,7 +238,7 @@ def test_huge_length_is_rejected_without_allocating():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert entry.problem == first.problem == f"bad length {0x7FFFFFFF}"
+    assert entry.problem.reason == first.problem.reason == f"bad length {0x7FFFFFFF}"
     assert peak < 1 << 20
 
 
@@ -251,20 +251,20 @@ def test_a_length_within_a_2_gib_limit_but_past_the_buffer_is_cut_off_without_al
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert entry.problem == INCOMPLETE
+    assert entry.problem.kind is INCOMPLETE
     assert got == []
     assert peak < 1 << 20
 
 
 def test_a_length_that_runs_past_the_buffer_is_incomplete():
     data = m.encode(b"x" * 10)
-    assert check(data[:-1], 0, len(data) - 1, MAX).problem == INCOMPLETE
+    assert check(data[:-1], 0, len(data) - 1, MAX).problem.kind is INCOMPLETE
 
 
 def test_a_bad_key_length_is_a_problem_even_with_a_matching_crc():
     body = struct.pack(">qi", 0, 50) + b"short"
     data = struct.pack(">iBBI", 6 + len(body), 2, 0, m.crc_of(2, 0, body)) + body
-    assert check(data, 0, len(data), MAX).problem == "bad key length 50"
+    assert check(data, 0, len(data), MAX).problem.reason == "bad key length 50"
     with pytest.raises(kl.CorruptMessage, match="bad key length"):
         list(message_set(data))
 
@@ -272,7 +272,7 @@ def test_a_bad_key_length_is_a_problem_even_with_a_matching_crc():
 def test_key_length_below_minus_one_is_a_problem():
     body = struct.pack(">qi", 0, -2) + b"v"
     data = struct.pack(">iBBI", 6 + len(body), 2, 0, m.crc_of(2, 0, body)) + body
-    assert check(data, 0, len(data), MAX).problem == "bad key length -2"
+    assert check(data, 0, len(data), MAX).problem.reason == "bad key length -2"
 
 
 # ----------------------------------------------------------------- every single-bit flip is detected

@@ -109,18 +109,18 @@ def test_entries_stop_at_the_first_problem_and_include_it():
     good = frame([b"a"], 1)
     data = good + bytes(30) + good
     entries = list(message_set(data).entries())
-    assert [e.problem for e in entries] == [None, "bad length 0"]
+    assert [e.problem and e.problem.reason for e in entries] == [None, "bad length 0"]
 
 
 def test_entries_report_a_cut_off_message_as_incomplete():
     data = frame([b"a", b"b"], 1)[:-3]
-    assert [e.problem for e in message_set(data).entries()] == [None, INCOMPLETE]
+    assert [e.problem and e.problem.kind for e in message_set(data).entries()] == [None, INCOMPLETE]
 
 
 def test_check_reports_a_header_cut_short_as_incomplete():
     data = m.encode(b"x")
     for cut in range(0, 5):
-        assert check(data[:cut], 0, cut, MAX).problem == INCOMPLETE
+        assert check(data[:cut], 0, cut, MAX).problem.kind is INCOMPLETE
 
 
 def test_valid_bytes_counts_complete_valid_messages():

@@ -16,7 +16,7 @@ from kl.recovery import recover
 from kl.segment import list_segments, segment_name
 from kl.state import STATE_FILE
 
-from faultlib import append_bytes, flip_bit, fresh_log, read_log, shrink_to, snapshot
+from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, snapshot
 
 TS = 1_700_000_000_000
 NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)
@@ -79,6 +79,7 @@ def test_a_torn_last_append_is_cut_back_to_its_start(root):
     log = make(root, n=3)
     start = log.state().log_end_offset
     kl.Producer(root).send_batch("t", [b"a" * 10, b"b" * 10, b"c" * 10], partition=0, timestamp=TS)
+    as_if_rebooted(log)
     shrink_to(active_path(log), start + 32 + 5)
     report = recover(fresh_log(log))
     assert report.cut_bytes == 5 and report.cut_messages == 1
@@ -182,16 +183,41 @@ def test_a_lost_state_record_is_rebuilt_from_the_segments(root, how):
     assert [msg.value for msg in read_log(fresh_log(log))] == expected + [b"after"]
 
 
-def test_a_closed_segment_shorter_than_the_next_base_is_reported_by_a_deep_check(root):
+def test_a_closed_segment_shorter_than_the_next_base_is_reported_by_a_shallow_and_a_deep_check(root):
     log = make(root, ROLLING, 70)
+    messages = read_log(log)
     first = directory(log) / segment_name(0)
     shrink_to(first, first.stat().st_size - 10)
-    assert not recover(fresh_log(log)).findings  # the tail check does not look there
     before = snapshot(log.directory)
-    report = recover(fresh_log(log), deep=True)
-    assert [f.action for f in report.findings] == ["reported"]
-    assert report.findings[0].path == str(first)
+    for deep in (False, True):
+        report = recover(fresh_log(log), deep=deep)
+        assert [(f.action, f.kind) for f in report.findings] == [("reported", "SHORT_FILE" if not deep else "INCOMPLETE")]
+        assert report.findings[0].path == str(first)
     assert snapshot(log.directory) == before
+    report = recover(fresh_log(log), deep=True, repair=True)
+    assert report.findings[0].action.startswith("repaired: 32 bytes padded")
+    assert first.stat().st_size == 1024  # padded up to the next segment's base
+    assert not recover(fresh_log(log), deep=True).findings
+    assert read_log(fresh_log(log)) == messages[:31] + messages[32:]
+
+
+def test_zero_bytes_past_a_closed_segments_end_are_cut_and_other_bytes_only_with_repair(root):
+    log = make(root, ROLLING, 70)
+    messages = read_log(log)
+    first = directory(log) / segment_name(0)
+    append_bytes(first, bytes(100))
+    report = recover(fresh_log(log), deep=True)
+    assert [(f.action, f.kind, f.reason) for f in report.findings] == [
+        ("cut", "LONG_FILE", "100 zero bytes past the segment's end 1024")
+    ]
+    assert first.stat().st_size == 1024
+    append_bytes(first, frame([b"stray"], TS))
+    assert [(f.action, f.kind) for f in recover(fresh_log(log), deep=True).findings] == [("reported", "LONG_FILE")]
+    report = recover(fresh_log(log), deep=True, repair=True)
+    assert report.findings[0].action.startswith("cut: nothing can be read there, original kept as")
+    assert first.stat().st_size == 1024
+    assert not recover(fresh_log(log), deep=True).findings
+    assert read_log(fresh_log(log)) == messages
 
 
 def test_repairing_two_damaged_messages_loses_only_those_two(root):
@@ -235,17 +261,19 @@ def test_a_second_repair_does_not_overwrite_the_first_copy_aside(root, monkeypat
     assert kept == sorted([first_damage, second_damage])
 
 
-def test_repair_where_nothing_valid_follows_cuts_the_active_segment_and_keeps_a_copy(root):
+def test_repair_where_nothing_valid_follows_pads_to_the_log_end_and_keeps_a_copy(root):
     log = make(root, n=6)
     messages = read_log(log)
+    end = log.state().log_end_offset
     path = active_path(log)
     flip_bit(path, (messages[4].offset + 25) * 8)  # committed
-    shrink_to(path, messages[5].offset + 20)  # and the last append torn: no valid chain follows
+    shrink_to(path, messages[5].offset + 20)  # and the file cut: no valid chain follows
     assert recover(fresh_log(log), deep=True).unrepaired
     report = recover(fresh_log(log), deep=True, repair=True)
-    assert report.findings[0].action.startswith("cut")
+    assert report.findings[0].action.startswith("repaired")
     assert [p for p in path.parent.iterdir() if ".damaged-" in p.name]
     assert read_log(fresh_log(log)) == messages[:4]
+    assert log.state().log_end_offset == end == os.path.getsize(path)  # no offset handed out is taken back
     assert not recover(fresh_log(log), deep=True).findings
 
 

@@ -1,0 +1,91 @@
+"""The background flush: keeps a topic's time rule (``flush_ms``) for producers that go idle.
+
+The flush policy is checked at each append, so without help the data a producer appended
+last would stay unflushed until it appended again or closed.  A ``Log`` that publishes
+unflushed data schedules itself here; one daemon thread per process flushes each log
+when its time comes (``Log.flush``: fsync outside the lock, then publish the flushed
+offset), and an exit handler flushes what is still pending when the interpreter exits.
+
+Fork-safe: a forked child starts with nothing scheduled and starts its own thread when
+it first needs one (the parent flushes what it wrote).
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from kl.errors import KlError, TopicNotFound
+
+if TYPE_CHECKING:
+    from kl.log import Log
+
+log = logging.getLogger(__name__)
+
+_cond = threading.Condition()
+_queue: list[tuple[float, int, Log]] = []
+_tie = itertools.count()
+_thread: threading.Thread | None = None
+
+
+def schedule(target: Log, delay: float) -> None:
+    """Flush ``target`` in ``delay`` seconds (it is flushed once, however often asked)."""
+    global _thread
+    with _cond:
+        if target.flush_scheduled:
+            return
+        target.flush_scheduled = True
+        heapq.heappush(_queue, (time.monotonic() + max(delay, 0.0), next(_tie), target))
+        if _thread is None:
+            _thread = threading.Thread(target=_run, name="kl-flusher", daemon=True)
+            _thread.start()
+        _cond.notify()
+
+
+def _run() -> None:
+    while True:
+        with _cond:
+            while not _queue or _queue[0][0] > time.monotonic():
+                _cond.wait(None if not _queue else _queue[0][0] - time.monotonic())
+            _, _, target = heapq.heappop(_queue)
+            target.flush_scheduled = False
+        _flush(target)
+
+
+def _flush(target: Log) -> None:
+    try:
+        target.flush()
+    except TopicNotFound:
+        pass  # deleted meanwhile: nothing left to flush
+    except KlError as e:
+        log.warning("background flush of %s failed: %s", target.directory, e)
+
+
+def flush_pending() -> None:
+    """Flush every scheduled log now (at interpreter exit)."""
+    with _cond:
+        pending = [target for _, _, target in _queue]
+        _queue.clear()
+        for target in pending:
+            target.flush_scheduled = False
+    for target in pending:
+        _flush(target)
+
+
+def _forked() -> None:
+    global _thread, _cond
+    _cond = threading.Condition()
+    for _, _, target in _queue:
+        target.flush_scheduled = False
+    _queue.clear()
+    _thread = None
+
+
+os.register_at_fork(after_in_child=_forked)
+atexit.register(flush_pending)
