@@ -25,6 +25,7 @@ import errno
 import logging
 import mmap
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -32,17 +33,18 @@ from typing import NamedTuple
 
 from kl import flusher, locks
 from kl import message as m
-from kl.config import TopicConfig
+from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import (
     CorruptMessage,
     CorruptState,
+    InvalidConfig,
     InvalidOffset,
     LockTimeout,
     OffsetOutOfRange,
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
+from kl.fsutil import FILE_MODE, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import SUFFIX, Segment, list_segments, segment_path
@@ -520,7 +522,9 @@ class Log:
         """Under the lock: the state, with the active segment open and its tail sound.
 
         On NFS the state file is opened afresh (close-to-open consistency): the lock
-        revalidates only the lock file's cache, not the state's.
+        revalidates only the lock file's cache, not the state's.  Raises
+        ``TopicNotFound`` when the partition was deleted (or its topic created again
+        with other settings: the caller must look the topic up afresh).
         """
         if self._nfs is None:
             problem = nfs_locking_problem(self.directory)
@@ -536,13 +540,7 @@ class Log:
             if raw == self._published_raw and time.monotonic() < self._recheck_at:
                 assert self._published is not None
                 return self._published  # nobody appended since we did: the tail is ours
-            try:
-                state = PartitionState.decode(raw, self.state_path)
-            except TopicNotFound:  # deleted with kl topics delete: maybe created again
-                self.close()
-                if reopened:
-                    raise
-                return self.writable_state(reopened=True)
+            state = PartitionState.decode(raw, self.state_path)  # TopicNotFound for kl topics delete's mark
             if self._active is None or state.active_base_offset != self._active.base_offset:
                 if self._active is not None:
                     self._active.close()
@@ -563,9 +561,9 @@ class Log:
         except BaseException:
             self.close()
             raise
-        if gone:  # removed or replaced by hand, maybe created again: start afresh from the paths
+        if gone:  # removed or replaced by hand: start afresh from the paths
             self.close()
-            if reopened:
+            if reopened or self._config_changed():
                 raise TopicNotFound(f"partition {self.directory} was deleted")
             return self.writable_state(reopened=True)
         self._recheck_at = time.monotonic() + RECHECK_SECONDS
@@ -573,6 +571,15 @@ class Log:
             state = self._repair_tail(state, file_size)
             self._tail_checked = True
         return state
+
+    def _config_changed(self) -> bool:
+        """The topic's config on disk differs from this log's (it was created again)."""
+        path = os.path.join(os.path.dirname(self.directory), CONFIG_FILE)
+        try:
+            with open(path, "rb") as f:
+                return TopicConfig.from_json(f.read(), path) != self.config
+        except (OSError, InvalidConfig):
+            return True
 
     def _open_state(self) -> None:
         """Open (and on local disks map) the state record; a version 1 record is
@@ -746,6 +753,35 @@ class Log:
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
         self.close()
+
+    def adopt(self, segments: list[SegmentInfo]) -> None:
+        """Copy checked segment files from elsewhere into this empty partition (each to
+        a temporary name, fsynced, renamed in), remove its other, empty, segment files,
+        and publish the copies as the whole log."""
+        incoming = {os.path.basename(s.path) for s in segments}
+        for info in segments:
+            target = os.path.join(self.directory, os.path.basename(info.path))
+            tmp = os.path.join(self.directory, f".import-{os.urandom(6).hex()}")
+            try:
+                shutil.copyfile(info.path, tmp, follow_symlinks=False)
+                fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, FILE_MODE)
+                os.rename(tmp, target)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise storage_error(e, "import", target) from None
+        for _, name in list_segments(self.directory):
+            if name not in incoming:
+                os.unlink(os.path.join(self.directory, name))
+        fsync_dir(self.directory)
+        first, last = segments[0], segments[-1]
+        end = last.base_offset + last.size_in_bytes
+        self.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, time.time_ns() // 1_000_000, BOOT_ID))
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from kl import message as m
-from kl.errors import InvalidConfig, MessageTooLarge
+from kl.errors import InvalidConfig, MessageTooLarge, TopicNotFound
 from kl.log import Log
 from kl.messageset import frame, wrap
 from kl.topic import Root
@@ -78,7 +78,19 @@ class Producer:
     def send(
         self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None, timestamp: int | None = None
     ) -> Appended:
-        """Append one message; returns where it landed."""
+        """Append one message; returns where it landed.
+
+        A topic deleted and created again while this producer lives is looked up afresh
+        (its partitions and limits may have changed): the send goes to the new topic.
+        """
+        try:
+            return self._send(topic, value, key, partition, timestamp)
+        except TopicNotFound:
+            if not self._refreshed(topic):
+                raise
+            return self._send(topic, value, key, partition, timestamp)
+
+    def _send(self, topic: str, value: bytes, key: bytes | None, partition: int | None, timestamp: int | None) -> Appended:
         if partition is None:
             partition = self._partition(topic, key)
         log = self.root.log(topic, partition)
@@ -119,21 +131,26 @@ class Producer:
             groups = self._group(topic, values, keys)
             for vals, ks in groups.values():
                 self._check_batch(topic, vals, ks)
-            return [a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts)]
+            return [
+                a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None)
+            ]
         self._check_batch(topic, values, keys)
         if partition is None:
             first, count = self._partition(topic, None), self.root.config(topic).partitions
             targets: Iterator[int] = ((first + i) % count for i in itertools.count())
         else:
             targets = itertools.repeat(partition)
-        return self._append(topic, targets, values, keys, ts)
+        return self._append(topic, targets, values, keys, ts, partition)
 
     def flush(self) -> None:
         """fsync every partition this producer wrote to since the last flush."""
         with self._guard:
             written, self._written = self._written, set()
         for log in written:
-            log.flush()
+            try:
+                log.flush()
+            except TopicNotFound:
+                pass  # deleted meanwhile: nothing of it is left to flush
 
     def close(self) -> None:
         """Flush what was written; the producer stays usable."""
@@ -176,25 +193,47 @@ class Producer:
             largest = max(len(v) + len(k or b"") for v, k in zip(values, keys))
         self._check_size(topic, largest + m.HEADER_SIZE)
 
+    def _refreshed(self, topic: str) -> bool:
+        """Forget what is cached of ``topic``; True if it exists (again)."""
+        self.root.forget(topic)
+        try:
+            self.root.config(topic)
+        except TopicNotFound:
+            return False
+        return True
+
     def _append(
-        self, topic: str, targets: Iterator[int], values: Sequence[bytes], keys: Sequence[bytes | None] | None, ts: int
+        self,
+        topic: str,
+        targets: Iterator[int],
+        values: Sequence[bytes],
+        keys: Sequence[bytes | None] | None,
+        ts: int,
+        partition: int | None,
     ) -> list[Appended]:
-        """Frame, compress and append ``values`` chunk by chunk, each to the next target."""
+        """Frame, compress and append ``values`` chunk by chunk, each to the next target;
+        what is left when the topic turns out to have been created again goes to the new one."""
         config = self.root.config(topic)
         limit = min(self.batch_bytes, config.segment_bytes)
         if self.codec:
             limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
         out = []
         for start, stop in _chunks(values, keys, limit):
-            partition = next(targets)
-            log = self.root.log(topic, partition)
+            target = next(targets)
+            log = self.root.log(topic, target)
             data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
             if self.codec:
                 wrapped = wrap(data, self.codec, ts)
                 if len(wrapped) <= config.max_message_bytes:
                     data = wrapped
-            offset = log.append(data, stop - start, fsync=self.fsync)
-            out.append(Appended(topic, partition, offset, offset + len(data), stop - start))
+            try:
+                offset = log.append(data, stop - start, fsync=self.fsync)
+            except TopicNotFound:
+                if not self._refreshed(topic):
+                    raise
+                rest = None if keys is None else keys[start:]
+                return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=ts)
+            out.append(Appended(topic, target, offset, offset + len(data), stop - start))
             if log not in self._written:
                 self._note(log)
         return out

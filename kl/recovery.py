@@ -148,7 +148,6 @@ class _Check:
     def _segments(self, state: PartitionState) -> list[SegmentInfo]:
         """The segments the state accounts for; the others are dealt with or reported."""
         log = self.log
-        seen: set[int] = set()
         for base, name in list_segments(log.directory):
             path = os.path.join(log.directory, name)
             if os.path.islink(path):
@@ -164,9 +163,8 @@ class _Check:
                     os.unlink(path)
             elif base > state.active_base_offset:
                 self.find(base, path, "Kafka 0.7 segment past the active one; left alone (bring it in with 'kl topics import')", "reported", Kind.UNKNOWN_SEGMENT)
-            elif base in seen or path != segment_path(log.directory, base):
+            elif path != segment_path(log.directory, base):
                 self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", Kind.UNKNOWN_SEGMENT)
-            seen.add(base)
         segments = log.segments(state)
         return [s for s in segments if not os.path.islink(s.path)]
 
@@ -316,6 +314,18 @@ def _next_valid(segment: Segment, start: int, size: int) -> int | None:
 
 
 def _message_starts(segment: Segment, start: int, end: int) -> int:
-    """Messages (complete or not) beginning in ``[start, end)``, as far as they can be told."""
-    stop, count = segment.chain(start, end)
-    return count + (1 if stop < end else 0)
+    """Messages (complete, damaged or cut off) beginning in ``[start, end)``, as far as
+    they can be told: each damaged one is stepped over to the proven resync point."""
+    count, position = 0, start
+    while position < end:
+        stop, valid = segment.chain(position, end)
+        count += valid
+        if stop >= end:
+            break
+        count += 1
+        bad = next(e for e in segment.scan(stop, end) if e.problem is not None)
+        found = segment.resync(bad, end)
+        if found is None:
+            break
+        position = found
+    return count

@@ -151,7 +151,7 @@ def test_recover_drops_the_whole_last_append_when_a_message_in_it_is_bad(kl_root
     assert out(kl_root, "recover") == [
         (
             "t/0: fixed: offset 69: checksum mismatch at offset 92 (drops the last append, from 69) [cut]; "
-            "cut 69 bytes (2 messages)"
+            "cut 69 bytes (3 messages)"
         )
     ]
     assert consume(kl_root) == ["1", "2", "3"]

@@ -1,0 +1,122 @@
+"""Bringing existing segment files in as a topic's partitions (``kl topics import``).
+
+Each source directory holds one partition's segment files, kl's (``.kl``) or Kafka
+0.7's (``.kafka``).  Every file is checked first, all of them before anything changes:
+names, continuity (each segment ends where the next begins), every message, and sizes
+against the topic's limit.  What cannot be adopted is refused with the reason.  The
+files are then copied into the partition (the sources are left as they are) and
+adopted into its state: the log starts at the first segment's base offset and ends
+where the last one ends.  Kafka 0.7 segments are read, never written: the next append
+starts a new ``.kl`` segment after them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kl.config import MiB, TopicConfig
+from kl.errors import InvalidConfig, KlError
+from kl.log import SegmentInfo
+from kl.segment import Segment, list_segments
+from kl.topic import Root
+
+SCAN_LIMIT = 2**31 - 1
+"""The largest message believed while checking files that belong to no topic yet."""
+
+
+class ImportRefused(KlError):
+    """Segment files that cannot be adopted as they are (damaged, discontinuous, too big)."""
+
+
+@dataclass(frozen=True)
+class ImportedPartition:
+    partition: int
+    source: str
+    segments: int
+    log_start_offset: int
+    log_end_offset: int
+    largest_message_bytes: int
+
+
+def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
+    """The segments of ``directory`` and its largest message, or ``ImportRefused``."""
+    if not os.path.isdir(directory) or os.path.islink(directory):
+        raise ImportRefused(f"{directory} is not a directory")
+    found = list_segments(directory)
+    if not found:
+        raise ImportRefused(f"{directory} holds no segment files (NNNNNNNNNNNNNNNNNNNN.kl or .kafka)")
+    segments: list[SegmentInfo] = []
+    largest = 0
+    for base, name in found:
+        path = os.path.join(directory, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise ImportRefused(f"{path} is not a regular file")
+        if segments and base == segments[-1].base_offset:
+            raise ImportRefused(f"{directory} holds two segment files with base offset {base}")
+        if segments and segments[-1].base_offset + segments[-1].size_in_bytes != base:
+            before = segments[-1]
+            raise ImportRefused(
+                f"{before.path} ends at offset {before.base_offset + before.size_in_bytes}, "
+                f"but the next segment begins at {base}"
+            )
+        with Segment.open(path, base, SCAN_LIMIT) as segment:
+            size = segment.size_in_bytes()
+            for damage in segment.damage(0, size):
+                raise ImportRefused(f"{path}: {damage.problem.reason} at offset {base + damage.start}; see 'kl dump {path}'")
+            for entry in segment.scan(0, size):
+                largest = max(largest, entry.size)
+        segments.append(SegmentInfo(base, path, size))
+    return segments, largest
+
+
+def import_topic(root: Root, name: str, directories: list[str], config: TopicConfig | None = None) -> list[ImportedPartition]:
+    """Adopt each directory's segments as partition 0, 1, ... of topic ``name``.
+
+    The topic is created when missing (with ``config``, its partition count set to the
+    number of directories and its size limit raised to the largest message found);
+    an existing topic must have that many partitions or more, each still empty.
+    Raises ``ImportRefused`` (nothing changed) and the usual ``KlError``s.
+    """
+    if not directories:
+        raise ImportRefused("give at least one directory of segment files")
+    checked = [check_directory(directory) for directory in directories]
+    largest = max(size for _, size in checked)
+    if name not in root.topics():
+        base = config or TopicConfig()
+        limit = max(base.max_message_bytes, largest)
+        try:
+            wanted = TopicConfig(**{**base.__dict__, "partitions": len(directories), "max_message_bytes": limit,
+                                    "segment_bytes": max(base.segment_bytes, limit)})
+        except InvalidConfig as e:
+            raise ImportRefused(f"cannot create topic {name!r} for these files: {e}") from None
+        root.create_topic(name, wanted)
+    existing = root.config(name)
+    if existing.partitions < len(directories):
+        raise ImportRefused(f"topic {name!r} has {existing.partitions} partitions, fewer than {len(directories)} directories")
+    if largest > existing.max_message_bytes:
+        raise ImportRefused(
+            f"a message of {largest} bytes exceeds topic {name!r}'s max_message_bytes {existing.max_message_bytes}"
+            f" (at most {max(largest, MiB)} would do)"
+        )
+    logs = [root.log(name, p) for p in range(len(directories))]
+    for p, (log, (segments, _)) in enumerate(zip(logs, checked)):
+        state = log.state()
+        if state.log_end_offset != 0:
+            raise ImportRefused(f"partition {p} of topic {name!r} is not empty (it ends at {state.log_end_offset})")
+        incoming = {os.path.basename(s.path) for s in segments}
+        for _, present in list_segments(log.directory):
+            path = os.path.join(log.directory, present)
+            if present not in incoming and os.path.getsize(path) > 0:
+                raise ImportRefused(f"partition {p} of topic {name!r} holds {present}, which is not being imported; move it away first")
+    out = []
+    for p, (log, (segments, biggest), directory) in enumerate(zip(logs, checked, directories)):
+        with log.locked():
+            log.adopt(segments)
+        out.append(
+            ImportedPartition(
+                p, directory, len(segments), segments[0].base_offset,
+                segments[-1].base_offset + segments[-1].size_in_bytes, biggest,
+            )
+        )
+    return out
