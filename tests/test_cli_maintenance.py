@@ -25,7 +25,7 @@ from kl_cli.main import cli
 TS = 1_700_000_000_000
 DAY_MS = 86_400_000
 KL = [sys.executable, "-m", "kl_cli"]
-KAFKA07_SEGMENT = Path(__file__).resolve().parents[2] / "shared" / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+KAFKA07_SEGMENT = Path(__file__).resolve().parent / "data" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
 SMALL_SEGMENTS = kl.TopicConfig(segment_bytes=1024, max_message_bytes=512)
 """32 messages of 32 bytes to a segment."""
 GARBAGE = b"garbage!" * 40
@@ -362,7 +362,7 @@ def test_dump_a_segment_file_needs_no_root(kl_root, tmp_path):
 
 
 def test_dump_the_kafka_0_7_segment(kl_root):
-    assert KAFKA07_SEGMENT.exists(), f"the shared Kafka 0.7 sample is missing: {KAFKA07_SEGMENT}"
+    assert KAFKA07_SEGMENT.exists(), f"the Kafka 0.7 sample is missing: {KAFKA07_SEGMENT}"
     lines = out(kl_root, "dump", str(KAFKA07_SEGMENT), "--print-data")
     assert len(lines) == 1 + 100
     assert lines[1] == "offset: 0 position: 0 size: 109 magic: 0 codec: none timestamp: - valid: yes key: - value: " + "x" * 100

@@ -18,7 +18,7 @@ from kl.recovery import recover
 from faultlib import append_bytes, flip_bit, read_log, shrink_to
 
 TS = 1_700_000_000_000
-KAFKA07 = Path(__file__).resolve().parents[2] / "shared" / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+KAFKA07 = Path(__file__).resolve().parent / "data" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
 NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)
 
 
