@@ -78,7 +78,7 @@ def make(root: kl.Root, config: kl.TopicConfig = NO_FLUSH) -> kl.Log:
 
 def paths(log: kl.Log) -> tuple[str, str]:
     state = log.state()
-    return os.path.join(log.directory, "%020d.kl" % state.active_base_offset), os.path.join(log.directory, STATE_FILE)
+    return os.path.join(log.directory, f"{state.active_base_offset:020d}.kl"), os.path.join(log.directory, STATE_FILE)
 
 
 # ----------------------------------------------------------------- fsync before acknowledging
@@ -230,6 +230,7 @@ def test_kill_9_with_fsync_loses_no_acknowledged_message(tmp_path):
     print("\n" + report.summary())
     assert report.trials == DURABLE_TRIALS and report.acked_messages > 0
     assert not report.problems, report.summary()
+    assert report.kills_with_torn_tail > 0, "no kill left a torn tail"
 
 
 # ----------------------------------------------------------------- real mounts
@@ -304,7 +305,7 @@ def test_producing_into_a_full_filesystem_fails_cleanly_and_leaves_the_partition
         free(ballast, room)
     before = snapshot(log.directory)
     state = log.state()
-    for attempt in range(2):  # and again: the failure left nothing behind to trip over
+    for _ in range(2):  # and again: the failure left nothing behind to trip over
         with pytest.raises(kl.StorageError, match="no space left on device") as e:
             producer.send_batch("t", [b"z" * 1000] * 60, partition=0, timestamp=TS)
         assert "\n" not in str(e.value)
