@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import kl
+
 from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -404,7 +404,9 @@ def test_dump_marks_bytes_past_the_published_end_which_are_not_damage(kl_root):
 def test_dump_deep_lists_the_messages_of_a_compressed_batch(kl_root):
     make(kl_root, values=[b"a", b"bb"], compression="zstd")
     lines = out(kl_root, "dump", "t", "--deep", "--print-data")
-    assert re.fullmatch(rf"offset: 0 position: 0 size: \d+ magic: 2 codec: zstd timestamp: {TS} valid: yes key: - value: \(compressed\)", lines[1])
+    assert re.fullmatch(
+        rf"offset: 0 position: 0 size: \d+ magic: 2 codec: zstd timestamp: {TS} valid: yes key: - value: \(compressed\)", lines[1]
+    )
     assert lines[2:] == [
         f"  inner: 0 timestamp: {TS} key: - value_size: 1 value: a",
         f"  inner: 1 timestamp: {TS} key: - value_size: 2 value: bb",
@@ -457,7 +459,9 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
         "offset: 1088 position: 64 size: 32 valid: no",
         "stopped at offset 1088 (position 64): checksum mismatch",
     ]
-    assert out(kl_root, "dump", str(segment))[3] == "offset: 1088 position: 64 size: 32 magic: 2 codec: padding timestamp: - valid: yes key: -"
+    assert out(kl_root, "dump", str(segment))[3] == (
+        "offset: 1088 position: 64 size: 32 magic: 2 codec: padding timestamp: - valid: yes key: -"
+    )
     values = consume(kl_root)
     assert len(values) == 99 and "m000000034" not in values
     assert out(kl_root, "recover", "--deep") == ["t/0: ok (3200 bytes checked)"]

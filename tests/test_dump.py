@@ -3,6 +3,7 @@ kl's own or Kafka 0.7's; it stops at the first bad message and says why."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import struct
 import tracemalloc
@@ -146,7 +147,7 @@ def test_the_kafka_0_7_sample_segment_lists_100_magic_0_messages():
     assert {r.codec for r in records} == {"none"}
     assert all(r.timestamp is None and r.key is None for r in records)
     assert records[0].offset == 0
-    assert all(b.offset == a.offset + a.size for a, b in zip(records, records[1:]))
+    assert all(b.offset == a.offset + a.size for a, b in itertools.pairwise(records))
     assert records[-1].offset + records[-1].size == KAFKA07.stat().st_size
     assert all(r.value == b"x" * (r.size - 9) for r in records)
 
