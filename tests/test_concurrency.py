@@ -17,6 +17,7 @@ import pytest
 import kl
 
 from conftest import read_all
+from faultlib import tail_facts
 
 FORK = multiprocessing.get_context("fork")
 SPAWN = multiprocessing.get_context("spawn")
@@ -261,22 +262,30 @@ def _batches_forever(path, writer):
 
 
 def test_writers_killed_mid_append_never_leave_a_torn_message(tmp_path):
+    """Writers are killed at random moments until three kills have landed mid-append
+    (bytes past the published end, or a segment a roll never published)."""
     root = kl.Root(tmp_path)
     root.create_topic("killed", kl.TopicConfig(segment_bytes=1 << 20, flush_messages=0, flush_ms=0))
+    directory = root.log("killed", 0).directory
     rng = random.Random(7)
-    for writer in range(6):
-        p = FORK.Process(target=_batches_forever, args=(str(tmp_path), writer))
+    kills = mid_append = 0
+    last = 0xFFFF  # the writer number of the clean append after the kills
+    while mid_append < 3:
+        assert kills < 300, f"only {mid_append} of {kills} kills landed mid-append"
+        p = FORK.Process(target=_batches_forever, args=(str(tmp_path), kills))
         p.start()
-        time.sleep(rng.uniform(0.05, 0.3))
+        time.sleep(rng.uniform(0.02, 0.1))
         p.kill()
         p.join()
-    kl.Producer(kl.Root(tmp_path)).send("killed", record(99, 0, 0) + bytes(400))
+        kills += 1
+        mid_append += any(tail_facts(directory))  # the next writer repairs it
+    kl.Producer(kl.Root(tmp_path)).send("killed", record(last, 0, 0) + bytes(400))
     seqs: dict[int, list[int]] = {}
     for msg in read_all(kl.Root(tmp_path), "killed"):
         writer, seq, _ = RECORD.unpack_from(msg.value)[:3]
-        assert msg.value == record(writer, seq, seq - seq % 200 if writer != 99 else 0) + bytes(400)
+        assert msg.value == record(writer, seq, seq - seq % 200 if writer != last else 0) + bytes(400)
         seqs.setdefault(writer, []).append(seq)
-    assert seqs.pop(99) == [0]
+    assert seqs.pop(last) == [0]
     for writer, seen in seqs.items():
         assert seen == list(range(len(seen))), f"writer {writer}"
         assert len(seen) % 200 == 0, f"writer {writer}: a batch was cut ({len(seen)} messages)"
