@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import kl
+from kl.segment import segment_name
 from kl.state import STATE_FILE, PartitionState, read_state
 
 from faultlib import fresh_log, read_log, run_kill_trials, snapshot
@@ -272,7 +273,7 @@ def unsynced_at_each_ack(sequence: list[str]) -> list[bool]:
 def traced_topic(root) -> str:
     """Topic "t" with the flush policy off; the path of its segment (resolved, as traced)."""
     root.create_topic("t", NO_FLUSH)
-    return os.path.realpath(os.path.join(root.log("t", 0).directory, "0" * 20 + ".kl"))
+    return os.path.realpath(os.path.join(root.log("t", 0).directory, segment_name(0)))
 
 
 @pytest.mark.parametrize("tracer", TRACERS)
