@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 import kl
+
 from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-"""``../shared`` next to the repository root: the project's shared reference files."""
+DATA = Path(__file__).resolve().parent / "data"
+"""Test data shipped with the tests (see ``tests/data/README.md``)."""
 
-KAFKA07_SEGMENT = SHARED / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+KAFKA07_SEGMENT = DATA / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+"""A segment written by Kafka 0.7: 100 messages of magic 0, 109 bytes each."""
 
 MAX = 1 << 20
 """A max_message_bytes for in-memory message sets."""
@@ -143,7 +145,7 @@ def flipped(data: bytes, bit: int) -> bytes:
 
 
 __all__ = [
-    "KAFKA07_SEGMENT", "MAX", "SHARED", "active_segment", "flip_bit", "flip_byte", "flipped", "grow_by",
+    "DATA", "KAFKA07_SEGMENT", "MAX", "active_segment", "flip_bit", "flip_byte", "flipped", "grow_by",
     "message_set", "partition_dir", "read_all", "segment_files", "shrink_to", "v0", "v1", "values_of",
     "with_length", "write", "write_each",
 ]

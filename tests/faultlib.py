@@ -187,9 +187,10 @@ class OrderChecker:
 
 TOPIC = "crash"
 HARNESS_CONFIG = kl.TopicConfig(
-    segment_bytes=256 << 10, max_message_bytes=64 << 10, flush_messages=500, flush_ms=20, retention_ms=0
+    segment_bytes=128 << 10, max_message_bytes=64 << 10, flush_messages=500, flush_ms=20, retention_ms=0
 )
-"""Small segments so trials also kill writers mid-roll; a flush policy so the stable
+"""Segments of 128 KiB against batches of up to ~50 KiB, so that kills land mid-roll (an
+unpublished segment left behind) in about one trial in ten; a flush policy so the stable
 offset lags the log end by varying amounts."""
 _ACK = struct.Struct(">IH")
 """batch number, message count: written to the pipe after send returned."""
@@ -223,7 +224,8 @@ class KillReport:
             f"kill -9 trials: {self.trials} (seed {self.seed}, fsync {self.fsync}) in {self.seconds:.1f}s",
             f"  producers started {self.producers}, killed by SIGKILL {self.killed}",
             f"  acknowledged: {self.acked_batches} batches, {self.acked_messages} messages",
-            f"  torn tails left by a kill: {self.kills_with_torn_tail}; unpublished segments left by a killed roll: {self.orphan_segments}",
+            f"  torn tails left by a kill: {self.kills_with_torn_tail}; "
+            f"unpublished segments left by a killed roll: {self.orphan_segments}",
             f"  final log: {self.final_messages} messages in {self.final_batches} batches over {self.segments} segments "
             f"({self.unacked_batches_present} complete batches were published but never acknowledged)",
             f"  reader: {self.reader_messages} messages checked while tailing",
@@ -286,7 +288,7 @@ def _read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _tail_facts(directory: str) -> tuple[int, int]:
+def tail_facts(directory: str) -> tuple[int, int]:
     """(bytes past the published end in the active segment, unpublished segments)."""
     state = read_state(os.path.join(directory, STATE_FILE))
     torn = os.path.getsize(os.path.join(directory, segment_name(state.active_base_offset))) - (
@@ -347,7 +349,7 @@ def run_kill_trials(
                 os.close(w)
                 procs.append((p, r, producer_no, error_path, time.monotonic() + rng.uniform(0.001, max_delay)))
                 report.producers += 1
-            for p, r, producer_no, error_path, deadline in sorted(procs, key=lambda x: x[4]):
+            for p, *_, deadline in sorted(procs, key=lambda x: x[4]):
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
@@ -370,7 +372,7 @@ def run_kill_trials(
                     acked[(trial, producer_no, batch)] = count
                     report.acked_batches += 1
                     report.acked_messages += count
-            torn, orphans = _tail_facts(directory)
+            torn, orphans = tail_facts(directory)
             report.kills_with_torn_tail += torn > 0
             report.orphan_segments += orphans > 0
             if progress_every and (trial + 1) % progress_every == 0:
@@ -380,7 +382,7 @@ def run_kill_trials(
         producer = kl.Producer(root, fsync=True)
         marker = [payload((MARKER_TRIAL, 0, 0, i), 3) for i in range(3)]
         producer.send_batch(TOPIC, marker, partition=0)
-        torn, orphans = _tail_facts(directory)
+        torn, orphans = tail_facts(directory)
         if torn:
             report.problems.append(f"the producer after the last kill left {torn} bytes past the published end")
 
@@ -460,5 +462,5 @@ def run_kill_trials(
 __all__ = [
     "HARNESS_CONFIG", "KillReport", "MARKER_TRIAL", "OrderChecker", "TOPIC", "append_bytes",
     "flip_bit", "fresh_log", "parse_payload", "payload", "read_log", "run_kill_trials", "shrink_to", "snapshot",
-    "write_at",
+    "tail_facts", "write_at",
 ]

@@ -27,7 +27,7 @@ from faultlib import as_if_rebooted
 TS = 1_700_000_000_000
 DAY_MS = 86_400_000
 KL = [sys.executable, "-m", "kl_cli"]
-KAFKA07_SEGMENT = Path(__file__).resolve().parents[2] / "shared" / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+KAFKA07_SEGMENT = Path(__file__).resolve().parent / "data" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
 SMALL_SEGMENTS = kl.TopicConfig(segment_bytes=1024, max_message_bytes=512)
 """32 messages of 32 bytes to a segment."""
 GARBAGE = b"garbage!" * 40
@@ -381,7 +381,7 @@ def test_dump_a_segment_file_needs_no_root(kl_root, tmp_path):
 
 
 def test_dump_the_kafka_0_7_segment(kl_root):
-    assert KAFKA07_SEGMENT.exists(), f"the shared Kafka 0.7 sample is missing: {KAFKA07_SEGMENT}"
+    assert KAFKA07_SEGMENT.exists(), f"the Kafka 0.7 sample is missing: {KAFKA07_SEGMENT}"
     lines = out(kl_root, "dump", str(KAFKA07_SEGMENT), "--print-data")
     assert len(lines) == 1 + 100
     assert lines[1] == "offset: 0 position: 0 size: 109 magic: 0 codec: none timestamp: - valid: yes key: - value: " + "x" * 100
@@ -423,7 +423,9 @@ def test_dump_marks_bytes_past_the_published_end_which_are_not_damage(kl_root):
 def test_dump_deep_lists_the_messages_of_a_compressed_batch(kl_root):
     make(kl_root, values=[b"a", b"bb"], compression="zstd")
     lines = out(kl_root, "dump", "t", "--deep", "--print-data")
-    assert re.fullmatch(rf"offset: 0 position: 0 size: \d+ magic: 2 codec: zstd timestamp: {TS} valid: yes key: - value: \(compressed\)", lines[1])
+    assert re.fullmatch(
+        rf"offset: 0 position: 0 size: \d+ magic: 2 codec: zstd timestamp: {TS} valid: yes key: - value: \(compressed\)", lines[1]
+    )
     assert lines[2:] == [
         f"  inner: 0 timestamp: {TS} key: - value_size: 1 value: a",
         f"  inner: 1 timestamp: {TS} key: - value_size: 2 value: bb",
@@ -476,7 +478,9 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
         "offset: 1088 position: 64 size: 32 valid: no",
         "stopped at offset 1088 (position 64): checksum mismatch",
     ]
-    assert out(kl_root, "dump", str(segment))[3] == "offset: 1088 position: 64 size: 32 magic: 2 codec: padding timestamp: - valid: yes key: -"
+    assert out(kl_root, "dump", str(segment))[3] == (
+        "offset: 1088 position: 64 size: 32 magic: 2 codec: padding timestamp: - valid: yes key: -"
+    )
     values = consume(kl_root)
     assert len(values) == 99 and "m000000034" not in values
     assert out(kl_root, "recover", "--deep") == ["t/0: ok (3200 bytes checked)"]

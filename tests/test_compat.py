@@ -1,7 +1,7 @@
 """Reading a real Kafka 0.7 segment (magic 0), in memory and as part of a kl partition.
 
-The file lives in ``../shared/compat`` next to the repository; these tests fail (not skip)
-when it is missing.
+The file ships in ``tests/data`` (see its README); these tests fail (not skip) when it is
+missing.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ kl's own or Kafka 0.7's; it stops at the first bad message and says why."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import struct
 import tracemalloc
@@ -18,7 +19,7 @@ from kl.recovery import recover
 from faultlib import append_bytes, flip_bit, read_log, shrink_to
 
 TS = 1_700_000_000_000
-KAFKA07 = Path(__file__).resolve().parents[2] / "shared" / "compat" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
+KAFKA07 = Path(__file__).resolve().parent / "data" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
 NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)
 
 
@@ -146,7 +147,7 @@ def test_the_kafka_0_7_sample_segment_lists_100_magic_0_messages():
     assert {r.codec for r in records} == {"none"}
     assert all(r.timestamp is None and r.key is None for r in records)
     assert records[0].offset == 0
-    assert all(b.offset == a.offset + a.size for a, b in zip(records, records[1:]))
+    assert all(b.offset == a.offset + a.size for a, b in itertools.pairwise(records))
     assert records[-1].offset + records[-1].size == KAFKA07.stat().st_size
     assert all(r.value == b"x" * (r.size - 9) for r in records)
 

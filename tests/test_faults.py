@@ -23,6 +23,7 @@ import kl
 from kl import message as m
 from kl.messageset import MessageSet
 from kl.recovery import recover
+from kl.segment import segment_name
 
 from faultlib import (
     OrderChecker,
@@ -35,6 +36,7 @@ from faultlib import (
     run_kill_trials,
     shrink_to,
     snapshot,
+    tail_facts,
     write_at,
 )
 
@@ -531,6 +533,9 @@ def test_kill_9_of_producers_loses_nothing_acknowledged(tmp_path):
     assert not report.problems, report.summary()
     assert report.trials == KILL_TRIALS and report.killed == report.producers
     assert report.acked_messages > 0 and report.reader_messages == report.final_messages
+    # The trials must have produced the damage the rules are about, or they proved nothing.
+    assert report.kills_with_torn_tail > 0, "no kill left a torn tail"
+    assert report.orphan_segments > 0, "no kill left an unpublished segment behind a roll"
 
 
 def test_the_order_checker_catches_what_the_harness_relies_on():
@@ -551,3 +556,15 @@ def test_the_order_checker_catches_what_the_harness_relies_on():
         for msg in bad:
             checker.check(msg)
         assert checker.problems, bad
+
+
+def test_the_harness_counts_torn_tails_and_unpublished_segments(root):
+    """What the kill -9 test asserts happened must be what ``tail_facts`` measures."""
+    root.create_topic("t", NO_FLUSH)
+    end = kl.Producer(root).send("t", b"published", partition=0).next_offset
+    log = root.log("t", 0)
+    assert tail_facts(log.directory) == (0, 0)
+    append_bytes(Path(log.directory) / segment_name(0), b"torn")
+    assert tail_facts(log.directory) == (4, 0)
+    (Path(log.directory) / segment_name(end + 4)).write_bytes(b"")  # a roll killed before it published
+    assert tail_facts(log.directory) == (4, 1)

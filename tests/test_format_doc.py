@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -134,7 +135,7 @@ def test_field_table_is_contiguous(title, magic):
     rows = table(title)
     assert rows[0][2] == "length" and rows[1][2] == "magic"
     fixed = [(int(r[0]), int(r[1])) for r in rows if r[1].isdigit()]
-    for (position, size), (next_position, _) in zip(fixed, fixed[1:]):
+    for (position, size), (next_position, _) in itertools.pairwise(fixed):
         assert position + size == next_position
     header_end = fixed[-1][0] + fixed[-1][1]
     payload_position = int(rows[len(fixed)][0]) if magic < 2 else header_end

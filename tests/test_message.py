@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
 import zlib
@@ -105,7 +106,7 @@ def test_many_messages_round_trip_in_order(items):
     data = b"".join(m.encode(v, k, t) for v, k, t in items)
     got = list(message_set(data))
     assert [(x.value, x.key, x.timestamp) for x in got] == items
-    for a, b in zip(got, got[1:]):
+    for a, b in itertools.pairwise(got):
         assert a.next_offset == b.offset
 
 

@@ -320,7 +320,7 @@ def test_resuming_from_the_last_next_offset_redelivers_at_most_one_batch(batches
     codecs = data.draw(st.lists(st.sampled_from([None, m.CODEC_ZSTD, m.CODEC_GZIP]), min_size=len(batches),
                                 max_size=len(batches)))
     stream, expected = b"", []
-    for i, (vals, codec) in enumerate(zip(batches, codecs)):
+    for i, (vals, codec) in enumerate(zip(batches, codecs, strict=True)):
         vals = [b"%d:%d:" % (i, j) + v for j, v in enumerate(vals)]
         stream += frame(vals, 1) if codec is None else batch(vals, codec)
         expected.extend(vals)

@@ -294,7 +294,7 @@ def test_retention_racing_live_readers_and_producers(root):
     sent, error = results[0]
     assert error is None, error
     assert deleted > 0 and sent > 0
-    for count, resets, problems in results[1:]:
+    for count, _resets, problems in results[1:]:
         assert problems == [], problems
         assert count > 0
     assert sum(r[1] for r in results[2:]) > 0, "the readers were never overtaken by retention"

@@ -4,14 +4,19 @@ fsyncs, a full filesystem (a real small tmpfs) and a read-only mount."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import re
+import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import kl
+from kl.segment import segment_name
 from kl.state import STATE_FILE, PartitionState, read_state
 
 from faultlib import fresh_log, read_log, run_kill_trials, snapshot
@@ -78,7 +83,7 @@ def make(root: kl.Root, config: kl.TopicConfig = NO_FLUSH) -> kl.Log:
 
 def paths(log: kl.Log) -> tuple[str, str]:
     state = log.state()
-    return os.path.join(log.directory, "%020d.kl" % state.active_base_offset), os.path.join(log.directory, STATE_FILE)
+    return os.path.join(log.directory, f"{state.active_base_offset:020d}.kl"), os.path.join(log.directory, STATE_FILE)
 
 
 # ----------------------------------------------------------------- fsync before acknowledging
@@ -159,6 +164,172 @@ def test_creating_a_topic_syncs_its_files_and_directories(tmp_path, monkeypatch)
     assert any(".state." in f or f == STATE_FILE for f in files)
 
 
+# ----------------------------------------------------------------- fsync seen from outside the process
+#
+# The tests above watch os.fsync from inside; these run a real producer process and watch
+# its system calls: under strace where it works, and always through a wrapper of the os
+# functions installed before kl is imported.  Either way each event is (call, fd, path).
+
+PYTHON_TRACER = """
+import os
+_log = open(os.environ["KL_TRACE_LOG"], "w", buffering=1)
+
+def _traced(name, real):
+    def call(fd, *args):
+        _log.write(f"{name} {fd} {os.readlink(f'/proc/self/fd/{fd}')}\\n")
+        return real(fd, *args)
+    return call
+
+for _name in ("write", "writev", "pwrite", "pwritev", "fsync", "fdatasync"):
+    if hasattr(os, _name):
+        setattr(os, _name, _traced(_name, getattr(os, _name)))
+"""
+
+LIBRARY_PRODUCER = """
+import os, sys
+import kl
+producer = kl.Producer(kl.Root(sys.argv[1]), fsync=sys.argv[2] == "fsync")
+producer.send_batch("t", [b"batch"] * 5, partition=0)
+os.write(1, b"acked\\n")
+producer.send("t", b"single", partition=0)
+os.write(1, b"acked\\n")
+producer.send_batch("t", [b"another batch"] * 3, partition=0)
+os.write(1, b"acked\\n")
+producer.close()
+os.write(1, b"closed\\n")
+"""
+
+CLI_PRODUCER = """
+import sys
+from kl_cli.main import main
+sys.argv = ["kl", *sys.argv[1:]]
+main()
+"""
+
+WRITES = {"write", "writev", "pwrite", "pwrite64", "pwritev", "pwritev2"}
+SYNCS = {"fsync", "fdatasync"}
+STRACE_EVENT = re.compile(r"^(?:\d+\s+)?(\w+)\((\d+)<([^>]*)>")
+
+
+def strace_works() -> bool:
+    if shutil.which("strace") is None:
+        return False
+    done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "true"], capture_output=True)
+    return done.returncode == 0  # ptrace may be forbidden (containers)
+
+
+TRACERS = ["python"] + (["strace"] if strace_works() else [])
+
+
+def traced(tracer: str, tmp_path: Path, program: str, *args: str, input: bytes = b"") -> list[tuple[str, int, str]]:
+    """Run ``program`` in a new interpreter under ``tracer``; its writes and fsyncs in order."""
+    trace = tmp_path / f"trace-{tracer}.txt"
+    env = dict(os.environ, KL_TRACE_LOG=str(trace))
+    command = [sys.executable, "-c", PYTHON_TRACER + program if tracer == "python" else program, *args]
+    if tracer == "strace":
+        command = ["strace", "-f", "-qq", "-y", "-e", "trace=" + ",".join(sorted((WRITES | SYNCS) - {"pwrite"})),
+                   "-o", str(trace), *command]
+    done = subprocess.run(command, input=input, capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    events = []
+    for line in trace.read_text().splitlines():
+        if tracer == "python":
+            call, fd, path = line.split(" ", 2)
+        else:
+            match = STRACE_EVENT.match(line)
+            if match is None:
+                continue
+            call, fd, path = match.groups()
+        events.append(("fsync" if call in SYNCS else "write" if call in WRITES else call, int(fd), path))
+    return events
+
+
+def durability(events: list[tuple[str, int, str]], segment: str) -> list[str]:
+    """The events that matter, in order: "write" and "fsync" of the segment, "ack" (a
+    write to stdout, made by the program after an append returned)."""
+    out = []
+    for call, fd, path in events:
+        if path == segment and call in ("write", "fsync"):
+            out.append(call)
+        elif call == "write" and fd == 1:
+            out.append("ack")
+    return out
+
+
+def unsynced_at_each_ack(sequence: list[str]) -> list[bool]:
+    """For each "ack": whether a write of the segment preceded it with no fsync since."""
+    dirty, out = False, []
+    for event in sequence:
+        if event == "write":
+            dirty = True
+        elif event == "fsync":
+            dirty = False
+        else:
+            out.append(dirty)
+    return out
+
+
+@pytest.fixture
+def traced_topic(root) -> str:
+    """Topic "t" with the flush policy off; the path of its segment (resolved, as traced)."""
+    root.create_topic("t", NO_FLUSH)
+    return os.path.realpath(os.path.join(root.log("t", 0).directory, segment_name(0)))
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_the_tracers_see_writes_and_fsyncs_of_a_file_and_acks(tracer, tmp_path):
+    path = tmp_path / "file"
+    program = "import os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n" + (
+        "os.pwrite(fd, b'x', 0)\nos.write(1, b'ack')\nos.write(fd, b'y')\nos.fsync(fd)\nos.write(1, b'ack')\n"
+    )
+    sequence = durability(traced(tracer, tmp_path, program, str(path)), os.path.realpath(path))
+    assert sequence == ["write", "ack", "write", "fsync", "ack"]
+    assert unsynced_at_each_ack(sequence) == [True, False]
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_producer_fsync_true_fsyncs_the_segment_before_each_append_returns(tracer, tmp_path, root, traced_topic):
+    sequence = durability(traced(tracer, tmp_path, LIBRARY_PRODUCER, root.path, "fsync"), traced_topic)
+    assert sequence.count("ack") == 4 and sequence.count("write") >= 3, sequence  # 3 appends, then close
+    assert unsynced_at_each_ack(sequence) == [False, False, False, False], sequence
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_producer_without_fsync_syncs_nothing_before_returning_and_everything_at_close(tracer, tmp_path, root,
+                                                                                       traced_topic):
+    sequence = durability(traced(tracer, tmp_path, LIBRARY_PRODUCER, root.path, "nofsync"), traced_topic)
+    acks = [i for i, event in enumerate(sequence) if event == "ack"]
+    assert len(acks) == 4 and sequence.count("write") >= 3, sequence  # 3 appends, then close
+    assert "fsync" not in sequence[: acks[2]], sequence
+    assert unsynced_at_each_ack(sequence) == [True, True, True, False], sequence
+
+
+def appends_left_unsynced(sequence: list[str]) -> int:
+    """How many writes of the segment were followed by another before any fsync."""
+    return sum(1 for a, b in itertools.pairwise([e for e in sequence if e != "ack"]) if a == b == "write")
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_kl_produce_fsync_fsyncs_each_append_before_the_next(tracer, tmp_path, root, traced_topic):
+    lines = b"".join(b"line %d\n" % i for i in range(6))
+    events = traced(tracer, tmp_path, CLI_PRODUCER, "--root", root.path, "produce", "t", "--fsync", "--batch-size", "2",
+                    input=lines)
+    sequence = durability(events, traced_topic)
+    assert sequence.count("write") >= 3, sequence  # one append per 2 lines
+    assert appends_left_unsynced(sequence) == 0 and sequence[-1] == "fsync", sequence
+    assert [msg.value for msg in read_log(root.log("t", 0))] == lines.splitlines()
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_kl_produce_without_fsync_syncs_only_at_exit(tracer, tmp_path, root, traced_topic):
+    lines = b"".join(b"line %d\n" % i for i in range(6))
+    events = traced(tracer, tmp_path, CLI_PRODUCER, "--root", root.path, "produce", "t", "--batch-size", "2", input=lines)
+    sequence = durability(events, traced_topic)
+    assert sequence.count("write") >= 3, sequence
+    assert sequence.count("fsync") == 1 and sequence[-1] == "fsync", sequence  # kl produce fsyncs at exit
+    assert appends_left_unsynced(sequence) == sequence.count("write") - 1, sequence
+
+
 # ----------------------------------------------------------------- fsync errors
 
 
@@ -234,6 +405,7 @@ def test_kill_9_with_fsync_loses_no_acknowledged_message(tmp_path):
     print("\n" + report.summary())
     assert report.trials == DURABLE_TRIALS and report.acked_messages > 0
     assert not report.problems, report.summary()
+    assert report.kills_with_torn_tail > 0, "no kill left a torn tail"
 
 
 # ----------------------------------------------------------------- real mounts
@@ -308,7 +480,7 @@ def test_producing_into_a_full_filesystem_fails_cleanly_and_leaves_the_partition
         free(ballast, room)
     before = snapshot(log.directory)
     state = log.state()
-    for attempt in range(2):  # and again: the failure left nothing behind to trip over
+    for _ in range(2):  # and again: the failure left nothing behind to trip over
         with pytest.raises(kl.StorageError, match="no space left on device") as e:
             producer.send_batch("t", [b"z" * 1000] * 60, partition=0, timestamp=TS)
         assert "\n" not in str(e.value)
