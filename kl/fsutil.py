@@ -86,7 +86,7 @@ def create_file(path: str) -> int:
     return fd
 
 
-def pwrite_all(fd: int, data: bytes, position: int) -> None:
+def pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:
     """Write all of ``data`` at ``position`` (pwrite may write less than asked)."""
     view = memoryview(data)
     while view:
@@ -98,7 +98,7 @@ def pwrite_all(fd: int, data: bytes, position: int) -> None:
 def mount_of(path: str) -> tuple[str, str, set[str]]:
     """(mount point, filesystem type, mount options) of the filesystem holding ``path``."""
     real = os.path.realpath(path)
-    best = ("/", "", set())
+    best: tuple[str, str, set[str]] = ("/", "", set())
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             lines = f.readlines()

@@ -100,7 +100,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
             f" (at most {max(largest, MiB)} would do)"
         )
     logs = [root.log(name, p) for p in range(len(directories))]
-    for p, (log, (segments, _)) in enumerate(zip(logs, checked)):
+    for p, (log, (segments, _)) in enumerate(zip(logs, checked, strict=True)):
         state = log.state()
         if state.log_end_offset != 0:
             raise ImportRefused(f"partition {p} of topic {name!r} is not empty (it ends at {state.log_end_offset})")
@@ -108,9 +108,11 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
         for _, present in list_segments(log.directory):
             path = os.path.join(log.directory, present)
             if present not in incoming and os.path.getsize(path) > 0:
-                raise ImportRefused(f"partition {p} of topic {name!r} holds {present}, which is not being imported; move it away first")
+                raise ImportRefused(
+                    f"partition {p} of topic {name!r} holds {present}, which is not being imported; move it away first"
+                )
     out = []
-    for p, (log, (segments, biggest), directory) in enumerate(zip(logs, checked, directories)):
+    for p, (log, (segments, biggest), directory) in enumerate(zip(logs, checked, directories, strict=True)):
         with log.locked():
             log.adopt(segments)
         out.append(

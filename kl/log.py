@@ -248,7 +248,7 @@ class Log:
         state = state or self.state()
         self.refresh()
         out = []
-        for base, name in zip(self._bases, self._names):
+        for base, name in zip(self._bases, self._names, strict=True):
             if state.log_start_offset <= base <= state.active_base_offset:
                 path = os.path.join(self.directory, name)
                 if base == state.active_base_offset:
@@ -534,9 +534,8 @@ class Log:
         if self._nfs and self._state_fd is not None:
             self.close()
         try:
-            if self._state_fd is None:
-                self._open_state()
-            raw = self._state_map[:STATE_SIZE] if self._state_map is not None else os.pread(self._state_fd, STATE_SIZE, 0)
+            state_fd = self._state_fd if self._state_fd is not None else self._open_state()
+            raw = self._state_map[:STATE_SIZE] if self._state_map is not None else os.pread(state_fd, STATE_SIZE, 0)
             if raw == self._published_raw and time.monotonic() < self._recheck_at:
                 assert self._published is not None
                 return self._published  # nobody appended since we did: the tail is ours
@@ -551,7 +550,7 @@ class Log:
                 )
             stat = os.fstat(self._active.fd)
             file_size = stat.st_size
-            gone = stat.st_nlink == 0 or os.fstat(self._state_fd).st_nlink == 0
+            gone = stat.st_nlink == 0 or os.fstat(state_fd).st_nlink == 0
         except FileNotFoundError:
             self.close()
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
@@ -581,23 +580,24 @@ class Log:
         except (OSError, InvalidConfig):
             return True
 
-    def _open_state(self) -> None:
+    def _open_state(self) -> int:
         """Open (and on local disks map) the state record; a version 1 record is
         lengthened so the version 2 record fits (the next publish rewrites it)."""
         try:
-            self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             if os.path.isdir(self.directory):
                 raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
             raise
-        size = os.fstat(self._state_fd).st_size
+        size = os.fstat(fd).st_size
         if size < STATE_SIZE:
             if size < SIZE_V1:
                 raise CorruptState(f"partition state {self.state_path} is {size} bytes; run 'kl recover'")
-            PartitionState.decode(os.pread(self._state_fd, STATE_SIZE, 0), self.state_path)
-            os.ftruncate(self._state_fd, STATE_SIZE)
+            PartitionState.decode(os.pread(fd, STATE_SIZE, 0), self.state_path)
+            os.ftruncate(fd, STATE_SIZE)
         if not self._nfs:  # on local disks the record is mapped: no system calls for it
-            self._state_map = mmap.mmap(self._state_fd, STATE_SIZE)
+            self._state_map = mmap.mmap(fd, STATE_SIZE)
+        return fd
 
     def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
         """Make the active segment end exactly where its good published data does.
@@ -781,7 +781,8 @@ class Log:
         fsync_dir(self.directory)
         first, last = segments[0], segments[-1]
         end = last.base_offset + last.size_in_bytes
-        self.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, time.time_ns() // 1_000_000, BOOT_ID))
+        now = time.time_ns() // 1_000_000
+        self.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, now, BOOT_ID))
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking

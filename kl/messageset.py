@@ -14,6 +14,7 @@ offset too, so a consumer that stops inside a batch gets the whole batch again.
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,6 @@ from typing import NamedTuple
 from kl import message as m
 from kl.errors import CorruptMessage, UnsupportedCodec
 from kl.message import Message
-
 
 
 class Kind(enum.Enum):
@@ -54,6 +54,8 @@ class Corruption(NamedTuple):
 
 
 INCOMPLETE = Kind.INCOMPLETE
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+"""What a message can be checked in: read bytes, or a file mapped into memory."""
 _FAST = m.HEADER.unpack_from
 _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
@@ -79,7 +81,7 @@ _INCOMPLETE = Corruption(INCOMPLETE, INCOMPLETE.value)
 _CHECKSUM = Corruption(Kind.CHECKSUM, Kind.CHECKSUM.value)
 
 
-def check(buf: bytes, pos: int, end: int, max_message_bytes: int, shift: int = 0) -> Entry:
+def check(buf: Buffer, pos: int, end: int, max_message_bytes: int, shift: int = 0) -> Entry:
     """Validate the message at ``pos``; nothing is allocated before its length is checked.
 
     The entry's position is ``pos + shift`` (a file position when ``buf`` starts at ``shift``).
@@ -110,20 +112,26 @@ def check(buf: bytes, pos: int, end: int, max_message_bytes: int, shift: int = 0
     return Entry(pos + shift, size, magic, attrs, None)
 
 
-def walk(buf: bytes, pos: int, end: int, max_message_bytes: int) -> tuple[int, int]:
+def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int]:
     """Follow valid messages from ``pos``: (where the chain stops, how many it holds).
 
     It stops at ``end``, at a message that fails its checks or at one cut off by
     ``end``.  The fast path (uncompressed magic 2) runs at the parse rate.
     """
     crc32, unpack, seed, header, fields_at = zlib.crc32, _FAST, m.CRC_SEEDS, m.HEADER_SIZE, m.TIMESTAMP_OFFSET
-    limit, max_length, magic_now, no_key, length_size = end - header, max_message_bytes - m.LENGTH_SIZE, m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE
+    limit, max_length, length_size = end - header, max_message_bytes - m.LENGTH_SIZE, m.LENGTH_SIZE
+    magic_now, no_key = m.CURRENT_MAGIC, m.NO_KEY
     count = 0
     while pos < end:
         while pos <= limit:
             length, magic, attrs, crc, _, klen = unpack(buf, pos)
             nxt = pos + length_size + length
-            if magic != magic_now or length > max_length or not pos + header <= nxt <= end or not no_key <= klen <= nxt - pos - header:
+            if (
+                magic != magic_now
+                or length > max_length
+                or not pos + header <= nxt <= end
+                or not no_key <= klen <= nxt - pos - header
+            ):
                 break
             if crc32(buf[pos + fields_at : nxt], seed[attrs]) != crc:
                 return pos, count
@@ -151,7 +159,7 @@ def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] 
         parts[0::2] = [pack(len(v) + fixed, plain, crc32(v, seed), fields) for v in values]
         parts[1::2] = values
         return b"".join(parts)
-    return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys)])
+    return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys, strict=True)])
 
 
 def wrap(inner: bytes, codec: int, timestamp: int) -> bytes:
@@ -229,7 +237,8 @@ class MessageSet:
 
     def values(self) -> tuple[list[bytes], int]:
         """All values in one pass, and the offset to read from next: the consumer's fast path."""
-        buf, end, out, pos = self.buffer, len(self.buffer), [], 0
+        out: list[bytes] = []
+        buf, end, pos = self.buffer, len(self.buffer), 0
         append, crc32, unpack, seed, header, fields = out.append, zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE, _FIELDS
         limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
         plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
@@ -305,12 +314,12 @@ class MessageSet:
             raise corrupt(str(e)) from None
         inner_set = MessageSet(inner, max_message_bytes=self.max_message_bytes, stable_offset=len(inner))
         out = []
-        for e in inner_set.entries():
-            if e.problem is not None:
-                raise corrupt(f"inner message at +{e.position}: {e.problem}")
-            if e.magic and e.attrs & m.CODEC_MASK:
-                raise corrupt(f"inner message at +{e.position} is itself compressed")
-            (msg,) = inner_set.decode(e)
+        for item in inner_set.entries():
+            if item.problem is not None:
+                raise corrupt(f"inner message at +{item.position}: {item.problem}")
+            if item.magic and item.attrs & m.CODEC_MASK:
+                raise corrupt(f"inner message at +{item.position} is itself compressed")
+            (msg,) = inner_set.decode(item)
             out.append(Message(offset, offset, msg.timestamp, msg.key, msg.value))
         if not out:
             raise corrupt("empty")

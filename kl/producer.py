@@ -46,7 +46,7 @@ class Appended(NamedTuple):
     partition: int
     offset: int
     next_offset: int
-    count: int
+    count: int  # type: ignore[assignment]  # the messages appended; shadows tuple.count, as the seed named it
 
 
 class Producer:
@@ -175,7 +175,7 @@ class Producer:
         self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None]
     ) -> dict[int, tuple[list[bytes], list[bytes | None]]]:
         groups: dict[int, tuple[list[bytes], list[bytes | None]]] = {}
-        for value, key in zip(values, keys):
+        for value, key in zip(values, keys, strict=True):
             vals, ks = groups.setdefault(self._partition(topic, key), ([], []))
             vals.append(value)
             ks.append(key)
@@ -190,7 +190,7 @@ class Producer:
         if keys is None:
             largest = max(map(len, values))
         else:
-            largest = max(len(v) + len(k or b"") for v, k in zip(values, keys))
+            largest = max(len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
         self._check_size(topic, largest + m.HEADER_SIZE)
 
     def _refreshed(self, topic: str) -> bool:
@@ -217,7 +217,7 @@ class Producer:
         limit = min(self.batch_bytes, config.segment_bytes)
         if self.codec:
             limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
-        out = []
+        out: list[Appended] = []
         for start, stop in _chunks(values, keys, limit):
             target = next(targets)
             log = self.root.log(topic, target)
@@ -247,7 +247,7 @@ class Producer:
 def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit: int) -> Iterable[tuple[int, int]]:
     """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
     message larger than it is a chunk of its own)."""
-    sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys))
+    sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
     ends = list(itertools.accumulate(map(operator.add, sizes, itertools.repeat(m.HEADER_SIZE))))
     start, consumed = 0, 0
     while start < len(ends):

@@ -18,6 +18,7 @@ next one begins.  Nothing valid is ever cut.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import os
 import shutil
@@ -31,8 +32,8 @@ from kl.fsutil import fsync_dir, storage_error
 from kl.log import DELETED_SUFFIX, Log, SegmentInfo
 from kl.messageset import Corruption, Kind, check
 from kl.segment import SUFFIX, Damage, Segment, list_segments, segment_name, segment_path
-from kl.state import BOOT_ID, SIZE as STATE_SIZE
-from kl.state import PartitionState
+from kl.state import BOOT_ID, PartitionState
+from kl.state import SIZE as STATE_SIZE
 
 Progress = Callable[[int], None]
 """Called with the number of bytes just checked."""
@@ -93,7 +94,7 @@ class _Check:
     def run(self) -> None:
         state = self._state()
         segments = self._segments(state)
-        for segment, following in zip(segments, segments[1:]):
+        for segment, following in itertools.pairwise(segments):
             self._check_closed(segment, following.base_offset)
         if segments:
             self._check_active(state, segments[-1])
@@ -148,23 +149,26 @@ class _Check:
     def _segments(self, state: PartitionState) -> list[SegmentInfo]:
         """The segments the state accounts for; the others are dealt with or reported."""
         log = self.log
+        unknown = Kind.UNKNOWN_SEGMENT
         for base, name in list_segments(log.directory):
             path = os.path.join(log.directory, name)
             if os.path.islink(path):
-                self.find(base, path, "segment file is a symbolic link", "reported", Kind.UNKNOWN_SEGMENT)
+                self.find(base, path, "segment file is a symbolic link", "reported", unknown)
             elif base < state.log_start_offset:
-                self.find(base, path, "segment below the log start was not set aside", self.would("set aside"), Kind.UNKNOWN_SEGMENT)
+                self.find(base, path, "segment below the log start was not set aside", self.would("set aside"), unknown)
                 if self.act:
                     os.rename(path, path + DELETED_SUFFIX)
             elif base > state.active_base_offset and name.endswith(SUFFIX):
                 self.report.cut_bytes += os.path.getsize(path)
-                self.find(base, path, "segment past the active one was never published (a roll was killed)", self.would("removed"), Kind.UNKNOWN_SEGMENT)
+                reason = "segment past the active one was never published (a roll was killed)"
+                self.find(base, path, reason, self.would("removed"), unknown)
                 if self.act:
                     os.unlink(path)
             elif base > state.active_base_offset:
-                self.find(base, path, "Kafka 0.7 segment past the active one; left alone (bring it in with 'kl topics import')", "reported", Kind.UNKNOWN_SEGMENT)
+                reason = "Kafka 0.7 segment past the active one; left alone (bring it in with 'kl topics import')"
+                self.find(base, path, reason, "reported", unknown)
             elif path != segment_path(log.directory, base):
-                self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", Kind.UNKNOWN_SEGMENT)
+                self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", unknown)
         segments = log.segments(state)
         return [s for s in segments if not os.path.islink(s.path)]
 
@@ -287,14 +291,15 @@ def _last_message_end(segment: Segment) -> int:
     """Where the last valid message of a segment ends, stepping over damaged messages
     (by their length when it holds, else to the next place a valid message starts)."""
     size = segment.size_in_bytes()
-    position = end = 0
-    while position < size:
+    position: int | None = 0
+    end = 0
+    while position is not None and position < size:
         stop, count = segment.chain(position, size)
         if count:
             end = stop
         if stop >= size:
             break
-        bad = next(e for e in segment.scan(stop, size) if e.problem is not None)
+        bad = segment.problem_at(stop, size)
         if bad.size > 0 and stop + bad.size < size and segment.chain(stop + bad.size, size)[1]:
             position = stop + bad.size
             continue
@@ -308,7 +313,9 @@ def _next_valid(segment: Segment, start: int, size: int) -> int | None:
     """The first position from ``start`` where a valid message begins."""
     with mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as data:
         for position in range(start, size - m.HEADER_SIZE + 1):
-            if any(data[position : position + m.LENGTH_SIZE]) and check(data, position, size, segment.max_message_bytes).problem is None:
+            if not any(data[position : position + m.LENGTH_SIZE]):
+                continue
+            if check(data, position, size, segment.max_message_bytes).problem is None:
                 return position
     return None
 
@@ -323,7 +330,7 @@ def _message_starts(segment: Segment, start: int, end: int) -> int:
         if stop >= end:
             break
         count += 1
-        bad = next(e for e in segment.scan(stop, end) if e.problem is not None)
+        bad = segment.problem_at(stop, end)
         found = segment.resync(bad, end)
         if found is None:
             break

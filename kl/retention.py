@@ -15,6 +15,7 @@ would otherwise get ESTALE).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ def retain(
     with contextlib.nullcontext() if dry_run else log.locked():
         segments = log.segments()
         total = sum(s.size_in_bytes for s in segments)
-        for segment, following in zip(segments, segments[1:]):  # the active segment is never a candidate
+        for segment, following in itertools.pairwise(segments):  # the active segment is never a candidate
             newest = _newest_ms(log, segment, following)
             if max_age_ms and newest is not None and now_ms - newest > max_age_ms:
                 report.reasons.append(f"older than {max_age_ms} ms (newest message {newest})")

@@ -199,9 +199,13 @@ class Segment:
     def first_problem(self, start: int, end: int) -> Entry | None:
         """The first message in ``[start, end)`` that fails its checks (None: all valid)."""
         stop, _ = self.chain(start, end)
-        if stop >= end:
+        if stop >= min(end, self.size_in_bytes()):
             return None
-        return next(e for e in self.scan(stop, end) if e.problem is not None)
+        return self.problem_at(stop, end)
+
+    def problem_at(self, position: int, end: int) -> Entry:
+        """The entry at ``position``, where a chain of valid messages stopped before ``end``."""
+        return next(e for e in self.scan(position, end) if e.problem is not None)
 
     def chain(self, start: int, end: int) -> tuple[int, int]:
         """(where valid messages from ``start`` stop, how many) within ``[start, end)``;
@@ -283,13 +287,12 @@ class Segment:
             if stop >= expected:
                 break
             if stop >= size:
-                problem = Corruption(
-                    Kind.SHORT_FILE, f"file ends at {self.where(size)}, before the segment's end {self.base_offset + expected}"
-                )
-                yield Damage(stop, expected, problem, False)
+                reason = f"file ends at {self.where(size)}, before the segment's end {self.base_offset + expected}"
+                yield Damage(stop, expected, Corruption(Kind.SHORT_FILE, reason), False)
                 return
-            entry = next(e for e in self.scan(stop, expected) if e.problem is not None)
+            entry = self.problem_at(stop, expected)
             problem = entry.problem
+            assert problem is not None
             if problem.kind is INCOMPLETE and stop + entry.size > expected:
                 problem = Corruption(Kind.INCOMPLETE, f"message runs past the segment's end {self.base_offset + expected}")
             resume = self.resync(entry, expected, failed)

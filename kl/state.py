@@ -93,7 +93,8 @@ class PartitionState(NamedTuple):
         if layout is None:
             raise CorruptState(f"partition state {path} has unknown version {version}; run 'kl recover'")
         if len(data) < layout.size + CRC.size:
-            raise CorruptState(f"partition state {path} is {len(data)} bytes, expected {layout.size + CRC.size}; run 'kl recover'")
+            expected = layout.size + CRC.size
+            raise CorruptState(f"partition state {path} is {len(data)} bytes, expected {expected}; run 'kl recover'")
         record = data[: layout.size]
         if CRC.unpack_from(data, layout.size)[0] != zlib.crc32(record):
             raise CorruptState(f"partition state {path} fails its checksum; run 'kl recover'")
