@@ -19,10 +19,11 @@ class TopicConfig:
     """Settings of one topic; the defaults are what ``kl topics create`` writes.
 
     ``flush_messages`` and ``flush_ms`` bound the data at risk: a partition is fsynced
-    once that many messages or milliseconds have gone by since its last flush (checked at
-    each append; 0 switches a rule off).  A producer closing also flushes what it wrote.
-    The default, once a second, is Redis's "everysec": a power cut may lose up to a
-    second of acknowledged messages; a killed process loses nothing acknowledged.
+    once that many messages or milliseconds have gone by since its last flush (0 switches
+    a rule off).  Both are checked at each append; a background thread also keeps the
+    time rule when a producer goes idle, and a producer closing flushes what it wrote.
+    The default, once a second, is Redis's "everysec": a power cut may lose up to about
+    a second of acknowledged messages; a killed process loses nothing acknowledged.
     """
 
     partitions: int = 1
