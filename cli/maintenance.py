@@ -287,15 +287,16 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
 
 @contextlib.contextmanager
 def _progress(total: int) -> Iterator[Callable[[int], None]]:
-    """A function to report bytes done: a progress bar on stderr when it is a terminal."""
-    if not sys.stderr.isatty():
+    """A function to report bytes done: a progress bar on stderr when it is a terminal
+    and stdout is not (there, the listing shows how far it got)."""
+    if not sys.stderr.isatty() or sys.stdout.isatty():
         yield lambda done: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     columns = ("dumping", BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+    with Progress(*columns, console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
         task = progress.add_task("dump", total=total)
         yield lambda done: progress.update(task, completed=done)
 

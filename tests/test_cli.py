@@ -254,6 +254,11 @@ def test_earliest_and_latest(ten):
     assert ok(ten, "consume", "t", "-o", "latest") == b""
 
 
+def test_kcat_beginning_and_end(ten):
+    assert ok(ten, "consume", "t", "-o", "beginning", "-c", "2") == b"m0\nm1\n"
+    assert ok(ten, "consume", "t", "-o", "end") == b""
+
+
 def test_byte_offset_from_next_offset(ten):
     third = messages(ten)[2]
     assert ok(ten, "consume", "t", "-o", str(third["offset"]), "-c", "2") == b"m2\nm3\n"
