@@ -1,8 +1,9 @@
-"""``kl consume``: print a topic's messages, round-robin over its partitions.
+"""``kl consume``: print a topic's messages.
 
-Without ``--follow`` the end of each partition is read once, at the start, and the
-command stops there, so a topic that keeps growing still ends.  The default output is
-the fast path: ``MessageSet.values()`` and one write per fetch.
+The reading (round-robin over the partitions, stopping at the ends they had at the
+start unless ``--follow``, damage) is ``Consumer.consume``'s; this renders each batch it
+yields and writes it to stdout in one system call.  The default output is the fast
+path: values only, joined with the delimiter.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def consume(
     elif key_delimiter is not None:
         render = _keyed_renderer(key_delimiter, delim)
 
+    write = _stdout()
     root = get_root(ctx)
     consumer = kl.Consumer(root)
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
@@ -117,10 +119,9 @@ def consume(
         consumer.check_offset(topic, partitions[0], n)
         start = n
 
-    write = _stdout()
     batches = consumer.consume(
         topic, partitions, start=start, follow=follow, max_messages=count, values_only=render is None,
-        skip_corrupt=skip_corrupt, on_skip=_warn_skipped
+        skip_corrupt=skip_corrupt, on_skip=_warn_skipped,
     )
     for batch in batches:
         if render is not None:

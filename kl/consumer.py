@@ -128,7 +128,7 @@ class Consumer:
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
-        partitions = list(range(self.root.config(topic).partitions) if partitions is None else partitions)
+        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
         ends = {p: self.latest_offset(topic, p) for p in partitions}
         offsets = {p: self._start_offset(topic, p, start, ends, len(partitions)) for p in partitions}
         max_bytes = max_bytes or self.max_bytes
@@ -165,13 +165,11 @@ class Consumer:
                 progressed = progressed or moved
                 if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
                     active.remove(p)
-            if not follow:
-                continue
-            if progressed:
+            if follow and progressed:
                 idle_since = time.monotonic()
-            elif idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
-                return
-            else:
+            elif follow:
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                    return
                 time.sleep(poll_interval)
 
     def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
