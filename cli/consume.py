@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import base64
 import datetime
-import errno
 import json
-import os
 import re
-import sys
 from collections.abc import Callable
 
 import click
@@ -28,6 +25,7 @@ from kl_cli.common import (
     unescape,
     warn,
 )
+from kl_cli.output import stdout_writer
 
 import kl
 
@@ -104,7 +102,7 @@ def consume(
     elif key_delimiter is not None:
         render = _keyed_renderer(key_delimiter, delim)
 
-    write = _stdout()
+    write = stdout_writer()
     root = get_root(ctx)
     consumer = kl.Consumer(root)
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
@@ -131,32 +129,6 @@ def consume(
         else:
             batch.messages.append(b"")  # a delimiter after the last value too, without another copy
             write(delim.join(batch.messages))
-
-
-def _stdout() -> Callable[[bytes], None]:
-    """A function writing to stdout unbuffered: one system call per fetch, nothing held
-    back to be lost or to fail at exit, and errors that say it is stdout that failed."""
-    if sys.stdout is None:
-        raise click.ClickException("stdout is closed")
-    out = sys.stdout.buffer
-    try:
-        fd = out.fileno()
-    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
-        return out.write
-    out.flush()
-
-    def write(data: bytes) -> None:
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError as e:
-            if e.errno == errno.EPIPE:  # SIGPIPE is ignored: click exits quietly on this
-                raise
-            reason = e.strerror or str(e)
-            raise click.ClickException(f"cannot write to stdout: {reason[:1].lower()}{reason[1:]}") from None
-
-    return write
 
 
 def _warn_skipped(skipped: kl.Skipped) -> None:

@@ -23,6 +23,7 @@ from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import exclusive, get_root
+from kl_cli.output import stdout_writer
 
 EXIT_DAMAGE = 3
 """Damage was found and not repaired (or, with --dry-run, anything was found)."""
@@ -254,6 +255,7 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
     its checksum is valid.  At damage the listing of that file stops and says why; the
     command then exits 3.  On a terminal, a progress bar on stderr shows the bytes read.
     """
+    write = stdout_writer()
     targets = list(_dump_targets(ctx, target, partition))
     damaged = False
     with _progress(sum(size for *_, size in targets)) as advance:
@@ -269,7 +271,7 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
                         out.append(f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n")
                 out.append(_dump_json(record, print_data, partition_, past_end) if as_json else _dump_line(record, print_data))
                 if len(out) >= WRITE_LINES:
-                    sys.stdout.write("".join(out))
+                    write(_encode(out))
                     out.clear()
                     advance(done + record.position + record.size)
                 if record.problem is None:
@@ -277,12 +279,16 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
                 damaged = damaged or not past_end
                 if record.codec == "-" and not as_json:  # a message that failed its checks: dump_file stops there
                     out.append(f"stopped at offset {record.offset} (position {record.position}): {record.problem}\n")
-            sys.stdout.write("".join(out))
-            sys.stdout.flush()
+            write(_encode(out))
             done += size
             advance(done)
     if damaged:
         ctx.exit(EXIT_DAMAGE)
+
+
+def _encode(lines: list[str]) -> bytes:
+    """Lines as UTF-8; a file name's bytes that are not UTF-8 go out as they are."""
+    return "".join(lines).encode("utf-8", "surrogateescape")
 
 
 @contextlib.contextmanager

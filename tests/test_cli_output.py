@@ -1,5 +1,5 @@
-"""The installed ``kl`` on real file descriptors: stdout closed, full or a closed pipe, and
-stderr a terminal (``kl dump``'s progress bar) or not."""
+"""The installed ``kl`` on real file descriptors: stdout closed, full, read-only or a closed
+pipe, and stderr a terminal (``kl dump``'s progress bar) or not."""
 
 from __future__ import annotations
 
@@ -36,24 +36,29 @@ def shell(root: str, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], env=env, capture_output=True, timeout=60)
 
 
-def test_consume_with_stdout_closed_says_so(kl_root):
-    done = shell(kl_root, "$KL consume t >&-")
+@pytest.mark.parametrize("command", ["consume t", "dump t"])
+def test_stdout_closed_is_named(kl_root, command):
+    done = shell(kl_root, f"$KL {command} >&-")
     assert (done.returncode, done.stderr, done.stdout) == (1, b"Error: stdout is closed\n", b"")
 
 
-def test_consume_to_a_full_disk_says_it_is_stdout_that_is_full(kl_root):
-    done = shell(kl_root, "$KL consume t > /dev/full")
+@pytest.mark.parametrize("command", ["consume t", "dump t"])
+def test_a_full_disk_is_named_as_stdout_being_full(kl_root, command):
+    done = shell(kl_root, f"$KL {command} > /dev/full")
     assert (done.returncode, done.stderr) == (1, b"Error: cannot write to stdout: no space left on device\n")
 
 
-def test_consume_to_a_read_only_stdout_says_so(kl_root):
-    done = shell(kl_root, "$KL consume t 1< /dev/null")
+@pytest.mark.parametrize("command", ["consume t", "dump t"])
+def test_a_read_only_stdout_is_named(kl_root, command):
+    done = shell(kl_root, f"$KL {command} 1< /dev/null")
     assert (done.returncode, done.stderr) == (1, b"Error: cannot write to stdout: bad file descriptor\n")
 
 
-def test_consume_into_a_closed_pipe_dies_quietly_of_sigpipe(kl_root):
-    done = shell(kl_root, "$KL consume t | head -n 1; echo ${PIPESTATUS[0]} >&2")
-    assert (done.stdout, done.stderr) == (b"line 0\n", b"%d\n" % (128 + signal.SIGPIPE))
+@pytest.mark.parametrize("command, first", [("consume t", b"line 0"), ("dump t", b"Dumping ")])
+def test_a_closed_pipe_ends_the_command_quietly_by_sigpipe(kl_root, command, first):
+    done = shell(kl_root, f"$KL {command} | head -n 1; echo ${{PIPESTATUS[0]}} >&2")
+    assert done.stdout.startswith(first) and done.stdout.count(b"\n") == 1
+    assert done.stderr == b"%d\n" % (128 + signal.SIGPIPE)
 
 
 def test_consume_writes_everything_to_a_file(kl_root, tmp_path):
