@@ -52,7 +52,6 @@ def dump_file(
     """
     if base_offset is None:
         base_offset = parse_name(os.path.basename(path)) or 0
-    codec_names = {attrs: _codec(attrs) for attrs in range(256)}
     unpack_fields, fields_at, key_at, plain = m.TIMESTAMP_KEY_LENGTH.unpack_from, m.TIMESTAMP_OFFSET, m.KEY_OFFSET, m.CURRENT_MAGIC
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -62,15 +61,13 @@ def dump_file(
             position, size, magic, attrs, problem = entry
             offset = base_offset + position
             if problem is not None:
-                if problem == INCOMPLETE:
-                    problem = f"file ends inside a message of {size} bytes"
-                yield DumpRecord(offset, position, size, magic, "-", None, None, None, problem)
+                yield _bad(offset, position, size, magic, problem)
                 return
             if position + size > end:
                 buf = os.pread(fd, max(min(SCAN_CHUNK, file_size - position), size), position)
                 start, end = position, position + len(buf)
                 if position + size > end:  # cut since scan read it
-                    yield DumpRecord(offset, position, size, magic, "-", None, None, None, f"file ends inside a message of {size} bytes")
+                    yield _bad(offset, position, size, magic, INCOMPLETE)
                     return
             at = position - start
             if magic == plain and not attrs:
@@ -82,12 +79,18 @@ def dump_file(
                     key = buf[at + key_at : value_at]
                     yield DumpRecord(offset, position, size, magic, "none", timestamp, key, buf[value_at : at + size], None)
                 continue
-            record = _record(buf, at, offset, position, size, magic, attrs, codec_names)
+            record = _record(buf, at, offset, position, size, magic, attrs)
             if deep and record.codec not in ("none", "padding"):
                 _inner(record, MessageSet(buf, base_offset + start, max_message_bytes=max_message_bytes), entry._replace(position=at))
             yield record
     finally:
         os.close(fd)
+
+
+def _bad(offset: int, position: int, size: int, magic: int, problem: str) -> DumpRecord:
+    if problem == INCOMPLETE:
+        problem = f"file ends inside a message of {size} bytes"
+    return DumpRecord(offset, position, size, magic, "-", None, None, None, problem)
 
 
 def _codec(attrs: int) -> str:
@@ -96,11 +99,15 @@ def _codec(attrs: int) -> str:
     return m.CODEC_NAMES.get(attrs & m.CODEC_MASK, str(attrs & m.CODEC_MASK))
 
 
-def _record(buf: bytes, at: int, offset: int, position: int, size: int, magic: int, attrs: int, codecs: dict[int, str]) -> DumpRecord:
+_CODECS = tuple(_codec(attrs) for attrs in range(256))
+"""The codec column for each value of the attributes byte."""
+
+
+def _record(buf: bytes, at: int, offset: int, position: int, size: int, magic: int, attrs: int) -> DumpRecord:
     """The record of a valid message other than a plain magic 2 one, at ``at`` in ``buf``."""
     if magic == 0:
         return DumpRecord(offset, position, size, magic, "none", None, None, buf[at + m.PAYLOAD_OFFSET_V0 : at + size], None)
-    codec = codecs[attrs]
+    codec = _CODECS[attrs]
     if codec == "padding":
         return DumpRecord(offset, position, size, magic, codec, None, None, None, None)
     if magic == 1:
