@@ -347,21 +347,18 @@ def _show(data: bytes | None) -> str:
 
 
 def _dump_line(record: DumpRecord, print_data: bool) -> str:
-    if record.problem is None and not record.inner and not print_data:  # most lines: one format, no calls
-        timestamp = "-" if record.timestamp is None else record.timestamp
-        key = "-" if record.key is None else _show(record.key)
-        return (
-            f"offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
-            f"codec: {record.codec} timestamp: {timestamp} valid: yes key: {key}\n"
-        )
-    if not record.valid and record.codec == "-":
+    if record.codec == "-":  # a message that failed its checks
         return f"offset: {record.offset} position: {record.position} size: {record.size} valid: no\n"
+    timestamp = "-" if record.timestamp is None else record.timestamp
+    key = "-" if record.key is None else _show(record.key)
     line = (
         f"offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
-        f"codec: {record.codec} timestamp: {_timestamp(record)} valid: yes key: {_show(record.key)}"
+        f"codec: {record.codec} timestamp: {timestamp} valid: yes key: {key}"
     )
     if print_data:
         line += f" value: {_value(record)}"
+    if record.problem is None and not record.inner:  # most lines
+        return line + "\n"
     inner = [
         f"  inner: {i} timestamp: {_timestamp(msg)} key: {_show(msg.key)} value_size: {msg.size}"
         + (f" value: {_show(msg.value)}" if print_data else "")
