@@ -1,8 +1,9 @@
-"""``kl consume``: print a topic's messages, round-robin over its partitions.
+"""``kl consume``: print a topic's messages.
 
-Without ``--follow`` the end of each partition is read once, at the start, and the
-command stops there, so a topic that keeps growing still ends.  The default output is
-the fast path: ``MessageSet.values()`` and one write per fetch.
+The reading (round-robin over the partitions, stopping at the ends they had at the
+start unless ``--follow``, damage) is ``Consumer.consume``'s; this renders each batch it
+yields and writes it to stdout in one system call.  The default output is the fast
+path: values only, joined with the delimiter.
 """
 
 from __future__ import annotations
@@ -11,10 +12,7 @@ import base64
 import datetime
 import json
 import re
-import sys
-import time
 from collections.abc import Callable
-from typing import IO
 
 import click
 from kl_cli.common import (
@@ -27,10 +25,10 @@ from kl_cli.common import (
     unescape,
     warn,
 )
+from kl_cli.output import stdout_writer
 
 import kl
 
-POLL_SECONDS = 0.1
 FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -43,8 +41,8 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     "-o",
     "--from-offset",
     metavar="N|earliest|latest|-N",
-    help="Start at byte offset N, at the first message (earliest), after the last one (latest), "
-    "or N messages before the end  [default: earliest].",
+    help="Start at byte offset N, at the first message (earliest, or kcat's beginning), after the last one "
+    "(latest, or kcat's end), or N messages before the end  [default: earliest].",
 )
 @click.option(
     "--from-time",
@@ -104,92 +102,37 @@ def consume(
     elif key_delimiter is not None:
         render = _keyed_renderer(key_delimiter, delim)
 
+    write = stdout_writer()
     root = get_root(ctx)
     consumer = kl.Consumer(root)
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
     if where == "offset" and len(partitions) > 1:
         raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
-    ends = {p: consumer.latest_offset(topic, p) for p in partitions}
-    offsets = {p: _start_offset(consumer, topic, p, where, n, time_ms) for p in partitions}
-
-    out = sys.stdout.buffer
-    remaining = count
-    # A byte offset is always fetched once, so that a bad one is an error.
-    active = [p for p in partitions if follow or offsets[p] < ends[p] or where == "offset"]
-    while active and remaining != 0:
-        progressed = False
-        for p in list(active):
-            offset = offsets[p]
-            max_bytes = kl.DEFAULT_MAX_BYTES if follow else max(1, min(kl.DEFAULT_MAX_BYTES, ends[p] - offset))
-            def write(messages: kl.MessageSet) -> tuple[int, int]:
-                if render is None:
-                    return _write_values(out, messages, remaining, b"" if binary else delim)
-                return _write_rendered(out, messages, remaining, render, topic, p)
-
-            try:
-                written, offsets[p] = write(consumer.fetch(topic, p, offset, max_bytes))
-            except kl.CorruptMessage as e:
-                if e.offset is None:
-                    raise
-                written = write(consumer.fetch(topic, p, offset, e.offset - offset))[0] if e.offset > offset else 0
-                if not skip_corrupt:
-                    out.flush()
-                    raise
-                offsets[p] = root.log(topic, p).skip_corrupt(e.offset)
-                warn(f"skipped damaged data of {topic}/{p} from offset {e.offset} to {offsets[p]}: {e.reason}")
-            if remaining is not None:
-                remaining -= written
-                if remaining == 0:
-                    break
-            if offsets[p] > offset:
-                progressed = True
-                if follow or offsets[p] < ends[p]:
-                    continue
-            if not follow:
-                active.remove(p)
-        if follow and not progressed:
-            out.flush()
-            time.sleep(POLL_SECONDS)
-    out.flush()
-
-
-def _start_offset(consumer: kl.Consumer, topic: str, partition: int, where: str, n: int, time_ms: int | None) -> int:
+    start: kl.Start = where
     if time_ms is not None:
-        return consumer.offset_for_time(topic, partition, time_ms)
-    if where == "earliest":
-        return consumer.earliest_offset(topic, partition)
-    if where == "latest":
-        return consumer.latest_offset(topic, partition)
-    if where == "back":
-        return consumer.offset_back(topic, partition, n)
-    consumer.check_offset(topic, partition, n)
-    return n
+        start = {p: consumer.offset_for_time(topic, p, time_ms) for p in partitions}
+    elif where == "back":
+        start = {p: consumer.offset_back(topic, p, n) for p in partitions}
+    elif where == "offset":
+        consumer.check_offset(topic, partitions[0], n)
+        start = n
+
+    batches = consumer.consume(
+        topic, partitions, start=start, follow=follow, max_messages=count, values_only=render is None,
+        skip_corrupt=skip_corrupt, on_skip=_warn_skipped,
+    )
+    for batch in batches:
+        if render is not None:
+            write(render(topic, batch.partition, batch.messages))
+        elif binary:
+            write(b"".join(batch.messages))
+        else:
+            batch.messages.append(b"")  # a delimiter after the last value too, without another copy
+            write(delim.join(batch.messages))
 
 
-def _write_values(out: IO[bytes], messages: kl.MessageSet, limit: int | None, delim: bytes) -> tuple[int, int]:
-    values, next_offset = messages.values()
-    if limit is not None and len(values) > limit:
-        del values[limit:]
-    written = len(values)
-    if values:
-        if delim:
-            values.append(b"")  # a delimiter after the last value too, without another copy
-        out.write(delim.join(values))
-    return written, next_offset
-
-
-def _write_rendered(
-    out: IO[bytes], messages: kl.MessageSet, limit: int | None, render: Render, topic: str, partition: int
-) -> tuple[int, int]:
-    batch = []
-    for message in messages:
-        batch.append(message)
-        if len(batch) == limit:
-            break
-    if not batch:
-        return 0, messages.offset
-    out.write(render(topic, partition, batch))
-    return len(batch), batch[-1].next_offset
+def _warn_skipped(skipped: kl.Skipped) -> None:
+    warn(f"skipped damaged data of {skipped.topic}/{skipped.partition} from offset {skipped.offset} to {skipped.next_offset}: {skipped.reason}")
 
 
 def _text(data: bytes | None) -> str:
@@ -259,10 +202,11 @@ def _render_json(topic: str, partition: int, messages: list[kl.Message]) -> byte
 
 
 def _parse_from_offset(text: str | None) -> tuple[str, int]:
-    """("earliest" or "latest", 0), ("offset", N) for a byte offset, or ("back", N) for -N."""
-    if text is None or text == "earliest":
+    """("earliest" or "latest", 0), ("offset", N) for a byte offset, or ("back", N) for -N;
+    kcat's "beginning" and "end" are "earliest" and "latest"."""
+    if text is None or text in ("earliest", "beginning"):
         return "earliest", 0
-    if text == "latest":
+    if text in ("latest", "end"):
         return "latest", 0
     if re.fullmatch(r"[0-9]+", text):
         return "offset", int(text)

@@ -8,6 +8,7 @@ repair.  The work is the library's (``kl.recovery``, ``kl.retention``, ``kl.dump
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,10 +23,13 @@ from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import exclusive, get_root
+from kl_cli.output import stdout_writer
 
 EXIT_DAMAGE = 3
 """Damage was found and not repaired (or, with --dry-run, anything was found)."""
 
+WRITE_LINES = 4096
+"""Lines ``kl dump`` collects before it writes them out."""
 SEGMENT_SUFFIXES = (".kl", ".kafka")
 _SEGMENT_COPY = re.compile(r"(\d{20})\.(?:kl|kafka)(?:\..*)?")
 """A segment's name, or the name of a copy of it: ``NAME.damaged-TIME``, ``NAME.deleted``."""
@@ -249,36 +253,64 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
     TARGET is a segment file (kl's .kl or Kafka 0.7's .kafka) or a topic name.  Each
     message shows its offset, position, size, magic, codec, timestamp, key and whether
     its checksum is valid.  At damage the listing of that file stops and says why; the
-    command then exits 3.
+    command then exits 3.  On a terminal, a progress bar on stderr shows the bytes read.
     """
+    write = stdout_writer()
+    targets = list(_dump_targets(ctx, target, partition))
     damaged = False
-    for path, partition_, base, published, limit in _dump_targets(ctx, target, partition):
-        if not as_json:
-            sys.stdout.write(f"Dumping {path}\n")
-        options = {"base_offset": base, "deep": deep} | ({"max_message_bytes": limit} if limit else {})
-        past_end = False
-        for record in dump_file(path, **options):
-            if published is not None and record.position >= published and not past_end:
-                past_end = True
-                if not as_json:
-                    sys.stdout.write(f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n")
-            if as_json:
-                sys.stdout.write(_dump_json(record, print_data, partition_, past_end))
-            else:
-                sys.stdout.write(_dump_line(record, print_data))
-            if record.valid:
-                continue
-            damaged = damaged or not past_end
-            if record.codec == "-" and not as_json:  # a message that failed its checks: dump_file stops there
-                sys.stdout.write(f"stopped at offset {record.offset} (position {record.position}): {record.problem}\n")
+    with _progress(sum(size for *_, size in targets)) as advance:
+        done = 0
+        for path, partition_, base, published, limit, size in targets:
+            out: list[str] = [] if as_json else [f"Dumping {path}\n"]
+            options = {"base_offset": base, "deep": deep} | ({"max_message_bytes": limit} if limit else {})
+            past_end = False
+            for record in dump_file(path, **options):
+                if published is not None and record.position >= published and not past_end:
+                    past_end = True
+                    if not as_json:
+                        out.append(f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n")
+                out.append(_dump_json(record, print_data, partition_, past_end) if as_json else _dump_line(record, print_data))
+                if len(out) >= WRITE_LINES:
+                    write(_encode(out))
+                    out.clear()
+                    advance(done + record.position + record.size)
+                if record.problem is None:
+                    continue
+                damaged = damaged or not past_end
+                if record.codec == "-" and not as_json:  # a message that failed its checks: dump_file stops there
+                    out.append(f"stopped at offset {record.offset} (position {record.position}): {record.problem}\n")
+            write(_encode(out))
+            done += size
+            advance(done)
     if damaged:
         ctx.exit(EXIT_DAMAGE)
 
 
+def _encode(lines: list[str]) -> bytes:
+    """Lines as UTF-8; a file name's bytes that are not UTF-8 go out as they are."""
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None]]:
+    """A function to report bytes done: a progress bar on stderr when it is a terminal
+    and stdout is not (there, the listing shows how far it got)."""
+    if not sys.stderr.isatty() or sys.stdout.isatty():
+        yield lambda done: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    columns = ("dumping", BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task("dump", total=total)
+        yield lambda done: progress.update(task, completed=done)
+
+
 def _dump_targets(
     ctx: click.Context, target: str, partition: int | None
-) -> Iterator[tuple[str, int | None, int | None, int | None, int | None]]:
-    """(path, partition, base offset, published size, max message bytes) of each file to dump."""
+) -> Iterator[tuple[str, int | None, int | None, int | None, int | None, int]]:
+    """(path, partition, base offset, published size, max message bytes, file size) of each file to dump."""
     if os.path.isdir(target):
         raise click.ClickException(f"{target} is a directory: give a segment file or a topic name")
     if os.path.isfile(target) or os.sep in target or target.endswith(SEGMENT_SUFFIXES):
@@ -287,7 +319,7 @@ def _dump_targets(
         if not os.path.isfile(target):
             raise click.ClickException(f"no such segment file: {target}")
         named = _SEGMENT_COPY.fullmatch(os.path.basename(target))
-        yield target, None, int(named.group(1)) if named else 0, None, None
+        yield target, None, int(named.group(1)) if named else 0, None, None, os.path.getsize(target)
         return
     root = get_root(ctx)
     config = root.config(target)
@@ -295,7 +327,15 @@ def _dump_targets(
         segments = root.log(target, p).segments()  # the last is the active one, sized to the published end
         for i, segment in enumerate(segments):
             published = segment.size_in_bytes if i == len(segments) - 1 else None
-            yield segment.path, p, segment.base_offset, published, config.max_message_bytes
+            yield segment.path, p, segment.base_offset, published, config.max_message_bytes, _file_size(segment.path)
+
+
+def _file_size(path: str) -> int:
+    """The size of the file at ``path``, 0 when retention deleted it meanwhile."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
 def _show(data: bytes | None) -> str:
@@ -307,14 +347,18 @@ def _show(data: bytes | None) -> str:
 
 
 def _dump_line(record: DumpRecord, print_data: bool) -> str:
-    if not record.valid and record.codec == "-":
+    if record.codec == "-":  # a message that failed its checks
         return f"offset: {record.offset} position: {record.position} size: {record.size} valid: no\n"
+    timestamp = "-" if record.timestamp is None else record.timestamp
+    key = "-" if record.key is None else _show(record.key)
     line = (
         f"offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
-        f"codec: {record.codec} timestamp: {_timestamp(record)} valid: yes key: {_show(record.key)}"
+        f"codec: {record.codec} timestamp: {timestamp} valid: yes key: {key}"
     )
     if print_data:
         line += f" value: {_value(record)}"
+    if record.problem is None and not record.inner:  # most lines
+        return line + "\n"
     inner = [
         f"  inner: {i} timestamp: {_timestamp(msg)} key: {_show(msg.key)} value_size: {msg.size}"
         + (f" value: {_show(msg.value)}" if print_data else "")

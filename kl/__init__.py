@@ -9,7 +9,7 @@
 """
 
 from kl.config import TopicConfig
-from kl.consumer import DEFAULT_MAX_BYTES, Consumer
+from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -32,8 +32,8 @@ from kl.producer import Appended, Producer, hash_partitioner
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [
-    "Appended", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
+    "Appended", "Batch", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
     "InvalidOffset", "InvalidTopicName", "KlError", "LATEST", "LockTimeout", "Log", "Message", "MessageSet",
-    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "StorageError", "TopicConfig",
+    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "Skipped", "Start", "StorageError", "TopicConfig",
     "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner", "validate_name",
 ]

@@ -6,11 +6,12 @@ the caller stores ``next_offset`` wherever suits it (with its output, for exactl
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Literal, NamedTuple, Union
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.log import EARLIEST, LATEST
@@ -20,10 +21,35 @@ from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
+Start = Union[Literal["earliest", "latest"], int, Mapping[int, int]]
+"""Where ``Consumer.consume`` starts: the log start or end, a byte offset, or one per partition."""
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES"]
+__all__ = ["Batch", "Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES", "Skipped", "Start"]
+
+
+class Batch(NamedTuple):
+    """The valid messages one fetch gave from one partition, in order."""
+
+    topic: str
+    partition: int
+    offset: int
+    """Where the fetch started."""
+    next_offset: int
+    """Where the partition's next fetch starts (inside a compressed batch: at the batch)."""
+    messages: list[Message] | list[bytes]
+    """``Message`` objects, or with ``values_only`` their values alone."""
+
+
+class Skipped(NamedTuple):
+    """Damaged data ``Consumer.consume`` stepped over: the bytes from ``offset`` to ``next_offset``."""
+
+    topic: str
+    partition: int
+    offset: int
+    next_offset: int
+    reason: str
 
 
 class Consumer:
@@ -66,6 +92,117 @@ class Consumer:
         """The offset from which the last ``count`` messages can be read."""
         return self.root.log(topic, partition).offset_back(count)
 
+    def consume(
+        self,
+        topic: str,
+        partitions: Iterable[int] | None = None,
+        *,
+        start: Start = "earliest",
+        follow: bool = False,
+        max_messages: int | None = None,
+        values_only: bool = False,
+        skip_corrupt: bool = False,
+        on_skip: Callable[[Skipped], None] | None = None,
+        reset: ResetPolicy = "fail",
+        max_bytes: int | None = None,
+        idle_timeout: float | None = None,
+        poll_interval: float = 0.1,
+    ) -> Iterator[Batch]:
+        """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
+
+        ``start`` is "earliest", "latest", a byte offset (for one partition), or a
+        mapping of partition to offset.  Without ``follow`` each partition is read up to
+        the end it had when this started, so a topic that keeps growing still ends;
+        with it, new messages are waited for (polling every ``poll_interval`` seconds)
+        until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
+        ``max_messages`` messages.
+
+        Each fetch that gives messages yields a ``Batch`` of them, all valid: with
+        ``values_only`` just their values, the fast path.  At a damaged message the valid
+        ones before it are yielded first; then ``CorruptMessage`` is raised, or, with
+        ``skip_corrupt``, the damage is stepped over and reported to ``on_skip`` (by
+        default logged as a warning).  A position that falls out of the log (retention
+        deleted it) raises ``OffsetOutOfRange``, or with ``reset`` goes on from the log
+        start ("earliest") or end ("latest").  Also raises ``TopicNotFound``,
+        ``InvalidOffset`` and ``InvalidConfig`` (a bad ``start`` or ``reset``).
+        """
+        if reset not in ("fail", "earliest", "latest"):
+            raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
+        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
+        ends = {p: self.latest_offset(topic, p) for p in partitions}
+        offsets = {p: self._start_offset(topic, p, start, ends, len(partitions)) for p in partitions}
+        max_bytes = max_bytes or self.max_bytes
+        remaining = max_messages
+        active = [p for p in partitions if follow or offsets[p] != ends[p]]
+        idle_since = time.monotonic()
+        while active and remaining != 0:
+            progressed = False
+            for p in list(active):
+                offset = offsets[p]
+                size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
+                try:
+                    got, offsets[p], damage = self._read(topic, p, offset, size, values_only, remaining)
+                except OffsetOutOfRange as e:
+                    if reset == "fail":
+                        raise
+                    got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                if got:
+                    if remaining is not None:
+                        remaining -= len(got)
+                    yield Batch(topic, p, offset, offsets[p], got)
+                    if remaining == 0:
+                        return
+                if damage is not None:
+                    if not skip_corrupt:
+                        raise damage
+                    offsets[p] = self.root.log(topic, p).skip_corrupt(damage.offset)
+                    skipped = Skipped(topic, p, damage.offset, offsets[p], damage.reason)
+                    if on_skip is None:
+                        log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
+                    else:
+                        on_skip(skipped)
+                moved = offsets[p] != offset
+                progressed = progressed or moved
+                if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
+                    active.remove(p)
+            if follow and progressed:
+                idle_since = time.monotonic()
+            elif follow:
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                    return
+                time.sleep(poll_interval)
+
+    def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
+        if start == "earliest":
+            return self.earliest_offset(topic, partition)
+        if start == "latest":
+            return ends[partition]
+        if isinstance(start, int):
+            if count != 1:
+                raise InvalidConfig(f"a start offset ({start}) is for one partition, not {count}")
+            return start
+        if isinstance(start, Mapping):
+            if partition not in start:
+                raise InvalidConfig(f"start gives no offset for partition {partition}")
+            return start[partition]
+        raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
+
+    def _read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None
+    ) -> tuple[list[Message] | list[bytes], int, CorruptMessage | None]:
+        """The valid messages (at most ``limit``) of one fetch, where to read next, and
+        the damage that ended them early (its offset is where to read next then)."""
+        try:
+            return *_take(self.fetch(topic, partition, offset, max_bytes), values_only, limit), None
+        except CorruptMessage as e:
+            if e.offset is None or e.offset < offset:
+                raise
+            damage = e
+        if damage.offset == offset:
+            return [], offset, damage
+        got, _ = _take(self.fetch(topic, partition, offset, damage.offset - offset), values_only, limit)
+        return got, damage.offset, damage
+
     def stream(
         self,
         topic: str,
@@ -78,42 +215,25 @@ class Consumer:
         max_bytes: int | None = None,
         skip_corrupt: bool = False,
     ) -> Iterator[Message]:
-        """Follow a partition from ``offset``, waiting for new messages as they come.
+        """Follow one partition from ``offset``, message by message: ``consume`` with
+        ``follow=True`` (see there for ``idle_timeout``, ``reset`` and ``skip_corrupt``,
+        which logs what it skips)."""
+        for batch in self.consume(
+            topic, [partition], start=offset, follow=True, skip_corrupt=skip_corrupt, reset=reset,
+            max_bytes=max_bytes, idle_timeout=idle_timeout, poll_interval=poll_interval,
+        ):
+            yield from batch.messages
 
-        Stops after ``idle_timeout`` seconds without a new message (never, if None).  When
-        the position falls out of the log (retention deleted it), ``reset`` says what to do:
-        raise ``OffsetOutOfRange`` ("fail"), or go on from the log start or end.  A damaged
-        message raises ``CorruptMessage`` unless ``skip_corrupt``, which logs it and goes on
-        from the next valid message.
-        """
-        if reset not in ("fail", "earliest", "latest"):
-            raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
-        idle_since = time.monotonic()
-        while True:
-            try:
-                messages = self.fetch(topic, partition, offset, max_bytes)
-            except OffsetOutOfRange as e:
-                if reset == "fail":
-                    raise
-                offset = e.log_start_offset if reset == "earliest" else e.log_end_offset
-                continue
-            got = False
-            try:
-                for message in messages:
-                    yield message
-                    offset, got = message.next_offset, True
-            except CorruptMessage as e:
-                if not skip_corrupt or e.offset is None:
-                    raise
-                offset = self.root.log(topic, partition).skip_corrupt(e.offset)
-                log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", topic, partition, e.offset, offset, e.reason)
-                idle_since = time.monotonic()
-                continue
-            got = got or messages.next_offset > offset  # stepped over padding
-            offset = max(offset, messages.next_offset)
-            if got:
-                idle_since = time.monotonic()
-                continue
-            if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
-                return
-            time.sleep(poll_interval)
+
+def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes], int]:
+    """Up to ``limit`` messages (or values) of a set, and the offset after the last one."""
+    if values_only:
+        values, next_offset = messages.values()
+        if limit is None or len(values) <= limit:
+            return values, next_offset
+    if limit is None:
+        got = list(messages)
+        return got, messages.next_offset
+    got = list(itertools.islice(messages, limit))
+    next_offset = got[-1].next_offset if len(got) == limit else messages.next_offset
+    return [msg.value for msg in got] if values_only else got, next_offset

@@ -254,6 +254,11 @@ def test_earliest_and_latest(ten):
     assert ok(ten, "consume", "t", "-o", "latest") == b""
 
 
+def test_kcat_beginning_and_end(ten):
+    assert ok(ten, "consume", "t", "-o", "beginning", "-c", "2") == b"m0\nm1\n"
+    assert ok(ten, "consume", "t", "-o", "end") == b""
+
+
 def test_byte_offset_from_next_offset(ten):
     third = messages(ten)[2]
     assert ok(ten, "consume", "t", "-o", str(third["offset"]), "-c", "2") == b"m2\nm3\n"
@@ -573,7 +578,8 @@ def kl_version() -> str:
     return version("kl")
 
 
-def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_path):
+@pytest.mark.parametrize("render", [[], ["--format", "{value}"]], ids=["values", "format"])
+def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_path, render):
     root = kl.Root(tmp_path / "root")
     root.create_topic("t")
     with kl.Producer(root) as producer:
@@ -583,11 +589,11 @@ def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_pa
     data = bytearray(Path(segment).read_bytes())
     data[25 + 24] ^= 1  # inside "two", the second 25-byte message; the third keeps it committed
     Path(segment).write_bytes(bytes(data))
-    result = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t"])
+    result = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t", *render])
     assert result.exit_code == 1
     assert result.stdout_bytes == b"one\n"
     assert result.stderr.endswith(f"Error: corrupt message at offset 25 ({segment} position 25): checksum mismatch\n")
-    skipped = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t", "--skip-corrupt"])
+    skipped = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t", "--skip-corrupt", *render])
     assert skipped.exit_code == 0
     assert skipped.stdout_bytes == b"one\nthree\n"
     assert skipped.stderr == (

@@ -161,3 +161,20 @@ def test_a_damaged_copy_of_the_kafka_0_7_segment_stops_at_the_damage(tmp_path):
     records = list(dump_file(str(copy)))
     assert len(records) == 51 and records[-1].offset == 109 * 50
     assert records[-1].problem == "checksum mismatch"
+
+
+def test_a_segment_of_many_reads_and_a_message_larger_than_one_read_is_listed_whole(root):
+    root.create_topic("big", kl.TopicConfig(max_message_bytes=4 << 20, flush_messages=0, flush_ms=0))
+    producer = kl.Producer(root)
+    producer.send_batch("big", [b"%07d" % i * 8 for i in range(40_000)], partition=0)  # 3.4 MB
+    producer.send("big", b"x" * (3 << 19), key=b"large", partition=0)  # 1.5 MiB: more than one read
+    producer.send_batch("big", [b"after %d" % i for i in range(1000)], partition=0)
+    producer.close()
+    log = root.log("big", 0)
+    records = list(dump_file(log.segments()[0].path))
+    messages = read_log(log)
+    assert len(records) == len(messages) == 41_001
+    assert all(r.valid for r in records)
+    assert [(r.offset, r.size, r.key, r.value) for r in records] == [
+        (msg.offset, msg.next_offset - msg.offset, msg.key, msg.value) for msg in messages
+    ]

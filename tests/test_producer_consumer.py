@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 import kl
 from kl import message as m
 
-from conftest import read_all, values_of
+from conftest import flip_byte, read_all, values_of
 
 
 @pytest.fixture
@@ -476,3 +477,28 @@ def test_stream_follows_across_segment_rolls(root):
         producer.send("s", b"%010d" % i)
     got = list(kl.Consumer(root).stream("s", 0, 0, idle_timeout=0.1, poll_interval=0.01, max_bytes=50))
     assert values_of(got) == [b"%010d" % i for i in range(20)]
+
+
+def damaged(root: kl.Root, topic: str) -> int:
+    """one, two, six, each its own append, "two" with a flipped byte; its offset."""
+    with kl.Producer(root) as producer:
+        offsets = [producer.send(topic, value, partition=0).offset for value in (b"one", b"two", b"six")]
+    flip_byte(root.log(topic, 0).segments()[0].path, offsets[1] + m.HEADER_SIZE)
+    return offsets[1]
+
+
+def test_stream_yields_the_messages_before_damage_then_raises(root, topic):
+    offset = damaged(root, topic)
+    got = []
+    with pytest.raises(kl.CorruptMessage) as raised:
+        for msg in kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.1, poll_interval=0.01):
+            got.append(msg.value)
+    assert (got, raised.value.offset) == ([b"one"], offset)
+
+
+def test_stream_skip_corrupt_logs_and_goes_on(root, topic, caplog):
+    offset = damaged(root, topic)
+    with caplog.at_level(logging.WARNING, logger="kl.consumer"):
+        got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.1, poll_interval=0.01, skip_corrupt=True))
+    assert values_of(got) == [b"one", b"six"]
+    assert caplog.messages == [f"skipped damaged data of {topic}/0 from offset {offset} to {2 * offset}: checksum mismatch"]
