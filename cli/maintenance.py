@@ -21,7 +21,7 @@ import kl
 from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
-from kl_cli.common import exclusive, get_root
+from kl_cli.common import Progress, exclusive, get_root
 
 EXIT_DAMAGE = 3
 """Damage was found and not repaired (or, with --dry-run, anything was found)."""
@@ -138,37 +138,6 @@ class _Output:
             console.print(Text(_other_line(row)))
 
 
-class _Progress:
-    """A progress bar on stderr while it is a terminal (rich imported only then); else nothing."""
-
-    def __init__(self, total: int, unit: str):
-        self.bar = None
-        if not sys.stderr.isatty():
-            return
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        amount = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
-        self.bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), amount, TimeRemainingColumn(),
-            console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False,
-        )
-        self.task = self.bar.add_task("", total=total)
-        self.bar.start()
-
-    def show(self, description: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=description)
-
-    def advance(self, amount: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, amount)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _size_in_bytes(log: kl.Log) -> int:
     try:
         return sum(s.size_in_bytes for s in log.segments())
@@ -207,11 +176,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
                 action = "would remove" if dry_run else "removed"
                 out.other({"topic": name, "partition": None, "status": "leftover", "reason": kind, "action": action})
         targets = _partitions(root, topics, out)
-        if deep:
-            progress = _Progress(sum(_size_in_bytes(log) for _, _, log in targets), "bytes")
-        else:
-            progress = _Progress(len(targets), "partitions")
-        try:
+        total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
+        with Progress(total, "bytes" if deep else "partitions") as progress:
             for name, p, log in targets:
                 progress.show(f"{name}/{p}")
                 options = {"progress": progress.advance} if deep and progress.bar is not None else {}
@@ -228,8 +194,6 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
                 row = _recovery_row(name, p, report, dry_run)
                 found = found or row["status"] in ("damaged", "found")
                 out.add(row)
-        finally:
-            progress.close()
     finally:
         out.close()
     _exit(ctx, out, "not checked", EXIT_DAMAGE if found or out.skipped else 0)
@@ -313,8 +277,7 @@ def retain_command(
     out = _Output(as_json, _retention_line, _retention_cells)
     try:
         targets = _partitions(root, topics, out)
-        progress = _Progress(len(targets), "partitions")
-        try:
+        with Progress(len(targets), "partitions") as progress:
             for name, p, log in targets:
                 progress.show(f"{name}/{p}")
                 try:
@@ -327,8 +290,6 @@ def retain_command(
                 finally:
                     progress.advance()
                 out.add(_retention_row(name, p, report, dry_run))
-        finally:
-            progress.close()
     finally:
         out.close()
     _exit(ctx, out, "not retained", 1 if out.skipped else 0)

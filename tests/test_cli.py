@@ -6,8 +6,11 @@ file descriptors or signals run ``python -m kl_cli`` as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -381,7 +384,6 @@ def test_ctrl_c_leaves_a_prefix_of_whole_messages(kl_root):
 
 def test_topics_create_list_describe_delete(tmp_path):
     root = str(tmp_path / "new-root")
-    assert ok(root, "topics", "list") == b""
     ok(root, "topics", "create", "b", "--partitions", "2", "--segment-bytes", "2000000", "--max-message-bytes", "1000")
     ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5",
        "--retention-bytes", "7")
@@ -495,16 +497,199 @@ def test_byte_offset_needs_a_partition(kl_root):
         (b"", "line 2: invalid JSON: Expecting value: line 1 column 1 (char 0)"),
     ],
 )
-def test_bad_json_line_writes_nothing(kl_root, line, error):
-    assert fails(kl_root, "produce", "t", "--json", input=b'{"value": "fine"}\n' + line + b"\n") == f"Error: {error}"
-    assert ok(kl_root, "consume", "t") == b""
+def test_a_bad_json_line_is_reported_after_the_lines_before_it_are_committed(kl_root, line, error):
+    assert fails(kl_root, "produce", "t", "--json", input=b'{"value": "fine"}\n' + line + b"\n") == (
+        f"Error: {error}; 1 line before it was committed"
+    )
+    assert ok(kl_root, "consume", "t") == b"fine\n"
 
 
 def test_message_too_large(kl_root):
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
     assert fails(kl_root, "produce", "small", input=b"x" * 200) == (
-        "Error: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100"
+        "Error: line 1: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "0 lines before it were committed"
     )
+
+
+@pytest.mark.parametrize("args", [[], ["-K", ":"], ["-z", "zstd"], ["--batch-size", "7"], ["-p", "1"]])
+def test_a_message_too_large_is_reported_after_every_line_before_it_is_committed(kl_root, args):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100", "--partitions", "2")
+    before = lines(1233, width=60)
+    assert fails(kl_root, "produce", "small", *args, input=before + b"y" * 200 + b"\n" + lines(5)) == (
+        "Error: line 1234: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "1233 lines before it were committed"
+    )
+    assert sorted(ok(kl_root, "consume", "small").splitlines(keepends=True)) == before.splitlines(keepends=True)
+
+
+def test_a_failing_record_is_named_by_its_number_with_another_delimiter(kl_root):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
+    assert fails(kl_root, "produce", "small", "-0", input=b"a\0b\0" + b"y" * 200) == (
+        "Error: record 3: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "2 records before it were committed"
+    )
+
+
+def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_path):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "1048576")
+    f = tmp_path / "in"
+    f.write_bytes(lines(100_000) + b"z" * 2_000_000 + b"\n" + lines(10))
+    done = shell(kl_root, f"$KL produce small < {f}")
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (
+        1, b"", "Error: line 100001: a message of 2000022 bytes exceeds topic 'small''s max_message_bytes 1048576; "
+        "100000 lines before it were committed\n",
+    )
+    assert ok(kl_root, "consume", "small") == lines(100_000)
+
+
+def test_a_lock_timeout_is_reported_after_the_lines_before_it_are_committed(kl_root, monkeypatch):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import sys, time, kl
+with kl.Root({kl_root!r}).log("two", 1).locked():
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        records = b"".join(b'{"partition": %d, "value": "%d"}\n' % (p, i) for i, p in enumerate([0, 0, 0, 1, 0]))
+        error = fails(kl_root, "produce", "two", "--json", input=records)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert error.startswith("Error: line 4: ") and error.endswith("; 3 lines before it were committed"), error
+    assert "lock" in error
+    assert ok(kl_root, "consume", "two", "-p", "0") == b"0\n1\n2\n"
+    assert ok(kl_root, "consume", "two", "-p", "1") == b""
+
+
+def test_deeply_nested_json_is_one_error_line(kl_root):
+    result = run(kl_root, "produce", "t", "--json", input=b'{"value": "a"}\n' + b"[" * 100_000 + b"\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "Error: line 2: invalid JSON: nested too deeply; 1 line before it was committed\n"
+    )
+
+
+def test_closed_stdin_is_one_error_line(kl_root):
+    done = shell(kl_root, "$KL produce t <&-")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, b"", b"Error: standard input is closed: give a FILE, or redirect the input\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "record, error",
+    [
+        ('{"value": "v", "topic": 5}', "'topic' must be a string, not 5"),
+        ('{"value": "v", "partition": "0"}', "'partition' must be a whole number >= 0, not '0'"),
+        ('{"value": "v", "partition": -1}', "'partition' must be a whole number >= 0, not -1"),
+        ('{"value": "v", "partition": true}', "'partition' must be a whole number >= 0, not True"),
+        ('{"value": "v", "partition": 2}',
+         "'partition' 2 is out of range: topic 'two' has partitions 0 to 1 (give -p N to choose one)"),
+        ('{"value": "v", "offset": 1.5}', "'offset' must be a byte offset (a whole number >= 0), not 1.5"),
+        ('{"value": "v", "next_offset": -3}', "'next_offset' must be a byte offset (a whole number >= 0), not -3"),
+        ('{"value": "v", "timestamp": 9223372036854775808}',
+         "'timestamp' must be milliseconds since the epoch, not 9223372036854775808"),
+    ],
+)
+def test_every_json_field_is_checked(kl_root, record, error):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    assert fails(kl_root, "produce", "two", "--json", input=record.encode() + b"\n") == (
+        f"Error: line 1: {error}; 0 lines before it were committed"
+    )
+
+
+def test_json_partition_is_used_unless_p_is_given(kl_root):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    records = (b'{"topic": "elsewhere", "partition": 1, "offset": 7, "next_offset": 30, "value": "a"}\n'
+               b'{"partition": 0, "key": "k", "value": "b"}\n{"partition": 1, "value": "c"}\n')
+    ok(kl_root, "produce", "two", "--json", input=records)
+    assert (ok(kl_root, "consume", "two", "-p", "0"), ok(kl_root, "consume", "two", "-p", "1")) == (b"b\n", b"a\nc\n")
+    ok(kl_root, "produce", "t", "--json", "-p", "0", input=records.replace(b'"partition": 1', b'"partition": 9'))
+    assert ok(kl_root, "consume", "t") == b"a\nb\nc\n"
+
+
+def test_keyless_appends_go_round_the_partitions_from_a_random_one(kl_root):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    ok(kl_root, "produce", "two", input=b"small\n")
+    sizes = [p["size_in_bytes"] for p in json.loads(ok(kl_root, "topics", "describe", "two", "--json"))["partitions"]]
+    assert sorted(sizes) == [0, 27]
+    data = lines(26_000)  # 61 bytes a message: 7 appends of up to 256 KiB (4297 messages)
+    ok(kl_root, "produce", "two", input=data)
+    got = [ok(kl_root, "consume", "two", "-p", str(p)).replace(b"small\n", b"").splitlines(keepends=True) for p in (0, 1)]
+    first = 0 if got[0][0] == data[:40] else 1
+    blocks = [data.splitlines(keepends=True)[i : i + 4297] for i in range(0, 26_000, 4297)]
+    assert got[first] == sum(blocks[0::2], [])
+    assert got[1 - first] == sum(blocks[1::2], [])
+
+
+def on_a_terminal(root: str, args: list[str], fd: str, stdin=None, typed: bytes = b"") -> tuple[int, bytes, bytes]:
+    """Run kl with ``fd`` ("stdin" or "stderr") a terminal; returns its exit status, what
+    it wrote on the terminal, and on stderr (when stderr is not the terminal)."""
+    master, slave = pty.openpty()
+    streams = {"stdin": stdin, "stderr": subprocess.PIPE, fd: slave}
+    process = subprocess.Popen(KL + args, env={**os.environ, "KL_ROOT": root}, stdout=subprocess.PIPE, **streams)
+    os.close(slave)
+    os.write(master, typed)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while select.select([master], [], [], 30)[0] and (chunk := os.read(master, 1 << 16)):
+            seen += chunk
+    os.close(master)
+    try:
+        code = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"kl {' '.join(args)} did not finish; it wrote {seen!r}")
+    return code, seen, process.stderr.read() if process.stderr else b""
+
+
+def test_reading_from_a_terminal_says_so_once(kl_root):
+    code, _, stderr = on_a_terminal(kl_root, ["produce", "t"], "stdin", typed=b"hello\nworld\n\x04")
+    assert (code, stderr) == (0, b"kl produce: reading messages from the terminal, one per line; end with Ctrl-D\n")
+    assert ok(kl_root, "consume", "t") == b"hello\nworld\n"
+
+
+def test_a_big_file_shows_progress_on_a_terminal_only(kl_root, tmp_path):
+    f = tmp_path / "big.log"
+    f.write_bytes(lines(150_000))  # 6 MB
+    with open(f, "rb") as stdin:
+        code, seen, _ = on_a_terminal(kl_root, ["produce", "t"], "stderr", stdin=stdin)
+    assert code == 0
+    assert b"6.0/6.0 MB" in seen  # the bar, once all is read
+    assert b"produced 150000 messages to t" in seen
+    assert ok(kl_root, "consume", "t") == lines(150_000)
+
+
+@pytest.mark.parametrize("args", [
+    ["topics", "list"], ["topics", "describe", "t"], ["topics", "delete", "t"], ["consume", "t"], ["produce", "t"],
+    ["recover"], ["retain"],
+])
+def test_a_missing_root_is_an_error(tmp_path, args):
+    result = run(str(tmp_path / "gone"), *args, input=b"x\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n"
+    )
+    assert not (tmp_path / "gone").exists()
+
+
+def test_a_root_that_is_a_file_is_an_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    assert fails(str(tmp_path / "file"), "topics", "list") == f"Error: root {tmp_path}/file is not a directory"
+
+
+def test_topics_create_makes_a_missing_root(tmp_path):
+    ok(str(tmp_path / "new" / "root"), "topics", "create", "t")
+    assert ok(str(tmp_path / "new" / "root"), "topics", "list") == b"t\n"
+
+
+def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
+    os.mkdir(os.path.join(kl_root, "junk"))
+    os.mkdir(os.path.join(kl_root, ".deleting-0a1b"))
+    assert ok(kl_root, "topics", "list") == b"t\n"
 
 
 @pytest.mark.parametrize(
