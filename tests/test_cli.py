@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -627,11 +628,11 @@ def test_keyless_appends_go_round_the_partitions_from_a_random_one(kl_root):
 
 
 def on_a_terminal(root: str, args: list[str], fd: str, stdin=None, typed: bytes = b"") -> tuple[int, bytes, bytes]:
-    """Run kl with ``fd`` ("stdin" or "stderr") a terminal; returns its exit status, what
-    it wrote on the terminal, and on stderr (when stderr is not the terminal)."""
+    """Run kl with ``fd`` ("stdin", "stdout" or "stderr") a terminal; returns its exit
+    status, what it wrote on the terminal, and on stderr (when stderr is not the terminal)."""
     master, slave = pty.openpty()
-    streams = {"stdin": stdin, "stderr": subprocess.PIPE, fd: slave}
-    process = subprocess.Popen(KL + args, env={**os.environ, "KL_ROOT": root}, stdout=subprocess.PIPE, **streams)
+    streams = {"stdin": stdin, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, fd: slave}
+    process = subprocess.Popen(KL + args, env={**os.environ, "KL_ROOT": root}, **streams)
     os.close(slave)
     os.write(master, typed)
     seen = b""
@@ -690,6 +691,15 @@ def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
     os.mkdir(os.path.join(kl_root, "junk"))
     os.mkdir(os.path.join(kl_root, ".deleting-0a1b"))
     assert ok(kl_root, "topics", "list") == b"t\n"
+    ok(kl_root, "topics", "create", "bad")
+    Path(kl_root, "bad", "topic.json").write_text("{")
+    code, seen, stderr = on_a_terminal(kl_root, ["topics", "list"], "stdout")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode()).replace("\r\n", "\n")
+    assert (code, stderr) == (0, b"")
+    assert [line.split() for line in text.splitlines()[:3]] == [["topic", "partitions", "bytes"], ["bad", "?", "?"],
+                                                                ["t", "1", "0"]]
+    assert "junk: not a topic: no topic.json" in text
+    assert f"bad: topic config {kl_root}/bad/topic.json is unreadable" in text.replace("\n", "")
 
 
 @pytest.mark.parametrize(
