@@ -12,6 +12,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -788,3 +789,50 @@ def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_pa
     assert skipped.stderr == (
         "Warning: skipped damaged data of t/0 from offset 25 to 50: checksum mismatch\n"
     )
+
+
+# ----------------------------------------------------------------- the README and the shell
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TOUR_SKIPS = {
+    "export KL_ROOT=": "the test gives kl a root of its own",
+    "--follow": "it waits for new messages until Ctrl-C",
+}
+"""Lines of the tour that are not run, and why."""
+
+
+def tour() -> list[str]:
+    """The command lines of the README's tour, as written."""
+    block = README.read_text().split("## A 5-minute tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_tour_runs_as_written(tmp_path):
+    run_lines = [line for line in tour() if not any(pattern in line for pattern in TOUR_SKIPS)]
+    assert len(tour()) - len(run_lines) == len(TOUR_SKIPS), "each skip matches one line"
+    assert "kl produce events < samples/access.log          # one message per line" in run_lines
+    script = ['kl() { "$PYTHON" -m kl_cli "$@"; }', "set -o pipefail"]
+    for line in run_lines:
+        script += [line, f"status=$?; [ $status = 0 ] || {{ printf 'exit %s: %s\\n' $status {shlex.quote(line)} >&2; exit 1; }}"]
+    env = {**os.environ, "KL_ROOT": str(tmp_path / "kl"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=README.parent, env=env, capture_output=True, timeout=300)
+    assert (done.returncode, done.stderr.decode()) == (0, "")
+    assert done.stdout.count(b"GET ") > 10
+
+
+@pytest.mark.parametrize("shell, last_line", [
+    ("bash", "_kl_completion_setup;"), ("zsh", "fi"), ("fish", "complete --no-files --command kl --arguments \"(_kl_completion)\";"),
+])
+def test_shell_completion_prints_a_script(shell, last_line):
+    done = subprocess.run(KL, env={**os.environ, "_KL_COMPLETE": f"{shell}_source"}, capture_output=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.decode().strip().splitlines()[-1] == last_line
+
+
+def test_shell_completion_completes_commands_and_options():
+    def complete(words: str) -> str:
+        env = {**os.environ, "_KL_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
+        return subprocess.run(KL, env=env, capture_output=True, timeout=30, check=True).stdout.decode()
+
+    assert complete("kl top") == "plain,topics\n"
+    assert complete("kl produce t --com") == "plain,--compression\n"
