@@ -572,3 +572,27 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
     values = consume(kl_root)
     assert len(values) == 99 and "m000000034" not in values
     assert out(kl_root, "recover", "--deep") == ["t/0: ok (3200 bytes checked)"]
+
+
+@pytest.mark.parametrize("command", ["recover", "retain"])
+def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
+    make(kl_root, "a")
+    make(kl_root, "b")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time, kl
+with kl.Root({kl_root!r}).log("a", 0).locked():
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        result = run(kl_root, command)
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"a/0: error: lock {kl_root}/.locks/a/0.lock is held by another process (waited 0.2s)"
+    assert lines[1].startswith("b/0: ") and "error" not in lines[1]
+    verb = "checked" if command == "recover" else "retained"
+    assert (result.exit_code, result.stderr) == (1, f"Error: not {verb}: a/0 (see the report)\n")
