@@ -200,7 +200,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
 
 
 def _exit(ctx: click.Context, out: _Output, what: str, code: int) -> None:
-    """Exit 1 with one ``Error:`` line when a topic or partition failed, else ``code``."""
+    """Exit 1 with one ``Error:`` line naming what was not done when a topic or partition
+    failed, or when ``code`` is 1 and anything was skipped (a stray entry); else ``code``."""
     if out.failed or (code == 1 and out.skipped):
         raise click.ClickException(f"{what}: {', '.join(out.skipped)} (see the report)")
     if code:
@@ -281,7 +282,8 @@ def retain_command(
             for name, p, log in targets:
                 progress.show(f"{name}/{p}")
                 try:
-                    report = retain(log, max_age_ms=max_age, max_bytes=max_bytes, dry_run=dry_run, delete_delay=delete_delay)
+                    limits = {"max_age_ms": max_age, "max_bytes": max_bytes}
+                    report = retain(log, **limits, dry_run=dry_run, delete_delay=delete_delay)
                 except kl.RootNotFound:
                     raise
                 except (kl.KlError, OSError) as e:

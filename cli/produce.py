@@ -1,9 +1,11 @@
 """``kl produce``: records from a file or stdin, appended in big batches.
 
-The default path does no per-record Python work beyond ``bytes.split``: the input is
-read in chunks of up to 1 MiB, split at the delimiter (the partial last record is
-carried to the next chunk), and each chunk goes to ``Producer.send_batch``, which
-appends it in batches of up to ``DEFAULT_BATCH_BYTES``.
+The default path does little per-record Python work beyond ``bytes.split`` and a
+``len``: the input is read in chunks of up to 1 MiB, split at the delimiter (the
+partial last record is carried to the next chunk), and each chunk is cut into pieces
+of one append each (up to ``DEFAULT_BATCH_BYTES``) for ``Producer.send_batch``.  An
+append is all or nothing, so when one fails every record before it is in the topic
+and the error can say so.
 """
 
 from __future__ import annotations

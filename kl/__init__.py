@@ -35,6 +35,6 @@ from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 __all__ = [
     "Appended", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
     "InvalidOffset", "InvalidTopicName", "KlError", "LATEST", "LockTimeout", "Log", "Message", "MessageSet",
-    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "RootNotFound", "StorageError", "TopicConfig",
-    "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner", "validate_name",
+    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "RootNotFound", "StorageError",
+    "TopicConfig", "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner", "validate_name",
 ]
