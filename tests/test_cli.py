@@ -666,6 +666,15 @@ def test_a_big_file_shows_progress_on_a_terminal_only(kl_root, tmp_path):
     assert ok(kl_root, "consume", "t") == lines(150_000)
 
 
+@pytest.mark.parametrize("command", ["recover", "retain"])
+def test_recover_and_retain_show_progress_on_a_terminal(kl_root, command):
+    ok(kl_root, "topics", "create", "three", "--partitions", "3")
+    code, seen, _ = on_a_terminal(kl_root, [command], "stderr")
+    assert code == 0
+    assert b"4/4" in seen  # the bar, once every partition is done
+    assert ok(kl_root, command).count(b"\n") == 4  # and nothing when stderr is not a terminal
+
+
 @pytest.mark.parametrize("args", [
     ["topics", "list"], ["topics", "describe", "t"], ["topics", "delete", "t"], ["consume", "t"], ["produce", "t"],
     ["recover"], ["retain"],
