@@ -138,7 +138,8 @@ def read_chunks(stream: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
     if stat.S_ISFIFO(mode) and hasattr(fcntl, "F_SETPIPE_SZ"):
         with contextlib.suppress(OSError):  # a bigger pipe: fewer reads and wake-ups (Linux)
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
-    while True:
+    ended = False
+    while not ended:
         chunk = os.read(fd, size)
         if not chunk:
             return
@@ -146,9 +147,45 @@ def read_chunks(stream: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
             parts, have = [chunk], len(chunk)
             while have < size and select.select([fd], [], [], 0)[0]:
                 more = os.read(fd, size - have)
-                if not more:
+                if not more:  # the end (on a terminal, Ctrl-D: it is not seen twice)
+                    ended = True
                     break
                 parts.append(more)
                 have += len(more)
             chunk = b"".join(parts)
         yield chunk
+
+
+class Progress:
+    """A progress bar on stderr when it is a terminal (rich imported only then), else
+    nothing: ``total`` partitions, or bytes when ``unit`` is "bytes"."""
+
+    def __init__(self, total: int, unit: str):
+        self.bar = None
+        if not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich import progress as bars
+
+        amount = bars.DownloadColumn() if unit == "bytes" else bars.MofNCompleteColumn()
+        self.bar = bars.Progress(
+            bars.TextColumn("{task.description}"), bars.BarColumn(), amount, bars.TimeRemainingColumn(),
+            console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False,
+        )
+        self.task = self.bar.add_task("", total=total)
+        self.bar.start()
+
+    def show(self, description: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=description)
+
+    def advance(self, amount: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, amount)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

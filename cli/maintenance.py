@@ -22,7 +22,7 @@ import kl
 from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
-from kl_cli.common import exclusive, get_root
+from kl_cli.common import Progress, exclusive, get_root
 from kl_cli.output import stdout_writer
 
 EXIT_DAMAGE = 3
@@ -48,45 +48,105 @@ def _duration_ms(ctx: click.Context, param: click.Parameter, value: str | None) 
     return int(match.group(1)) * _UNIT_MS[match.group(2)]
 
 
-def _partitions(root: kl.Root, topics: Iterable[str]) -> Iterator[tuple[str, int, kl.Log]]:
-    names = list(topics) or root.topics()
+def _partitions(root: kl.Root, topics: Iterable[str], out: _Output) -> list[tuple[str, int, kl.Log]]:
+    """(topic, partition, log) of each partition to work on, all topics by default.
+
+    A topic whose config cannot be read, and (for all topics) each stray entry of the
+    root, is reported to ``out`` and left out; the others are all there.
+    """
+    names = list(topics)
+    if not names:
+        names = root.topics()
+        for name, reason in root.strays():
+            stray = {"topic": name, "partition": None, "status": "stray", "reason": f"not a topic: {reason}"}
+            out.other(stray | {"action": "left as it is"})
+    found = []
     for name in names:
-        for p in range(root.config(name).partitions):
-            yield name, p, root.log(name, p)
+        try:
+            found += [(name, p, root.log(name, p)) for p in range(root.config(name).partitions)]
+        except kl.RootNotFound:
+            raise
+        except (kl.KlError, OSError) as e:
+            out.error(name, None, e)
+    return found
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _where(row: dict) -> str:
+    return row["topic"] if row["partition"] is None else f"{row['topic']}/{row['partition']}"
+
+
+def _other_line(row: dict) -> str:
+    if row["status"] == "error":
+        return f"{_where(row)}: error: {row['error']}"
+    return f"{_where(row)}: {row['reason']} [{row['action']}]"
+
+
 class _Output:
     """Rows as JSON lines, as plain lines written as they come, or (on a terminal) one
     table at the end.  ``line`` renders a row as one or more lines; ``cells`` as the
-    table's columns."""
+    table's columns.  Rows that are not about a partition's data (a stray entry of the
+    root, a leftover, an error) go through :meth:`other` and :meth:`error`: one line
+    each, after the table on a terminal."""
 
     def __init__(self, as_json: bool, line: Callable[[dict], str], cells: Callable[[dict], dict[str, str]]):
         self.as_json, self.line, self.cells = as_json, line, cells
         self.table = not as_json and sys.stdout.isatty()
         self.rows: list[dict] = []
+        self.others: list[dict] = []
+        self.skipped: list[str] = []
+        """Stray entries of the root, and topics and partitions that failed: what was not done."""
+        self.failed = False
 
     def add(self, row: dict) -> None:
         if self.table:
             self.rows.append(row)
             return
-        sys.stdout.write(json.dumps(row) + "\n" if self.as_json else self.line(row) + "\n")
+        self._write(json.dumps(row) if self.as_json else self.line(row))
+
+    def other(self, row: dict) -> None:
+        if row["status"] in ("stray", "error"):
+            self.skipped.append(_where(row))
+            self.failed = self.failed or row["status"] == "error"
+        if self.table:
+            self.others.append(row)
+            return
+        self._write(json.dumps(row) if self.as_json else _other_line(row))
+
+    def error(self, topic: str, partition: int | None, e: Exception) -> None:
+        text = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename is not None else str(e)
+        self.other({"topic": topic, "partition": partition, "status": "error", "error": text})
+
+    @staticmethod
+    def _write(text: str) -> None:
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
     def close(self) -> None:
-        if not self.rows:
+        if not self.rows and not self.others:
             return
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(*self.cells(self.rows[0]).keys(), box=None)
-        for row in self.rows:
-            table.add_row(*(Text(cell) for cell in self.cells(row).values()))  # plain text, not markup
-        Console().print(table)
+        console = Console()
+        if self.rows:
+            table = Table(*self.cells(self.rows[0]).keys(), box=None)
+            for row in self.rows:
+                table.add_row(*(Text(cell) for cell in self.cells(row).values()))  # plain text, not markup
+            console.print(table)
+        for row in self.others:
+            console.print(Text(_other_line(row)))
+
+
+def _size_in_bytes(log: kl.Log) -> int:
+    try:
+        return sum(s.size_in_bytes for s in log.segments())
+    except (kl.KlError, OSError):
+        return 0
 
 
 # ----------------------------------------------------------------- kl recover
@@ -104,21 +164,52 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
 
     Bytes past the published end and a damaged tail past the committed end are cut.
     Damage before the committed end is reported with its offset and left alone unless
-    --repair is given.  Exits 3 when damage remains (or, with --dry-run, was found).
+    --repair is given.  With no TOPIC, entries of the root that are not topics are
+    reported, and directories left by an interrupted topic create or delete are removed.
+    Exits 3 when damage or a stray entry remains (or, with --dry-run, anything was
+    found), 1 when a topic or partition could not be checked.
     """
     exclusive(dry_run=dry_run, repair=repair)
     root = get_root(ctx)
     out = _Output(as_json, _recovery_line, _recovery_cells)
-    damaged = False
+    found = False
     try:
-        for name, p, log in _partitions(root, topics):
-            row = _recovery_row(name, p, recover(log, deep=deep, repair=repair, dry_run=dry_run), dry_run)
-            damaged = damaged or row["status"] in ("damaged", "found")
-            out.add(row)
+        if not topics:
+            for name, kind in root.remove_leftovers(dry_run=dry_run):
+                found = found or dry_run
+                action = "would remove" if dry_run else "removed"
+                out.other({"topic": name, "partition": None, "status": "leftover", "reason": kind, "action": action})
+        targets = _partitions(root, topics, out)
+        total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
+        with Progress(total, "bytes" if deep else "partitions") as progress:
+            for name, p, log in targets:
+                progress.show(f"{name}/{p}")
+                options = {"progress": progress.advance} if deep and progress.bar is not None else {}
+                try:
+                    report = recover(log, deep=deep, repair=repair, dry_run=dry_run, **options)
+                except kl.RootNotFound:
+                    raise
+                except (kl.KlError, OSError) as e:
+                    out.error(name, p, e)
+                    continue
+                finally:
+                    if not deep:
+                        progress.advance()
+                row = _recovery_row(name, p, report, dry_run)
+                found = found or row["status"] in ("damaged", "found")
+                out.add(row)
     finally:
         out.close()
-    if damaged:
-        ctx.exit(EXIT_DAMAGE)
+    _exit(ctx, out, "not checked", EXIT_DAMAGE if found or out.skipped else 0)
+
+
+def _exit(ctx: click.Context, out: _Output, what: str, code: int) -> None:
+    """Exit 1 with one ``Error:`` line naming what was not done when a topic or partition
+    failed, or when ``code`` is 1 and anything was skipped (a stray entry); else ``code``."""
+    if out.failed or (code == 1 and out.skipped):
+        raise click.ClickException(f"{what}: {', '.join(out.skipped)} (see the report)")
+    if code:
+        ctx.exit(code)
 
 
 def _recovery_row(topic: str, partition: int, report: RecoveryReport, dry_run: bool) -> dict:
@@ -183,16 +274,31 @@ def retain_command(
     """Delete old segments, oldest first, by age and by size (all topics by default).
 
     A segment's age comes from its messages' timestamps, so copying a topic does not
-    change what expires.  The active segment and lock files are never deleted.
+    change what expires.  The active segment and lock files are never deleted.  An
+    entry of the root that is not a topic, or a topic or partition that fails, is
+    reported and skipped: the others are done, and the command then exits 1.
     """
     root = get_root(ctx)
     out = _Output(as_json, _retention_line, _retention_cells)
     try:
-        for name, p, log in _partitions(root, topics):
-            report = retain(log, max_age_ms=max_age, max_bytes=max_bytes, dry_run=dry_run, delete_delay=delete_delay)
-            out.add(_retention_row(name, p, report, dry_run))
+        targets = _partitions(root, topics, out)
+        with Progress(len(targets), "partitions") as progress:
+            for name, p, log in targets:
+                progress.show(f"{name}/{p}")
+                try:
+                    limits = {"max_age_ms": max_age, "max_bytes": max_bytes}
+                    report = retain(log, **limits, dry_run=dry_run, delete_delay=delete_delay)
+                except kl.RootNotFound:
+                    raise
+                except (kl.KlError, OSError) as e:
+                    out.error(name, p, e)
+                    continue
+                finally:
+                    progress.advance()
+                out.add(_retention_row(name, p, report, dry_run))
     finally:
         out.close()
+    _exit(ctx, out, "not retained", 1 if out.skipped else 0)
 
 
 def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run: bool) -> dict:

@@ -1,27 +1,36 @@
 """``kl produce``: records from a file or stdin, appended in big batches.
 
-The default path does no per-record Python work beyond ``bytes.split``: the input is
-read in chunks of up to 1 MiB, split at the delimiter (the partial last record is
-carried to the next chunk), and each chunk goes to ``Producer.send_batch``, which
-appends it in batches of up to ``DEFAULT_BATCH_BYTES``.
+The default path does little per-record Python work beyond ``bytes.split`` and a
+``len``: the input is read in chunks of up to 1 MiB, split at the delimiter (the
+partial last record is carried to the next chunk), and each chunk is cut into pieces
+of one append each (up to ``DEFAULT_BATCH_BYTES``) for ``Producer.send_batch``.  An
+append is all or nothing, so when one fails every record before it is in the topic
+and the error can say so.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import contextlib
 import itertools
 import json
+import operator
+import os
 import signal
-from collections.abc import Callable, Iterator
+import stat
+import sys
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import click
 
 import kl
+from kl.message import HEADER_SIZE
 from kl.producer import DEFAULT_BATCH_BYTES
 from kl_cli.common import (
+    Progress,
     delimiter_options,
     exclusive,
     get_root,
@@ -33,8 +42,14 @@ from kl_cli.common import (
 
 JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64"}
 INT64 = range(-(1 << 63), 1 << 63)
-Record = tuple[bytes | None, bytes, int | None]
-"""key, value, timestamp of a JSON-lines record."""
+Record = tuple[bytes | None, bytes, int | None, int | None]
+"""key, value, timestamp, partition of a JSON-lines record."""
+PROGRESS_MIN_BYTES = 4 << 20
+"""A file at least this big gets a progress bar (when stderr is a terminal)."""
+
+
+class BadRecord(Exception):
+    """An input record that cannot be sent (the message says why)."""
 
 
 class Interrupts:
@@ -74,7 +89,10 @@ class Interrupts:
 
 
 class Sender:
-    """Appends batches of records to one topic, counting them."""
+    """Appends records to one topic, one atomic append at a time, counting the records
+    appended: when an append fails, every record before it is in the topic and none
+    after it (with keys on a topic of several partitions, the failing append can be one
+    of a few made at once, one per partition, and the others may have gone in)."""
 
     def __init__(
         self, producer: kl.Producer, topic: str, partition: int | None, batch_size: int | None, interrupts: Interrupts
@@ -85,26 +103,76 @@ class Sender:
         self.batch_size = batch_size
         self.interrupts = interrupts
         self.count = 0
+        config = producer.root.config(topic)
+        self.partitions = config.partitions
+        self.max_message_bytes = config.max_message_bytes
+        self.append_bytes = min(producer.batch_bytes, config.segment_bytes)
+        """The producer's largest append: a piece within it is appended at once."""
+        if producer.codec:
+            self.append_bytes = min(self.append_bytes, config.max_message_bytes - HEADER_SIZE)
+        self.next_partition: int | None = None
+        """Where the next keyless append goes: the partitioner picks the first."""
 
-    def send(self, values: list[bytes], keys: list[bytes | None] | None = None, timestamp: int | None = None) -> None:
+    def send(
+        self,
+        values: list[bytes],
+        keys: list[bytes | None] | None = None,
+        timestamp: int | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Append ``values`` (to ``partition`` unless the sender has one of its own)."""
         if not values:
             return
-        step = self.batch_size or len(values)
+        if self.partition is not None:
+            partition = self.partition
         with self.interrupts.deferred():
-            for i in range(0, len(values), step):
-                self.producer.send_batch(
+            for start, stop in self._pieces(values, keys):
+                target = partition if partition is not None or keys is not None else self.next_partition
+                appended = self.producer.send_batch(
                     self.topic,
-                    values[i : i + step],
-                    None if keys is None else keys[i : i + step],
-                    partition=self.partition,
+                    values[start:stop],
+                    None if keys is None else keys[start:stop],
+                    partition=target,
                     timestamp=timestamp,
                 )
-                self.count += min(step, len(values) - i)
+                if partition is None and keys is None:
+                    self.next_partition = (appended[-1].partition + 1) % self.partitions
+                self.count += stop - start
+
+    def _pieces(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> Iterator[tuple[int, int]]:
+        """(start, stop) ranges of up to one append each; a message too large for the
+        topic comes alone, after all before it."""
+        sizes = list(map(len, values)) if keys is None else [len(v) + len(k or b"") for v, k in zip(values, keys)]
+        end = len(values)
+        if max(sizes) + HEADER_SIZE > self.max_message_bytes:
+            end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)
+        ends = list(itertools.accumulate(map(operator.add, sizes[:end], itertools.repeat(HEADER_SIZE))))
+        start, consumed = 0, 0
+        while start < end:
+            stop = max(bisect.bisect_right(ends, consumed + self.append_bytes, lo=start), start + 1)
+            if self.batch_size:
+                stop = min(stop, start + self.batch_size)
+            yield start, stop
+            consumed, start = ends[stop - 1], stop
+        if end < len(values):
+            yield end, end + 1
+
+
+class InputFile(click.File):
+    """A file to read bytes from, ``-`` being stdin: an error when stdin is closed."""
+
+    def __init__(self) -> None:
+        super().__init__("rb")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "-" and sys.stdin is None:
+            raise click.ClickException("standard input is closed: give a FILE, or redirect the input")
+        return super().convert(value, param, ctx)
 
 
 @click.command(short_help="Append records from a file or stdin to a topic.")
 @click.argument("topic")
-@click.argument("file", type=click.File("rb"), default="-")
+@click.argument("file", type=InputFile(), default="-")
 @delimiter_options("Read")
 @key_delimiter_option(
     "Split each record at the first TEXT into key and value; a record without TEXT has no key (null)."
@@ -144,8 +212,11 @@ def produce(
 ) -> None:
     """Append the records of FILE (default: stdin) to TOPIC, one message per line.
 
-    Without --partition the appends go to the partitions in turn, or with
-    --key-delimiter each message to the partition of its key.
+    Without --partition or a key, each append (up to 256 KiB of messages) goes to the
+    next partition, starting from a random one: a small input lands in one partition.
+    With --key-delimiter each message goes to the partition of its key.  When an append
+    fails, the error names the line it starts at: every line before it is in the topic,
+    none from it on.
     """
     exclusive(json=json_input, binary=binary)
     exclusive(json=json_input, delimiter=delimiter, null=null)
@@ -161,25 +232,63 @@ def produce(
     )
     interrupts = Interrupts()
     sender = Sender(producer, topic, partition, batch_size, interrupts)
-    with interrupts.installed():
+    record = "line" if json_input or delim == b"\n" else "record"
+    if file.isatty():
+        how = "one JSON object per line" if json_input else "one per line" if record == "line" else "one per record"
+        sys.stderr.write(f"kl produce: reading messages from the terminal, {how}; end with Ctrl-D\n")
+        sys.stderr.flush()
+    with interrupts.installed(), _input_progress(file) as chunks:
         try:
             if json_input:
-                _produce_json(file, sender)
+                _produce_json(chunks, sender, None if partition is not None else sender.partitions)
             elif key_delimiter is not None:
-                _produce_keyed(file, sender, delim, key_delimiter)
+                _produce_keyed(chunks, sender, delim, key_delimiter)
             else:
-                _produce_values(file, sender, delim, binary)
+                _produce_values(chunks, sender, delim, binary)
+        except (kl.KlError, OSError, BadRecord) as e:
+            raise click.ClickException(_failure(e, record, sender.count)) from None
         finally:
             with interrupts.deferred():
                 producer.close()
     note(f"produced {sender.count} message{'s' if sender.count != 1 else ''} to {topic}")
 
 
-def _records(file: IO[bytes], delim: bytes) -> Iterator[tuple[list[bytes], bool]]:
+def _failure(e: Exception, record: str, count: int) -> str:
+    """The error at record ``count + 1``, and what was committed before it."""
+    reason = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename else str(e)
+    if isinstance(e, OSError) and not e.filename:
+        reason = f"cannot read the input: {e.strerror or e}"
+    before = f"{count} {record}s before it were" if count != 1 else f"1 {record} before it was"
+    return f"{record} {count + 1}: {reason}; {before} committed"
+
+
+@contextlib.contextmanager
+def _input_progress(file: IO[bytes]) -> Iterator[Iterator[bytes]]:
+    """The input's chunks; with a progress bar of bytes read on a terminal, for a big
+    regular file."""
+    try:
+        info = os.fstat(file.fileno())
+        size = info.st_size if stat.S_ISREG(info.st_mode) else 0
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
+        size = 0
+    if size < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
+        yield read_chunks(file)
+        return
+    with Progress(size, "bytes") as progress:
+
+        def counted() -> Iterator[bytes]:
+            for chunk in read_chunks(file):
+                yield chunk
+                progress.advance(len(chunk))
+
+        yield counted()
+
+
+def _records(chunks: Iterator[bytes], delim: bytes) -> Iterator[tuple[list[bytes], bool]]:
     """The records of each chunk, without their delimiters, and whether they had one:
     an unterminated last record comes last, alone, with False."""
     carry = b""
-    for chunk in read_chunks(file):
+    for chunk in chunks:
         if len(delim) == 1:  # the carry cannot hold part of a delimiter: no 1 MiB copy
             records = chunk.split(delim)
             records[0] = carry + records[0]
@@ -191,15 +300,15 @@ def _records(file: IO[bytes], delim: bytes) -> Iterator[tuple[list[bytes], bool]
         yield [carry], False
 
 
-def _produce_values(file: IO[bytes], sender: Sender, delim: bytes, binary: bool) -> None:
-    for records, terminated in _records(file, delim):
+def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool) -> None:
+    for records, terminated in _records(chunks, delim):
         if binary and terminated:
             records = [record + delim for record in records]
         sender.send(records)
 
 
-def _produce_keyed(file: IO[bytes], sender: Sender, delim: bytes, key_delim: bytes) -> None:
-    for records, _ in _records(file, delim):
+def _produce_keyed(chunks: Iterator[bytes], sender: Sender, delim: bytes, key_delim: bytes) -> None:
+    for records, _ in _records(chunks, delim):
         keys: list[bytes | None] = []
         values = []
         for record in records:
@@ -213,61 +322,86 @@ def _produce_keyed(file: IO[bytes], sender: Sender, delim: bytes, key_delim: byt
         sender.send(values, keys)
 
 
-def _produce_json(file: IO[bytes], sender: Sender) -> None:
-    number = 0
-    for lines, _ in _records(file, b"\n"):
-        batch = []
-        for line in lines:
-            number += 1
-            batch.append(_parse_json(line, number))
-        for timestamp, run in itertools.groupby(batch, key=lambda record: record[2]):
-            records = list(run)
-            keys = [key for key, _, _ in records]
-            values = [value for _, value, _ in records]
-            sender.send(values, keys if any(key is not None for key in keys) else None, timestamp)
+def _produce_json(chunks: Iterator[bytes], sender: Sender, partitions: int | None) -> None:
+    """JSON lines; a record's partition is used when ``partitions`` (its range) is given.
+    The lines before a bad one are sent before it is reported."""
+    for lines, _ in _records(chunks, b"\n"):
+        batch: list[Record] = []
+        try:
+            for line in lines:
+                batch.append(_parse_json(line, sender.topic, partitions))
+        except BadRecord:
+            _send_json(sender, batch)
+            raise
+        _send_json(sender, batch)
 
 
-def _parse_json(line: bytes, number: int) -> Record:
-    def bad(reason: str) -> click.ClickException:
-        return click.ClickException(f"line {number}: {reason}")
+def _send_json(sender: Sender, batch: list[Record]) -> None:
+    for (timestamp, partition), run in itertools.groupby(batch, key=lambda record: (record[2], record[3])):
+        records = list(run)
+        keys = [key for key, _, _, _ in records]
+        values = [value for _, value, _, _ in records]
+        sender.send(values, keys if any(key is not None for key in keys) else None, timestamp, partition)
 
+
+def _parse_json(line: bytes, topic: str, partitions: int | None) -> Record:
+    """One record as ``kl consume --json`` prints it.  ``topic``, ``offset`` and
+    ``next_offset`` say where it came from and are checked but not used; ``partition``
+    is used when ``partitions`` is given.  Raises ``BadRecord``."""
     try:
         obj = json.loads(line)
+    except RecursionError:
+        raise BadRecord("invalid JSON: nested too deeply") from None
     except ValueError as e:
-        raise bad(f"invalid JSON: {e}") from None
+        raise BadRecord(f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
-        raise bad("expected a JSON object")
+        raise BadRecord("expected a JSON object")
     unknown = sorted(set(obj) - JSON_FIELDS)
     if unknown:
-        raise bad(f"unknown field {unknown[0]!r}")
+        raise BadRecord(f"unknown field {unknown[0]!r}")
     if "value" not in obj and "value_b64" not in obj:
-        raise bad("no 'value' or 'value_b64'")
-    value = _field(obj, "value", bad)
+        raise BadRecord("no 'value' or 'value_b64'")
+    value = _field(obj, "value")
     if value is None:
-        raise bad("'value' must not be null")
+        raise BadRecord("'value' must not be null")
+    if obj.get("topic") is not None and not isinstance(obj["topic"], str):
+        raise BadRecord(f"'topic' must be a string, not {obj['topic']!r}")
+    for name in ("offset", "next_offset"):
+        if obj.get(name) is not None and (type(obj[name]) is not int or obj[name] < 0):
+            raise BadRecord(f"{name!r} must be a byte offset (a whole number >= 0), not {obj[name]!r}")
     timestamp = obj.get("timestamp")
     if timestamp is not None and (type(timestamp) is not int or timestamp not in INT64):
-        raise bad(f"'timestamp' must be milliseconds since the epoch, not {timestamp!r}")
-    return _field(obj, "key", bad), value, timestamp
+        raise BadRecord(f"'timestamp' must be milliseconds since the epoch, not {timestamp!r}")
+    partition = obj.get("partition")
+    if partition is not None and (type(partition) is not int or partition < 0):
+        raise BadRecord(f"'partition' must be a whole number >= 0, not {partition!r}")
+    if partitions is None:
+        partition = None
+    elif partition is not None and partition >= partitions:
+        raise BadRecord(
+            f"'partition' {partition} is out of range: topic {topic!r} has partitions 0 to {partitions - 1} "
+            "(give -p N to choose one)"
+        )
+    return _field(obj, "key"), value, timestamp, partition
 
 
-def _field(obj: dict[str, Any], name: str, bad: Callable[[str], click.ClickException]) -> bytes | None:
+def _field(obj: dict[str, Any], name: str) -> bytes | None:
     """``name`` (text) or ``name_b64`` (base64) as bytes; None when absent or null."""
     b64 = name + "_b64"
     if name in obj and b64 in obj:
-        raise bad(f"both {name!r} and {b64!r}")
+        raise BadRecord(f"both {name!r} and {b64!r}")
     if obj.get(name) is not None:
         if not isinstance(obj[name], str):
-            raise bad(f"{name!r} must be a string or null")
+            raise BadRecord(f"{name!r} must be a string or null")
         try:
             return obj[name].encode("utf-8")
         except UnicodeEncodeError:
-            raise bad(f"{name!r} is not valid Unicode (use {b64!r} for bytes)") from None
+            raise BadRecord(f"{name!r} is not valid Unicode (use {b64!r} for bytes)") from None
     if obj.get(b64) is not None:
         if not isinstance(obj[b64], str):
-            raise bad(f"{b64!r} must be a base64 string")
+            raise BadRecord(f"{b64!r} must be a base64 string")
         try:
             return base64.b64decode(obj[b64], validate=True)
         except (binascii.Error, ValueError):
-            raise bad(f"{b64!r} is not valid base64") from None
+            raise BadRecord(f"{b64!r} is not valid base64") from None
     return None

@@ -50,7 +50,11 @@ def create(ctx: click.Context, topic: str, **settings: int | None) -> None:
 @topics.command("list")
 @click.pass_context
 def list_(ctx: click.Context) -> None:
-    """List the topics, one name a line (a table on a terminal)."""
+    """List the topics, one name a line (a table on a terminal).
+
+    Only directories holding a topic.json are topics; on a terminal, what else is in
+    the root is named below the table (kl recover reports it too).
+    """
     root = get_root(ctx)
     names = root.topics()
     if not sys.stdout.isatty():
@@ -58,12 +62,22 @@ def list_(ctx: click.Context) -> None:
         return
     from rich.console import Console
     from rich.table import Column, Table
+    from rich.text import Text
 
     table = Table("topic", Column("partitions", justify="right"), Column("bytes", justify="right"), box=None)
+    problems = [f"{name}: not a topic: {reason}" for name, reason in root.strays()]
     for name in names:
-        info = root.describe(name)
+        try:
+            info = root.describe(name)
+        except kl.KlError as e:
+            table.add_row(name, "?", "?")
+            problems.append(f"{name}: {e}")
+            continue
         table.add_row(name, str(len(info.partitions)), f"{info.size_in_bytes:,}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for problem in problems:
+        console.print(Text(problem, style="yellow"))
 
 
 @topics.command()

@@ -73,3 +73,7 @@ class LockTimeout(KlError):
 
 class StorageError(KlError):
     """The filesystem refused a write, fsync or open (disk full, read-only, I/O error)."""
+
+
+class RootNotFound(KlError):
+    """The root directory is missing (not mounted?) or is not a directory."""

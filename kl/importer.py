@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from kl.config import MiB, TopicConfig
-from kl.errors import InvalidConfig, KlError
+from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
 from kl.log import SegmentInfo
 from kl.segment import Segment, list_segments
 from kl.topic import Root
@@ -70,6 +70,14 @@ def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
     return segments, largest
 
 
+def _exists(root: Root, name: str) -> bool:
+    try:
+        root.config(name)
+    except (TopicNotFound, RootNotFound):  # a missing root is created with the topic
+        return False
+    return True
+
+
 def import_topic(root: Root, name: str, directories: list[str], config: TopicConfig | None = None) -> list[ImportedPartition]:
     """Adopt each directory's segments as partition 0, 1, ... of topic ``name``.
 
@@ -82,7 +90,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
         raise ImportRefused("give at least one directory of segment files")
     checked = [check_directory(directory) for directory in directories]
     largest = max(size for _, size in checked)
-    if name not in root.topics():
+    if not _exists(root, name):
         base = config or TopicConfig()
         limit = max(base.max_message_bytes, largest)
         try:

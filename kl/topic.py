@@ -16,12 +16,13 @@ import re
 import shutil
 import stat
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
 from kl import locks
 from kl.config import CONFIG_FILE, TopicConfig
-from kl.errors import InvalidTopicName, KlError, TopicExists, TopicNotFound
+from kl.errors import InvalidTopicName, KlError, RootNotFound, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.segment import segment_name
@@ -29,6 +30,12 @@ from kl.state import STATE_FILE, PartitionState, deleted_record
 
 LOCKS_DIR = ".locks"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+LEFTOVERS = {".creating-": "left by an interrupted topic create", ".deleting-": "left by an interrupted topic delete"}
+"""Prefixes of the directories ``create_topic`` and ``delete_topic`` work in, and what
+one that stays behind means."""
+LEFTOVER_MIN_AGE = 600.0
+"""Seconds a leftover must have stood unchanged before ``Root.remove_leftovers`` removes
+it: a create or delete still running is never touched."""
 
 
 def validate_name(name: str) -> str:
@@ -135,26 +142,73 @@ class Root:
         write_atomic(os.path.join(directory, STATE_FILE), PartitionState.empty().encode())
 
     def topics(self) -> list[str]:
-        """Names of the topics under the root, sorted."""
+        """Names of the topics under the root, sorted: the directories holding a
+        ``topic.json`` (what else is there, see :meth:`strays`).  Raises ``RootNotFound``."""
+        return sorted(e.name for e in self._entries() if not e.name.startswith(".") and _stray_reason(e) is None)
+
+    def strays(self) -> list[tuple[str, str]]:
+        """(name, reason) of each entry of the root that is not a topic, sorted: a
+        directory without ``topic.json``, a file, a symlink, a name kl would not give a
+        topic.  Hidden entries (``.locks``, leftovers, NFS's ``.nfsXXXX``) are not
+        listed.  Raises ``RootNotFound``."""
+        found = ((e.name, _stray_reason(e)) for e in self._entries() if not e.name.startswith("."))
+        return sorted((name, reason) for name, reason in found if reason is not None)
+
+    def remove_leftovers(self, *, min_age: float = LEFTOVER_MIN_AGE, dry_run: bool = False) -> list[tuple[str, str]]:
+        """Remove the directories an interrupted ``create_topic`` or ``delete_topic``
+        left behind (``.creating-*``, ``.deleting-*``), once unchanged for ``min_age``
+        seconds.  Returns (name, what it was) of each one removed (with ``dry_run``: each
+        one that would be), sorted.  Raises ``RootNotFound`` and ``StorageError``."""
+        now = time.time()
+        removed = []
+        for entry in sorted(self._entries(), key=lambda e: e.name):
+            kind = next((what for prefix, what in LEFTOVERS.items() if entry.name.startswith(prefix)), None)
+            if kind is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if now - max(st.st_mtime, st.st_ctime) < min_age:
+                continue
+            if not dry_run:
+                try:
+                    shutil.rmtree(entry.path)
+                except FileNotFoundError:  # another process is removing it too
+                    pass
+                except OSError as e:
+                    raise storage_error(e, "remove", entry.path) from None
+            removed.append((entry.name, kind))
+        return removed
+
+    def _entries(self) -> list[os.DirEntry[str]]:
         try:
-            entries = list(os.scandir(self.path))
-        except FileNotFoundError:
-            return []
-        return sorted(
-            e.name
-            for e in entries
-            if not e.name.startswith(".") and _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
-        )
+            with os.scandir(self.path) as entries:
+                return list(entries)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._missing() from None
+        except OSError as e:
+            raise storage_error(e, "list", self.path) from None
+
+    def _missing(self) -> RootNotFound:
+        if os.path.exists(self.path):
+            return RootNotFound(f"root {self.path} is not a directory")
+        return RootNotFound(f"root {self.path} does not exist (is it mounted?)")
 
     def config(self, name: str) -> TopicConfig:
-        """The topic's config.  Raises ``TopicNotFound``."""
+        """The topic's config.  Raises ``TopicNotFound`` and ``RootNotFound``."""
         config = self._configs.get(name)
         if config is None:
-            path = os.path.join(self.topic_path(name), CONFIG_FILE)
+            try:
+                path = os.path.join(self.topic_path(name), CONFIG_FILE)
+            except NotADirectoryError:
+                raise self._missing() from None
             try:
                 with open(path, "rb") as f:
                     config = TopicConfig.from_json(f.read(), path)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
+                if not os.path.isdir(self.path):
+                    raise self._missing() from None
                 raise TopicNotFound(f"topic {name!r} does not exist in {self.path}") from None
             except OSError as e:
                 raise storage_error(e, "read", path) from None
@@ -224,6 +278,25 @@ class Root:
             for log in self._logs.values():
                 log.close()
             self._logs.clear()
+
+
+def _stray_reason(entry: os.DirEntry[str]) -> str | None:
+    """Why a root entry is not a topic, or None when it is one."""
+    if not _NAME.fullmatch(entry.name):
+        return "not a valid topic name"
+    if entry.is_symlink():
+        return "a symbolic link"
+    if not entry.is_dir(follow_symlinks=False):
+        return "not a directory"
+    try:
+        mode = os.lstat(os.path.join(entry.path, CONFIG_FILE)).st_mode
+    except FileNotFoundError:
+        return f"no {CONFIG_FILE}"
+    except OSError as e:
+        return f"{CONFIG_FILE} cannot be read: {e.strerror}"
+    if not stat.S_ISREG(mode):
+        return f"{CONFIG_FILE} is not a regular file"
+    return None
 
 
 def _mark_deleted(state_path: str) -> None:

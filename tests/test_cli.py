@@ -6,8 +6,13 @@ file descriptors or signals run ``python -m kl_cli`` as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import re
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -386,7 +391,6 @@ def test_ctrl_c_leaves_a_prefix_of_whole_messages(kl_root):
 
 def test_topics_create_list_describe_delete(tmp_path):
     root = str(tmp_path / "new-root")
-    assert ok(root, "topics", "list") == b""
     ok(root, "topics", "create", "b", "--partitions", "2", "--segment-bytes", "2000000", "--max-message-bytes", "1000")
     ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5",
        "--retention-bytes", "7")
@@ -500,16 +504,217 @@ def test_byte_offset_needs_a_partition(kl_root):
         (b"", "line 2: invalid JSON: Expecting value: line 1 column 1 (char 0)"),
     ],
 )
-def test_bad_json_line_writes_nothing(kl_root, line, error):
-    assert fails(kl_root, "produce", "t", "--json", input=b'{"value": "fine"}\n' + line + b"\n") == f"Error: {error}"
-    assert ok(kl_root, "consume", "t") == b""
+def test_a_bad_json_line_is_reported_after_the_lines_before_it_are_committed(kl_root, line, error):
+    assert fails(kl_root, "produce", "t", "--json", input=b'{"value": "fine"}\n' + line + b"\n") == (
+        f"Error: {error}; 1 line before it was committed"
+    )
+    assert ok(kl_root, "consume", "t") == b"fine\n"
 
 
 def test_message_too_large(kl_root):
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
     assert fails(kl_root, "produce", "small", input=b"x" * 200) == (
-        "Error: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100"
+        "Error: line 1: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "0 lines before it were committed"
     )
+
+
+@pytest.mark.parametrize("args", [[], ["-K", ":"], ["-z", "zstd"], ["--batch-size", "7"], ["-p", "1"]])
+def test_a_message_too_large_is_reported_after_every_line_before_it_is_committed(kl_root, args):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100", "--partitions", "2")
+    before = lines(1233, width=60)
+    assert fails(kl_root, "produce", "small", *args, input=before + b"y" * 200 + b"\n" + lines(5)) == (
+        "Error: line 1234: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "1233 lines before it were committed"
+    )
+    assert sorted(ok(kl_root, "consume", "small").splitlines(keepends=True)) == before.splitlines(keepends=True)
+
+
+def test_a_failing_record_is_named_by_its_number_with_another_delimiter(kl_root):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
+    assert fails(kl_root, "produce", "small", "-0", input=b"a\0b\0" + b"y" * 200) == (
+        "Error: record 3: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "2 records before it were committed"
+    )
+
+
+def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_path):
+    ok(kl_root, "topics", "create", "small", "--max-message-bytes", "1048576")
+    f = tmp_path / "in"
+    f.write_bytes(lines(100_000) + b"z" * 2_000_000 + b"\n" + lines(10))
+    done = shell(kl_root, f"$KL produce small < {f}")
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (
+        1, b"", "Error: line 100001: a message of 2000022 bytes exceeds topic 'small''s max_message_bytes 1048576; "
+        "100000 lines before it were committed\n",
+    )
+    assert ok(kl_root, "consume", "small") == lines(100_000)
+
+
+def test_a_lock_timeout_is_reported_after_the_lines_before_it_are_committed(kl_root, monkeypatch):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import sys, time, kl
+with kl.Root({kl_root!r}).log("two", 1).locked():
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        records = b"".join(b'{"partition": %d, "value": "%d"}\n' % (p, i) for i, p in enumerate([0, 0, 0, 1, 0]))
+        error = fails(kl_root, "produce", "two", "--json", input=records)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert error.startswith("Error: line 4: ") and error.endswith("; 3 lines before it were committed"), error
+    assert "lock" in error
+    assert ok(kl_root, "consume", "two", "-p", "0") == b"0\n1\n2\n"
+    assert ok(kl_root, "consume", "two", "-p", "1") == b""
+
+
+def test_deeply_nested_json_is_one_error_line(kl_root):
+    result = run(kl_root, "produce", "t", "--json", input=b'{"value": "a"}\n' + b"[" * 100_000 + b"\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", "Error: line 2: invalid JSON: nested too deeply; 1 line before it was committed\n"
+    )
+
+
+def test_closed_stdin_is_one_error_line(kl_root):
+    done = shell(kl_root, "$KL produce t <&-")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, b"", b"Error: standard input is closed: give a FILE, or redirect the input\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "record, error",
+    [
+        ('{"value": "v", "topic": 5}', "'topic' must be a string, not 5"),
+        ('{"value": "v", "partition": "0"}', "'partition' must be a whole number >= 0, not '0'"),
+        ('{"value": "v", "partition": -1}', "'partition' must be a whole number >= 0, not -1"),
+        ('{"value": "v", "partition": true}', "'partition' must be a whole number >= 0, not True"),
+        ('{"value": "v", "partition": 2}',
+         "'partition' 2 is out of range: topic 'two' has partitions 0 to 1 (give -p N to choose one)"),
+        ('{"value": "v", "offset": 1.5}', "'offset' must be a byte offset (a whole number >= 0), not 1.5"),
+        ('{"value": "v", "next_offset": -3}', "'next_offset' must be a byte offset (a whole number >= 0), not -3"),
+        ('{"value": "v", "timestamp": 9223372036854775808}',
+         "'timestamp' must be milliseconds since the epoch, not 9223372036854775808"),
+    ],
+)
+def test_every_json_field_is_checked(kl_root, record, error):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    assert fails(kl_root, "produce", "two", "--json", input=record.encode() + b"\n") == (
+        f"Error: line 1: {error}; 0 lines before it were committed"
+    )
+
+
+def test_json_partition_is_used_unless_p_is_given(kl_root):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    records = (b'{"topic": "elsewhere", "partition": 1, "offset": 7, "next_offset": 30, "value": "a"}\n'
+               b'{"partition": 0, "key": "k", "value": "b"}\n{"partition": 1, "value": "c"}\n')
+    ok(kl_root, "produce", "two", "--json", input=records)
+    assert (ok(kl_root, "consume", "two", "-p", "0"), ok(kl_root, "consume", "two", "-p", "1")) == (b"b\n", b"a\nc\n")
+    ok(kl_root, "produce", "t", "--json", "-p", "0", input=records.replace(b'"partition": 1', b'"partition": 9'))
+    assert ok(kl_root, "consume", "t") == b"a\nb\nc\n"
+
+
+def test_keyless_appends_go_round_the_partitions_from_a_random_one(kl_root):
+    ok(kl_root, "topics", "create", "two", "--partitions", "2")
+    ok(kl_root, "produce", "two", input=b"small\n")
+    sizes = [p["size_in_bytes"] for p in json.loads(ok(kl_root, "topics", "describe", "two", "--json"))["partitions"]]
+    assert sorted(sizes) == [0, 27]
+    data = lines(26_000)  # 61 bytes a message: 7 appends of up to 256 KiB (4297 messages)
+    ok(kl_root, "produce", "two", input=data)
+    got = [ok(kl_root, "consume", "two", "-p", str(p)).replace(b"small\n", b"").splitlines(keepends=True) for p in (0, 1)]
+    first = 0 if got[0][0] == data[:40] else 1
+    blocks = [data.splitlines(keepends=True)[i : i + 4297] for i in range(0, 26_000, 4297)]
+    assert got[first] == sum(blocks[0::2], [])
+    assert got[1 - first] == sum(blocks[1::2], [])
+
+
+def on_a_terminal(root: str, args: list[str], fd: str, stdin=None, typed: bytes = b"") -> tuple[int, bytes, bytes]:
+    """Run kl with ``fd`` ("stdin", "stdout" or "stderr") a terminal; returns its exit
+    status, what it wrote on the terminal, and on stderr (when stderr is not the terminal)."""
+    master, slave = pty.openpty()
+    streams = {"stdin": stdin, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, fd: slave}
+    process = subprocess.Popen(KL + args, env={**os.environ, "KL_ROOT": root}, **streams)
+    os.close(slave)
+    os.write(master, typed)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while select.select([master], [], [], 30)[0] and (chunk := os.read(master, 1 << 16)):
+            seen += chunk
+    os.close(master)
+    try:
+        code = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"kl {' '.join(args)} did not finish; it wrote {seen!r}")
+    return code, seen, process.stderr.read() if process.stderr else b""
+
+
+def test_reading_from_a_terminal_says_so_once(kl_root):
+    code, _, stderr = on_a_terminal(kl_root, ["produce", "t"], "stdin", typed=b"hello\nworld\n\x04")
+    assert (code, stderr) == (0, b"kl produce: reading messages from the terminal, one per line; end with Ctrl-D\n")
+    assert ok(kl_root, "consume", "t") == b"hello\nworld\n"
+
+
+def test_a_big_file_shows_progress_on_a_terminal_only(kl_root, tmp_path):
+    f = tmp_path / "big.log"
+    f.write_bytes(lines(150_000))  # 6 MB
+    with open(f, "rb") as stdin:
+        code, seen, _ = on_a_terminal(kl_root, ["produce", "t"], "stderr", stdin=stdin)
+    assert code == 0
+    assert b"6.0/6.0 MB" in seen  # the bar, once all is read
+    assert b"produced 150000 messages to t" in seen
+    assert ok(kl_root, "consume", "t") == lines(150_000)
+
+
+@pytest.mark.parametrize("command", ["recover", "retain"])
+def test_recover_and_retain_show_progress_on_a_terminal(kl_root, command):
+    ok(kl_root, "topics", "create", "three", "--partitions", "3")
+    code, seen, _ = on_a_terminal(kl_root, [command], "stderr")
+    assert code == 0
+    assert b"4/4" in seen  # the bar, once every partition is done
+    assert ok(kl_root, command).count(b"\n") == 4  # and nothing when stderr is not a terminal
+
+
+@pytest.mark.parametrize("args", [
+    ["topics", "list"], ["topics", "describe", "t"], ["topics", "delete", "t"], ["consume", "t"], ["produce", "t"],
+    ["recover"], ["retain"],
+])
+def test_a_missing_root_is_an_error(tmp_path, args):
+    result = run(str(tmp_path / "gone"), *args, input=b"x\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n"
+    )
+    assert not (tmp_path / "gone").exists()
+
+
+def test_a_root_that_is_a_file_is_an_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    assert fails(str(tmp_path / "file"), "topics", "list") == f"Error: root {tmp_path}/file is not a directory"
+
+
+def test_topics_create_makes_a_missing_root(tmp_path):
+    ok(str(tmp_path / "new" / "root"), "topics", "create", "t")
+    assert ok(str(tmp_path / "new" / "root"), "topics", "list") == b"t\n"
+
+
+def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
+    os.mkdir(os.path.join(kl_root, "junk"))
+    os.mkdir(os.path.join(kl_root, ".deleting-0a1b"))
+    assert ok(kl_root, "topics", "list") == b"t\n"
+    ok(kl_root, "topics", "create", "bad")
+    Path(kl_root, "bad", "topic.json").write_text("{")
+    code, seen, stderr = on_a_terminal(kl_root, ["topics", "list"], "stdout")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode()).replace("\r\n", "\n")
+    assert (code, stderr) == (0, b"")
+    assert [line.split() for line in text.splitlines()[:3]] == [["topic", "partitions", "bytes"], ["bad", "?", "?"],
+                                                                ["t", "1", "0"]]
+    assert "junk: not a topic: no topic.json" in text
+    assert f"bad: topic config {kl_root}/bad/topic.json is unreadable" in text.replace("\n", "")
 
 
 @pytest.mark.parametrize(
@@ -599,3 +804,50 @@ def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_pa
     assert skipped.stderr == (
         "Warning: skipped damaged data of t/0 from offset 25 to 50: checksum mismatch\n"
     )
+
+
+# ----------------------------------------------------------------- the README and the shell
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TOUR_SKIPS = {
+    "export KL_ROOT=": "the test gives kl a root of its own",
+    "--follow": "it waits for new messages until Ctrl-C",
+}
+"""Lines of the tour that are not run, and why."""
+
+
+def tour() -> list[str]:
+    """The command lines of the README's tour, as written."""
+    block = README.read_text().split("## A 5-minute tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_tour_runs_as_written(tmp_path):
+    run_lines = [line for line in tour() if not any(pattern in line for pattern in TOUR_SKIPS)]
+    assert len(tour()) - len(run_lines) == len(TOUR_SKIPS), "each skip matches one line"
+    assert "kl produce events < samples/access.log          # one message per line" in run_lines
+    script = ['kl() { "$PYTHON" -m kl_cli "$@"; }', "set -o pipefail"]
+    for line in run_lines:
+        script += [line, f"status=$?; [ $status = 0 ] || {{ printf 'exit %s: %s\\n' $status {shlex.quote(line)} >&2; exit 1; }}"]
+    env = {**os.environ, "KL_ROOT": str(tmp_path / "kl"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=README.parent, env=env, capture_output=True, timeout=300)
+    assert (done.returncode, done.stderr.decode()) == (0, "")
+    assert done.stdout.count(b"GET ") > 10
+
+
+@pytest.mark.parametrize("shell, last_line", [
+    ("bash", "_kl_completion_setup;"), ("zsh", "fi"), ("fish", "complete --no-files --command kl --arguments \"(_kl_completion)\";"),
+])
+def test_shell_completion_prints_a_script(shell, last_line):
+    done = subprocess.run(KL, env={**os.environ, "_KL_COMPLETE": f"{shell}_source"}, capture_output=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.decode().strip().splitlines()[-1] == last_line
+
+
+def test_shell_completion_completes_commands_and_options():
+    def complete(words: str) -> str:
+        env = {**os.environ, "_KL_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
+        return subprocess.run(KL, env=env, capture_output=True, timeout=30, check=True).stdout.decode()
+
+    assert complete("kl top") == "plain,topics\n"
+    assert complete("kl produce t --com") == "plain,--compression\n"

@@ -39,6 +39,7 @@ SEGMENT0 = "00000000000000000000.kl"
 
 @pytest.fixture
 def kl_root(tmp_path: Path) -> str:
+    (tmp_path / "root").mkdir()
     return str(tmp_path / "root")
 
 
@@ -233,10 +234,120 @@ def test_recover_without_topics_covers_every_partition_of_every_topic(kl_root):
     assert out(kl_root, "recover", "b") == ["b/0: ok (0 bytes checked)"]
 
 
-def test_recover_an_unknown_topic_is_an_error(kl_root):
+def test_recover_an_unknown_topic_is_an_error_and_the_others_are_checked(kl_root):
     make(kl_root)
-    result = run(kl_root, "recover", "nope")
-    assert (result.exit_code, result.stderr) == (1, f"Error: topic 'nope' does not exist in {kl_root}\n")
+    result = run(kl_root, "recover", "nope", "t")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1,
+        f"nope: error: topic 'nope' does not exist in {kl_root}\nt/0: ok (0 bytes checked)\n",
+        "Error: not checked: nope (see the report)\n",
+    )
+
+
+def half_deleted(root: str, topic: str) -> None:
+    """What a ``kl topics delete`` killed after marking the partitions deleted leaves."""
+    from kl.topic import _mark_deleted
+
+    for state in Path(root, topic).glob("*/state"):
+        _mark_deleted(str(state))
+
+
+def broken_root(kl_root: str) -> None:
+    """Topic z (2 partitions, torn tail in 0) among a stray directory, a stray file, a
+    topic whose config is damaged and a half-deleted topic."""
+    with open(make(kl_root, "z", config=kl.TopicConfig(partitions=2)) / SEGMENT0, "ab") as f:
+        f.write(GARBAGE)
+    os.mkdir(Path(kl_root, "junk"))
+    Path(kl_root, "notes.txt").write_text("hello")
+    make(kl_root, "bad")
+    Path(kl_root, "bad", "topic.json").write_text("{")
+    make(kl_root, "gone")
+    half_deleted(kl_root, "gone")
+
+
+def test_recover_reports_strays_and_failed_topics_and_checks_every_other_topic(kl_root):
+    make(kl_root)
+    broken_root(kl_root)
+    result = run(kl_root, "recover")
+    assert result.stdout.splitlines() == [
+        "junk: not a topic: no topic.json [left as it is]",
+        "notes.txt: not a topic: not a directory [left as it is]",
+        f"bad: error: topic config {kl_root}/bad/topic.json is unreadable: "
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        f"gone/0: error: partition {kl_root}/gone/0 was deleted",
+        "t/0: ok (0 bytes checked)",
+        "z/0: fixed: offset 69: 320 bytes past the log end were never published [cut]; cut 320 bytes (1 message)",
+        "z/1: ok (0 bytes checked)",
+    ]
+    assert (result.exit_code, result.stderr) == (1, "Error: not checked: junk, notes.txt, bad, gone/0 (see the report)\n")
+    assert consume(kl_root) == ["1", "2", "3"]
+
+
+def test_recover_exits_3_for_a_stray_alone(kl_root):
+    make(kl_root)
+    os.mkdir(Path(kl_root, "junk"))
+    assert out(kl_root, "recover", code=3) == ["junk: not a topic: no topic.json [left as it is]", "t/0: ok (0 bytes checked)"]
+    assert out(kl_root, "recover", "t") == ["t/0: ok (0 bytes checked)"]
+    rows = [json.loads(line) for line in out(kl_root, "recover", "--json", code=3)]
+    assert rows[0] == {"topic": "junk", "partition": None, "status": "stray", "reason": "not a topic: no topic.json",
+                       "action": "left as it is"}
+
+
+def test_retain_reports_strays_and_failed_topics_and_retains_every_other_topic(kl_root):
+    directory = small_topic(kl_root)
+    broken_root(kl_root)
+    result = run(kl_root, "retain", "--max-bytes", "2000")
+    assert result.stdout.splitlines() == [
+        "junk: not a topic: no topic.json [left as it is]",
+        "notes.txt: not a topic: not a directory [left as it is]",
+        f"bad: error: topic config {kl_root}/bad/topic.json is unreadable: "
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        f"gone/0: error: partition {kl_root}/gone/0 was deleted",
+        "t/0: deleted 00000000000000000000.kl (1024 bytes): partition holds 3200 bytes, over 2000",
+        "t/0: deleted 00000000000000001024.kl (1024 bytes): partition holds 2176 bytes, over 2000",
+        "t/0: deleted 2 segments (2048 bytes); log starts at 2048",
+        "z/0: nothing to delete; log starts at 0",
+        "z/1: nothing to delete; log starts at 0",
+    ]
+    assert (result.exit_code, result.stderr) == (1, "Error: not retained: junk, notes.txt, bad, gone/0 (see the report)\n")
+    assert segments(directory)[2:] == ["00000000000000002048.kl", "00000000000000003072.kl"]
+
+
+def test_recover_removes_old_leftovers_of_interrupted_creates_and_deletes(kl_root, monkeypatch):
+    make(kl_root)
+    for name in (".creating-0a1b", ".deleting-2c3d"):
+        os.makedirs(Path(kl_root, name, "0"))
+    real = time.time
+    monkeypatch.setattr(kl.topic, "time", type("Clock", (), {"time": staticmethod(lambda: real() + 3600)}))
+    assert out(kl_root, "recover", "--dry-run", code=3) == [
+        ".creating-0a1b: left by an interrupted topic create [would remove]",
+        ".deleting-2c3d: left by an interrupted topic delete [would remove]",
+        "t/0: ok (0 bytes checked)",
+    ]
+    assert out(kl_root, "recover", "t") == ["t/0: ok (0 bytes checked)"]
+    assert len(os.listdir(kl_root)) == 4
+    assert out(kl_root, "recover") == [
+        ".creating-0a1b: left by an interrupted topic create [removed]",
+        ".deleting-2c3d: left by an interrupted topic delete [removed]",
+        "t/0: ok (0 bytes checked)",
+    ]
+    assert sorted(os.listdir(kl_root)) == [".locks", "t"]
+    assert out(kl_root, "recover") == ["t/0: ok (0 bytes checked)"]
+
+
+def test_fresh_leftovers_are_left_alone(kl_root):
+    make(kl_root)
+    os.makedirs(Path(kl_root, ".creating-0a1b"))
+    assert out(kl_root, "recover") == ["t/0: ok (0 bytes checked)"]
+    assert os.path.isdir(Path(kl_root, ".creating-0a1b"))
+
+
+@pytest.mark.parametrize("command", ["recover", "retain"])
+def test_a_missing_root_is_an_error(tmp_path, command):
+    result = run(str(tmp_path / "gone"), command)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        1, "", f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n"
+    )
 
 
 def test_exit_status_3_reaches_the_shell(kl_root):
@@ -484,3 +595,27 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
     values = consume(kl_root)
     assert len(values) == 99 and "m000000034" not in values
     assert out(kl_root, "recover", "--deep") == ["t/0: ok (3200 bytes checked)"]
+
+
+@pytest.mark.parametrize("command", ["recover", "retain"])
+def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
+    make(kl_root, "a")
+    make(kl_root, "b")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time, kl
+with kl.Root({kl_root!r}).log("a", 0).locked():
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        result = run(kl_root, command)
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"a/0: error: lock {kl_root}/.locks/a/0.lock is held by another process (waited 0.2s)"
+    assert lines[1].startswith("b/0: ") and "error" not in lines[1]
+    verb = "checked" if command == "recover" else "retained"
+    assert (result.exit_code, result.stderr) == (1, f"Error: not {verb}: a/0 (see the report)\n")

@@ -285,7 +285,7 @@ def test_m9_import_refuses_damaged_or_discontinuous_files_and_changes_nothing(ro
     flip_bit(source / KAFKA07_SEGMENT.name, 5000 * 8)
     with pytest.raises(ImportRefused, match="checksum mismatch at offset"):
         import_topic(root, "k", [str(source)])
-    assert "k" not in root.topics()
+    assert not os.path.exists(os.path.join(root.path, "k"))
     gap = tmp_path / "gap"
     gap.mkdir()
     (gap / segment_name(0)).write_bytes(frame([b"a"], TS))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +42,7 @@ def test_validate_name_rejects_non_strings(name):
 def test_create_topic_rejects_bad_names(root, name):
     with pytest.raises(kl.InvalidTopicName):
         root.create_topic(name)
-    assert root.topics() == []
+    assert not os.path.exists(root.path)
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -181,8 +183,85 @@ def test_list_is_sorted_and_skips_hidden_and_foreign_entries(root):
     assert root.topics() == ["a", "b", "c.d"]
 
 
-def test_list_of_a_missing_root_is_empty(tmp_path):
-    assert kl.Root(tmp_path / "nothing").topics() == []
+def test_list_of_an_empty_root_is_empty(tmp_path):
+    assert kl.Root(tmp_path).topics() == []
+    assert kl.Root(tmp_path).strays() == []
+
+
+def test_strays_name_every_entry_that_is_not_a_topic(root):
+    root.create_topic("real")
+    os.makedirs(os.path.join(root.path, "junk"))
+    os.makedirs(os.path.join(root.path, "dir_config", "topic.json"))
+    os.makedirs(os.path.join(root.path, "with space"))
+    os.makedirs(os.path.join(root.path, ".hidden"))
+    os.makedirs(os.path.join(root.path, ".deleting-0123"))
+    open(os.path.join(root.path, "plainfile"), "w").close()
+    os.symlink(os.path.join(root.path, "real"), os.path.join(root.path, "link"))
+    assert root.topics() == ["real"]
+    assert root.strays() == [
+        ("dir_config", "topic.json is not a regular file"),
+        ("junk", "no topic.json"),
+        ("link", "a symbolic link"),
+        ("plainfile", "not a directory"),
+        ("with space", "not a valid topic name"),
+    ]
+
+
+def test_a_topic_with_a_damaged_config_is_still_a_topic(root):
+    root.create_topic("t")
+    Path(root.path, "t", "topic.json").write_text("{")
+    assert (root.topics(), root.strays()) == (["t"], [])
+
+
+@pytest.mark.parametrize("use", [
+    lambda r: r.topics(), lambda r: r.strays(), lambda r: r.remove_leftovers(), lambda r: r.config("t"),
+    lambda r: r.log("t", 0), lambda r: r.describe("t"), lambda r: r.delete_topic("t"),
+    lambda r: kl.Producer(r).send("t", b"x"), lambda r: kl.Consumer(r).fetch("t", 0, 0),
+])
+def test_a_missing_root_raises_root_not_found(tmp_path, use):
+    root = kl.Root(tmp_path / "nothing")
+    with pytest.raises(kl.RootNotFound, match=f"^root {tmp_path}/nothing does not exist \\(is it mounted\\?\\)$"):
+        use(root)
+    assert not os.path.exists(root.path)
+
+
+@pytest.mark.parametrize("use", [lambda r: r.topics(), lambda r: r.config("t"), lambda r: r.log("t", 0)])
+def test_a_root_that_is_a_file_raises_root_not_found(tmp_path, use):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(kl.RootNotFound, match=f"^root {tmp_path}/file is not a directory$"):
+        use(kl.Root(tmp_path / "file"))
+
+
+def age(path: str, seconds: float) -> None:
+    """Set a directory's times ``seconds`` into the past (its ctime stays: see below)."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_remove_leftovers_removes_old_creating_and_deleting_directories(root, monkeypatch):
+    root.create_topic("t")
+    for name in (".creating-aa", ".deleting-bb", ".deleting-new"):
+        os.makedirs(os.path.join(root.path, name, "0"))
+        Path(root.path, name, "0", "00000000000000000000.kl").write_bytes(b"x")
+    os.makedirs(os.path.join(root.path, ".hidden"))
+    later = time.time() + 1000  # ctime cannot be set back: move the clock instead
+    monkeypatch.setattr(time, "time", lambda: later)
+    age(os.path.join(root.path, ".deleting-new"), -1000)  # changed just now, as far as the clock knows
+    expected = [(".creating-aa", "left by an interrupted topic create"), (".deleting-bb", "left by an interrupted topic delete")]
+    assert root.remove_leftovers(dry_run=True) == expected
+    assert len(os.listdir(root.path)) == 5
+    assert root.remove_leftovers() == expected
+    assert sorted(os.listdir(root.path)) == [".deleting-new", ".hidden", "t"]
+    assert root.remove_leftovers() == []
+    assert root.topics() == ["t"]
+
+
+def test_remove_leftovers_never_touches_a_create_in_progress(root):
+    os.makedirs(os.path.join(root.path, ".creating-cc"))
+    age(os.path.join(root.path, ".creating-cc"), 3600)  # mtime old, but its ctime is now
+    assert root.remove_leftovers() == []
+    assert root.remove_leftovers(min_age=0) == [(".creating-cc", "left by an interrupted topic create")]
+    assert os.listdir(root.path) == []
 
 
 def test_describe_an_empty_topic(root):
@@ -204,6 +283,7 @@ def test_describe_counts_segments_offsets_and_bytes(root):
 
 
 def test_describe_a_missing_topic_raises_topic_not_found(root):
+    os.makedirs(root.path)
     with pytest.raises(kl.TopicNotFound, match="'nope' does not exist"):
         root.describe("nope")
 
@@ -221,6 +301,7 @@ def test_delete_removes_the_topic(root):
 
 
 def test_delete_a_missing_topic_raises_topic_not_found(root):
+    os.makedirs(root.path)
     with pytest.raises(kl.TopicNotFound):
         root.delete_topic("nope")
 
@@ -283,6 +364,7 @@ def test_unknown_partition_raises_topic_not_found(root):
 
 
 def test_unknown_topic_raises_topic_not_found(root):
+    os.makedirs(root.path)
     with pytest.raises(kl.TopicNotFound):
         root.log("nope", 0)
     with pytest.raises(kl.TopicNotFound):
