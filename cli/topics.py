@@ -1,4 +1,4 @@
-"""``kl topics create|list|describe|delete``."""
+"""``kl topics create|list|describe|delete|import``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import click
 
 import kl
+from kl.importer import import_topic
 from kl_cli.common import F, get_root, note
 
 CONFIG_OPTIONS = [
@@ -114,3 +115,24 @@ def delete(ctx: click.Context, topic: str) -> None:
     """Delete TOPIC and all its data."""
     get_root(ctx).delete_topic(topic)
     note(f"deleted topic {topic}")
+
+
+@topics.command("import")
+@click.argument("topic")
+@click.argument("directories", nargs=-1, required=True, metavar="DIR...")
+@config_options
+@click.pass_context
+def import_(ctx: click.Context, topic: str, directories: tuple[str, ...], **settings: int | None) -> None:
+    """Bring existing segment files in as TOPIC's partitions 0, 1, ...
+
+    Each DIR holds one partition's segment files, kl's (.kl) or Kafka 0.7's (.kafka).
+    Every file is checked first; nothing changes when one cannot be adopted.  The
+    files are copied (DIR is left as it is).  TOPIC is created when missing, with one
+    partition per DIR; an existing TOPIC must have empty partitions.
+    """
+    root = get_root(ctx)
+    for done in import_topic(root, topic, list(directories), kl.TopicConfig.with_overrides(**settings)):
+        sys.stdout.write(
+            f"{topic}/{done.partition}: imported {done.source}: {done.segments} segment{'s' if done.segments != 1 else ''}, "
+            f"offsets {done.log_start_offset} to {done.log_end_offset}\n"
+        )

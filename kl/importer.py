@@ -12,6 +12,7 @@ starts a new ``.kl`` segment after them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -94,8 +95,10 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
         base = config or TopicConfig()
         limit = max(base.max_message_bytes, largest)
         try:
-            wanted = TopicConfig(**{**base.__dict__, "partitions": len(directories), "max_message_bytes": limit,
-                                    "segment_bytes": max(base.segment_bytes, limit)})
+            partitions = max(base.partitions, len(directories))
+            wanted = dataclasses.replace(
+                base, partitions=partitions, max_message_bytes=limit, segment_bytes=max(base.segment_bytes, limit)
+            )
         except InvalidConfig as e:
             raise ImportRefused(f"cannot create topic {name!r} for these files: {e}") from None
         root.create_topic(name, wanted)

@@ -619,3 +619,15 @@ with kl.Root({kl_root!r}).log("a", 0).locked():
     assert lines[1].startswith("b/0: ") and "error" not in lines[1]
     verb = "checked" if command == "recover" else "retained"
     assert (result.exit_code, result.stderr) == (1, f"Error: not {verb}: a/0 (see the report)\n")
+
+
+# ----------------------------------------------------------------- kl topics import
+
+
+def test_topics_import_brings_a_kafka_07_partition_in_and_refuses_it_twice(kl_root):
+    source = str(KAFKA07_SEGMENT.parent)
+    assert out(kl_root, "topics", "import", "k", source) == [f"k/0: imported {source}: 1 segment, offsets 0 to 10900"]
+    assert len(consume(kl_root, "k")) == 100
+    result = run(kl_root, "topics", "import", "k", source)
+    assert (result.exit_code, result.stderr) == (1, "Error: partition 0 of topic 'k' is not empty (it ends at 10900)\n")
+    assert out(kl_root, "recover", "--deep") == ["k/0: ok (10900 bytes checked)"]
