@@ -60,6 +60,8 @@ DEFAULT_LOCK_TIMEOUT = 120.0
 """Longer than the default NFSv4 lease (90 s) a crashed client's lock can outlive it by."""
 DELETED_SUFFIX = ".deleted"
 """Segments below the log start are renamed with it, then unlinked after a delay."""
+IMPORTING_PREFIX = ".import-"
+"""A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
 
 class SegmentInfo(NamedTuple):
@@ -761,7 +763,7 @@ class Log:
         incoming = {os.path.basename(s.path) for s in segments}
         for info in segments:
             target = os.path.join(self.directory, os.path.basename(info.path))
-            tmp = os.path.join(self.directory, f".import-{os.urandom(6).hex()}")
+            tmp = os.path.join(self.directory, f"{IMPORTING_PREFIX}{os.urandom(6).hex()}")
             try:
                 shutil.copyfile(info.path, tmp, follow_symlinks=False)
                 fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)

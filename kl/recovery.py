@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from kl import message as m
 from kl.errors import CorruptState
 from kl.fsutil import fsync_dir, storage_error
-from kl.log import DELETED_SUFFIX, Log, SegmentInfo
+from kl.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.messageset import Corruption, Kind, check
 from kl.segment import SUFFIX, Damage, Segment, list_segments, segment_name, segment_path
 from kl.state import BOOT_ID, PartitionState
@@ -150,6 +150,12 @@ class _Check:
         """The segments the state accounts for; the others are dealt with or reported."""
         log = self.log
         unknown = Kind.UNKNOWN_SEGMENT
+        with os.scandir(log.directory) as entries:
+            leftovers = [e.path for e in entries if e.name.startswith(IMPORTING_PREFIX)]
+        for path in leftovers:
+            self.find(state.log_start_offset, path, "left by an interrupted kl topics import", self.would("removed"), unknown)
+            if self.act:
+                os.unlink(path)
         for base, name in list_segments(log.directory):
             path = os.path.join(log.directory, name)
             if os.path.islink(path):

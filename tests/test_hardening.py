@@ -396,3 +396,13 @@ def test_offset_back_scans_each_segment_once(root, monkeypatch):
     offset = log.offset_back(10_000)
     assert len(opened) == 1
     assert len(read_log(log, offset)) == 10_000
+
+
+def test_recover_removes_what_an_interrupted_import_left(root):
+    root.create_topic("t")
+    log = root.log("t", 0)
+    leftover = Path(log.directory) / ".import-0123456789ab"
+    leftover.write_bytes(b"half a copy")
+    assert [f.action for f in recover(fresh_log(log), dry_run=True).findings] == ["would remove"]
+    assert [f.action for f in recover(fresh_log(log)).findings] == ["removed"]
+    assert not leftover.exists()
