@@ -396,12 +396,28 @@ def test_offset_for_time_and_offset_back_through_the_consumer(root, topic):
 # ----------------------------------------------------------------- stream
 
 
-def test_stream_yields_what_is_there_then_stops_when_idle(root, topic):
+class FakeClock:
+    """``time`` for kl.consumer: ``sleep`` advances ``monotonic`` and is recorded."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_stream_yields_what_is_there_then_stops_when_idle(root, topic, monkeypatch):
     kl.Producer(root).send_batch(topic, [b"a", b"b"])
-    start = time.monotonic()
-    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.3, poll_interval=0.02))
+    clock = FakeClock()
+    monkeypatch.setattr("kl.consumer.time", clock)
+    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.5, poll_interval=0.0625))
     assert values_of(got) == [b"a", b"b"]
-    assert 0.25 <= time.monotonic() - start < 3
+    assert clock.sleeps == [0.0625] * 8  # polled until idle for the whole timeout, then stopped
 
 
 def test_stream_waits_for_new_messages(root, topic):
