@@ -164,8 +164,8 @@ class Progress:
         self.bar = None
         if not sys.stderr.isatty():
             return
-        from rich.console import Console
         from rich import progress as bars
+        from rich.console import Console
 
         amount = bars.DownloadColumn() if unit == "bytes" else bars.MofNCompleteColumn()
         self.bar = bars.Progress(

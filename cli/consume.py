@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 
 import click
+
+import kl
 from kl_cli.common import (
     delimiter_options,
     exclusive,
@@ -26,8 +28,6 @@ from kl_cli.common import (
     warn,
 )
 from kl_cli.output import stdout_writer
-
-import kl
 
 FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -118,8 +118,14 @@ def consume(
         start = n
 
     batches = consumer.consume(
-        topic, partitions, start=start, follow=follow, max_messages=count, values_only=render is None,
-        skip_corrupt=skip_corrupt, on_skip=_warn_skipped,
+        topic,
+        partitions,
+        start=start,
+        follow=follow,
+        max_messages=count,
+        values_only=render is None,
+        skip_corrupt=skip_corrupt,
+        on_skip=_warn_skipped,
     )
     for batch in batches:
         if render is not None:
@@ -132,7 +138,8 @@ def consume(
 
 
 def _warn_skipped(skipped: kl.Skipped) -> None:
-    warn(f"skipped damaged data of {skipped.topic}/{skipped.partition} from offset {skipped.offset} to {skipped.next_offset}: {skipped.reason}")
+    where = f"{skipped.topic}/{skipped.partition}"
+    warn(f"skipped damaged data of {where} from offset {skipped.offset} to {skipped.next_offset}: {skipped.reason}")
 
 
 def _text(data: bytes | None) -> str:

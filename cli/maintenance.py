@@ -184,9 +184,9 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
         with Progress(total, "bytes" if deep else "partitions") as progress:
             for name, p, log in targets:
                 progress.show(f"{name}/{p}")
-                options = {"progress": progress.advance} if deep and progress.bar is not None else {}
+                advance = progress.advance if deep and progress.bar is not None else None
                 try:
-                    report = recover(log, deep=deep, repair=repair, dry_run=dry_run, **options)
+                    report = recover(log, deep=deep, repair=repair, dry_run=dry_run, progress=advance)
                 except kl.RootNotFound:
                     raise
                 except (kl.KlError, OSError) as e:
@@ -262,14 +262,37 @@ def _recovery_cells(row: dict) -> dict[str, str]:
 
 @click.command("retain")
 @click.argument("topics", nargs=-1, metavar="[TOPIC]...")
-@click.option("--max-age", callback=_duration_ms, metavar="DURATION", help="Delete segments older than this (7d, 12h, 30m, 90s, 5000ms; 0: no age limit); default: the topic's retention_ms.")
-@click.option("--max-bytes", type=click.IntRange(min=0), metavar="N", help="Keep at most N bytes per partition (0: no limit); default: the topic's retention_bytes.")
+@click.option(
+    "--max-age",
+    callback=_duration_ms,
+    metavar="DURATION",
+    help="Delete segments older than this (7d, 12h, 30m, 90s, 5000ms; 0: no age limit); default: the topic's retention_ms.",
+)
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Keep at most N bytes per partition (0: no limit); default: the topic's retention_bytes.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-@click.option("--delete-delay", type=click.FloatRange(min=0), default=DEFAULT_DELETE_DELAY, show_default=True, metavar="SECONDS", help="Unlink segments set aside at least this long ago.")
+@click.option(
+    "--delete-delay",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DELETE_DELAY,
+    show_default=True,
+    metavar="SECONDS",
+    help="Unlink segments set aside at least this long ago.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per partition.")
 @click.pass_context
 def retain_command(
-    ctx: click.Context, topics: tuple[str, ...], max_age: int | None, max_bytes: int | None, dry_run: bool, delete_delay: float, as_json: bool
+    ctx: click.Context,
+    topics: tuple[str, ...],
+    max_age: int | None,
+    max_bytes: int | None,
+    dry_run: bool,
+    delete_delay: float,
+    as_json: bool,
 ) -> None:
     """Delete old segments, oldest first, by age and by size (all topics by default).
 
@@ -310,8 +333,13 @@ def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run:
         "partition": partition,
         "dry_run": dry_run,
         "deleted": [
-            {"segment": os.path.basename(s.path), "base_offset": s.base_offset, "size_in_bytes": s.size_in_bytes, "reason": reason}
-            for s, reason in zip(report.deleted, report.reasons)
+            {
+                "segment": os.path.basename(s.path),
+                "base_offset": s.base_offset,
+                "size_in_bytes": s.size_in_bytes,
+                "reason": reason,
+            }
+            for s, reason in zip(report.deleted, report.reasons, strict=True)
         ],
         "deleted_bytes": report.deleted_bytes,
         "log_start_offset": start,
@@ -325,7 +353,8 @@ def _retention_line(row: dict) -> str:
     lines = [f"{where}: {verb} {d['segment']} ({_plural(d['size_in_bytes'], 'byte')}): {d['reason']}" for d in row["deleted"]]
     if row["deleted"]:
         starts = "log would start at" if row["dry_run"] else "log starts at"
-        summary = f"{verb} {_plural(len(row['deleted']), 'segment')} ({_plural(row['deleted_bytes'], 'byte')}); {starts} {row['log_start_offset']}"
+        segments = _plural(len(row["deleted"]), "segment")
+        summary = f"{verb} {segments} ({_plural(row['deleted_bytes'], 'byte')}); {starts} {row['log_start_offset']}"
     else:
         summary = f"nothing to delete; log starts at {row['log_start_offset']}"
     if row["unlinked"]:
@@ -374,7 +403,9 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
                 if published is not None and record.position >= published and not past_end:
                     past_end = True
                     if not as_json:
-                        out.append(f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n")
+                        out.append(
+                            f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n"
+                        )
                 out.append(_dump_json(record, print_data, partition_, past_end) if as_json else _dump_line(record, print_data))
                 if len(out) >= WRITE_LINES:
                     write(_encode(out))
@@ -408,7 +439,9 @@ def _progress(total: int) -> Iterator[Callable[[int], None]]:
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     columns = ("dumping", BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+    with Progress(
+        *columns, console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False
+    ) as progress:
         task = progress.add_task("dump", total=total)
         yield lambda done: progress.update(task, completed=done)
 

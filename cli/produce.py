@@ -94,9 +94,7 @@ class Sender:
     after it (with keys on a topic of several partitions, the failing append can be one
     of a few made at once, one per partition, and the others may have gone in)."""
 
-    def __init__(
-        self, producer: kl.Producer, topic: str, partition: int | None, batch_size: int | None, interrupts: Interrupts
-    ):
+    def __init__(self, producer: kl.Producer, topic: str, partition: int | None, batch_size: int | None, interrupts: Interrupts):
         self.producer = producer
         self.topic = topic
         self.partition = partition
@@ -142,7 +140,7 @@ class Sender:
     def _pieces(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> Iterator[tuple[int, int]]:
         """(start, stop) ranges of up to one append each; a message too large for the
         topic comes alone, after all before it."""
-        sizes = list(map(len, values)) if keys is None else [len(v) + len(k or b"") for v, k in zip(values, keys)]
+        sizes = list(map(len, values)) if keys is None else [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
         end = len(values)
         if max(sizes) + HEADER_SIZE > self.max_message_bytes:
             end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)
@@ -174,9 +172,7 @@ class InputFile(click.File):
 @click.argument("topic")
 @click.argument("file", type=InputFile(), default="-")
 @delimiter_options("Read")
-@key_delimiter_option(
-    "Split each record at the first TEXT into key and value; a record without TEXT has no key (null)."
-)
+@key_delimiter_option("Split each record at the first TEXT into key and value; a record without TEXT has no key (null).")
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Append to partition N only.")
 @click.option(
     "-z",

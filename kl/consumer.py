@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.log import EARLIEST, LATEST
@@ -21,7 +21,7 @@ from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
-Start = Union[Literal["earliest", "latest"], int, Mapping[int, int]]
+Start = Literal["earliest", "latest"] | int | Mapping[int, int]
 """Where ``Consumer.consume`` starts: the log start or end, a byte offset, or one per partition."""
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,9 @@ class Consumer:
                 if damage is not None:
                     if not skip_corrupt:
                         raise damage
-                    offsets[p] = self.root.log(topic, p).skip_corrupt(damage.offset)
-                    skipped = Skipped(topic, p, damage.offset, offsets[p], damage.reason)
+                    at = offsets[p]  # where the damage starts
+                    offsets[p] = self.root.log(topic, p).skip_corrupt(at)
+                    skipped = Skipped(topic, p, at, offsets[p], damage.reason)
                     if on_skip is None:
                         log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
                     else:
@@ -197,11 +198,11 @@ class Consumer:
         except CorruptMessage as e:
             if e.offset is None or e.offset < offset:
                 raise
-            damage = e
-        if damage.offset == offset:
+            damage, at = e, e.offset
+        if at == offset:
             return [], offset, damage
-        got, _ = _take(self.fetch(topic, partition, offset, damage.offset - offset), values_only, limit)
-        return got, damage.offset, damage
+        got, _ = _take(self.fetch(topic, partition, offset, at - offset), values_only, limit)
+        return got, at, damage
 
     def stream(
         self,
@@ -219,10 +220,17 @@ class Consumer:
         ``follow=True`` (see there for ``idle_timeout``, ``reset`` and ``skip_corrupt``,
         which logs what it skips)."""
         for batch in self.consume(
-            topic, [partition], start=offset, follow=True, skip_corrupt=skip_corrupt, reset=reset,
-            max_bytes=max_bytes, idle_timeout=idle_timeout, poll_interval=poll_interval,
+            topic,
+            [partition],
+            start=offset,
+            follow=True,
+            skip_corrupt=skip_corrupt,
+            reset=reset,
+            max_bytes=max_bytes,
+            idle_timeout=idle_timeout,
+            poll_interval=poll_interval,
         ):
-            yield from batch.messages
+            yield from cast("list[Message]", batch.messages)
 
 
 def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes], int]:

@@ -52,7 +52,12 @@ def dump_file(
     """
     if base_offset is None:
         base_offset = parse_name(os.path.basename(path)) or 0
-    unpack_fields, fields_at, key_at, plain = m.TIMESTAMP_KEY_LENGTH.unpack_from, m.TIMESTAMP_OFFSET, m.KEY_OFFSET, m.CURRENT_MAGIC
+    unpack_fields, fields_at, key_at, plain = (
+        m.TIMESTAMP_KEY_LENGTH.unpack_from,
+        m.TIMESTAMP_OFFSET,
+        m.KEY_OFFSET,
+        m.CURRENT_MAGIC,
+    )
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         file_size = os.fstat(fd).st_size
@@ -81,7 +86,9 @@ def dump_file(
                 continue
             record = _record(buf, at, offset, position, size, magic, attrs)
             if deep and record.codec not in ("none", "padding"):
-                _inner(record, MessageSet(buf, base_offset + start, max_message_bytes=max_message_bytes), entry._replace(position=at))
+                _inner(
+                    record, MessageSet(buf, base_offset + start, max_message_bytes=max_message_bytes), entry._replace(position=at)
+                )
             yield record
     finally:
         os.close(fd)
@@ -121,7 +128,9 @@ def _inner(record: DumpRecord, messages: MessageSet, entry: Entry) -> None:
     """List the messages inside the compressed batch ``entry`` of ``messages`` as ``record.inner``."""
     try:
         record.inner = [
-            DumpRecord(msg.offset, record.position, len(msg.value), m.CURRENT_MAGIC, "none", msg.timestamp, msg.key, msg.value, None)
+            DumpRecord(
+                msg.offset, record.position, len(msg.value), m.CURRENT_MAGIC, "none", msg.timestamp, msg.key, msg.value, None
+            )
             for msg in messages.decode(entry)
         ]
     except (CorruptMessage, UnsupportedCodec) as e:

@@ -90,7 +90,7 @@ def lines(n: int, width: int = 40) -> bytes:
 def test_lines_round_trip_exactly(kl_root, tmp_path):
     f = tmp_path / "in"
     f.write_bytes(MIXED)
-    done = shell(kl_root, f'$KL produce t < {f} && $KL consume t')
+    done = shell(kl_root, f"$KL produce t < {f} && $KL consume t")
     assert (done.returncode, done.stdout, done.stderr) == (0, MIXED, b"")
 
 
@@ -179,7 +179,10 @@ def test_key_delimiter(kl_root):
     data = b"k1:v1\nno key here\n:empty key\nk2:v:with:colons\n"
     ok(kl_root, "produce", "t", "-K", ":", input=data)
     assert [(m["key"], m["value"]) for m in messages(kl_root)] == [
-        ("k1", "v1"), (None, "no key here"), ("", "empty key"), ("k2", "v:with:colons"),
+        ("k1", "v1"),
+        (None, "no key here"),
+        ("", "empty key"),
+        ("k2", "v:with:colons"),
     ]
     assert ok(kl_root, "consume", "t", "-K", ":") == data
     assert ok(kl_root, "consume", "t") == b"v1\nno key here\nempty key\nv:with:colons\n"
@@ -193,8 +196,9 @@ def test_json_round_trip_into_another_topic(kl_root):
     ok(kl_root, "produce", "copy", "--json", input=dump)
 
     def fields(topic):
-        return [(m.get("key"), m.get("key_b64"), m.get("value"), m.get("value_b64"), m["timestamp"])
-                for m in messages(kl_root, topic)]
+        return [
+            (m.get("key"), m.get("key_b64"), m.get("value"), m.get("value_b64"), m["timestamp"]) for m in messages(kl_root, topic)
+        ]
 
     assert fields("copy") == fields("t")
     assert fields("t")[0] == (None, "a/8=", None, "dv4=", fields("t")[0][4])
@@ -202,8 +206,14 @@ def test_json_round_trip_into_another_topic(kl_root):
 
 
 def test_json_output_is_exact(kl_root):
-    ok(kl_root, "produce", "t", "--json", input=b'{"key": "k", "value": "v\\n\\u00e9", "timestamp": 1700000000000}\n'
-       b'{"value_b64": "/w==", "timestamp": 1700000000001}\n')
+    ok(
+        kl_root,
+        "produce",
+        "t",
+        "--json",
+        input=b'{"key": "k", "value": "v\\n\\u00e9", "timestamp": 1700000000000}\n'
+        b'{"value_b64": "/w==", "timestamp": 1700000000001}\n',
+    )
     assert ok(kl_root, "consume", "t", "--json").decode() == (
         '{"topic": "t", "partition": 0, "offset": 0, "next_offset": 27, "timestamp": 1700000000000, '
         '"key": "k", "value": "v\\n\u00e9"}\n'
@@ -300,9 +310,7 @@ def test_multi_partition_keys_keep_order_per_partition(kl_root):
     data = b"".join(b"key%d:%05d\n" % (i % 7, i) for i in range(3000))
     ok(kl_root, "produce", "three", "-K", ":", input=data)
     got = messages(kl_root, "three")
-    assert sorted((m["key"], m["value"]) for m in got) == sorted(
-        tuple(line.decode().split(":")) for line in data.splitlines()
-    )
+    assert sorted((m["key"], m["value"]) for m in got) == sorted(tuple(line.decode().split(":")) for line in data.splitlines())
     assert {m["partition"] for m in got} == {0, 1, 2}
     for key in {m["key"] for m in got}:
         mine = [m for m in got if m["key"] == key]
@@ -392,8 +400,7 @@ def test_ctrl_c_leaves_a_prefix_of_whole_messages(kl_root):
 def test_topics_create_list_describe_delete(tmp_path):
     root = str(tmp_path / "new-root")
     ok(root, "topics", "create", "b", "--partitions", "2", "--segment-bytes", "2000000", "--max-message-bytes", "1000")
-    ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5",
-       "--retention-bytes", "7")
+    ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5", "--retention-bytes", "7")
     assert ok(root, "topics", "list") == b"a\nb\n"
     ok(root, "produce", "b", "-p", "1", input=b"hello\n")
     assert ok(root, "topics", "describe", "b").decode() == (
@@ -413,10 +420,16 @@ def test_topics_create_list_describe_delete(tmp_path):
     described = json.loads(ok(root, "topics", "describe", "a", "--json"))
     assert described == {
         "topic": "a",
-        "config": {"partitions": 1, "segment_bytes": 1 << 30, "max_message_bytes": 1 << 20, "flush_messages": 0,
-                   "flush_ms": 0, "retention_ms": 5, "retention_bytes": 7},
-        "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0,
-                        "size_in_bytes": 0}],
+        "config": {
+            "partitions": 1,
+            "segment_bytes": 1 << 30,
+            "max_message_bytes": 1 << 20,
+            "flush_messages": 0,
+            "flush_ms": 0,
+            "retention_ms": 5,
+            "retention_bytes": 7,
+        },
+        "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0, "size_in_bytes": 0}],
     }
     ok(root, "topics", "delete", "b")
     assert ok(root, "topics", "list") == b"a\n"
@@ -514,8 +527,7 @@ def test_a_bad_json_line_is_reported_after_the_lines_before_it_are_committed(kl_
 def test_message_too_large(kl_root):
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
     assert fails(kl_root, "produce", "small", input=b"x" * 200) == (
-        "Error: line 1: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
-        "0 lines before it were committed"
+        "Error: line 1: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; 0 lines before it were committed"
     )
 
 
@@ -544,7 +556,9 @@ def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_p
     f.write_bytes(lines(100_000) + b"z" * 2_000_000 + b"\n" + lines(10))
     done = shell(kl_root, f"$KL produce small < {f}")
     assert (done.returncode, done.stdout, done.stderr.decode()) == (
-        1, b"", "Error: line 100001: a message of 2000022 bytes exceeds topic 'small''s max_message_bytes 1048576; "
+        1,
+        b"",
+        "Error: line 100001: a message of 2000022 bytes exceeds topic 'small''s max_message_bytes 1048576; "
         "100000 lines before it were committed\n",
     )
     assert ok(kl_root, "consume", "small") == lines(100_000)
@@ -553,12 +567,18 @@ def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_p
 def test_a_lock_timeout_is_reported_after_the_lines_before_it_are_committed(kl_root, monkeypatch):
     ok(kl_root, "topics", "create", "two", "--partitions", "2")
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"""
+        [
+            sys.executable,
+            "-c",
+            f"""
 import sys, time, kl
 with kl.Root({kl_root!r}).log("two", 1).locked():
     print("held", flush=True)
     time.sleep(60)
-"""], stdout=subprocess.PIPE)
+""",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout.readline() == b"held\n"
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
@@ -576,14 +596,18 @@ with kl.Root({kl_root!r}).log("two", 1).locked():
 def test_deeply_nested_json_is_one_error_line(kl_root):
     result = run(kl_root, "produce", "t", "--json", input=b'{"value": "a"}\n' + b"[" * 100_000 + b"\n")
     assert (result.exit_code, result.stdout, result.stderr) == (
-        1, "", "Error: line 2: invalid JSON: nested too deeply; 1 line before it was committed\n"
+        1,
+        "",
+        "Error: line 2: invalid JSON: nested too deeply; 1 line before it was committed\n",
     )
 
 
 def test_closed_stdin_is_one_error_line(kl_root):
     done = shell(kl_root, "$KL produce t <&-")
     assert (done.returncode, done.stdout, done.stderr) == (
-        1, b"", b"Error: standard input is closed: give a FILE, or redirect the input\n"
+        1,
+        b"",
+        b"Error: standard input is closed: give a FILE, or redirect the input\n",
     )
 
 
@@ -594,12 +618,16 @@ def test_closed_stdin_is_one_error_line(kl_root):
         ('{"value": "v", "partition": "0"}', "'partition' must be a whole number >= 0, not '0'"),
         ('{"value": "v", "partition": -1}', "'partition' must be a whole number >= 0, not -1"),
         ('{"value": "v", "partition": true}', "'partition' must be a whole number >= 0, not True"),
-        ('{"value": "v", "partition": 2}',
-         "'partition' 2 is out of range: topic 'two' has partitions 0 to 1 (give -p N to choose one)"),
+        (
+            '{"value": "v", "partition": 2}',
+            "'partition' 2 is out of range: topic 'two' has partitions 0 to 1 (give -p N to choose one)",
+        ),
         ('{"value": "v", "offset": 1.5}', "'offset' must be a byte offset (a whole number >= 0), not 1.5"),
         ('{"value": "v", "next_offset": -3}', "'next_offset' must be a byte offset (a whole number >= 0), not -3"),
-        ('{"value": "v", "timestamp": 9223372036854775808}',
-         "'timestamp' must be milliseconds since the epoch, not 9223372036854775808"),
+        (
+            '{"value": "v", "timestamp": 9223372036854775808}',
+            "'timestamp' must be milliseconds since the epoch, not 9223372036854775808",
+        ),
     ],
 )
 def test_every_json_field_is_checked(kl_root, record, error):
@@ -611,8 +639,10 @@ def test_every_json_field_is_checked(kl_root, record, error):
 
 def test_json_partition_is_used_unless_p_is_given(kl_root):
     ok(kl_root, "topics", "create", "two", "--partitions", "2")
-    records = (b'{"topic": "elsewhere", "partition": 1, "offset": 7, "next_offset": 30, "value": "a"}\n'
-               b'{"partition": 0, "key": "k", "value": "b"}\n{"partition": 1, "value": "c"}\n')
+    records = (
+        b'{"topic": "elsewhere", "partition": 1, "offset": 7, "next_offset": 30, "value": "a"}\n'
+        b'{"partition": 0, "key": "k", "value": "b"}\n{"partition": 1, "value": "c"}\n'
+    )
     ok(kl_root, "produce", "two", "--json", input=records)
     assert (ok(kl_root, "consume", "two", "-p", "0"), ok(kl_root, "consume", "two", "-p", "1")) == (b"b\n", b"a\nc\n")
     ok(kl_root, "produce", "t", "--json", "-p", "0", input=records.replace(b'"partition": 1', b'"partition": 9'))
@@ -680,14 +710,24 @@ def test_recover_and_retain_show_progress_on_a_terminal(kl_root, command):
     assert ok(kl_root, command).count(b"\n") == 4  # and nothing when stderr is not a terminal
 
 
-@pytest.mark.parametrize("args", [
-    ["topics", "list"], ["topics", "describe", "t"], ["topics", "delete", "t"], ["consume", "t"], ["produce", "t"],
-    ["recover"], ["retain"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topics", "list"],
+        ["topics", "describe", "t"],
+        ["topics", "delete", "t"],
+        ["consume", "t"],
+        ["produce", "t"],
+        ["recover"],
+        ["retain"],
+    ],
+)
 def test_a_missing_root_is_an_error(tmp_path, args):
     result = run(str(tmp_path / "gone"), *args, input=b"x\n")
     assert (result.exit_code, result.stdout, result.stderr) == (
-        1, "", f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n"
+        1,
+        "",
+        f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n",
     )
     assert not (tmp_path / "gone").exists()
 
@@ -711,8 +751,11 @@ def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
     code, seen, stderr = on_a_terminal(kl_root, ["topics", "list"], "stdout")
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode()).replace("\r\n", "\n")
     assert (code, stderr) == (0, b"")
-    assert [line.split() for line in text.splitlines()[:3]] == [["topic", "partitions", "bytes"], ["bad", "?", "?"],
-                                                                ["t", "1", "0"]]
+    assert [line.split() for line in text.splitlines()[:3]] == [
+        ["topic", "partitions", "bytes"],
+        ["bad", "?", "?"],
+        ["t", "1", "0"],
+    ]
     assert "junk: not a topic: no topic.json" in text
     assert f"bad: topic config {kl_root}/bad/topic.json is unreadable" in text.replace("\n", "")
 
@@ -724,15 +767,19 @@ def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
             ["consume", "t", "-o", "soon"],
             "Invalid value for '-o' / '--from-offset': 'soon' is not N, earliest, latest or -N",
         ),
-        (["consume", "t", "--from-time", "noon"],
-         "Invalid value for '--from-time': 'noon' is neither an ISO 8601 time nor milliseconds since the epoch"),
+        (
+            ["consume", "t", "--from-time", "noon"],
+            "Invalid value for '--from-time': 'noon' is neither an ISO 8601 time nor milliseconds since the epoch",
+        ),
         (["consume", "t", "-o", "0", "--from-time", "0"], "--from-offset, --from-time cannot be used together"),
         (["consume", "t", "--json", "--binary"], "--json, --binary cannot be used together"),
         (["consume", "t", "--json", "-0"], "--json, --null cannot be used together"),
         (["consume", "t", "--format", "{nope}"], "Invalid value for '--format': KeyError: 'nope'"),
         (["consume", "t", "-d", ""], "Invalid value for '-d' / '--delimiter': must not be empty"),
-        (["consume", "t", "-d", r"\q"],
-         "Invalid value for '-d' / '--delimiter': unknown escape '\\q' (use \\n \\t \\r \\0 \\\\ or \\xNN)"),
+        (
+            ["consume", "t", "-d", r"\q"],
+            "Invalid value for '-d' / '--delimiter': unknown escape '\\q' (use \\n \\t \\r \\0 \\\\ or \\xNN)",
+        ),
         (["produce", "t", "-K", ":", "-0", "-d", ","], "--delimiter, --null cannot be used together"),
         (["produce", "t", "--json", "--binary"], "--json, --binary cannot be used together"),
         (
@@ -801,9 +848,7 @@ def test_consume_stops_at_a_damaged_message_after_writing_the_ones_before(tmp_pa
     skipped = CliRunner().invoke(cli, ["--root", str(root.path), "consume", "t", "--skip-corrupt", *render])
     assert skipped.exit_code == 0
     assert skipped.stdout_bytes == b"one\nthree\n"
-    assert skipped.stderr == (
-        "Warning: skipped damaged data of t/0 from offset 25 to 50: checksum mismatch\n"
-    )
+    assert skipped.stderr == ("Warning: skipped damaged data of t/0 from offset 25 to 50: checksum mismatch\n")
 
 
 # ----------------------------------------------------------------- the README and the shell
@@ -835,9 +880,14 @@ def test_readme_tour_runs_as_written(tmp_path):
     assert done.stdout.count(b"GET ") > 10
 
 
-@pytest.mark.parametrize("shell, last_line", [
-    ("bash", "_kl_completion_setup;"), ("zsh", "fi"), ("fish", "complete --no-files --command kl --arguments \"(_kl_completion)\";"),
-])
+@pytest.mark.parametrize(
+    "shell, last_line",
+    [
+        ("bash", "_kl_completion_setup;"),
+        ("zsh", "fi"),
+        ("fish", 'complete --no-files --command kl --arguments "(_kl_completion)";'),
+    ],
+)
 def test_shell_completion_prints_a_script(shell, last_line):
     done = subprocess.run(KL, env={**os.environ, "_KL_COMPLETE": f"{shell}_source"}, capture_output=True, timeout=30)
     assert (done.returncode, done.stderr) == (0, b"")

@@ -61,8 +61,17 @@ def usage_error(root: str, *args: str) -> str:
     return result.stderr.splitlines()[-1]
 
 
-def make(root: str, topic: str = "t", values=(b"1", b"2", b"3"), *, config: kl.TopicConfig | None = None,
-         appends: int = 1, timestamp: int = TS, compression: str | None = None, flush: bool = True) -> Path:
+def make(
+    root: str,
+    topic: str = "t",
+    values=(b"1", b"2", b"3"),
+    *,
+    config: kl.TopicConfig | None = None,
+    appends: int = 1,
+    timestamp: int = TS,
+    compression: str | None = None,
+    flush: bool = True,
+) -> Path:
     """Create ``topic`` and write ``values`` ``appends`` times (one append each); return
     partition 0's directory.  ``flush=False`` leaves the last append unflushed."""
     r = kl.Root(root)
@@ -164,10 +173,7 @@ def test_dry_run_on_a_torn_tail_changes_nothing_and_exits_3(kl_root):
         f.write(GARBAGE)
     before = snapshot(directory)
     assert out(kl_root, "recover", "--dry-run", code=3) == [
-        (
-            "t/0: found: offset 69: 320 bytes past the log end were never published [would cut]; "
-            "would cut 320 bytes (1 message)"
-        )
+        ("t/0: found: offset 69: 320 bytes past the log end were never published [would cut]; would cut 320 bytes (1 message)")
     ]
     assert snapshot(directory) == before
 
@@ -208,11 +214,21 @@ def test_recover_json_is_one_object_per_partition(kl_root):
     rows = [json.loads(line) for line in out(kl_root, "recover", "--json")]
     assert rows == [
         {
-            "topic": "t", "partition": 0, "status": "fixed", "checked_bytes": 320, "cut_bytes": 320, "cut_messages": 1,
-            "findings": [{
-                "offset": 69, "path": str(Path(kl_root) / "t" / "0" / SEGMENT0),
-                "reason": "320 bytes past the log end were never published", "action": "cut", "kind": "INCOMPLETE",
-            }],
+            "topic": "t",
+            "partition": 0,
+            "status": "fixed",
+            "checked_bytes": 320,
+            "cut_bytes": 320,
+            "cut_messages": 1,
+            "findings": [
+                {
+                    "offset": 69,
+                    "path": str(Path(kl_root) / "t" / "0" / SEGMENT0),
+                    "reason": "320 bytes past the log end were never published",
+                    "action": "cut",
+                    "kind": "INCOMPLETE",
+                }
+            ],
         },
         {"topic": "u", "partition": 0, "status": "ok", "checked_bytes": 0, "cut_bytes": 0, "cut_messages": 0, "findings": []},
     ]
@@ -289,8 +305,13 @@ def test_recover_exits_3_for_a_stray_alone(kl_root):
     assert out(kl_root, "recover", code=3) == ["junk: not a topic: no topic.json [left as it is]", "t/0: ok (0 bytes checked)"]
     assert out(kl_root, "recover", "t") == ["t/0: ok (0 bytes checked)"]
     rows = [json.loads(line) for line in out(kl_root, "recover", "--json", code=3)]
-    assert rows[0] == {"topic": "junk", "partition": None, "status": "stray", "reason": "not a topic: no topic.json",
-                       "action": "left as it is"}
+    assert rows[0] == {
+        "topic": "junk",
+        "partition": None,
+        "status": "stray",
+        "reason": "not a topic: no topic.json",
+        "action": "left as it is",
+    }
 
 
 def test_retain_reports_strays_and_failed_topics_and_retains_every_other_topic(kl_root):
@@ -346,7 +367,9 @@ def test_fresh_leftovers_are_left_alone(kl_root):
 def test_a_missing_root_is_an_error(tmp_path, command):
     result = run(str(tmp_path / "gone"), command)
     assert (result.exit_code, result.stdout, result.stderr) == (
-        1, "", f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n"
+        1,
+        "",
+        f"Error: root {tmp_path}/gone does not exist (is it mounted?)\n",
     )
 
 
@@ -384,8 +407,10 @@ def test_retain_by_size_deletes_the_oldest_segments(kl_root):
         "t/0: deleted 2 segments (2048 bytes); log starts at 2048",
     ]
     assert segments(directory) == [
-        "00000000000000000000.kl.deleted", "00000000000000001024.kl.deleted",
-        "00000000000000002048.kl", "00000000000000003072.kl",
+        "00000000000000000000.kl.deleted",
+        "00000000000000001024.kl.deleted",
+        "00000000000000002048.kl",
+        "00000000000000003072.kl",
     ]
     assert consume(kl_root)[0] == "m000000064"
     assert out(kl_root, "retain", "--max-bytes", "2000") == ["t/0: nothing to delete; log starts at 2048"]
@@ -445,10 +470,20 @@ def test_retain_json(kl_root):
     small_topic(kl_root)
     [row] = [json.loads(line) for line in out(kl_root, "retain", "--max-bytes", "2500", "--json")]
     assert row == {
-        "topic": "t", "partition": 0, "dry_run": False,
-        "deleted": [{"segment": "00000000000000000000.kl", "base_offset": 0, "size_in_bytes": 1024,
-                     "reason": "partition holds 3200 bytes, over 2500"}],
-        "deleted_bytes": 1024, "log_start_offset": 1024, "unlinked": 0,
+        "topic": "t",
+        "partition": 0,
+        "dry_run": False,
+        "deleted": [
+            {
+                "segment": "00000000000000000000.kl",
+                "base_offset": 0,
+                "size_in_bytes": 1024,
+                "reason": "partition holds 3200 bytes, over 2500",
+            }
+        ],
+        "deleted_bytes": 1024,
+        "log_start_offset": 1024,
+        "unlinked": 0,
     }
 
 
@@ -548,8 +583,16 @@ def test_dump_json(kl_root):
     make(kl_root, values=[b"a", b"bb"], compression="zstd")
     [row] = [json.loads(line) for line in out(kl_root, "dump", "t", "--json", "--deep", "--print-data")]
     assert row == {
-        "partition": 0, "offset": 0, "position": 0, "size": row["size"], "magic": 2, "codec": "zstd", "timestamp": TS,
-        "valid": True, "problem": None, "key": None,
+        "partition": 0,
+        "offset": 0,
+        "position": 0,
+        "size": row["size"],
+        "magic": 2,
+        "codec": "zstd",
+        "timestamp": TS,
+        "valid": True,
+        "problem": None,
+        "key": None,
         "inner": [
             {"timestamp": TS, "key": None, "value_size": 1, "value": "a"},
             {"timestamp": TS, "key": None, "value_size": 2, "value": "bb"},
@@ -583,7 +626,9 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
     assert out(kl_root, "recover", code=0) == ["t/0: ok (0 bytes checked)"]  # sizes and the tail only: not seen
     assert out(kl_root, "recover", "--deep", code=3) == ["t/0: damaged: offset 1088: checksum mismatch [left as it is]"]
     [line] = out(kl_root, "recover", "--deep", "--repair")
-    assert line.startswith("t/0: fixed: offset 1088: checksum mismatch [repaired: 32 bytes padded (1 padding message), original kept as ")
+    assert line.startswith(
+        "t/0: fixed: offset 1088: checksum mismatch [repaired: 32 bytes padded (1 padding message), original kept as "
+    )
     [aside] = [p for p in directory.iterdir() if ".damaged-" in p.name]
     assert out(kl_root, "dump", str(aside), code=3)[-2:] == [
         "offset: 1088 position: 64 size: 32 valid: no",
@@ -601,12 +646,19 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
 def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
     make(kl_root, "a")
     make(kl_root, "b")
-    holder = subprocess.Popen([sys.executable, "-c", f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import time, kl
 with kl.Root({kl_root!r}).log("a", 0).locked():
     print("held", flush=True)
     time.sleep(60)
-"""], stdout=subprocess.PIPE)
+""",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout.readline() == b"held\n"
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)

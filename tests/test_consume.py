@@ -54,8 +54,10 @@ def test_small_fetches_take_turns(root, three):
 
 def test_messages_are_message_objects_unless_values_only(root, three):
     [batch] = kl.Consumer(root).consume(three, [1])
-    assert batch.messages == [kl.Message(0, SIZE, batch.messages[0].timestamp, None, b"1-a"),
-                              kl.Message(SIZE, 2 * SIZE, batch.messages[1].timestamp, None, b"1-b")]
+    assert batch.messages == [
+        kl.Message(0, SIZE, batch.messages[0].timestamp, None, b"1-a"),
+        kl.Message(SIZE, 2 * SIZE, batch.messages[1].timestamp, None, b"1-b"),
+    ]
 
 
 def test_the_end_is_the_one_each_partition_had_at_the_start(root, topic):
@@ -75,7 +77,9 @@ def test_follow_waits_for_new_messages_until_idle(root, three):
     thread.start()
     got = list(kl.Consumer(root).consume(three, start="latest", follow=True, idle_timeout=0.6, poll_interval=0.02))
     thread.join()
-    assert contents(got) == [(1, 2 * SIZE, 3 * SIZE, [kl.Message(2 * SIZE, 3 * SIZE, got[0].messages[0].timestamp, None, b"new")])]
+    assert contents(got) == [
+        (1, 2 * SIZE, 3 * SIZE, [kl.Message(2 * SIZE, 3 * SIZE, got[0].messages[0].timestamp, None, b"new")])
+    ]
 
 
 @pytest.mark.parametrize("values_only", [False, True])
@@ -83,7 +87,9 @@ def test_max_messages_stops_there_and_next_offset_resumes_after_the_last(root, t
     kl.Producer(root).send_batch(topic, [b"%03d" % i for i in range(10)])
     [batch] = kl.Consumer(root).consume(topic, max_messages=3, values_only=values_only)
     assert (batch.offset, batch.next_offset, values_of(batch.messages) if not values_only else batch.messages) == (
-        0, 3 * SIZE, [b"000", b"001", b"002"]
+        0,
+        3 * SIZE,
+        [b"000", b"001", b"002"],
     )
     rest = kl.Consumer(root).consume(topic, start=batch.next_offset, values_only=True)
     assert [v for b in rest for v in b.messages] == [b"%03d" % i for i in range(3, 10)]

@@ -19,11 +19,11 @@ from kl import segment as segment_module
 from kl.importer import ImportRefused, import_topic
 from kl.messageset import frame
 from kl.recovery import recover
-from kl.segment import list_segments, segment_name
-from kl.state import SIZE_V1, RECORD_V1, CRC, PartitionState
+from kl.segment import segment_name
+from kl.state import CRC, RECORD_V1, SIZE_V1, PartitionState
 
-from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, write_at
 from conftest import KAFKA07_SEGMENT
+from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, write_at
 
 KL = [sys.executable, "-m", "kl_cli"]
 TS = 1_700_000_000_000
@@ -123,8 +123,10 @@ def test_h2_ten_kilobytes_zeroed_are_padded_with_messages_within_the_limit(root)
     report = recover(fresh_log(log), deep=True, repair=True)
     assert len(copies(log)) == 1 and len(report.findings) == 1
     assert "padding messages" in report.findings[0].action
-    assert all(entry.size <= SMALL.max_message_bytes for entry in segment_module.scan(
-        os.open(first, os.O_RDONLY), 0, first.stat().st_size, SMALL.max_message_bytes))
+    assert all(
+        entry.size <= SMALL.max_message_bytes
+        for entry in segment_module.scan(os.open(first, os.O_RDONLY), 0, first.stat().st_size, SMALL.max_message_bytes)
+    )
     assert recover(fresh_log(log), deep=True).findings == []
 
 
@@ -192,7 +194,9 @@ def test_m2_a_resync_inside_garbage_is_accepted_only_when_it_chains_to_the_segme
     # followed by garbage: the forged one chains nowhere, so it must not be taken.
     forged = frame([b"FORGED"], TS)
     start = messages[1].offset
-    write_at(segment0(root, "t"), start, b"\xff\xff\xff\xff" + forged + b"\x01" * (messages[1].next_offset - start - 4 - len(forged)))
+    write_at(
+        segment0(root, "t"), start, b"\xff\xff\xff\xff" + forged + b"\x01" * (messages[1].next_offset - start - 4 - len(forged))
+    )
     got = [msg.value for msg in kl.Consumer(root).stream("t", 0, 0, idle_timeout=0, skip_corrupt=True)]
     assert got == [b"a" * 50] * 4
 
@@ -392,7 +396,9 @@ def test_offset_back_scans_each_segment_once(root, monkeypatch):
     log = root.log("t", 0)
     opened = []
     real_open = segment_module.Segment.open.__func__
-    monkeypatch.setattr(segment_module.Segment, "open", classmethod(lambda cls, *a, **k: opened.append(a[0]) or real_open(cls, *a, **k)))
+    monkeypatch.setattr(
+        segment_module.Segment, "open", classmethod(lambda cls, *a, **k: opened.append(a[0]) or real_open(cls, *a, **k))
+    )
     offset = log.offset_back(10_000)
     assert len(opened) == 1
     assert len(read_log(log, offset)) == 10_000

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +16,6 @@ from kl import segment as segment_module
 from kl.segment import list_segments, parse_name, segment_name
 from kl.state import STATE_FILE, PartitionState, read_state
 
-from faultlib import as_if_rebooted
 from conftest import (
     active_segment,
     flip_bit,
@@ -31,6 +29,7 @@ from conftest import (
     write,
     write_each,
 )
+from faultlib import as_if_rebooted
 
 SMALL = kl.TopicConfig(segment_bytes=128, max_message_bytes=128)
 """Four 32-byte messages (10-byte values) fill a segment."""
