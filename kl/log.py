@@ -23,16 +23,13 @@ import bisect
 import contextlib
 import errno
 import logging
-import mmap
 import os
 import shutil
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl import flusher, locks
-from kl import message as m
 from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import (
     CorruptMessage,
@@ -44,12 +41,11 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import FILE_MODE, fsync_dir, mount_of, nfs_locking_problem, pwrite_all, storage_error
+from kl.fsutil import FILE_MODE, fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import SUFFIX, Segment, list_segments, segment_path
-from kl.state import BOOT_ID, SIZE_V1, STATE_FILE, PartitionState, read_state
-from kl.state import SIZE as STATE_SIZE
+from kl.state import BOOT_ID, STATE_FILE, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +78,7 @@ class Log:
         self._bases: list[int] = []
         self._names: list[str] = []
         # Writer handles, used only under the lock.
-        self._state_fd: int | None = None
-        self._state_map: mmap.mmap | None = None
+        self._state_file: StateFile | None = None
         self._active: Segment | None = None
         self._tail_checked = False
         self._recheck_at = 0.0
@@ -341,23 +336,9 @@ class Log:
         needed = count
         for info in reversed(self.segments(state)):
             with self.open_segment(info.base_offset) as segment:
-                recent: deque[tuple[int, int, int]] = deque(maxlen=needed)
-                for entry in segment.scan(0, info.size_in_bytes):
-                    if entry.problem is not None:
-                        break
-                    if entry.attrs & m.ATTR_PADDING and entry.magic:
-                        recent = deque(recent, maxlen=(recent.maxlen or 0) + 1)  # holds no message
-                    recent.append((entry.position, entry.size, entry.attrs if entry.magic else 0))
-                for position, size, attrs in reversed(recent):
-                    if attrs & m.ATTR_PADDING:
-                        continue
-                    if attrs & m.CODEC_MASK:
-                        batch = segment.message_set(position, size, stable=info.size_in_bytes, end=info.size_in_bytes)
-                        needed -= sum(1 for _ in batch)
-                    else:
-                        needed -= 1
-                    if needed <= 0:
-                        return info.base_offset + position
+                position, needed = segment.back(needed, info.size_in_bytes)
+            if position is not None:
+                return info.base_offset + position
         return state.log_start_offset
 
     # ----------------------------------------------------------------- writing
@@ -492,12 +473,9 @@ class Log:
 
     def close(self) -> None:
         """Close the writer's file descriptors (reading needs none)."""
-        if self._state_map is not None:
-            self._state_map.close()
-            self._state_map = None
-        if self._state_fd is not None:
-            os.close(self._state_fd)
-            self._state_fd = None
+        if self._state_file is not None:
+            self._state_file.close()
+            self._state_file = None
         if self._active is not None:
             self._active.close()
             self._active = None
@@ -533,11 +511,11 @@ class Log:
             if problem:
                 raise StorageError(f"cannot append to {self.directory}: {problem}")
             self._nfs = mount_of(self.directory)[1].startswith("nfs")
-        if self._nfs and self._state_fd is not None:
+        if self._nfs and self._state_file is not None:
             self.close()
         try:
-            state_fd = self._state_fd if self._state_fd is not None else self._open_state()
-            raw = self._state_map[:STATE_SIZE] if self._state_map is not None else os.pread(state_fd, STATE_SIZE, 0)
+            state_file = self._state_file or self._open_state()
+            raw = state_file.read()
             if raw == self._published_raw and time.monotonic() < self._recheck_at:
                 assert self._published is not None
                 return self._published  # nobody appended since we did: the tail is ours
@@ -552,7 +530,7 @@ class Log:
                 )
             stat = os.fstat(self._active.fd)
             file_size = stat.st_size
-            gone = stat.st_nlink == 0 or os.fstat(state_fd).st_nlink == 0
+            gone = stat.st_nlink == 0 or state_file.unlinked()
         except FileNotFoundError:
             self.close()
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
@@ -582,24 +560,15 @@ class Log:
         except (OSError, InvalidConfig):
             return True
 
-    def _open_state(self) -> int:
-        """Open (and on local disks map) the state record; a version 1 record is
-        lengthened so the version 2 record fits (the next publish rewrites it)."""
+    def _open_state(self) -> StateFile:
+        """The state record, opened (and on local disks mapped) for this writer."""
         try:
-            fd = self._state_fd = os.open(self.state_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._state_file = StateFile(self.state_path, mapped=not self._nfs)
         except FileNotFoundError:
             if os.path.isdir(self.directory):
                 raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
             raise
-        size = os.fstat(fd).st_size
-        if size < STATE_SIZE:
-            if size < SIZE_V1:
-                raise CorruptState(f"partition state {self.state_path} is {size} bytes; run 'kl recover'")
-            PartitionState.decode(os.pread(fd, STATE_SIZE, 0), self.state_path)
-            os.ftruncate(fd, STATE_SIZE)
-        if not self._nfs:  # on local disks the record is mapped: no system calls for it
-            self._state_map = mmap.mmap(fd, STATE_SIZE)
-        return fd
+        return self._state_file
 
     def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
         """Make the active segment end exactly where its good published data does.
@@ -692,17 +661,15 @@ class Log:
         """Write the state record (under the lock); ``durable`` fsyncs it."""
         raw = state.encode()
         self._published_raw = None
+        state_file = self._state_file
+        assert state_file is not None
         try:
-            if self._state_map is not None:
-                self._state_map[:STATE_SIZE] = raw
-            else:
-                assert self._state_fd is not None
-                pwrite_all(self._state_fd, raw, 0)
+            state_file.write(raw)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
         if durable or self._nfs:
             try:
-                os.fsync(self._state_fd)  # type: ignore[arg-type]
+                state_file.fsync()
             except OSError as e:
                 self._fail(storage_error(e, "fsync", self.state_path))
         self._published, self._published_raw = state, raw
@@ -744,14 +711,7 @@ class Log:
         """Write the whole state record in place (created if missing), durably, and drop
         this handle's cached view: for recovery, which rebuilds or corrects it."""
         try:
-            fd = os.open(self.state_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o664)
-            try:
-                pwrite_all(fd, state.encode(), 0)
-                os.ftruncate(fd, STATE_SIZE)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(self.directory)
+            write_state(self.state_path, state)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
         self.close()

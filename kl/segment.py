@@ -18,6 +18,7 @@ import errno
 import mmap
 import os
 import re
+from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -242,6 +243,29 @@ class Segment:
         if after <= position:
             return after, after
         return before, after
+
+    def back(self, count: int, end: int) -> tuple[int | None, int]:
+        """Where the last ``count`` messages before ``end`` start, in one scan; or None
+        when there are fewer, with how many are still wanted before this segment.  A
+        compressed batch counts its inner messages; padding counts none."""
+        recent: deque[tuple[int, int, int]] = deque(maxlen=count)
+        for entry in self.scan(0, end):
+            if entry.problem is not None:
+                break
+            attrs = entry.attrs if entry.magic else 0
+            if attrs & m.ATTR_PADDING:
+                recent = deque(recent, maxlen=(recent.maxlen or 0) + 1)  # holds no message
+            recent.append((entry.position, entry.size, attrs))
+        for position, size, attrs in reversed(recent):
+            if attrs & m.ATTR_PADDING:
+                continue
+            if attrs & m.CODEC_MASK:
+                count -= sum(1 for _ in self.message_set(position, size, stable=end, end=end))
+            else:
+                count -= 1
+            if count <= 0:
+                return position, 0
+        return None, count
 
     def good_end(self, stable: int, last: int, published: int, start: int | None = None) -> tuple[int, str | None]:
         """Where the good published data of the active segment ends (a position), and why
