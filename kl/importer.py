@@ -12,14 +12,19 @@ starts a new ``.kl`` segment after them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
+import time
 from dataclasses import dataclass
 
 from kl.config import MiB, TopicConfig
 from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
-from kl.log import SegmentInfo
+from kl.fsutil import FILE_MODE, fsync_dir, storage_error
+from kl.log import IMPORTING_PREFIX, Log, SegmentInfo
 from kl.segment import Segment, list_segments
+from kl.state import BOOT_ID, PartitionState
 from kl.topic import Root
 
 SCAN_LIMIT = 2**31 - 1
@@ -125,7 +130,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
     out = []
     for p, (log, (segments, biggest), directory) in enumerate(zip(logs, checked, directories, strict=True)):
         with log.locked():
-            log.adopt(segments)
+            _adopt(log, segments)
         out.append(
             ImportedPartition(
                 p, directory, len(segments), segments[0].base_offset,
@@ -133,3 +138,34 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
             )
         )
     return out
+
+
+def _adopt(log: Log, segments: list[SegmentInfo]) -> None:
+    """Under the lock: copy checked segment files into an empty partition (each to a
+    temporary name, fsynced, renamed in), remove its other, empty, segment files, and
+    publish the copies as the whole log."""
+    incoming = {os.path.basename(s.path) for s in segments}
+    for info in segments:
+        target = os.path.join(log.directory, os.path.basename(info.path))
+        tmp = os.path.join(log.directory, f"{IMPORTING_PREFIX}{os.urandom(6).hex()}")
+        try:
+            shutil.copyfile(info.path, tmp, follow_symlinks=False)
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, FILE_MODE)
+            os.rename(tmp, target)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise storage_error(e, "import", target) from None
+    for _, name in list_segments(log.directory):
+        if name not in incoming:
+            os.unlink(os.path.join(log.directory, name))
+    fsync_dir(log.directory)
+    first, last = segments[0], segments[-1]
+    end = last.base_offset + last.size_in_bytes
+    now = time.time_ns() // 1_000_000
+    log.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, now, BOOT_ID))

@@ -24,7 +24,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -41,7 +40,7 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import FILE_MODE, fsync_dir, mount_of, nfs_locking_problem, storage_error
+from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import SUFFIX, Segment, list_segments, segment_path
@@ -715,36 +714,6 @@ class Log:
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
         self.close()
-
-    def adopt(self, segments: list[SegmentInfo]) -> None:
-        """Copy checked segment files from elsewhere into this empty partition (each to
-        a temporary name, fsynced, renamed in), remove its other, empty, segment files,
-        and publish the copies as the whole log."""
-        incoming = {os.path.basename(s.path) for s in segments}
-        for info in segments:
-            target = os.path.join(self.directory, os.path.basename(info.path))
-            tmp = os.path.join(self.directory, f"{IMPORTING_PREFIX}{os.urandom(6).hex()}")
-            try:
-                shutil.copyfile(info.path, tmp, follow_symlinks=False)
-                fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.chmod(tmp, FILE_MODE)
-                os.rename(tmp, target)
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise storage_error(e, "import", target) from None
-        for _, name in list_segments(self.directory):
-            if name not in incoming:
-                os.unlink(os.path.join(self.directory, name))
-        fsync_dir(self.directory)
-        first, last = segments[0], segments[-1]
-        end = last.base_offset + last.size_in_bytes
-        now = time.time_ns() // 1_000_000
-        self.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, now, BOOT_ID))
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking
