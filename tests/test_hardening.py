@@ -412,3 +412,31 @@ def test_recover_removes_what_an_interrupted_import_left(root):
     assert [f.action for f in recover(fresh_log(log), dry_run=True).findings] == ["would remove"]
     assert [f.action for f in recover(fresh_log(log)).findings] == ["removed"]
     assert not leftover.exists()
+
+
+def _send_and_wait_for_the_background_flush(path: str, out) -> None:
+    root = kl.Root(path)
+    kl.Producer(root).send("t", b"from the child", partition=0)
+    log = root.log("t", 0)
+    for _ in range(100):
+        state = log.state()
+        if state.flushed_offset == state.log_end_offset:
+            out.send(True)
+            return
+        time.sleep(0.1)
+    out.send(False)
+
+
+def test_the_background_flush_works_in_a_forked_child(root):
+    import multiprocessing
+
+    root.create_topic("t", kl.TopicConfig(flush_ms=200))
+    kl.Producer(root).send("t", b"from the parent", partition=0)  # the parent's flusher is running
+    parent_end, child_end = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(
+        target=_send_and_wait_for_the_background_flush, args=(root.path, child_end)
+    )
+    child.start()
+    assert parent_end.recv() is True
+    child.join(30)
+    assert child.exitcode == 0
