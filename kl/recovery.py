@@ -37,6 +37,8 @@ from kl.state import SIZE as STATE_SIZE
 
 Progress = Callable[[int], None]
 """Called with the number of bytes just checked."""
+Reporter = Callable[["Finding"], None]
+"""Called with each finding as it is made (leveldb's ``Reporter``), before the report is done."""
 _WOULD = {"cut": "would cut", "removed": "would remove", "rebuilt": "would rebuild", "set aside": "would set aside"}
 
 
@@ -70,16 +72,24 @@ class RecoveryReport:
 
 
 def recover(
-    log: Log, *, deep: bool = False, repair: bool = False, dry_run: bool = False, progress: Progress | None = None
+    log: Log,
+    *,
+    deep: bool = False,
+    repair: bool = False,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    reporter: Reporter | None = None,
 ) -> RecoveryReport:
     """Check ``log`` and cut or repair what is safe (nothing at all with ``dry_run``).
 
     ``deep`` checks every message of every segment, not just sizes and the tail.  Safe
     while producers and consumers run: everything happens under the partition lock
-    (a dry run takes no lock, so it needs no write access to the root).
+    (a dry run takes no lock, so it needs no write access to the root).  ``progress``
+    hears of the bytes checked, ``reporter`` of each finding as it is made.
     """
     report = RecoveryReport(log.directory)
     check_ = _Check(log, report, act=not dry_run, repair=repair and not dry_run, deep=deep, progress=progress)
+    check_.reporter = reporter
     with contextlib.nullcontext() if dry_run else log.locked():
         check_.run()
     return report
@@ -89,6 +99,7 @@ class _Check:
     def __init__(self, log: Log, report: RecoveryReport, *, act: bool, repair: bool, deep: bool, progress: Progress | None):
         self.log, self.report, self.act, self.repair, self.deep = log, report, act, repair, deep
         self.progress = progress or (lambda n: None)
+        self.reporter: Reporter | None = None
         self.limit = log.config.max_message_bytes
 
     def run(self) -> None:
@@ -103,7 +114,10 @@ class _Check:
 
     def find(self, offset: int, path: str, problem: str, action: str, kind: Kind | str) -> None:
         name = kind.name if isinstance(kind, Kind) else kind
-        self.report.findings.append(Finding(offset, path, problem, action, name))
+        finding = Finding(offset, path, problem, action, name)
+        self.report.findings.append(finding)
+        if self.reporter is not None:
+            self.reporter(finding)
 
     def would(self, done: str) -> str:
         """The action as done, or as it would be done in a dry run."""

@@ -315,3 +315,14 @@ def test_recover_runs_safely_beside_a_producer_and_a_consumer(root):
             t.join(10)
     assert not errors, errors
     assert [msg.value for msg in read_log(fresh_log(log))] == [ten_byte(i) for i in range(10)] + sent
+
+
+def test_a_reporter_hears_of_each_finding_as_it_is_made(root):
+    log = make(root, n=20)
+    messages = read_log(log)
+    path = active_path(log)
+    flip_bit(path, (messages[3].offset + 25) * 8)
+    flip_bit(path, (messages[12].offset + 25) * 8)
+    heard: list[kl.recovery.Finding] = []
+    report = recover(fresh_log(log), deep=True, reporter=heard.append)
+    assert heard == report.findings and [f.offset for f in heard] == [messages[3].offset, messages[12].offset]
