@@ -88,18 +88,27 @@ def recover(
     hears of the bytes checked, ``reporter`` of each finding as it is made.
     """
     report = RecoveryReport(log.directory)
-    check_ = _Check(log, report, act=not dry_run, repair=repair and not dry_run, deep=deep, progress=progress)
-    check_.reporter = reporter
+    check_ = _Check(log, report, act=not dry_run, repair=repair and not dry_run, deep=deep, progress=progress, reporter=reporter)
     with contextlib.nullcontext() if dry_run else log.locked():
         check_.run()
     return report
 
 
 class _Check:
-    def __init__(self, log: Log, report: RecoveryReport, *, act: bool, repair: bool, deep: bool, progress: Progress | None):
+    def __init__(
+        self,
+        log: Log,
+        report: RecoveryReport,
+        *,
+        act: bool,
+        repair: bool,
+        deep: bool,
+        progress: Progress | None,
+        reporter: Reporter | None,
+    ):
         self.log, self.report, self.act, self.repair, self.deep = log, report, act, repair, deep
         self.progress = progress or (lambda n: None)
-        self.reporter: Reporter | None = None
+        self.reporter = reporter
         self.limit = log.config.max_message_bytes
 
     def run(self) -> None:
@@ -236,8 +245,14 @@ class _Check:
             if end == file_size == published:
                 return
             if segment.foreign and file_size > published:
-                self.find(base + published, info.path, f"{file_size - published} bytes past the log end in a Kafka 0.7 segment "
-                          "kl did not write; left alone (bring it in with 'kl topics import')", "reported", Kind.UNKNOWN_SEGMENT)
+                self.find(
+                    base + published,
+                    info.path,
+                    f"{file_size - published} bytes past the log end in a Kafka 0.7 segment "
+                    "kl did not write; left alone (bring it in with 'kl topics import')",
+                    "reported",
+                    Kind.UNKNOWN_SEGMENT,
+                )
                 return
             self.report.cut_bytes += file_size - end
             self.report.cut_messages += _message_starts(segment, end, file_size)
@@ -301,8 +316,14 @@ def _size_damage(segment: Segment, size: int, expected: int) -> Iterator[Damage]
     """Without reading messages: a closed segment shorter or longer than it must be."""
     if size < expected:
         where = segment.base_offset + size
-        yield Damage(size, expected, Corruption(Kind.SHORT_FILE, f"file ends at offset {where}, before the next segment's "
-                                                  f"base {segment.base_offset + expected}"), False)
+        yield Damage(
+            size,
+            expected,
+            Corruption(
+                Kind.SHORT_FILE, f"file ends at offset {where}, before the next segment's base {segment.base_offset + expected}"
+            ),
+            False,
+        )
     elif size > expected:
         yield from (d for d in segment.damage(expected, expected) if d.problem.kind is Kind.LONG_FILE)
 
