@@ -84,8 +84,9 @@ class ProcessLock:
         else:
             started = self._wait_for_thread(timeout)
         try:
-            if self._helper or not self._try():
-                self._wait_for_process(timeout, started)
+            helper = self._helper
+            if helper or not self._try():
+                self._wait_for_process(timeout, started, try_first=helper)
         except BaseException:
             self._thread_lock.release()
             raise
@@ -120,9 +121,10 @@ class ProcessLock:
             raise StorageError(f"cannot lock {self.path}: {e.strerror}") from None
         return True
 
-    def _wait_for_process(self, timeout: float, started: float | None) -> None:
+    def _wait_for_process(self, timeout: float, started: float | None, try_first: bool) -> None:
         """With the thread lock held: wait for the helper's outcome (starting a helper
-        if there is none) until ``timeout`` seconds after ``started``."""
+        if there is none) until ``timeout`` seconds after ``started``.  ``try_first``:
+        no attempt was made, as a helper was there (it may have finished since)."""
         now = time.monotonic()
         warned = started is not None and now - started >= WARN_AFTER  # said while waiting for a thread
         if started is None:
@@ -130,7 +132,7 @@ class ProcessLock:
         state = self._state
         with state:
             if not self._helper:
-                if self._try():  # the last helper finished since we looked
+                if try_first and self._try():
                     return
                 if now - started >= timeout:
                     raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
@@ -223,8 +225,8 @@ def lock_for(path: str) -> ProcessLock:
     ``lock.generation != locks.forks``.
     """
     global _registry, _registry_forks
-    key = _identity(path)
     with _registry_lock:
+        key = _identity(path)
         if forks != _registry_forks:  # forked: the parent's locks are not ours
             _registry, _registry_forks = {}, forks
         lock = _registry.get(key)
@@ -237,7 +239,9 @@ def _identity(path: str) -> tuple[int, int]:
     """(device, inode) of the lock file, created if missing.
 
     Only a brand-new file is ever opened and closed here: closing a descriptor of a file
-    this process has locked would drop that lock.
+    this process has locked would drop that lock.  Called under the registry lock, so
+    no other thread of this process can have locked the new file (it would have had to
+    get its lock from :func:`lock_for` first) before the descriptor is closed.
     """
     try:
         st = os.stat(path)
