@@ -27,7 +27,9 @@ Limits, stated plainly:
   fork and starts afresh.  Never fork while holding a lock.
 * The kernel's deadlock detection sees processes, not threads, and can report a cycle
   between two multi-threaded processes that is none (EDEADLK): the helper then tries
-  again every millisecond while someone waits.
+  again every millisecond while someone waits.  While the interpreter shuts down (in
+  ``atexit`` handlers), when no thread can be started, a waiter tries every millisecond
+  itself.
 * On NFS the locks are real only on mounts with working lockd/NFSv4 locking (not
   ``nolock`` or ``local_lock=``), and a crashed client keeps its locks until its lease
   expires (90 s by default): lock timeouts should be longer than that.
@@ -41,6 +43,7 @@ import errno
 import fcntl
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -53,8 +56,9 @@ log = logging.getLogger(__name__)
 
 WARN_AFTER = 1.0
 """Seconds of waiting after which ``acquire`` logs (once) that it is waiting."""
-DEADLOCK_RETRY = 0.001
-"""Seconds between the helper's attempts while the kernel reports a false deadlock."""
+RETRY = 0.001
+"""Seconds between attempts while the kernel reports a false deadlock, or when no helper
+thread can be started."""
 
 
 class ProcessLock:
@@ -135,16 +139,17 @@ class ProcessLock:
                 if try_first and self._try():
                     return
                 if now - started >= timeout:
-                    raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
-                self._helper = True
-                threading.Thread(target=self._wait_in_kernel, name=f"kl lock {self.path}", daemon=True).start()
+                    raise self._timed_out(timeout)
+                if not self._start_helper():
+                    self._poll(started, timeout)
+                    return
             self._wanted = True
             try:
                 while self._outcome is None:
                     now = time.monotonic()
                     left = started + timeout - now
                     if left <= 0:
-                        raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+                        raise self._timed_out(timeout)
                     if not warned:
                         if now - started >= WARN_AFTER:
                             log.warning("waiting for the lock on %s (held by another process)", self.path)
@@ -160,6 +165,30 @@ class ProcessLock:
                 self._outcome = None
         if isinstance(outcome, OSError):
             raise StorageError(f"cannot lock {self.path}: {outcome.strerror}") from None
+
+    def _timed_out(self, timeout: float) -> LockTimeout:
+        return LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+
+    def _start_helper(self) -> bool:
+        """Start the helper thread; False when the interpreter is shutting down (an
+        ``atexit`` handler, a finalizer), which starts no threads or hangs starting one."""
+        if sys.is_finalizing():
+            return False
+        self._helper = True
+        try:
+            threading.Thread(target=self._wait_in_kernel, name=f"kl lock {self.path}", daemon=True).start()
+        except RuntimeError:
+            self._helper = False
+            return False
+        return True
+
+    def _poll(self, started: float, timeout: float) -> None:
+        """Try every millisecond until ``timeout`` seconds after ``started``: the wait
+        when no helper thread can be started."""
+        while not self._try():
+            if time.monotonic() - started >= timeout:
+                raise self._timed_out(timeout)
+            time.sleep(RETRY)
 
     def _wait_in_kernel(self) -> None:
         """The helper thread: one blocking ``lockf``; the outcome goes to the thread
@@ -182,7 +211,7 @@ class ProcessLock:
                         fcntl.lockf(self._fd, fcntl.LOCK_UN)
             if not retry:
                 return
-            time.sleep(DEADLOCK_RETRY)
+            time.sleep(RETRY)
 
 
 def _open(path: str) -> int:

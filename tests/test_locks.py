@@ -260,6 +260,37 @@ def test_the_next_thread_takes_over_a_given_up_wait(path):
     assert kernel_locks(path) == []
 
 
+def _hold_for(path: str, held, seconds: float) -> None:
+    lock = locks.lock_for(path)
+    lock.acquire(30)
+    held.set()
+    time.sleep(seconds)
+    lock.release()
+
+
+def test_without_threads_a_waiter_tries_every_millisecond(path, monkeypatch):
+    """At interpreter shutdown (atexit handlers, Python 3.12+) no thread can be started."""
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    lock = locks.lock_for(path)
+    with held_elsewhere(path):
+        with pytest.raises(kl.LockTimeout, match="held by another process"):
+            lock.acquire(0.1)
+        assert [blocked for _, blocked in kernel_locks(path)] == [False]  # the holder's lock; nothing of ours waits
+    held = FORK.Event()
+    holder = FORK.Process(target=_hold_for, args=(path, held, 0.3))
+    holder.start()
+    assert held.wait(30)
+    lock.acquire(30)
+    assert kernel_locks(path) == [(os.getpid(), False)]
+    lock.release()
+    holder.join(30)
+    assert holder.exitcode == 0
+
+
 # ----------------------------------------------------------------- threads and fork
 
 
