@@ -17,7 +17,8 @@ leaves it behind, and the next thread to acquire waits for that helper rather th
 locking on its own (its own lock would be the process's too, and the helper, finishing
 later, could not tell it apart from its own and would release it).  A helper that gets
 the lock when no thread waits for it releases it at once.  While a helper exists no
-thread holds the lock, so that release never drops another thread's lock.
+thread holds the lock, so that release never drops another thread's lock.  After about
+a second of waiting, ``acquire`` logs one warning on ``kl.locks`` naming the lock file.
 
 Limits, stated plainly:
 
@@ -27,9 +28,9 @@ Limits, stated plainly:
   fork and starts afresh.  Never fork while holding a lock.
 * The kernel's deadlock detection sees processes, not threads, and can report a cycle
   between two multi-threaded processes that is none (EDEADLK): the helper then tries
-  again every millisecond while someone waits.  While the interpreter shuts down (in
-  ``atexit`` handlers), when no thread can be started, a waiter tries every millisecond
-  itself.
+  again every millisecond while someone waits.
+* While the interpreter shuts down (``atexit`` handlers, finalizers) no helper thread
+  can be started: a waiter then tries every millisecond itself.
 * On NFS the locks are real only on mounts with working lockd/NFSv4 locking (not
   ``nolock`` or ``local_lock=``), and a crashed client keeps its locks until its lease
   expires (90 s by default): lock timeouts should be longer than that.
