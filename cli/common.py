@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import select
@@ -100,17 +101,36 @@ def exclusive(**options: object) -> None:
 
 
 def get_root(ctx: click.Context) -> kl.Root:
-    """The root from ``--root`` or ``KL_ROOT``; a usage error when there is neither."""
-    path = ctx.find_root().params.get("root")
+    """The root from ``--root`` or ``KL_ROOT``, with ``--lock-timeout`` if given; a usage
+    error when there is no root."""
+    params = ctx.find_root().params
+    path, lock_timeout = params.get("root"), params.get("lock_timeout")
     if not path:
         raise click.UsageError("no root directory: pass --root or set KL_ROOT", ctx)
-    return kl.Root(path)
+    return kl.Root(path) if lock_timeout is None else kl.Root(path, lock_timeout=lock_timeout)
 
 
 def warn(text: str) -> None:
     """Something a person must hear about even when stderr is not a terminal."""
     sys.stderr.write(f"Warning: {text}\n")
     sys.stderr.flush()
+
+
+class WarningLines(logging.Handler):
+    """The library's records as one ``Warning: <message>`` line each (no tracebacks)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            warn(record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
+def log_warnings() -> None:
+    """Print kl's (and only kl's) warnings and errors on stderr, once however often called."""
+    logger = logging.getLogger("kl")
+    if not any(isinstance(h, WarningLines) for h in logger.handlers):
+        logger.addHandler(WarningLines(logging.WARNING))
 
 
 def note(text: str) -> None:

@@ -2,6 +2,8 @@
 
 Errors are turned into exit codes here, in one place: a ``kl.KlError`` (or an OS error)
 prints ``Error: <message>`` and exits 1, usage errors exit 2 (click), Ctrl-C exits 130.
+The library's warnings (a lock being waited for, a torn tail cut) print as
+``Warning: <message>`` lines.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import click
 
 import kl
+from kl_cli.common import log_warnings
 from kl_cli.consume import consume
 from kl_cli.maintenance import dump_command, recover_command, retain_command
 from kl_cli.produce import produce
@@ -45,13 +48,22 @@ class KlGroup(click.Group):
     show_envvar=True,
     help="The directory holding the topics.",
 )
+@click.option(
+    "--lock-timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0),
+    envvar="KL_LOCK_TIMEOUT",
+    show_envvar=True,
+    help="Give up waiting for a partition's lock after SECONDS (default: 120).",
+)
 @click.version_option(package_name="kl", prog_name="kl")
-def cli(root: str | None) -> None:
+def cli(root: str | None, lock_timeout: float | None) -> None:
     """kl: the classic Kafka log design over a shared filesystem.
 
     Topics live in a root directory that any process (on any host that mounts it) can
     produce to and consume from.  See kl(1).
     """
+    log_warnings()
 
 
 cli.add_command(topics)

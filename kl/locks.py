@@ -1,10 +1,24 @@
 """Inter-process locks on permanent lock files, one registry per process.
 
-POSIX record locks (fcntl, through fasteners) belong to the *process*: two lock objects
-on one path in one process would both "acquire", and closing any descriptor of the file
-drops every lock the process holds on it.  So this module is the only code that opens
-lock files, it keeps exactly one lock per path per process, and it puts a thread lock in
-front of it so threads (and several producer objects) of one process exclude each other.
+POSIX record locks (fcntl) belong to the *process*: two lock objects on one path in one
+process would both "acquire", and closing any descriptor of the file drops every lock
+the process holds on it.  So this module is the only code that opens lock files, it
+keeps exactly one lock per file per process (keyed by device and inode), opens the file
+once and never closes it, and it puts a thread lock in front so threads (and several
+producer objects) of one process exclude each other.
+
+How a wait works.  Uncontended, ``acquire`` is the thread lock and one non-blocking
+``lockf``: two system calls.  When another process holds the lock, a helper thread makes
+one blocking ``lockf`` (F_SETLKW), so the kernel hands the lock over the moment it is
+released, with no polling; the waiting thread waits for the helper's outcome until its
+timeout.  Because the lock belongs to the process, a helper's outcome is everybody's:
+each lock has at most one helper, started by a waiting thread; a waiter that times out
+leaves it behind, and the next thread to acquire waits for that helper rather than
+locking on its own (its own lock would be the process's too, and the helper, finishing
+later, could not tell it apart from its own and would release it).  A helper that gets
+the lock when no thread waits for it releases it at once.  While a helper exists no
+thread holds the lock, so that release never drops another thread's lock.  After about
+a second of waiting, ``acquire`` logs one warning on ``kl.locks`` naming the lock file.
 
 Limits, stated plainly:
 
@@ -12,6 +26,11 @@ Limits, stated plainly:
 * Locks are not reentrant.
 * After ``fork()`` the child holds none of the parent's locks; the registry notices the
   fork and starts afresh.  Never fork while holding a lock.
+* The kernel's deadlock detection sees processes, not threads, and can report a cycle
+  between two multi-threaded processes that is none (EDEADLK): the helper then tries
+  again every millisecond while someone waits.
+* While the interpreter shuts down (``atexit`` handlers, finalizers) no helper thread
+  can be started: a waiter then tries every millisecond itself.
 * On NFS the locks are real only on mounts with working lockd/NFSv4 locking (not
   ``nolock`` or ``local_lock=``), and a crashed client keeps its locks until its lease
   expires (90 s by default): lock timeouts should be longer than that.
@@ -21,95 +40,195 @@ Limits, stated plainly:
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import fasteners
-
 from kl.errors import LockTimeout, StorageError
 from kl.fsutil import FILE_MODE, ensure_dir, storage_error
 
+log = logging.getLogger(__name__)
 
-class _HeldOpenLock(fasteners.InterProcessLock):
-    """fasteners' fcntl lock on a file opened once, with kl's mode, and kept open.
-
-    fasteners opens and closes the lock file on every acquire (about 50 µs, and with a
-    umask-dependent mode); kl keeps the one descriptor for the life of the process.
-    """
-
-    def _do_open(self) -> None:
-        if self.lockfile is None:
-            path = os.fsdecode(self.path)
-            ensure_dir(os.path.dirname(path))
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-            except OSError as e:
-                raise storage_error(e, "open lock file", path) from None
-            if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
-                try:
-                    os.fchmod(fd, FILE_MODE)
-                except PermissionError:
-                    pass  # created by another user of the group; its mode is theirs to set
-            self.lockfile = os.fdopen(fd, "a")
-
-    def _do_close(self) -> None:
-        """Keep the file open: closing it would drop the process's lock."""
+WARN_AFTER = 1.0
+"""Seconds of waiting after which ``acquire`` logs (once) that it is waiting."""
+RETRY = 0.001
+"""Seconds between attempts while the kernel reports a false deadlock, or when no helper
+thread can be started."""
 
 
 class ProcessLock:
-    """The one lock on a path in this process: a thread lock, then the file lock."""
+    """The one lock on a file in this process: a thread lock, then the file lock."""
 
-    __slots__ = ("path", "generation", "_thread_lock", "_file_lock", "_fd")
+    __slots__ = ("path", "generation", "_thread_lock", "_fd", "_state", "_helper", "_wanted", "_outcome")
 
     def __init__(self, path: str):
         self.path = path
         self.generation = forks
         self._thread_lock = threading.Lock()
-        self._file_lock = _HeldOpenLock(path)
         self._fd = -1
+        self._state = threading.Condition(threading.Lock())
+        """Guards the three fields below, and notifies the waiter of an outcome."""
+        self._helper = False
+        """A helper thread is in (or about to make) the blocking ``lockf``."""
+        self._wanted = False
+        """The thread holding the thread lock waits for the helper's outcome."""
+        self._outcome: OSError | bool | None = None
+        """The helper's result for the waiter: True (the lock is held) or its error."""
 
     def acquire(self, timeout: float) -> None:
-        """Raises ``LockTimeout`` when the lock cannot be had within ``timeout`` seconds."""
-        started = None
-        thread_lock = self._thread_lock
-        if not thread_lock.acquire(False):
-            started = time.monotonic()
-            if not thread_lock.acquire(timeout=max(timeout, 0)):
-                raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
+        """Raises ``LockTimeout`` when the lock cannot be had within ``timeout`` seconds,
+        ``StorageError`` when the file cannot be opened or locked."""
+        if self._thread_lock.acquire(False):
+            started = None
+        else:
+            started = self._wait_for_thread(timeout)
         try:
-            if self._fd < 0:
-                self._file_lock._do_open()
-                self._fd = self._file_lock.lockfile.fileno()
-            if not self._try():
-                waited = 0.0 if started is None else time.monotonic() - started
-                if not self._file_lock.acquire(timeout=max(timeout - waited, 0)):
-                    raise LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+            helper = self._helper
+            if helper or not self._try():
+                self._wait_for_process(timeout, started, try_first=helper)
         except BaseException:
-            thread_lock.release()
+            self._thread_lock.release()
             raise
 
     def release(self) -> None:
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
-            self._file_lock.acquired = False
         finally:
             self._thread_lock.release()
 
+    def _wait_for_thread(self, timeout: float) -> float:
+        """Take the thread lock from another thread of this process; returns when the
+        wait started."""
+        started = time.monotonic()
+        if self._thread_lock.acquire(timeout=max(min(timeout, WARN_AFTER), 0)):
+            return started
+        if timeout > WARN_AFTER:
+            log.warning("waiting for the lock on %s (held by another thread of this process)", self.path)
+            if self._thread_lock.acquire(timeout=timeout - WARN_AFTER):
+                return started
+        raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
+
     def _try(self) -> bool:
-        """One non-blocking attempt, straight to fcntl: the uncontended path costs two
-        system calls; fasteners' own acquire (with its timeout) takes the contended one."""
+        """One non-blocking attempt (the file is opened on the first)."""
+        if self._fd < 0:
+            self._fd = _open(self.path)
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held elsewhere
             return False
         except OSError as e:
             raise StorageError(f"cannot lock {self.path}: {e.strerror}") from None
-        self._file_lock.acquired = True
         return True
+
+    def _wait_for_process(self, timeout: float, started: float | None, try_first: bool) -> None:
+        """With the thread lock held: wait for the helper's outcome (starting a helper
+        if there is none) until ``timeout`` seconds after ``started``.  ``try_first``:
+        no attempt was made, as a helper was there (it may have finished since)."""
+        now = time.monotonic()
+        warned = started is not None and now - started >= WARN_AFTER  # said while waiting for a thread
+        if started is None:
+            started = now
+        state = self._state
+        with state:
+            if not self._helper:
+                if try_first and self._try():
+                    return
+                if now - started >= timeout:
+                    raise self._timed_out(timeout)
+                if not self._start_helper():
+                    self._poll(started, timeout)
+                    return
+            self._wanted = True
+            try:
+                while self._outcome is None:
+                    now = time.monotonic()
+                    left = started + timeout - now
+                    if left <= 0:
+                        raise self._timed_out(timeout)
+                    if not warned:
+                        if now - started >= WARN_AFTER:
+                            log.warning("waiting for the lock on %s (held by another process)", self.path)
+                            warned = True
+                        else:
+                            left = min(left, started + WARN_AFTER - now)
+                    state.wait(left)
+                outcome, self._outcome = self._outcome, None
+            finally:
+                self._wanted = False
+                if self._outcome is True:  # interrupted (Ctrl-C) just as the helper got it
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                self._outcome = None
+        if isinstance(outcome, OSError):
+            raise StorageError(f"cannot lock {self.path}: {outcome.strerror}") from None
+
+    def _timed_out(self, timeout: float) -> LockTimeout:
+        return LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
+
+    def _start_helper(self) -> bool:
+        """Start the helper thread; False when the interpreter is shutting down (an
+        ``atexit`` handler, a finalizer), which starts no threads or hangs starting one."""
+        if sys.is_finalizing():
+            return False
+        self._helper = True
+        try:
+            threading.Thread(target=self._wait_in_kernel, name=f"kl lock {self.path}", daemon=True).start()
+        except RuntimeError:
+            self._helper = False
+            return False
+        return True
+
+    def _poll(self, started: float, timeout: float) -> None:
+        """Try every millisecond until ``timeout`` seconds after ``started``: the wait
+        when no helper thread can be started."""
+        while not self._try():
+            if time.monotonic() - started >= timeout:
+                raise self._timed_out(timeout)
+            time.sleep(RETRY)
+
+    def _wait_in_kernel(self) -> None:
+        """The helper thread: one blocking ``lockf``; the outcome goes to the thread
+        waiting now, or the lock is released at once when none is."""
+        while True:
+            outcome: OSError | bool
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                outcome = True
+            except OSError as e:
+                outcome = e
+            with self._state:
+                retry = isinstance(outcome, OSError) and outcome.errno == errno.EDEADLK and self._wanted
+                if not retry:
+                    self._helper = False
+                    if self._wanted:
+                        self._outcome = outcome
+                        self._state.notify()
+                    elif outcome is True:
+                        fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            if not retry:
+                return
+            time.sleep(RETRY)
+
+
+def _open(path: str) -> int:
+    """Open (creating if need be) the lock file with kl's mode; the descriptor is kept
+    for the life of the process."""
+    ensure_dir(os.path.dirname(path))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as e:
+        raise storage_error(e, "open lock file", path) from None
+    if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except PermissionError:
+            pass  # created by another user of the group; its mode is theirs to set
+    return fd
 
 
 _registry: dict[tuple[int, int], ProcessLock] = {}
@@ -136,8 +255,8 @@ def lock_for(path: str) -> ProcessLock:
     ``lock.generation != locks.forks``.
     """
     global _registry, _registry_forks
-    key = _identity(path)
     with _registry_lock:
+        key = _identity(path)
         if forks != _registry_forks:  # forked: the parent's locks are not ours
             _registry, _registry_forks = {}, forks
         lock = _registry.get(key)
@@ -150,7 +269,9 @@ def _identity(path: str) -> tuple[int, int]:
     """(device, inode) of the lock file, created if missing.
 
     Only a brand-new file is ever opened and closed here: closing a descriptor of a file
-    this process has locked would drop that lock.
+    this process has locked would drop that lock.  Called under the registry lock, so
+    no other thread of this process can have locked the new file (it would have had to
+    get its lock from :func:`lock_for` first) before the descriptor is closed.
     """
     try:
         st = os.stat(path)
