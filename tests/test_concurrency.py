@@ -412,7 +412,7 @@ def test_a_lock_held_by_another_process_times_out_with_lock_timeout(tmp_path, mo
         root = kl.Root(tmp_path, lock_timeout=0.3)
         with pytest.raises(kl.LockTimeout, match="another process"):
             kl.Producer(root).send("locked", b"x")
-        assert refused.count >= 2  # it tried again before it gave up
+        assert refused.count == 1  # one attempt, then a wait in the kernel until the timeout
         assert list(kl.Consumer(root).fetch("locked", 0, 0)) == []  # readers take no lock
         monkeypatch.undo()
     finally:
@@ -422,12 +422,12 @@ def test_a_lock_held_by_another_process_times_out_with_lock_timeout(tmp_path, mo
     assert [m.value for m in read_all(kl.Root(tmp_path), "locked")] == [b"after"]
 
 
-def test_a_lock_waiter_keeps_trying_and_gets_the_lock_when_its_holder_lets_go(tmp_path, monkeypatch):
+def test_a_lock_waiter_gets_the_lock_when_its_holder_lets_go(tmp_path, monkeypatch):
     holder, release = start_holder(tmp_path)
     try:
-        refused = RefusedLocks(monkeypatch, on_refused=lambda count: count == 3 and release.set())
+        refused = RefusedLocks(monkeypatch, on_refused=lambda count: release.set())
         kl.Producer(kl.Root(tmp_path, lock_timeout=60)).send("locked", b"waited")
-        assert refused.count >= 3  # refused while the holder held it, then had it
+        assert refused.count == 1  # refused while the holder held it, then granted by the kernel
         monkeypatch.undo()
     finally:
         release.set()

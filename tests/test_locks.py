@@ -418,7 +418,8 @@ def test_kl_produce_says_it_waits_and_goes_on_when_the_lock_is_released(kl_root)
     with held_elsewhere(lock_path) as release:
         producer = subprocess.Popen(
             KL + ["--root", kl_root, "--lock-timeout", "60", "produce", "t"],
-            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         producer.stdin.write(b"waited\n")
         producer.stdin.close()
@@ -437,16 +438,22 @@ def test_kl_lock_timeout_gives_one_error_line(kl_root, how):
     with held_elsewhere(lock_path):
         done = subprocess.run(
             KL + ["--root", kl_root, *options, "produce", "t"],
-            input=b"x\n", capture_output=True, env={**os.environ, **env}, timeout=60,
+            input=b"x\n",
+            capture_output=True,
+            env={**os.environ, **env},
+            timeout=60,
         )
     assert (done.returncode, done.stdout, done.stderr.decode()) == (
-        1, b"", f"Error: lock {lock_path} is held by another process (waited 0.5s)\n"
+        1,
+        b"",
+        f"Error: line 1: lock {lock_path} is held by another process (waited 0.5s); 0 lines before it were committed\n",
     )
     assert list(kl.Consumer(kl_root).fetch("t", 0, 0)) == []
 
 
 def test_kl_lock_timeout_must_be_a_number_of_seconds(kl_root):
-    done = subprocess.run(KL + ["--root", kl_root, "--lock-timeout", "-1", "produce", "t"], input=b"x\n",
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        KL + ["--root", kl_root, "--lock-timeout", "-1", "produce", "t"], input=b"x\n", capture_output=True, timeout=60
+    )
     assert done.returncode == 2
     assert "Invalid value for '--lock-timeout'" in done.stderr.decode()
