@@ -116,13 +116,15 @@ class Segment:
     """One open segment file.  Not thread-safe: each reader opens its own; a ``Log``
     keeps one for its active segment and uses it under the partition lock."""
 
-    __slots__ = ("path", "base_offset", "max_message_bytes", "fd")
+    __slots__ = ("path", "base_offset", "max_message_bytes", "fd", "foreign")
 
     def __init__(self, path: str, base_offset: int, max_message_bytes: int, fd: int):
         self.path = path
         self.base_offset = base_offset
         self.max_message_bytes = max_message_bytes
         self.fd = fd
+        self.foreign = path.endswith(LEGACY_SUFFIX)
+        """A Kafka 0.7 segment: read, never written."""
 
     @classmethod
     def open(cls, path: str, base_offset: int, max_message_bytes: int, *, writable: bool = False) -> Segment:
@@ -164,11 +166,6 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r})"
-
-    @property
-    def foreign(self) -> bool:
-        """A Kafka 0.7 segment: read, never written."""
-        return self.path.endswith(LEGACY_SUFFIX)
 
     def size_in_bytes(self) -> int:
         return os.fstat(self.fd).st_size
