@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kl import locks
 from kl.config import CONFIG_FILE, TopicConfig
-from kl.errors import InvalidTopicName, KlError, RootNotFound, TopicExists, TopicNotFound
+from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.segment import segment_name
@@ -228,7 +228,11 @@ class Root:
             found = self._logs.get(key)
             if found is None:
                 directory = os.path.join(self.topic_path(name), str(partition))
-                found = Log(directory, self._lock_path(name, partition), config, lock_timeout=self.lock_timeout)
+                lock_path = self._lock_path(name, partition)
+                for path in (directory, os.path.dirname(os.path.dirname(lock_path)), os.path.dirname(lock_path)):
+                    if os.path.islink(path):
+                        raise StorageError(f"{path} is a symbolic link: kl follows no links inside a root")
+                found = Log(directory, lock_path, config, lock_timeout=self.lock_timeout)
                 self._logs[key] = found
         return found
 

@@ -440,3 +440,21 @@ def test_the_background_flush_works_in_a_forked_child(root):
     assert parent_end.recv() is True
     child.join(30)
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("what", ["partition", "locks", "topic-locks"])
+def test_a_symlinked_partition_or_lock_directory_is_refused_by_every_command(root, tmp_path, what):
+    root.create_topic("t")
+    kl.Producer(root).send("t", b"a", partition=0)
+    link = {
+        "partition": Path(root.path) / "t" / "0",
+        "locks": Path(root.path) / ".locks",
+        "topic-locks": Path(root.path) / ".locks" / "t",
+    }[what]
+    moved = tmp_path / "moved"
+    os.rename(link, moved)
+    os.symlink(moved, link)
+    for args, code in ((["consume", "t"], 1), (["produce", "t"], 1), (["recover"], 1), (["retain"], 1)):
+        done = kl_cli(root, *args, input=b"b\n")
+        assert done.returncode == code, (args, done.stderr)
+        assert f"{link} is a symbolic link" in (done.stdout + done.stderr).decode(), args  # recover/retain: the report
