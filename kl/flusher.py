@@ -1,10 +1,12 @@
-"""The background flush: keeps a topic's time rule (``flush_ms``) for producers that go idle.
+"""The background flush: the flush policy's fsyncs, off the appending thread.
 
-The flush policy is checked at each append, so without help the data a producer appended
-last would stay unflushed until it appended again or closed.  A ``Log`` that publishes
-unflushed data schedules itself here; one daemon thread per process flushes each log
-when its time comes (``Log.flush``: fsync outside the lock, then publish the flushed
-offset), and an exit handler flushes what is still pending when the interpreter exits.
+An append that finds a flush due hands it here (``flush_soon``), so the appender goes on
+while one daemon thread per process fsyncs (``Log.flush``: fsync outside the lock, then
+publish the flushed offset).  The policy is checked at each append, so without help the
+data a producer appended last would stay unflushed until it appended again or closed:
+a ``Log`` that publishes unflushed data also schedules itself for when its time rule
+(``flush_ms``) comes due.  An exit handler flushes what is still pending when the
+interpreter exits.
 
 Fork-safe: a forked child starts with nothing scheduled and starts its own thread when
 it first needs one (the parent flushes what it wrote).
@@ -35,17 +37,26 @@ _thread: threading.Thread | None = None
 
 
 def schedule(target: Log, delay: float) -> None:
-    """Flush ``target`` in ``delay`` seconds (it is flushed once, however often asked)."""
-    global _thread
+    """Flush ``target`` in ``delay`` seconds (once, however often asked meanwhile)."""
     with _cond:
-        if target.flush_scheduled:
-            return
-        target.flush_scheduled = True
-        heapq.heappush(_queue, (time.monotonic() + max(delay, 0.0), next(_tie), target))
-        if _thread is None:
-            _thread = threading.Thread(target=_run, name="kl-flusher", daemon=True)
-            _thread.start()
-        _cond.notify()
+        if not target.flush_scheduled:
+            _push(target, time.monotonic() + max(delay, 0.0))
+
+
+def flush_soon(target: Log) -> None:
+    """Flush ``target`` now, in the background (the flush policy found it due)."""
+    with _cond:
+        _push(target, time.monotonic())
+
+
+def _push(target: Log, due: float) -> None:
+    global _thread
+    target.flush_scheduled = True
+    heapq.heappush(_queue, (due, next(_tie), target))
+    if _thread is None:
+        _thread = threading.Thread(target=_run, name="kl-flusher", daemon=True)
+        _thread.start()
+    _cond.notify()
 
 
 def _run() -> None:
@@ -65,6 +76,8 @@ def _flush(target: Log) -> None:
         pass  # deleted meanwhile: nothing left to flush
     except KlError as e:
         log.warning("background flush of %s failed: %s", target.directory, e)
+    except Exception:  # the thread must live on for every other log of the process
+        log.exception("background flush of %s failed", target.directory)
 
 
 def flush_pending() -> None:

@@ -6,12 +6,13 @@ O_APPEND, which NFS does not honour), then publish the new end in the state reco
 Readers take no lock: they read the state, then only bytes below its log end.  ``Log``
 is the only code that writes the state record; recovery and retention call its verbs.
 
-Flushing follows the topic's policy.  An append that finds a flush due publishes first
-and fsyncs after releasing the lock (one fsync covers every append before it: a group
-commit), so writers never wait for the disk behind each other; the new flushed offset
-is published by the next append or flush.  A background thread (``kl.flusher``) keeps
-the time rule for producers that go idle.  ``fsync=True`` (and NFS) fsync under the
-lock and publish only durable data.
+Flushing follows the topic's policy.  An append that finds a flush due publishes and
+hands the fsync to a background thread (``kl.flusher``), which fsyncs outside the lock
+(one fsync covers every append before it: a group commit) and then publishes the new
+flushed offset; so neither the appender nor other writers wait for the disk.  The same
+thread keeps the time rule for producers that go idle.  An fsync error fails this
+handle's next append, flush and close.  ``fsync=True`` (and NFS) fsync under the lock
+and publish only durable data.
 
 A ``Log`` object is safe to share between threads and across ``fork()``; several
 processes on several hosts may append to one partition at once.
@@ -35,7 +36,6 @@ from kl.errors import (
     CorruptState,
     InvalidConfig,
     InvalidOffset,
-    LockTimeout,
     OffsetOutOfRange,
     StorageError,
     TopicNotFound,
@@ -86,8 +86,6 @@ class Log:
         self._nfs: bool | None = None
         self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
-        self._synced: tuple[int, int] | None = None
-        """(active base, offset) fsynced outside the lock and not yet published."""
         self.flush_scheduled = False
         """Set while ``kl.flusher`` holds this log for a timed flush."""
 
@@ -374,57 +372,26 @@ class Log:
                 self.fsync(active)
                 self.publish(PartitionState(state.log_start_offset, base, end, end, start, 0, now, BOOT_ID), durable=True)
                 return start
-            flushed = state.flushed_offset
-            synced = self._synced
-            if synced is not None:
-                self._synced = None
-                if synced[0] == base:
-                    flushed = max(flushed, min(synced[1], start))
             unflushed = state.unflushed_messages + count
             cfg = self.config
             if (cfg.flush_messages and unflushed >= cfg.flush_messages) or (
                 cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms
-            ):
-                self.publish(PartitionState(state.log_start_offset, base, end, flushed, start, 0, now, BOOT_ID), durable=False)
-                sync_fd = os.dup(active.fd)
+            ):  # due: the flusher thread fsyncs (one fsync for every append before it)
+                self.publish(
+                    PartitionState(state.log_start_offset, base, end, state.flushed_offset, start, 0, now, BOOT_ID),
+                    durable=False,
+                )
+                flusher.flush_soon(self)
             else:
                 self.publish(
-                    PartitionState(state.log_start_offset, base, end, flushed, start, unflushed, state.flushed_at_ms, BOOT_ID),
+                    PartitionState(
+                        state.log_start_offset, base, end, state.flushed_offset, start, unflushed, state.flushed_at_ms, BOOT_ID
+                    ),
                     durable=False,
                 )
                 if cfg.flush_ms and not self.flush_scheduled:
                     flusher.schedule(self, (state.flushed_at_ms + cfg.flush_ms - now) / 1000)
-                return start
-        finally:
-            lock.release()
-        self._sync(sync_fd, active.path, base, end)
-        return start
-
-    def _sync(self, fd: int, path: str, base: int, end: int) -> None:
-        """fsync a duplicate descriptor of the active segment outside the lock (a group
-        commit: it covers every append published before it), then publish ``end`` as the
-        flushed offset if the lock is free at once (else this log's next append or
-        flush does)."""
-        try:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            self._fail(storage_error(e, "fsync", path))
-        self._synced = (base, end)
-        lock = self._process_lock()
-        try:
-            lock.acquire(0)
-        except LockTimeout:
-            if not self.flush_scheduled:
-                flusher.schedule(self, self.config.flush_ms / 1000 or RECHECK_SECONDS)
-            return
-        try:
-            state = self.writable_state()
-            if self._synced == (base, end) and state.active_base_offset == base and state.flushed_offset < end:
-                self.publish(state._replace(flushed_offset=min(end, state.log_end_offset), boot_id=BOOT_ID), durable=False)
-            self._synced = None
+            return start
         finally:
             lock.release()
 
@@ -433,7 +400,7 @@ class Log:
         if self._failed:
             raise StorageError(self._failed)
         state = self.state()
-        if state.flushed_offset >= state.log_end_offset and self._synced is None:
+        if state.flushed_offset >= state.log_end_offset:
             return
         try:
             segment = Segment.open(
@@ -445,7 +412,6 @@ class Log:
             self.fsync(segment)
         with self.locked():
             current = self.writable_state()
-            self._synced = None
             if current.active_base_offset == state.active_base_offset and current.flushed_offset < state.log_end_offset:
                 flushed = min(state.log_end_offset, current.log_end_offset)
                 done = flushed == current.log_end_offset
@@ -641,7 +607,6 @@ class Log:
             raise
         old.close()
         self._active = new
-        self._synced = None
         return base
 
     def _remove_orphans(self, state: PartitionState) -> None:

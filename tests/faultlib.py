@@ -70,6 +70,18 @@ def write_at(path: Path | str, position: int, data: bytes) -> None:
         f.write(data)
 
 
+def wait_flushed(log: kl.Log, seconds: float = 20.0) -> bool:
+    """Wait until the background flush has fsynced all the partition publishes (True),
+    or ``seconds`` went by (False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = log.state()
+        if state.flushed_offset == state.log_end_offset:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def as_if_rebooted(log: kl.Log) -> None:
     """Rewrite the partition's state as if written before a reboot: data not yet fsynced
     then is what a crash may have torn (the stable offset becomes the flushed offset)."""

@@ -29,7 +29,7 @@ from conftest import (
     write,
     write_each,
 )
-from faultlib import as_if_rebooted
+from faultlib import as_if_rebooted, wait_flushed
 
 SMALL = kl.TopicConfig(segment_bytes=128, max_message_bytes=128)
 """Four 32-byte messages (10-byte values) fill a segment."""
@@ -548,7 +548,8 @@ def test_flush_messages_triggers_a_flush(root):
     write_each(root, "f", [b"a", b"b"])
     assert root.log("f", 0).state().flushed_offset == 0
     assert root.log("f", 0).state().unflushed_messages == 2
-    write_each(root, "f", [b"c"])
+    write_each(root, "f", [b"c"])  # due: the flusher fsyncs in the background
+    assert wait_flushed(root.log("f", 0))
     assert root.log("f", 0).state().flushed_offset == 69
 
 

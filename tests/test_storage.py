@@ -19,7 +19,7 @@ import kl
 from kl.segment import segment_name
 from kl.state import STATE_FILE, PartitionState, read_state
 
-from faultlib import fresh_log, read_log, run_kill_trials, snapshot
+from faultlib import fresh_log, read_log, run_kill_trials, snapshot, wait_flushed
 
 TS = 1_700_000_000_000
 
@@ -117,9 +117,9 @@ def test_without_fsync_send_does_not_sync_until_the_flush_policy_says_so(root, m
     producer = kl.Producer(root)
     producer.send("t", b"a", partition=0)
     assert not [e for e in calls.events if e[0] == "fsync"]
-    producer.send("t", b"b", partition=0)  # the third message since the last flush
+    producer.send("t", b"b", partition=0)  # the third message since the last flush: the flusher fsyncs
+    assert wait_flushed(log)
     assert calls.index("fsync", segment) >= 0
-    assert log.state().flushed_offset == log.state().log_end_offset
     calls.clear()
     producer.send("t", b"c", partition=0)
     producer.close()  # close flushes
@@ -366,15 +366,18 @@ def test_an_fsync_error_on_the_state_fails_the_send_and_the_handle(root, monkeyp
         producer.send("t", b"x", partition=0)
 
 
-def test_an_fsync_error_under_the_flush_policy_fails_the_send(root, monkeypatch):
-    """The flush policy fsyncs after publishing (outside the lock): the send that met the
-    error fails and so does every later append through the handle, but what was published
-    stays readable, like any data not yet fsynced, and is never counted as flushed."""
+def test_an_fsync_error_under_the_flush_policy_fails_the_handle(root, monkeypatch):
+    """The flush policy fsyncs in the background after publishing: an error there fails
+    the producer's flush and close and every later append through the handle, while what
+    was published stays readable, like any data not yet fsynced, and is never counted as
+    flushed."""
     log = make(root, kl.TopicConfig(flush_messages=1, flush_ms=0))
     before = log.state()
     Calls(monkeypatch, fail_fsync=0)
+    producer = kl.Producer(root)
+    producer.send("t", b"unflushed", partition=0)  # published; its fsync fails in the background
     with pytest.raises(kl.StorageError, match="I/O error"):
-        kl.Producer(root).send("t", b"unflushed", partition=0)
+        producer.close()
     monkeypatch.undo()
     assert log.state().flushed_offset == before.flushed_offset < log.state().log_end_offset
     assert [msg.value for msg in read_log(fresh_log(log))] == [b"first", b"unflushed"]
