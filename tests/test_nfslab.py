@@ -1,0 +1,105 @@
+"""The NFS lab (tests/nfslab.py): two client hosts of one real NFS server share files and locks."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nfslab
+import pytest
+
+REASON = nfslab.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+LOCK = """
+import fcntl, os, signal, sys
+hold = len(sys.argv) > 2
+if hold:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError as exc:
+    print("blocked", exc.errno)
+    sys.exit(1)
+print("locked", flush=True)
+if hold:
+    signal.sigwait({signal.SIGTERM})
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+    print("released")
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab")) as lab:
+        yield lab
+
+
+def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
+    names = [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")]
+    assert names == ["hostA", "hostB"]
+    mounts = lab.run("a", ["grep", f" {nfslab.MOUNT} ", "/proc/self/mountinfo"]).stdout
+    assert " nfs4 10.99.1.1:/ " in mounts and "vers=4.2" in mounts and "local_lock=none" in mounts
+    clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
+    assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients
+    assert '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
+
+
+def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> None:
+    written = lab.python("a", "open('greeting', 'w').write('hello from a')")
+    assert written.returncode == 0, written
+    assert lab.python("b", "print(open('greeting').read())").stdout == "hello from a\n"
+    assert lab.run("server", ["cat", f"{nfslab.EXPORT}/greeting"]).stdout == "hello from a"
+
+
+def test_an_fcntl_lock_on_one_host_excludes_the_other(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "lock", "hold")
+    holder.wait_for_output("locked")
+    blocked = lab.python("b", LOCK, "lock")
+    assert (blocked.returncode, blocked.stdout.split()[0]) == (1, "blocked"), blocked
+    holder.signal(signal.SIGTERM)
+    assert holder.wait().stdout == "locked\nreleased\n"
+    taken = lab.python("b", LOCK, "lock")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "killed", "hold")
+    holder.wait_for_output("locked")
+    holder.kill()
+    assert holder.wait().returncode == -signal.SIGKILL
+    taken = lab.python("b", LOCK, "killed")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
+    boot = "import os, sys, nfslab; lab = nfslab.Lab(sys.argv[1]); lab.start(); print(lab.guest_pid(), flush=True); os.abort()"
+    child = subprocess.run(
+        [sys.executable, "-c", boot, str(tmp_path)], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == -signal.SIGABRT, child.stderr
+    group = int(child.stdout)
+    assert group > 0
+    for _ in range(500):
+        if not living(group):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"the guest's processes {living(group)} outlived the process that booted it")
+
+
+def living(group: int) -> list[int]:
+    """The processes of process group `group` that are not zombies."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
