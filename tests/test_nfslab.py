@@ -33,6 +33,33 @@ if hold:
     print("released")
 """
 
+# Holds a lock on cut-off until SIGTERM, then writes, unlocks and closes: prints each step's
+# outcome.
+LATE_WRITER = """
+import errno, fcntl, os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+fd = os.open("cut-off", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("locked", flush=True)
+signal.sigwait({signal.SIGTERM})
+for step, call in (("write", lambda: os.write(fd, b"from a\\n")), ("unlock", lambda: fcntl.lockf(fd, fcntl.LOCK_UN)),
+                   ("close", lambda: os.close(fd))):
+    try:
+        call()
+        print(step, "ok")
+    except OSError as exc:
+        print(step, errno.errorcode[exc.errno])
+"""
+
+# Takes the lock on cut-off (waiting for it) and writes.
+TAKER = """
+import fcntl, os
+fd = os.open("cut-off", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.write(fd, b"from b\\n")
+os.close(fd)
+"""
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
@@ -75,6 +102,20 @@ def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab) -> None:
     assert holder.wait().returncode == -signal.SIGKILL
     taken = lab.python("b", LOCK, "killed")
     assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_a_host_cut_off_past_its_lease_loses_its_lock_and_its_late_writes(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LATE_WRITER)
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    taker = lab.python("b", TAKER, timeout=120)
+    assert taker.returncode == 0, taker
+    lab.reconnect("a")
+    holder.signal(signal.SIGTERM)
+    late = holder.wait(timeout=120)
+    assert "EIO" in late.stdout, late
+    assert lab.run("b", ["cat", "cut-off"]).stdout == "from b\n"
+    assert lab.run("a", ["cat", "cut-off"]).stdout == "from b\n"
 
 
 def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:

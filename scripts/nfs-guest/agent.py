@@ -100,7 +100,7 @@ def serve(spool: Path) -> None:
             if status is not None:
                 write_atomic(out / f"{ident}.rc", str(status))
                 del running[ident]
-        time.sleep(0.01)
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
