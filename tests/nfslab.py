@@ -116,8 +116,6 @@ def unavailable() -> str | None:
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool, path=path) is None})
     if missing:
         return f"the NFS lab needs Debian packages {', '.join(missing)}: apt-get install {' '.join(missing)}"
-    if not os.access("/dev/shm", os.W_OK):
-        return "user-mode-linux needs a writable /dev/shm for the guest's memory"
     return None
 
 
@@ -192,14 +190,14 @@ class Lab:
         *,
         python: str = sys.executable,
         lease: int = 10,
-        memory: str = "512M",
+        memory_mb: int = 512,
         disk_mb: int = 256,
         lifetime: float = 600,
         boot_timeout: float = 60,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.python_path = python
-        self.lease, self.memory, self.disk_mb = lease, memory, disk_mb
+        self.lease, self.memory_mb, self.disk_mb = lease, memory_mb, disk_mb
         self.lifetime, self.boot_timeout = lifetime, boot_timeout
         self.boot_seconds = 0.0
         self._process: subprocess.Popen[bytes] | None = None
@@ -222,7 +220,7 @@ class Lab:
         subprocess.run(["mkfs.ext4", "-q", "-F", str(disk)], check=True, capture_output=True)
         command = [
             UML,
-            f"mem={self.memory}",
+            f"mem={self.memory_mb}M",
             f"ubd0={disk}",
             f"uml_dir={self.directory / 'uml'}",
             "umid=nfslab",
@@ -248,7 +246,7 @@ class Lab:
                 stdout=console,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={"PATH": os.environ.get("PATH", ""), "TMPDIR": "/dev/shm"},
+                env={"PATH": os.environ.get("PATH", ""), "TMPDIR": self._memory_directory()},
             )
         atexit.register(self.close)
         deadline = started + self.boot_timeout
@@ -259,6 +257,15 @@ class Lab:
                 raise LabError(f"the NFS lab did not boot in {self.boot_timeout} s:\n{self.log()}")
             time.sleep(0.02)
         self.boot_seconds = time.monotonic() - started
+
+    def _memory_directory(self) -> str:
+        """Where the guest keeps the file behind its memory: /dev/shm if it has the room."""
+        try:
+            shm = os.statvfs("/dev/shm")
+        except OSError:
+            return str(self.directory)
+        room = shm.f_bavail * shm.f_frsize
+        return "/dev/shm" if room > self.memory_mb << 20 and os.access("/dev/shm", os.W_OK) else str(self.directory)
 
     def close(self) -> None:
         """Kill the guest, every process of it."""

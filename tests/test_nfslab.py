@@ -77,6 +77,15 @@ def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
     assert '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
 
 
+def test_the_guest_has_no_network_but_its_own(lab: nfslab.Lab) -> None:
+    def links(host: str) -> list[str]:
+        listing = lab.run(host, ["ip", "-o", "link", "show"]).stdout
+        return sorted(line.split(": ")[1].split("@")[0] for line in listing.splitlines())
+
+    assert links("server") == ["lo", "vethhostA", "vethhostB"]
+    assert links("a") == links("b") == ["eth0", "lo"]
+
+
 def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> None:
     written = lab.python("a", "open('greeting', 'w').write('hello from a')")
     assert written.returncode == 0, written
