@@ -25,6 +25,7 @@ two mounts take most of the rest), and a command in it takes 0.1 s, a Python one
         producer.kill()                              # SIGKILL to its process group
         lab.disconnect("a"); lab.reconnect("a")      # cut host a off the server and back
         producer.wait(timeout=30)                    # Result
+        lab.wait_all(timeout=60)                     # [Result] of every process started
 
 Commands run in the guest with the given argv (no shell) in their own session, in `MOUNT`
 unless `cwd` says otherwise, with a small fixed environment (PATH, HOME and TMPDIR on a
@@ -213,6 +214,7 @@ class Lab:
         self.boot_seconds = 0.0
         self._process: subprocess.Popen[bytes] | None = None
         self._sequence = itertools.count(1)
+        self._spawned: list[Process] = []
 
     def start(self) -> None:
         """Boot the guest and wait until both hosts have mounted the export."""
@@ -285,11 +287,14 @@ class Lab:
         if process is None:
             return
         atexit.unregister(self.close)
-        for group in (self.guest_pid(), process.pid):
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        # Once the shell has ended, so has the guest's group (and its pid may be reused).
+        groups = [process.pid] if process.poll() is not None else [self.guest_pid(), process.pid]
+        for group in groups:
+            if group > 0:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         process.communicate()
 
     def guest_pid(self) -> int:
@@ -324,7 +329,9 @@ class Lab:
             {"op": "run", "id": ident, "host": host, "argv": [str(a) for a in argv], "cwd": cwd, "env": env or {}},
             ident,
         )
-        return Process(self, ident, host, list(argv))
+        process = Process(self, ident, host, list(argv))
+        self._spawned.append(process)
+        return process
 
     def run(
         self,
@@ -337,6 +344,11 @@ class Lab:
     ) -> Result:
         """Run `argv` on `host` to its end."""
         return self.spawn(host, argv, cwd=cwd, env=env).wait(timeout)
+
+    def wait_all(self, timeout: float = 60) -> list[Result]:
+        """Wait for every process started so far to end; their results, in the order started."""
+        deadline = time.monotonic() + timeout
+        return [process.wait(max(0.0, deadline - time.monotonic())) for process in self._spawned]
 
     def python(self, host: str, code: str, *args: str, timeout: float = 60) -> Result:
         """Run Python `code` (with `args` in sys.argv[1:]) on `host` in the lab's interpreter."""

@@ -61,6 +61,19 @@ os.close(fd)
 """
 
 
+# Appends sys.argv[2] numbered lines to sys.argv[1], each under an exclusive lock.
+APPENDER = """
+import fcntl, os, socket, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+for number in range(int(sys.argv[2])):
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    os.lseek(fd, 0, os.SEEK_END)
+    os.write(fd, f"{socket.gethostname()} {number}\\n".encode())
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+os.close(fd)
+"""
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
     with nfslab.Lab(tmp_path_factory.mktemp("nfslab")) as lab:
@@ -102,6 +115,16 @@ def test_an_fcntl_lock_on_one_host_excludes_the_other(lab: nfslab.Lab) -> None:
     assert holder.wait().stdout == "locked\nreleased\n"
     taken = lab.python("b", LOCK, "lock")
     assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_appends_under_locks_from_both_hosts_at_once_all_land_whole(lab: nfslab.Lab) -> None:
+    appenders = [lab.spawn_python(host, APPENDER, "appended", "100") for host in ("a", "b")]
+    lab.wait_all()
+    assert [appender.poll() for appender in appenders] == [0, 0], [appender.result() for appender in appenders]
+    lines = lab.run("server", ["cat", f"{nfslab.EXPORT}/appended"]).stdout.splitlines()
+    for host in ("hostA", "hostB"):
+        assert [line for line in lines if line.split()[0] == host] == [f"{host} {n}" for n in range(100)]
+    assert len(lines) == 200
 
 
 def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab) -> None:
