@@ -72,6 +72,7 @@ GUEST = Path(__file__).resolve().parent.parent / "scripts" / "nfs-guest"
 MOUNT = "/mnt/nfs"
 EXPORT = "/srv/nfs"
 HOSTS = ("a", "b", "server")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NAMES = {"a": "hostA", "b": "hostB"}
 TOOLS = {
     "modprobe": "kmod",
@@ -122,11 +123,15 @@ def unavailable() -> str | None:
         return "the NFS lab needs Linux"
     if not os.access(UML, os.X_OK) or not os.path.isdir(MODULES):
         return "user-mode-linux is not installed: apt-get install user-mode-linux"
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
-    missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool, path=path) is None})
+    missing = sorted({package for tool, package in TOOLS.items() if _which(tool) is None})
     if missing:
         return f"the NFS lab needs Debian packages {', '.join(missing)}: apt-get install {' '.join(missing)}"
     return None
+
+
+def _which(tool: str) -> str | None:
+    """Where `tool` is, looking in the system's sbin directories too (not on every PATH)."""
+    return shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), *SYSTEM_PATH.split(":")]))
 
 
 class Process:
@@ -230,7 +235,7 @@ class Lab:
         disk = self.directory / "disk.ext4"
         with open(disk, "wb") as file:
             file.truncate(self.disk_mb << 20)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(disk)], check=True, capture_output=True)
+        subprocess.run([_which("mkfs.ext4") or "mkfs.ext4", "-q", "-F", str(disk)], check=True, capture_output=True)
         command = [
             UML,
             f"mem={self.memory_mb}M",
@@ -255,12 +260,12 @@ class Lab:
         started = time.monotonic()
         with open(self.directory / "console.log", "wb") as console:
             self._process = subprocess.Popen(
-                ["sh", "-c", SUPERVISE, "nfslab-guest", str(self.directory / "guest.pid"), *command],
+                ["/bin/sh", "-c", SUPERVISE, "nfslab-guest", str(self.directory / "guest.pid"), *command],
                 stdin=subprocess.PIPE,
                 stdout=console,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={"PATH": os.environ.get("PATH", ""), "TMPDIR": self._memory_directory()},
+                env={"PATH": SYSTEM_PATH, "TMPDIR": self._memory_directory()},
             )
         atexit.register(self.close)
         deadline = started + self.boot_timeout
