@@ -1,0 +1,178 @@
+"""The NFS lab (tests/nfslab.py): two client hosts of one real NFS server share files and locks."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nfslab
+import pytest
+
+REASON = nfslab.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+LOCK = """
+import fcntl, os, signal, sys
+hold = len(sys.argv) > 2
+if hold:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError as exc:
+    print("blocked", exc.errno)
+    sys.exit(1)
+print("locked", flush=True)
+if hold:
+    signal.sigwait({signal.SIGTERM})
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+    print("released")
+"""
+
+# Holds a lock on cut-off until SIGTERM, then writes, unlocks and closes: prints each step's
+# outcome.
+LATE_WRITER = """
+import errno, fcntl, os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+fd = os.open("cut-off", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("locked", flush=True)
+signal.sigwait({signal.SIGTERM})
+for step, call in (("write", lambda: os.write(fd, b"from a\\n")), ("unlock", lambda: fcntl.lockf(fd, fcntl.LOCK_UN)),
+                   ("close", lambda: os.close(fd))):
+    try:
+        call()
+        print(step, "ok")
+    except OSError as exc:
+        print(step, errno.errorcode[exc.errno])
+"""
+
+# Takes the lock on cut-off (waiting for it) and writes.
+TAKER = """
+import fcntl, os
+fd = os.open("cut-off", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.write(fd, b"from b\\n")
+os.close(fd)
+"""
+
+
+# Appends sys.argv[2] numbered lines to sys.argv[1], each under an exclusive lock.
+APPENDER = """
+import fcntl, os, socket, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+for number in range(int(sys.argv[2])):
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    os.lseek(fd, 0, os.SEEK_END)
+    os.write(fd, f"{socket.gethostname()} {number}\\n".encode())
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+os.close(fd)
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab")) as lab:
+        yield lab
+
+
+def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
+    names = [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")]
+    assert names == ["hostA", "hostB"]
+    mounts = lab.run("a", ["grep", f" {nfslab.MOUNT} ", "/proc/self/mountinfo"]).stdout
+    assert " nfs4 10.99.1.1:/ " in mounts and "vers=4.2" in mounts and "local_lock=none" in mounts
+    clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
+    assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients
+    assert '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
+
+
+def test_the_guest_has_no_network_but_its_own(lab: nfslab.Lab) -> None:
+    def links(host: str) -> list[str]:
+        listing = lab.run(host, ["ip", "-o", "link", "show"]).stdout
+        return sorted(line.split(": ")[1].split("@")[0] for line in listing.splitlines())
+
+    assert links("server") == ["lo", "vethhostA", "vethhostB"]
+    assert links("a") == links("b") == ["eth0", "lo"]
+
+
+def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> None:
+    written = lab.python("a", "open('greeting', 'w').write('hello from a')")
+    assert written.returncode == 0, written
+    assert lab.python("b", "print(open('greeting').read())").stdout == "hello from a\n"
+    assert lab.run("server", ["cat", f"{nfslab.EXPORT}/greeting"]).stdout == "hello from a"
+
+
+def test_an_fcntl_lock_on_one_host_excludes_the_other(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "lock", "hold")
+    holder.wait_for_output("locked")
+    blocked = lab.python("b", LOCK, "lock")
+    assert (blocked.returncode, blocked.stdout.split()[0]) == (1, "blocked"), blocked
+    holder.signal(signal.SIGTERM)
+    assert holder.wait().stdout == "locked\nreleased\n"
+    taken = lab.python("b", LOCK, "lock")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_appends_under_locks_from_both_hosts_at_once_all_land_whole(lab: nfslab.Lab) -> None:
+    appenders = [lab.spawn_python(host, APPENDER, "appended", "100") for host in ("a", "b")]
+    lab.wait_all()
+    assert [appender.poll() for appender in appenders] == [0, 0], [appender.result() for appender in appenders]
+    lines = lab.run("server", ["cat", f"{nfslab.EXPORT}/appended"]).stdout.splitlines()
+    for host in ("hostA", "hostB"):
+        assert [line for line in lines if line.split()[0] == host] == [f"{host} {n}" for n in range(100)]
+    assert len(lines) == 200
+
+
+def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "killed", "hold")
+    holder.wait_for_output("locked")
+    holder.kill()
+    assert holder.wait().returncode == -signal.SIGKILL
+    taken = lab.python("b", LOCK, "killed")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
+def test_a_host_cut_off_past_its_lease_loses_its_lock_and_its_late_writes(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LATE_WRITER)
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    taker = lab.python("b", TAKER, timeout=120)
+    assert taker.returncode == 0, taker
+    lab.reconnect("a")
+    holder.signal(signal.SIGTERM)
+    late = holder.wait(timeout=120)
+    assert "EIO" in late.stdout, late
+    assert lab.run("b", ["cat", "cut-off"]).stdout == "from b\n"
+    assert lab.run("a", ["cat", "cut-off"]).stdout == "from b\n"
+
+
+def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
+    boot = "import os, sys, nfslab; lab = nfslab.Lab(sys.argv[1]); lab.start(); print(lab.guest_pid(), flush=True); os.abort()"
+    child = subprocess.run(
+        [sys.executable, "-c", boot, str(tmp_path)], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == -signal.SIGABRT, child.stderr
+    group = int(child.stdout)
+    assert group > 0
+    for _ in range(500):
+        if not living(group):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"the guest's processes {living(group)} outlived the process that booted it")
+
+
+def living(group: int) -> list[int]:
+    """The processes of process group `group` that are not zombies."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
