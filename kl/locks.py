@@ -44,6 +44,7 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 import sys
 import threading
 import time
@@ -301,3 +302,49 @@ def locked(path: str, timeout: float) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+# ----------------------------------------------------------------- locks on data files (NFS)
+
+_FLOCK = struct.Struct("hhqqi4x")
+"""struct flock on Linux: type, whence, start, length, pid (0 for open file description locks)."""
+FILE_LOCK_POLL = 0.01
+
+
+def lock_file(fd: int, path: str, timeout: float, *, shared: bool = False) -> None:
+    """Take an open file description lock on the whole file ``fd`` refers to.
+
+    Used on NFS, where taking a lock on a file makes the client revalidate its cached
+    attributes and pages (a cache coherency point), and where a lock held on the data
+    itself fences a host that lost it: once its lease expired, its writes through ``fd``
+    fail with EIO.  Open file description locks belong to this descriptor, not the
+    process: other descriptors of the file opened and closed meanwhile leave it alone.
+    It goes when ``fd`` is closed.  Raises ``LockTimeout`` and ``StorageError``.
+    """
+    request = _FLOCK.pack(fcntl.F_RDLCK if shared else fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+            return
+        except (BlockingIOError, PermissionError):
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"{path} is locked by another host or process (waited {timeout:g}s)") from None
+            time.sleep(FILE_LOCK_POLL)
+        except OSError as e:
+            raise storage_error(e, "lock", path) from None
+
+
+def unlock_file(fd: int, path: str) -> None:
+    """Drop the lock ``lock_file`` took on ``fd``."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError as e:
+        raise storage_error(e, "unlock", path) from None
+
+
+def revalidate(fd: int, path: str, timeout: float) -> None:
+    """Make an NFS client drop what it cached of the file: take a shared lock and let it
+    go (waits while a writer holds the file for an append)."""
+    lock_file(fd, path, timeout, shared=True)
+    unlock_file(fd, path)

@@ -84,6 +84,9 @@ class Log:
         self._published: PartitionState | None = None
         self._published_raw: bytes | None = None
         self._nfs: bool | None = None
+        self._locking_checked = False
+        self._validated: dict[int, int] = {}
+        """On NFS: segment base -> the end up to which this reader revalidated it."""
         self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
         self.flush_scheduled = False
@@ -135,8 +138,13 @@ class Log:
             base, segment_end, stable = self._locate(offset, state)
             try:
                 with self.open_segment(base) as segment:
+                    if self.on_nfs() and self._validated.get(base) != segment_end:  # new data since we looked
+                        locks.revalidate(segment.fd, segment.path, self.lock_timeout)
+                        self._validated[base] = segment_end
                     return self._read_segment(segment, state, offset, max_bytes, segment_end, stable)
             except FileNotFoundError:  # deleted by retention, or a stale listing: look again
+                if self.on_nfs():
+                    os.listdir(self.directory)  # NFS caches names
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
@@ -393,6 +401,8 @@ class Log:
                     flusher.schedule(self, (state.flushed_at_ms + cfg.flush_ms - now) / 1000)
             return start
         finally:
+            if self._nfs:
+                self.close()  # lets go of the data files' locks before the partition's
             lock.release()
 
     def flush(self) -> None:
@@ -438,12 +448,13 @@ class Log:
 
     def close(self) -> None:
         """Close the writer's file descriptors (reading needs none)."""
-        if self._state_file is not None:
-            self._state_file.close()
-            self._state_file = None
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        for handle in (self._state_file, self._active):
+            if handle is not None:
+                try:
+                    handle.close()
+                except OSError as e:  # NFS reports a lost lock (again) at close
+                    log.warning("%s: closing %s failed: %s", self.directory, handle, e)
+        self._state_file = self._active = None
         self._tail_checked = False
         self._published_raw = None
 
@@ -461,6 +472,8 @@ class Log:
         try:
             yield
         finally:
+            if self._nfs:
+                self.close()  # lets go of the data files' locks before the partition's
             lock.release()
 
     def writable_state(self, reopened: bool = False) -> PartitionState:
@@ -471,12 +484,13 @@ class Log:
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
-        if self._nfs is None:
+        if not self._locking_checked:
             problem = nfs_locking_problem(self.directory)
             if problem:
                 raise StorageError(f"cannot append to {self.directory}: {problem}")
-            self._nfs = mount_of(self.directory)[1].startswith("nfs")
-        if self._nfs and self._state_file is not None:
+            self._locking_checked = True
+        nfs = self.on_nfs()
+        if nfs and self._state_file is not None:
             self.close()
         try:
             state_file = self._state_file or self._open_state()
@@ -493,11 +507,16 @@ class Log:
                 self._active = Segment.open(
                     segment_path(self.directory, base), base, self.config.max_message_bytes, writable=True
                 )
+                if nfs:  # held until the lock is released: revalidates the file, and fences this host
+                    locks.lock_file(self._active.fd, self._active.path, self.lock_timeout)
             stat = os.fstat(self._active.fd)
             file_size = stat.st_size
             gone = stat.st_nlink == 0 or state_file.unlinked()
         except FileNotFoundError:
             self.close()
+            if nfs and not reopened and os.path.isdir(self.directory):
+                os.listdir(self.directory)  # NFS caches names: look again once they are fresh
+                return self.writable_state(reopened=True)
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
         except OSError as e:
             self.close()
@@ -526,14 +545,28 @@ class Log:
             return True
 
     def _open_state(self) -> StateFile:
-        """The state record, opened (and on local disks mapped) for this writer."""
+        """The state record, opened (and on local disks mapped) for this writer; on NFS
+        locked until the partition lock is released."""
         try:
             self._state_file = StateFile(self.state_path, mapped=not self._nfs)
         except FileNotFoundError:
             if os.path.isdir(self.directory):
                 raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
             raise
+        if self._nfs:
+            locks.lock_file(self._state_file.fd, self.state_path, self.lock_timeout)
         return self._state_file
+
+    def on_nfs(self) -> bool:
+        """The partition is on NFS (looked up once)."""
+        if self._nfs is None:
+            self._nfs = mount_of(self.directory)[1].startswith("nfs")
+        return self._nfs
+
+    def revalidate(self, fd: int, path: str) -> None:
+        """On NFS, make this host drop what it cached of a file (see ``locks.lock_file``)."""
+        if self.on_nfs():
+            locks.revalidate(fd, path, self.lock_timeout)
 
     def _repair_tail(self, state: PartitionState, file_size: int) -> PartitionState:
         """Make the active segment end exactly where its good published data does.

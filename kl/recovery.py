@@ -145,6 +145,7 @@ class _Check:
             raise storage_error(e, "read", log.state_path) from None
         else:
             try:
+                log.revalidate(fd, log.state_path)
                 return PartitionState.decode(os.pread(fd, STATE_SIZE, 0), log.state_path)
             except CorruptState as e:
                 reason = str(e).removesuffix("; run 'kl recover'")
@@ -160,6 +161,7 @@ class _Check:
         path = segment_path(log.directory, last)
         if os.path.exists(path):
             with Segment.open(path, last, self.limit) as segment:
+                log.revalidate(segment.fd, segment.path)
                 end = last + _last_message_end(segment)
         state = PartitionState(first, last, end, end, end, 0, time.time_ns() // 1_000_000, BOOT_ID)
         self.find(end, log.state_path, f"{reason}; rebuilt to end after the last valid message", self.would("rebuilt"), "STATE")
@@ -207,6 +209,7 @@ class _Check:
         """A closed segment must hold valid messages ending exactly at the next base."""
         expected = next_base - info.base_offset
         with Segment.open(info.path, info.base_offset, self.limit, writable=self.act) as segment:
+            self.log.revalidate(segment.fd, segment.path)
             size = segment.size_in_bytes()
             if self.deep:
                 damages: Iterator[Damage] = segment.damage(0, expected)
@@ -224,6 +227,7 @@ class _Check:
         published = state.log_end_offset - base
         stable = state.stable_offset - base
         with Segment.open(info.path, base, self.limit, writable=self.act) as segment:
+            self.log.revalidate(segment.fd, segment.path)
             file_size = segment.size_in_bytes()
             checked = min(stable, file_size)
             if self.deep:

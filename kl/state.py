@@ -168,6 +168,9 @@ class StateFile:
             self.close()
             raise
 
+    def __repr__(self) -> str:
+        return f"StateFile({self.path!r})"
+
     def read(self) -> bytes:
         """The record's raw bytes (decode them with ``PartitionState.decode``)."""
         return self._map[:SIZE] if self._map is not None else os.pread(self.fd, SIZE, 0)

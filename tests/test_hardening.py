@@ -400,7 +400,7 @@ def test_offset_back_scans_each_segment_once(root, monkeypatch):
         segment_module.Segment, "open", classmethod(lambda cls, *a, **k: opened.append(a[0]) or real_open(cls, *a, **k))
     )
     offset = log.offset_back(10_000)
-    assert len(opened) == 1
+    assert len([path for path in opened if path.startswith(root.path)]) == 1  # (other tests' logs flush meanwhile)
     assert len(read_log(log, offset)) == 10_000
 
 
