@@ -74,6 +74,10 @@ class LockTimeout(KlError):
 class StorageError(KlError):
     """The filesystem refused a write, fsync or open (disk full, read-only, I/O error)."""
 
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
 
 class RootNotFound(KlError):
     """The root directory is missing (not mounted?) or is not a directory."""

@@ -25,7 +25,7 @@ _REASONS = {
 def storage_error(e: OSError, action: str, path: str) -> StorageError:
     """A one-line ``StorageError`` for an ``OSError`` met while doing ``action`` on ``path``."""
     reason = _REASONS.get(e.errno or 0, e.strerror or str(e))
-    return StorageError(f"cannot {action} {path}: {reason}")
+    return StorageError(f"cannot {action} {path}: {reason}", errno=e.errno)
 
 
 def fsync_dir(path: str) -> None:

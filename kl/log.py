@@ -53,6 +53,10 @@ RECHECK_SECONDS = 1.0
 an fstat (a partition or state file removed by hand is noticed after it)."""
 DEFAULT_LOCK_TIMEOUT = 120.0
 """Longer than the default NFSv4 lease (90 s) a crashed client's lock can outlive it by."""
+LOST_LOCK = (
+    "this host lost its lock on the partition (cut off from the NFS server past its lease?) "
+    "and the server refused its writes; another host may have appended since"
+)
 DELETED_SUFFIX = ".deleted"
 """Segments below the log start are renamed with it, then unlinked after a delay."""
 IMPORTING_PREFIX = ".import-"
@@ -373,7 +377,10 @@ class Log:
             if size and (size + len(data) > self.config.segment_bytes or active.foreign):
                 return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
-            active.append(data, size)
+            try:
+                active.append(data, size)
+            except StorageError as e:
+                raise self._explained(e) from None
             end = start + len(data)
             now = time.time_ns() // 1_000_000
             if fsync:
@@ -681,8 +688,16 @@ class Log:
     def _fail(self, error: StorageError) -> None:
         """After an fsync error the page cache may have dropped the data, so nothing
         written through this handle may be acknowledged again."""
+        error = self._explained(error)
         self._failed = f"{error}; no further appends through this handle (run 'kl recover')"
         raise error from None
+
+    def _explained(self, error: StorageError) -> StorageError:
+        """On NFS an I/O error on a data file this writer holds locked means the lock was
+        lost (the host was cut off past its lease): the server refused the writes."""
+        if self._nfs and error.errno == errno.EIO:
+            return StorageError(f"{error}: {LOST_LOCK}", errno=error.errno)
+        return error
 
     # ----------------------------------------------------------------- maintenance (under the lock)
 
