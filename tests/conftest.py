@@ -10,8 +10,12 @@ Helpers are plain functions so tests read as one line each::
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import subprocess
+import sys
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,6 +124,20 @@ def active_segment(root: kl.Root, topic: str, partition: int = 0) -> Path:
 
 
 # ----------------------------------------------------------------- damaging files
+
+
+@contextlib.contextmanager
+def partition_locked_elsewhere(root_path: str, topic: str, partition: int) -> Iterator[None]:
+    """Another process holds the partition's lock for the ``with`` block."""
+    code = f"import time, kl\nwith kl.Root({root_path!r}).log({topic!r}, {partition}).locked():\n"
+    code += "    print('held', flush=True)\n    time.sleep(60)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def flip_byte(path: Path | str, position: int) -> None:

@@ -26,6 +26,8 @@ from click.testing import CliRunner, Result
 import kl
 from kl_cli.main import cli
 
+from conftest import partition_locked_elsewhere
+
 KL = [sys.executable, "-m", "kl_cli"]
 MIXED = b"first\n\nthird \xff\xfe not utf-8\n\n\ttabs\tand spaces  \nlast\n"
 """Empty lines, bytes that are not UTF-8, and a final newline."""
@@ -566,27 +568,10 @@ def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_p
 
 def test_a_lock_timeout_is_reported_after_the_lines_before_it_are_committed(kl_root, monkeypatch):
     ok(kl_root, "topics", "create", "two", "--partitions", "2")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"""
-import sys, time, kl
-with kl.Root({kl_root!r}).log("two", 1).locked():
-    print("held", flush=True)
-    time.sleep(60)
-""",
-        ],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout.readline() == b"held\n"
+    with partition_locked_elsewhere(kl_root, "two", 1):
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
         records = b"".join(b'{"partition": %d, "value": "%d"}\n' % (p, i) for i, p in enumerate([0, 0, 0, 1, 0]))
         error = fails(kl_root, "produce", "two", "--json", input=records)
-    finally:
-        holder.kill()
-        holder.wait()
     assert error.startswith("Error: line 4: ") and error.endswith("; 3 lines before it were committed"), error
     assert "lock" in error
     assert ok(kl_root, "consume", "two", "-p", "0") == b"0\n1\n2\n"

@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 import kl
 from kl_cli.main import cli
 
+from conftest import partition_locked_elsewhere
 from faultlib import as_if_rebooted
 
 TS = 1_700_000_000_000
@@ -646,26 +647,9 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
 def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
     make(kl_root, "a")
     make(kl_root, "b")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"""
-import time, kl
-with kl.Root({kl_root!r}).log("a", 0).locked():
-    print("held", flush=True)
-    time.sleep(60)
-""",
-        ],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout.readline() == b"held\n"
+    with partition_locked_elsewhere(kl_root, "a", 0):
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
         result = run(kl_root, command)
-    finally:
-        holder.kill()
-        holder.wait()
     lines = result.stdout.splitlines()
     assert lines[0] == f"a/0: error: lock {kl_root}/.locks/a/0.lock is held by another process (waited 0.2s)"
     assert lines[1].startswith("b/0: ") and "error" not in lines[1]
