@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import click
 
@@ -69,6 +70,29 @@ def _partitions(root: kl.Root, topics: Iterable[str], out: _Output) -> list[tupl
         except (kl.KlError, OSError) as e:
             out.error(name, None, e)
     return found
+
+
+R = TypeVar("R")
+
+
+def _each(
+    targets: list[tuple[str, int, kl.Log]], out: _Output, progress: Progress, per_partition: bool, work: Callable[[kl.Log], R]
+) -> Iterator[tuple[str, int, R]]:
+    """``work(log)`` for each partition, named on the progress bar (advanced per partition
+    when ``per_partition``); one that fails is reported on its line and the others go on."""
+    for name, p, log in targets:
+        progress.show(f"{name}/{p}")
+        try:
+            report = work(log)
+        except kl.RootNotFound:
+            raise
+        except (kl.KlError, OSError) as e:
+            out.error(name, p, e)
+            continue
+        finally:
+            if per_partition:
+                progress.advance()
+        yield name, p, report
 
 
 def _plural(n: int, word: str) -> str:
@@ -182,19 +206,14 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
         targets = _partitions(root, topics, out)
         total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
         with Progress(total, "bytes" if deep else "partitions") as progress:
-            for name, p, log in targets:
-                progress.show(f"{name}/{p}")
-                advance = progress.advance if deep and progress.bar is not None else None
-                try:
-                    report = recover(log, deep=deep, repair=repair, dry_run=dry_run, progress=advance)
-                except kl.RootNotFound:
-                    raise
-                except (kl.KlError, OSError) as e:
-                    out.error(name, p, e)
-                    continue
-                finally:
-                    if not deep:
-                        progress.advance()
+            advance = progress.advance if deep and progress.bar is not None else None
+            for name, p, report in _each(
+                targets,
+                out,
+                progress,
+                not deep,
+                lambda log: recover(log, deep=deep, repair=repair, dry_run=dry_run, progress=advance),
+            ):
                 row = _recovery_row(name, p, report, dry_run)
                 found = found or row["status"] in ("damaged", "found")
                 out.add(row)
@@ -306,18 +325,10 @@ def retain_command(
     try:
         targets = _partitions(root, topics, out)
         with Progress(len(targets), "partitions") as progress:
-            for name, p, log in targets:
-                progress.show(f"{name}/{p}")
-                try:
-                    limits = {"max_age_ms": max_age, "max_bytes": max_bytes}
-                    report = retain(log, **limits, dry_run=dry_run, delete_delay=delete_delay)
-                except kl.RootNotFound:
-                    raise
-                except (kl.KlError, OSError) as e:
-                    out.error(name, p, e)
-                    continue
-                finally:
-                    progress.advance()
+            limits = {"max_age_ms": max_age, "max_bytes": max_bytes}
+            for name, p, report in _each(
+                targets, out, progress, True, lambda log: retain(log, **limits, dry_run=dry_run, delete_delay=delete_delay)
+            ):
                 out.add(_retention_row(name, p, report, dry_run))
     finally:
         out.close()
