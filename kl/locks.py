@@ -36,6 +36,12 @@ Limits, stated plainly:
   expires (90 s by default): lock timeouts should be longer than that.
 * Lock files are never deleted (deleting one while a process waits on it would let two
   processes "hold" it); they are created with mode 0664 so a group can share a root.
+
+On NFS a writer also locks the data files it writes (``lock_file``: open file
+description locks, which belong to one descriptor and survive the process closing
+others): taking a lock is where an NFS client revalidates what it cached of a file, and a
+lock held on the data fences a host that lost it (its writes fail with EIO once its
+lease expired).  Readers take and drop a shared one (``revalidate``) to see fresh pages.
 """
 
 from __future__ import annotations
