@@ -85,7 +85,11 @@ TOOLS = {
     "nsenter": "util-linux",
     "unshare": "util-linux",
     "timeout": "coreutils",
+    "flock": "util-linux",
 }
+VERSIONS = ("4.2", "3")
+# What NFSv3 needs besides: NLM's rpcbind and rpc.statd, on the server and on each host.
+TOOLS_V3 = {"rpcbind": "rpcbind", "rpc.statd": "nfs-common"}
 # Runs the guest (its argv after the file to write its pid to) and kills it, with every
 # process it left, when it ends or when this shell's standard input, a pipe from the
 # process that booted the lab, is closed: when that process dies in any way.  The guest
@@ -117,13 +121,14 @@ class Result:
     stderr: str
 
 
-def unavailable() -> str | None:
-    """Why the lab cannot run on this machine, or None when it can."""
+def unavailable(version: str = "4.2") -> str | None:
+    """Why the lab cannot run on this machine with NFS `version`, or None when it can."""
     if not sys.platform.startswith("linux"):
         return "the NFS lab needs Linux"
     if not os.access(UML, os.X_OK) or not os.path.isdir(MODULES):
         return "user-mode-linux is not installed: apt-get install user-mode-linux"
-    missing = sorted({package for tool, package in TOOLS.items() if _which(tool) is None})
+    tools = {**TOOLS, **TOOLS_V3} if version == "3" else TOOLS
+    missing = sorted({package for tool, package in tools.items() if _which(tool) is None})
     if missing:
         return f"the NFS lab needs Debian packages {', '.join(missing)}: apt-get install {' '.join(missing)}"
     return None
@@ -204,6 +209,7 @@ class Lab:
         directory: Path,
         *,
         python: str = sys.executable,
+        version: str = "4.2",
         lease: int = 10,
         delegations: bool = True,
         memory_mb: int = 512,
@@ -211,8 +217,11 @@ class Lab:
         lifetime: float = 600,
         boot_timeout: float = 60,
     ) -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"the NFS lab mounts NFS version {' or '.join(VERSIONS)}, not {version!r}")
         self.directory = Path(directory).resolve()
         self.python_path = python
+        self.version = version
         self.lease, self.delegations = lease, delegations
         self.memory_mb, self.disk_mb = memory_mb, disk_mb
         self.lifetime, self.boot_timeout = lifetime, boot_timeout
@@ -223,7 +232,7 @@ class Lab:
 
     def start(self) -> None:
         """Boot the guest and wait until both hosts have mounted the export."""
-        reason = unavailable()
+        reason = unavailable(self.version)
         if reason:
             raise LabError(reason)
         for value in (str(self.directory), self.python_path):
@@ -252,6 +261,7 @@ class Lab:
             f"nfslab_lease={self.lease}",
             f"nfslab_delegations={int(self.delegations)}",
             f"nfslab_lifetime={int(self.lifetime)}",
+            f"nfslab_version={self.version}",
             "con=null",
             "ssl=null",
             "con0=fd:0,fd:1",
