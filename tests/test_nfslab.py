@@ -171,6 +171,29 @@ def test_a_host_cut_off_past_its_lease_loses_its_lock_and_its_late_writes(lab: n
     assert lab.run("a", ["cat", "cut-off"]).stdout == "from b\n"
 
 
+@pytest.mark.parametrize("lab", ["3"], indirect=True)
+def test_a_host_cut_off_on_nfsv3_keeps_its_lock_and_its_late_writes(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LATE_WRITER)
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    time.sleep(lab.lease + 2)  # NLM has no lease: the server keeps the lock of a silent host
+    blocked = lab.python("b", LOCK, "cut-off", "posix")
+    assert (blocked.returncode, blocked.stdout.split()) == (1, ["blocked", str(errno.EAGAIN)]), blocked
+    taker = lab.spawn_python("b", TAKER)
+    lab.reconnect("a")
+    time.sleep(1)
+    assert taker.poll() is None, taker.result()
+    holder.signal(signal.SIGTERM)
+    assert holder.wait(timeout=120).stdout == "locked\nwrite ok\nunlock ok\nclose ok\n"
+    assert taker.wait(timeout=120).returncode == 0
+    assert lab.run("server", ["cat", f"{nfslab.EXPORT}/cut-off"]).stdout == "from b\n"
+    # NFSv3 has no change attribute: host a may have the same size and times cached for the
+    # file (b wrote in the same clock tick) and keep serving its own write from its cache;
+    # a lock makes it read the file again.
+    read = "import fcntl; f = open('cut-off', 'r+'); fcntl.lockf(f, fcntl.LOCK_SH); print(f.read(), end='')"
+    assert lab.python("a", read).stdout == "from b\n"
+
+
 def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
     boot = "import os, sys, nfslab; lab = nfslab.Lab(sys.argv[1]); lab.start(); print(lab.guest_pid(), flush=True); os.abort()"
     child = subprocess.run(
