@@ -194,6 +194,23 @@ def test_a_host_cut_off_on_nfsv3_keeps_its_lock_and_its_late_writes(lab: nfslab.
     assert lab.python("a", read).stdout == "from b\n"
 
 
+@pytest.mark.parametrize("lab", ["3"], indirect=True)
+def test_on_nfsv3_a_holder_killed_while_its_host_is_cut_off_frees_its_lock_when_the_host_is_back(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "killed-away", "ofd", "hold")
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    holder.kill()
+    time.sleep(3)
+    # It cannot even end: its exit waits to tell the server's lockd that it unlocks.
+    assert holder.poll() is None, holder.result()
+    blocked = lab.python("b", LOCK, "killed-away", "ofd")
+    assert (blocked.returncode, blocked.stdout.split()) == (1, ["blocked", str(errno.EAGAIN)]), blocked
+    lab.reconnect("a")
+    assert holder.wait(timeout=120).returncode == -signal.SIGKILL
+    taken = lab.python("b", LOCK, "killed-away", "ofd")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
+
+
 def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
     boot = "import os, sys, nfslab; lab = nfslab.Lab(sys.argv[1]); lab.start(); print(lab.guest_pid(), flush=True); os.abort()"
     child = subprocess.run(
