@@ -1,4 +1,4 @@
-"""A real NFS lab for tests: one NFSv4.2 server and two client hosts in a user-mode Linux.
+"""A real NFS lab for tests: one NFS server and two client hosts in a user-mode Linux.
 
 This machine's kernel has neither an NFS server nor an NFS client, but Debian's
 user-mode-linux package boots Linux 6.1 as an ordinary process, in about two seconds and
@@ -8,12 +8,14 @@ hostfs, so it runs the same Python and venv; it exports an ext4 file system on a
 block device (a sparse file in the lab's directory), and two client hosts, "a" and "b"
 (each its own network, UTS and mount namespace with its own NFSv4 client identifier,
 joined to the server by a veth pair), mount that export at `MOUNT`: two distinct NFS
-clients.  The addresses exist only inside the guest (server 10.99.1.1 and 10.99.2.1, host
-a 10.99.1.2, host b 10.99.2.2); the guest has no network to the outside.
+clients, over NFSv4.2 (`version="4.2"`, the default) or NFSv3 (`version="3"`, below).
+The addresses exist only inside the guest (server 10.99.1.1 and 10.99.2.1, host a
+10.99.1.2, host b 10.99.2.2); the guest has no network to the outside.
 
 Needs Debian's packages user-mode-linux, nfs-kernel-server (which brings nfs-common), kmod,
-e2fsprogs and iproute2: scripts/nfs-guest/install installs them, as root; the lab itself
-runs as any user.  `unavailable()` tells why the lab cannot run here, for a skip.  The lab
+e2fsprogs and iproute2, and rpcbind for NFSv3: scripts/nfs-guest/install installs them, as
+root; the lab itself runs as any user.  `unavailable(version)` tells why the lab cannot run
+here, for a skip.  The lab
 is ready about 5 to 9 s after `start()` (the kernel boots in under 2 s; nfsd's start and the
 two mounts take most of the rest), and a command in it takes 0.1 s, a Python one about 1 s.
 
@@ -36,15 +38,26 @@ read-write: a test can hand a guest command a file by writing it there first, bu
 not change a file there that the guest has already read (the guest may cache it).
 
 The NFS server's lease and grace time is `lease` seconds (10, nfsd's least, by default),
-the grace period after its start is ended at once, and NFSv3 (so lockd) is off.  nfsd hands
-out (read) delegations unless `delegations` is false, even to a client that opened a file
-for writing.  A client cut off longer than its lease loses its state, but nfsd 6.1 is a
+the grace period after its start is ended at once, and NFSv3 (so lockd) is off unless
+`version` is "3".  nfsd hands out (read) delegations unless `delegations` is false, even to
+a client that opened a file for writing.  A client cut off longer than its lease loses its state, but nfsd 6.1 is a
 courteous server: it lets the expired client keep its locks and delegations until another
 client asks for a conflicting one.  So while host a is cut off, host b's open() of a file a
 holds a delegation on waits (the server answers "delay" while it cannot recall it) until
 a's lease has run out, and b's lock on a file a has locked fails (F_SETLK) or waits
 (F_SETLKW) until then too.  Once back, a finds its locks lost: its late writes fail with EIO,
 at the latest on close().
+
+With `version="3"` the server runs NFSv3 beside NFSv4 (rpcbind, rpc.statd, rpc.mountd, and
+lockd through nfsd) and each host mounts `EXPORT` with vers=3, locking through NLM: each
+host has its own rpcbind and rpc.statd (in its own /run and /var/lib/nfs), lockd being per
+network namespace.  lockd refuses new locks for its grace period (10 s) after it starts,
+so the lab is ready only once each host has had a lock: about 15 to 20 s after `start()`.
+NLM has no leases: a cut-off host keeps its locks, and others wait for them, until it comes
+back (and releases them) or reboots.  NFSv3 has no change attribute either: a host sees
+that another changed a file by its size and times, so a file rewritten at the same size
+within one tick of the server's clock (ext4: a jiffy) stays in its cache, stale, until it
+changes again or the host takes a lock on it.
 
 The guest dies when the lab is closed, when this process exits (atexit; and should it be
 killed, the shell that started the guest sees its pipe from this process close and kills
@@ -85,7 +98,11 @@ TOOLS = {
     "nsenter": "util-linux",
     "unshare": "util-linux",
     "timeout": "coreutils",
+    "flock": "util-linux",
 }
+VERSIONS = ("4.2", "3")
+# What NFSv3 needs besides: NLM's rpcbind and rpc.statd, on the server and on each host.
+TOOLS_V3 = {"rpcbind": "rpcbind", "rpc.statd": "nfs-common"}
 # Runs the guest (its argv after the file to write its pid to) and kills it, with every
 # process it left, when it ends or when this shell's standard input, a pipe from the
 # process that booted the lab, is closed: when that process dies in any way.  The guest
@@ -117,13 +134,14 @@ class Result:
     stderr: str
 
 
-def unavailable() -> str | None:
-    """Why the lab cannot run on this machine, or None when it can."""
+def unavailable(version: str = "4.2") -> str | None:
+    """Why the lab cannot run on this machine with NFS `version`, or None when it can."""
     if not sys.platform.startswith("linux"):
         return "the NFS lab needs Linux"
     if not os.access(UML, os.X_OK) or not os.path.isdir(MODULES):
         return "user-mode-linux is not installed: apt-get install user-mode-linux"
-    missing = sorted({package for tool, package in TOOLS.items() if _which(tool) is None})
+    tools = {**TOOLS, **TOOLS_V3} if version == "3" else TOOLS
+    missing = sorted({package for tool, package in tools.items() if _which(tool) is None})
     if missing:
         return f"the NFS lab needs Debian packages {', '.join(missing)}: apt-get install {' '.join(missing)}"
     return None
@@ -204,6 +222,7 @@ class Lab:
         directory: Path,
         *,
         python: str = sys.executable,
+        version: str = "4.2",
         lease: int = 10,
         delegations: bool = True,
         memory_mb: int = 512,
@@ -211,8 +230,11 @@ class Lab:
         lifetime: float = 600,
         boot_timeout: float = 60,
     ) -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"the NFS lab mounts NFS version {' or '.join(VERSIONS)}, not {version!r}")
         self.directory = Path(directory).resolve()
         self.python_path = python
+        self.version = version
         self.lease, self.delegations = lease, delegations
         self.memory_mb, self.disk_mb = memory_mb, disk_mb
         self.lifetime, self.boot_timeout = lifetime, boot_timeout
@@ -223,7 +245,7 @@ class Lab:
 
     def start(self) -> None:
         """Boot the guest and wait until both hosts have mounted the export."""
-        reason = unavailable()
+        reason = unavailable(self.version)
         if reason:
             raise LabError(reason)
         for value in (str(self.directory), self.python_path):
@@ -252,6 +274,7 @@ class Lab:
             f"nfslab_lease={self.lease}",
             f"nfslab_delegations={int(self.delegations)}",
             f"nfslab_lifetime={int(self.lifetime)}",
+            f"nfslab_version={self.version}",
             "con=null",
             "ssl=null",
             "con0=fd:0,fd:1",

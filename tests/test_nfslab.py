@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import sys
@@ -14,22 +15,30 @@ import pytest
 
 REASON = nfslab.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+REASON_V3 = nfslab.unavailable("3")
 
 LOCK = """
-import fcntl, os, signal, sys
-hold = len(sys.argv) > 2
+import fcntl, os, signal, struct, sys
+# sys.argv[1]: the file; [2]: "posix" (a process's lock) or "ofd" (an open file
+# description's); [3], if given: hold the lock until SIGTERM.
+hold = len(sys.argv) > 3
 if hold:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+def lock(kind):
+    if sys.argv[2] == "ofd":
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", kind, 0, 0, 0, 0))
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if kind == fcntl.F_WRLCK else fcntl.LOCK_UN)
 try:
-    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock(fcntl.F_WRLCK)
 except OSError as exc:
     print("blocked", exc.errno)
     sys.exit(1)
 print("locked", flush=True)
 if hold:
     signal.sigwait({signal.SIGTERM})
-    fcntl.lockf(fd, fcntl.LOCK_UN)
+    lock(fcntl.F_UNLCK)
     print("released")
 """
 
@@ -74,9 +83,12 @@ os.close(fd)
 """
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
-    with nfslab.Lab(tmp_path_factory.mktemp("nfslab")) as lab:
+@pytest.fixture(scope="module", params=nfslab.VERSIONS)
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
+    """One lab per NFS version, shared by the module's tests of that version."""
+    if request.param == "3" and REASON_V3 is not None:
+        pytest.skip(REASON_V3)
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param) as lab:
         yield lab
 
 
@@ -84,6 +96,12 @@ def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
     names = [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")]
     assert names == ["hostA", "hostB"]
     mounts = lab.run("a", ["grep", f" {nfslab.MOUNT} ", "/proc/self/mountinfo"]).stdout
+    if lab.version == "3":
+        assert f" nfs 10.99.1.1:{nfslab.EXPORT} " in mounts and "vers=3" in mounts and "local_lock=none" in mounts
+        # The server's statd watches each host that took a lock (the lab's first, at boot).
+        watched = lab.run("server", ["ls", "/var/lib/nfs/sm"]).stdout.split()
+        assert watched == ["10.99.1.2", "10.99.2.2"]
+        return
     assert " nfs4 10.99.1.1:/ " in mounts and "vers=4.2" in mounts and "local_lock=none" in mounts
     clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
     assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients
@@ -106,14 +124,15 @@ def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> Non
     assert lab.run("server", ["cat", f"{nfslab.EXPORT}/greeting"]).stdout == "hello from a"
 
 
-def test_an_fcntl_lock_on_one_host_excludes_the_other(lab: nfslab.Lab) -> None:
-    holder = lab.spawn_python("a", LOCK, "lock", "hold")
+@pytest.mark.parametrize("kind", ["posix", "ofd"])
+def test_an_fcntl_lock_on_one_host_excludes_the_other(lab: nfslab.Lab, kind: str) -> None:
+    holder = lab.spawn_python("a", LOCK, f"lock-{kind}", kind, "hold")
     holder.wait_for_output("locked")
-    blocked = lab.python("b", LOCK, "lock")
-    assert (blocked.returncode, blocked.stdout.split()[0]) == (1, "blocked"), blocked
+    blocked = lab.python("b", LOCK, f"lock-{kind}", kind)
+    assert (blocked.returncode, blocked.stdout.split()) == (1, ["blocked", str(errno.EAGAIN)]), blocked
     holder.signal(signal.SIGTERM)
     assert holder.wait().stdout == "locked\nreleased\n"
-    taken = lab.python("b", LOCK, "lock")
+    taken = lab.python("b", LOCK, f"lock-{kind}", kind)
     assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
 
 
@@ -127,15 +146,17 @@ def test_appends_under_locks_from_both_hosts_at_once_all_land_whole(lab: nfslab.
     assert len(lines) == 200
 
 
-def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab) -> None:
-    holder = lab.spawn_python("a", LOCK, "killed", "hold")
+@pytest.mark.parametrize("kind", ["posix", "ofd"])
+def test_a_killed_holder_loses_its_lock(lab: nfslab.Lab, kind: str) -> None:
+    holder = lab.spawn_python("a", LOCK, f"killed-{kind}", kind, "hold")
     holder.wait_for_output("locked")
     holder.kill()
     assert holder.wait().returncode == -signal.SIGKILL
-    taken = lab.python("b", LOCK, "killed")
+    taken = lab.python("b", LOCK, f"killed-{kind}", kind)
     assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
 
 
+@pytest.mark.parametrize("lab", ["4.2"], indirect=True)
 def test_a_host_cut_off_past_its_lease_loses_its_lock_and_its_late_writes(lab: nfslab.Lab) -> None:
     holder = lab.spawn_python("a", LATE_WRITER)
     holder.wait_for_output("locked")
@@ -148,6 +169,46 @@ def test_a_host_cut_off_past_its_lease_loses_its_lock_and_its_late_writes(lab: n
     assert "EIO" in late.stdout, late
     assert lab.run("b", ["cat", "cut-off"]).stdout == "from b\n"
     assert lab.run("a", ["cat", "cut-off"]).stdout == "from b\n"
+
+
+@pytest.mark.parametrize("lab", ["3"], indirect=True)
+def test_a_host_cut_off_on_nfsv3_keeps_its_lock_and_its_late_writes(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LATE_WRITER)
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    time.sleep(lab.lease + 2)  # NLM has no lease: the server keeps the lock of a silent host
+    blocked = lab.python("b", LOCK, "cut-off", "posix")
+    assert (blocked.returncode, blocked.stdout.split()) == (1, ["blocked", str(errno.EAGAIN)]), blocked
+    taker = lab.spawn_python("b", TAKER)
+    lab.reconnect("a")
+    time.sleep(1)
+    assert taker.poll() is None, taker.result()
+    holder.signal(signal.SIGTERM)
+    assert holder.wait(timeout=120).stdout == "locked\nwrite ok\nunlock ok\nclose ok\n"
+    assert taker.wait(timeout=120).returncode == 0
+    assert lab.run("server", ["cat", f"{nfslab.EXPORT}/cut-off"]).stdout == "from b\n"
+    # NFSv3 has no change attribute: host a may have the same size and times cached for the
+    # file (b wrote in the same clock tick) and keep serving its own write from its cache;
+    # a lock makes it read the file again.
+    read = "import fcntl; f = open('cut-off', 'r+'); fcntl.lockf(f, fcntl.LOCK_SH); print(f.read(), end='')"
+    assert lab.python("a", read).stdout == "from b\n"
+
+
+@pytest.mark.parametrize("lab", ["3"], indirect=True)
+def test_on_nfsv3_a_holder_killed_while_its_host_is_cut_off_frees_its_lock_when_the_host_is_back(lab: nfslab.Lab) -> None:
+    holder = lab.spawn_python("a", LOCK, "killed-away", "ofd", "hold")
+    holder.wait_for_output("locked")
+    lab.disconnect("a")
+    holder.kill()
+    time.sleep(3)
+    # It cannot even end: its exit waits to tell the server's lockd that it unlocks.
+    assert holder.poll() is None, holder.result()
+    blocked = lab.python("b", LOCK, "killed-away", "ofd")
+    assert (blocked.returncode, blocked.stdout.split()) == (1, ["blocked", str(errno.EAGAIN)]), blocked
+    lab.reconnect("a")
+    assert holder.wait(timeout=120).returncode == -signal.SIGKILL
+    taken = lab.python("b", LOCK, "killed-away", "ofd")
+    assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
 
 
 def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
