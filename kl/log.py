@@ -103,9 +103,18 @@ class Log:
 
     def state(self) -> PartitionState:
         """The published state.  Raises ``TopicNotFound`` when the partition is gone and
-        ``CorruptState`` when its record is missing or damaged (``kl recover`` rebuilds it)."""
+        ``CorruptState`` when its record is missing or damaged (``kl recover`` rebuilds it).
+
+        On NFS the record is read under a shared lock: without one, a client that has no
+        change attribute to go by (NFSv3) can keep serving an old record.
+        """
         try:
-            return read_state(self.state_path)
+            if not self.on_nfs():
+                return read_state(self.state_path)
+            state_file = self._state_file
+            if state_file is not None:  # this writer holds it locked: its view is fresh
+                return PartitionState.decode(state_file.read(), self.state_path)
+            return read_state(self.state_path, self._revalidate_state)
         except FileNotFoundError:
             if os.path.isdir(self.directory):
                 raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
@@ -569,6 +578,9 @@ class Log:
         if self._nfs is None:
             self._nfs = mount_of(self.directory)[1].startswith("nfs")
         return self._nfs
+
+    def _revalidate_state(self, fd: int) -> None:
+        locks.lock_file(fd, self.state_path, self.lock_timeout, shared=True)  # dropped when fd closes
 
     def revalidate(self, fd: int, path: str) -> None:
         """On NFS, make this host drop what it cached of a file (see ``locks.lock_file``)."""

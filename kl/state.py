@@ -23,6 +23,7 @@ import struct
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import NamedTuple
 
 from kl.errors import CorruptState, TopicNotFound
@@ -118,16 +119,19 @@ def deleted_record() -> bytes:
     return record + CRC.pack(zlib.crc32(record))
 
 
-def read_state(path: str) -> PartitionState:
-    """Read the published state without a lock (re-reading a record caught mid-update).
+def read_state(path: str, revalidate: Callable[[int], None] | None = None) -> PartitionState:
+    """Read the published state without the partition lock (re-reading a record caught
+    mid-update).  ``revalidate`` is called with the open descriptor first (on NFS: a
+    shared lock, the point where the client drops what it cached).
 
-    Opens the file each time so NFS close-to-open consistency gives a fresh copy.
     Raises ``FileNotFoundError`` when it does not exist and ``CorruptState`` when it stays bad.
     """
     attempt = 0
     while True:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
+            if revalidate is not None:
+                revalidate(fd)
             data = os.pread(fd, SIZE, 0)
         finally:
             os.close(fd)

@@ -269,3 +269,41 @@ def test_recover_and_retain_on_one_host_while_the_other_produces(lab):
     assert values == sorted(values) and len(values) == len(set(values))
     first = values[0]
     assert values == [v for v in expected("a", range(300), 20) if v >= first], "a message after the log start is missing"
+
+
+TAKE_TURNS = r"""
+import fcntl, os, sys, time, kl
+from kl.locks import lock_file
+from kl.state import read_state
+root = kl.Root(ROOT)
+log = root.log("turns", 0)
+producer, consumer = kl.Producer(root), kl.Consumer(root)
+turn = os.open(ROOT + "/turn", os.O_RDWR | os.O_CREAT)
+late = 0
+for r in range(int(sys.argv[2])):
+    fcntl.lockf(turn, fcntl.LOCK_EX)
+    if sys.argv[1] == "a":  # what a plain consumer reaches, against the record read under a lock
+        reached = max([batch.next_offset for batch in consumer.consume("turns")], default=0)
+        fd = os.open(log.state_path, os.O_RDONLY)
+        lock_file(fd, log.state_path, 30, shared=True)
+        late += reached != read_state(log.state_path).log_end_offset
+        os.close(fd)
+    producer.send_batch("turns", [b"%s%d" % (sys.argv[1].encode(), r)], partition=0)
+    fcntl.lockf(turn, fcntl.LOCK_UN)
+    time.sleep(0.001)
+print("late", late, flush=True)
+""".replace("ROOT", repr(ROOT))
+
+
+def test_a_consumer_sees_what_the_other_host_just_published(lab):
+    """Hosts take turns appending; each time, host a's consumer must reach the log end
+    that the state record holds.  Without a lock on the record, NFSv3 (no change
+    attribute) served host a an old end in about half the turns, for up to a minute."""
+    create(lab, "turns")
+    rounds = 100
+    b = lab.spawn_python("b", TAKE_TURNS, "b", str(rounds))
+    a = lab.spawn_python("a", TAKE_TURNS, "a", str(rounds))
+    result_a, result_b = a.wait(timeout=600), b.wait(timeout=600)
+    assert result_b.returncode == 0, result_b.stderr[-2000:]
+    assert result_a.returncode == 0, result_a.stderr[-2000:]
+    assert result_a.stdout.split() == ["late", "0"]
