@@ -32,8 +32,9 @@ Limits, stated plainly:
 * While the interpreter shuts down (``atexit`` handlers, finalizers) no helper thread
   can be started: a waiter then tries every millisecond itself.
 * On NFS the locks are real only on mounts with working lockd/NFSv4 locking (not
-  ``nolock`` or ``local_lock=``), and a crashed client keeps its locks until its lease
-  expires (90 s by default): lock timeouts should be longer than that.
+  ``nolock`` or ``local_lock=``).  On NFSv4 a crashed or cut-off client keeps its locks
+  until its lease expires (90 s by default): lock timeouts should be longer than that.
+  NFSv3 (lockd) has no leases: such a client keeps them until it is back or reboots.
 * Lock files are never deleted (deleting one while a process waits on it would let two
   processes "hold" it); they are created with mode 0664 so a group can share a root.
 
