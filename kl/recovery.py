@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import mmap
 import os
 import shutil
 import time
@@ -30,7 +29,7 @@ from kl import message as m
 from kl.errors import CorruptState
 from kl.fsutil import fsync_dir, storage_error
 from kl.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
-from kl.messageset import Corruption, Kind, check
+from kl.messageset import Corruption, Kind
 from kl.segment import SUFFIX, Damage, Segment, list_segments, segment_name, segment_path
 from kl.state import BOOT_ID, PartitionState
 from kl.state import SIZE as STATE_SIZE
@@ -348,21 +347,8 @@ def _last_message_end(segment: Segment) -> int:
         if bad.size > 0 and stop + bad.size < size and segment.chain(stop + bad.size, size)[1]:
             position = stop + bad.size
             continue
-        position = _next_valid(segment, stop + 1, size)
-        if position is None:
-            break
+        position = next(segment.starts(stop + 1, size), None)
     return end
-
-
-def _next_valid(segment: Segment, start: int, size: int) -> int | None:
-    """The first position from ``start`` where a valid message begins."""
-    with mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as data:
-        for position in range(start, size - m.HEADER_SIZE + 1):
-            if not any(data[position : position + m.LENGTH_SIZE]):
-                continue
-            if check(data, position, size, segment.max_message_bytes).problem is None:
-                return position
-    return None
 
 
 def _message_starts(segment: Segment, start: int, end: int) -> int:

@@ -338,23 +338,28 @@ class Segment:
         after = bad.position + bad.size
         if bad.size > 0 and (after == expected or after < expected and self._proven(after, expected, failed)):
             return after
-        end = min(expected, self.size_in_bytes())
-        if end - bad.position <= m.HEADER_SIZE:
-            return None
+        for position in self.starts(bad.position + 1, min(expected, self.size_in_bytes())):
+            if position not in failed and self._proven(position, expected, failed):
+                return position
+        return None
+
+    def starts(self, start: int, end: int) -> Iterator[int]:
+        """Every position in ``[start, end)`` where a message that passes its checks begins
+        (whatever follows it), trying each byte; runs of zero bytes are skipped at once."""
+        if end - start < m.HEADER_SIZE:
+            return
         with mmap.mmap(self.fd, end, access=mmap.ACCESS_READ) as buf:
-            position = bad.position + 1
+            position = start
             while position <= end - m.HEADER_SIZE:
                 if not any(buf[position : position + m.LENGTH_SIZE]):  # a zero length starts nothing
                     found = _NONZERO.search(buf, position + m.LENGTH_SIZE)
                     if found is None:
-                        return None
+                        return
                     position = found.start() - m.LENGTH_SIZE + 1
                     continue
-                if position not in failed and check(buf, position, end, self.max_message_bytes).problem is None:
-                    if self._proven(position, expected, failed):
-                        return position
+                if check(buf, position, end, self.max_message_bytes).problem is None:
+                    yield position
                 position += 1
-        return None
 
     def _proven(self, position: int, expected: int, failed: set[int]) -> bool:
         """Valid messages chain from ``position`` exactly to ``expected``, or to a damaged
