@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import kl
+from kl import flusher
 
 from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
@@ -35,6 +36,13 @@ MAX = 1 << 20
 
 
 # ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def _flushed_in_its_own_test() -> Iterator[None]:
+    """A test's scheduled background flushes run before it ends, not in a later test."""
+    yield
+    flusher.flush_pending()
 
 
 @pytest.fixture

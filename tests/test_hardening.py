@@ -354,7 +354,8 @@ def test_the_flush_policy_fsyncs_outside_the_lock(root, monkeypatch):
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        if os.path.realpath(f"/proc/self/fd/{fd}").endswith(".kl"):
+        path = os.path.realpath(f"/proc/self/fd/{fd}")
+        if path.startswith(log.directory) and path.endswith(".kl"):
             held_during_fsync.append(locks.lock_for(log.lock_path)._thread_lock.locked())
         real_fsync(fd)
 
