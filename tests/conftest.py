@@ -11,6 +11,8 @@ Helpers are plain functions so tests read as one line each::
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -175,3 +177,21 @@ __all__ = [
     "message_set", "partition_dir", "read_all", "segment_files", "shrink_to", "v0", "v1", "values_of",
     "with_length", "write", "write_each",
 ]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole test run (start-up takes seconds)."""
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java, and no java is on PATH")
+    from kl.spark.session import session
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    spark = session(
+        "local[2]",
+        app_name="kl-tests",
+        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark
+    spark.stop()

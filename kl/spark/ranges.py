@@ -1,0 +1,217 @@
+"""Offset ranges: which bytes of which partitions a Spark read covers (no Spark here).
+
+A read is planned on the driver as one ``Range`` per topic-partition, from its starting
+to its ending offset, both fixed when the query plans; ``split`` then cuts big ranges
+at message boundaries so Spark gets more tasks.  Options are named as in Spark's Kafka
+source: ``startingOffsets`` / ``endingOffsets`` are ``earliest``, ``latest`` or JSON
+``{"topic": {"partition": offset}}`` where -2 means earliest and -1 latest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from kl.errors import InvalidConfig, KlError, TopicNotFound
+from kl.log import EARLIEST, LATEST, Log
+from kl.topic import Root
+
+log = logging.getLogger(__name__)
+
+Offsets = str | dict[str, dict[int, int]]
+"""``"earliest"``, ``"latest"``, or per topic and partition a byte offset (or -2, -1)."""
+
+
+class DataLoss(KlError):
+    """Offsets a read needs were deleted by retention (``failOnDataLoss``)."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        super().__init__(
+            f"data loss: topic {topic!r} partition {partition} offsets {start} to {end} were deleted by retention"
+            " (set failOnDataLoss to false to skip them)"
+        )
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class Range(NamedTuple):
+    """The bytes ``[start, end)`` of one partition: complete messages, read by one task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def select_topics(root: Root, topics: str | Iterable[str] | None, pattern: str | None) -> list[str]:
+    """The topics a read covers: a comma-separated list (each must exist), or those matching a regex."""
+    if (topics is None) == (pattern is None):
+        raise InvalidConfig("give exactly one of the options topics and topicPattern")
+    existing = root.topics()
+    if pattern is not None:
+        try:
+            regex = re.compile(pattern)
+        except re.error as e:
+            raise InvalidConfig(f"topicPattern {pattern!r} is not a regular expression: {e}") from None
+        return [t for t in existing if regex.fullmatch(t)]
+    names = [t.strip() for t in topics.split(",")] if isinstance(topics, str) else list(topics or ())
+    names = list(dict.fromkeys(t for t in names if t))
+    if not names:
+        raise InvalidConfig("the option topics names no topic")
+    for name in names:
+        if name not in existing:
+            raise TopicNotFound(f"topic {name!r} does not exist in {root.path}")
+    return names
+
+
+def parse_offsets(text: str | None, option: str, default: str) -> Offsets:
+    """An offsets option: ``earliest``, ``latest`` or JSON ``{"topic": {"partition": offset}}``."""
+    if text is None or text.strip() in ("earliest", "latest"):
+        return (text or default).strip()
+    try:
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise ValueError("not an object")
+        out: dict[str, dict[int, int]] = {}
+        for topic, partitions in parsed.items():
+            if not isinstance(partitions, dict):
+                raise ValueError(f"topic {topic!r} does not map to an object")
+            out[topic] = {}
+            for p, offset in partitions.items():
+                if not isinstance(offset, int) or isinstance(offset, bool) or offset < EARLIEST:
+                    raise ValueError(f"offset {offset!r} of {topic}/{p} is not a byte offset, -1 or -2")
+                out[topic][int(p)] = offset
+        return out
+    except ValueError as e:
+        raise InvalidConfig(f'{option} must be earliest, latest or JSON such as {{"t": {{"0": 23}}}}: {e}') from None
+
+
+def parse_timestamp(text: str | None, option: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidConfig(f"{option} must be milliseconds since the epoch, not {text!r}") from None
+
+
+def plan(
+    root: Root,
+    topics: list[str],
+    *,
+    starting: Offsets = "earliest",
+    ending: Offsets = "latest",
+    starting_timestamp: int | None = None,
+    ending_timestamp: int | None = None,
+    fail_on_data_loss: bool = True,
+    on_loss: Callable[[DataLoss], None] | None = None,
+) -> list[Range]:
+    """One range per partition of ``topics``, its end fixed now (a busy topic still ends).
+
+    A start below the log start (retention deleted it) raises ``DataLoss``, or without
+    ``fail_on_data_loss`` moves up to the log start and reports the loss to ``on_loss``
+    (by default a logged warning).  Raises ``InvalidConfig`` for offsets that name no
+    partition or lie past the log end.
+    """
+    ranges = []
+    for topic in topics:
+        for partition in range(root.config(topic).partitions):
+            partition_log = root.log(topic, partition)
+            state = partition_log.state()
+            first, last = state.log_start_offset, state.log_end_offset
+            start = _resolve(partition_log, starting, starting_timestamp, topic, partition, "startingOffsets")
+            end = _resolve(partition_log, ending, ending_timestamp, topic, partition, "endingOffsets")
+            if start < first:
+                loss = DataLoss(topic, partition, start, first)
+                if fail_on_data_loss:
+                    raise loss
+                (on_loss or log_loss)(loss)
+                start = first
+            if start > end:
+                raise InvalidConfig(f"{topic}/{partition}: starting offset {start} is past the ending offset {end}")
+            if start != end and start not in (first, last) and not isinstance(starting, str):
+                partition_log.check_offset(start)
+            ranges.append(Range(topic, partition, start, end))
+    _check_named(starting, topics, "startingOffsets", root)
+    _check_named(ending, topics, "endingOffsets", root)
+    return ranges
+
+
+def _resolve(partition_log: Log, spec: Offsets, stamp: int | None, topic: str, partition: int, option: str) -> int:
+    """The byte offset an offsets option (or a timestamp) gives one partition."""
+    state = partition_log.state()
+    if stamp is not None:
+        return partition_log.offset_for_time(stamp)
+    if isinstance(spec, str):
+        return state.log_start_offset if spec == "earliest" else state.log_end_offset
+    offset = spec.get(topic, {}).get(partition, EARLIEST if option == "startingOffsets" else LATEST)
+    if offset == EARLIEST:
+        return state.log_start_offset
+    if offset == LATEST:
+        return state.log_end_offset
+    if offset > state.log_end_offset:
+        raise InvalidConfig(f"{option} {offset} of {topic}/{partition} is past the log end {state.log_end_offset}")
+    return offset
+
+
+def _check_named(spec: Offsets, topics: list[str], option: str, root: Root) -> None:
+    """JSON offsets may name only topics and partitions the read covers."""
+    if isinstance(spec, str):
+        return
+    for topic, partitions in spec.items():
+        if topic not in topics:
+            raise InvalidConfig(f"{option} names topic {topic!r}, which the read does not cover")
+        count = root.config(topic).partitions
+        for p in partitions:
+            if not 0 <= p < count:
+                raise InvalidConfig(f"{option} names partition {p} of {topic!r}, which has partitions 0 to {count - 1}")
+
+
+def log_loss(loss: DataLoss) -> None:
+    log.warning("skipping %s/%d offsets %d to %d: deleted by retention", loss.topic, loss.partition, loss.start, loss.end)
+
+
+def split(root: Root, ranges: list[Range], *, min_partitions: int = 0, max_bytes: int = 0) -> list[Range]:
+    """Cut ranges at message boundaries into pieces of at most ``max_bytes`` (0: no
+    limit), and small enough that there are at least ``min_partitions`` of them."""
+    total = sum(r.size for r in ranges)
+    target = max_bytes or total or 1
+    if min_partitions > len(ranges) and total:
+        target = min(target, max(1, -(-total // min_partitions)))
+    out: list[Range] = []
+    for r in ranges:
+        out.extend(_cut(root, r, target) if r.size > target else [r])
+    return out
+
+
+def _cut(root: Root, r: Range, target: int) -> list[Range]:
+    """Cut one range into pieces near ``target`` bytes.  A cut lands on a segment's
+    start or on the start of the message straddling the target (a message bigger than
+    the target is a piece of its own); damage stops the cutting, and the task reading
+    the rest meets it."""
+    partition_log = root.log(r.topic, r.partition)
+    bases = [s.base_offset for s in partition_log.segments()]
+    pieces, start = [], r.start
+    while r.end - start > target:
+        want = start + target
+        cut = max((b for b in bases if start < b <= want), default=None)
+        if cut is None:
+            base = max((b for b in bases if b <= start), default=start)
+            with partition_log.open_segment(base) as segment:
+                cut = base + segment.chain(start - base, want - base)[0]
+                if cut == start:
+                    entry = next(segment.scan(start - base, r.end - base), None)
+                    if entry is None or entry.problem is not None:
+                        break
+                    cut = start + entry.size
+        pieces.append(Range(r.topic, r.partition, start, cut))
+        start = cut
+    if start < r.end:
+        pieces.append(Range(r.topic, r.partition, start, r.end))
+    return pieces
