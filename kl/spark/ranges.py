@@ -191,27 +191,63 @@ def split(root: Root, ranges: list[Range], *, min_partitions: int = 0, max_bytes
 
 
 def _cut(root: Root, r: Range, target: int) -> list[Range]:
-    """Cut one range into pieces near ``target`` bytes.  A cut lands on a segment's
-    start or on the start of the message straddling the target (a message bigger than
-    the target is a piece of its own); damage stops the cutting, and the task reading
-    the rest meets it."""
+    """Cut one range into pieces near ``target`` bytes (see ``boundary``); damage stops
+    the cutting, and the task reading the rest meets it."""
     partition_log = root.log(r.topic, r.partition)
     bases = [s.base_offset for s in partition_log.segments()]
     pieces, start = [], r.start
     while r.end - start > target:
-        want = start + target
-        cut = max((b for b in bases if start < b <= want), default=None)
+        cut = boundary(partition_log, bases, start, start + target, r.end)
         if cut is None:
-            base = max((b for b in bases if b <= start), default=start)
-            with partition_log.open_segment(base) as segment:
-                cut = base + segment.chain(start - base, want - base)[0]
-                if cut == start:
-                    entry = next(segment.scan(start - base, r.end - base), None)
-                    if entry is None or entry.problem is not None:
-                        break
-                    cut = start + entry.size
+            break
         pieces.append(Range(r.topic, r.partition, start, cut))
         start = cut
     if start < r.end:
         pieces.append(Range(r.topic, r.partition, start, r.end))
     return pieces
+
+
+def boundary(partition_log: Log, bases: list[int], start: int, want: int, end: int) -> int | None:
+    """A message boundary in ``(start, end]`` near ``want``: the last segment start up to
+    it, else the start of the message straddling it, else (a message bigger than
+    ``want - start``) the end of the message at ``start``.  None at damage."""
+    cut = max((b for b in bases if start < b <= want), default=None)
+    if cut is not None:
+        return cut
+    base = max((b for b in bases if b <= start), default=start)
+    with partition_log.open_segment(base) as segment:
+        cut = base + segment.chain(start - base, want - base)[0]
+        if cut > start:
+            return cut
+        entry = next(segment.scan(start - base, end - base), None)
+    if entry is None or entry.problem is not None:
+        return None
+    return min(start + entry.size, end)
+
+
+def cap(root: Root, r: Range, *, max_bytes: int = 0, max_messages: int = 0) -> Range:
+    """``r`` cut short at a message boundary to hold at most ``max_bytes`` bytes and
+    ``max_messages`` stored messages (a compressed batch counts as one), but at least
+    one message, so that a capped reader always moves on (0: no limit)."""
+    partition_log = root.log(r.topic, r.partition)
+    end = r.end
+    if max_bytes and r.size > max_bytes:
+        bases = [s.base_offset for s in partition_log.segments()]
+        end = boundary(partition_log, bases, r.start, r.start + max_bytes, r.end) or r.end
+    if max_messages:
+        position, count = r.start, 0
+        for info in partition_log.segments():
+            stop = min(end, info.base_offset + info.size_in_bytes)
+            if stop <= position:
+                continue
+            if count == max_messages:
+                break
+            with partition_log.open_segment(info.base_offset) as segment:
+                for entry in segment.scan(position - info.base_offset, stop - info.base_offset):
+                    if entry.problem is not None:
+                        return r._replace(end=end)  # the reader meets the damage
+                    position, count = info.base_offset + entry.position + entry.size, count + 1
+                    if count == max_messages:
+                        break
+        end = min(end, position)
+    return r._replace(end=end)
