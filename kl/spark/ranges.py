@@ -135,8 +135,9 @@ def plan(
                 start = first
             if start > end:
                 raise InvalidConfig(f"{topic}/{partition}: starting offset {start} is past the ending offset {end}")
-            if start != end and start not in (first, last) and not isinstance(starting, str):
-                partition_log.check_offset(start)
+            for offset, spec in ((start, starting), (end, ending)):
+                if offset not in (first, last) and isinstance(spec, dict):
+                    partition_log.check_offset(offset)
             ranges.append(Range(topic, partition, start, end))
     _check_named(starting, topics, "startingOffsets", root)
     _check_named(ending, topics, "endingOffsets", root)

@@ -9,6 +9,7 @@ same root at the same path, and kl installed.  The options are listed in kl-spar
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ class Options:
         known = {key.lower() for key in _KNOWN}
         unknown = sorted(key for key in options if key.lower() not in known and key.lower() != "path")
         if unknown:
-            raise InvalidConfig(f"unknown option {unknown[0]!r} of the kl source; it knows {', '.join(_KNOWN)}")
+            near = difflib.get_close_matches(unknown[0], [key.lower() for key in _KNOWN], n=1)
+            hint = f" (did you mean {_KNOWN[[key.lower() for key in _KNOWN].index(near[0])]}?)" if near else ""
+            raise InvalidConfig(f"unknown option {unknown[0]!r} of the kl source{hint}; it knows {', '.join(_KNOWN)}")
         get = {key.lower(): value for key, value in options.items()}.get
         root = get("root") or get("path")
         if not root:
