@@ -98,3 +98,12 @@ def test_top_page_lists_every_command():
     text = plain_text(MAN / "kl.1") if shutil.which("man") else (MAN / "kl.1").read_text()
     for name in cli.commands:
         assert f"kl-{name}(1)" in text
+
+
+@pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
+def test_every_option_of_the_spark_source_is_documented():
+    from kl.spark.source import KNOWN_OPTIONS
+
+    text = plain_text(MAN / "kl-spark.7")
+    options = set(re.findall(r"^ {7}(\w+)", text, re.M))
+    assert set(KNOWN_OPTIONS) <= options, sorted(set(KNOWN_OPTIONS) - options)

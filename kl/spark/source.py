@@ -46,12 +46,12 @@ class Options:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
-        known = {key.lower() for key in _KNOWN}
+        known = {key.lower() for key in KNOWN_OPTIONS}
         unknown = sorted(key for key in options if key.lower() not in known and key.lower() != "path")
         if unknown:
-            near = difflib.get_close_matches(unknown[0], [key.lower() for key in _KNOWN], n=1)
-            hint = f" (did you mean {_KNOWN[[key.lower() for key in _KNOWN].index(near[0])]}?)" if near else ""
-            raise InvalidConfig(f"unknown option {unknown[0]!r} of the kl source{hint}; it knows {', '.join(_KNOWN)}")
+            near = difflib.get_close_matches(unknown[0], [key.lower() for key in KNOWN_OPTIONS], n=1)
+            hint = f" (did you mean {KNOWN_OPTIONS[[key.lower() for key in KNOWN_OPTIONS].index(near[0])]}?)" if near else ""
+            raise InvalidConfig(f"unknown option {unknown[0]!r} of the kl source{hint}; it knows {', '.join(KNOWN_OPTIONS)}")
         get = {key.lower(): value for key, value in options.items()}.get
         root = get("root") or get("path")
         if not root:
@@ -91,7 +91,7 @@ class Options:
         return ranges.split(root, planned, min_partitions=self.min_partitions, max_bytes=self.max_bytes_per_partition)
 
 
-_KNOWN = (
+KNOWN_OPTIONS = (
     "root",
     "topics",
     "topicPattern",
