@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import multiprocessing
+import os
 import pkgutil
 import subprocess
 import sys
@@ -307,3 +308,11 @@ def test_pyspark_finds_the_kl_source_by_itself():
     assert "pyspark_kl" in found
     source = importlib.import_module("pyspark_kl").DefaultSource
     assert issubclass(source, DataSource) and source.name() == "kl"
+
+
+def test_without_java_the_session_says_what_to_install():
+    code = "from kl.spark.session import session; session()"
+    env = {"PATH": "/nonexistent", "HOME": os.environ.get("HOME", "/tmp")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0
+    assert "kl.spark.session.JavaNotFound: Spark needs a Java runtime (17 or newer) and none was found" in done.stderr
