@@ -36,9 +36,19 @@ from kl_cli.common import get_root
     show_default=True,
     help="When retention deleted messages before they were loaded: exit 1 naming them, or load what is left.",
 )
-@click.option("--max-bytes", type=click.IntRange(min=0), default=0, metavar="N", help="Load at most N bytes per partition per run (0: no limit).")
 @click.option(
-    "--max-messages", type=click.IntRange(min=0), default=0, metavar="N", help="Load at most N messages per partition per run (0: no limit)."
+    "--max-bytes",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Load at most N bytes per partition per run (0: no limit).",
+)
+@click.option(
+    "--max-messages",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Load at most N messages per partition per run (0: no limit).",
 )
 @click.option(
     "--granularity",
@@ -105,7 +115,9 @@ def load(
         from kl.spark.load import load as run_load
 
         with _progress() as progress:
-            reports = run_load(root, output, list(topics), limits=limits, settings=settings, master=master, wait=wait, progress=progress)
+            reports = run_load(
+                root, output, list(topics), limits=limits, settings=settings, master=master, wait=wait, progress=progress
+            )
     for report in reports:
         _summary(report)
         if as_json:
@@ -200,7 +212,9 @@ def _show_status(status: Status, as_json: bool) -> None:
         if note:
             console.print(note)
         return
-    out = [f"{c.topic}/{c.partition}: offset {c.offset}, {c.rows} rows, last run {c.run} at {c.loaded_at}" for c in status.partitions]
+    out = [
+        f"{c.topic}/{c.partition}: offset {c.offset}, {c.rows} rows, last run {c.run} at {c.loaded_at}" for c in status.partitions
+    ]
     if not out:
         out.append(f"{status.output}: nothing loaded yet")
     if note:

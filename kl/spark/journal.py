@@ -59,10 +59,9 @@ TASK_BYTES = 128 << 20
 WAIT_FOREVER = 30 * 86400.0
 """``wait=True`` waits this long for the run lock."""
 KILL_ENV = "KL_LOAD_KILL_AT"
-POINTS = ("task", "written", "commit", "committed")
-"""The named points of ``fault``: a task's files renamed into place but not marked done;
-every task done, nothing committed; the new offsets written to a temporary file, not yet
-renamed; committed, the plan not yet removed."""
+POINTS = ("written", "commit", "committed")
+"""The named points of ``fault``: every task done, nothing committed; the new offsets
+written to a temporary file, not yet renamed; committed, the plan not yet removed."""
 GRANULARITIES = ("hour", "day")
 VALUE_FORMATS = ("binary", "text", "json")
 STARTS = ("earliest", "latest")
@@ -517,7 +516,6 @@ def status(output: str | os.PathLike[str]) -> Status:
     return result
 
 
-
 # ----------------------------------------------------------------- a run
 
 
@@ -610,7 +608,9 @@ def _finish(root: Root, journal: Journal, plan: Plan, limits: Limits, execute: E
     return _report(root, plan, rows, resumed=resumed, dry_run=False)
 
 
-def _preview(root: Root, journal: Journal, topics: list[str], limits: Limits, settings: Settings, task_bytes: int) -> list[RunReport]:
+def _preview(
+    root: Root, journal: Journal, topics: list[str], limits: Limits, settings: Settings, task_bytes: int
+) -> list[RunReport]:
     """What a run would do, changing nothing."""
     reports = []
     _, committed = journal.committed()
@@ -631,10 +631,12 @@ def _report(root: Root, plan: Plan, rows: dict[tuple[str, int], int], *, resumed
         key = (r.topic, r.partition)
         p = partitions.get(key)
         if p is None:
-            p = partitions[key] = PartitionReport(r.topic, r.partition, r.start, r.end, 0, None if dry_run else rows.get(key, 0), 0)
+            p = partitions[key] = PartitionReport(
+                r.topic, r.partition, r.start, r.end, 0, None if dry_run else rows.get(key, 0), 0
+            )
         p.start, p.end, p.bytes = min(p.start, r.start), max(p.end, r.end), p.bytes + r.size
     for r in plan.lost:
         partitions[(r.topic, r.partition)].lost.append((r.start, r.end))
-    for (topic, p), report in partitions.items():
-        report.lag = max(0, root.log(topic, p).state().log_end_offset - report.end)
+    for (topic, partition), report in partitions.items():
+        report.lag = max(0, root.log(topic, partition).state().log_end_offset - report.end)
     return RunReport(plan.run, resumed, dry_run, list(partitions.values()))

@@ -228,9 +228,10 @@ class TaskWriter:
             for bucket in buckets.values():
                 bucket.discard()
             raise
-        j.fault("task")
         j.write_done(self.journal_dir, Done(self.todo[index], r, sorted(files), rows))
-        yield pa.RecordBatch.from_arrays([pa.array([self.todo[index]], pa.int32()), pa.array([rows], pa.int64())], ["task", "rows"])
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([self.todo[index]], pa.int32()), pa.array([rows], pa.int64())], ["task", "rows"]
+        )
 
     @staticmethod
     def _check(batch: pa.RecordBatch, r: Range) -> None:
