@@ -1,11 +1,11 @@
 """``kl load``: topics into Parquet, exactly once, on Spark.
 
 The run protocol and the output directory's journal are ``kl.spark.journal``'s; this
-module is the Spark job that runs a plan's tasks.  The driver reads the tasks' byte
-ranges with the ``kl`` source (option ``ranges``: one Spark partition per task, in
-order), Spark applies the value format, and each Spark task writes its own files with
-pyarrow (``mapInArrow``: Arrow in, Parquet out, no Python per row), renames them into
-place and writes its done marker.
+module is the Spark job that runs a plan's tasks, one Spark task each (``mapInArrow``):
+the task reads its byte range with ``kl.spark.arrow`` (or, for JSON values, Spark reads
+it with the ``kl`` source, option ``ranges``, and parses the values with ``from_json``),
+writes its files with pyarrow (Arrow in, Parquet out, no Python per row), renames them
+into place and writes its done marker.
 
     from kl.spark.load import load
     load(kl.Root("/data/kl"), "/data/lake/events", ["events"])
@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from kl.errors import InvalidConfig, KlError
 from kl.fsutil import ensure_dir, fsync_dir
+from kl.spark import arrow
 from kl.spark import journal as j
 from kl.spark.journal import Done, Journal, Limits, Plan, RunReport, Settings
 from kl.spark.ranges import DataLoss, Range
@@ -121,15 +122,20 @@ class SparkRunner:
     def __call__(self, journal: Journal, plan: Plan, todo: list[int], fail_on_data_loss: bool) -> None:
         spark = self.session()
         tasks = [plan.tasks[i] for i in todo]
-        df = (
-            spark.read.format("kl")
-            .option("root", os.path.abspath(self.root.path))
-            .option("ranges", json.dumps([list(r) for r in tasks]))
-            .option("failOnDataLoss", str(fail_on_data_loss).lower())
-            .load()
+        writer = TaskWriter(
+            journal.output, journal.task_dir(plan.run), plan.run, todo, tasks, plan.settings, self.root.path, fail_on_data_loss
         )
-        df = with_value_format(df, plan.settings)
-        writer = TaskWriter(journal.output, journal.task_dir(plan.run), plan.run, todo, tasks, plan.settings)
+        if plan.settings.value_format == "json":  # Spark parses: read with the kl source, one Spark partition per task
+            df = with_json_columns(
+                spark.read.format("kl")
+                .option("root", os.path.abspath(self.root.path))
+                .option("ranges", json.dumps([list(r) for r in tasks]))
+                .option("failOnDataLoss", str(fail_on_data_loss).lower())
+                .load(),
+                plan.settings.schema or "",
+            )
+        else:  # each task reads its range itself: no trip through Spark's rows
+            df = spark.range(0, len(tasks), 1, len(tasks))
         stop = threading.Event()
         watcher = None
         if self.progress is not None:
@@ -153,17 +159,11 @@ class SparkRunner:
                 return
 
 
-def with_value_format(df: DataFrame, settings: Settings) -> DataFrame:
-    """The source's columns with ``value`` as text, or as text parsed into the schema's columns."""
-    if settings.value_format == "binary":
-        return df
-    columns = [F.col(c) for c in df.columns if c != "value"]
+def with_json_columns(df: DataFrame, schema: str) -> DataFrame:
+    """The source's columns with ``value`` as text, then the columns parsed from it."""
     text = F.col("value").cast("string")
-    value = [text.alias("value")]
-    if settings.value_format == "text":
-        return df.select(columns[:1] + value + columns[1:])
-    parsed = F.from_json(text, settings.schema or "").alias("_kl_parsed")
-    return df.select(columns[:1] + value + columns[1:] + [parsed]).select(*df.columns, "_kl_parsed.*")
+    columns = [text.alias("value") if c == "value" else F.col(c) for c in df.columns]
+    return df.select(*columns, F.from_json(text, schema).alias("_kl_parsed")).select(*df.columns, "_kl_parsed.*")
 
 
 _KL_ERROR = re.compile(r"^(kl(?:\.\w+)*)\.(\w+): (.+)$", re.MULTILINE)
@@ -191,9 +191,22 @@ def _first_line(error: Exception) -> str:
 class TaskWriter:
     """One Spark task: its rows into a Parquet file per date/hour bucket, each written
     under a hidden temporary name, fsynced and renamed into place; then the done marker.
-    Spark partition ``i`` is the plan's task ``todo[i]`` (the source keeps the order)."""
+    Spark partition ``i`` is the plan's task ``todo[i]`` (the source keeps the order).
+    The rows are Spark's (JSON values, parsed by Spark), or else read here with
+    ``kl.spark.arrow`` (Spark then only hands out the tasks): Spark's trip from Arrow to
+    its rows and back costs more than reading and writing."""
 
-    def __init__(self, output: str, journal_dir: str, run: str, todo: list[int], tasks: list[Range], settings: Settings):
+    def __init__(
+        self,
+        output: str,
+        journal_dir: str,
+        run: str,
+        todo: list[int],
+        tasks: list[Range],
+        settings: Settings,
+        root: str,
+        fail_on_data_loss: bool,
+    ):
         self.output = output
         self.journal_dir = journal_dir
         self.run = run
@@ -201,12 +214,19 @@ class TaskWriter:
         self.tasks = tasks
         self.unit = HOUR_US if settings.granularity == "hour" else DAY_US
         self.text = settings.value_format != "binary"
+        self.read = settings.value_format != "json"
+        self.root = os.path.abspath(root)
+        self.fail_on_data_loss = fail_on_data_loss
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         assert context is not None
         index = context.partitionId()
         r = self.tasks[index]
+        if self.read:
+            for _ in batches:  # the task's number, from spark.range
+                pass
+            batches = arrow.read_range(Root(self.root), r, fail_on_data_loss=self.fail_on_data_loss)
         buckets: dict[int, _Bucket] = {}
         rows = 0
         try:
@@ -247,7 +267,7 @@ class TaskWriter:
         arrays = [batch.column(n) for n in names]
         if self.text:
             i = names.index("value")
-            arrays[i] = _valid_utf8(arrays[i])
+            arrays[i] = _as_text(arrays[i])
         return pa.RecordBatch.from_arrays(arrays, names)
 
     def _split(self, batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -272,11 +292,13 @@ class TaskWriter:
         return j.bucket_dir(topic, bucket)
 
 
-def _valid_utf8(values: pa.Array) -> pa.Array:
-    """A string column as valid UTF-8: bytes that are not become U+FFFD."""
+def _as_text(values: pa.Array) -> pa.Array:
+    """Values (binary, or Spark's unchecked strings) as valid UTF-8: bytes that are not become U+FFFD."""
     try:
-        values.validate(full=True)
-        return values
+        if pa.types.is_string(values.type):
+            values.validate(full=True)
+            return values
+        return values.cast(pa.string())
     except pa.ArrowInvalid:
         as_bytes = values.cast(pa.binary()).to_pylist()
         return pa.array([None if v is None else v.decode("utf-8", "replace") for v in as_bytes], pa.string())
