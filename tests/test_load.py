@@ -29,7 +29,7 @@ from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import load
 from kl_cli.main import cli
 
-from conftest import KAFKA07_SEGMENT, partition_dir, read_all, write
+from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write
 
 pytestmark = pytest.mark.spark
 
@@ -458,3 +458,21 @@ def test_a_run_beside_a_producer_loads_a_consistent_prefix(spark, root, out):
         stop.set()
         thread.join()
     assert_loaded(out, expected(root, ["t"], upto=committed(out)))
+
+
+def test_a_failing_task_is_one_error_line_and_the_plan_stays_to_be_finished(spark, root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 10, partition=0)
+    produce(root, "t", 10, partition=1)
+    segment = next((partition_dir(root, "t", 1)).glob("*.kl"))
+    flip_byte(segment, 5 * 32 + 20)  # inside the sixth message's value: its checksum fails
+    result = cli_run(root, "t", "-o", str(out))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1].startswith("Error: corrupt message at offset 160 (")
+    assert "Traceback" not in result.output and "Exception" not in result.output
+    plan = journal.Journal(out).unfinished()
+    assert plan is not None and committed(out) == {}
+    flip_byte(segment, 5 * 32 + 20)  # repaired: the next run finishes the plan
+    [resumed, _] = load(root, out, ["t"], spark=spark)
+    assert resumed.run == plan.run
+    assert_loaded(out, expected(root, ["t"]))
