@@ -26,7 +26,7 @@ from kl.recovery import recover
 from kl.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
-from kl.spark.load import load
+from kl.spark.load import SparkRunner, load
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write
@@ -404,12 +404,14 @@ def test_killed_after_writing_during_and_after_the_commit_then_a_rerun_loads_eve
     first = committed(out)
     for p in range(2):
         produce(root, "t", 50, partition=p, ts=TS + 3 * HOUR_MS)
-
-    # Every task done, nothing committed: the files are there once, the offsets as before.
+    # A run whose tasks are all done (run here, with the test's Spark session), then
+    # killed before it commits: the files are there once, the offsets as before.
+    plan = journal.plan_run(root, ["t"], first, Limits(), Settings())
+    journal.Journal(out).write_plan(plan)
+    SparkRunner(root, spark, None, None)(journal.Journal(out), plan, [0, 1], True)
     process = kl_load(root, "t", "-o", str(out), kill_at="written")
     assert process.wait() == -signal.SIGKILL, process.stderr.read().decode()
-    plan = journal.Journal(out).unfinished()
-    assert plan is not None and len(journal.Journal(out).done(plan)) == 2
+    assert len(journal.Journal(out).done(plan)) == 2
     assert committed(out) == first
     assert_loaded(out, expected(root, ["t"]))
 

@@ -601,7 +601,7 @@ def _finish(root: Root, journal: Journal, plan: Plan, limits: Limits, execute: E
         missing = [i for i in todo if i not in done]
         if missing:
             raise JournalError(f"run {plan.run}: tasks {missing} ended without their done markers")
-        fault("written")
+    fault("written")
     directories = sorted({os.path.dirname(f) for d in done.values() for f in d.files})
     rows = journal.commit(plan)
     journal.remove_tmp(plan.run, None if resumed else directories)
