@@ -391,6 +391,11 @@ def test_killed_while_spark_writes_then_a_rerun_loads_every_message_once(spark, 
     assert plan is not None and 1 <= len(journal.Journal(out).done(plan)) < len(plan.tasks)
     assert_consistent(out, root, ["t"])
     assert committed(out) == {}
+    before = tree(out)
+    result = cli_run(root, "t", "-o", str(out), "--dry-run", "--json")
+    assert result.exit_code == 0 and tree(out) == before
+    assert f"run {plan.run} (finishing an interrupted run): would load {4 * 20_000 * 122:,} bytes" in result.stderr
+    assert [json.loads(line)["resumed"] for line in result.stdout.splitlines()] == [True] * 4 + [False] * 4
     [resumed, new] = load(root, out, ["t"], spark=spark)
     assert resumed.resumed and resumed.run == plan.run and not new.resumed
     assert_loaded(out, expected(root, ["t"]))

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from kl import locks
 from kl.errors import InvalidConfig, KlError, LockTimeout
@@ -69,6 +69,8 @@ ON_DATA_LOSS = ("fail", "skip")
 RESERVED = ("key", "value", "topic", "partition", "offset", "nextOffset", "timestamp", "date", "hour")
 """Columns of a loaded file and of its directories: a JSON schema field may not reuse them."""
 FORMAT_VERSION = 1
+
+T = TypeVar("T")
 
 
 class LoadRunning(KlError):
@@ -275,14 +277,14 @@ class Journal:
 
     def committed(self) -> tuple[str | None, dict[tuple[str, int], Committed]]:
         """The last committed run and, per partition, what is committed."""
-        obj = self._read(os.path.join(self.meta, OFFSETS))
-        if obj is None:
-            return None, {}
-        out = {}
-        for topic, partitions in obj["topics"].items():
-            for p, line in partitions.items():
-                out[(topic, int(p))] = Committed(topic, int(p), line["offset"], line["rows"], line["run"], line["loaded_at"])
-        return obj["run"], out
+        def parse(obj: dict[str, Any]) -> tuple[str | None, dict[tuple[str, int], Committed]]:
+            out = {}
+            for topic, partitions in obj["topics"].items():
+                for p, line in partitions.items():
+                    out[(topic, int(p))] = Committed(topic, int(p), line["offset"], line["rows"], line["run"], line["loaded_at"])
+            return obj["run"], out
+
+        return self._read(os.path.join(self.meta, OFFSETS), parse) or (None, {})
 
     def commit(self, plan: Plan) -> dict[tuple[str, int], int]:
         """Record the plan's ends as committed (once: a plan already committed is left
@@ -319,9 +321,7 @@ class Journal:
             raise JournalError(f"{self.runs} holds {len(names)} plans ({', '.join(names)}); a run leaves at most one")
         if not names:
             return None
-        obj = self._read(os.path.join(self.runs, names[0]))
-        assert obj is not None
-        return Plan.from_json(obj)
+        return self._read(os.path.join(self.runs, names[0]), Plan.from_json)
 
     def write_plan(self, plan: Plan) -> None:
         """Write the plan durably (before any task runs)."""
@@ -338,10 +338,10 @@ class Journal:
         directory = self.task_dir(plan.run)
         for name in self._listdir(directory):
             if name.endswith(DONE_SUFFIX) and not name.startswith("."):
-                obj = self._read(os.path.join(directory, name))
-                assert obj is not None
-                done = Done.from_json(obj)
-                if done.range != plan.tasks[done.task]:
+                done = self._read(os.path.join(directory, name), Done.from_json)
+                if done is None:  # removed meanwhile
+                    continue
+                if not 0 <= done.task < len(plan.tasks) or done.range != plan.tasks[done.task]:
                     raise JournalError(f"{directory}/{name} names range {done.range}, not the plan's {plan.tasks[done.task]}")
                 out[done.task] = done
         return out
@@ -402,7 +402,8 @@ class Journal:
             raise storage_error(e, "list", path) from None
 
     @staticmethod
-    def _read(path: str) -> dict[str, Any] | None:
+    def _read(path: str, parse: Callable[[dict[str, Any]], T]) -> T | None:
+        """``parse`` of the JSON object in ``path``; None when there is no such file."""
         try:
             with open(path, "rb") as f:
                 obj = json.loads(f.read())
@@ -412,9 +413,10 @@ class Journal:
             raise storage_error(e, "read", path) from None
         except ValueError as e:
             raise JournalError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise JournalError(f"{path} does not hold a JSON object")
-        return obj
+        try:
+            return parse(obj)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise JournalError(f"{path} is not a kl load journal file ({type(e).__name__}: {e})") from None
 
 
 def write_done(journal_dir: str, done: Done) -> None:

@@ -64,8 +64,8 @@ def load(
     progress: Progress | None = None,
 ) -> list[RunReport]:
     """Load ``topics`` into ``output`` (see ``kl.spark.journal.run``).  Spark is started
-    (``kl.spark.session.session(master)``) only when there is something to write, and
-    stopped at the end if this call started it.  Raises ``KlError`` subclasses: the
+    (``kl.spark.session.session(master)``) only when there is something to write or a
+    JSON schema to check, and stopped at the end if this call started it.  Raises ``KlError`` subclasses: the
     error of a Spark task comes back as the kl error it raised."""
     limits = limits or Limits()
     settings = settings or Settings()
