@@ -170,12 +170,18 @@ def _field(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
 
 
 def _binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
-    """A binary column of the byte ranges ``[start, start + length)``, copied in one gather."""
+    """A binary column of the byte ranges ``[start, start + length)`` (in order, not
+    overlapping), copied in one gather through a mask of the bytes they cover."""
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
-    index = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - starts, lengths)
-    gathered = data[index]
+    gathered = data[:0]
+    if total:
+        used = lengths > 0
+        edges = np.zeros(len(data) + 1, dtype=np.int8)
+        edges[starts[used]] = 1
+        edges[(starts + lengths)[used]] -= 1  # an end where the next range starts cancels out
+        gathered = data[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)]
     mask = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     large = total >= 1 << 31
     array = pa.Array.from_buffers(
