@@ -209,6 +209,12 @@ def test_runs_load_what_is_new_and_nothing_twice(spark, root, out):
     assert {k: v for k, v in tree(out).items() if not k.startswith("_kl")} == {
         k: v for k, v in before.items() if not k.startswith("_kl")
     }
+    with pytest.raises(kl.InvalidConfig) as e:
+        load(root, out, ["t"], settings=Settings(granularity="day"), spark=spark)
+    assert str(e.value) == (
+        f"{out} holds files written with --granularity hour --value-format binary; this run asks for"
+        " --granularity day --value-format binary (load into another directory to change them)"
+    )
     produce(root, "t", 10, partition=0, tag="x")
     produce(root, "t", 7, partition=1, tag="y")
     [report] = load(root, out, ["t"], spark=spark)

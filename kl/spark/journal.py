@@ -118,6 +118,10 @@ class Settings:
         if (self.value_format == "json") != (self.schema is not None):
             raise InvalidConfig("the json value format needs a schema (a DDL string), and only it takes one")
 
+    def describe(self) -> str:
+        schema = "" if self.schema is None else f" --schema {self.schema!r}"
+        return f"--granularity {self.granularity} --value-format {self.value_format}{schema}"
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -277,6 +281,7 @@ class Journal:
 
     def committed(self) -> tuple[str | None, dict[tuple[str, int], Committed]]:
         """The last committed run and, per partition, what is committed."""
+
         def parse(obj: dict[str, Any]) -> tuple[str | None, dict[tuple[str, int], Committed]]:
             out = {}
             for topic, partitions in obj["topics"].items():
@@ -285,6 +290,20 @@ class Journal:
             return obj["run"], out
 
         return self._read(os.path.join(self.meta, OFFSETS), parse) or (None, {})
+
+    def settings(self) -> Settings | None:
+        """The settings the committed files were written with (None before the first commit)."""
+        return self._read(os.path.join(self.meta, OFFSETS), lambda obj: Settings(**obj["settings"]))
+
+    def check_settings(self, settings: Settings, unfinished: Plan | None) -> None:
+        """Raise ``InvalidConfig`` unless ``settings`` are those DIR's files were written with:
+        readers of one directory need one layout and one set of columns."""
+        stored = self.settings() or (unfinished.settings if unfinished else None)
+        if stored is not None and stored != settings:
+            raise InvalidConfig(
+                f"{self.output} holds files written with {stored.describe()}; this run asks for {settings.describe()}"
+                " (load into another directory to change them)"
+            )
 
     def commit(self, plan: Plan) -> dict[tuple[str, int], int]:
         """Record the plan's ends as committed (once: a plan already committed is left
@@ -302,7 +321,13 @@ class Journal:
             topics: dict[str, dict[str, Any]] = {}
             for (topic, p), c in sorted(committed.items()):
                 topics.setdefault(topic, {})[str(p)] = {k: v for k, v in asdict(c).items() if k not in ("topic", "partition")}
-            data = {"version": FORMAT_VERSION, "run": plan.run, "committed_at": at, "topics": topics}
+            data = {
+                "version": FORMAT_VERSION,
+                "run": plan.run,
+                "committed_at": at,
+                "settings": asdict(plan.settings),
+                "topics": topics,
+            }
             write_durably(
                 os.path.join(self.meta, OFFSETS),
                 (json.dumps(data, indent=2) + "\n").encode(),
@@ -576,6 +601,7 @@ def run(
     with journal.locked(wait=wait):
         journal.remove_strays()
         plan = journal.unfinished()
+        journal.check_settings(settings, plan)
         if plan is not None:
             reports.append(_finish(root, journal, plan, limits, execute, resumed=True))
         _, committed = journal.committed()
@@ -618,6 +644,7 @@ def _preview(
     _, committed = journal.committed()
     offsets = {k: c.offset for k, c in committed.items()}
     plan = journal.unfinished()
+    journal.check_settings(settings, plan)
     if plan is not None:
         plan.lost.extend(losses(root, [r for i, r in enumerate(plan.tasks) if r.size and i not in journal.done(plan)]))
         reports.append(_report(root, plan, {}, resumed=True, dry_run=True))
