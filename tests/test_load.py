@@ -20,13 +20,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from pyspark.errors import PythonException
 
 import kl
 from kl.recovery import recover
 from kl.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
-from kl.spark.load import SparkRunner, load
+from kl.spark.load import SparkRunner, load, unwrap
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write
@@ -489,3 +490,15 @@ def test_a_failing_task_is_one_error_line_and_the_plan_stays_to_be_finished(spar
     [resumed, _] = load(root, out, ["t"], spark=spark)
     assert resumed.run == plan.run
     assert_loaded(out, expected(root, ["t"]))
+
+
+def test_a_task_error_comes_back_from_spark_as_the_error_it_was():
+    worker = 'An exception was thrown from the Python worker:\nTraceback (most recent call last):\n  File "x", line 8\n'
+    loss = PythonException(
+        message=worker + "kl.spark.ranges.DataLoss: data loss: topic 't' partition 3 offsets 0 to 1024 were deleted"
+        " by retention (set failOnDataLoss to false to skip them)"
+    )
+    error = unwrap(loss)
+    assert isinstance(error, LoadDataLoss) and (error.loss.partition, error.loss.start, error.loss.end) == (3, 0, 1024)
+    full = PythonException(message=worker + "OSError: [Errno 28] No space left on device")
+    assert str(unwrap(full)) == "the Spark job failed: OSError: [Errno 28] No space left on device"

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import TaskContext
-from pyspark.errors import PySparkException
+from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -174,8 +174,9 @@ def unwrap(error: PySparkException) -> KlError:
     """The kl error a Spark task raised, from the long exception Spark wraps it in."""
     text = str(error)
     found = _KL_ERROR.findall(text)
-    if not found:
-        return KlError(f"the Spark job failed: {_first_line(error)}")
+    if not found:  # a Python error ends the worker's traceback; a JVM error starts its message
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
+        return KlError(f"the Spark job failed: {lines[-1] if isinstance(error, PythonException) else lines[0]}")
     _, name, message = found[-1]
     if name == "DataLoss" and (loss := _LOSS.search(message)):
         topic, partition, start, end = loss.groups()
