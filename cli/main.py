@@ -17,6 +17,7 @@ import click
 import kl
 from kl_cli.common import log_warnings
 from kl_cli.consume import consume
+from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
 from kl_cli.produce import produce
 from kl_cli.topics import topics
@@ -72,6 +73,7 @@ cli.add_command(consume)
 cli.add_command(recover_command)
 cli.add_command(retain_command)
 cli.add_command(dump_command)
+cli.add_command(load)
 
 
 def main() -> None:

@@ -145,13 +145,9 @@ def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range) ->
     key_lengths = _field(data, starts + m.KEY_LENGTH_OFFSET, 4, ">i4").astype(np.int64)
     key_starts = starts + m.KEY_OFFSET
     value_starts = key_starts + np.maximum(key_lengths, 0)
-    values = _binary(data, value_starts, ends)
+    values = _binary(data, value_starts, ends - value_starts, None)
     has_key = key_lengths >= 0
-    if not has_key.any():
-        keys = pa.nulls(n, pa.binary())
-    else:
-        keys = _binary(data, key_starts, value_starts)
-        keys = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(np.packbits(has_key, bitorder="little")), *keys.buffers()[1:]])
+    keys = _binary(data, key_starts, np.maximum(key_lengths, 0), None if has_key.all() else has_key)
     base = messages.offset
     return pa.RecordBatch.from_arrays(
         [
@@ -173,22 +169,27 @@ def _field(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
     return data[index].view(dtype).ravel().astype(dtype[1:])
 
 
-def _binary(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """A binary column of the byte ranges ``[start, end)`` (ascending, not overlapping),
-    copied in one pass: a mask of the bytes inside them picks them out of the buffer."""
-    lo, hi = int(starts[0]), int(ends[-1])
-    edges = np.zeros(hi - lo + 1, dtype=np.int8)
-    edges[starts - lo] += 1
-    edges[ends - lo] -= 1
-    inside = np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)
-    gathered = data[lo:hi][inside]
+def _binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """A binary column of the byte ranges ``[start, start + length)`` (in order, not
+    overlapping), copied in one gather through a mask of the bytes they cover."""
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(ends - starts, out=offsets[1:])
-    if offsets[-1] >= 1 << 31:
-        return pa.Array.from_buffers(pa.large_binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(gathered)]).cast(
-            pa.binary()
-        )
-    return pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(gathered)])
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    gathered = data[:0]
+    if total:
+        used = lengths > 0
+        edges = np.zeros(len(data) + 1, dtype=np.int8)
+        edges[starts[used]] = 1
+        edges[(starts + lengths)[used]] -= 1  # an end where the next range starts cancels out
+        gathered = data[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)]
+    mask = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    large = total >= 1 << 31
+    array = pa.Array.from_buffers(
+        pa.large_binary() if large else pa.binary(),
+        len(starts),
+        [mask, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(gathered)],
+    )
+    return array.cast(pa.binary()) if large else array
 
 
 def _from_messages(messages: list[Message], r: Range) -> pa.RecordBatch:
