@@ -134,7 +134,8 @@ def _columns(messages: MessageSet, r: Range) -> tuple[pa.RecordBatch | None, int
 
 
 def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range) -> pa.RecordBatch:
-    """Columns of a run of uncompressed magic 2 messages, gathered with numpy."""
+    """Columns of a run of uncompressed magic 2 messages: fixed fields gathered with
+    numpy, keys and values taken out of the bytes by Arrow (``_pieces``)."""
     data = np.frombuffer(messages.buffer, dtype=np.uint8)
     starts = np.frombuffer(positions, dtype=np.int64)  # type: ignore[call-overload]
     n = len(starts)
@@ -145,9 +146,16 @@ def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range) ->
     key_lengths = _field(data, starts + m.KEY_LENGTH_OFFSET, 4, ">i4").astype(np.int64)
     key_starts = starts + m.KEY_OFFSET
     value_starts = key_starts + np.maximum(key_lengths, 0)
-    values = _binary(data, value_starts, ends - value_starts, None)
+    pieces = _pieces(data, starts, key_starts, value_starts, stop)
+    values = pieces.take(pa.array(np.arange(2, 3 * n, 3)))
     has_key = key_lengths >= 0
-    keys = _binary(data, key_starts, np.maximum(key_lengths, 0), None if has_key.all() else has_key)
+    if not has_key.any():
+        keys = pa.nulls(n, pa.binary())
+    else:
+        keys = pieces.take(pa.array(np.arange(1, 3 * n, 3)))
+        if not has_key.all():
+            validity = pa.py_buffer(np.packbits(has_key, bitorder="little"))
+            keys = pa.Array.from_buffers(pa.binary(), n, [validity, *keys.buffers()[1:]])
     base = messages.offset
     return pa.RecordBatch.from_arrays(
         [
@@ -169,27 +177,17 @@ def _field(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
     return data[index].view(dtype).ravel().astype(dtype[1:])
 
 
-def _binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
-    """A binary column of the byte ranges ``[start, start + length)`` (in order, not
-    overlapping), copied in one gather through a mask of the bytes they cover."""
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    gathered = data[:0]
-    if total:
-        used = lengths > 0
-        edges = np.zeros(len(data) + 1, dtype=np.int8)
-        edges[starts[used]] = 1
-        edges[(starts + lengths)[used]] -= 1  # an end where the next range starts cancels out
-        gathered = data[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)]
-    mask = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    large = total >= 1 << 31
-    array = pa.Array.from_buffers(
-        pa.large_binary() if large else pa.binary(),
-        len(starts),
-        [mask, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(gathered)],
-    )
-    return array.cast(pa.binary()) if large else array
+def _pieces(data: np.ndarray, starts: np.ndarray, key_starts: np.ndarray, value_starts: np.ndarray, stop: int) -> pa.Array:
+    """The run's bytes, unchanged, seen as a binary array of 3 rows per message (its
+    header, its key, its value): messages lie back to back, so these pieces tile the
+    bytes and one offsets array describes them all.  ``take`` then copies out keys or
+    values in one call."""
+    lo, n = int(starts[0]), len(starts)
+    offsets = np.empty(3 * n + 1, dtype=np.int32)  # a read is under 2 GiB: messages are
+    offsets[0::3] = np.append(starts, stop) - lo
+    offsets[1::3] = key_starts - lo
+    offsets[2::3] = value_starts - lo
+    return pa.Array.from_buffers(pa.binary(), 3 * n, [None, pa.py_buffer(offsets), pa.py_buffer(data[lo:stop])])
 
 
 def _from_messages(messages: list[Message], r: Range) -> pa.RecordBatch:
