@@ -316,3 +316,14 @@ def test_without_java_the_session_says_what_to_install():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode != 0
     assert "kl.spark.session.JavaNotFound: Spark needs a Java runtime (17 or newer) and none was found" in done.stderr
+
+
+def test_a_schema_picks_columns(spark, events):
+    base = spark.read.format("kl").option("root", events.path).option("topics", "events")
+    picked = base.schema("offset long, value binary").load()
+    assert picked.columns == ["offset", "value"]
+    assert sorted((r.offset, r.value) for r in picked.collect()) == sorted(
+        (r[2], r[5]) for r in kl_rows(events, "events")
+    )
+    assert "the kl source has no column value string" in error_of(lambda: base.schema("value string").load().count())
+    assert "the kl source has no column size bigint" in error_of(lambda: base.schema("size long").load().count())

@@ -9,6 +9,7 @@ same root at the same path, and kl installed.  The options are listed in kl-spar
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Iterator, Mapping
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
 
 from kl.errors import InvalidConfig
 from kl.spark import arrow, ranges
@@ -43,6 +45,8 @@ class Options:
     ranges: list[Range] | None
     max_offsets_per_trigger: int
     max_bytes_per_trigger: int
+    columns: tuple[str, ...] | None = None
+    """The columns to give (a schema set with ``.schema(...)``); None: all."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -157,13 +161,35 @@ class KlDataSource(DataSource):
     def schema(self) -> str:
         return arrow.DDL
 
-    def reader(self, schema: object) -> DataSourceReader:
-        return KlReader(Options.parse(self.options))
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KlReader(dataclasses.replace(Options.parse(self.options), columns=columns_of(schema)))
 
-    def streamReader(self, schema: object) -> DataSourceStreamReader:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from kl.spark.stream import KlStreamReader
 
-        return KlStreamReader(Options.parse(self.options))
+        return KlStreamReader(dataclasses.replace(Options.parse(self.options), columns=columns_of(schema)))
+
+
+def columns_of(schema: StructType) -> tuple[str, ...] | None:
+    """The columns a schema given with ``.schema(...)`` picks (None: all of them, in
+    order).  Fewer columns are less for Spark to take in."""
+    names = tuple(schema.fieldNames())
+    if names == tuple(arrow.SCHEMA.names):
+        return None
+    types = {field.name: field.type for field in arrow.SCHEMA}
+    for field in schema.fields:
+        if field.name not in types or _spark_type(types[field.name]) != field.dataType.simpleString():
+            raise InvalidConfig(
+                f"the kl source has no column {field.name} {field.dataType.simpleString()}; "
+                f"a schema may pick some of: {arrow.DDL}"
+            )
+    return names
+
+
+def _spark_type(arrow_type: pa.DataType) -> str:
+    return {"int32": "int", "int64": "bigint"}.get(
+        str(arrow_type), "timestamp" if pa.types.is_timestamp(arrow_type) else str(arrow_type)
+    )
 
 
 class KlReader(DataSourceReader):
@@ -184,6 +210,10 @@ def read_partition(options: Options, partition: InputPartition) -> Iterator[pa.R
     with no ranges as one task given ``InputPartition(None)``.)"""
     if not isinstance(partition, KlPartition):
         return iter(())
-    return arrow.read_range(
+    batches = arrow.read_range(
         Root(options.root), partition.range, skip_corrupt=options.skip_corrupt, fail_on_data_loss=options.fail_on_data_loss
     )
+    if options.columns is None:
+        return batches
+    columns = list(options.columns)
+    return (batch.select(columns) for batch in batches)
