@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -21,7 +22,9 @@ class JavaNotFound(KlError):
 def session(master: str | None = None, *, app_name: str = "kl", conf: Mapping[str, str] | None = None) -> SparkSession:
     """The active session, or a new one on ``master`` (default: ``local[*]``, or what
     ``spark-submit`` chose).  Python workers run this interpreter unless
-    ``PYSPARK_PYTHON`` says otherwise; timestamps are UTC.  Raises ``JavaNotFound``."""
+    ``PYSPARK_PYTHON`` says otherwise; timestamps are UTC; a local master binds to
+    127.0.0.1 unless ``SPARK_LOCAL_IP`` says otherwise.  The ``kl`` source is
+    registered (by pyspark itself where kl is installed).  Raises ``JavaNotFound``."""
     active = SparkSession.getActiveSession()
     if active is None:
         java_home = os.environ.get("JAVA_HOME")
@@ -33,11 +36,15 @@ def session(master: str | None = None, *, app_name: str = "kl", conf: Mapping[st
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
         if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # under spark-submit, its --master rules
-            builder = builder.master(master or DEFAULT_MASTER)
+            master = master or DEFAULT_MASTER
+            builder = builder.master(master)
+            if master.startswith("local"):
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # all in this process: stay on loopback
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
         active = builder.getOrCreate()
-    from kl.spark import register
+    if importlib.util.find_spec("pyspark_kl") is None:  # else pyspark registers it (and warns of a second one)
+        from kl.spark import register
 
-    register(active)
+        register(active)
     return active
