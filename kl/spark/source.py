@@ -158,9 +158,9 @@ class KlDataSource(DataSource):
         return KlReader(Options.parse(self.options))
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
-        from kl.spark.stream import KlStreamReader
+        from kl.spark.stream import KlStreamReader, stream_options
 
-        return KlStreamReader(Options.parse(self.options))
+        return KlStreamReader(stream_options(self.options))
 
 
 class KlReader(DataSourceReader):

@@ -1,0 +1,255 @@
+"""``spark.readStream.format("kl")``: micro-batches from checkpointed offsets, caps,
+availableNow, new topics, retention gaps (a real local Spark session, shared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import kl
+from kl.errors import InvalidConfig
+from kl.retention import retain
+from kl.spark import stream
+from kl.spark.ranges import DataLoss
+from kl.spark.stream import KlStreamReader, stream_options
+
+from conftest import read_all, write
+
+pytestmark = pytest.mark.spark
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+
+def reader(root: kl.Root, **options: str) -> KlStreamReader:
+    return KlStreamReader(stream_options({"root": str(root.path), **options}))
+
+
+def run(spark, root: kl.Root, checkpoint: Path, *, produce=None, once: bool = False, **options: str) -> list[list[tuple]]:
+    """One availableNow run of a stream from ``checkpoint``: the rows of each
+    micro-batch as (topic, partition, offset, value).  ``produce(batch_number)`` runs
+    after each batch is handled."""
+    df = spark.readStream.format("kl").option("root", str(root.path))
+    for key, value in options.items():
+        df = df.option(key, value)
+    batches: list[list[tuple]] = []
+
+    def handle(batch, batch_id: int) -> None:
+        rows = batch.select("topic", "partition", "offset", "value").collect()
+        batches.append([(r.topic, r.partition, r.offset, bytes(r.value)) for r in rows])
+        if produce is not None:
+            produce(len(batches))
+
+    writer = df.load().writeStream.foreachBatch(handle).option("checkpointLocation", str(checkpoint))
+    query = (writer.trigger(once=True) if once else writer.trigger(availableNow=True)).start()
+    try:
+        query.awaitTermination(120)
+        assert not query.isActive, "the availableNow query did not finish"
+    finally:
+        query.stop()
+    return [b for b in batches if b]
+
+
+def values(batches: list[list[tuple]]) -> list[bytes]:
+    return sorted(row[3] for batch in batches for row in batch)
+
+
+def expected(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}{i:04d}".encode() for i in range(count)]
+
+
+def produce(root: kl.Root, topic: str, prefix: str, count: int, partition: int = 0) -> None:
+    write(root, topic, expected(prefix, count), partition=partition)
+
+
+# ----------------------------------------------------------------- through Spark
+
+
+def test_available_now_reads_everything_once_and_resumes_from_the_checkpoint(spark, root, tmp_path):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", "a", 30, partition=0)
+    produce(root, "t", "b", 20, partition=1)
+    checkpoint = tmp_path / "checkpoint"
+
+    first = run(spark, root, checkpoint, topics="t", startingOffsets="earliest")
+    assert values(first) == expected("a", 30) + expected("b", 20)
+    rows = [row for batch in first for row in batch]
+    assert {(topic, partition) for topic, partition, _, _ in rows} == {("t", 0), ("t", 1)}
+    assert sorted(offset for _, p, offset, _ in rows if p == 0) == [m.offset for m in read_all(root, "t", 0)]
+
+    produce(root, "t", "c", 7, partition=0)
+    produce(root, "t", "d", 5, partition=1)
+    second = run(spark, root, checkpoint, topics="t", startingOffsets="earliest")
+    assert values(second) == expected("c", 7) + expected("d", 5)
+
+    assert run(spark, root, checkpoint, topics="t") == []
+
+
+def test_a_new_stream_starts_at_latest_by_default(spark, root, tmp_path):
+    root.create_topic("t")
+    produce(root, "t", "old", 5)
+    checkpoint = tmp_path / "checkpoint"
+    assert run(spark, root, checkpoint, topics="t") == []
+    produce(root, "t", "new", 3)
+    assert values(run(spark, root, checkpoint, topics="t")) == expected("new", 3)
+
+
+def test_max_offsets_per_trigger_spreads_over_partitions_by_lag(spark, root, tmp_path):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", "a", 12, partition=0)
+    produce(root, "t", "b", 4, partition=1)
+
+    batches = run(spark, root, tmp_path / "checkpoint", topics="t", startingOffsets="earliest", maxOffsetsPerTrigger="4")
+
+    assert [len(b) for b in batches] == [4, 4, 4, 4]
+    assert [sorted(p for _, p, _, _ in b) for b in batches] == [[0, 0, 0, 1]] * 4
+    assert values(batches) == expected("a", 12) + expected("b", 4)
+
+
+def test_max_bytes_per_trigger_cuts_at_message_boundaries(spark, root, tmp_path):
+    root.create_topic("t")
+    produce(root, "t", "m", 10)
+    size = read_all(root, "t")[0].next_offset
+
+    batches = run(
+        spark, root, tmp_path / "checkpoint", topics="t", startingOffsets="earliest", maxBytesPerTrigger=str(3 * size + 5)
+    )
+
+    assert [len(b) for b in batches] == [3, 3, 3, 1]
+    assert [row[3] for b in batches for row in b] == expected("m", 10)
+
+
+def test_trigger_once_ignores_the_caps(spark, root, tmp_path):
+    root.create_topic("t")
+    produce(root, "t", "m", 10)
+    batches = run(spark, root, tmp_path / "checkpoint", once=True, topics="t", startingOffsets="earliest", maxOffsetsPerTrigger="3")
+    assert [len(b) for b in batches] == [10]
+
+
+def test_available_now_stops_at_the_end_found_when_it_started(spark, root, tmp_path):
+    root.create_topic("t")
+    produce(root, "t", "a", 6)
+    checkpoint = tmp_path / "checkpoint"
+
+    def more(batch_number: int) -> None:
+        produce(root, "t", f"late{batch_number}-", 2)
+
+    first = run(spark, root, checkpoint, produce=more, topics="t", startingOffsets="earliest", maxOffsetsPerTrigger="2")
+    assert [len(b) for b in first] == [2, 2, 2]
+    assert values(first) == expected("a", 6)
+
+    second = run(spark, root, checkpoint, topics="t", maxOffsetsPerTrigger="100")
+    assert values(second) == sorted(v for n in (1, 2, 3) for v in expected(f"late{n}-", 2))
+
+
+def test_a_topic_matching_the_pattern_later_is_read_from_its_start(spark, root, tmp_path):
+    root.create_topic("ev-a")
+    root.create_topic("other")
+    produce(root, "ev-a", "a", 3)
+    checkpoint = tmp_path / "checkpoint"
+    assert run(spark, root, checkpoint, topicPattern="ev-.*") == []
+
+    root.create_topic("ev-b", kl.TopicConfig(partitions=2))
+    produce(root, "ev-b", "b", 4, partition=1)
+    produce(root, "ev-a", "c", 2)
+    produce(root, "other", "x", 2)
+    batches = run(spark, root, checkpoint, topicPattern="ev-.*")
+    assert values(batches) == expected("b", 4) + expected("c", 2)
+    assert {(row[0], row[1]) for b in batches for row in b} == {("ev-a", 0), ("ev-b", 1)}
+
+
+def rolled(root: kl.Root) -> None:
+    root.create_topic("t", kl.TopicConfig(segment_bytes=1024, max_message_bytes=512))
+
+
+def test_data_deleted_by_retention_fails_the_stream_or_is_skipped(spark, root, tmp_path):
+    rolled(root)
+    produce(root, "t", "a", 5)
+    checkpoint = tmp_path / "checkpoint"
+    assert values(run(spark, root, checkpoint, topics="t", startingOffsets="earliest")) == expected("a", 5)
+    for i in range(40):
+        produce(root, "t", f"b{i:02d}-", 1)
+    read_from = read_all(root, "t")[5].offset
+    retain(root.log("t", 0), max_age_ms=0, max_bytes=1, delete_delay=0)
+    first = root.log("t", 0).state().log_start_offset
+    assert first > read_from
+
+    with pytest.raises(Exception, match=rf"data loss: topic 't' partition 0 offsets {read_from} to {first} were deleted"):
+        run(spark, root, checkpoint, topics="t")
+
+    kept = [m.value for m in read_all(root, "t")]
+    assert values(run(spark, root, checkpoint, topics="t", failOnDataLoss="false")) == sorted(kept)
+
+
+def test_bad_options_fail_the_query_with_one_clear_line(spark, root, tmp_path):
+    root.create_topic("t")
+    with pytest.raises(Exception, match="endingOffsets is for batch reads"):
+        run(spark, root, tmp_path / "c1", topics="t", endingOffsets="latest")
+    with pytest.raises(Exception, match=r"maxOffsetsPerTrigger must be a whole number >= 0, not '-1'"):
+        run(spark, root, tmp_path / "c2", topics="t", maxOffsetsPerTrigger="-1")
+    with pytest.raises(Exception, match="topic 'nope' does not exist"):
+        run(spark, root, tmp_path / "c3", topics="nope")
+
+
+# ----------------------------------------------------------------- the reader, called as Spark calls it
+
+
+def test_offsets_are_next_byte_offsets_by_topic_and_partition(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", "a", 3, partition=1)
+    end = root.log("t", 1).state().log_end_offset
+    assert reader(root, topics="t", startingOffsets="earliest").initialOffset() == {"t": {"0": 0, "1": 0}}
+    assert reader(root, topics="t").initialOffset() == {"t": {"0": 0, "1": end}}
+    assert reader(root, topics="t").reportLatestOffset() == {"t": {"0": 0, "1": end}}
+    second = read_all(root, "t", 1)[1].offset
+    starting = f'{{"t": {{"1": {second}}}}}'
+    assert reader(root, topics="t", startingOffsets=starting).initialOffset() == {"t": {"0": 0, "1": second}}
+
+
+def test_latest_offset_keeps_partitions_no_longer_read_and_fixes_the_available_now_end(root):
+    root.create_topic("t")
+    produce(root, "t", "a", 3)
+    source = reader(root, topicPattern="t")
+    source.prepareForTriggerAvailableNow()
+    target = root.log("t", 0).state().log_end_offset
+    produce(root, "t", "b", 3)
+    start = {"t": {"0": 0}, "gone": {"0": 77}}
+    assert source.latestOffset(start, ReadAllAvailable()) == {"t": {"0": target}, "gone": {"0": 77}}
+    assert source.latestOffset({"t": {"0": target}}, source.getDefaultReadLimit()) == {"t": {"0": target}}
+
+
+def test_older_pyspark_gets_the_ends_and_refuses_the_caps(root, monkeypatch):
+    root.create_topic("t")
+    produce(root, "t", "a", 3)
+    assert reader(root, topics="t").latestOffset() == {"t": {"0": root.log("t", 0).state().log_end_offset}}
+    monkeypatch.setattr(stream, "ADMISSION_CONTROL", False)
+    monkeypatch.setattr(stream.pyspark, "__version__", "4.1.0")
+    with pytest.raises(stream.PysparkTooOld, match=r"^maxBytesPerTrigger needs pyspark 4.2 or newer; this is pyspark 4.1.0$"):
+        reader(root, topics="t", maxBytesPerTrigger="1000")
+    assert reader(root, topics="t").options.max_offsets_per_trigger == 0
+
+
+def test_partitions_are_split_and_skip_what_retention_deleted(root):
+    rolled(root)
+    for i in range(40):
+        produce(root, "t", f"m{i:02d}-", 1)
+    end = {"t": {"0": root.log("t", 0).state().log_end_offset}}
+    pieces = reader(root, topics="t", minPartitions="4").partitions({"t": {"0": 0}}, end)
+    assert len(pieces) >= 4
+    assert [p.range.start for p in pieces][0] == 0 and pieces[-1].range.end == end["t"]["0"]
+    assert all(a.range.end == b.range.start for a, b in zip(pieces, pieces[1:]))
+
+    retain(root.log("t", 0), max_age_ms=0, max_bytes=1, delete_delay=0)
+    first = root.log("t", 0).state().log_start_offset
+    with pytest.raises(DataLoss, match=rf"offsets 0 to {first} were deleted"):
+        reader(root, topics="t").partitions({"t": {"0": 0}}, end)
+    (piece,) = reader(root, topics="t", failOnDataLoss="false").partitions({"t": {"0": 0}}, end)
+    assert piece.range == (("t", 0, first, end["t"]["0"]))
+    assert reader(root, topics="t").partitions(end, end) == []
+
+
+def test_batch_only_options_are_refused(root):
+    root.create_topic("t")
+    for option in ("endingOffsets", "endingTimestamp", "ranges"):
+        with pytest.raises(InvalidConfig, match=f"^{option} is for batch reads"):
+            reader(root, topics="t", **{option.lower(): "1"})
