@@ -70,7 +70,8 @@ def stream_options(options: Mapping[str, str]) -> Options:
         if option.lower() in given:
             raise InvalidConfig(f"{option} is for batch reads (spark.read); a stream reads on as data arrives")
     parsed = Options.parse({"startingOffsets": "latest", **{key.lower(): value for key, value in options.items()}})
-    for option, value in (("maxOffsetsPerTrigger", parsed.max_offsets_per_trigger), ("maxBytesPerTrigger", parsed.max_bytes_per_trigger)):
+    caps = {"maxOffsetsPerTrigger": parsed.max_offsets_per_trigger, "maxBytesPerTrigger": parsed.max_bytes_per_trigger}
+    for option, value in caps.items():
         if value and not ADMISSION_CONTROL:
             raise PysparkTooOld(f"{option} needs pyspark 4.2 or newer; this is pyspark {pyspark.__version__}")
     return parsed
@@ -129,8 +130,8 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             total = sum(r.size for r in lags)
             if max_messages or max_bytes:
                 for r in lags:
-                    capped = ranges.cap(root, r, max_bytes=_share(max_bytes, r, total), max_messages=_share(max_messages, r, total))
-                    out[r.topic][str(r.partition)] = capped.end
+                    share = {"max_bytes": _share(max_bytes, r, total), "max_messages": _share(max_messages, r, total)}
+                    out[r.topic][str(r.partition)] = ranges.cap(root, r, **share).end
         return out
 
     def reportLatestOffset(self) -> Offsets:
