@@ -228,6 +228,19 @@ def test_latest_offset_keeps_partitions_no_longer_read_and_fixes_the_available_n
     start = {"t": {"0": 0}, "gone": {"0": 77}}
     assert source.latestOffset(start, stream.ReadAllAvailable()) == {"t": {"0": target}, "gone": {"0": 77}}
     assert source.latestOffset({"t": {"0": target}}, source.getDefaultReadLimit()) == {"t": {"0": target}}
+    later = root.log("t", 0).state().log_end_offset  # a start found after the end was fixed
+    assert source.latestOffset({"t": {"0": later}}, stream.ReadAllAvailable()) == {"t": {"0": later}}
+    with pytest.raises(InvalidConfig, match=rf"^t/0: the stream's offset {later + 1} is past the log end {later} "):
+        source.latestOffset({"t": {"0": later + 1}}, stream.ReadAllAvailable())
+
+
+def test_starting_timestamp_gives_each_partition_its_first_message_at_or_after_it(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    write(root, "t", [b"old"], partition=0, timestamp=1_000)
+    new = write(root, "t", [b"new"], partition=0, timestamp=5_000)[0].offset
+    write(root, "t", [b"old"], partition=1, timestamp=1_000)
+    end = root.log("t", 1).state().log_end_offset
+    assert reader(root, topics="t", startingTimestamp="3000").initialOffset() == {"t": {"0": new, "1": end}}
 
 
 def test_older_pyspark_gets_the_ends_and_refuses_the_caps(root, monkeypatch):

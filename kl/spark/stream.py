@@ -19,7 +19,7 @@ has nothing to do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyspark
@@ -124,7 +124,7 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for topic, partitions in ends.items():
                 for p, end in partitions.items():
                     begin = _start(root, start, topic, p, end, self.options.fail_on_data_loss)
-                    out.setdefault(topic, {})[p] = end
+                    out.setdefault(topic, {})[p] = max(begin, end)
                     if begin < end:
                         lags.append(Range(topic, int(p), begin, end))
             total = sum(r.size for r in lags)
@@ -199,7 +199,7 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
 
-def _offsets(items: Iterator[tuple[str, int, int]] | list[tuple[str, int, int]]) -> Offsets:
+def _offsets(items: Iterable[tuple[str, int, int]]) -> Offsets:
     out: Offsets = {}
     for topic, partition, offset in items:
         out.setdefault(topic, {})[str(partition)] = offset
@@ -208,16 +208,17 @@ def _offsets(items: Iterator[tuple[str, int, int]] | list[tuple[str, int, int]])
 
 def _start(root: Root, start: Offsets, topic: str, p: str, end: int, fail_on_data_loss: bool) -> int:
     """Where a partition's next batch starts: its offset in ``start`` (0 for a new
-    partition), moved up to the log start when retention deleted bytes there (or
-    ``DataLoss``).  An offset past ``end`` means the partition was replaced: an error."""
+    partition), moved up (to at most ``end``) when retention deleted bytes there, or
+    ``DataLoss``.  An offset past the log end means the partition was replaced: an error."""
     begin = start.get(topic, {}).get(p, 0)
-    if begin > end:
+    state = root.log(topic, int(p)).state()
+    if begin > state.log_end_offset:
         raise InvalidConfig(
-            f"{topic}/{p}: the stream's offset {begin} is past the log end {end}"
+            f"{topic}/{p}: the stream's offset {begin} is past the log end {state.log_end_offset}"
             " (was the topic deleted and created again? start a new checkpoint)"
         )
-    first = root.log(topic, int(p)).state().log_start_offset
-    if begin < first:
+    first = state.log_start_offset
+    if begin < first and begin < end:
         if fail_on_data_loss:
             raise DataLoss(topic, int(p), begin, min(first, end))
         return min(first, end)
