@@ -27,20 +27,28 @@ def reader(root: kl.Root, **options: str) -> KlStreamReader:
     return KlStreamReader(stream_options({"root": str(root.path), **options}))
 
 
-def run(spark, root: kl.Root, checkpoint: Path, *, produce=None, once: bool = False, **options: str) -> list[list[tuple]]:
-    """One availableNow run of a stream from ``checkpoint``: the rows of each
-    micro-batch as (topic, partition, offset, value).  ``produce(batch_number)`` runs
-    after each batch is handled."""
+def run(
+    spark, root: kl.Root, checkpoint: Path, *, after=None, fail_at: int = 0, into: list | None = None, once: bool = False,
+    **options: str,
+) -> list[list[tuple]]:
+    """One availableNow run of a stream from ``checkpoint``: the rows of each non-empty
+    micro-batch as (topic, partition, offset, value), also appended to ``into``.
+    ``after(batch_number)`` runs after each batch is handled; batch ``fail_at`` fails
+    the query instead (its rows not kept)."""
     df = spark.readStream.format("kl").option("root", str(root.path))
     for key, value in options.items():
         df = df.option(key, value)
     batches: list[list[tuple]] = []
 
     def handle(batch, batch_id: int) -> None:
+        if len(batches) + 1 == fail_at:
+            raise RuntimeError(f"batch {fail_at} fails")
         rows = batch.select("topic", "partition", "offset", "value").collect()
         batches.append([(r.topic, r.partition, r.offset, bytes(r.value)) for r in rows])
-        if produce is not None:
-            produce(len(batches))
+        if into is not None and rows:
+            into.append(batches[-1])
+        if after is not None:
+            after(len(batches))
 
     writer = df.load().writeStream.foreachBatch(handle).option("checkpointLocation", str(checkpoint))
     query = (writer.trigger(once=True) if once else writer.trigger(availableNow=True)).start()
@@ -87,15 +95,6 @@ def test_available_now_reads_everything_once_and_resumes_from_the_checkpoint(spa
     assert run(spark, root, checkpoint, topics="t") == []
 
 
-def test_a_new_stream_starts_at_latest_by_default(spark, root, tmp_path):
-    root.create_topic("t")
-    produce(root, "t", "old", 5)
-    checkpoint = tmp_path / "checkpoint"
-    assert run(spark, root, checkpoint, topics="t") == []
-    produce(root, "t", "new", 3)
-    assert values(run(spark, root, checkpoint, topics="t")) == expected("new", 3)
-
-
 @limits
 def test_max_offsets_per_trigger_spreads_over_partitions_by_lag(spark, root, tmp_path):
     root.create_topic("t", kl.TopicConfig(partitions=2))
@@ -132,6 +131,24 @@ def test_trigger_once_ignores_the_caps(spark, root, tmp_path):
     assert [len(b) for b in batches] == [10]
 
 
+@limits
+def test_a_run_that_failed_midway_is_finished_by_the_next_each_message_once(spark, root, tmp_path):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", "a", 9, partition=0)
+    produce(root, "t", "b", 3, partition=1)
+    checkpoint, got = tmp_path / "checkpoint", []
+    options = {"topics": "t", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "4"}
+
+    with pytest.raises(Exception, match="batch 2 fails"):
+        run(spark, root, checkpoint, fail_at=2, into=got, **options)
+    assert [len(b) for b in got] == [4]
+    produce(root, "t", "c", 2, partition=1)
+    run(spark, root, checkpoint, into=got, **options)
+
+    assert [len(b) for b in got] == [4, 4, 4, 2]
+    assert values(got) == expected("a", 9) + expected("b", 3) + expected("c", 2)
+
+
 @pytest.mark.parametrize("cap", [pytest.param("2", marks=limits), None])
 def test_available_now_stops_at_the_end_found_when_it_started(spark, root, tmp_path, cap):
     root.create_topic("t")
@@ -142,7 +159,7 @@ def test_available_now_stops_at_the_end_found_when_it_started(spark, root, tmp_p
     def more(batch_number: int) -> None:
         produce(root, "t", f"late{batch_number}-", 2)
 
-    first = run(spark, root, checkpoint, produce=more, topics="t", startingOffsets="earliest", **capped)
+    first = run(spark, root, checkpoint, after=more, topics="t", startingOffsets="earliest", **capped)
     assert [len(b) for b in first] == ([2, 2, 2] if cap else [6])
     assert values(first) == expected("a", 6)
 
@@ -150,7 +167,7 @@ def test_available_now_stops_at_the_end_found_when_it_started(spark, root, tmp_p
     assert values(second) == sorted(v for n in range(1, len(first) + 1) for v in expected(f"late{n}-", 2))
 
 
-def test_a_topic_matching_the_pattern_later_is_read_from_its_start(spark, root, tmp_path):
+def test_a_stream_starts_at_latest_and_a_topic_matching_later_is_read_from_its_start(spark, root, tmp_path):
     root.create_topic("ev-a")
     root.create_topic("other")
     produce(root, "ev-a", "a", 3)
