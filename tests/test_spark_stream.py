@@ -251,6 +251,27 @@ def test_latest_offset_keeps_partitions_no_longer_read_and_fixes_the_available_n
         source.latestOffset({"t": {"0": later + 1}}, stream.ReadAllAvailable())
 
 
+@limits
+def test_caps_are_shared_by_lag_and_a_partition_with_lag_gets_at_least_one_message(root):
+    root.create_topic("t", kl.TopicConfig(partitions=3))
+    produce(root, "t", "a", 30, partition=0)
+    produce(root, "t", "b", 1, partition=1)
+    offsets = {p: [m.offset for m in read_all(root, "t", p)] + [root.log("t", p).state().log_end_offset] for p in (0, 1)}
+    start = {"t": {"0": 0, "1": 0, "2": 0}}
+
+    capped = reader(root, topics="t", maxOffsetsPerTrigger="10")
+    assert capped.getDefaultReadLimit() == stream.ReadMaxRows(10)
+    assert capped.latestOffset(start, capped.getDefaultReadLimit()) == {"t": {"0": offsets[0][9], "1": offsets[1][1], "2": 0}}
+    assert capped.latestOffset(start, stream.ReadAllAvailable()) == {"t": {"0": offsets[0][30], "1": offsets[1][1], "2": 0}}
+
+    size = offsets[0][1]
+    both = reader(root, topics="t", maxOffsetsPerTrigger="10", maxBytesPerTrigger=str(6 * size))
+    assert both.latestOffset(start, both.getDefaultReadLimit()) == {"t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0}}
+    by_bytes = reader(root, topics="t", maxBytesPerTrigger=str(6 * size))
+    assert by_bytes.getDefaultReadLimit() == stream.ReadMaxBytes(6 * size)
+    assert by_bytes.latestOffset(start, by_bytes.getDefaultReadLimit()) == {"t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0}}
+
+
 def test_starting_timestamp_gives_each_partition_its_first_message_at_or_after_it(root):
     root.create_topic("t", kl.TopicConfig(partitions=2))
     write(root, "t", [b"old"], partition=0, timestamp=1_000)
