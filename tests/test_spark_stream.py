@@ -198,6 +198,26 @@ def test_available_now_stops_at_the_end_found_when_it_started(spark, root, tmp_p
     assert values(run(spark, root, checkpoint, topics="t").rows) == expected("late", 2)
 
 
+def test_a_running_stream_reads_new_messages_as_they_arrive(spark, root, tmp_path):
+    root.create_topic("t")
+    produce(root, "t", "a", 4)
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = spark.readStream.format("kl").option("root", str(root.path)).option("topics", "t").option("startingOffsets", "earliest")
+    query = df.load().writeStream.format("parquet").option("path", str(output)).option("checkpointLocation", str(checkpoint))
+    query = query.trigger(processingTime="100 milliseconds").start()
+    try:
+        for want, more in ((4, "b"), (7, None)):
+            deadline = time.monotonic() + 60
+            while sum(p["numInputRows"] for p in query.recentProgress) < want and time.monotonic() < deadline:
+                assert query.isActive, query.exception()
+                time.sleep(0.1)
+            if more:
+                produce(root, "t", more, 3)
+    finally:
+        query.stop()
+    assert values(output_rows(spark, output)) == expected("a", 4) + expected("b", 3)
+
+
 def test_a_stream_starts_at_latest_and_a_topic_matching_later_is_read_from_its_start(spark, root, tmp_path):
     root.create_topic("ev-a")
     root.create_topic("other")
