@@ -165,9 +165,9 @@ class KlDataSource(DataSource):
         return KlReader(dataclasses.replace(Options.parse(self.options), columns=columns_of(schema)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from kl.spark.stream import KlStreamReader
+        from kl.spark.stream import KlStreamReader, stream_options
 
-        return KlStreamReader(dataclasses.replace(Options.parse(self.options), columns=columns_of(schema)))
+        return KlStreamReader(dataclasses.replace(stream_options(self.options), columns=columns_of(schema)))
 
 
 def columns_of(schema: StructType) -> tuple[str, ...] | None:
