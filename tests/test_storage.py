@@ -371,8 +371,12 @@ def test_an_fsync_error_under_the_flush_policy_fails_the_handle(root, monkeypatc
     the producer's flush and close and every later append through the handle, while what
     was published stays readable, like any data not yet fsynced, and is never counted as
     flushed."""
-    log = make(root, kl.TopicConfig(flush_messages=1, flush_ms=0))
+    root.create_topic("t", kl.TopicConfig(flush_messages=1, flush_ms=0))
+    with kl.Producer(root, fsync=True) as first:  # fsynced before send returns: no background flush left to race
+        first.send("t", b"first", partition=0, timestamp=TS)
+    log = root.log("t", 0)
     before = log.state()
+    assert before.flushed_offset == before.log_end_offset
     Calls(monkeypatch, fail_fsync=0)
     producer = kl.Producer(root)
     producer.send("t", b"unflushed", partition=0)  # published; its fsync fails in the background
