@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 
 from kl.errors import StorageError
 
@@ -54,8 +55,9 @@ def ensure_dir(path: str) -> None:
     fsync_dir(parent or ".")
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data``: unique temp file, fsync, rename, fsync the directory."""
+def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | None = None) -> None:
+    """Replace ``path`` with ``data``: unique temp file (``.NAME.*.tmp``), fsync, rename,
+    fsync the directory.  ``before_rename`` runs between the fsync and the rename."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -68,6 +70,8 @@ def write_atomic(path: str, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if before_rename is not None:
+            before_rename()
         os.rename(tmp, path)
         fsync_dir(directory)
     except OSError as e:

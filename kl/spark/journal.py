@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from kl import locks
 from kl.errors import InvalidConfig, KlError, LockTimeout
-from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, storage_error
+from kl.fsutil import ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import EARLIEST, LATEST
 from kl.spark import ranges
 from kl.spark.ranges import DataLoss, Range
@@ -229,29 +229,6 @@ def tmp_name(final: str, run: str) -> str:
     return f".{final}.{run}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
 
 
-def write_durably(path: str, data: bytes, *, before_rename: Callable[[], None] | None = None) -> None:
-    """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync the directory."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if before_rename is not None:
-            before_rename()
-        os.rename(tmp, path)
-        fsync_dir(directory)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise storage_error(e, "write", path) from None
-
-
 class Journal:
     """The journal of one output directory.  Safe across processes under ``lock``."""
 
@@ -328,7 +305,7 @@ class Journal:
                 "settings": asdict(plan.settings),
                 "topics": topics,
             }
-            write_durably(
+            write_atomic(
                 os.path.join(self.meta, OFFSETS),
                 (json.dumps(data, indent=2) + "\n").encode(),
                 before_rename=lambda: fault("commit"),
@@ -351,7 +328,7 @@ class Journal:
     def write_plan(self, plan: Plan) -> None:
         """Write the plan durably (before any task runs)."""
         ensure_dir(self.runs)
-        write_durably(os.path.join(self.runs, f"{plan.run}.json"), (json.dumps(plan.to_json(), indent=1) + "\n").encode())
+        write_atomic(os.path.join(self.runs, f"{plan.run}.json"), (json.dumps(plan.to_json(), indent=1) + "\n").encode())
         ensure_dir(self.task_dir(plan.run))
 
     def task_dir(self, run: str) -> str:
@@ -446,7 +423,7 @@ class Journal:
 
 def write_done(journal_dir: str, done: Done) -> None:
     """Write a task's done marker (by the task, after its files are in place)."""
-    write_durably(os.path.join(journal_dir, f"{done.task:05d}{DONE_SUFFIX}"), json.dumps(done.to_json()).encode())
+    write_atomic(os.path.join(journal_dir, f"{done.task:05d}{DONE_SUFFIX}"), json.dumps(done.to_json()).encode())
 
 
 # ----------------------------------------------------------------- planning
