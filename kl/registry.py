@@ -1,0 +1,353 @@
+"""A consumer group's registry: the seed's ZooKeeper nodes, as files under the root.
+
+    ROOT/.groups/GROUP/ids/HOST:UUID            a live member: its registration, locked while it lives
+    ROOT/.groups/GROUP/owners/TOPIC/P           which member owns partition P, and the claim's generation
+    ROOT/.groups/GROUP/owners/TOPIC/P.lock      held while a claim, release or commit of P runs
+    ROOT/.groups/GROUP/offsets/TOPIC/P          the committed offset (text, checksummed)
+
+A member is live while it holds an open file description lock on its registration file
+(the kernel drops it when the process dies; an NFS server when the host's lease runs out)
+and while its heartbeat, a counter it rewrites in that file every poll interval, keeps
+moving.  A member that stops beating (SIGSTOP, a host that hangs) is expired by the others
+after ``session_timeout`` seconds of their own clocks, even though its lock is still held:
+no clocks are compared between hosts.  Whoever finds a registration whose lock is free
+deletes it.
+
+Ownership is the owner record, changed only under the partition's lock: a claim succeeds
+when the record names no member, this member, or one that is not live; it writes the
+next generation.  A commit (under the same lock) is accepted only while the record still
+names the committing member and its generation, so a member that was expired and
+replaced cannot commit over its successor (``NotOwner``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from kl import locks
+from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
+from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
+from kl.topic import validate_name
+
+GROUPS_DIR = ".groups"
+RELEASED = "-"
+BEAT = re.compile(rb"beat ([0-9]{16})\n")
+BEAT_AT, BEAT_WIDTH = 5, 16
+
+
+class NotOwner(KlError):
+    """A commit or claim by a member that no longer owns the partition (a stale generation)."""
+
+
+class GroupNotFound(KlError):
+    """No group of that name under the root."""
+
+
+def validate_group(name: str) -> str:
+    """Return ``name`` if it is a valid group name (the rules of topic names)."""
+    try:
+        return validate_name(name)
+    except InvalidTopicName:
+        raise InvalidTopicName(
+            f"invalid group name {name!r}: use 1-249 characters from A-Z a-z 0-9 . _ - not starting with a dot"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Member:
+    """A registration as read from its file."""
+
+    id: str
+    host: str
+    pid: int
+    since_ms: int
+    subscription: dict[str, object]
+    """``{"topics": [...]}`` or ``{"pattern": REGEX, "exclude": REGEX|None}``."""
+    beat: int
+
+    def subscribes(self, topic: str) -> bool:
+        topics = self.subscription.get("topics")
+        if isinstance(topics, list):
+            return topic in topics
+        pattern, exclude = self.subscription.get("pattern"), self.subscription.get("exclude")
+        if not isinstance(pattern, str) or not re.fullmatch(pattern, topic):
+            return False
+        return not (isinstance(exclude, str) and re.fullmatch(exclude, topic))
+
+
+@dataclass(frozen=True)
+class Owner:
+    member: str | None
+    """None once released."""
+    generation: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int
+    member: str
+    time_ms: int
+
+
+class Registration:
+    """This process's membership: the locked registration file and its heartbeat."""
+
+    def __init__(self, fd: int, path: str, member: Member, nfs: bool):
+        self.fd, self.path, self.member, self._nfs = fd, path, member, nfs
+        self.beats = 0
+
+    def beat(self) -> None:
+        """Move the heartbeat on (in place, so the lock stays on the same file)."""
+        self.beats += 1
+        try:
+            os.pwrite(self.fd, b"%016d" % (self.beats % 10**16), BEAT_AT)
+            if self._nfs:
+                os.fsync(self.fd)  # other hosts see it only once it reached the server
+        except OSError as e:
+            raise storage_error(e, "write", self.path) from None
+
+    def close(self) -> None:
+        """Leave: delete the registration, then let the lock go."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+
+class Registry:
+    """The files of one group.  Safe across threads and processes."""
+
+    def __init__(self, root_path: str, group: str, *, lock_timeout: float = 10.0):
+        self.group = validate_group(group)
+        self.path = os.path.join(root_path, GROUPS_DIR, group)
+        self.lock_timeout = lock_timeout
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    # ----------------------------------------------------------------- members
+
+    def register(self, subscription: dict[str, object]) -> Registration:
+        """Join: write ``ids/HOST:UUID``, locked before it appears under its name."""
+        ids = os.path.join(self.path, "ids")
+        ensure_dir(ids)
+        problem = nfs_locking_problem(ids)
+        if problem is not None:
+            raise StorageError(problem)
+        host = socket.gethostname()
+        member = Member(f"{host}:{uuid.uuid4()}", host, os.getpid(), time.time_ns() // 1_000_000, subscription, 0)
+        path = os.path.join(ids, member.id)
+        tmp = os.path.join(ids, f".{member.id}.tmp")
+        body = {"id": member.id, "host": host, "pid": member.pid, "since_ms": member.since_ms, **subscription}
+        data = b"beat %016d\n" % 0 + json.dumps(body).encode() + b"\n"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise storage_error(e, "create", tmp) from None
+        try:
+            locks.lock_file(fd, tmp, 0)
+            os.write(fd, data)
+            os.fsync(fd)
+            os.rename(tmp, path)
+            fsync_dir(ids)
+        except (OSError, KlError) as e:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise e if isinstance(e, KlError) else storage_error(e, "register in", ids) from None
+        return Registration(fd, path, member, mount_of(ids)[1].startswith("nfs"))
+
+    def members(self) -> list[Member]:
+        """The members whose lock is held, sorted by id; registrations of dead members are
+        deleted on the way.  (Whether a live one still beats is for the caller to judge.)"""
+        ids = os.path.join(self.path, "ids")
+        try:
+            names = sorted(n for n in os.listdir(ids) if not n.startswith("."))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise storage_error(e, "list", ids) from None
+        found = []
+        for name in names:
+            member = _read_if_live(os.path.join(ids, name))
+            if member is not None:
+                found.append(member)
+        return found
+
+    # ----------------------------------------------------------------- owners
+
+    def _partition_path(self, kind: str, topic: str, partition: int) -> str:
+        return os.path.join(self.path, kind, validate_name(topic), str(partition))
+
+    @contextlib.contextmanager
+    def _locked(self, topic: str, partition: int) -> Iterator[str]:
+        """Hold partition ``partition``'s lock; yields the owner record's path."""
+        path = self._partition_path("owners", topic, partition)
+        ensure_dir(os.path.dirname(path))
+        with locks.locked(path + ".lock", self.lock_timeout):
+            yield path
+
+    def owner(self, topic: str, partition: int) -> Owner:
+        return _read_owner(self._partition_path("owners", topic, partition))
+
+    def claim(self, topic: str, partition: int, member: str, live: Iterable[str]) -> int | None:
+        """Take the partition for ``member`` if nobody live owns it; the new generation, or None."""
+        with self._locked(topic, partition) as path:
+            owner = _read_owner(path)
+            if owner.member not in (None, member) and owner.member in set(live):
+                return None
+            generation = owner.generation + 1
+            write_atomic(path, f"{member} {generation}\n".encode())
+            return generation
+
+    def release(self, topic: str, partition: int, member: str, generation: int) -> None:
+        """Give the partition up, if ``member`` still owns it in ``generation``."""
+        with self._locked(topic, partition) as path:
+            if _read_owner(path) == Owner(member, generation):
+                write_atomic(path, f"{RELEASED} {generation}\n".encode())
+
+    def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:
+        with self._locked(topic, partition) as path:
+            return _read_owner(path) == Owner(member, generation)
+
+    # ----------------------------------------------------------------- offsets
+
+    def commit(self, topic: str, partition: int, offset: int, member: str, generation: int) -> None:
+        """Store ``offset`` for the partition if ``member`` owns it in ``generation``;
+        raises ``NotOwner`` if it does not."""
+        with self._locked(topic, partition) as path:
+            owner = _read_owner(path)
+            if owner != Owner(member, generation):
+                now = "released" if owner.member is None else f"owned by {owner.member}"
+                raise NotOwner(
+                    f"commit of {topic}/{partition} offset {offset} by {member} (generation {generation}) rejected:"
+                    f" the partition is {now} (generation {owner.generation})"
+                )
+            self.write_offset(topic, partition, offset, member)
+
+    def write_offset(self, topic: str, partition: int, offset: int, member: str) -> None:
+        """Store ``offset`` without asking who owns the partition (admin tools)."""
+        path = self._partition_path("offsets", topic, partition)
+        ensure_dir(os.path.dirname(path))
+        write_atomic(path, encode_offset(Committed(offset, member, time.time_ns() // 1_000_000)))
+
+    def committed(self, topic: str, partition: int) -> Committed | None:
+        """The committed offset, or None.  Raises ``CorruptState`` for a damaged file."""
+        path = self._partition_path("offsets", topic, partition)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(4096)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise storage_error(e, "read", path) from None
+        return decode_offset(data, path)
+
+    def offsets(self) -> Iterator[tuple[str, int, Committed]]:
+        """Every committed offset: (topic, partition, committed), sorted."""
+        base = os.path.join(self.path, "offsets")
+        for topic in sorted(_listdir(base)):
+            parts = sorted(int(n) for n in _listdir(os.path.join(base, topic)) if n.isdigit())
+            for partition in parts:
+                committed = self.committed(topic, partition)
+                if committed is not None:
+                    yield topic, partition, committed
+
+    def delete_offset(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._partition_path("offsets", topic, partition))
+
+    def delete(self) -> None:
+        """Remove the group's directory (its caller made sure no member lives)."""
+        try:
+            shutil.rmtree(self.path)
+        except FileNotFoundError:
+            raise GroupNotFound(f"no group {self.group!r}") from None
+        except OSError as e:
+            raise storage_error(e, "remove", self.path) from None
+
+
+def groups(root_path: str) -> list[str]:
+    """Names of the groups under the root, sorted."""
+    return sorted(n for n in _listdir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
+
+
+def encode_offset(c: Committed) -> bytes:
+    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before."""
+    when = datetime.datetime.fromtimestamp(c.time_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    body = f"offset {c.offset}\nmember {c.member}\ntime {when.replace('+00:00', 'Z')}\n".encode()
+    return body + b"crc32 %08x\n" % zlib.crc32(body)
+
+
+def decode_offset(data: bytes, path: str) -> Committed:
+    body, _, tail = data.rpartition(b"crc32 ")
+    fields = dict(line.split(" ", 1) for line in body.decode("utf-8", "replace").splitlines() if " " in line)
+    try:
+        if int(tail.strip(), 16) != zlib.crc32(body) or not data.endswith(b"\n"):
+            raise ValueError
+        when = datetime.datetime.fromisoformat(fields["time"].replace("Z", "+00:00"))
+        return Committed(int(fields["offset"]), fields["member"], int(when.timestamp() * 1000))
+    except (ValueError, KeyError):
+        raise CorruptState(f"damaged committed offset file {path}: reset it with 'kl groups reset'") from None
+
+
+def _read_owner(path: str) -> Owner:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            member, _, generation = f.read(1024).strip().partition(" ")
+        return Owner(None if member == RELEASED else member, int(generation))
+    except (FileNotFoundError, ValueError):
+        return Owner(None, 0)
+    except OSError as e:
+        raise storage_error(e, "read", path) from None
+
+
+def _read_if_live(path: str) -> Member | None:
+    """The member registered in ``path`` if its lock is held; else delete the file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            locks.lock_file(fd, path, 0)
+        except LockTimeout:
+            return _parse_member(os.pread(fd, 4096, 0))
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # nobody holds it: its member is gone
+        return None
+    except (OSError, StorageError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parse_member(data: bytes) -> Member | None:
+    beat = BEAT.match(data)
+    try:
+        body = json.loads(data[BEAT_AT + BEAT_WIDTH + 1 :])
+        subscription = {k: body[k] for k in ("topics", "pattern", "exclude") if k in body}
+        return Member(
+            body["id"], body["host"], int(body["pid"]), int(body["since_ms"]), subscription, int(beat[1]) if beat else -1
+        )
+    except (ValueError, KeyError, TypeError):
+        return None  # still being written: seen next time
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise storage_error(e, "list", path) from None
