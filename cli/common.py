@@ -75,8 +75,7 @@ def delimiter_options(verb: str) -> Callable[[F], F]:
             "--delimiter",
             metavar="TEXT",
             callback=_escaped_bytes,
-            help=f"{verb} records delimited by TEXT instead of a newline; "
-            "escapes \\n \\t \\r \\0 \\\\ \\xNN are understood.",
+            help=f"{verb} records delimited by TEXT instead of a newline; escapes \\n \\t \\r \\0 \\\\ \\xNN are understood.",
         )(f)
         return f
 
@@ -189,8 +188,14 @@ class Progress:
 
         amount = bars.DownloadColumn() if unit == "bytes" else bars.MofNCompleteColumn()
         self.bar = bars.Progress(
-            bars.TextColumn("{task.description}"), bars.BarColumn(), amount, bars.TimeRemainingColumn(),
-            console=Console(stderr=True), transient=True, redirect_stdout=False, redirect_stderr=False,
+            bars.TextColumn("{task.description}"),
+            bars.BarColumn(),
+            amount,
+            bars.TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
         )
         self.task = self.bar.add_task("", total=total)
         self.bar.start()

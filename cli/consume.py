@@ -12,6 +12,7 @@ import base64
 import datetime
 import json
 import re
+import signal
 from collections.abc import Callable
 
 import click
@@ -36,7 +37,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
 
 
 @click.command(short_help="Print the messages of a topic.")
-@click.argument("topic")
+@click.argument("topics", nargs=-1, required=True, metavar="TOPIC...")
 @click.option(
     "-o",
     "--from-offset",
@@ -69,10 +70,41 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     is_flag=True,
     help="Step over a damaged message (named on stderr) instead of stopping with an error.",
 )
+@click.option(
+    "-g",
+    "--group",
+    metavar="GROUP",
+    help="Consume as a member of consumer group GROUP: this member's share of the partitions, from the "
+    "group's committed offsets, committing what was written.",
+)
+@click.option(
+    "--commit-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --group: commit what was written this often (and when leaving).",
+)
+@click.option(
+    "--start",
+    "group_start",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    show_default=True,
+    help="With --group: where a partition the group never committed starts.",
+)
+@click.option(
+    "--reset",
+    "group_reset",
+    type=click.Choice(["earliest", "latest", "fail"]),
+    default="earliest",
+    show_default=True,
+    help="With --group: what to do when a committed offset is no longer in the log (retention deleted it).",
+)
 @click.pass_context
 def consume(
     ctx: click.Context,
-    topic: str,
+    topics: tuple[str, ...],
     from_offset: str | None,
     from_time: str | None,
     partition: int | None,
@@ -85,8 +117,14 @@ def consume(
     json_output: bool,
     binary: bool,
     skip_corrupt: bool,
+    group: str | None,
+    commit_interval: float,
+    group_start: str,
+    group_reset: str,
 ) -> None:
-    """Write the messages of TOPIC to stdout, one value a line, and exit when caught up."""
+    """Write the messages of TOPIC to stdout, one value a line, and exit when caught up.
+
+    With --group, several topics may be given."""
     exclusive(from_offset=from_offset, from_time=from_time)
     exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_output, delimiter=delimiter, null=null)
@@ -104,6 +142,31 @@ def consume(
 
     write = stdout_writer()
     root = get_root(ctx)
+    emit = _emitter(write, render, binary, delim)
+    if group is not None:
+        if from_offset is not None or from_time is not None or partition is not None:
+            raise click.UsageError(
+                "--group reads from the group's committed offsets: no --from-offset, --from-time or --partition"
+            )
+        for topic in topics:
+            root.config(topic)
+        _consume_group(
+            root,
+            group,
+            list(topics),
+            emit,
+            render is None,
+            follow,
+            count,
+            skip_corrupt,
+            commit_interval,
+            group_start,
+            group_reset,
+        )
+        return
+    if len(topics) > 1:
+        raise click.UsageError("several topics are read together only by a group: add --group")
+    topic = topics[0]
     consumer = kl.Consumer(root)
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
     if where == "offset" and len(partitions) > 1:
@@ -128,13 +191,59 @@ def consume(
         on_skip=_warn_skipped,
     )
     for batch in batches:
+        emit(batch)
+
+
+def _emitter(write: Callable[[bytes], None], render: Render | None, binary: bool, delim: bytes) -> Callable[[kl.Batch], None]:
+    """A function writing one batch to stdout as the options ask."""
+
+    def emit(batch: kl.Batch) -> None:
         if render is not None:
-            write(render(topic, batch.partition, batch.messages))
+            write(render(batch.topic, batch.partition, batch.messages))  # type: ignore[arg-type]
         elif binary:
-            write(b"".join(batch.messages))
+            write(b"".join(batch.messages))  # type: ignore[arg-type]
         else:
-            batch.messages.append(b"")  # a delimiter after the last value too, without another copy
-            write(delim.join(batch.messages))
+            batch.messages.append(b"")  # type: ignore[arg-type]  # a delimiter after the last value too, without another copy
+            write(delim.join(batch.messages))  # type: ignore[arg-type]
+
+    return emit
+
+
+def _consume_group(
+    root: kl.Root,
+    group: str,
+    topics: list[str],
+    emit: Callable[[kl.Batch], None],
+    values_only: bool,
+    follow: bool,
+    count: int | None,
+    skip_corrupt: bool,
+    commit_interval: float,
+    start: str,
+    reset: str,
+) -> None:
+    """Consume this member's share; SIGTERM and Ctrl-C end it after the batch being
+    written, commit, and leave the group (exit 0 after SIGTERM, 130 after Ctrl-C)."""
+    member = kl.GroupConsumer(
+        root, group, topics, start=start, reset=reset, auto_commit_interval=commit_interval, skip_corrupt=skip_corrupt
+    )
+    stopped_by: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped_by.append(signum)
+        member.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for batch in member.batches(follow=follow, values_only=values_only, max_messages=count):
+            emit(batch)
+        member.commit()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        member.close()
+    if signal.SIGINT in stopped_by:
+        raise SystemExit(130)
 
 
 def _warn_skipped(skipped: kl.Skipped) -> None:

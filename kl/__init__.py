@@ -1,11 +1,11 @@
 """kl: the classic Kafka log design over a shared filesystem.
 
-    import kl
-    root = kl.Root("/data/kl")
-    root.create_topic("events", kl.TopicConfig(partitions=2))
-    kl.Producer(root).send("events", b"hello")
-    for message in kl.Consumer(root).fetch("events", 0, 0):
-        print(message.offset, message.value)
+import kl
+root = kl.Root("/data/kl")
+root.create_topic("events", kl.TopicConfig(partitions=2))
+kl.Producer(root).send("events", b"hello")
+for message in kl.Consumer(root).fetch("events", 0, 0):
+    print(message.offset, message.value)
 """
 
 from kl.config import TopicConfig
@@ -26,16 +26,50 @@ from kl.errors import (
     TopicNotFound,
     UnsupportedCodec,
 )
+from kl.group import GroupConsumer, MessageStream, Record
 from kl.log import EARLIEST, LATEST, Log
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
+from kl.registry import GroupNotFound, NotOwner
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [
-    "Appended", "Batch", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
-    "InvalidOffset", "InvalidTopicName", "KlError", "LATEST", "LockTimeout", "Log", "Message", "MessageSet",
-    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "RootNotFound", "Skipped", "Start",
-    "StorageError", "TopicConfig", "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner",
+    "Appended",
+    "Batch",
+    "Consumer",
+    "CorruptMessage",
+    "CorruptState",
+    "DEFAULT_MAX_BYTES",
+    "EARLIEST",
+    "GroupConsumer",
+    "GroupNotFound",
+    "InvalidConfig",
+    "InvalidOffset",
+    "InvalidTopicName",
+    "KlError",
+    "LATEST",
+    "LockTimeout",
+    "Log",
+    "Message",
+    "MessageSet",
+    "MessageStream",
+    "MessageTooLarge",
+    "NotOwner",
+    "OffsetOutOfRange",
+    "PartitionInfo",
+    "Producer",
+    "Record",
+    "Root",
+    "RootNotFound",
+    "Skipped",
+    "Start",
+    "StorageError",
+    "TopicConfig",
+    "TopicExists",
+    "TopicInfo",
+    "TopicNotFound",
+    "UnsupportedCodec",
+    "hash_partitioner",
     "validate_name",
 ]

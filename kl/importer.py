@@ -63,8 +63,7 @@ def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
         if segments and segments[-1].base_offset + segments[-1].size_in_bytes != base:
             before = segments[-1]
             raise ImportRefused(
-                f"{before.path} ends at offset {before.base_offset + before.size_in_bytes}, "
-                f"but the next segment begins at {base}"
+                f"{before.path} ends at offset {before.base_offset + before.size_in_bytes}, but the next segment begins at {base}"
             )
         with Segment.open(path, base, SCAN_LIMIT) as segment:
             size = segment.size_in_bytes()
@@ -133,8 +132,12 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
             _adopt(log, segments)
         out.append(
             ImportedPartition(
-                p, directory, len(segments), segments[0].base_offset,
-                segments[-1].base_offset + segments[-1].size_in_bytes, biggest,
+                p,
+                directory,
+                len(segments),
+                segments[0].base_offset,
+                segments[-1].base_offset + segments[-1].size_in_bytes,
+                biggest,
             )
         )
     return out

@@ -131,9 +131,7 @@ class Producer:
             groups = self._group(topic, values, keys)
             for vals, ks in groups.values():
                 self._check_batch(topic, vals, ks)
-            return [
-                a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None)
-            ]
+            return [a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None)]
         self._check_batch(topic, values, keys)
         if partition is None:
             first, count = self._partition(topic, None), self.root.config(topic).partitions

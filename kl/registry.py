@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from kl import locks
@@ -77,13 +77,18 @@ class Member:
     beat: int
 
     def subscribes(self, topic: str) -> bool:
-        topics = self.subscription.get("topics")
-        if isinstance(topics, list):
-            return topic in topics
-        pattern, exclude = self.subscription.get("pattern"), self.subscription.get("exclude")
-        if not isinstance(pattern, str) or not re.fullmatch(pattern, topic):
-            return False
-        return not (isinstance(exclude, str) and re.fullmatch(exclude, topic))
+        return subscribes(self.subscription, topic)
+
+
+def subscribes(subscription: Mapping[str, object], topic: str) -> bool:
+    """Whether a subscription (``{"topics": [...]}`` or ``{"pattern": ..., "exclude": ...}``) takes ``topic``."""
+    topics = subscription.get("topics")
+    if isinstance(topics, list):
+        return topic in topics
+    pattern, exclude = subscription.get("pattern"), subscription.get("exclude")
+    if not isinstance(pattern, str) or not re.fullmatch(pattern, topic):
+        return False
+    return not (isinstance(exclude, str) and re.fullmatch(exclude, topic))
 
 
 @dataclass(frozen=True)
@@ -200,15 +205,27 @@ class Registry:
     def owner(self, topic: str, partition: int) -> Owner:
         return _read_owner(self._partition_path("owners", topic, partition))
 
-    def claim(self, topic: str, partition: int, member: str, live: Iterable[str]) -> int | None:
-        """Take the partition for ``member`` if nobody live owns it; the new generation, or None."""
+    def claim(self, topic: str, partition: int, member: str, expired: Mapping[str, int]) -> int | None:
+        """Take the partition for ``member``; the new generation, or None while another
+        member owns it.  The owner's ownership lapses when it is dead, or when the caller
+        expired it (``expired``: member id -> the heartbeat it stopped at) and its heartbeat
+        has not moved since: a member that woke up and beat again keeps what it has."""
         with self._locked(topic, partition) as path:
             owner = _read_owner(path)
-            if owner.member not in (None, member) and owner.member in set(live):
-                return None
+            if owner.member not in (None, member):
+                beat = self.beat_of(owner.member)
+                if beat is not None and expired.get(owner.member) != beat:
+                    return None
             generation = owner.generation + 1
             write_atomic(path, f"{member} {generation}\n".encode())
             return generation
+
+    def beat_of(self, member: str) -> int | None:
+        """The heartbeat of ``member`` if it is registered and its lock held, else None."""
+        if "/" in member or member.startswith("."):
+            return None  # not a name kl gives a member
+        found = _read_if_live(os.path.join(self.path, "ids", member))
+        return None if found is None else found.beat
 
     def release(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Give the partition up, if ``member`` still owns it in ``generation``."""

@@ -186,8 +186,12 @@ class Segment:
         """
         data = os.pread(self.fd, size, position)
         return MessageSet(
-            data, self.base_offset + position, max_message_bytes=self.max_message_bytes,
-            stable_offset=self.base_offset + stable, path=self.path, position=position,
+            data,
+            self.base_offset + position,
+            max_message_bytes=self.max_message_bytes,
+            stable_offset=self.base_offset + stable,
+            path=self.path,
+            position=position,
             ends_at_eof=len(data) < size or position + len(data) == end < stable,
         )
 

@@ -1,0 +1,604 @@
+"""Consumer groups (SPEC §9-§10): processes on any hosts share topics' partitions as one consumer.
+
+Every member of a group runs a coordinator thread which, every ``poll_interval``:
+
+1. moves its heartbeat on (when it was late, it first checks it still owns what it owned);
+2. lists the live members (kl/registry.py) and the topics its subscription matches;
+3. takes its share by SPEC §10's range assignment: releases what it no longer gets (after
+   committing what was consumed of it), then claims what it gets; a claim of a partition
+   another member still owns is retried every ``CLAIM_RETRY`` seconds until it let go;
+4. auto-commits on its interval.
+
+Streams read their partitions in the caller's threads; the coordinator only hands
+partitions to them and takes them back.
+
+Bounds: a member that dies (its lock goes with the process) is replaced within about
+``poll_interval`` to notice plus ``poll_interval`` for the others to release what moves,
+plus ``CLAIM_RETRY``.  A member that stops beating (SIGSTOP, a hung host, a host cut off
+from NFS) is expired by the others after ``session_timeout`` of their own clocks; its
+own lease ends as long after its last beat, so from then on it hands out nothing, and
+when it wakes up it drops what was taken from it: its commits of those partitions are
+rejected (``NotOwner``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
+from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, TopicNotFound
+from kl.message import Message
+from kl.registry import Member, NotOwner, Registration, Registry, subscribes
+from kl.topic import Root, validate_name
+
+log = logging.getLogger(__name__)
+
+CLAIM_RETRY = 0.02
+"""Seconds between attempts to claim a partition another member still owns."""
+WAKE_EVERY = 0.01
+"""Longest a waiting stream sleeps before it looks for new data again."""
+
+OnLost = Callable[[str, int, str], None]
+"""Told (topic, partition, why) when a partition was taken from this member."""
+
+
+class Record(NamedTuple):
+    """A message as a group stream hands it out."""
+
+    topic: str
+    partition: int
+    offset: int
+    next_offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(eq=False)
+class _Claim:
+    """A partition this member owns, and how far it got."""
+
+    topic: str
+    partition: int
+    generation: int
+    position: int
+    """Where the next fetch starts."""
+    handed: int
+    """After the last message handed out (what ``commit()`` stores)."""
+    consumed: int
+    """After the last message the caller came back from (what auto-commit stores)."""
+    committed: int | None
+    end: int
+    """The log end when this member first saw the partition: ``batches()`` stops there."""
+    stream: MessageStream
+    error: KlError | None = None
+
+
+class MessageStream:
+    """A blocking iterator over the messages of the partitions this stream is given.
+
+    Iterating waits for new messages; it ends when the consumer is closed or stopped, or
+    after ``timeout`` seconds without a message (never, if None).  A message counts as
+    consumed (for auto-commit) once the caller asks for the next one.  Use a stream from
+    one thread at a time; different streams may be used by different threads.
+    """
+
+    def __init__(self, consumer: GroupConsumer, timeout: float | None):
+        self._consumer = consumer
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._claims: list[_Claim] = []
+        self._turn = 0
+        self._pending: Iterator[Message] = iter(())
+        self._pending_claim: _Claim | None = None
+        self._last: tuple[_Claim, int] | None = None
+
+    def __iter__(self) -> MessageStream:
+        return self
+
+    def __next__(self) -> Record:
+        record = self.poll(self.timeout)
+        if record is None:
+            raise StopIteration
+        return record
+
+    def poll(self, timeout: float | None = None) -> Record | None:
+        """The next message, or None after ``timeout`` seconds or once the consumer stops."""
+        consumer = self._consumer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._mark_consumed()
+            while not consumer._stopped.is_set():
+                if time.monotonic() < consumer._lease_until:
+                    claim = self._pending_claim
+                    if claim is None:
+                        got = self._fetch(True, False, None)
+                        if got is not None:
+                            claim, batch = got
+                            self._pending, self._pending_claim = iter(batch.messages), claim  # type: ignore[arg-type]
+                    if claim is not None:
+                        message = next(self._pending, None)
+                        if isinstance(message, Message):
+                            claim.handed = message.next_offset
+                            self._last = (claim, message.next_offset)
+                            return Record(claim.topic, claim.partition, *message)
+                        self._pending_claim = None
+                        continue
+                if not self._wait(deadline):
+                    return None
+            return None
+
+    # ----------------------------------------------------------------- for GroupConsumer
+
+    def _batch(self, timeout: float | None, follow: bool, values_only: bool, limit: int | None) -> Batch | None:
+        with self._cond:
+            self._mark_consumed()
+            got = self._next_batch(timeout, follow, values_only, limit)
+            if got is None:
+                return None
+            claim, batch = got
+            claim.handed = batch.next_offset
+            self._last = (claim, batch.next_offset)
+            return batch
+
+    def _mark_consumed(self) -> None:
+        if self._last is not None:
+            claim, offset = self._last
+            claim.consumed, self._last = offset, None
+
+    def _next_batch(
+        self, timeout: float | None, follow: bool, values_only: bool, limit: int | None
+    ) -> tuple[_Claim, Batch] | None:
+        consumer = self._consumer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not consumer._stopped.is_set():
+            if time.monotonic() < consumer._lease_until:
+                got = self._fetch(follow, values_only, limit)
+                if got is not None:
+                    return got
+                if not follow and consumer._settled and all(c.position >= c.end for c in self._claims):
+                    return None
+            if not self._wait(deadline):
+                return None
+        return None
+
+    def _wait(self, deadline: float | None) -> bool:
+        """Wait for new data or partitions; False once ``deadline`` passed."""
+        wait = WAKE_EVERY if deadline is None else min(WAKE_EVERY, deadline - time.monotonic())
+        if wait <= 0:
+            return False
+        self._cond.wait(wait)
+        return True
+
+    def _fetch(self, follow: bool, values_only: bool, limit: int | None) -> tuple[_Claim, Batch] | None:
+        """One fetch from the next partition in turn that has messages."""
+        consumer, claims = self._consumer, self._claims
+        for k in range(len(claims)):
+            claim = claims[(self._turn + k) % len(claims)]
+            if claim.error is not None:
+                raise claim.error
+            if not follow and claim.position >= claim.end:
+                continue
+            offset = claim.position
+            max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - offset))
+            try:
+                got, claim.position, damage = consumer._reader._read(
+                    claim.topic, claim.partition, offset, max_bytes, values_only, limit
+                )
+            except OffsetOutOfRange as e:
+                claim.position = consumer._reset_position(claim, e)
+                continue
+            if damage is not None:
+                consumer._damaged(claim, damage)
+            if got:
+                self._turn = (self._turn + k + 1) % len(claims)
+                return claim, Batch(claim.topic, claim.partition, offset, claim.position, got)
+        return None
+
+    def _add(self, claim: _Claim) -> None:
+        with self._cond:
+            self._claims.append(claim)
+            self._cond.notify_all()
+
+    def _remove(self, claim: _Claim) -> None:
+        """Stop reading ``claim``'s partition and forget what was fetched of it and not handed out."""
+        with self._cond:
+            self._claims.remove(claim)
+            if self._pending_claim is claim:
+                self._pending, self._pending_claim = iter(()), None
+            if self._last is not None and self._last[0] is claim:
+                self._last = None
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+class GroupConsumer:
+    """A member of consumer group ``group`` under ``root``, sharing its topics' partitions
+    with the other members; every group gets every message.
+
+    Given ``topics`` (a list of names) or ``pattern`` (a regular expression the whole name
+    must match, minus those matching ``exclude``; topics created later are picked up), it
+    joins at once and is read by iterating over it or with ``batches()``.  Given neither,
+    it joins when ``create_message_streams`` or ``create_message_streams_by_filter`` is called.
+
+    A partition without a committed offset starts at ``start`` ("earliest" or "latest");
+    a committed offset that retention deleted meanwhile goes by ``reset`` ("earliest",
+    "latest" or "fail": ``OffsetOutOfRange`` from the stream).  With ``auto_commit`` the
+    consumed messages' offsets are committed every ``auto_commit_interval`` seconds, when
+    a partition moves to another member, and by ``close()``.
+
+    ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
+    """
+
+    def __init__(
+        self,
+        root: Root | str | os.PathLike[str],
+        group: str,
+        topics: list[str] | None = None,
+        *,
+        pattern: str | None = None,
+        exclude: str | None = None,
+        start: str = "earliest",
+        reset: str = "earliest",
+        auto_commit: bool = True,
+        auto_commit_interval: float = 5.0,
+        poll_interval: float = 0.5,
+        session_timeout: float = 10.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        skip_corrupt: bool = False,
+        on_lost: OnLost | None = None,
+    ):
+        if start not in ("earliest", "latest"):
+            raise InvalidConfig(f"start must be earliest or latest, not {start!r}")
+        if reset not in ("earliest", "latest", "fail"):
+            raise InvalidConfig(f"reset must be earliest, latest or fail, not {reset!r}")
+        if not 0 < poll_interval < session_timeout:
+            raise InvalidConfig(f"poll_interval ({poll_interval}) must be above 0 and below session_timeout ({session_timeout})")
+        self.root = root if isinstance(root, Root) else Root(root)
+        self.registry = Registry(self.root.path, group, lock_timeout=self.root.lock_timeout)
+        self.group = group
+        self.start, self.reset, self.skip_corrupt = start, reset, skip_corrupt
+        self.auto_commit, self.auto_commit_interval = auto_commit, auto_commit_interval
+        self.poll_interval, self.session_timeout = poll_interval, session_timeout
+        self.max_bytes = max_bytes
+        self.on_lost = on_lost
+        self._reader = Consumer(self.root, max_bytes=max_bytes)
+        self._subscription: dict[str, object] | None = None
+        self._streams: list[MessageStream] = []
+        self._route: Callable[[str, int], MessageStream] = lambda topic, partition: self._streams[0]
+        self._registration: Registration | None = None
+        self._owned: dict[tuple[str, int], _Claim] = {}
+        self._ends: dict[tuple[str, int], int] = {}
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._lock = threading.RLock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lease_until = 0.0
+        self._settled = False
+        self._committed_at = time.monotonic()
+        self._closed = False
+        self._default: MessageStream | None = None
+        if topics is not None or pattern is not None:
+            self._default = MessageStream(self, None)
+            self._join(_subscription(topics, pattern, exclude), [self._default])
+            self._start()
+
+    @property
+    def member_id(self) -> str | None:
+        """``HOST:UUID`` once joined."""
+        return None if self._registration is None else self._registration.member.id
+
+    # ----------------------------------------------------------------- streams
+
+    def create_message_streams(
+        self, counts: Mapping[str, int], *, timeout: float | None = None
+    ) -> dict[str, list[MessageStream]]:
+        """``counts[topic]`` streams for each topic (subscribing to those topics); each
+        partition feeds exactly one of its topic's streams.  Joins the group."""
+        for topic, n in counts.items():
+            validate_name(topic)
+            if not isinstance(n, int) or n < 1:
+                raise InvalidConfig(f"topic {topic!r} needs at least 1 stream, not {n!r}")
+        streams = {topic: [MessageStream(self, timeout) for _ in range(n)] for topic, n in counts.items()}
+        self._join(_subscription(list(counts), None, None), [s for group in streams.values() for s in group])
+        self._route = lambda topic, partition: streams[topic][partition % len(streams[topic])]
+        self._start()
+        return streams
+
+    def create_message_streams_by_filter(
+        self, whitelist: str | None = None, blacklist: str | None = None, n: int = 1, *, timeout: float | None = None
+    ) -> list[MessageStream]:
+        """``n`` streams over every topic whose name matches ``whitelist`` (all if None)
+        and not ``blacklist``, topics created later included.  Joins the group."""
+        if n < 1:
+            raise InvalidConfig(f"at least 1 stream, not {n}")
+        streams = [MessageStream(self, timeout) for _ in range(n)]
+        self._join(_subscription(None, whitelist or ".*", blacklist), streams)
+        self._route = lambda topic, partition: streams[(zlib.crc32(topic.encode()) + partition) % n]
+        self._start()
+        return streams
+
+    def __iter__(self) -> Iterator[Record]:
+        """Every message of this member's share, from one stream (the constructor's topics)."""
+        return self._single()
+
+    def _single(self) -> MessageStream:
+        if self._default is None:
+            raise InvalidConfig("this consumer was given no topics or pattern: iterate over its message streams")
+        return self._default
+
+    def batches(
+        self,
+        *,
+        follow: bool = False,
+        timeout: float | None = None,
+        values_only: bool = False,
+        max_messages: int | None = None,
+    ) -> Iterator[Batch]:
+        """This member's share as ``Batch``es (as ``Consumer.consume`` gives them).
+
+        Without ``follow`` it ends once the assignment settled and every partition it owns
+        reached the end it had when this member first saw it; with it, it waits for more,
+        until ``timeout`` seconds pass without a message (never, if None).  Ends too after
+        ``max_messages`` messages, or once ``stop()`` or ``close()`` is called.  A batch counts
+        as consumed once the next one is asked for; ``commit()`` stores all handed out.
+        """
+        stream = self._single()
+        remaining = max_messages
+        while remaining != 0:
+            batch = stream._batch(timeout, follow, values_only, remaining)
+            if batch is None:
+                return
+            if remaining is not None:
+                remaining -= len(batch.messages)
+            yield batch
+
+    # ----------------------------------------------------------------- offsets, membership
+
+    def assignment(self) -> dict[str, list[int]]:
+        """The partitions this member owns now, by topic."""
+        with self._lock:
+            out: dict[str, list[int]] = {}
+            for topic, partition in sorted(self._owned):
+                out.setdefault(topic, []).append(partition)
+            return out
+
+    def commit(self) -> None:
+        """Commit the offsets after every message handed out so far.  Raises ``NotOwner``
+        (after committing the rest) for partitions taken from this member meanwhile; it
+        stops reading them."""
+        self._commit("handed", raise_lost=True)
+
+    def stop(self) -> None:
+        """Make every stream and ``batches()`` end soon (safe from a signal handler); then ``close()``."""
+        self._stopped.set()
+
+    def close(self) -> None:
+        """Leave the group at once, so the others take over without waiting for a timeout:
+        with ``auto_commit``, commit what was consumed (call ``commit()`` first to include
+        the messages handed out last), then give up every partition."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopped.set()
+        for stream in self._streams:
+            stream._wake()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            try:
+                if self.auto_commit and self._registration is not None:
+                    self._commit("consumed", raise_lost=False)
+            finally:
+                for claim in list(self._owned.values()):
+                    self._release(claim, commit=False)
+                if self._registration is not None:
+                    self._registration.close()
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- coordination
+
+    def _join(self, subscription: dict[str, object], streams: list[MessageStream]) -> None:
+        if self._registration is not None:
+            raise InvalidConfig(f"this consumer already joined group {self.group!r}: create its streams once")
+        if self._closed:
+            raise InvalidConfig("this consumer is closed")
+        self._subscription = subscription
+        self._streams = streams
+        self._registration = self.registry.register(subscription)
+
+    def _start(self) -> None:
+        self._poll()
+        self._thread = threading.Thread(target=self._run, name=f"kl-group-{self.group}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.poll_interval if self._settled else CLAIM_RETRY):
+            try:
+                self._poll()
+            except KlError as e:
+                log.warning("group %s: %s", self.group, e)
+
+    def _poll(self) -> None:
+        assert self._registration is not None
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._lease_until:
+                self._registration.beat()  # first, so nobody takes more from here on
+                self._validate()
+            else:
+                self._registration.beat()
+            self._lease_until = now + self.session_timeout
+            members = self.registry.members()
+            expired = self._expired(members, now)
+            wanted = self._assignment([m for m in members if m.id not in expired])
+            for key in [key for key in self._owned if key not in wanted]:
+                self._release(self._owned[key], commit=self.auto_commit)
+            for topic, partition in sorted(wanted - self._owned.keys()):
+                generation = self.registry.claim(topic, partition, self._registration.member.id, expired)
+                if generation is not None:
+                    self._take(topic, partition, generation)
+            self._settled = wanted == self._owned.keys()
+            if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
+                self._commit("consumed", raise_lost=False)
+        for stream in self._streams:
+            stream._wake()
+
+    def _expired(self, members: list[Member], now: float) -> dict[str, int]:
+        """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat."""
+        seen = {}
+        for m in members:
+            last = self._seen.get(m.id)
+            seen[m.id] = last if last is not None and last[0] == m.beat else (m.beat, now)
+        self._seen = seen
+        me = self.member_id
+        return {mid: beat for mid, (beat, since) in seen.items() if mid != me and now - since > self.session_timeout}
+
+    def _assignment(self, live: list[Member]) -> set[tuple[str, int]]:
+        """SPEC §10's range assignment of every subscribed topic among ``live``."""
+        assert self._registration is not None and self._subscription is not None
+        me = self._registration.member.id
+        wanted: set[tuple[str, int]] = set()
+        for topic in self.root.topics():
+            if not subscribes(self._subscription, topic):
+                continue
+            try:
+                count = self.root.config(topic).partitions
+                for p in range(count):
+                    if (topic, p) not in self._ends:
+                        self._ends[topic, p] = self.root.log(topic, p).log_end_offset
+            except (TopicNotFound, CorruptState):
+                continue
+            ids = sorted({m.id for m in live if m.subscribes(topic)} | {me})
+            per, extra = divmod(count, len(ids))
+            i = ids.index(me)
+            first = i * per + min(i, extra)
+            wanted.update((topic, p) for p in range(first, first + per + (i < extra)))
+        return wanted
+
+    def _take(self, topic: str, partition: int, generation: int) -> None:
+        log_ = self.root.log(topic, partition)
+        state = log_.state()
+        claim = _Claim(topic, partition, generation, 0, 0, 0, None, self._ends[topic, partition], self._route(topic, partition))
+        committed = self.registry.committed(topic, partition)
+        if committed is None:
+            position = state.log_start_offset if self.start == "earliest" else state.log_end_offset
+        else:
+            claim.committed = position = committed.offset
+            if not state.log_start_offset <= position <= state.log_end_offset:
+                error = OffsetOutOfRange(
+                    f"group {self.group!r}'s committed offset {position} of {topic}/{partition} is outside the log"
+                    f" ({state.log_start_offset} to {state.log_end_offset})",
+                    offset=position,
+                    log_start_offset=state.log_start_offset,
+                    log_end_offset=state.log_end_offset,
+                )
+                position = self._reset_position(claim, error)
+        claim.position = claim.handed = claim.consumed = position
+        self._owned[topic, partition] = claim
+        claim.stream._add(claim)
+
+    def _reset_position(self, claim: _Claim, error: OffsetOutOfRange) -> int:
+        if self.reset == "fail":
+            claim.error = error
+            return claim.position
+        to = error.log_start_offset if self.reset == "earliest" else error.log_end_offset
+        log.warning("%s; going on from the %s offset %d", error, self.reset, to)
+        return to
+
+    def _damaged(self, claim: _Claim, damage: CorruptMessage) -> None:
+        if not self.skip_corrupt:
+            claim.error = damage
+            return
+        at = claim.position
+        claim.position = self.root.log(claim.topic, claim.partition).skip_corrupt(at)
+        log.warning(
+            "skipped damaged data of %s/%d from offset %d to %d: %s",
+            claim.topic,
+            claim.partition,
+            at,
+            claim.position,
+            damage.reason,
+        )
+
+    def _release(self, claim: _Claim, *, commit: bool) -> None:
+        claim.stream._remove(claim)
+        del self._owned[claim.topic, claim.partition]
+        assert self._registration is not None
+        me = self._registration.member.id
+        try:
+            if commit and claim.consumed != claim.committed:
+                self.registry.commit(claim.topic, claim.partition, claim.consumed, me, claim.generation)
+            self.registry.release(claim.topic, claim.partition, me, claim.generation)
+        except NotOwner as e:
+            self._lost(claim, str(e))
+
+    def _validate(self) -> None:
+        """After a late heartbeat: drop what other members took meanwhile."""
+        assert self._registration is not None
+        me = self._registration.member.id
+        for claim in list(self._owned.values()):
+            if not self.registry.owns(claim.topic, claim.partition, me, claim.generation):
+                claim.stream._remove(claim)
+                del self._owned[claim.topic, claim.partition]
+                self._lost(claim, f"taken over while this member was expired ({self.session_timeout:g}s without a heartbeat)")
+
+    def _commit(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> None:
+        assert self._registration is not None
+        me = self._registration.member.id
+        rejected = []
+        with self._lock:
+            self._committed_at = time.monotonic()
+            for claim in list(self._owned.values()):
+                with claim.stream._cond:
+                    if which == "handed":  # all handed out is processed: auto-commit must not go back before it
+                        claim.consumed = claim.handed
+                    offset = claim.consumed
+                if offset == claim.committed:
+                    continue
+                try:
+                    self.registry.commit(claim.topic, claim.partition, offset, me, claim.generation)
+                    claim.committed = offset
+                except NotOwner as e:
+                    claim.stream._remove(claim)
+                    del self._owned[claim.topic, claim.partition]
+                    self._lost(claim, str(e))
+                    rejected.append(e)
+        if rejected and raise_lost:
+            raise NotOwner("; ".join(map(str, rejected)))
+
+    def _lost(self, claim: _Claim, why: str) -> None:
+        log.warning("group %s lost %s/%d: %s", self.group, claim.topic, claim.partition, why)
+        if self.on_lost is not None:
+            self.on_lost(claim.topic, claim.partition, why)
+
+
+def _subscription(topics: list[str] | None, pattern: str | None, exclude: str | None) -> dict[str, object]:
+    if (topics is None) == (pattern is None):
+        raise InvalidConfig("subscribe with topics or with a pattern (one of the two)")
+    if topics is not None:
+        if not topics:
+            raise InvalidConfig("no topics to subscribe to")
+        return {"topics": [validate_name(t) for t in topics]}
+    for regex in (pattern, exclude):
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise InvalidConfig(f"bad topic pattern {regex!r}: {e}") from None
+    return {"pattern": pattern, "exclude": exclude}

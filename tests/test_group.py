@@ -1,0 +1,375 @@
+"""Consumer groups with real member processes: sharing, joining and leaving, kill -9, SIGSTOP."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import kl
+from kl.registry import Committed, Registry, decode_offset, encode_offset
+
+MEMBER = os.path.join(os.path.dirname(__file__), "groupmember.py")
+
+
+def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Member:
+    """A member process and what it wrote."""
+
+    def __init__(self, root: kl.Root, group: str, topics: str, out: str, *args: str):
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, MEMBER, root.path, group, topics, out, *args])
+        wait_for(lambda: self.lines("joined"), what="the member to join")
+
+    def lines(self, kind: str) -> list[list[str]]:
+        try:
+            with open(self.out, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        complete = text[: text.rfind("\n") + 1]
+        return [line.split(" ", 5 if kind == "m" else 3)[1:] for line in complete.splitlines() if line.startswith(kind + " ")]
+
+    def received(self) -> list[tuple[float, str, int, int, str]]:
+        return [(float(t), topic, int(p), int(o), v) for t, topic, p, o, v in self.lines("m")]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def produce(root: kl.Root, topic: str, count: int, *, batch: int = 100, pause: float = 0.0) -> list[str]:
+    producer = kl.Producer(root)
+    values = [str(i) for i in range(count)]
+    for i in range(0, count, batch):
+        producer.send_batch(
+            topic, [v.encode() for v in values[i : i + batch]], partition=(i // batch) % root.config(topic).partitions
+        )
+        if pause:
+            time.sleep(pause)
+    return values
+
+
+def delivered(members: list[Member]) -> collections.Counter[str]:
+    return collections.Counter(v for m in members for *_, v in m.received())
+
+
+def runs(members: list[Member], topic: str, partition: int) -> list[tuple[int, list[int]]]:
+    """The deliveries of one partition in time order, as runs of one member: (member, offsets)."""
+    events = sorted(
+        (t, i, o) for i, m in enumerate(members) for t, top, p, o, _ in m.received() if (top, p) == (topic, partition)
+    )
+    out: list[tuple[int, list[int]]] = []
+    for _, i, offset in events:
+        if out and out[-1][0] == i:
+            out[-1][1].append(offset)
+        else:
+            out.append((i, [offset]))
+    return out
+
+
+def check_handovers(root: kl.Root, members: list[Member], topic: str, partitions: int, max_runs: int) -> None:
+    """One member at a time per partition, each taking over where the last one's commit left it."""
+    for p in range(partitions):
+        following = {m.offset: m.next_offset for b in kl.Consumer(root).consume(topic, [p]) for m in b.messages}  # type: ignore[union-attr]
+        seen = runs(members, topic, p)
+        assert len(seen) <= max_runs, f"partition {p} went back and forth between members: {[i for i, _ in seen]}"
+        for (_, before), (_, after) in zip(seen, seen[1:]):
+            assert after[0] <= following[before[-1]], f"partition {p}: a gap at a hand-over ({before[-1]} then {after[0]})"
+        for _, offsets in seen:
+            assert offsets == sorted(offsets)
+
+
+@pytest.fixture
+def out(tmp_path):
+    return lambda name: str(tmp_path / f"{name}.out")
+
+
+def test_four_members_share_eight_partitions_while_members_join_and_leave(root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=8))
+    values: list[str] = []
+    producer = threading.Thread(target=lambda: values.extend(produce(root, "t", 20000, pause=0.01)))
+    first = [Member(root, "g", "t", out(f"m{i}")) for i in range(2)]
+    producer.start()
+    time.sleep(0.3)
+    more = [Member(root, "g", "t", out(f"m{i}")) for i in range(2, 4)]
+    time.sleep(0.3)
+    first[0].stop()  # leaves mid-stream
+    late = Member(root, "g", "t", out("m4"))
+    producer.join()
+    members = [*first, *more, late]
+    wait_for(lambda: set(delivered(members)) >= set(values), what="every message to be delivered")
+    live = [m for m in members if m.proc.poll() is None]
+    wait_for(lambda: sorted(p for m in live for p in _owned(root, "g", "t", m)) == list(range(8)), what="8 owned")
+    for m in live:
+        m.stop()
+    counts = delivered(members)
+    assert set(counts) == set(values)
+    duplicates = sum(c - 1 for c in counts.values())
+    assert duplicates <= 8 * 4, f"{duplicates} duplicates"  # at most the message in hand at each hand-over
+    shares = [len(m.received()) for m in members]
+    assert all(shares[1:4]), f"some member got nothing: {shares}"
+    check_handovers(root, members, "t", 8, max_runs=8)
+    assert Registry(root.path, "g").members() == []
+
+
+def _owned(root: kl.Root, group: str, topic: str, member: Member) -> list[int]:
+    me = member.lines("joined")[0][0]
+    registry = Registry(root.path, group)
+    return [p for p in range(root.config(topic).partitions) if registry.owner(topic, p).member == me]
+
+
+def test_a_member_killed_is_replaced_and_only_its_uncommitted_messages_come_again(root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=4))
+    values = produce(root, "t", 4000)
+    a = Member(root, "g", "t", out("a"), "--sleep", "0.002")
+    b = Member(root, "g", "t", out("b"), "--sleep", "0.002")
+    wait_for(lambda: _owned(root, "g", "t", a) and _owned(root, "g", "t", b), what="both to own partitions")
+    wait_for(lambda: len(a.received()) > 200, what="a to consume")
+    a_partitions = _owned(root, "g", "t", a)
+    registry = Registry(root.path, "g")
+    committed_before = {p: registry.committed("t", p) for p in a_partitions}
+    a.kill()
+    wait_for(lambda: sorted(_owned(root, "g", "t", b)) == [0, 1, 2, 3], what="b to take a's partitions over")
+    wait_for(lambda: set(delivered([a, b])) >= set(values), what="every message")
+    b.stop()
+    counts = delivered([a, b])
+    assert set(counts) == set(values)
+    duplicates = {v for v, c in counts.items() if c > 1}
+    # Only what a received after its last commit comes again (a commits every 0.2 s).
+    a_after_commit = {
+        v
+        for _, _, p, o, v in a.received()
+        if p in a_partitions and (committed_before[p] is None or o >= committed_before[p].offset)
+    }
+    # ... and at most the one message in hand when a partition moved as b joined.
+    assert len(duplicates - a_after_commit) <= 2, sorted(duplicates - a_after_commit)
+    assert all(c == 2 for c in (counts[v] for v in duplicates))
+    check_handovers(root, [a, b], "t", 4, max_runs=2)
+
+
+def test_a_member_stopped_past_the_session_timeout_loses_its_partitions(root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 400)
+    a = Member(root, "g", "t", out("a"), "--session", "1.5", "--sleep", "0.05", "--commit-every", "1")
+    b = Member(root, "g", "t", out("b"), "--session", "1.5", "--sleep", "0.05", "--commit-every", "1")
+    wait_for(lambda: len(_owned(root, "g", "t", a)) == 1 and len(_owned(root, "g", "t", b)) == 1, what="one each")
+    [(lost_partition)] = _owned(root, "g", "t", a)
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: sorted(_owned(root, "g", "t", b)) == [0, 1], what="b to take the stopped member's partition")
+        stopped_at = max(t for t, *_ in a.received())
+        time.sleep(0.5)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: a.lines("lost"), what="a to notice")
+    [topic, partition, why] = a.lines("lost")[0]
+    assert (topic, int(partition)) == ("t", lost_partition)
+    assert "taken over" in why or "rejected" in why
+    # Back, a hands out nothing more of it until it claims it again after b let it go.
+    registry = Registry(root.path, "g")
+    wait_for(lambda: sum(len(_owned(root, "g", "t", m)) for m in (a, b)) == 2 and _owned(root, "g", "t", a), what="a back")
+    a.stop()
+    b.stop()
+    assert registry.committed("t", lost_partition).offset <= root.log("t", lost_partition).log_end_offset
+    after = [o for t, _, p, o, _ in a.received() if p == lost_partition and t > stopped_at]
+    b_offsets = [o for t, _, p, o, _ in b.received() if p == lost_partition]
+    assert not set(after[1:]) & set(b_offsets[:-1]) or after[0] >= max(b_offsets[:-1], default=0)
+
+
+def test_two_groups_each_get_everything_and_extra_members_idle(root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    g1 = [Member(root, "g1", "t", out(f"a{i}")) for i in range(3)]
+    g2 = [Member(root, "g2", "t", out("b0"))]
+    wait_for(lambda: sorted(len(_owned(root, "g1", "t", m)) for m in g1) == [0, 1, 1], what="two owners, one idle")
+    owned = [len(_owned(root, "g1", "t", m)) for m in g1]
+    values = produce(root, "t", 1000)
+    wait_for(lambda: set(delivered(g1)) == set(values) and set(delivered(g2)) == set(values), what="both groups")
+    assert [bool(m.received()) for m in g1] == [bool(n) for n in owned]
+    for m in g1 + g2:
+        m.stop()
+    assert sum(delivered(g1).values()) == sum(delivered(g2).values()) == 1000
+
+
+# ----------------------------------------------------------------- in one process
+
+
+def test_streams_split_partitions_and_pick_up_new_topics(root):
+    root.create_topic("a", kl.TopicConfig(partitions=3))
+    produce(root, "a", 300)
+    with kl.GroupConsumer(root, "g", poll_interval=0.05, session_timeout=2) as consumer:
+        streams = consumer.create_message_streams({"a": 2})["a"]
+        got = [[r.partition for r in iter_all(s)] for s in streams]
+        assert sorted({p for ps in got for p in ps}) == [0, 1, 2]
+        assert not set(got[0]) & set(got[1])
+        assert sum(map(len, got)) == 300
+    with kl.GroupConsumer(root, "f", poll_interval=0.05, session_timeout=2) as consumer:
+        [stream] = consumer.create_message_streams_by_filter(whitelist="[a-c]", blacklist="b")
+        assert len(list(iter_all(stream))) == 300
+        root.create_topic("b", kl.TopicConfig(partitions=1))
+        root.create_topic("c", kl.TopicConfig(partitions=1))
+        kl.Producer(root).send("b", b"not me")
+        kl.Producer(root).send("c", b"new topic")
+        assert [(r.topic, r.value) for r in iter_all(stream)] == [("c", b"new topic")]
+
+
+def iter_all(stream: kl.MessageStream, idle: float = 0.5) -> list[kl.Record]:
+    out = []
+    while (record := stream.poll(idle)) is not None:
+        out.append(record)
+    return out
+
+
+def test_a_member_whose_coordinator_stalls_stops_handing_out_and_its_commit_is_rejected(root):
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    produce(root, "t", 100)
+    a = kl.GroupConsumer(root, "g", ["t"], poll_interval=0.05, session_timeout=0.5, auto_commit=False)
+    stall = threading.Event()
+    polls = a._poll
+    a._poll = lambda: stall.wait() or polls()  # type: ignore[method-assign]  # the coordinator hangs
+    first = next(iter(a))
+    stall.clear()
+    b = kl.GroupConsumer(root, "g", ["t"], poll_interval=0.05, session_timeout=0.5)
+    wait_for(lambda: b.assignment() == {"t": [0]}, what="b to take the partition over")
+    assert iter(a).poll(0.3) is None  # a's lease ran out: it hands out nothing
+    with pytest.raises(kl.NotOwner, match="rejected"):
+        a.commit()
+    assert first.offset == 0
+    stall.set()
+    b.close()
+    a.close()
+
+
+def test_commit_close_and_restart_resume_exactly(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    values = produce(root, "t", 500)
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        seen = [r.value.decode() for _, r in zip(range(200), consumer)]
+        consumer.commit()
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        rest = [v.decode() for batch in consumer.batches(values_only=True) for v in batch.messages]  # type: ignore[union-attr]
+    assert sorted(seen + [v for v in rest], key=int) == values
+    assert Registry(root.path, "g").committed("t", 0) is not None
+
+
+def test_committed_offsets_out_of_the_log_follow_the_reset_policy(root):
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    produce(root, "t", 10)
+    Registry(root.path, "g").write_offset("t", 0, 10**9, "admin")
+    with kl.GroupConsumer(root, "g", ["t"], reset="fail") as consumer:
+        with pytest.raises(kl.OffsetOutOfRange, match="outside the log"):
+            next(iter(consumer))
+    with kl.GroupConsumer(root, "g", ["t"], reset="earliest") as consumer:
+        assert sum(len(b.messages) for b in consumer.batches()) == 10
+    with kl.GroupConsumer(root, "h", ["t"], start="latest") as consumer:
+        assert list(consumer.batches()) == []
+
+
+def test_bad_arguments_are_named(root):
+    root.create_topic("t")
+    with pytest.raises(kl.InvalidConfig, match="topics or with a pattern"):
+        kl.GroupConsumer(root, "g", ["t"], pattern="t")
+    with pytest.raises(kl.InvalidTopicName, match="invalid group name"):
+        kl.GroupConsumer(root, "../x", ["t"])
+    with pytest.raises(kl.InvalidConfig, match="bad topic pattern"):
+        kl.GroupConsumer(root, "g", pattern="(")
+    with pytest.raises(kl.InvalidConfig, match="session_timeout"):
+        kl.GroupConsumer(root, "g", ["t"], poll_interval=5, session_timeout=1)
+
+
+# ----------------------------------------------------------------- the registry's files
+
+
+def test_stale_generation_commits_are_rejected(root):
+    registry = Registry(root.path, "g")
+    a, b = registry.register({"topics": ["t"]}), registry.register({"topics": ["t"]})
+    try:
+        assert registry.claim("t", 0, a.member.id, {}) == 1
+        assert registry.claim("t", 0, b.member.id, {}) is None  # a is live
+        assert registry.claim("t", 0, b.member.id, {a.member.id: a.beats + 1}) is None  # a beat since b judged it
+        assert registry.claim("t", 0, b.member.id, {a.member.id: a.beats}) == 2  # expired at the beat it still shows
+        registry.commit("t", 0, 5, b.member.id, 2)
+        with pytest.raises(kl.NotOwner, match="owned by"):
+            registry.commit("t", 0, 9, a.member.id, 1)
+        assert registry.committed("t", 0).offset == 5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_dead_members_registrations_are_cleaned_up(root, tmp_path):
+    registry = Registry(root.path, "g")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from kl.registry import Registry; r = Registry({root.path!r}, 'g').register({{'topics': ['t']}}); print(r.member.id, flush=True); input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    member_id = child.stdout.readline().strip()
+    assert [m.id for m in registry.members()] == [member_id]
+    child.kill()
+    child.wait()
+    assert registry.members() == []
+    assert os.listdir(os.path.join(registry.path, "ids")) == []
+
+
+def test_offset_file_is_text_and_checked(root):
+    data = encode_offset(Committed(1234, "h:u", 1_700_000_000_000))
+    assert data.startswith(b"offset 1234\nmember h:u\ntime 2023-11-14T22:13:20.000Z\ncrc32 ")
+    assert decode_offset(data, "f") == Committed(1234, "h:u", 1_700_000_000_000)
+    with pytest.raises(kl.CorruptState, match="damaged committed offset"):
+        decode_offset(data.replace(b"1234", b"1235"), "f")
+    with pytest.raises(kl.CorruptState):
+        decode_offset(data[:-3], "f")
+
+
+@pytest.mark.parametrize("step", range(1, 7))
+def test_a_crash_at_every_step_of_a_commit_leaves_the_old_or_the_new_offset(root, step):
+    registry = Registry(root.path, "g")
+    registry.write_offset("t", 0, 100, "old")
+    code = f"""
+import os, signal
+from kl import fsutil
+from kl.registry import Registry
+calls = 0
+def dying(real):
+    def call(*a, **k):
+        global calls
+        calls += 1
+        if calls == {step}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **k)
+    return call
+for name in ("open", "write", "fsync", "rename"):
+    setattr(fsutil.os, name, dying(getattr(os, name)))
+Registry({root.path!r}, "g").write_offset("t", 0, 200, "new")
+"""
+    child = subprocess.run([sys.executable, "-c", code])
+    assert child.returncode in (0, -signal.SIGKILL)
+    assert registry.committed("t", 0).offset in (100, 200)
+    if child.returncode == 0:
+        assert registry.committed("t", 0).offset == 200
