@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import signal
 import subprocess
@@ -94,7 +95,7 @@ def check_handovers(root: kl.Root, members: list[Member], topic: str, partitions
         following = {m.offset: m.next_offset for b in kl.Consumer(root).consume(topic, [p]) for m in b.messages}  # type: ignore[union-attr]
         seen = runs(members, topic, p)
         assert len(seen) <= max_runs, f"partition {p} went back and forth between members: {[i for i, _ in seen]}"
-        for (_, before), (_, after) in zip(seen, seen[1:]):
+        for (_, before), (_, after) in itertools.pairwise(seen):
             assert after[0] <= following[before[-1]], f"partition {p}: a gap at a hand-over ({before[-1]} then {after[0]})"
         for _, offsets in seen:
             assert offsets == sorted(offsets)
@@ -264,7 +265,7 @@ def test_commit_close_and_restart_resume_exactly(root):
     root.create_topic("t", kl.TopicConfig(partitions=2))
     values = produce(root, "t", 500)
     with kl.GroupConsumer(root, "g", ["t"]) as consumer:
-        seen = [r.value.decode() for _, r in zip(range(200), consumer)]
+        seen = [r.value.decode() for _, r in zip(range(200), consumer, strict=False)]
         consumer.commit()
     with kl.GroupConsumer(root, "g", ["t"]) as consumer:
         rest = [v.decode() for batch in consumer.batches(values_only=True) for v in batch.messages]  # type: ignore[union-attr]
@@ -323,7 +324,8 @@ def test_dead_members_registrations_are_cleaned_up(root, tmp_path):
         [
             sys.executable,
             "-c",
-            f"from kl.registry import Registry; r = Registry({root.path!r}, 'g').register({{'topics': ['t']}}); print(r.member.id, flush=True); input()",
+            f"from kl.registry import Registry; r = Registry({root.path!r}, 'g').register({{'topics': ['t']}});"
+            " print(r.member.id, flush=True); input()",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
