@@ -171,7 +171,11 @@ class MessageStream:
         return None
 
     def _wait(self, deadline: float | None) -> bool:
-        """Wait for new data or partitions; False once ``deadline`` passed."""
+        """Wait for new data or partitions; False once ``deadline`` passed.  Raises what
+        keeps the coordinator from renewing the lease, once it ran out."""
+        error = self._consumer._error
+        if error is not None and time.monotonic() >= self._consumer._lease_until:
+            raise error
         wait = WAKE_EVERY if deadline is None else min(WAKE_EVERY, deadline - time.monotonic())
         if wait <= 0:
             return False
@@ -196,6 +200,8 @@ class MessageStream:
             except OffsetOutOfRange as e:
                 claim.position = consumer._reset_position(claim, e)
                 continue
+            except TopicNotFound:
+                continue  # deleted: the coordinator lets it go
             if damage is not None:
                 consumer._damaged(claim, damage)
             if got:
@@ -284,6 +290,7 @@ class GroupConsumer:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._lease_until = 0.0
+        self._error: Exception | None = None
         self._settled = False
         self._committed_at = time.monotonic()
         self._closed = False
@@ -431,8 +438,11 @@ class GroupConsumer:
         while not self._stopped.wait(self.poll_interval if self._settled else CLAIM_RETRY):
             try:
                 self._poll()
-            except KlError as e:
-                log.warning("group %s: %s", self.group, e)
+                self._error = None
+            except Exception as e:  # noqa: BLE001 - tried again next poll; streams raise it once the lease ran out
+                if str(e) != str(self._error):
+                    log.warning("group %s: %s", self.group, e)
+                self._error = e
 
     def _poll(self) -> None:
         assert self._registration is not None
@@ -495,7 +505,10 @@ class GroupConsumer:
         log_ = self.root.log(topic, partition)
         state = log_.state()
         claim = _Claim(topic, partition, generation, 0, 0, 0, None, self._ends[topic, partition], self._route(topic, partition))
-        committed = self.registry.committed(topic, partition)
+        try:
+            committed = self.registry.committed(topic, partition)
+        except CorruptState as e:
+            committed, claim.error = None, e
         if committed is None:
             position = state.log_start_offset if self.start == "earliest" else state.log_end_offset
         else:

@@ -86,5 +86,6 @@ def test_group_options_are_checked(four):
         assert message in result.stderr.decode()
         assert b"Traceback" not in result.stderr
     missing = kl_run(four, "consume", "t", "nope", "--group", "g")
-    assert (missing.returncode, missing.stderr.splitlines()[-1]) == (1, b"Error: topic 'nope' does not exist in " + four.path.encode())
+    expected = b"Error: topic 'nope' does not exist in " + four.path.encode()
+    assert (missing.returncode, missing.stderr.splitlines()[-1]) == (1, expected)
     assert not os.path.exists(os.path.join(four.path, ".groups", "g", "ids")) or Registry(four.path, "g").members() == []

@@ -375,3 +375,21 @@ Registry({root.path!r}, "g").write_offset("t", 0, 200, "new")
     assert registry.committed("t", 0).offset in (100, 200)
     if child.returncode == 0:
         assert registry.committed("t", 0).offset == 200
+
+
+def test_a_deleted_topic_is_let_go_and_a_damaged_offset_file_is_named(root):
+    root.create_topic("a")
+    root.create_topic("b")
+    produce(root, "a", 10)
+    with kl.GroupConsumer(root, "g", pattern="[ab]", poll_interval=0.05, session_timeout=2) as consumer:
+        assert len(iter_all(iter(consumer))) == 10
+        root.delete_topic("a")
+        kl.Producer(root).send("b", b"after")
+        assert [r.value for r in iter_all(iter(consumer))] == [b"after"]
+        wait_for(lambda: consumer.assignment() == {"b": [0]}, what="a to be let go")
+    offsets = os.path.join(root.path, ".groups", "g", "offsets", "b", "0")
+    with open(offsets, "r+b") as f:
+        f.write(b"offset 9")
+    with kl.GroupConsumer(root, "g", ["b"]) as consumer:
+        with pytest.raises(kl.CorruptState, match="damaged committed offset file .*kl groups reset"):
+            next(iter(consumer))
