@@ -23,6 +23,7 @@ rejected (``NotOwner``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
-from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, TopicNotFound
+from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
 from kl.message import Message
 from kl.registry import Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
@@ -448,13 +449,17 @@ class GroupConsumer:
         assert self._registration is not None
         with self._lock:
             now = time.monotonic()
+            try:
+                self._registration.beat()  # first, so that from here on nobody takes more
+            except StorageError as e:
+                self._rejoin(f"its heartbeat failed ({e})")
             if now >= self._lease_until:
-                self._registration.beat()  # first, so nobody takes more from here on
                 self._validate()
-            else:
-                self._registration.beat()
             self._lease_until = now + self.session_timeout
             members = self.registry.members()
+            if self._registration.member.id not in {m.id for m in members}:
+                self._rejoin("its registration is gone: its lock was lost (an NFS lease that ran out?)")
+                members = self.registry.members()
             expired = self._expired(members, now)
             wanted = self._assignment([m for m in members if m.id not in expired])
             for key in [key for key in self._owned if key not in wanted]:
@@ -560,6 +565,20 @@ class GroupConsumer:
             self.registry.release(claim.topic, claim.partition, me, claim.generation)
         except NotOwner as e:
             self._lost(claim, str(e))
+
+    def _rejoin(self, why: str) -> None:
+        """Give every partition up (committing what was consumed where this member still
+        owns it) and join again as a new member."""
+        assert self._registration is not None and self._subscription is not None
+        log.warning("group %s: member %s joins again: %s", self.group, self._registration.member.id, why)
+        for claim in list(self._owned.values()):
+            try:
+                self._release(claim, commit=self.auto_commit)
+            except KlError as e:
+                self._lost(claim, f"{why}; {e}")
+        with contextlib.suppress(OSError):
+            self._registration.close()
+        self._registration = self.registry.register(self._subscription)
 
     def _validate(self) -> None:
         """After a late heartbeat: drop what other members took meanwhile."""

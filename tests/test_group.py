@@ -393,3 +393,18 @@ def test_a_deleted_topic_is_let_go_and_a_damaged_offset_file_is_named(root):
     with kl.GroupConsumer(root, "g", ["b"]) as consumer:
         with pytest.raises(kl.CorruptState, match="damaged committed offset file .*kl groups reset"):
             next(iter(consumer))
+
+
+def test_a_member_whose_registration_went_away_joins_again(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 100)
+    lost: list[tuple[str, int, str]] = []
+    with kl.GroupConsumer(root, "g", ["t"], poll_interval=0.05, session_timeout=2, on_lost=lambda *a: lost.append(a)) as consumer:
+        first = consumer.member_id
+        assert len(iter_all(iter(consumer))) == 100
+        os.unlink(os.path.join(root.path, ".groups", "g", "ids", first))
+        wait_for(lambda: consumer.member_id != first and consumer.assignment() == {"t": [0, 1]}, what="a new membership")
+        assert lost == []  # it still owned them: it committed and let go, then took them again
+        produce(root, "t", 10)
+        assert len(iter_all(iter(consumer))) == 10
+    assert Registry(root.path, "g").members() == []
