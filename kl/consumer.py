@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
+from kl.follow import Watch
 from kl.log import EARLIEST, LATEST
 from kl.message import Message
 from kl.messageset import MessageSet
@@ -113,8 +114,9 @@ class Consumer:
         ``start`` is "earliest", "latest", a byte offset (for one partition), or a
         mapping of partition to offset.  Without ``follow`` each partition is read up to
         the end it had when this started, so a topic that keeps growing still ends;
-        with it, new messages are waited for (polling every ``poll_interval`` seconds)
-        until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
+        with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
+        inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
+        backstop) until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
         ``max_messages`` messages.
 
         Each fetch that gives messages yields a ``Batch`` of them, all valid: with
@@ -134,44 +136,49 @@ class Consumer:
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
         active = [p for p in partitions if follow or offsets[p] != ends[p]]
-        idle_since = time.monotonic()
-        while active and remaining != 0:
-            progressed = False
-            for p in list(active):
-                offset = offsets[p]
-                size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
-                try:
-                    got, offsets[p], damage = self._read(topic, p, offset, size, values_only, remaining)
-                except OffsetOutOfRange as e:
-                    if reset == "fail":
-                        raise
-                    got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
-                if got:
-                    if remaining is not None:
-                        remaining -= len(got)
-                    yield Batch(topic, p, offset, offsets[p], got)
-                    if remaining == 0:
+        with Watch(poll_interval) as watch:
+            if follow:
+                for p in partitions:  # before the first reads, so nothing published after them is missed
+                    watch.add(self.root.log(topic, p))
+            idle_since = time.monotonic()
+            while active and remaining != 0:
+                progressed = False
+                for p in list(active):
+                    offset = offsets[p]
+                    size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
+                    try:
+                        got, offsets[p], damage = self._read(topic, p, offset, size, values_only, remaining)
+                    except OffsetOutOfRange as e:
+                        if reset == "fail":
+                            raise
+                        got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                    if got:
+                        if remaining is not None:
+                            remaining -= len(got)
+                        yield Batch(topic, p, offset, offsets[p], got)
+                        if remaining == 0:
+                            return
+                    if damage is not None:
+                        if not skip_corrupt:
+                            raise damage
+                        at = offsets[p]  # where the damage starts
+                        offsets[p] = self.root.log(topic, p).skip_corrupt(at)
+                        skipped = Skipped(topic, p, at, offsets[p], damage.reason)
+                        if on_skip is None:
+                            log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
+                        else:
+                            on_skip(skipped)
+                    moved = offsets[p] != offset
+                    progressed = progressed or moved
+                    if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
+                        active.remove(p)
+                if follow and progressed:
+                    idle_since = time.monotonic()
+                elif follow:
+                    idle = time.monotonic() - idle_since
+                    if idle_timeout is not None and idle >= idle_timeout:
                         return
-                if damage is not None:
-                    if not skip_corrupt:
-                        raise damage
-                    at = offsets[p]  # where the damage starts
-                    offsets[p] = self.root.log(topic, p).skip_corrupt(at)
-                    skipped = Skipped(topic, p, at, offsets[p], damage.reason)
-                    if on_skip is None:
-                        log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
-                    else:
-                        on_skip(skipped)
-                moved = offsets[p] != offset
-                progressed = progressed or moved
-                if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
-                    active.remove(p)
-            if follow and progressed:
-                idle_since = time.monotonic()
-            elif follow:
-                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
-                    return
-                time.sleep(poll_interval)
+                    watch.wait(None if idle_timeout is None else idle_timeout - idle)
 
     def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
         if start == "earliest":

@@ -397,7 +397,7 @@ def test_offset_for_time_and_offset_back_through_the_consumer(root, topic):
 
 
 class FakeClock:
-    """``time`` for kl.consumer: ``sleep`` advances ``monotonic`` and is recorded."""
+    """``time`` for kl.consumer and kl.follow (polling): ``sleep`` advances ``monotonic`` and is recorded."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -415,6 +415,8 @@ def test_stream_yields_what_is_there_then_stops_when_idle(root, topic, monkeypat
     kl.Producer(root).send_batch(topic, [b"a", b"b"])
     clock = FakeClock()
     monkeypatch.setattr("kl.consumer.time", clock)
+    monkeypatch.setattr("kl.follow.time", clock)
+    monkeypatch.setattr("kl.follow._libc", lambda: None)  # no inotify: it would wait in real time
     got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.5, poll_interval=0.0625))
     assert values_of(got) == [b"a", b"b"]
     assert clock.sleeps == [0.0625] * 8  # polled until idle for the whole timeout, then stopped

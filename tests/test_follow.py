@@ -1,0 +1,242 @@
+"""kl.follow.Watch and following consumers: woken by inotify on local disks, polled elsewhere."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import kl
+import kl.follow
+from kl.follow import Watch
+from kl.log import Log
+
+from conftest import segment_files, values_of
+
+LONG = 30.0
+"""A poll interval no test waits out: a wake-up before it came from inotify."""
+
+
+def sender(root: kl.Root, topic: str, values: list[bytes], *, gap: float = 0.05) -> subprocess.Popen[bytes]:
+    """Another process that sends ``values`` to partition 0 one by one, ``gap`` seconds apart."""
+    code = (
+        "import sys, time, kl\n"
+        f"with kl.Producer(kl.Root({str(root.path)!r})) as producer:\n"
+        f"    for value in {values!r}:\n"
+        f"        time.sleep({gap})\n"
+        f"        producer.send({topic!r}, value, partition=0)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def no_inotify(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kl.follow, "_libc", lambda: None)
+
+
+# ----------------------------------------------------------------- Watch
+
+
+def test_wait_wakes_when_another_process_appends(root, topic):
+    log = root.log(topic, 0)
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(log)
+        process = sender(root, topic, [b"new"])
+        try:
+            assert watch.wait() is True
+        finally:
+            assert process.wait(30) == 0
+    assert log.log_end_offset > 0
+
+
+def test_wait_without_news_returns_false(root, topic):
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(root.log(topic, 0))
+        assert watch.wait(0.05) is False
+
+
+def test_wait_sees_a_publish_that_comes_well_after_its_data(root, topic, monkeypatch):
+    # The data write wakes the watch while the state still has the old end: it reads again.
+    publish = Log.publish
+    written = threading.Event()
+
+    def slow_publish(self: Log, state, *, durable: bool) -> None:
+        written.set()
+        time.sleep(0.2)
+        publish(self, state, durable=durable)
+
+    log = root.log(topic, 0)
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(log)
+        monkeypatch.setattr(Log, "publish", slow_publish)
+        thread = threading.Thread(target=lambda: kl.Producer(root).send(topic, b"late", partition=0))
+        thread.start()
+        try:
+            assert written.wait(30)
+            assert log.log_end_offset == 0  # not yet published
+            assert watch.wait() is True
+            assert log.log_end_offset > 0
+        finally:
+            thread.join()
+
+
+def test_wait_wakes_when_the_segment_rolls(root):
+    root.create_topic("small", kl.TopicConfig(segment_bytes=1024, max_message_bytes=512))
+    kl.Producer(root).send("small", b"x" * 400, partition=0)
+    kl.Producer(root).send("small", b"x" * 400, partition=0)
+    log = root.log("small", 0)
+    end = log.log_end_offset
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(log)
+        process = sender(root, "small", [b"y" * 400])
+        try:
+            assert watch.wait() is True
+        finally:
+            assert process.wait(30) == 0
+    assert len(segment_files(root, "small")) == 2
+    assert log.log_end_offset > end
+
+
+def test_wait_wakes_when_the_topic_is_deleted(root, topic):
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(root.log(topic, 0))
+        kl.Root(root.path).delete_topic(topic)
+        assert watch.wait() is True
+
+
+def test_a_removed_log_wakes_nobody(root, topic):
+    log = root.log(topic, 0)
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(log)
+        watch.remove(log)
+        kl.Producer(root).send(topic, b"unseen")
+        assert watch.wait(0.1) is False
+
+
+def test_close_frees_the_inotify_descriptor(root):
+    root.create_topic("three", kl.TopicConfig(partitions=3))
+    before = open_fds()
+    watch = Watch()
+    for p in range(3):
+        watch.add(root.log("three", p))
+    assert len(open_fds() - before) == 1  # one inotify instance for every partition
+    watch.close()
+    assert open_fds() == before
+
+
+def test_a_watch_on_nfs_opens_no_inotify_instance(root, topic, monkeypatch):
+    log = root.log(topic, 0)
+    monkeypatch.setattr(log, "on_nfs", lambda: True)
+    before = open_fds()
+    with Watch(poll_interval=0.01) as watch:
+        watch.add(log)
+        assert open_fds() == before
+        assert watch.wait() is False  # it only says when to poll
+
+
+def test_running_out_of_inotify_instances_falls_back_to_polling_and_says_so_once(root, topic, monkeypatch, caplog):
+    class Exhausted:
+        def inotify_init1(self, flags: int) -> int:
+            ctypes.set_errno(errno.EMFILE)
+            return -1
+
+    monkeypatch.setattr(kl.follow, "_libc", lambda: Exhausted())
+    monkeypatch.setattr(kl.follow, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="kl.follow"):
+        for _ in range(2):
+            with Watch(poll_interval=0.01) as watch:
+                watch.add(root.log(topic, 0))
+                assert watch.wait() is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"inotify_init1 failed ({os.strerror(errno.EMFILE)}): following those partitions by polling"
+    ]
+
+
+def test_a_negative_poll_interval_is_refused():
+    with pytest.raises(kl.InvalidConfig, match="poll_interval must be 0 or more seconds, not -1"):
+        Watch(poll_interval=-1)
+
+
+# ----------------------------------------------------------------- following consumers
+
+
+def test_follow_gets_what_another_process_sends(root, topic):
+    values = [b"%d" % i for i in range(5)]
+    before = open_fds()
+    process = sender(root, topic, values)
+    try:
+        batches = kl.Consumer(root).consume(topic, follow=True, max_messages=5, idle_timeout=LONG, poll_interval=LONG)
+        got = [value for batch in batches for value in batch.messages]
+    finally:
+        assert process.wait(30) == 0
+    assert values_of(got) == values
+    assert open_fds() == before
+
+
+def test_stream_follows_across_segment_rolls(root):
+    root.create_topic("small", kl.TopicConfig(segment_bytes=1024, max_message_bytes=512))
+    values = [b"%d" % i + b"x" * 300 for i in range(8)]
+    process = sender(root, "small", values, gap=0.02)
+    try:
+        got = []
+        for message in kl.Consumer(root).stream("small", 0, 0, idle_timeout=LONG, poll_interval=LONG):
+            got.append(message.value)
+            if len(got) == len(values):
+                break
+    finally:
+        assert process.wait(30) == 0
+    assert got == values
+    assert len(segment_files(root, "small")) > 2
+
+
+def test_follow_by_polling_still_delivers(root, topic, monkeypatch):
+    no_inotify(monkeypatch)
+    before = open_fds()
+    process = sender(root, topic, [b"a", b"b"])
+    try:
+        stream = kl.Consumer(root).stream(topic, 0, 0, idle_timeout=LONG, poll_interval=0.01)
+        got = [next(stream).value, next(stream).value]
+        stream.close()
+    finally:
+        assert process.wait(30) == 0
+    assert got == [b"a", b"b"]
+    assert open_fds() == before
+
+
+def test_follow_on_nfs_is_polled_and_delivers(root, topic, monkeypatch):
+    monkeypatch.setattr(Log, "on_nfs", lambda self: True)
+    process = sender(root, topic, [b"a", b"b"])
+    try:
+        batches = kl.Consumer(root).consume(topic, follow=True, max_messages=2, idle_timeout=LONG, poll_interval=0.01)
+        got = [value for batch in batches for value in batch.messages]
+    finally:
+        assert process.wait(30) == 0
+    assert values_of(got) == [b"a", b"b"]
+
+
+def test_idle_timeout_ends_a_follow_woken_by_inotify(root, topic):
+    kl.Producer(root).send(topic, b"old")
+    before = open_fds()
+    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.2, poll_interval=LONG))
+    assert values_of(got) == [b"old"]
+    assert open_fds() == before
+
+
+def test_a_follow_left_early_frees_its_descriptor(root, topic):
+    kl.Producer(root).send(topic, b"one")
+    before = open_fds()
+    stream = kl.Consumer(root).stream(topic, 0, 0)
+    assert next(stream).value == b"one"
+    assert len(open_fds() - before) == 1
+    stream.close()
+    assert open_fds() == before
