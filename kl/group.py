@@ -36,6 +36,8 @@ from typing import Literal, NamedTuple
 
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
+from kl.follow import Watch
+from kl.log import Log
 from kl.message import Message
 from kl.registry import Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
@@ -44,8 +46,9 @@ log = logging.getLogger(__name__)
 
 CLAIM_RETRY = 0.02
 """Seconds between attempts to claim a partition another member still owns."""
-WAKE_EVERY = 0.01
-"""Longest a waiting stream sleeps before it looks for new data again."""
+WAKE_EVERY = 0.05
+"""Longest a waiting stream waits for data (inotify wakes it sooner) before it looks
+for partitions handed to it again."""
 
 OnLost = Callable[[str, int, str], None]
 """Told (topic, partition, why) when a partition was taken from this member."""
@@ -80,6 +83,7 @@ class _Claim:
     end: int
     """The log end when this member first saw the partition: ``batches()`` stops there."""
     stream: MessageStream
+    log: Log
     error: KlError | None = None
 
 
@@ -101,6 +105,9 @@ class MessageStream:
         self._pending: Iterator[Message] = iter(())
         self._pending_claim: _Claim | None = None
         self._last: tuple[_Claim, int] | None = None
+        self._watch = Watch(consumer.poll_interval)
+        self._watched: set[Log] = set()
+        self._waiting = False
 
     def __iter__(self) -> MessageStream:
         return self
@@ -172,15 +179,30 @@ class MessageStream:
         return None
 
     def _wait(self, deadline: float | None) -> bool:
-        """Wait for new data or partitions; False once ``deadline`` passed.  Raises what
-        keeps the coordinator from renewing the lease, once it ran out."""
-        error = self._consumer._error
-        if error is not None and time.monotonic() >= self._consumer._lease_until:
+        """Wait for new data (``kl.follow.Watch``) or partitions; False once ``deadline``
+        passed.  Raises what keeps the coordinator from renewing the lease, once it ran out."""
+        consumer = self._consumer
+        error = consumer._error
+        if error is not None and time.monotonic() >= consumer._lease_until:
             raise error
         wait = WAKE_EVERY if deadline is None else min(WAKE_EVERY, deadline - time.monotonic())
         if wait <= 0:
             return False
-        self._cond.wait(wait)
+        logs = {c.log for c in self._claims if c.error is None}
+        for gone in self._watched - logs:
+            self._watch.remove(gone)
+        for new in logs - self._watched:
+            self._watch.add(new)
+        self._watched = logs
+        self._waiting = True
+        self._cond.release()  # the coordinator may hand partitions over meanwhile
+        try:
+            self._watch.wait(wait)
+        finally:
+            self._cond.acquire()
+            self._waiting = False
+            if consumer._stopped.is_set():
+                self._watch.close()
         return True
 
     def _fetch(self, follow: bool, values_only: bool, limit: int | None) -> tuple[_Claim, Batch] | None:
@@ -227,6 +249,12 @@ class MessageStream:
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+    def _close(self) -> None:
+        """Free the watch's descriptor (a stream waiting on it frees it as it wakes up)."""
+        with self._cond:
+            if not self._waiting:
+                self._watch.close()
 
 
 class GroupConsumer:
@@ -400,7 +428,7 @@ class GroupConsumer:
         self._closed = True
         self._stopped.set()
         for stream in self._streams:
-            stream._wake()
+            stream._close()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
@@ -509,7 +537,8 @@ class GroupConsumer:
     def _take(self, topic: str, partition: int, generation: int) -> None:
         log_ = self.root.log(topic, partition)
         state = log_.state()
-        claim = _Claim(topic, partition, generation, 0, 0, 0, None, self._ends[topic, partition], self._route(topic, partition))
+        end = self._ends[topic, partition]
+        claim = _Claim(topic, partition, generation, 0, 0, 0, None, end, self._route(topic, partition), log_)
         try:
             committed = self.registry.committed(topic, partition)
         except CorruptState as e:
