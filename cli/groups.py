@@ -76,7 +76,12 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
         for p in info.partitions
     ]
     if sys.stdout.isatty():
-        _table(f"group {info.group}: members", list(MEMBER_COLUMNS), members, NUMERIC)
+        if members:
+            _table(f"group {info.group}: members", list(MEMBER_COLUMNS), members, NUMERIC)
+        else:
+            from rich.console import Console
+
+            Console(highlight=False).print(f"group {info.group}: no live members")
         _table("partitions", list(PARTITION_COLUMNS), partitions, NUMERIC)
         return
     lines = [f"group  {info.group}", ""]
