@@ -562,7 +562,8 @@ class GroupConsumer:
         try:
             if commit and claim.consumed != claim.committed:
                 self.registry.commit(claim.topic, claim.partition, claim.consumed, me, claim.generation)
-            self.registry.release(claim.topic, claim.partition, me, claim.generation)
+            if not self.registry.release(claim.topic, claim.partition, me, claim.generation):
+                self._lost(claim, "another member took it over meanwhile")
         except NotOwner as e:
             self._lost(claim, str(e))
 

@@ -235,11 +235,14 @@ class Registry:
         found = _read_if_live(os.path.join(self.path, "ids", member))
         return None if found is None else found.beat
 
-    def release(self, topic: str, partition: int, member: str, generation: int) -> None:
-        """Give the partition up, if ``member`` still owns it in ``generation``."""
+    def release(self, topic: str, partition: int, member: str, generation: int) -> bool:
+        """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
         with self._locked(topic, partition) as path:
-            if _read_owner(path) == Owner(member, generation):
-                write_atomic(path, f"{RELEASED} {generation}\n".encode())
+            owner = _read_owner(path)
+            if owner != Owner(member, generation):
+                return False
+            write_atomic(path, f"{RELEASED} {generation}\n".encode())
+            return True
 
     def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:
         with self._locked(topic, partition) as path:

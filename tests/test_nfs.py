@@ -307,3 +307,73 @@ def test_a_consumer_sees_what_the_other_host_just_published(lab):
     assert result_b.returncode == 0, result_b.stderr[-2000:]
     assert result_a.returncode == 0, result_a.stderr[-2000:]
     assert result_a.stdout.split() == ["late", "0"]
+
+
+MEMBER = r"""
+import signal, sys, time, kl
+member = kl.GroupConsumer(
+    kl.Root(ROOT, lock_timeout=300), "nfs", [sys.argv[1]], poll_interval=0.2, session_timeout=3, auto_commit_interval=0.2,
+    on_lost=lambda topic, partition, why: print("lost", partition, why, flush=True),
+)
+signal.signal(signal.SIGTERM, lambda *_: member.stop())
+print("joined", member.member_id, flush=True)
+for record in member:
+    print("m", record.partition, record.offset, record.value.decode(), flush=True)
+    time.sleep(0.01)
+member.close()
+print("left", flush=True)
+""".replace("ROOT", repr(ROOT))
+
+SEND = r"""
+import sys, kl
+producer = kl.Producer(kl.Root(ROOT))
+tag, count = sys.argv[2], int(sys.argv[3])
+for p in range(4):
+    producer.send_batch(sys.argv[1], [b"%s-%d-%d" % (tag.encode(), p, i) for i in range(count)], partition=p)
+""".replace("ROOT", repr(ROOT))
+
+
+def delivered(*members) -> Counter:
+    return Counter(line.split()[3] for m in members for line in m.output().splitlines() if line.startswith("m "))
+
+
+def wait_until(condition, what, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("lab", ["4.2"], indirect=True)
+def test_a_group_on_two_hosts_replaces_a_host_cut_off_before_its_nfs_lease_ran_out(lab):
+    create(lab, "shared", partitions=4)
+    assert lab.python("a", SEND, "shared", "first", "50").returncode == 0
+    members = {host: lab.spawn_python(host, MEMBER, "shared") for host in "ab"}
+    for member in members.values():
+        member.wait_for_output("joined")
+    first = {f"first-{p}-{i}" for p in range(4) for i in range(50)}
+    wait_until(lambda: all(delivered(m) for m in members.values()), "both hosts to consume")
+    wait_until(lambda: set(delivered(*members.values())) >= first, "the first messages")
+    shares = {host: {line.split()[1] for line in m.output().splitlines() if line.startswith("m ")} for host, m in members.items()}
+    lab.disconnect("a")
+    cut_at = time.monotonic()
+    assert lab.python("b", SEND, "shared", "second", "50").returncode == 0
+    second = {f"second-{p}-{i}" for p in range(4) for i in range(50)}
+    wait_until(lambda: set(delivered(members["b"])) >= second, "host b to take over every partition", timeout=60)
+    took_over = time.monotonic() - cut_at
+    lab.reconnect("a")
+    wait_until(
+        lambda: "lost" in members["a"].output() or members["a"].poll() is not None,
+        lambda: f"host a to notice: {members['a'].result().stdout[-300:]!r} {members['a'].result().stderr[-2000:]!r}",
+    )
+    for member in members.values():
+        member.signal(signal.SIGTERM)
+    results = {host: m.wait(timeout=120) for host, m in members.items()}
+    assert results["b"].returncode == 0, results["b"].stderr[-2000:]
+    counts = delivered(*members.values())
+    assert set(counts) == first | second
+    print(
+        f"\ngroup on NFS: host a (partitions {sorted(shares['a'])}) cut off; host b had all 4 after {took_over:.1f} s "
+        f"(session timeout 3 s, NFS lease 10 s); {sum(counts.values()) - len(counts)} duplicates; "
+        f"host a: {[line for line in results['a'].stdout.splitlines() if line.startswith('lost')][:2]}"
+    )
