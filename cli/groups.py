@@ -30,7 +30,7 @@ def groups() -> None:
     """List, describe, reset, delete, export and import consumer groups."""
 
 
-@groups.command("list")
+@groups.command("list", short_help="List the groups.")
 @click.pass_context
 def list_(ctx: click.Context) -> None:
     """List the groups, one name a line (a table with members and offsets on a terminal)."""
@@ -46,7 +46,7 @@ def list_(ctx: click.Context) -> None:
     _table(None, ["group", "members", "offsets"], rows, {"members", "offsets"})
 
 
-@groups.command()
+@groups.command(short_help="Show members, owners, committed offsets and lag.")
 @click.argument("group")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
@@ -91,7 +91,7 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-@groups.command()
+@groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset).")
 @click.argument("group")
 @click.option(
     "--to",
@@ -119,7 +119,7 @@ def reset(ctx: click.Context, group: str, to: str, topic: str | None, partition:
     sys.stdout.write("".join(f"{c.topic}/{c.partition}: {_number(c.old)} -> {c.new}{suffix}\n" for c in changes))
 
 
-@groups.command()
+@groups.command(short_help="Delete a group.")
 @click.argument("group")
 @click.option("--force", is_flag=True, help="Delete even while the group has live members.")
 @click.pass_context
@@ -129,7 +129,7 @@ def delete(ctx: click.Context, group: str, force: bool) -> None:
     note(f"deleted group {group}")
 
 
-@groups.command()
+@groups.command(short_help="Write committed offsets to stdout.")
 @click.argument("group")
 @click.pass_context
 def export(ctx: click.Context, group: str) -> None:
@@ -137,7 +137,7 @@ def export(ctx: click.Context, group: str) -> None:
     sys.stdout.write(admin.export(get_root(ctx), group))
 
 
-@groups.command("import")
+@groups.command("import", short_help="Set committed offsets from stdin.")
 @click.argument("group")
 @click.option("--force", is_flag=True, help="Import even while the group has live members.")
 @click.pass_context
