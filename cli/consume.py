@@ -9,7 +9,6 @@ path: values only, joined with the delimiter.
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import re
 import signal
@@ -23,6 +22,7 @@ from kl_cli.common import (
     exclusive,
     get_root,
     key_delimiter_option,
+    parse_time,
     resolve_delimiter,
     to_bytes,
     unescape,
@@ -31,7 +31,6 @@ from kl_cli.common import (
 from kl_cli.output import stdout_writer
 
 FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 Render = Callable[[str, int, list[kl.Message]], bytes]
 
@@ -131,7 +130,7 @@ def consume(
     exclusive(binary=binary, delimiter=delimiter, null=null)
     delim = resolve_delimiter(delimiter, null)
     where, n = _parse_from_offset(from_offset)
-    time_ms = None if from_time is None else _parse_time(from_time)
+    time_ms = None if from_time is None else parse_time(from_time, "--from-time")
     render = None
     if fmt is not None:
         render = _format_renderer(fmt, delim)
@@ -329,18 +328,3 @@ def _parse_from_offset(text: str | None) -> tuple[str, int]:
     if re.fullmatch(r"-[0-9]+", text):
         return "back", int(text[1:])
     raise click.BadParameter(f"{text!r} is not N, earliest, latest or -N", param_hint="'-o' / '--from-offset'")
-
-
-def _parse_time(text: str) -> int:
-    """Milliseconds since the epoch from digits or an ISO 8601 time (local when no zone)."""
-    if re.fullmatch(r"[0-9]+", text):
-        return int(text)
-    try:
-        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" and text else text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is neither an ISO 8601 time nor milliseconds since the epoch", param_hint="'--from-time'"
-        ) from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return (when - _EPOCH) // datetime.timedelta(milliseconds=1)

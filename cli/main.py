@@ -17,6 +17,7 @@ import click
 import kl
 from kl_cli.common import log_warnings
 from kl_cli.consume import consume
+from kl_cli.groups import groups
 from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
 from kl_cli.produce import produce
@@ -70,6 +71,7 @@ def cli(root: str | None, lock_timeout: float | None) -> None:
 cli.add_command(topics)
 cli.add_command(produce)
 cli.add_command(consume)
+cli.add_command(groups)
 cli.add_command(recover_command)
 cli.add_command(retain_command)
 cli.add_command(dump_command)

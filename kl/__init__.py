@@ -31,7 +31,7 @@ from kl.log import EARLIEST, LATEST, Log
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
-from kl.registry import GroupNotFound, NotOwner
+from kl.registry import GroupActive, GroupNotFound, InvalidImport, NotOwner
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [
@@ -42,9 +42,11 @@ __all__ = [
     "CorruptState",
     "DEFAULT_MAX_BYTES",
     "EARLIEST",
+    "GroupActive",
     "GroupConsumer",
     "GroupNotFound",
     "InvalidConfig",
+    "InvalidImport",
     "InvalidOffset",
     "InvalidTopicName",
     "KlError",

@@ -54,6 +54,14 @@ class GroupNotFound(KlError):
     """No group of that name under the root."""
 
 
+class GroupActive(KlError):
+    """An admin change (reset, delete, import) refused while the group has live members."""
+
+
+class InvalidImport(KlError):
+    """A line of offsets to import is malformed, or names a partition or offset that does not exist."""
+
+
 def validate_group(name: str) -> str:
     """Return ``name`` if it is a valid group name (the rules of topic names)."""
     try:
@@ -275,13 +283,20 @@ class Registry:
 
     def offsets(self) -> Iterator[tuple[str, int, Committed]]:
         """Every committed offset: (topic, partition, committed), sorted."""
-        base = os.path.join(self.path, "offsets")
-        for topic in sorted(_listdir(base)):
-            parts = sorted(int(n) for n in _listdir(os.path.join(base, topic)) if n.isdigit())
-            for partition in parts:
-                committed = self.committed(topic, partition)
-                if committed is not None:
-                    yield topic, partition, committed
+        for topic, partition in self.partitions("offsets"):
+            committed = self.committed(topic, partition)
+            if committed is not None:
+                yield topic, partition, committed
+
+    def owners(self) -> Iterator[tuple[str, int, Owner]]:
+        """Every owner record (released ones included): (topic, partition, owner), sorted."""
+        for topic, partition in self.partitions("owners"):
+            yield topic, partition, self.owner(topic, partition)
+
+    def partitions(self, kind: str) -> list[tuple[str, int]]:
+        """(topic, partition) of every file of ``kind`` ("offsets" or "owners"), sorted."""
+        base = os.path.join(self.path, kind)
+        return sorted((t, int(n)) for t in _listdir(base) for n in _listdir(os.path.join(base, t)) if n.isdigit())
 
     def delete_offset(self, topic: str, partition: int) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,222 @@
+"""``kl groups list|describe|reset|delete|export|import``: consumer group administration.
+
+The work is ``kl.groups``'s; this parses, calls it and renders: tables on a terminal,
+plain columns when piped, JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import json
+import re
+import sys
+
+import click
+
+import kl
+from kl import groups as admin
+from kl.registry import Registry
+from kl_cli.common import get_root, note, parse_time
+
+MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
+PARTITION_COLUMNS = ("topic", "partition", "owner", "committed", "log end", "lag", "lag bytes", "lag time", "status")
+NUMERIC = {"pid", "partition", "committed", "log end", "lag", "lag bytes", "lag time"}
+
+
+@click.group()
+def groups() -> None:
+    """List, describe, reset, delete, export and import consumer groups."""
+
+
+@groups.command("list", short_help="List the groups.")
+@click.pass_context
+def list_(ctx: click.Context) -> None:
+    """List the groups, one name a line (a table with members and offsets on a terminal)."""
+    root = get_root(ctx)
+    names = admin.list_groups(root)
+    if not sys.stdout.isatty():
+        sys.stdout.write("".join(name + "\n" for name in names))
+        return
+    rows = []
+    for name in names:
+        registry = Registry(root.path, name, lock_timeout=root.lock_timeout)
+        rows.append([name, str(len(registry.members())), str(len(registry.partitions("offsets")))])
+    _table(None, ["group", "members", "offsets"], rows, {"members", "offsets"})
+
+
+@groups.command(short_help="Show members, owners, committed offsets and lag.")
+@click.argument("group")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def describe(ctx: click.Context, group: str, as_json: bool) -> None:
+    """Print GROUP's live members and, per partition, its owner, committed offset and lag.
+
+    Lag is counted from the committed offset to the log end: in messages, in bytes, and
+    in time (the age of the oldest message not consumed yet).
+    """
+    info = admin.describe(get_root(ctx), group)
+    if as_json:
+        sys.stdout.write(json.dumps(dataclasses.asdict(info), indent=2, default=_json_value) + "\n")
+        return
+    members = [[m.id, m.host, str(m.pid), _when(m.since_ms), _ago(m.beat_age_ms)] for m in info.members]
+    partitions = [
+        [
+            p.topic,
+            str(p.partition),
+            p.owner or "-",
+            _number(p.committed),
+            _number(p.log_end_offset),
+            _number(p.lag_messages),
+            _number(p.lag_bytes),
+            _duration(p.lag_ms),
+            p.status.value,
+        ]
+        for p in info.partitions
+    ]
+    if sys.stdout.isatty():
+        if members:
+            _table(f"group {info.group}: members", list(MEMBER_COLUMNS), members, NUMERIC)
+        else:
+            from rich.console import Console
+
+            Console(highlight=False).print(f"group {info.group}: no live members")
+        _table("partitions", list(PARTITION_COLUMNS), partitions, NUMERIC)
+        return
+    lines = [f"group  {info.group}", ""]
+    lines += _columns(list(MEMBER_COLUMNS), members) if members else ["no live members"]
+    lines.append("")
+    lines += _columns(list(PARTITION_COLUMNS), partitions)
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+@groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset).")
+@click.argument("group")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    metavar="earliest|latest|TIME|OFFSET",
+    help="The log start, the log end, the first message stamped at or after TIME (ISO 8601), "
+    "or byte OFFSET (one partition only).",
+)
+@click.option("--topic", metavar="TOPIC", help="Reset TOPIC's partitions only.")
+@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="With --topic: reset partition N only.")
+@click.option("--force", is_flag=True, help="Reset even while the group has live members.")
+@click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
+@click.pass_context
+def reset(ctx: click.Context, group: str, to: str, topic: str | None, partition: int | None, force: bool, dry_run: bool) -> None:
+    """Set GROUP's committed offsets, of every partition it knows of (or of --topic).
+
+    Refused while the group has live members (they would commit over it), unless
+    --force.  Prints one line per partition: TOPIC/PARTITION: OLD -> NEW.
+    """
+    if partition is not None and topic is None:
+        raise click.UsageError("--partition needs --topic")
+    changes = admin.reset(get_root(ctx), group, _target(to), topic=topic, partition=partition, force=force, dry_run=dry_run)
+    suffix = " (dry run: not written)" if dry_run else ""
+    sys.stdout.write("".join(f"{c.topic}/{c.partition}: {_number(c.old)} -> {c.new}{suffix}\n" for c in changes))
+
+
+@groups.command(short_help="Delete a group.")
+@click.argument("group")
+@click.option("--force", is_flag=True, help="Delete even while the group has live members.")
+@click.pass_context
+def delete(ctx: click.Context, group: str, force: bool) -> None:
+    """Delete GROUP: its members' registrations, owners and committed offsets."""
+    admin.delete(get_root(ctx), group, force=force)
+    note(f"deleted group {group}")
+
+
+@groups.command(short_help="Write committed offsets to stdout.")
+@click.argument("group")
+@click.pass_context
+def export(ctx: click.Context, group: str) -> None:
+    """Write GROUP's committed offsets to stdout, one 'TOPIC PARTITION OFFSET' line each."""
+    sys.stdout.write(admin.export(get_root(ctx), group))
+
+
+@groups.command("import", short_help="Set committed offsets from stdin.")
+@click.argument("group")
+@click.option("--force", is_flag=True, help="Import even while the group has live members.")
+@click.pass_context
+def import_(ctx: click.Context, group: str, force: bool) -> None:
+    """Set GROUP's committed offsets from stdin, in the format export writes.
+
+    Blank lines and lines starting with # are skipped.  Every line is checked before
+    anything is written; GROUP is created when missing.
+    """
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise kl.InvalidImport(f"the input is not UTF-8 text (byte {e.start})") from None
+    changes = admin.import_offsets(get_root(ctx), group, text, force=force)
+    note(f"imported {len(changes)} offset{'s' if len(changes) != 1 else ''} into group {group}")
+
+
+def _target(text: str) -> admin.Target:
+    if text in ("earliest", "latest"):
+        return "earliest" if text == "earliest" else "latest"
+    if re.fullmatch(r"[0-9]+", text):
+        return int(text)
+    try:
+        return admin.AtTime(parse_time(text, "--to", digits=False))
+    except click.BadParameter:
+        raise click.BadParameter(
+            f"{text!r} is not earliest, latest, an ISO 8601 time or a byte offset", param_hint="'--to'"
+        ) from None
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot write {value!r} as JSON")
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _when(ms: int) -> str:
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ago(ms: int | None) -> str:
+    return "-" if ms is None else _duration(ms) + " ago"
+
+
+def _duration(ms: int | None) -> str:
+    """``850ms``, ``4.2s``, ``3m 05s``, ``2h 10m``, ``3d 04h``; ``-`` for None."""
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    seconds = ms // 1000
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Plain aligned columns (header names with spaces joined by underscores)."""
+    rows = [[name.replace(" ", "_") for name in header], *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _table(title: str | None, header: list[str], rows: list[list[str]], numeric: set[str]) -> None:
+    from rich.console import Console
+    from rich.table import Column, Table
+
+    columns = [Column(name, justify="right" if name in numeric else "left") for name in header]
+    table = Table(*columns, title=title, title_justify="left", box=None)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)

@@ -1,0 +1,470 @@
+"""Consumer group administration: list, describe (owners, committed offsets, lag), reset,
+delete, export and import a group's offsets.  What ``kl groups`` does.
+
+A group's files are ``kl.registry``'s.  Changes (``reset``, ``delete``, ``import_offsets``)
+are refused with ``GroupActive`` while the group has live members, unless forced: a
+member keeps its position in memory and would commit over them.  The check is made once,
+before anything is written; a member that joins meanwhile may start from the old offsets.
+
+Lag is counted from the committed offset to the log end by walking the message headers
+of those bytes (no checksums, no values): each message counts one, a compressed batch
+the messages inside it (it is decompressed), padding none.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from kl import message as m
+from kl.errors import (
+    CorruptMessage,
+    InvalidConfig,
+    KlError,
+    RootNotFound,
+    TopicNotFound,
+    UnsupportedCodec,
+)
+from kl.fsutil import ensure_dir
+from kl.log import Log
+from kl.messageset import MessageSet, check
+from kl.registry import GroupActive, GroupNotFound, InvalidImport, Member, Registry, groups
+from kl.segment import SCAN_CHUNK, Segment
+from kl.topic import Root, validate_name
+
+__all__ = [
+    "AtTime",
+    "GroupInfo",
+    "MemberInfo",
+    "OffsetChange",
+    "PartitionLag",
+    "Status",
+    "delete",
+    "describe",
+    "export",
+    "import_offsets",
+    "list_groups",
+    "reset",
+]
+
+_HEAD = struct.Struct(">iBB")
+"""length, magic, attrs (for magic 0, the first byte of its crc: ignored)."""
+_STAMP = struct.Struct(">q")
+
+
+class Status(enum.Enum):
+    """Where a group's committed offset of a partition stands."""
+
+    OK = "ok"
+    NOT_COMMITTED = "not committed"
+    BEFORE_START = "before log start"
+    """Retention deleted messages the group had not consumed; lag counts from the log start."""
+    PAST_END = "past log end"
+    """Beyond the log end (the topic was created again?): no lag is given."""
+    GONE = "topic deleted"
+    """The topic, or this partition of it, no longer exists."""
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """A live member (its registration's lock is held)."""
+
+    id: str
+    host: str
+    pid: int
+    since_ms: int
+    subscription: dict[str, object]
+    beat_age_ms: int | None
+    """Since its heartbeat last changed its registration file, by this host's clock (the
+    file's mtime: a hint; a member far past its session timeout has stopped)."""
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition as the group sees it; offsets are None where the topic is gone."""
+
+    topic: str
+    partition: int
+    owner: str | None
+    """The live member that owns it (None: released, or its owner is gone)."""
+    generation: int
+    committed: int | None
+    committed_ms: int | None
+    """When it was committed."""
+    log_start_offset: int | None
+    log_end_offset: int | None
+    lag_messages: int | None
+    """Messages from the committed offset to the log end (None: not committed, gone, past
+    the end, or damaged data or a codec kl cannot read on the way)."""
+    lag_bytes: int | None
+    lag_ms: int | None
+    """Age of the oldest unconsumed message (None: caught up, or it has no timestamp)."""
+    status: Status
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    group: str
+    members: list[MemberInfo]
+    partitions: list[PartitionLag]
+
+
+class AtTime(NamedTuple):
+    """``reset``'s target: the first message stamped at or after ``time_ms``."""
+
+    time_ms: int
+
+
+class OffsetChange(NamedTuple):
+    """A committed offset that ``reset`` or ``import_offsets`` changed (or would change)."""
+
+    topic: str
+    partition: int
+    old: int | None
+    """None where nothing (or a damaged file) was committed."""
+    new: int
+
+
+Target = Literal["earliest", "latest"] | int | AtTime
+RootLike = Root | str | os.PathLike[str]
+
+
+def list_groups(root: RootLike) -> list[str]:
+    """Names of the groups under the root, sorted.  Raises ``RootNotFound``."""
+    return groups(_root(root).path)
+
+
+def describe(root: RootLike, group: str) -> GroupInfo:
+    """The group's live members, and per partition its owner, committed offset and lag.
+
+    The partitions are those of every topic the group has a committed offset or an owner
+    record for, and of every topic a live member subscribes to.  Raises ``GroupNotFound``
+    and ``CorruptState`` (a damaged offset file: reset it).
+    """
+    r = _root(root)
+    registry = _registry(r, group)
+    members = registry.members()
+    live = {member.id for member in members}
+    now = time.time_ns() // 1_000_000
+    owners = {(t, p): owner for t, p, owner in registry.owners()}
+    committed = {(t, p): c for t, p, c in registry.offsets()}
+    rows = []
+    for topic, partition in _partitions(r, members, set(owners) | set(committed)):
+        owner = owners.get((topic, partition))
+        c = committed.get((topic, partition))
+        lag = _lag(r, topic, partition, None if c is None else c.offset, now)
+        rows.append(
+            PartitionLag(
+                topic,
+                partition,
+                owner.member if owner is not None and owner.member in live else None,
+                0 if owner is None else owner.generation,
+                None if c is None else c.offset,
+                None if c is None else c.time_ms,
+                *lag,
+            )
+        )
+    return GroupInfo(registry.group, [_member_info(registry, member, now) for member in members], rows)
+
+
+def reset(
+    root: RootLike,
+    group: str,
+    to: Target,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+) -> list[OffsetChange]:
+    """Set the group's committed offsets to the log start ("earliest"), the log end
+    ("latest"), a byte offset (one partition only: it must start a message) or the first
+    message at or after ``AtTime(ms)``.
+
+    All partitions the group knows of (see ``describe``; topics deleted meanwhile are
+    left out), or those of ``topic``, or its one ``partition``.  Everything is worked out
+    before anything is written; ``dry_run`` writes nothing.  Returns the changes (every
+    partition, moved or not).  Raises ``GroupNotFound``, ``GroupActive`` (live members,
+    unless ``force``), ``TopicNotFound``, ``InvalidConfig`` (an offset for several
+    partitions), ``OffsetOutOfRange`` and ``InvalidOffset``.
+    """
+    r = _root(root)
+    registry = _registry(r, group)
+    if partition is not None and topic is None:
+        raise InvalidConfig(f"a partition ({partition}) needs its topic")
+    members = registry.members()
+    if topic is not None:
+        count = r.config(topic).partitions
+        if partition is not None:
+            r.log(topic, partition)  # TopicNotFound names the partitions there are
+        targets = [(topic, p) for p in range(count)] if partition is None else [(topic, partition)]
+    else:
+        known = set(registry.partitions("owners")) | set(registry.partitions("offsets"))  # damaged offsets too
+        targets = [(t, p) for t, p in _partitions(r, members, known) if _exists(r, t, p)]
+    if isinstance(to, int) and not isinstance(to, bool) and len(targets) != 1:
+        where = f"topic {topic!r}" if topic is not None else f"group {registry.group!r}"
+        raise InvalidConfig(f"a byte offset ({to}) is for one partition, and {where} has {len(targets)}: give the partition")
+    new = {(t, p): _target(r.log(t, p), to) for t, p in targets}
+    _refuse_if_active(registry, members, force)
+    changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in new.items()]
+    if not dry_run:
+        who = _who("reset")
+        for change in changes:
+            registry.write_offset(change.topic, change.partition, change.new, who)
+    return changes
+
+
+def delete(root: RootLike, group: str, *, force: bool = False) -> None:
+    """Remove the group: members, owners, committed offsets.  Raises ``GroupNotFound`` and
+    ``GroupActive`` (live members, unless ``force``; forced, they join it again, new)."""
+    registry = _registry(_root(root), group)
+    _refuse_if_active(registry, registry.members(), force)
+    registry.delete()
+
+
+def export(root: RootLike, group: str) -> str:
+    """The group's committed offsets, one ``TOPIC PARTITION OFFSET`` line each, sorted by
+    topic and partition: what ``import_offsets`` reads.  Offsets of partitions that no
+    longer exist come as comment lines.  Raises ``GroupNotFound`` and ``CorruptState``."""
+    r = _root(root)
+    lines = []
+    for topic, partition, committed in _registry(r, group).offsets():
+        line = f"{topic} {partition} {committed.offset}\n"
+        lines.append(line if _exists(r, topic, partition) else f"# {line.rstrip()} (no such partition now)\n")
+    return "".join(lines)
+
+
+def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False) -> list[OffsetChange]:
+    """Set the committed offsets that ``text`` gives (``export``'s format: one ``TOPIC
+    PARTITION OFFSET`` a line; blank lines and lines starting with ``#`` are skipped).
+
+    Every line is checked before any offset is written: the partition exists, the offset
+    starts a message within the log.  Creates the group when missing.  Returns the
+    changes.  Raises ``InvalidImport`` (naming the line), ``GroupActive`` (live members,
+    unless ``force``) and ``CorruptState``.
+    """
+    r = _root(root)
+    registry = Registry(r.path, group, lock_timeout=r.lock_timeout)
+    wanted: dict[tuple[str, int], int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, offset = _parse_line(r, line, number)
+        if key in wanted:
+            raise InvalidImport(f"line {number}: {key[0]}/{key[1]} is given twice")
+        wanted[key] = offset
+    _refuse_if_active(registry, registry.members(), force)
+    changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in wanted.items()]
+    ensure_dir(registry.path)
+    who = _who("import")
+    for change in changes:
+        registry.write_offset(change.topic, change.partition, change.new, who)
+    return changes
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _root(root: RootLike) -> Root:
+    r = root if isinstance(root, Root) else Root(root)
+    if not os.path.isdir(r.path):
+        raise RootNotFound(f"root {r.path} does not exist (is it mounted?)")
+    return r
+
+
+def _registry(root: Root, group: str) -> Registry:
+    registry = Registry(root.path, group, lock_timeout=root.lock_timeout)
+    if not registry.exists():
+        raise GroupNotFound(f"no group {group!r} in {root.path}")
+    return registry
+
+
+def _refuse_if_active(registry: Registry, members: list[Member], force: bool) -> None:
+    if members and not force:
+        who = ", ".join(f"{member.host} pid {member.pid}" for member in members)
+        n = len(members)
+        raise GroupActive(
+            f"group {registry.group!r} has {n} live member{'s' if n != 1 else ''} ({who}): stop {'them' if n != 1 else 'it'}"
+            " first, or force it"
+        )
+
+
+def _who(action: str) -> str:
+    """The ``member`` an admin change writes into the offset file."""
+    return f"{action}@{socket.gethostname()}"
+
+
+def _old(registry: Registry, topic: str, partition: int) -> int | None:
+    try:
+        committed = registry.committed(topic, partition)
+    except KlError:  # damaged: overwritten
+        return None
+    return None if committed is None else committed.offset
+
+
+def _partitions(root: Root, members: list[Member], known: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``known`` partitions plus every partition of their topics and of the topics live
+    members subscribe to, sorted."""
+    topics = {t for t, _ in known}
+    existing = root.topics()
+    topics.update(t for t in existing if any(member.subscribes(t) for member in members))
+    found = set(known)
+    for topic in topics:
+        if topic in existing:
+            try:
+                found.update((topic, p) for p in range(root.config(topic).partitions))
+            except TopicNotFound:
+                pass  # deleted meanwhile
+    return sorted(found)
+
+
+def _exists(root: Root, topic: str, partition: int) -> bool:
+    try:
+        root.log(topic, partition).state()
+    except TopicNotFound:
+        return False
+    return True
+
+
+def _target(log: Log, to: Target) -> int:
+    if to == "earliest":
+        return log.log_start_offset
+    if to == "latest":
+        return log.log_end_offset
+    if isinstance(to, AtTime):
+        return log.offset_for_time(to.time_ms)
+    if isinstance(to, int) and not isinstance(to, bool):
+        log.check_offset(to)
+        return to
+    raise InvalidConfig(f"reset to earliest, latest, a byte offset or AtTime(ms), not {to!r}")
+
+
+def _member_info(registry: Registry, member: Member, now: int) -> MemberInfo:
+    try:
+        changed = os.stat(os.path.join(registry.path, "ids", member.id)).st_mtime_ns // 1_000_000
+        age: int | None = max(0, now - changed)
+    except OSError:
+        age = None
+    return MemberInfo(member.id, member.host, member.pid, member.since_ms, member.subscription, age)
+
+
+Lag = tuple[int | None, int | None, int | None, int | None, int | None, Status]
+"""log start, log end, lag in messages, in bytes, in ms, status."""
+
+
+def _lag(root: Root, topic: str, partition: int, committed: int | None, now: int) -> Lag:
+    try:
+        log = root.log(topic, partition)
+        state = log.state()
+    except TopicNotFound:
+        return None, None, None, None, None, Status.GONE
+    start, end = state.log_start_offset, state.log_end_offset
+    if committed is None:
+        return start, end, None, None, None, Status.NOT_COMMITTED
+    if committed > end:
+        return start, end, None, None, None, Status.PAST_END
+    status = Status.BEFORE_START if committed < start else Status.OK
+    first = max(committed, start)
+    try:
+        count, stamp = _count(log, first, end)
+    except TopicNotFound:
+        return None, None, None, None, None, Status.GONE
+    age = None if stamp is None else max(0, now - stamp)
+    return start, end, count, end - first, age, status
+
+
+def _count(log: Log, start: int, end: int) -> tuple[int | None, int | None]:
+    """(messages in ``[start, end)``, timestamp of the first), walking headers only; the
+    count is None where damage or a codec kl cannot read stops it."""
+    count, stamp, seen = 0, None, False
+    segments = log.segments()
+    for i, info in enumerate(segments):
+        base = info.base_offset
+        stop = min(end, segments[i + 1].base_offset if i + 1 < len(segments) else end)
+        if stop <= start or base >= end:
+            continue
+        try:
+            segment = log.open_segment(base)
+        except FileNotFoundError:  # deleted by retention meanwhile
+            continue
+        with segment:
+            n, first = _count_segment(segment, max(start, base) - base, stop - base)
+            if not seen and first is not None:
+                seen, stamp = True, _timestamp(segment, first)
+        if n is None:
+            return None, stamp
+        count += n
+    return count, stamp
+
+
+def _count_segment(segment: Segment, position: int, last: int) -> tuple[int | None, int | None]:
+    """(messages in the positions ``[position, last)`` of one segment, or None at damage;
+    the position of the first one, padding aside)."""
+    limit = segment.max_message_bytes
+    count, first = 0, None
+    while position < last:
+        buf = segment.read(position, min(SCAN_CHUNK, last - position))
+        at, size = 0, len(buf)
+        while at + _HEAD.size <= size:
+            length, magic, attrs = _HEAD.unpack_from(buf, at)
+            whole = m.LENGTH_SIZE + length
+            if magic > m.CURRENT_MAGIC or not m.MIN_LENGTH[magic] <= length <= limit - m.LENGTH_SIZE:
+                return None, first
+            if position + at + whole > last:
+                return None, first
+            attrs = attrs if magic else 0
+            if not attrs & m.ATTR_PADDING:
+                if first is None:
+                    first = position + at
+                if attrs & m.CODEC_MASK:
+                    data = buf[at : at + whole] if at + whole <= size else segment.read(position + at, whole)
+                    inner = _inner_count(data, limit)
+                    if inner is None:
+                        return None, first
+                    count += inner
+                else:
+                    count += 1
+            at += whole
+        if at == 0:
+            return None, first  # fewer bytes than a header: the file ends early
+        position += at
+    return count, first
+
+
+def _timestamp(segment: Segment, position: int) -> int | None:
+    """The timestamp of the message at ``position`` (None for magic 0 and 1)."""
+    head = segment.read(position, m.KEY_OFFSET)
+    if len(head) < m.KEY_OFFSET or head[m.MAGIC_OFFSET] != m.CURRENT_MAGIC:
+        return None
+    (stamp,) = _STAMP.unpack_from(head, m.TIMESTAMP_OFFSET)
+    return int(stamp)
+
+
+def _inner_count(data: bytes, limit: int) -> int | None:
+    """How many messages a compressed batch holds (None: damaged, or a codec kl cannot read)."""
+    entry = check(data, 0, len(data), limit)
+    if entry.problem is not None:
+        return None
+    try:
+        return len(MessageSet(data, max_message_bytes=limit, stable_offset=len(data)).decode(entry))
+    except (CorruptMessage, UnsupportedCodec):
+        return None
+
+
+def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], int]:
+    fields = line.split()
+    if len(fields) != 3 or not fields[1].isdigit() or not fields[2].isdigit():
+        raise InvalidImport(f"line {number}: expected 'TOPIC PARTITION OFFSET', got {line!r}")
+    topic, partition, offset = fields[0], int(fields[1]), int(fields[2])
+    try:
+        validate_name(topic)
+        root.log(topic, partition).check_offset(offset)
+    except KlError as e:
+        raise InvalidImport(f"line {number}: {e}") from None
+    return (topic, partition), offset
