@@ -20,6 +20,8 @@ from kl.errors import (
     LockTimeout,
     MessageTooLarge,
     OffsetOutOfRange,
+    ProducerClosed,
+    QueueFull,
     RootNotFound,
     StorageError,
     TopicExists,
@@ -35,7 +37,7 @@ from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 __all__ = [
     "Appended", "Batch", "Consumer", "CorruptMessage", "CorruptState", "DEFAULT_MAX_BYTES", "EARLIEST", "InvalidConfig",
     "InvalidOffset", "InvalidTopicName", "KlError", "LATEST", "LockTimeout", "Log", "Message", "MessageSet",
-    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "Root", "RootNotFound", "Skipped", "Start",
-    "StorageError", "TopicConfig", "TopicExists", "TopicInfo", "TopicNotFound", "UnsupportedCodec", "hash_partitioner",
-    "validate_name",
+    "MessageTooLarge", "OffsetOutOfRange", "PartitionInfo", "Producer", "ProducerClosed", "QueueFull", "Root",
+    "RootNotFound", "Skipped", "Start", "StorageError", "TopicConfig", "TopicExists", "TopicInfo", "TopicNotFound",
+    "UnsupportedCodec", "hash_partitioner", "validate_name",
 ]
