@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import collections
 import itertools
 import logging
 import operator
@@ -144,7 +143,8 @@ class Producer:
 
     def _reset(self) -> None:
         """Async mode's state, fresh (at start, and in a forked child)."""
-        self._queue: collections.deque[_Item] = collections.deque()
+        self._queue: list[_Item] = []
+        """Appended to by send() and cut from the front by the thread (each one step under the GIL)."""
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wake_at = -1
@@ -380,10 +380,10 @@ class Producer:
     def _drain(self) -> None:
         """Take everything queued and append it, per topic."""
         queue = self._queue
-        pop = queue.popleft
-        items = [pop() for _ in range(len(queue))]
+        items = queue[:]
         if not items:
             return
+        del queue[: len(items)]  # sends meanwhile appended behind them
         now = time.time_ns() // 1_000_000
         try:
             topics = list(dict.fromkeys(map(_TOPIC, items)))
@@ -630,13 +630,14 @@ def _call(callback: Callback, appended: Appended | None, error: BaseException | 
         log.exception("kl producer: a send() callback raised")
 
 
-def _discard(queue: collections.deque[_Item], item: _Item) -> bool:
-    """Take ``item`` back out of the queue; False when the thread took it already."""
-    for i, queued in enumerate(reversed(queue)):
-        if queued is item:
-            del queue[len(queue) - 1 - i]
-            return True
-    return False
+def _discard(queue: list[_Item], item: _Item) -> bool:
+    """Take ``item`` (or one equal to it) back out of the queue, in one step the thread
+    cannot cut into; False when the thread took it already."""
+    try:
+        queue.remove(item)
+    except ValueError:
+        return False
+    return True
 
 
 _async_producers: weakref.WeakSet[Producer] = weakref.WeakSet()
@@ -665,9 +666,13 @@ def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit:
     """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
     message larger than it is a chunk of its own)."""
     sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
-    ends = list(itertools.accumulate(map(operator.add, sizes, itertools.repeat(m.HEADER_SIZE))))
-    start, consumed = 0, 0
-    while start < len(ends):
-        stop = max(bisect.bisect_right(ends, consumed + limit, lo=start), start + 1)
+    payload_ends = list(itertools.accumulate(sizes))  # the headers are added only where bisect looks
+
+    def end(i: int) -> int:
+        return payload_ends[i] + (i + 1) * m.HEADER_SIZE
+
+    count, start, consumed = len(payload_ends), 0, 0
+    while start < count:
+        stop = max(bisect.bisect_right(range(count), consumed + limit, lo=start, key=end), start + 1)
         yield start, stop
-        consumed, start = ends[stop - 1], stop
+        consumed, start = end(stop - 1), stop
