@@ -386,13 +386,15 @@ class Producer:
         del queue[: len(items)]  # sends meanwhile appended behind them
         now = time.time_ns() // 1_000_000
         try:
-            topics = list(dict.fromkeys(map(_TOPIC, items)))
+            topics = set(map(_TOPIC, items))
         except Exception as e:  # an unhashable topic
             self._failed(items, e)
             return
-        for topic in topics:
-            mine = items if len(topics) == 1 else [item for item in items if item[0] == topic]
-            self._deliver(topic, mine, now, retry=True)
+        if len(topics) == 1:
+            self._deliver(topics.pop(), items, now, retry=True)
+            return
+        for topic in dict.fromkeys(map(_TOPIC, items)):
+            self._deliver(topic, [item for item in items if item[0] == topic], now, retry=True)
 
     def _deliver(self, topic: str, items: list[_Item], now: int, retry: bool) -> None:
         """Append one topic's messages, per partition, in the order they were sent."""
@@ -458,10 +460,8 @@ class Producer:
         limit = config.max_message_bytes
         if keys.count(None) == len(keys):
             keys = None
-            largest = max(map(len, values))
-        else:
-            largest = max(len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
-        if largest + m.HEADER_SIZE > limit:
+        sizes = _sizes(values, keys)
+        if max(sizes) + m.HEADER_SIZE > limit:
             return self._write_fitting(topic, partition, items, now, limit)
         stamps: list[int | None] | None = list(map(_TIMESTAMP, items))
         assert stamps is not None
@@ -472,7 +472,7 @@ class Producer:
         chunk = min(self.batch_bytes, config.segment_bytes)
         if self.codec:
             chunk = min(chunk, limit - m.HEADER_SIZE)
-        for start, stop in _chunks(values, keys, chunk):
+        for start, stop in _chunks(sizes, chunk):
             ks = None if keys is None else keys[start:stop]
             if stamps is None:
                 data, ts = frame(values[start:stop], now, ks), now
@@ -597,7 +597,7 @@ class Producer:
         if self.codec:
             limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
         out: list[Appended] = []
-        for start, stop in _chunks(values, keys, limit):
+        for start, stop in _chunks(_sizes(values, keys), limit):
             target = next(targets)
             log = self.root.log(topic, target)
             data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
@@ -662,10 +662,16 @@ os.register_at_fork(after_in_child=_forked)
 atexit.register(_send_queued)
 
 
-def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit: int) -> Iterable[tuple[int, int]]:
-    """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
-    message larger than it is a chunk of its own)."""
-    sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
+def _sizes(values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> list[int]:
+    """Each message's value and key bytes (its framed size less the header)."""
+    if keys is None:
+        return list(map(len, values))
+    return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
+
+
+def _chunks(sizes: list[int], limit: int) -> Iterable[tuple[int, int]]:
+    """(start, stop) index ranges of messages of ``sizes`` (less their headers) whose
+    framed size stays within ``limit`` (a lone message larger than it is a chunk of its own)."""
     payload_ends = list(itertools.accumulate(sizes))  # the headers are added only where bisect looks
 
     def end(i: int) -> int:
