@@ -98,8 +98,8 @@ class Producer:
     ``linger_ms`` or once ``batch_size`` messages wait; ``send`` waits up to
     ``queue_timeout`` seconds (None: as long as it takes, 0: not at all) while
     ``queue_size`` messages are queued, then raises ``QueueFull``.  Callbacks run on that
-    thread: they must not block on this producer (no ``flush``, ``close``, or ``send``
-    that could find the queue full is waited for).
+    thread and must not wait for it: ``flush`` and ``close`` there raise RuntimeError, and
+    a ``send`` there never waits for room.
     """
 
     def __init__(
@@ -134,8 +134,8 @@ class Producer:
         self.batch_size = batch_size
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
-        self._room = -1
-        """Async mode: values up to this many bytes (and no key) skip send()'s size check."""
+        self._rooms: dict[str, int] = {}
+        """Async mode: topic -> the largest value without a key that needs no size check."""
         self._closed = False
         self._reset()
         if linger_ms is not None:
@@ -172,12 +172,13 @@ class Producer:
 
         A topic deleted and created again while this producer lives is looked up afresh
         (its partitions and limits may have changed): the send goes to the new topic.
-        Async mode raises ``MessageTooLarge`` at once where it can, ``QueueFull`` and
-        ``ProducerClosed``; other errors come later (see the class docstring).
+        Async mode raises at once ``MessageTooLarge`` (as the topic's limit was when
+        first sent to), ``TopicNotFound`` for a topic not sent to before, ``QueueFull``
+        and ``ProducerClosed``; other errors come later (see the module docstring).
         """
         if self.linger_ms is None:
             return self._send_now(topic, value, key, partition, timestamp, callback)
-        if len(value) > self._room or key is not None:
+        if len(value) > self._rooms.get(topic, -1) or key is not None:
             self._admit(topic, len(value) + m.HEADER_SIZE + (0 if key is None else len(key)))
         item = (topic, value, key, partition, timestamp, callback)
         queue = self._queue
@@ -308,13 +309,11 @@ class Producer:
                     raise QueueFull(f"the queue held {self.queue_size} messages for {timeout} s (queue_timeout)")
 
     def _admit(self, topic: str, size: int) -> None:
-        """send()'s size check (``TopicNotFound`` too when the topic is unknown); keyless
-        values up to the smallest room of the topics seen skip it."""
+        """send()'s size check, and ``TopicNotFound`` for a topic it has not seen."""
         limit = self.root.config(topic).max_message_bytes
         if size > limit:
             raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
-        if not 0 <= self._room <= limit - m.HEADER_SIZE:
-            self._room = limit - m.HEADER_SIZE
+        self._rooms[topic] = limit - m.HEADER_SIZE
 
     def _run(self) -> None:
         """The background thread: take the queue round after round until closed."""

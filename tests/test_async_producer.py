@@ -187,9 +187,10 @@ def test_sync_send_calls_the_callback_too(root, topic):
 # ----------------------------------------------------------------- errors
 
 
-def test_an_oversize_message_is_refused_by_send_itself(root):
+def test_an_oversize_message_is_refused_by_send_itself(root, topic):
     root.create_topic("small", kl.TopicConfig(max_message_bytes=100))
     with kl.Producer(root, linger_ms=LONG) as producer:
+        producer.send(topic, b"x" * 1000)  # a topic with a larger limit first
         producer.send("small", b"ok")
         with pytest.raises(kl.MessageTooLarge, match="max_message_bytes 100"):
             producer.send("small", b"x" * 100)
@@ -200,8 +201,11 @@ def test_an_oversize_message_is_refused_by_send_itself(root):
 
 
 def test_an_unknown_topic_is_refused_by_its_first_send(root, topic):
-    with pytest.raises(kl.TopicNotFound):
-        kl.Producer(root, linger_ms=LONG).send("nope", b"x")
+    with kl.Producer(root, linger_ms=LONG) as producer:
+        producer.send(topic, b"x")
+        with pytest.raises(kl.TopicNotFound):
+            producer.send("nope", b"x")
+    assert values_of(read_all(root, topic)) == [b"x"]
 
 
 def test_a_deleted_topic_fails_the_next_flush(root, topic):
