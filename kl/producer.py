@@ -292,7 +292,7 @@ class Producer:
             if self._closed or self._closing:
                 _discard(queue, item)
                 raise ProducerClosed("send() after close(): this producer is closed")
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="kl-producer", daemon=True)
                 self._thread.start()
             if len(queue) >= self.batch_size:
@@ -349,14 +349,18 @@ class Producer:
                 if self._queue:  # queued, but no thread (closed): append them here
                     self._drain()
                 return
-            if threading.current_thread() is thread:
-                raise RuntimeError("flush() or close() from a producer callback would wait for itself")
+            self._not_from_a_callback()
             ticket = self._rounds_started + 1
             self._woken = True
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._rounds_done >= ticket or not thread.is_alive())
 
+    def _not_from_a_callback(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("flush() or close() from a producer callback would wait for itself")
+
     def _stop(self) -> None:
+        self._not_from_a_callback()
         with self._cond:
             self._closing = True
             self._wake_at = -1

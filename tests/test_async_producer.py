@@ -307,19 +307,22 @@ def test_close_refuses_further_sends(root, topic):
     assert not [t for t in threading.enumerate() if t.name == "kl-producer" and t.is_alive()]
 
 
-def test_flush_from_a_callback_is_refused(root, topic):
+def test_flush_or_close_from_a_callback_is_refused(root, topic):
     told = Told()
 
     def flush_inside(appended, error):
-        try:
-            producer.flush()
-        except RuntimeError as e:
-            told(None, e)
+        for verb in (producer.flush, producer.close):
+            try:
+                verb()
+            except RuntimeError as e:
+                told(None, e)
 
     with kl.Producer(root, linger_ms=LONG) as producer:
         producer.send(topic, b"x", callback=flush_inside)
-    ((_, error),) = told.calls
-    assert "wait for itself" in str(error)
+        producer.flush()
+        producer.send(topic, b"y")
+    assert [str(error) for _, error in told.calls] == ["flush() or close() from a producer callback would wait for itself"] * 2
+    assert values_of(read_all(root, topic)) == [b"x", b"y"]
 
 
 def test_many_threads_send_at_once(root, four):
