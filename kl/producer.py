@@ -13,7 +13,8 @@ messages sent by one thread to one partition land in the order they were sent.  
 without a key or partition go to one partition per round of the thread, chosen by the
 partitioner (keys go to their key's partition); messages without a timestamp are stamped
 when the thread takes them.  ``send(..., callback=fn)`` has ``fn(appended, None)`` or
-``fn(None, error)`` called on that thread once the message is appended or has failed.
+``fn(None, error)`` called on that thread once the message is appended (``appended``
+holds its own offsets, or those of the compressed batch holding it) or has failed.
 An error nobody was told of (no callback) is raised by the next ``flush()`` or
 ``close()``.  The queue holds at most ``queue_size`` messages: ``send`` then waits for
 room, up to ``queue_timeout`` seconds, and raises ``QueueFull``.  ``flush()`` waits for
@@ -22,7 +23,9 @@ thread, after which ``send`` raises ``ProducerClosed``; a normal interpreter exi
 what is still queued.  A killed process loses what it had queued and not yet appended,
 never more, and never leaves a torn message.  After ``os.fork()`` the child starts with
 an empty queue (the parent's queued messages are the parent's to send) and starts its
-own thread on its first send.
+own thread on its first send.  ``send_batch`` stays synchronous: it appends at once,
+ahead of what is queued.  The thread lives until ``close()``: close a producer you are
+done with (or use ``with``).
 """
 
 from __future__ import annotations
