@@ -147,7 +147,7 @@ class Producer:
     def _reset(self) -> None:
         """Async mode's state, fresh (at start, and in a forked child)."""
         self._queue: list[_Item] = []
-        """Appended to by send() and cut from the front by the thread (each one step under the GIL)."""
+        """Appended to by send() without a lock; cut from the front by the thread under ``_cond``."""
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wake_at = -1
@@ -386,10 +386,11 @@ class Producer:
     def _drain(self) -> None:
         """Take everything queued and append it, per topic."""
         queue = self._queue
-        items = queue[:]
+        with self._cond:  # not while _discard takes one out; sends append behind them meanwhile
+            items = queue[:]
+            del queue[: len(items)]
         if not items:
             return
-        del queue[: len(items)]  # sends meanwhile appended behind them
         now = time.time_ns() // 1_000_000
         try:
             topics = set(map(_TOPIC, items))
