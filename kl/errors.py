@@ -81,3 +81,11 @@ class StorageError(KlError):
 
 class RootNotFound(KlError):
     """The root directory is missing (not mounted?) or is not a directory."""
+
+
+class QueueFull(KlError):
+    """An async producer's queue stayed full for longer than its ``queue_timeout``."""
+
+
+class ProducerClosed(KlError):
+    """A message was sent to an async producer after ``close()``."""

@@ -3,23 +3,49 @@
 ``send`` appends one message and returns once it is published (and, with
 ``fsync=True``, durable).  ``send_batch`` frames many messages in bulk and appends them
 per partition in chunks of at most ``batch_bytes``; each chunk is one atomic append.
+
+Async mode (Kafka's ``producer.type=async``): ``Producer(root, linger_ms=5)`` makes
+``send`` only queue the message in memory and return at once.  A background thread, one
+per producer, takes everything queued every ``linger_ms`` milliseconds, or as soon as
+``batch_size`` messages are waiting, and appends it per topic and partition through the
+same framing, compression and size checks as ``send_batch``.  Order holds per partition:
+messages sent by one thread to one partition land in the order they were sent.  Messages
+without a key or partition go to one partition per round of the thread, chosen by the
+partitioner (keys go to their key's partition); messages without a timestamp are stamped
+when the thread takes them.  ``send(..., callback=fn)`` has ``fn(appended, None)`` or
+``fn(None, error)`` called on that thread once the message is appended (``appended``
+holds its own offsets, or those of the compressed batch holding it) or has failed.
+An error nobody was told of (no callback) is raised by the next ``flush()`` or
+``close()``.  The queue holds at most ``queue_size`` messages: ``send`` then waits for
+room, up to ``queue_timeout`` seconds, and raises ``QueueFull``.  ``flush()`` waits for
+everything queued before it to be appended, then fsyncs; ``close()`` also stops the
+thread, after which ``send`` raises ``ProducerClosed``; a normal interpreter exit sends
+what is still queued.  A killed process loses what it had queued and not yet appended,
+never more, and never leaves a torn message.  After ``os.fork()`` the child starts with
+an empty queue (the parent's queued messages are the parent's to send) and starts its
+own thread on its first send.  ``send_batch`` stays synchronous: it appends at once,
+ahead of what is queued.  The thread lives until ``close()``: close a producer you are
+done with (or use ``with``).
 """
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import itertools
+import logging
 import operator
 import os
 import random
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from kl import message as m
-from kl.errors import InvalidConfig, MessageTooLarge, TopicNotFound
+from kl.errors import InvalidConfig, MessageTooLarge, ProducerClosed, QueueFull, TopicNotFound
 from kl.log import Log
 from kl.messageset import frame, wrap
 from kl.topic import Root
@@ -29,6 +55,12 @@ Partitioner = Callable[[bytes | None, int], int]
 
 DEFAULT_BATCH_BYTES = 256 << 10
 """The largest append (keyless batches turn to the next partition after each)."""
+DEFAULT_BATCH_SIZE = 1000
+"""Async mode: queued messages that wake the background thread before ``linger_ms``."""
+DEFAULT_QUEUE_SIZE = 100_000
+"""Async mode: queued messages beyond which ``send`` waits for room."""
+
+log = logging.getLogger(__name__)
 
 
 def hash_partitioner(key: bytes | None, partitions: int) -> int:
@@ -49,11 +81,28 @@ class Appended(NamedTuple):
     count: int  # type: ignore[assignment]  # the messages appended; shadows tuple.count, as the seed named it
 
 
+Callback = Callable[[Appended | None, BaseException | None], object]
+"""Async mode: called with (where the message landed, None) or (None, the error)."""
+
+_Item = tuple[str, bytes, bytes | None, int | None, int | None, Callback | None]
+"""A queued message: topic, value, key, partition, timestamp, callback."""
+_TOPIC, _VALUE, _KEY, _PARTITION, _TIMESTAMP, _CALLBACK = (operator.itemgetter(i) for i in range(6))
+_NONE = {None}
+
+
 class Producer:
     """Sends messages to topics under a root.  Safe to share between threads and processes.
 
-    ``compression`` is ``"zstd"``, ``"gzip"`` or None; ``fsync`` makes every send durable
-    before it returns; ``partitioner`` replaces :func:`hash_partitioner`.
+    ``compression`` is ``"zstd"``, ``"gzip"`` or None; ``fsync`` makes every append durable
+    before it is acknowledged; ``partitioner`` replaces :func:`hash_partitioner`.
+
+    ``linger_ms`` (None: synchronous) turns on async mode (see the module docstring):
+    ``send`` queues and returns None, and a background thread appends the queue every
+    ``linger_ms`` or once ``batch_size`` messages wait; ``send`` waits up to
+    ``queue_timeout`` seconds (None: as long as it takes, 0: not at all) while
+    ``queue_size`` messages are queued, then raises ``QueueFull``.  Callbacks run on that
+    thread and must not wait for it: ``flush`` and ``close`` there raise RuntimeError, and
+    a ``send`` there never waits for room.
     """
 
     def __init__(
@@ -64,31 +113,100 @@ class Producer:
         fsync: bool = False,
         partitioner: Partitioner = hash_partitioner,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
+        linger_ms: float | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_timeout: float | None = None,
     ):
         self.root = root if isinstance(root, Root) else Root(root)
         if compression not in (None, *m.CODECS):
             raise InvalidConfig(f"unknown compression {compression!r}: use zstd, gzip or none")
+        if linger_ms is not None and not linger_ms >= 0:
+            raise InvalidConfig(f"linger_ms must be 0 or more, not {linger_ms!r}")
+        if not 1 <= batch_size <= queue_size:
+            raise InvalidConfig(f"need 1 <= batch_size <= queue_size, not batch_size {batch_size} and queue_size {queue_size}")
+        if queue_timeout is not None and not queue_timeout >= 0:
+            raise InvalidConfig(f"queue_timeout must be 0 or more (or None), not {queue_timeout!r}")
         self.codec = m.CODECS[compression or "none"]
         self.fsync = fsync
         self.partitioner = partitioner
         self.batch_bytes = batch_bytes
         self._written: set[Log] = set()
         self._guard = threading.Lock()
+        self.linger_ms = linger_ms
+        self.batch_size = batch_size
+        self.queue_size = queue_size
+        self.queue_timeout = queue_timeout
+        self._rooms: dict[str, int] = {}
+        """Async mode: topic -> the largest value without a key that needs no size check."""
+        self._closed = False
+        self._reset()
+        if linger_ms is not None:
+            _async_producers.add(self)
+
+    def _reset(self) -> None:
+        """Async mode's state, fresh (at start, and in a forked child)."""
+        self._queue: list[_Item] = []
+        """Appended to by send() without a lock; cut from the front by the thread under ``_cond``."""
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._wake_at = -1
+        """send() calls ``_slow`` once more than this many messages are queued: -1 before
+        the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers, then
+        ``queue_size`` until it takes the queue."""
+        self._woken = False
+        self._closing = False
+        self._rounds_started = self._rounds_done = 0
+        self._error: BaseException | None = None
 
     def send(
-        self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None, timestamp: int | None = None
-    ) -> Appended:
-        """Append one message; returns where it landed.
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        callback: Callback | None = None,
+    ) -> Appended | None:
+        """Append one message; returns where it landed (None in async mode, which only
+        queues it).  ``callback``, if given, is called with (where it landed, None) or
+        (None, the error) once it is appended or has failed; in sync mode before this
+        returns (and the error is raised too).
 
         A topic deleted and created again while this producer lives is looked up afresh
         (its partitions and limits may have changed): the send goes to the new topic.
+        Async mode raises at once ``MessageTooLarge`` (as the topic's limit was when
+        first sent to), ``TopicNotFound`` for a topic not sent to before, ``QueueFull``
+        and ``ProducerClosed``; other errors come later (see the module docstring).
         """
+        if self.linger_ms is None:
+            return self._send_now(topic, value, key, partition, timestamp, callback)
+        if len(value) > self._rooms.get(topic, -1) or key is not None:
+            self._admit(topic, len(value) + m.HEADER_SIZE + (0 if key is None else len(key)))
+        item = (topic, value, key, partition, timestamp, callback)
+        queue = self._queue
+        queue.append(item)
+        if len(queue) > self._wake_at:
+            self._slow(item)
+        return None
+
+    def _send_now(
+        self, topic: str, value: bytes, key: bytes | None, partition: int | None, timestamp: int | None, callback: Callback | None
+    ) -> Appended:
         try:
-            return self._send(topic, value, key, partition, timestamp)
-        except TopicNotFound:
-            if not self._refreshed(topic):
-                raise
-            return self._send(topic, value, key, partition, timestamp)
+            try:
+                appended = self._send(topic, value, key, partition, timestamp)
+            except TopicNotFound:
+                if not self._refreshed(topic):
+                    raise
+                appended = self._send(topic, value, key, partition, timestamp)
+        except Exception as e:
+            if callback is not None:
+                _call(callback, None, e)
+            raise
+        if callback is not None:
+            _call(callback, appended, None)
+        return appended
 
     def _send(self, topic: str, value: bytes, key: bytes | None, partition: int | None, timestamp: int | None) -> Appended:
         if partition is None:
@@ -141,7 +259,11 @@ class Producer:
         return self._append(topic, targets, values, keys, ts, partition)
 
     def flush(self) -> None:
-        """fsync every partition this producer wrote to since the last flush."""
+        """fsync every partition this producer wrote to since the last flush.  In async
+        mode first wait until everything queued before this call is appended, and raise
+        the first error since the last flush that no callback was told of."""
+        if self.linger_ms is not None:
+            self._wait_for_queue()
         with self._guard:
             written, self._written = self._written, set()
         for log in written:
@@ -149,9 +271,13 @@ class Producer:
                 log.flush()
             except TopicNotFound:
                 pass  # deleted meanwhile: nothing of it is left to flush
+        self._raise_unreported()
 
     def close(self) -> None:
-        """Flush what was written; the producer stays usable."""
+        """Flush what was written.  A synchronous producer stays usable; an async one
+        appends what is queued, stops its thread and refuses further sends."""
+        if self.linger_ms is not None:
+            self._stop()
         self.flush()
 
     def __enter__(self) -> Producer:
@@ -159,6 +285,268 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ----------------------------------------------------------------- async mode
+
+    def _slow(self, item: _Item) -> None:
+        """send()'s way out of the fast path: start the thread, wake it, or wait for room."""
+        with self._cond:
+            queue = self._queue
+            if self._closed or self._closing:
+                _discard(queue, item)
+                raise ProducerClosed("send() after close(): this producer is closed")
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="kl-producer", daemon=True)
+                self._thread.start()
+            if len(queue) >= self.batch_size:
+                self._woken = True
+                self._wake_at = self.queue_size
+            elif self._wake_at < self.batch_size - 1:
+                self._wake_at = self.batch_size - 1  # the first message after idling: linger from now
+            self._cond.notify_all()
+            if len(queue) <= self.queue_size or threading.current_thread() is self._thread:
+                return
+            timeout = self.queue_timeout
+            if not self._cond.wait_for(lambda: len(self._queue) <= self.queue_size or self._closing, timeout):
+                if _discard(self._queue, item):
+                    raise QueueFull(f"the queue held {self.queue_size} messages for {timeout} s (queue_timeout)")
+
+    def _admit(self, topic: str, size: int) -> None:
+        """send()'s size check, and ``TopicNotFound`` for a topic it has not seen."""
+        limit = self.root.config(topic).max_message_bytes
+        if size > limit:
+            raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
+        self._rooms[topic] = limit - m.HEADER_SIZE
+
+    def _run(self) -> None:
+        """The background thread: take the queue round after round until closed."""
+        cond, linger = self._cond, (self.linger_ms or 0) / 1000
+        while True:
+            with cond:
+                if not self._queue and not self._woken and not self._closing:
+                    self._wake_at = 0  # idle: the next send wakes us (set before looking: see send)
+                    if not self._queue:
+                        cond.wait_for(lambda: self._woken or self._closing or self._wake_at != 0)
+                if not self._woken and not self._closing:
+                    cond.wait_for(lambda: self._woken or self._closing, linger)
+                self._woken = False
+                if self._wake_at > self.batch_size - 1:
+                    self._wake_at = self.batch_size - 1
+                closing = self._closing
+                self._rounds_started += 1
+            try:
+                self._drain()
+            except Exception:  # the thread must go on: _drain reports what it can
+                log.exception("kl producer thread: unexpected error")
+            with cond:
+                self._rounds_done += 1
+                cond.notify_all()
+                if closing and not self._queue:
+                    return
+
+    def _wait_for_queue(self) -> None:
+        """Wait until the thread has appended everything queued before this call."""
+        with self._cond:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                if self._queue:  # queued, but no thread (closed): append them here
+                    self._drain()
+                return
+            self._not_from_a_callback()
+            ticket = self._rounds_started + 1
+            self._woken = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._rounds_done >= ticket or not thread.is_alive())
+
+    def _not_from_a_callback(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("flush() or close() from a producer callback would wait for itself")
+
+    def _stop(self) -> None:
+        self._not_from_a_callback()
+        with self._cond:
+            self._closing = True
+            self._wake_at = -1
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cond:
+            self._closed = True
+            self._thread = None
+            if self._queue:  # a send() that raced close()
+                self._drain()
+
+    def _raise_unreported(self) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _drain(self) -> None:
+        """Take everything queued and append it, per topic."""
+        queue = self._queue
+        with self._cond:  # not while _discard takes one out; sends append behind them meanwhile
+            items = queue[:]
+            del queue[: len(items)]
+        if not items:
+            return
+        now = time.time_ns() // 1_000_000
+        try:
+            topics = set(map(_TOPIC, items))
+        except Exception as e:  # an unhashable topic
+            self._failed(items, e)
+            return
+        if len(topics) == 1:
+            self._deliver(topics.pop(), items, now, retry=True)
+            return
+        for topic in dict.fromkeys(map(_TOPIC, items)):
+            self._deliver(topic, [item for item in items if item[0] == topic], now, retry=True)
+
+    def _deliver(self, topic: str, items: list[_Item], now: int, retry: bool) -> None:
+        """Append one topic's messages, per partition, in the order they were sent."""
+        left: list[_Item] = []
+        gone: TopicNotFound | None = None
+        for partition, group in self._place(topic, items).items():
+            if left:
+                left += group
+            else:
+                left, gone = self._write(topic, partition, group, now)
+        if not left:
+            return
+        assert gone is not None
+        if retry and self._refreshed(topic):  # deleted and created again: the rest goes to the new topic
+            order = {id(item): i for i, item in enumerate(items)}
+            left.sort(key=lambda item: order[id(item)])
+            self._deliver(topic, left, now, retry=False)
+        else:
+            self._failed(left, gone)
+
+    def _place(self, topic: str, items: list[_Item]) -> dict[int, list[_Item]]:
+        """Group messages by partition, in order: keys by the partitioner, keyless ones
+        without a partition all to one the partitioner picks."""
+        partitions = set(map(_PARTITION, items))
+        if len(partitions) == 1 and set(map(_KEY, items)) == _NONE:
+            (partition,) = partitions
+            if partition is None:
+                try:
+                    partition = self._partition(topic, None)
+                except Exception as e:
+                    self._failed(items, e)
+                    return {}
+            return {partition: items}
+        groups: dict[int, list[_Item]] = {}
+        keyless: int | None = None
+        for item in items:
+            partition = item[3]
+            try:
+                if partition is None:
+                    if item[2] is not None:
+                        partition = self._partition(topic, item[2])
+                    else:
+                        if keyless is None:
+                            keyless = self._partition(topic, None)
+                        partition = keyless
+            except Exception as e:
+                self._failed([item], e)
+                continue
+            groups.setdefault(partition, []).append(item)
+        return groups
+
+    def _write(self, topic: str, partition: int, items: list[_Item], now: int) -> tuple[list[_Item], TopicNotFound | None]:
+        """Append one partition's messages in chunks; returns those left unwritten
+        because the topic (or the partition) is gone, and why (the caller looks again)."""
+        try:
+            config = self.root.config(topic)
+            log = self.root.log(topic, partition)
+        except TopicNotFound as e:
+            return items, e
+        values = list(map(_VALUE, items))
+        keys: list[bytes | None] | None = list(map(_KEY, items))
+        assert keys is not None
+        limit = config.max_message_bytes
+        if keys.count(None) == len(keys):
+            keys = None
+        sizes = _sizes(values, keys)
+        if max(sizes) + m.HEADER_SIZE > limit:
+            return self._write_fitting(topic, partition, items, now, limit)
+        stamps: list[int | None] | None = list(map(_TIMESTAMP, items))
+        assert stamps is not None
+        if stamps.count(None) == len(stamps):
+            stamps = None
+        callbacks = list(map(_CALLBACK, items))
+        told = callbacks.count(None) != len(callbacks)
+        chunk = min(self.batch_bytes, config.segment_bytes)
+        if self.codec:
+            chunk = min(chunk, limit - m.HEADER_SIZE)
+        for start, stop in _chunks(sizes, chunk):
+            ks = None if keys is None else keys[start:stop]
+            if stamps is None:
+                data, ts = frame(values[start:stop], now, ks), now
+            else:
+                ts_list = [now if t is None else t for t in stamps[start:stop]]
+                data, ts = b"".join(map(m.encode, values[start:stop], ks or [None] * (stop - start), ts_list)), ts_list[0]
+            wrapped = False
+            if self.codec:
+                packed = wrap(data, self.codec, ts)
+                if len(packed) <= limit:
+                    data, wrapped = packed, True
+            try:
+                offset = log.append(data, stop - start, fsync=self.fsync)
+            except TopicNotFound as e:
+                return items[start:], e
+            except Exception as e:
+                self._failed(items[start:stop], e)
+                continue
+            if log not in self._written:
+                self._note(log)
+            if told:
+                self._tell(topic, partition, offset, len(data), items[start:stop], wrapped)
+        return [], None
+
+    def _write_fitting(
+        self, topic: str, partition: int, items: list[_Item], now: int, limit: int
+    ) -> tuple[list[_Item], TopicNotFound | None]:
+        """``_write`` for the messages that fit the topic's limit; the others fail."""
+        fitting = []
+        for item in items:
+            size = len(item[1]) + len(item[2] or b"") + m.HEADER_SIZE
+            if size > limit:
+                too_large = f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}"
+                self._failed([item], MessageTooLarge(too_large))
+            else:
+                fitting.append(item)
+        return self._write(topic, partition, fitting, now) if fitting else ([], None)
+
+    def _tell(self, topic: str, partition: int, offset: int, size: int, items: list[_Item], wrapped: bool) -> None:
+        """Call the callbacks of one append: each message's own offsets, or the
+        compressed batch's that holds it."""
+        if wrapped:
+            appended = Appended(topic, partition, offset, offset + size, len(items))
+            for item in items:
+                if item[5] is not None:
+                    _call(item[5], appended, None)
+            return
+        for item in items:
+            end = offset + m.HEADER_SIZE + len(item[1]) + len(item[2] or b"")
+            if item[5] is not None:
+                _call(item[5], Appended(topic, partition, offset, end, 1), None)
+            offset = end
+
+    def _failed(self, items: list[_Item], error: BaseException) -> None:
+        """Tell the callbacks of messages that were not appended; keep the error for the
+        next flush() when some had none."""
+        unreported = False
+        for item in items:
+            if item[5] is None:
+                unreported = True
+            else:
+                _call(item[5], None, error)
+        if unreported:
+            log.debug("kl producer: %d messages not appended: %s", len(items), error)
+            with self._cond:
+                if self._error is None:
+                    self._error = error
 
     # ----------------------------------------------------------------- helpers
 
@@ -216,7 +604,7 @@ class Producer:
         if self.codec:
             limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
         out: list[Appended] = []
-        for start, stop in _chunks(values, keys, limit):
+        for start, stop in _chunks(_sizes(values, keys), limit):
             target = next(targets)
             log = self.root.log(topic, target)
             data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
@@ -242,13 +630,62 @@ class Producer:
                 self._written.add(log)
 
 
-def _chunks(values: Sequence[bytes], keys: Sequence[bytes | None] | None, limit: int) -> Iterable[tuple[int, int]]:
-    """(start, stop) index ranges whose framed size stays within ``limit`` (a lone
-    message larger than it is a chunk of its own)."""
-    sizes = map(len, values) if keys is None else (len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
-    ends = list(itertools.accumulate(map(operator.add, sizes, itertools.repeat(m.HEADER_SIZE))))
-    start, consumed = 0, 0
-    while start < len(ends):
-        stop = max(bisect.bisect_right(ends, consumed + limit, lo=start), start + 1)
+def _call(callback: Callback, appended: Appended | None, error: BaseException | None) -> None:
+    try:
+        callback(appended, error)
+    except Exception:
+        log.exception("kl producer: a send() callback raised")
+
+
+def _discard(queue: list[_Item], item: _Item) -> bool:
+    """Take ``item`` (or one equal to it) back out of the queue, in one step the thread
+    cannot cut into; False when the thread took it already."""
+    try:
+        queue.remove(item)
+    except ValueError:
+        return False
+    return True
+
+
+_async_producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child: every async producer starts afresh, with an empty queue."""
+    for producer in list(_async_producers):
+        producer._reset()
+
+
+def _send_queued() -> None:
+    """At interpreter exit: append what async producers still hold queued."""
+    for producer in list(_async_producers):
+        try:
+            producer._wait_for_queue()
+        except Exception:
+            log.exception("kl producer: sending the queue at exit failed")
+
+
+os.register_at_fork(after_in_child=_forked)
+atexit.register(_send_queued)
+
+
+def _sizes(values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> list[int]:
+    """Each message's value and key bytes (its framed size less the header)."""
+    if keys is None:
+        return list(map(len, values))
+    return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
+
+
+def _chunks(sizes: list[int], limit: int) -> Iterable[tuple[int, int]]:
+    """(start, stop) index ranges of messages of ``sizes`` (less their headers) whose
+    framed size stays within ``limit`` (a lone message larger than it is a chunk of its own)."""
+    payload_ends = list(itertools.accumulate(sizes))  # the headers are added only where bisect looks
+
+    def end(i: int) -> int:
+        return payload_ends[i] + (i + 1) * m.HEADER_SIZE
+
+    count, start, consumed = len(payload_ends), 0, 0
+    while start < count:
+        stop = max(bisect.bisect_right(range(count), consumed + limit, lo=start, key=end), start + 1)
         yield start, stop
-        consumed, start = ends[stop - 1], stop
+        consumed, start = end(stop - 1), stop
