@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CLAIM_RETRY = 0.02
 """Seconds between attempts to claim a partition another member still owns."""
-WAKE_EVERY = 0.05
+WAKE_EVERY = 0.1
 """Longest a waiting stream waits for data (inotify wakes it sooner) before it looks
 for partitions handed to it again."""
 
