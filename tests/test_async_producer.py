@@ -391,3 +391,30 @@ def test_sigkill_loses_only_queued_messages_and_tears_nothing(root, topic):
     got = values_of(read_all(root, topic))
     assert len(got) >= flushed
     assert got == [b"%08d" % i + b"x" * 200 for i in range(len(got))]
+
+
+def test_plain_sends_from_several_threads_land_where_each_asked(root, four):
+    """The first thread to send queues bare values after a header; the others must never
+    come between a header and its values, whatever partitions they switch between."""
+    producer = kl.Producer(root, linger_ms=1, batch_size=50, queue_size=500)
+    per_thread = 3000
+
+    def sender(n: int) -> None:
+        for i in range(per_thread):
+            producer.send(four, b"%d:%06d" % (n, i), partition=(n + i // 100) % 4)
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    producer.close()
+    got = everything(root, four)
+    assert sum(len(ms) for ms in got.values()) == 4 * per_thread
+    for partition, messages in got.items():
+        for msg in messages:
+            n, i = map(int, msg.value.split(b":"))
+            assert (n + i // 100) % 4 == partition, f"{msg.value!r} landed in partition {partition}"
+    for n in range(4):
+        mine = [v for ms in got.values() for v in (m.value for m in ms) if v.startswith(b"%d:" % n)]
+        assert sorted(mine) == [b"%d:%06d" % (n, i) for i in range(per_thread)]
