@@ -32,7 +32,7 @@ its fields; but the first thread to send (the owner) queues a plain message (no 
 timestamp or callback) going where its previous plain one went as its bare value, with no
 tuple made: the thread sends it where the last plain message (a ``_Header``) before it
 went.  Other threads always queue tuples and never headers, so nothing can come between a
-header and its values.  This halves what a message costs in time and in young garbage.
+header and its values.  This cuts what a send costs by about a fifth, and its garbage.
 """
 
 from __future__ import annotations
