@@ -459,7 +459,12 @@ class GroupConsumer:
         self._registration = self.registry.register(subscription)
 
     def _start(self) -> None:
-        self._poll()
+        """The first rebalance, here (so a member owns its share once this returns), then the thread."""
+        try:
+            self._poll()
+        except BaseException:
+            self.close()  # leave again: nothing of it may linger in the group
+            raise
         self._thread = threading.Thread(target=self._run, name=f"kl-group-{self.group}", daemon=True)
         self._thread.start()
 
@@ -495,7 +500,11 @@ class GroupConsumer:
             for topic, partition in sorted(wanted - self._owned.keys()):
                 generation = self.registry.claim(topic, partition, self._registration.member.id, expired)
                 if generation is not None:
-                    self._take(topic, partition, generation)
+                    try:
+                        self._take(topic, partition, generation)
+                    except BaseException:
+                        self.registry.release(topic, partition, self._registration.member.id, generation)
+                        raise
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
                 self._commit("consumed", raise_lost=False)

@@ -409,3 +409,18 @@ def test_a_member_whose_registration_went_away_joins_again(root):
         produce(root, "t", 10)
         assert len(iter_all(iter(consumer))) == 10
     assert Registry(root.path, "g").members() == []
+
+
+def test_a_member_that_cannot_start_leaves_nothing_behind(root, monkeypatch):
+    root.create_topic("t")
+    produce(root, "t", 5)
+
+    def broken(*args: object) -> None:
+        raise kl.StorageError("cannot read: I/O error")
+
+    monkeypatch.setattr(Registry, "committed", broken)
+    with pytest.raises(kl.StorageError, match="I/O error"):
+        kl.GroupConsumer(root, "g", ["t"])
+    monkeypatch.undo()
+    assert Registry(root.path, "g").members() == []
+    assert Registry(root.path, "g").owner("t", 0).member is None
