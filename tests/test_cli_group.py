@@ -58,15 +58,21 @@ def test_sigterm_commits_what_was_written_and_leaves(four):
         for _ in range(2)
     ]
     registry = Registry(four.path, "g")
-    deadline = time.monotonic() + 30
-    while len(registry.members()) < 2 or sum(registry.owner("t", p).member is not None for p in range(4)) < 4:
-        assert time.monotonic() < deadline, "the members did not share the partitions"
-        time.sleep(0.05)
-    produce(four, "t", 200, 300)
-    time.sleep(0.5)
-    members[0].send_signal(signal.SIGTERM)
-    members[1].send_signal(signal.SIGINT)
-    outs = [m.communicate(timeout=30)[0] for m in members]
+    try:
+        deadline = time.monotonic() + 30
+        while len(registry.members()) < 2 or sum(registry.owner("t", p).member is not None for p in range(4)) < 4:
+            assert time.monotonic() < deadline, "the members did not share the partitions"
+            time.sleep(0.05)
+        produce(four, "t", 200, 300)
+        time.sleep(0.5)
+        members[0].send_signal(signal.SIGTERM)
+        members[1].send_signal(signal.SIGINT)
+        outs = [m.communicate(timeout=30)[0] for m in members]
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.kill()
+                m.wait()
     assert [m.returncode for m in members] == [0, 130]
     got = collections.Counter(line for out in outs for line in out.splitlines())
     rest = kl_run(four, "consume", "t", "--group", "g").stdout.splitlines()

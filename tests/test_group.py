@@ -29,12 +29,26 @@ def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_member_outlives_its_test():
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class Member:
     """A member process and what it wrote."""
 
     def __init__(self, root: kl.Root, group: str, topics: str, out: str, *args: str):
         self.out = out
         self.proc = subprocess.Popen([sys.executable, MEMBER, root.path, group, topics, out, *args])
+        STARTED.append(self.proc)
         wait_for(lambda: self.lines("joined"), what="the member to join")
 
     def lines(self, kind: str) -> list[list[str]]:
