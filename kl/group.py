@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from kl.config import CONFIG_FILE
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
 from kl.follow import Watch
@@ -217,14 +218,18 @@ class MessageStream:
             offset = claim.position
             max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - offset))
             try:
-                got, claim.position, damage = consumer._reader._read(
+                got, position, damage = consumer._reader._read(
                     claim.topic, claim.partition, offset, max_bytes, values_only, limit
                 )
             except OffsetOutOfRange as e:
-                claim.position = consumer._reset_position(claim, e)
+                if not consumer._recreated(claim.topic):
+                    claim.position = consumer._reset_position(claim, e)
                 continue
             except TopicNotFound:
                 continue  # deleted: the coordinator lets it go
+            if damage is not None and consumer._recreated(claim.topic):
+                continue  # what looks damaged is another topic of the same name: the coordinator starts it afresh
+            claim.position = position
             if damage is not None:
                 consumer._damaged(claim, damage)
             if got:
@@ -315,6 +320,7 @@ class GroupConsumer:
         self._owned: dict[tuple[str, int], _Claim] = {}
         self._ends: dict[tuple[str, int], int] = {}
         self._seen: dict[str, tuple[int, float]] = {}
+        self._topic_ids: dict[str, tuple[int, int]] = {}
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -527,7 +533,7 @@ class GroupConsumer:
         me = self._registration.member.id
         wanted: set[tuple[str, int]] = set()
         for topic in self.root.topics():
-            if not subscribes(self._subscription, topic):
+            if not subscribes(self._subscription, topic) or self._created_again(topic):
                 continue
             try:
                 count = self.root.config(topic).partitions
@@ -604,6 +610,40 @@ class GroupConsumer:
                 self._lost(claim, "another member took it over meanwhile")
         except NotOwner as e:
             self._lost(claim, str(e))
+
+    def _topic_ident(self, topic: str) -> tuple[int, int] | None:
+        """What tells this creation of ``topic`` from another: its ``topic.json``'s inode and mtime."""
+        try:
+            st = os.stat(os.path.join(self.root.topic_path(topic), CONFIG_FILE))
+        except (OSError, KlError):
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _recreated(self, topic: str) -> bool:
+        """For a stream: ``topic`` is gone or another one since the coordinator last looked."""
+        known = self._topic_ids.get(topic)
+        return known is not None and self._topic_ident(topic) != known
+
+    def _created_again(self, topic: str) -> bool:
+        """Whether ``topic`` was deleted and created again since the last look (its
+        ``topic.json`` is another file); if so, forget it, drop the committed offsets of the
+        partitions this member owned and let them go, so the next rebalance claims the new
+        ones afresh.  (Messages read of the new topic before this was seen come again.)"""
+        ident = self._topic_ident(topic)
+        if ident is None or self._topic_ids.setdefault(topic, ident) == ident:
+            return False
+        self._topic_ids[topic] = ident
+        assert self._registration is not None
+        for claim in [c for c in self._owned.values() if c.topic == topic]:
+            try:  # its offsets are the old topic's: the new one starts at ``start``
+                self.registry.delete_offset(topic, claim.partition, self._registration.member.id, claim.generation)
+            except NotOwner as e:
+                self._lost(claim, str(e))
+            self._release(claim, commit=False)
+        self.root.forget(topic)
+        for key in [key for key in self._ends if key[0] == topic]:
+            del self._ends[key]
+        return True
 
     def _rejoin(self, why: str) -> None:
         """Give every partition up (committing what was consumed where this member still

@@ -298,9 +298,15 @@ class Registry:
         base = os.path.join(self.path, kind)
         return sorted((t, int(n)) for t in _listdir(base) for n in _listdir(os.path.join(base, t)) if n.isdigit())
 
-    def delete_offset(self, topic: str, partition: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._partition_path("offsets", topic, partition))
+    def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
+        """Forget the committed offset (of a topic deleted and created again), if ``member``
+        owns the partition in ``generation``; raises ``NotOwner`` if it does not."""
+        with self._locked(topic, partition) as path:
+            owner = _read_owner(path)
+            if owner != Owner(member, generation):
+                raise NotOwner(f"{member} no longer owns {topic}/{partition}: its committed offset stays")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._partition_path("offsets", topic, partition))
 
     def delete(self) -> None:
         """Remove the group's directory (its caller made sure no member lives)."""

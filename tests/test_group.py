@@ -438,3 +438,21 @@ def test_a_member_that_cannot_start_leaves_nothing_behind(root, monkeypatch):
     monkeypatch.undo()
     assert Registry(root.path, "g").members() == []
     assert Registry(root.path, "g").owner("t", 0).member is None
+
+
+def test_a_topic_deleted_and_created_again_is_read_afresh(root):
+    root.create_topic("t")
+    produce(root, "t", 20)
+    with kl.GroupConsumer(root, "g", ["t"], poll_interval=0.05, session_timeout=2) as consumer:
+        assert len(iter_all(iter(consumer))) == 20
+        consumer.commit()
+        elsewhere = kl.Root(root.path)  # as another process would
+        elsewhere.delete_topic("t")
+        elsewhere.create_topic("t", kl.TopicConfig(partitions=2))
+        kl.Producer(elsewhere).send_batch("t", [b"new-0"], partition=0)
+        kl.Producer(elsewhere).send_batch("t", [b"new-1"], partition=1)
+        got = iter_all(iter(consumer), idle=1.0)
+        assert {(r.partition, r.value) for r in got} == {(0, b"new-0"), (1, b"new-1")}  # perhaps twice: at least once
+        consumer.commit()
+    registry = Registry(root.path, "g")
+    assert [registry.committed("t", p).offset for p in (0, 1)] == [elsewhere.log("t", p).log_end_offset for p in (0, 1)]
