@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from kl import message as m
+from kl.config import TopicConfig
 from kl.errors import InvalidConfig, MessageTooLarge, ProducerClosed, QueueFull, TopicNotFound
 from kl.log import Log
 from kl.messageset import frame, wrap
@@ -252,14 +253,8 @@ class Producer:
         data = m.encode(value, key, ts)
         if len(data) > log.config.max_message_bytes:
             self._check_size(topic, len(data))
-        if self.codec:
-            wrapped = wrap(data, self.codec, ts)
-            if len(wrapped) <= log.config.max_message_bytes:
-                data = wrapped
-        offset = log.append(data, 1, fsync=self.fsync)
-        if log not in self._written:
-            self._note(log)
-        return Appended(topic, partition, offset, offset + len(data), 1)
+        offset, size, _ = self._put(log, data, 1, ts, log.config.max_message_bytes)
+        return Appended(topic, partition, offset, offset + size, 1)
 
     def send_batch(
         self,
@@ -476,24 +471,13 @@ class Producer:
         sizes = list(map(len, values))
         if max(sizes) + m.HEADER_SIZE > config.max_message_bytes:
             return 0
-        chunk = min(self.batch_bytes, config.segment_bytes)
-        if self.codec:
-            chunk = min(chunk, config.max_message_bytes - m.HEADER_SIZE)
-        for start, stop in _chunks(sizes, chunk):
-            data = frame(values[start:stop], now)
-            if self.codec:
-                packed = wrap(data, self.codec, now)
-                if len(packed) <= config.max_message_bytes:
-                    data = packed
+        for start, stop in _chunks(sizes, self._chunk_limit(config)):
             try:
-                log.append(data, stop - start, fsync=self.fsync)
+                self._put(log, frame(values[start:stop], now), stop - start, now, config.max_message_bytes)
             except TopicNotFound:
                 return start
             except Exception as e:
                 self._failed([(topic, v, None, partition, None, None) for v in values[start:stop]], e)
-                continue
-            if log not in self._written:
-                self._note(log)
         return len(values)
 
     def _deliver(self, topic: str, items: list[_Item], now: int, retry: bool) -> None:
@@ -569,32 +553,22 @@ class Producer:
             stamps = None
         callbacks = list(map(_CALLBACK, items))
         told = callbacks.count(None) != len(callbacks)
-        chunk = min(self.batch_bytes, config.segment_bytes)
-        if self.codec:
-            chunk = min(chunk, limit - m.HEADER_SIZE)
-        for start, stop in _chunks(sizes, chunk):
+        for start, stop in _chunks(sizes, self._chunk_limit(config)):
             ks = None if keys is None else keys[start:stop]
             if stamps is None:
                 data, ts = frame(values[start:stop], now, ks), now
             else:
                 ts_list = [now if t is None else t for t in stamps[start:stop]]
                 data, ts = b"".join(map(m.encode, values[start:stop], ks or [None] * (stop - start), ts_list)), ts_list[0]
-            wrapped = False
-            if self.codec:
-                packed = wrap(data, self.codec, ts)
-                if len(packed) <= limit:
-                    data, wrapped = packed, True
             try:
-                offset = log.append(data, stop - start, fsync=self.fsync)
+                offset, size, wrapped = self._put(log, data, stop - start, ts, limit)
             except TopicNotFound as e:
                 return items[start:], e
             except Exception as e:
                 self._failed(items[start:stop], e)
                 continue
-            if log not in self._written:
-                self._note(log)
             if told:
-                self._tell(topic, partition, offset, len(data), items[start:stop], wrapped)
+                self._tell(topic, partition, offset, size, items[start:stop], wrapped)
         return [], None
 
     def _write_fitting(
@@ -693,29 +667,40 @@ class Producer:
         """Frame, compress and append ``values`` chunk by chunk, each to the next target;
         what is left when the topic turns out to have been created again goes to the new one."""
         config = self.root.config(topic)
-        limit = min(self.batch_bytes, config.segment_bytes)
-        if self.codec:
-            limit = min(limit, config.max_message_bytes - m.HEADER_SIZE)
         out: list[Appended] = []
-        for start, stop in _chunks(_sizes(values, keys), limit):
+        for start, stop in _chunks(_sizes(values, keys), self._chunk_limit(config)):
             target = next(targets)
             log = self.root.log(topic, target)
             data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
-            if self.codec:
-                wrapped = wrap(data, self.codec, ts)
-                if len(wrapped) <= config.max_message_bytes:
-                    data = wrapped
             try:
-                offset = log.append(data, stop - start, fsync=self.fsync)
+                offset, size, _ = self._put(log, data, stop - start, ts, config.max_message_bytes)
             except TopicNotFound:
                 if not self._refreshed(topic):
                     raise
                 rest = None if keys is None else keys[start:]
                 return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=ts)
-            out.append(Appended(topic, target, offset, offset + len(data), stop - start))
-            if log not in self._written:
-                self._note(log)
+            out.append(Appended(topic, target, offset, offset + size, stop - start))
         return out
+
+    def _chunk_limit(self, config: TopicConfig) -> int:
+        """The most bytes of framed messages one append takes (a compressed one must fit
+        ``max_message_bytes`` as one message)."""
+        limit = min(self.batch_bytes, config.segment_bytes)
+        return min(limit, config.max_message_bytes - m.HEADER_SIZE) if self.codec else limit
+
+    def _put(self, log: Log, data: bytes, count: int, ts: int, limit: int) -> tuple[int, int, bool]:
+        """Compress ``data`` (``count`` framed messages) as one message when a codec is set
+        and it fits ``limit``, append it and note the log for ``flush``: (offset, bytes
+        appended, whether compressed)."""
+        wrapped = False
+        if self.codec:
+            packed = wrap(data, self.codec, ts)
+            if len(packed) <= limit:
+                data, wrapped = packed, True
+        offset = log.append(data, count, fsync=self.fsync)
+        if log not in self._written:
+            self._note(log)
+        return offset, len(data), wrapped
 
     def _note(self, log: Log) -> None:
         if not self.fsync and log not in self._written:
