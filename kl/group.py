@@ -100,7 +100,8 @@ class MessageStream:
     def __init__(self, consumer: GroupConsumer, timeout: float | None):
         self._consumer = consumer
         self.timeout = timeout
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        """Held while the stream reads or changes its state (not while it waits for data)."""
         self._claims: list[_Claim] = []
         self._turn = 0
         self._pending: Iterator[Message] = iter(())
@@ -123,7 +124,7 @@ class MessageStream:
         """The next message, or None after ``timeout`` seconds or once the consumer stops."""
         consumer = self._consumer
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             self._mark_consumed()
             while not consumer._stopped.is_set():
                 if time.monotonic() < consumer._lease_until:
@@ -148,7 +149,7 @@ class MessageStream:
     # ----------------------------------------------------------------- for GroupConsumer
 
     def _batch(self, timeout: float | None, follow: bool, values_only: bool, limit: int | None) -> Batch | None:
-        with self._cond:
+        with self._lock:
             self._mark_consumed()
             got = self._next_batch(timeout, follow, values_only, limit)
             if got is None:
@@ -196,11 +197,11 @@ class MessageStream:
             self._watch.add(new)
         self._watched = logs
         self._waiting = True
-        self._cond.release()  # the coordinator may hand partitions over meanwhile
+        self._lock.release()  # the coordinator may hand partitions over meanwhile
         try:
             self._watch.wait(wait)
         finally:
-            self._cond.acquire()
+            self._lock.acquire()
             self._waiting = False
             if consumer._stopped.is_set():
                 self._watch.close()
@@ -238,26 +239,21 @@ class MessageStream:
         return None
 
     def _add(self, claim: _Claim) -> None:
-        with self._cond:
+        with self._lock:
             self._claims.append(claim)
-            self._cond.notify_all()
 
     def _remove(self, claim: _Claim) -> None:
         """Stop reading ``claim``'s partition and forget what was fetched of it and not handed out."""
-        with self._cond:
+        with self._lock:
             self._claims.remove(claim)
             if self._pending_claim is claim:
                 self._pending, self._pending_claim = iter(()), None
             if self._last is not None and self._last[0] is claim:
                 self._last = None
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def _close(self) -> None:
         """Free the watch's descriptor (a stream waiting on it frees it as it wakes up)."""
-        with self._cond:
+        with self._lock:
             if not self._waiting:
                 self._watch.close()
 
@@ -514,8 +510,6 @@ class GroupConsumer:
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
                 self._commit("consumed", raise_lost=False)
-        for stream in self._streams:
-            stream._wake()
 
     def _expired(self, members: list[Member], now: float) -> dict[str, int]:
         """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat."""
@@ -598,9 +592,15 @@ class GroupConsumer:
             damage.reason,
         )
 
-    def _release(self, claim: _Claim, *, commit: bool) -> None:
+    def _drop(self, claim: _Claim, lost: str | None = None) -> None:
+        """Stop reading ``claim``'s partition and forget it, reporting it ``lost`` if given why."""
         claim.stream._remove(claim)
         del self._owned[claim.topic, claim.partition]
+        if lost is not None:
+            self._lost(claim, lost)
+
+    def _release(self, claim: _Claim, *, commit: bool) -> None:
+        self._drop(claim)
         assert self._registration is not None
         me = self._registration.member.id
         try:
@@ -638,8 +638,9 @@ class GroupConsumer:
             try:  # its offsets are the old topic's: the new one starts at ``start``
                 self.registry.delete_offset(topic, claim.partition, self._registration.member.id, claim.generation)
             except NotOwner as e:
-                self._lost(claim, str(e))
-            self._release(claim, commit=False)
+                self._drop(claim, str(e))
+            else:
+                self._release(claim, commit=False)
         self.root.forget(topic)
         for key in [key for key in self._ends if key[0] == topic]:
             del self._ends[key]
@@ -665,9 +666,7 @@ class GroupConsumer:
         me = self._registration.member.id
         for claim in list(self._owned.values()):
             if not self.registry.owns(claim.topic, claim.partition, me, claim.generation):
-                claim.stream._remove(claim)
-                del self._owned[claim.topic, claim.partition]
-                self._lost(claim, f"taken over while this member was expired ({self.session_timeout:g}s without a heartbeat)")
+                self._drop(claim, f"taken over while this member was expired ({self.session_timeout:g}s without a heartbeat)")
 
     def _commit(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> None:
         assert self._registration is not None
@@ -676,7 +675,7 @@ class GroupConsumer:
         with self._lock:
             self._committed_at = time.monotonic()
             for claim in list(self._owned.values()):
-                with claim.stream._cond:
+                with claim.stream._lock:
                     if which == "handed":  # all handed out is processed: auto-commit must not go back before it
                         claim.consumed = claim.handed
                     offset = claim.consumed
@@ -686,9 +685,7 @@ class GroupConsumer:
                     self.registry.commit(claim.topic, claim.partition, offset, me, claim.generation)
                     claim.committed = offset
                 except NotOwner as e:
-                    claim.stream._remove(claim)
-                    del self._owned[claim.topic, claim.partition]
-                    self._lost(claim, str(e))
+                    self._drop(claim, str(e))
                     rejected.append(e)
         if rejected and raise_lost:
             raise NotOwner("; ".join(map(str, rejected)))
