@@ -235,32 +235,42 @@ class Registry:
         found = _read_if_live(os.path.join(self.path, "ids", member))
         return None if found is None else found.beat
 
-    def release(self, topic: str, partition: int, member: str, generation: int) -> bool:
-        """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
+    @contextlib.contextmanager
+    def _owned(self, topic: str, partition: int, member: str, generation: int, action: str) -> Iterator[str]:
+        """Hold the partition's lock while ``member`` owns it in ``generation`` (yields the
+        owner record's path); else raise ``NotOwner``: ``action`` by it is rejected."""
         with self._locked(topic, partition) as path:
             owner = _read_owner(path)
             if owner != Owner(member, generation):
-                return False
-            write_atomic(path, f"{RELEASED} {generation}\n".encode())
-            return True
+                now = "released" if owner.member is None else f"owned by {owner.member}"
+                raise NotOwner(
+                    f"{action} by {member} (generation {generation}) rejected:"
+                    f" the partition is {now} (generation {owner.generation})"
+                )
+            yield path
+
+    def release(self, topic: str, partition: int, member: str, generation: int) -> bool:
+        """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
+        try:
+            with self._owned(topic, partition, member, generation, f"release of {topic}/{partition}") as path:
+                write_atomic(path, f"{RELEASED} {generation}\n".encode())
+        except NotOwner:
+            return False
+        return True
 
     def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:
-        with self._locked(topic, partition) as path:
-            return _read_owner(path) == Owner(member, generation)
+        try:
+            with self._owned(topic, partition, member, generation, f"ownership of {topic}/{partition}"):
+                return True
+        except NotOwner:
+            return False
 
     # ----------------------------------------------------------------- offsets
 
     def commit(self, topic: str, partition: int, offset: int, member: str, generation: int) -> None:
         """Store ``offset`` for the partition if ``member`` owns it in ``generation``;
         raises ``NotOwner`` if it does not."""
-        with self._locked(topic, partition) as path:
-            owner = _read_owner(path)
-            if owner != Owner(member, generation):
-                now = "released" if owner.member is None else f"owned by {owner.member}"
-                raise NotOwner(
-                    f"commit of {topic}/{partition} offset {offset} by {member} (generation {generation}) rejected:"
-                    f" the partition is {now} (generation {owner.generation})"
-                )
+        with self._owned(topic, partition, member, generation, f"commit of {topic}/{partition} offset {offset}"):
             self.write_offset(topic, partition, offset, member)
 
     def write_offset(self, topic: str, partition: int, offset: int, member: str) -> None:
@@ -301,10 +311,7 @@ class Registry:
     def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Forget the committed offset (of a topic deleted and created again), if ``member``
         owns the partition in ``generation``; raises ``NotOwner`` if it does not."""
-        with self._locked(topic, partition) as path:
-            owner = _read_owner(path)
-            if owner != Owner(member, generation):
-                raise NotOwner(f"{member} no longer owns {topic}/{partition}: its committed offset stays")
+        with self._owned(topic, partition, member, generation, f"forgetting the committed offset of {topic}/{partition}"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._partition_path("offsets", topic, partition))
 
