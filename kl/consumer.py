@@ -161,13 +161,7 @@ class Consumer:
                     if damage is not None:
                         if not skip_corrupt:
                             raise damage
-                        at = offsets[p]  # where the damage starts
-                        offsets[p] = self.root.log(topic, p).skip_corrupt(at)
-                        skipped = Skipped(topic, p, at, offsets[p], damage.reason)
-                        if on_skip is None:
-                            log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
-                        else:
-                            on_skip(skipped)
+                        offsets[p] = self.skip(topic, p, offsets[p], damage, on_skip)  # from where the damage starts
                     moved = offsets[p] != offset
                     progressed = progressed or moved
                     if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
@@ -179,6 +173,18 @@ class Consumer:
                     if idle_timeout is not None and idle >= idle_timeout:
                         return
                     watch.wait(None if idle_timeout is None else idle_timeout - idle)
+
+    def skip(
+        self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None
+    ) -> int:
+        """Step over the ``damage`` found at ``offset``: where the next valid message starts.
+        What was stepped over goes to ``on_skip`` (by default logged as a warning)."""
+        skipped = Skipped(topic, partition, offset, self.root.log(topic, partition).skip_corrupt(offset), damage.reason)
+        if on_skip is None:
+            log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
+        else:
+            on_skip(skipped)
+        return skipped.next_offset
 
     def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
         if start == "earliest":

@@ -578,19 +578,10 @@ class GroupConsumer:
         return to
 
     def _damaged(self, claim: _Claim, damage: CorruptMessage) -> None:
-        if not self.skip_corrupt:
+        if self.skip_corrupt:
+            claim.position = self._reader.skip(claim.topic, claim.partition, claim.position, damage)
+        else:
             claim.error = damage
-            return
-        at = claim.position
-        claim.position = self.root.log(claim.topic, claim.partition).skip_corrupt(at)
-        log.warning(
-            "skipped damaged data of %s/%d from offset %d to %d: %s",
-            claim.topic,
-            claim.partition,
-            at,
-            claim.position,
-            damage.reason,
-        )
 
     def _drop(self, claim: _Claim, lost: str | None = None) -> None:
         """Stop reading ``claim``'s partition and forget it, reporting it ``lost`` if given why."""

@@ -16,6 +16,8 @@ import pytest
 import kl
 from kl.registry import Committed, Registry, decode_offset, encode_offset
 
+from conftest import active_segment, flip_byte, write_each
+
 MEMBER = os.path.join(os.path.dirname(__file__), "groupmember.py")
 
 
@@ -456,3 +458,14 @@ def test_a_topic_deleted_and_created_again_is_read_afresh(root):
         consumer.commit()
     registry = Registry(root.path, "g")
     assert [registry.committed("t", p).offset for p in (0, 1)] == [elsewhere.log("t", p).log_end_offset for p in (0, 1)]
+
+
+def test_damage_stops_a_member_or_is_stepped_over_with_skip_corrupt(root):
+    root.create_topic("t")
+    offsets = write_each(root, "t", [b"first", b"second", b"third"])
+    flip_byte(active_segment(root, "t"), offsets[2] - 1)  # the last byte of "second"
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        with pytest.raises(kl.CorruptMessage):
+            [b.messages for b in consumer.batches(values_only=True)]
+    with kl.GroupConsumer(root, "h", ["t"], skip_corrupt=True) as consumer:
+        assert [v for b in consumer.batches(values_only=True) for v in b.messages] == [b"first", b"third"]
