@@ -116,6 +116,12 @@ def parse_time(text: str, option: str, *, digits: bool = True) -> int:
     return (when - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as plain columns two spaces apart (output that is not a terminal)."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def get_root(ctx: click.Context) -> kl.Root:
     """The root from ``--root`` or ``KL_ROOT``, with ``--lock-timeout`` if given; a usage
     error when there is no root."""

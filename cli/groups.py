@@ -18,7 +18,7 @@ import click
 import kl
 from kl import groups as admin
 from kl.registry import Registry
-from kl_cli.common import get_root, note, parse_time
+from kl_cli.common import aligned, get_root, note, parse_time
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
 PARTITION_COLUMNS = ("topic", "partition", "owner", "committed", "log end", "lag", "lag bytes", "lag time", "status")
@@ -85,9 +85,9 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
         _table("partitions", list(PARTITION_COLUMNS), partitions, NUMERIC)
         return
     lines = [f"group  {info.group}", ""]
-    lines += _columns(list(MEMBER_COLUMNS), members) if members else ["no live members"]
+    lines += _columns(MEMBER_COLUMNS, members) if members else ["no live members"]
     lines.append("")
-    lines += _columns(list(PARTITION_COLUMNS), partitions)
+    lines += _columns(PARTITION_COLUMNS, partitions)
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -204,11 +204,9 @@ def _duration(ms: int | None) -> str:
     return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
 
 
-def _columns(header: list[str], rows: list[list[str]]) -> list[str]:
+def _columns(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     """Plain aligned columns (header names with spaces joined by underscores)."""
-    rows = [[name.replace(" ", "_") for name in header], *rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return aligned([[name.replace(" ", "_") for name in header], *rows])
 
 
 def _table(title: str | None, header: list[str], rows: list[list[str]], numeric: set[str]) -> None:

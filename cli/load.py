@@ -14,7 +14,7 @@ import click
 
 from kl.spark import journal
 from kl.spark.journal import Limits, RunReport, Settings, Status
-from kl_cli.common import get_root
+from kl_cli.common import aligned, get_root
 
 
 @click.command("load")
@@ -175,9 +175,7 @@ def _summary(report: RunReport) -> None:
         return
     lines = [f"{head}: {total}"]
     if rows:
-        widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
-        lines.append("  ".join(k.ljust(w) for k, w in widths.items()).rstrip())
-        lines += ["  ".join(r[k].ljust(w) for k, w in widths.items()).rstrip() for r in rows]
+        lines += aligned([list(rows[0]), *(list(r.values()) for r in rows)])
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
 

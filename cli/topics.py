@@ -10,7 +10,7 @@ import click
 
 import kl
 from kl.importer import import_topic
-from kl_cli.common import F, get_root, note
+from kl_cli.common import F, aligned, get_root, note
 
 CONFIG_OPTIONS = [
     ("--partitions", "partitions", "Number of partitions."),
@@ -102,9 +102,8 @@ def describe(ctx: click.Context, topic: str, as_json: bool) -> None:
     lines += [f"{name:<{width}}  {value}" for name, value in config.items()]
     header = [field.name for field in dataclasses.fields(kl.PartitionInfo)]
     rows = [header] + [[str(v) for v in dataclasses.astuple(p)] for p in info.partitions]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines.append("")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    lines += aligned(rows)
     sys.stdout.write("\n".join(lines) + "\n")
 
 
