@@ -143,26 +143,63 @@ class Log:
         up to the topic's maximum message size.  Raises ``OffsetOutOfRange`` outside
         ``[log start, log end]`` and ``InvalidOffset`` where no message starts at ``offset``.
         """
+        found = self._open_at(offset)
+        if found is None:
+            return MessageSet(b"", offset, max_message_bytes=self.config.max_message_bytes)
+        segment, state, segment_end, stable = found
+        with segment:
+            try:
+                return self._read_segment(segment, state, offset, max_bytes, segment_end, stable)
+            except OSError as e:
+                raise storage_error(e, "read", segment.path) from None
+
+    def span(self, offset: int, max_bytes: int) -> tuple[Segment, int, int] | None:
+        """Where a fetch of ``max_bytes`` at ``offset`` lies on disk: (open segment, position, size).
+
+        As in Kafka 0.7 the bytes end at ``max_bytes`` or the segment's end, even inside a
+        message (the reader resumes there), so a fetch never spans two files; they never
+        pass the published end nor include a torn tail.  None at the log end.  The caller
+        closes the segment.  Raises ``OffsetOutOfRange``.
+        """
+        found = self._open_at(offset)
+        if found is None:
+            return None
+        segment, state, segment_end, stable = found
+        try:
+            segment_end = self._untorn_end(segment, state, offset, max_bytes, segment_end, stable)
+        except BaseException:
+            segment.close()
+            raise
+        return segment, offset - segment.base_offset, max(0, min(max_bytes, segment_end - offset))
+
+    def _open_at(self, offset: int) -> tuple[Segment, PartitionState, int, int] | None:
+        """The segment holding ``offset``, opened (None at the log end), with the state it was
+        found by and the segment's end and stable offsets."""
         state = self.state()
         self._check_range(offset, state)
         for _ in range(3):
             if offset == state.log_end_offset:
-                return MessageSet(b"", offset, max_message_bytes=self.config.max_message_bytes)
+                return None
             base, segment_end, stable = self._locate(offset, state)
             try:
-                with self.open_segment(base) as segment:
-                    if self.on_nfs() and self._validated.get(base) != segment_end:  # new data since we looked
-                        locks.revalidate(segment.fd, segment.path, self.lock_timeout)
-                        self._validated[base] = segment_end
-                    return self._read_segment(segment, state, offset, max_bytes, segment_end, stable)
+                segment = self.open_segment(base)
             except FileNotFoundError:  # deleted by retention, or a stale listing: look again
                 if self.on_nfs():
                     os.listdir(self.directory)  # NFS caches names
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
+                continue
             except OSError as e:
                 raise storage_error(e, "read", segment_path(self.directory, base)) from None
+            try:
+                if self.on_nfs() and self._validated.get(base) != segment_end:  # new data since we looked
+                    locks.revalidate(segment.fd, segment.path, self.lock_timeout)
+                    self._validated[base] = segment_end
+            except OSError as e:
+                segment.close()
+                raise storage_error(e, "read", segment.path) from None
+            return segment, state, segment_end, stable
         raise TopicNotFound(f"segment for offset {offset} in {self.directory} keeps disappearing")
 
     def _check_range(self, offset: int, state: PartitionState) -> None:
@@ -207,12 +244,9 @@ class Log:
         limit = self.config.max_message_bytes
         base = segment.base_offset
         position = offset - base
-        if base == state.active_base_offset and stable < segment_end and offset + max_bytes > state.last_append_offset:
-            # The torn-able tail: check the last append whole before any of it is read.
-            last = state.last_append_offset - base
-            segment_end = base + segment.good_end(stable - base, last, segment_end - base, start=max(last, stable - base))[0]
-            if offset >= segment_end:  # stopped at a torn tail
-                return MessageSet(b"", offset, max_message_bytes=limit)
+        segment_end = self._untorn_end(segment, state, offset, max_bytes, segment_end, stable)
+        if offset >= segment_end:  # stopped at a torn tail
+            return MessageSet(b"", offset, max_message_bytes=limit)
         size = min(max_bytes, segment_end - offset)
         messages = segment.message_set(position, size, stable=stable - base, end=segment_end - base)
         data = messages.buffer
@@ -232,6 +266,15 @@ class Log:
             if not cut_short:
                 self._check_boundary(segment, offset)
         return messages
+
+    def _untorn_end(self, segment: Segment, state: PartitionState, offset: int, max_bytes: int, end: int, stable: int) -> int:
+        """``end``, or where a torn tail of the active segment begins when a read of
+        ``max_bytes`` at ``offset`` would reach into the last append not yet flushed."""
+        base = segment.base_offset
+        if base == state.active_base_offset and stable < end and offset + max_bytes > state.last_append_offset:
+            last = state.last_append_offset - base  # check the last append whole before any of it is read
+            return base + segment.good_end(stable - base, last, end - base, start=max(last, stable - base))[0]
+        return end
 
     def check_offset(self, offset: int) -> None:
         """Make sure a message starts at ``offset`` by scanning its segment from the start.

@@ -168,6 +168,24 @@ def wrap(inner: bytes, codec: int, timestamp: int) -> bytes:
     return m.encode(m.compress(codec, inner), None, timestamp, codec)
 
 
+def validate_set(data: bytes, format: str, max_message_bytes: int) -> int:
+    """The number of messages in a received set, every one checked (length, size, checksum,
+    a magic of the topic's ``format``); raises ``CorruptMessage`` naming the first bad one."""
+    magics = (0, 1) if format == "0.7" else (m.CURRENT_MAGIC,)
+    pos, count = 0, 0
+    if not data:
+        raise CorruptMessage("<request>", 0, "the message set is empty")
+    while pos < len(data):
+        entry = check(data, pos, len(data), max_message_bytes)
+        if entry.problem is not None:
+            raise CorruptMessage("<request>", pos, str(entry.problem))
+        if entry.magic not in magics:
+            raise CorruptMessage("<request>", pos, f"magic {entry.magic} is not a {format} topic's")
+        pos += entry.size
+        count += 1
+    return count
+
+
 class MessageSet:
     """A byte range of a partition starting at ``offset``, parsed lazily.
 
