@@ -81,6 +81,8 @@ def check_directory(directory: str) -> Checked:
             raise ImportRefused(
                 f"{before.path} ends at offset {before.base_offset + before.size_in_bytes}, but the next segment begins at {base}"
             )
+        if name.endswith(SUFFIX):
+            kl_data = kl_data or f"{path} is a kl segment"
         with Segment.open(path, base, SCAN_LIMIT) as segment:
             size = segment.size_in_bytes()
             for damage in segment.damage(0, size):
@@ -89,8 +91,6 @@ def check_directory(directory: str) -> Checked:
                 largest = max(largest, entry.size)
                 if kl_data is None and entry.magic == CURRENT_MAGIC:
                     kl_data = f"{path} holds magic 2 messages (kl's), at offset {base + entry.position}"
-        if kl_data is None and name.endswith(SUFFIX):
-            kl_data = f"{path} is a kl segment"
         segments.append(SegmentInfo(base, path, size))
     return Checked(segments, largest, kl_data)
 
