@@ -480,7 +480,7 @@ class Producer:
         except Exception:
             return 0
         sizes = list(map(len, values))
-        if max(sizes) + m.HEADER_SIZE > config.max_message_bytes:
+        if max(sizes) + m.HEADER_SIZE > config.max_message_bytes or self._mismatch(topic, config, False):
             return 0
         for start, stop in _chunks(sizes, self._chunk_limit(config)):
             try:
@@ -725,8 +725,7 @@ class Producer:
         appended, whether compressed)."""
         wrapped = False
         if self.codec:
-            if log.config.legacy:
-                _raise(self._mismatch(os.path.basename(os.path.dirname(log.directory)), log.config, False))
+            if log.config.legacy:  # the callers refused zstd (see _mismatch)
                 packed = wrap_v1(data, self.codec)
             else:
                 packed = wrap(data, self.codec, ts)

@@ -167,8 +167,12 @@ def test_keys_and_zstd_are_refused_and_nothing_is_written(root, old):
         kl.Producer(root).send_batch(old, [b"v", b"w"], keys=[None, b"k"])
     with pytest.raises(kl.FormatMismatch, match=no_key), kl.Producer(root, linger_ms=1) as producer:
         producer.send(old, b"v", key=b"k")
-    with pytest.raises(kl.FormatMismatch, match="cannot be compressed with zstd"):
-        kl.Producer(root, compression="zstd").send(old, b"v")
+    for linger_ms in (None, 1):
+        with (
+            pytest.raises(kl.FormatMismatch, match="cannot be compressed with zstd"),
+            kl.Producer(root, compression="zstd", linger_ms=linger_ms) as producer,
+        ):
+            producer.send(old, b"v")
     result = run(root, "produce", old, "--key-delimiter", ":", input=b"k:v\n")
     assert (result.exit_code, result.stderr) == (1, f"Error: {no_key}\n")
     assert root.log(old, 0).log_end_offset == 0
