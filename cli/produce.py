@@ -226,6 +226,7 @@ def produce(
         fsync=fsync,
         batch_bytes=root.config(topic).segment_bytes if batch_size else DEFAULT_BATCH_BYTES,
     )
+    producer.check_format(topic, keyed=key_delimiter is not None)
     interrupts = Interrupts()
     sender = Sender(producer, topic, partition, batch_size, interrupts)
     record = "line" if json_input or delim == b"\n" else "record"

@@ -9,6 +9,7 @@ import sys
 import click
 
 import kl
+from kl.config import FORMATS
 from kl.importer import import_topic
 from kl_cli.common import F, aligned, get_root, note
 
@@ -26,6 +27,12 @@ DEFAULTS = kl.TopicConfig()
 
 def config_options(f: F) -> F:
     """One option per ``TopicConfig`` setting, each None unless given."""
+    f = click.option(
+        "--format",
+        "format",
+        type=click.Choice(FORMATS),
+        help=f"Store kl's messages (.kl) or Kafka 0.7's (.kafka: no keys, no timestamps).  [default: {DEFAULTS.format}]",
+    )(f)
     for flag, name, text in reversed(CONFIG_OPTIONS):
         default = getattr(DEFAULTS, name)
         f = click.option(flag, name, type=int, metavar="N", help=f"{text}  [default: {default}]")(f)
@@ -41,7 +48,7 @@ def topics() -> None:
 @click.argument("topic")
 @config_options
 @click.pass_context
-def create(ctx: click.Context, topic: str, **settings: int | None) -> None:
+def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None:
     """Create TOPIC with all its partitions."""
     root = get_root(ctx)
     config = root.create_topic(topic, kl.TopicConfig.with_overrides(**settings))
@@ -121,13 +128,15 @@ def delete(ctx: click.Context, topic: str) -> None:
 @click.argument("directories", nargs=-1, required=True, metavar="DIR...")
 @config_options
 @click.pass_context
-def import_(ctx: click.Context, topic: str, directories: tuple[str, ...], **settings: int | None) -> None:
+def import_(ctx: click.Context, topic: str, directories: tuple[str, ...], **settings: int | str | None) -> None:
     """Bring existing segment files in as TOPIC's partitions 0, 1, ...
 
     Each DIR holds one partition's segment files, kl's (.kl) or Kafka 0.7's (.kafka).
     Every file is checked first; nothing changes when one cannot be adopted.  The
     files are copied (DIR is left as it is).  TOPIC is created when missing, with one
-    partition per DIR; an existing TOPIC must have empty partitions.
+    partition per DIR; an existing TOPIC must have empty partitions (and keeps its
+    settings, its format included).  With --format 0.7
+    the topic keeps Kafka 0.7's format and appends go on in the imported .kafka files.
     """
     root = get_root(ctx)
     for done in import_topic(root, topic, list(directories), kl.TopicConfig.with_overrides(**settings)):

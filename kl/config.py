@@ -12,6 +12,11 @@ CONFIG_FILE = "topic.json"
 GiB = 1 << 30
 MiB = 1 << 20
 MIN_MESSAGE_BYTES = 64
+FORMAT_KL = "kl"
+FORMAT_07 = "0.7"
+FORMATS = (FORMAT_KL, FORMAT_07)
+"""What a topic's segments store: kl's magic 2 messages in ``.kl`` files, or Kafka
+0.7's magic 1 messages (no key, no timestamp) in ``.kafka`` files."""
 
 
 @dataclass(frozen=True)
@@ -34,9 +39,15 @@ class TopicConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = 0
     """0 keeps every byte (retention by age only)."""
+    format: str = FORMAT_KL
+    """``"kl"`` or ``"0.7"`` (see ``FORMATS``); files written before it existed read as kl."""
 
     def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise InvalidConfig(f"format must be kl or 0.7, not {self.format!r}")
         for field in dataclasses.fields(self):
+            if field.type != "int":
+                continue
             value = getattr(self, field.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidConfig(f"{field.name} must be a whole number >= 0, not {value!r}")
@@ -69,6 +80,11 @@ class TopicConfig:
             raise InvalidConfig(f"topic config {path} is unreadable: {e}") from None
 
     @classmethod
-    def with_overrides(cls, **settings: int | None) -> TopicConfig:
+    def with_overrides(cls, **settings: int | str | None) -> TopicConfig:
         """Defaults, with every setting that is not None replaced."""
-        return cls(**{k: v for k, v in settings.items() if v is not None})
+        return cls(**{k: v for k, v in settings.items() if v is not None})  # type: ignore[arg-type]
+
+    @property
+    def legacy(self) -> bool:
+        """The topic stores Kafka 0.7 messages (format ``"0.7"``)."""
+        return self.format == FORMAT_07

@@ -63,6 +63,19 @@ class MessageTooLarge(KlError):
     """A message is larger than the topic's maximum message size."""
 
 
+class FormatMismatch(KlError):
+    """A message the topic's format cannot store: a key or zstd for a Kafka 0.7 topic."""
+
+
+class InvalidMessageSet(KlError):
+    """A message set received for appending fails a check (see ``messageset.validate_set``)."""
+
+    def __init__(self, position: int, reason: str):
+        super().__init__(f"invalid message set: {reason} (at position {position})")
+        self.position = position
+        self.reason = reason
+
+
 class UnsupportedCodec(KlError):
     """A compressed message uses a codec kl cannot read or write."""
 

@@ -6,8 +6,10 @@ names, continuity (each segment ends where the next begins), every message, and 
 against the topic's limit.  What cannot be adopted is refused with the reason.  The
 files are then copied into the partition (the sources are left as they are) and
 adopted into its state: the log starts at the first segment's base offset and ends
-where the last one ends.  Kafka 0.7 segments are read, never written: the next append
-starts a new ``.kl`` segment after them.
+where the last one ends.  In a kl topic Kafka 0.7 segments are read, never written: the
+next append starts a new ``.kl`` segment after them.  In a topic of format 0.7 they
+stay the active format and the next append goes on in the last one; ``.kl`` segments
+and magic 2 messages are refused there (Kafka 0.7 clients could not read them).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from kl.config import MiB, TopicConfig
+from kl.config import FORMAT_07, MiB, TopicConfig
 from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
 from kl.fsutil import FILE_MODE, fsync_dir, storage_error
 from kl.log import IMPORTING_PREFIX, Log, SegmentInfo
-from kl.segment import Segment, list_segments
+from kl.message import CURRENT_MAGIC
+from kl.segment import SUFFIX, Segment, list_segments
 from kl.state import BOOT_ID, PartitionState
 from kl.topic import Root
 
@@ -45,8 +49,19 @@ class ImportedPartition:
     largest_message_bytes: int
 
 
-def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
-    """The segments of ``directory`` and its largest message, or ``ImportRefused``."""
+class Checked(NamedTuple):
+    """A source directory whose segments can be adopted."""
+
+    segments: list[SegmentInfo]
+    largest_message_bytes: int
+    kl_data: str | None
+    """Where it holds kl's data (a ``.kl`` file, a magic 2 message), which a topic of
+    format 0.7 cannot take; None when it holds only Kafka 0.7's."""
+
+
+def check_directory(directory: str) -> Checked:
+    """The segments of ``directory``, its largest message and where it holds kl's data;
+    or ``ImportRefused``."""
     if not os.path.isdir(directory) or os.path.islink(directory):
         raise ImportRefused(f"{directory} is not a directory")
     found = list_segments(directory)
@@ -54,6 +69,7 @@ def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
         raise ImportRefused(f"{directory} holds no segment files (NNNNNNNNNNNNNNNNNNNN.kl or .kafka)")
     segments: list[SegmentInfo] = []
     largest = 0
+    kl_data = None
     for base, name in found:
         path = os.path.join(directory, name)
         if os.path.islink(path) or not os.path.isfile(path):
@@ -65,14 +81,18 @@ def check_directory(directory: str) -> tuple[list[SegmentInfo], int]:
             raise ImportRefused(
                 f"{before.path} ends at offset {before.base_offset + before.size_in_bytes}, but the next segment begins at {base}"
             )
+        if name.endswith(SUFFIX):
+            kl_data = kl_data or f"{path} is a kl segment"
         with Segment.open(path, base, SCAN_LIMIT) as segment:
             size = segment.size_in_bytes()
             for damage in segment.damage(0, size):
                 raise ImportRefused(f"{path}: {damage.problem.reason} at offset {base + damage.start}; see 'kl dump {path}'")
             for entry in segment.scan(0, size):
                 largest = max(largest, entry.size)
+                if kl_data is None and entry.magic == CURRENT_MAGIC:
+                    kl_data = f"{path} holds magic 2 messages (kl's), at offset {base + entry.position}"
         segments.append(SegmentInfo(base, path, size))
-    return segments, largest
+    return Checked(segments, largest, kl_data)
 
 
 def _exists(root: Root, name: str) -> bool:
@@ -94,8 +114,13 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
     if not directories:
         raise ImportRefused("give at least one directory of segment files")
     checked = [check_directory(directory) for directory in directories]
-    largest = max(size for _, size in checked)
-    if not _exists(root, name):
+    largest = max(c.largest_message_bytes for c in checked)
+    exists = _exists(root, name)
+    legacy = root.config(name).legacy if exists else (config or TopicConfig()).legacy
+    for c in checked:
+        if legacy and c.kl_data is not None:
+            raise ImportRefused(f"topic {name!r} stores Kafka 0.7 messages (format {FORMAT_07}): {c.kl_data}")
+    if not exists:
         base = config or TopicConfig()
         limit = max(base.max_message_bytes, largest)
         try:
@@ -115,7 +140,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
             f" (at most {max(largest, MiB)} would do)"
         )
     logs = [root.log(name, p) for p in range(len(directories))]
-    for p, (log, (segments, _)) in enumerate(zip(logs, checked, strict=True)):
+    for p, (log, (segments, _, _)) in enumerate(zip(logs, checked, strict=True)):
         state = log.state()
         if state.log_end_offset != 0:
             raise ImportRefused(f"partition {p} of topic {name!r} is not empty (it ends at {state.log_end_offset})")
@@ -127,7 +152,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
                     f"partition {p} of topic {name!r} holds {present}, which is not being imported; move it away first"
                 )
     out = []
-    for p, (log, (segments, biggest), directory) in enumerate(zip(logs, checked, directories, strict=True)):
+    for p, (log, (segments, biggest, _), directory) in enumerate(zip(logs, checked, directories, strict=True)):
         with log.locked():
             _adopt(log, segments)
         out.append(

@@ -43,7 +43,7 @@ from kl.errors import (
 from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
-from kl.segment import SUFFIX, Segment, list_segments, segment_path
+from kl.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
 from kl.state import BOOT_ID, STATE_FILE, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class Log:
         self.config = config
         self.lock_timeout = lock_timeout
         self.state_path = os.path.join(directory, STATE_FILE)
+        self.suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
+        """The suffix of the segments this log writes: ``.kafka`` for a topic of format 0.7."""
         self._bases: list[int] = []
         self._names: list[str] = []
         # Writer handles, used only under the lock.
@@ -98,6 +100,10 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.directory!r})"
+
+    def foreign(self, segment: Segment | SegmentInfo) -> bool:
+        """A segment of the other format (Kafka 0.7's in a kl topic): read, never written."""
+        return not segment.path.endswith(self.suffix)
 
     # ----------------------------------------------------------------- reading
 
@@ -349,9 +355,13 @@ class Log:
 
         A segment counts as "before" when its first message's timestamp is at or before
         ``time_ms``; the log end is included when the whole log is.  ``LATEST`` (-1) and
-        ``EARLIEST`` (-2) give the log end and the log start.
+        ``EARLIEST`` (-2) give the log end and the log start.  A topic of format 0.7 has
+        no timestamps and answers as Kafka 0.7's ``getOffsetsBefore`` did, by the
+        segment files' modification times (see ``_offsets_before_by_mtime``).
         """
         state = self.state()
+        if self.config.legacy:
+            return self._offsets_before_by_mtime(state, time_ms, max_offsets)
         if time_ms == LATEST:
             return [state.log_end_offset][:max_offsets]
         if time_ms == EARLIEST:
@@ -365,11 +375,45 @@ class Log:
             found.append(state.log_end_offset)
         return found[::-1][:max_offsets]
 
+    def _offsets_before_by_mtime(self, state: PartitionState, time_ms: int, max_offsets: int) -> list[int]:
+        """Kafka 0.7's ``getOffsetsBefore``: each segment's (base offset, file mtime), then
+        (log end, now) when the active segment is not empty; from the newest entry whose
+        time is at or before ``time_ms`` (``LATEST``: the last entry, ``EARLIEST``: the
+        first) back to the oldest, at most ``max_offsets`` of them."""
+        entries = [(s.base_offset, mtime) for s in self.segments(state) if (mtime := self.mtime_ms(s)) is not None]
+        if state.log_end_offset > state.active_base_offset:
+            entries.append((state.log_end_offset, time.time_ns() // 1_000_000))
+        if time_ms == LATEST:
+            start = len(entries) - 1
+        elif time_ms == EARLIEST:
+            start = min(0, len(entries) - 1)
+        else:
+            start = len(entries) - 1
+            while start >= 0 and entries[start][1] > time_ms:
+                start -= 1
+        return [entries[i][0] for i in range(start, max(start - max_offsets, -1), -1)]
+
+    @staticmethod
+    def mtime_ms(segment: SegmentInfo) -> int | None:
+        """A segment file's modification time in milliseconds (None when it is gone)."""
+        try:
+            return os.stat(segment.path).st_mtime_ns // 1_000_000
+        except FileNotFoundError:
+            return None
+
     def offset_for_time(self, time_ms: int) -> int:
         """The offset of the first message with a timestamp at or after ``time_ms``
-        (the log end if there is none).  Assumes timestamps rise within the partition."""
+        (the log end if there is none).  Assumes timestamps rise within the partition.
+        A topic of format 0.7 has none: there it is the start of the first segment whose
+        file was last modified at or after ``time_ms`` (the log end if there is none)."""
         state = self.state()
         segments = self.segments(state)
+        if self.config.legacy:
+            for segment in segments:
+                mtime = self.mtime_ms(segment)
+                if mtime is not None and mtime >= time_ms:
+                    return segment.base_offset
+            return state.log_end_offset
         start = segments[0].base_offset if segments else state.log_start_offset
         for segment in segments:
             ts = self.first_timestamp(segment)
@@ -426,7 +470,7 @@ class Log:
             base = state.active_base_offset
             size = state.log_end_offset - base
             fsync = fsync or bool(self._nfs)
-            if size and (size + len(data) > self.config.segment_bytes or active.foreign):
+            if size and (size + len(data) > self.config.segment_bytes or self.foreign(active)):
                 return self._append_rolled(state, data, count, fsync)
             start = state.log_end_offset
             try:
@@ -634,7 +678,8 @@ class Log:
         """Make the active segment end exactly where its good published data does.
 
         Bytes past the log end were never published (a writer died first) and are cut,
-        never adopted (but never in a Kafka 0.7 segment: kl did not write them).  A
+        never adopted (but never in a foreign segment, one of the other format: kl did
+        not write them).  A
         damaged tail past the stable offset moves the log end back (see
         ``Segment.good_end``).  Below the stable offset nothing is touched: damage there
         raises ``CorruptMessage`` for ``kl recover``.
@@ -643,7 +688,7 @@ class Log:
         assert active is not None
         base = state.active_base_offset
         published = state.log_end_offset - base
-        if active.foreign and file_size > published:
+        if self.foreign(active) and file_size > published:
             raise CorruptState(
                 f"{active.path} holds {file_size - published} bytes past the log end that kl did not write; "
                 "bring Kafka 0.7 data in with 'kl topics import'"
@@ -673,13 +718,13 @@ class Log:
         the partition as it was."""
         old = self._active
         assert old is not None
-        if not old.foreign:
+        if not self.foreign(old):
             old.truncate_to(state.log_end_offset - state.active_base_offset)  # unpublished leftovers
         if state.flushed_offset < state.log_end_offset:
             self.fsync(old)
         self._remove_orphans(state)  # before they could fall inside a closed segment
         base = state.log_end_offset
-        new = Segment.create(self.directory, base, self.config.max_message_bytes)
+        new = Segment.create(self.directory, base, self.config.max_message_bytes, self.suffix)
         try:
             new.append(data, 0)
             if fsync:
@@ -705,12 +750,13 @@ class Log:
         return base
 
     def _remove_orphans(self, state: PartitionState) -> None:
-        """Delete ``.kl`` segments past the active one: a writer killed mid-roll made them
-        and never published them.  Any other file there is not kl's: refuse to roll past it."""
+        """Delete segments of this log's own suffix past the active one: a writer killed
+        mid-roll made them and never published them.  Any other file there is not kl's:
+        refuse to roll past it."""
         for base, name in list_segments(self.directory):
             if base <= state.active_base_offset:
                 continue
-            if not name.endswith(SUFFIX):
+            if not name.endswith(self.suffix):
                 raise CorruptState(f"unknown segment file {name} in {self.directory}; run 'kl recover'")
             log.warning("%s: removing unpublished segment %s", self.directory, name)
             with contextlib.suppress(FileNotFoundError):

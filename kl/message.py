@@ -8,7 +8,8 @@ All integers are big-endian.  Three versions (the ``magic`` byte) exist and all 
     magic 2  length:4 magic:1 attrs:1 crc:4 timestamp:8 key_length:4 key value
              crc = CRC32(magic, attrs, timestamp, key_length, key, value)
 
-``length`` counts the bytes after itself.  kl writes magic 2 only.
+``length`` counts the bytes after itself.  kl writes magic 2, and magic 1 in topics of
+format ``0.7`` (Kafka 0.7's, for its clients).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ HEADER_SIZE = KEY_OFFSET
 """Bytes of a magic 2 message before its key."""
 
 CURRENT_MAGIC = 2
+LEGACY_MAGIC = 1
+"""What kl writes in a topic of format ``0.7``."""
+LEGACY_HEADER_SIZE = PAYLOAD_OFFSET_V1
+"""Bytes of a magic 1 message before its payload."""
 MIN_LENGTH = (5, 6, HEADER_SIZE - LENGTH_SIZE)
 """Smallest valid ``length`` field for magic 0, 1 and 2."""
 NO_KEY = -1
@@ -95,6 +100,11 @@ def encode(value: bytes, key: bytes | None = None, timestamp: int = 0, attrs: in
     else:
         body = TIMESTAMP_KEY_LENGTH.pack(timestamp, len(key)) + key + value
     return PREFIX.pack(len(body) + 6, CURRENT_MAGIC) + ATTRS_CRC.pack(attrs, zlib.crc32(body, CRC_SEEDS[attrs])) + body
+
+
+def encode_v1(value: bytes, attrs: int = CODEC_NONE) -> bytes:
+    """One magic 1 message (Kafka 0.7's: no key, no timestamp), framed and checksummed."""
+    return PREFIX.pack(len(value) + 6, LEGACY_MAGIC) + ATTRS_CRC.pack(attrs, zlib.crc32(value)) + value
 
 
 def compress(codec: int, data: bytes) -> bytes:

@@ -22,7 +22,8 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from kl import message as m
-from kl.errors import CorruptMessage, UnsupportedCodec
+from kl.config import FORMAT_07, FORMAT_KL
+from kl.errors import CorruptMessage, InvalidMessageSet, UnsupportedCodec
 from kl.message import Message
 
 
@@ -64,6 +65,8 @@ _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
 _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 """Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
+_V1 = struct.Struct(">iBBI")
+"""length, magic, attrs and crc of a magic 1 message."""
 
 
 class Entry(NamedTuple):
@@ -168,22 +171,76 @@ def wrap(inner: bytes, codec: int, timestamp: int) -> bytes:
     return m.encode(m.compress(codec, inner), None, timestamp, codec)
 
 
-def validate_set(data: bytes, format: str, max_message_bytes: int) -> int:
-    """The number of messages in a received set, every one checked (length, size, checksum,
-    a magic of the topic's ``format``); raises ``CorruptMessage`` naming the first bad one."""
-    magics = (0, 1) if format == "0.7" else (m.CURRENT_MAGIC,)
-    pos, count = 0, 0
+def frame_v1(values: Iterable[bytes]) -> bytes:
+    """Frame values as magic 1 messages (Kafka 0.7's: no key, no timestamp); no size checks."""
+    values = values if isinstance(values, list) else list(values)
+    pack, crc32, magic, fixed = _V1.pack, zlib.crc32, m.LEGACY_MAGIC, m.LEGACY_HEADER_SIZE - m.LENGTH_SIZE
+    parts: list[bytes] = [b""] * (2 * len(values))
+    parts[0::2] = [pack(len(v) + fixed, magic, m.CODEC_NONE, crc32(v)) for v in values]
+    parts[1::2] = values
+    return b"".join(parts)
+
+
+def wrap_v1(inner: bytes, codec: int) -> bytes:
+    """One magic 1 wrapper holding the compressed ``inner`` set, as Kafka 0.7 wrote it."""
+    return m.encode_v1(m.compress(codec, inner), codec)
+
+
+_READABLE = {
+    FORMAT_07: ((0, m.LEGACY_MAGIC), (m.CODEC_NONE, m.CODEC_GZIP)),
+    FORMAT_KL: ((m.CURRENT_MAGIC,), (m.CODEC_NONE, m.CODEC_GZIP, m.CODEC_ZSTD)),
+}
+"""Per topic format: the magics and codecs a received message may have."""
+
+
+def validate_set(data: Buffer, format: str, max_message_bytes: int) -> int:
+    """Check a message set received for appending, before any of it is written; returns
+    how many messages it holds (a compressed batch counts its inner messages).
+
+    Every message must be complete, within ``max_message_bytes``, pass its checksum and
+    have a magic and codec the topic's ``format`` stores: magic 0 or 1 and gzip for
+    ``"0.7"``, magic 2 and gzip or zstd for ``"kl"``.  A compressed batch's inner
+    messages are checked too.  Raises ``InvalidMessageSet`` naming the position and the
+    problem (an empty set, a partial message at the end included).
+    """
     if not data:
-        raise CorruptMessage("<request>", 0, "the message set is empty")
-    while pos < len(data):
-        entry = check(data, pos, len(data), max_message_bytes)
+        raise InvalidMessageSet(0, "empty message set")
+    magics, codecs = _READABLE[format]
+    messages = MessageSet(bytes(data), max_message_bytes=max_message_bytes, stable_offset=len(data), ends_at_eof=True)
+    count = 0
+    for entry in messages.entries():
         if entry.problem is not None:
-            raise CorruptMessage("<request>", pos, str(entry.problem))
+            raise InvalidMessageSet(entry.position, _what(messages.buffer, entry, max_message_bytes))
+        codec = entry.attrs & m.CODEC_MASK
         if entry.magic not in magics:
-            raise CorruptMessage("<request>", pos, f"magic {entry.magic} is not a {format} topic's")
-        pos += entry.size
-        count += 1
+            raise InvalidMessageSet(entry.position, f"magic {entry.magic} in a topic of format {format}")
+        if entry.attrs & ~m.CODEC_MASK or codec not in codecs:
+            what = f"attributes {entry.attrs:#04x} (codec {m.CODEC_NAMES.get(codec, codec)})"
+            raise InvalidMessageSet(entry.position, f"{what} in a topic of format {format}")
+        if codec == m.CODEC_NONE:
+            count += 1
+            continue
+        try:
+            inner = messages.decode(entry)
+        except CorruptMessage as e:
+            raise InvalidMessageSet(entry.position, e.reason) from None
+        legacy = format == FORMAT_07
+        if any((msg.timestamp is None) != legacy for msg in inner):  # only magic 2 has timestamps
+            raise InvalidMessageSet(entry.position, f"compressed batch: an inner message's magic is not for format {format}")
+        count += len(inner)
     return count
+
+
+def _what(buf: bytes, entry: Entry, max_message_bytes: int) -> str:
+    """What is wrong with a bad entry of a received set, in words."""
+    assert entry.problem is not None
+    if entry.problem.kind is INCOMPLETE:
+        return f"partial message at the end ({len(buf) - entry.position} of {entry.size} bytes)"
+    if entry.problem.kind is Kind.BAD_LENGTH:
+        (length,) = struct.unpack_from(">i", buf, entry.position)
+        if m.LENGTH_SIZE + length > max_message_bytes:
+            return f"message of {m.LENGTH_SIZE + length} bytes exceeds max_message_bytes {max_message_bytes}"
+    return entry.problem.reason
 
 
 class MessageSet:

@@ -53,9 +53,9 @@ from typing import NamedTuple
 
 from kl import message as m
 from kl.config import TopicConfig
-from kl.errors import InvalidConfig, MessageTooLarge, ProducerClosed, QueueFull, TopicNotFound
+from kl.errors import FormatMismatch, InvalidConfig, MessageTooLarge, ProducerClosed, QueueFull, TopicNotFound
 from kl.log import Log
-from kl.messageset import frame, wrap
+from kl.messageset import frame, frame_v1, wrap, wrap_v1
 from kl.topic import Root
 
 Partitioner = Callable[[bytes | None, int], int]
@@ -210,7 +210,7 @@ class Producer:
                     self._slow(value)
                 return None
         if len(value) > self._rooms.get(topic, -1) or key is not None:
-            self._admit(topic, len(value) + m.HEADER_SIZE + (0 if key is None else len(key)))
+            self._admit(topic, len(value) + m.HEADER_SIZE + (0 if key is None else len(key)), key is not None)
         plain = plain and self._owner in (None, threading.get_ident())
         if plain and self._owner is None:
             with self._cond:
@@ -250,7 +250,11 @@ class Producer:
             partition = self._partition(topic, key)
         log = self.root.log(topic, partition)
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
-        data = m.encode(value, key, ts)
+        if log.config.legacy:
+            _raise(self._mismatch(topic, log.config, key is not None))
+            data = m.encode_v1(value)
+        else:
+            data = m.encode(value, key, ts)
         if len(data) > log.config.max_message_bytes:
             self._check_size(topic, len(data))
         offset, size, _ = self._put(log, data, 1, ts, log.config.max_message_bytes)
@@ -269,13 +273,17 @@ class Producer:
         With keys (and no ``partition``) each message goes to its key's partition.
         Without, the appends go to ``partition``, or else in turn to every partition,
         starting from the one the partitioner picks.  Every message is checked against
-        the topic's size limit before any is written.
+        the topic's size limit before any is written.  A topic of format 0.7 takes no
+        keys and no zstd (``FormatMismatch``) and stores no timestamp.
         """
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"{len(values)} values but {len(keys)} keys")
         if not values:
             return []
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
+        config = self.root.config(topic)
+        if config.legacy:
+            _raise(self._mismatch(topic, config, keys is not None and keys.count(None) != len(keys)))
         if keys is not None and partition is None:
             groups = self._group(topic, values, keys)
             for vals, ks in groups.values():
@@ -342,9 +350,12 @@ class Producer:
                 if _discard(self._queue, item):
                     raise QueueFull(f"the queue held {self.queue_size} messages for {timeout} s (queue_timeout)")
 
-    def _admit(self, topic: str, size: int) -> None:
-        """send()'s size check, and ``TopicNotFound`` for a topic it has not seen."""
-        limit = self.root.config(topic).max_message_bytes
+    def _admit(self, topic: str, size: int, keyed: bool = False) -> None:
+        """send()'s size and format checks, and ``TopicNotFound`` for a topic it has not seen."""
+        config = self.root.config(topic)
+        limit = config.max_message_bytes
+        if config.legacy:
+            _raise(self._mismatch(topic, config, keyed))
         if size > limit:
             raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
         self._rooms[topic] = limit - m.HEADER_SIZE
@@ -469,11 +480,11 @@ class Producer:
         except Exception:
             return 0
         sizes = list(map(len, values))
-        if max(sizes) + m.HEADER_SIZE > config.max_message_bytes:
+        if max(sizes) + m.HEADER_SIZE > config.max_message_bytes or self._mismatch(topic, config, False):
             return 0
         for start, stop in _chunks(sizes, self._chunk_limit(config)):
             try:
-                self._put(log, frame(values[start:stop], now), stop - start, now, config.max_message_bytes)
+                self._put(log, _frame(config, values[start:stop], now), stop - start, now, config.max_message_bytes)
             except TopicNotFound:
                 return start
             except Exception as e:
@@ -544,19 +555,23 @@ class Producer:
         limit = config.max_message_bytes
         if keys.count(None) == len(keys):
             keys = None
+        mismatch = self._mismatch(topic, config, keys is not None) if config.legacy else None
+        if mismatch is not None:
+            self._failed(items, mismatch)
+            return [], None
         sizes = _sizes(values, keys)
         if max(sizes) + m.HEADER_SIZE > limit:
             return self._write_fitting(topic, partition, items, now, limit)
         stamps: list[int | None] | None = list(map(_TIMESTAMP, items))
         assert stamps is not None
-        if stamps.count(None) == len(stamps):
+        if stamps.count(None) == len(stamps) or config.legacy:
             stamps = None
         callbacks = list(map(_CALLBACK, items))
         told = callbacks.count(None) != len(callbacks)
         for start, stop in _chunks(sizes, self._chunk_limit(config)):
             ks = None if keys is None else keys[start:stop]
             if stamps is None:
-                data, ts = frame(values[start:stop], now, ks), now
+                data, ts = _frame(config, values[start:stop], now, ks), now
             else:
                 ts_list = [now if t is None else t for t in stamps[start:stop]]
                 data, ts = b"".join(map(m.encode, values[start:stop], ks or [None] * (stop - start), ts_list)), ts_list[0]
@@ -568,7 +583,8 @@ class Producer:
                 self._failed(items[start:stop], e)
                 continue
             if told:
-                self._tell(topic, partition, offset, size, items[start:stop], wrapped)
+                header = m.LEGACY_HEADER_SIZE if config.legacy else m.HEADER_SIZE
+                self._tell(topic, partition, offset, size, items[start:stop], wrapped, header)
         return [], None
 
     def _write_fitting(
@@ -585,9 +601,9 @@ class Producer:
                 fitting.append(item)
         return self._write(topic, partition, fitting, now) if fitting else ([], None)
 
-    def _tell(self, topic: str, partition: int, offset: int, size: int, items: list[_Item], wrapped: bool) -> None:
-        """Call the callbacks of one append: each message's own offsets, or the
-        compressed batch's that holds it."""
+    def _tell(self, topic: str, partition: int, offset: int, size: int, items: list[_Item], wrapped: bool, header: int) -> None:
+        """Call the callbacks of one append: each message's own offsets (``header``: the
+        bytes each has before its key and value), or the compressed batch's that holds it."""
         if wrapped:
             appended = Appended(topic, partition, offset, offset + size, len(items))
             for item in items:
@@ -595,7 +611,7 @@ class Producer:
                     _call(item[5], appended, None)
             return
         for item in items:
-            end = offset + m.HEADER_SIZE + len(item[1]) + len(item[2] or b"")
+            end = offset + header + len(item[1]) + len(item[2] or b"")
             if item[5] is not None:
                 _call(item[5], Appended(topic, partition, offset, end, 1), None)
             offset = end
@@ -634,6 +650,21 @@ class Producer:
             ks.append(key)
         return groups
 
+    def check_format(self, topic: str, *, keyed: bool = False) -> None:
+        """Raise ``FormatMismatch`` when ``topic`` cannot store what this producer would
+        send it: keys (when ``keyed``) or zstd in a topic of format 0.7."""
+        _raise(self._mismatch(topic, self.root.config(topic), keyed))
+
+    def _mismatch(self, topic: str, config: TopicConfig, keyed: bool) -> FormatMismatch | None:
+        """What a topic of format 0.7 cannot store of these messages: a key, zstd."""
+        if not config.legacy:
+            return None
+        if keyed:
+            return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which have no key")
+        if self.codec == m.CODEC_ZSTD:
+            return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which cannot be compressed with zstd (use gzip)")
+        return None
+
     def _check_size(self, topic: str, size: int) -> None:
         limit = self.root.config(topic).max_message_bytes
         if size > limit:
@@ -671,7 +702,7 @@ class Producer:
         for start, stop in _chunks(_sizes(values, keys), self._chunk_limit(config)):
             target = next(targets)
             log = self.root.log(topic, target)
-            data = frame(values[start:stop], ts, None if keys is None else keys[start:stop])
+            data = _frame(config, values[start:stop], ts, None if keys is None else keys[start:stop])
             try:
                 offset, size, _ = self._put(log, data, stop - start, ts, config.max_message_bytes)
             except TopicNotFound:
@@ -694,7 +725,10 @@ class Producer:
         appended, whether compressed)."""
         wrapped = False
         if self.codec:
-            packed = wrap(data, self.codec, ts)
+            if log.config.legacy:  # the callers refused zstd (see _mismatch)
+                packed = wrap_v1(data, self.codec)
+            else:
+                packed = wrap(data, self.codec, ts)
             if len(packed) <= limit:
                 data, wrapped = packed, True
         offset = log.append(data, count, fsync=self.fsync)
@@ -706,6 +740,19 @@ class Producer:
         if not self.fsync and log not in self._written:
             with self._guard:
                 self._written.add(log)
+
+
+def _frame(config: TopicConfig, values: Sequence[bytes], ts: int, keys: Sequence[bytes | None] | None = None) -> bytes:
+    """Messages framed as the topic stores them: magic 2, or magic 1 (no key, no timestamp)
+    in a topic of format 0.7."""
+    if config.legacy:
+        return frame_v1(values)
+    return frame(values, ts, keys)
+
+
+def _raise(error: Exception | None) -> None:
+    if error is not None:
+        raise error
 
 
 def _call(callback: Callback, appended: Appended | None, error: BaseException | None) -> None:

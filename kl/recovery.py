@@ -8,11 +8,13 @@ record (rebuilt from the segments).
 
 What is only reported: damage below the stable offset, which held acknowledged data
 that no crash can tear; segment files the state does not account for; files that are
-not kl's to change (Kafka 0.7 segments).  ``repair=True`` fixes damage too, after
-copying each damaged segment aside once: every damaged region is overwritten with
-padding messages that readers skip, so every later offset stays valid and no valid
+not kl's to change (Kafka 0.7 segments of a kl topic).  ``repair=True`` fixes damage
+too, after copying each damaged segment aside once: every damaged region is overwritten
+with padding messages that readers skip, so every later offset stays valid and no valid
 message that provably follows is lost; a segment cut short is padded up to where the
-next one begins.  Nothing valid is ever cut.
+next one begins.  Nothing valid is ever cut.  A topic of format 0.7 is checked and
+repaired the same way, in its own ``.kafka`` segments; its padding messages are magic 1
+ones, which Kafka 0.7 clients can parse (they receive them as values of zero bytes).
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kl import message as m
 from kl.errors import CorruptState
 from kl.fsutil import fsync_dir, storage_error
 from kl.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.messageset import Corruption, Kind
-from kl.segment import SUFFIX, Damage, Segment, list_segments, segment_name, segment_path
+from kl.segment import Damage, Segment, list_segments, padding_min, segment_name, segment_path
 from kl.state import BOOT_ID, PartitionState
 from kl.state import SIZE as STATE_SIZE
 
@@ -118,7 +119,8 @@ class _Check:
         if segments:
             self._check_active(state, segments[-1])
         elif self.act:
-            raise CorruptState(f"partition {self.log.directory} has no active segment {segment_name(state.active_base_offset)}")
+            name = segment_name(state.active_base_offset, self.log.suffix)
+            raise CorruptState(f"partition {self.log.directory} has no active segment {name}")
 
     def find(self, offset: int, path: str, problem: str, action: str, kind: Kind | str) -> None:
         name = kind.name if isinstance(kind, Kind) else kind
@@ -152,7 +154,7 @@ class _Check:
                 os.close(fd)
         found = [(base, name) for base, name in list_segments(log.directory)]
         if not found:
-            found = [(0, segment_name(0))]
+            found = [(0, segment_name(0, log.suffix))]
             if self.act:
                 os.close(os.open(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o664))
         first, last = found[0][0], found[-1][0]
@@ -188,14 +190,14 @@ class _Check:
                 self.find(base, path, "segment below the log start was not set aside", self.would("set aside"), unknown)
                 if self.act:
                     os.rename(path, path + DELETED_SUFFIX)
-            elif base > state.active_base_offset and name.endswith(SUFFIX):
+            elif base > state.active_base_offset and name.endswith(log.suffix):
                 self.report.cut_bytes += os.path.getsize(path)
                 reason = "segment past the active one was never published (a roll was killed)"
                 self.find(base, path, reason, self.would("removed"), unknown)
                 if self.act:
                     os.unlink(path)
             elif base > state.active_base_offset:
-                reason = "Kafka 0.7 segment past the active one; left alone (bring it in with 'kl topics import')"
+                reason = "segment of the other format past the active one; left alone (bring it in with 'kl topics import')"
                 self.find(base, path, reason, "reported", unknown)
             elif path != segment_path(log.directory, base):
                 self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", unknown)
@@ -247,11 +249,11 @@ class _Check:
                 return
             if end == file_size == published:
                 return
-            if segment.foreign and file_size > published:
+            if self.log.foreign(segment) and file_size > published:
                 self.find(
                     base + published,
                     info.path,
-                    f"{file_size - published} bytes past the log end in a Kafka 0.7 segment "
+                    f"{file_size - published} bytes past the log end in a segment of the other format "
                     "kl did not write; left alone (bring it in with 'kl topics import')",
                     "reported",
                     Kind.UNKNOWN_SEGMENT,
@@ -281,8 +283,8 @@ class _Check:
         if not self.repair:
             self.find(offset, segment.path, reason, "reported", kind)
             return
-        if segment.foreign:
-            self.find(offset, segment.path, f"{reason}; kl does not change Kafka 0.7 segments", "reported", kind)
+        if self.log.foreign(segment):
+            self.find(offset, segment.path, f"{reason}; kl does not change segments of the other format", "reported", kind)
             return
         aside = self._copy_aside(segment)
         if kind is Kind.LONG_FILE:
@@ -292,10 +294,11 @@ class _Check:
             self.find(offset, segment.path, reason, f"cut: nothing can be read there, original kept as {aside}", kind)
             return
         gap = damage.end - damage.start
-        if gap < m.HEADER_SIZE:
+        legacy = self.log.config.legacy
+        if gap < padding_min(legacy):
             self.find(offset, segment.path, f"{reason}; {gap} bytes are too few to pad", "reported", kind)
             return
-        count = segment.pad(damage.start, damage.end)
+        count = segment.pad(damage.start, damage.end, legacy=legacy)
         self.log.fsync(segment)
         how = f"{gap} bytes padded ({count} padding message{'s' if count != 1 else ''})"
         self.find(offset, segment.path, reason, f"repaired: {how}, original kept as {aside}", kind)

@@ -3,7 +3,9 @@
 A segment's age comes from the data: the timestamp of the first message of the segment
 after it, which is no older than any message it holds (file times are used only where
 messages carry none, as in magic 0 and 1).  So ``cp`` or ``rsync`` of a topic neither
-makes old data immortal nor expires young data.  The active segment is never deleted.
+makes old data immortal nor expires young data.  A topic of format 0.7 stores no
+timestamps: there a segment's age is its file's modification time, as Kafka 0.7 did.
+The active segment is never deleted.
 
 Deletion is done in steps so readers are never disturbed (PITFALLS, "Deletion while
 reading"): the new log start is published first, so readers asking for older offsets get
@@ -78,12 +80,10 @@ def retain(
 
 
 def _newest_ms(log: Log, segment: SegmentInfo, following: SegmentInfo) -> int | None:
-    """An upper bound on the timestamps in ``segment``: the next segment's first one."""
-    newest = log.first_timestamp(following)
-    if newest is None:
-        with contextlib.suppress(FileNotFoundError):
-            return int(os.stat(segment.path).st_mtime * 1000)
-    return newest
+    """An upper bound on the timestamps in ``segment``: the next segment's first one, or
+    without timestamps (format 0.7, magic 0 and 1) the segment file's modification time."""
+    newest = None if log.config.legacy else log.first_timestamp(following)
+    return log.mtime_ms(segment) if newest is None else newest
 
 
 def _unlink_set_aside(directory: str, delay: float) -> int:

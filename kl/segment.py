@@ -37,8 +37,9 @@ PAD_CHUNK = 4 << 20
 _NONZERO = re.compile(rb"[^\0]")
 
 
-def segment_name(base_offset: int) -> str:
-    return f"{base_offset:0{NAME_DIGITS}d}{SUFFIX}"
+def segment_name(base_offset: int, suffix: str = SUFFIX) -> str:
+    """The file name of the segment at ``base_offset``: kl's, or with ``LEGACY_SUFFIX`` Kafka 0.7's."""
+    return f"{base_offset:0{NAME_DIGITS}d}{suffix}"
 
 
 def segment_path(directory: str, base_offset: int) -> str:
@@ -72,6 +73,11 @@ def list_segments(directory: str) -> list[tuple[int, str]]:
                 found.append((base, entry.name))
     found.sort()
     return found
+
+
+def padding_min(legacy: bool) -> int:
+    """The smallest padding message: a magic 1 one (``legacy``) or a magic 2 one."""
+    return m.LEGACY_HEADER_SIZE if legacy else m.HEADER_SIZE
 
 
 def scan(fd: int, position: int, end: int, max_message_bytes: int) -> Iterator[Entry]:
@@ -116,15 +122,13 @@ class Segment:
     """One open segment file.  Not thread-safe: each reader opens its own; a ``Log``
     keeps one for its active segment and uses it under the partition lock."""
 
-    __slots__ = ("path", "base_offset", "max_message_bytes", "fd", "foreign")
+    __slots__ = ("path", "base_offset", "max_message_bytes", "fd")
 
     def __init__(self, path: str, base_offset: int, max_message_bytes: int, fd: int):
         self.path = path
         self.base_offset = base_offset
         self.max_message_bytes = max_message_bytes
         self.fd = fd
-        self.foreign = path.endswith(LEGACY_SUFFIX)
-        """A Kafka 0.7 segment: read, never written."""
 
     @classmethod
     def open(cls, path: str, base_offset: int, max_message_bytes: int, *, writable: bool = False) -> Segment:
@@ -144,9 +148,9 @@ class Segment:
         return cls(path, base_offset, max_message_bytes, fd)
 
     @classmethod
-    def create(cls, directory: str, base_offset: int, max_message_bytes: int) -> Segment:
-        """A new, empty ``.kl`` segment (not yet durable: fsync the directory)."""
-        path = os.path.join(directory, segment_name(base_offset))
+    def create(cls, directory: str, base_offset: int, max_message_bytes: int, suffix: str = SUFFIX) -> Segment:
+        """A new, empty segment named with ``suffix`` (not yet durable: fsync the directory)."""
+        path = os.path.join(directory, segment_name(base_offset, suffix))
         try:
             fd = create_file(path)
         except OSError as e:
@@ -415,18 +419,22 @@ class Segment:
         except OSError as e:
             raise storage_error(e, "truncate", self.path) from None
 
-    def pad(self, start: int, end: int) -> int:
-        """Overwrite ``[start, end)`` with padding messages readers skip, each within the
-        size limit; returns how many.  The region must be at least ``HEADER_SIZE`` bytes."""
+    def pad(self, start: int, end: int, *, legacy: bool = False) -> int:
+        """Overwrite ``[start, end)`` with padding messages kl's readers skip, each within
+        the size limit; returns how many.  ``legacy`` writes magic 1 ones, which Kafka 0.7
+        clients can parse (they see zero bytes as the value).  The region must be at least
+        ``padding_min(legacy)`` bytes."""
         gap = end - start
-        if gap < m.HEADER_SIZE:
+        header = padding_min(legacy)
+        if gap < header:
             raise ValueError(f"{gap} bytes are too few for a padding message")
         count = -(-gap // self.max_message_bytes)
         sizes = [gap // count + (1 if i < gap % count else 0) for i in range(count)]
         position, batch = start, []
         try:
             for size in sizes:
-                batch.append(m.encode(bytes(size - m.HEADER_SIZE), None, 0, m.ATTR_PADDING))
+                zeros = bytes(size - header)
+                batch.append(m.encode_v1(zeros, m.ATTR_PADDING) if legacy else m.encode(zeros, None, 0, m.ATTR_PADDING))
                 if sum(map(len, batch)) >= PAD_CHUNK:
                     data = b"".join(batch)
                     pwrite_all(self.fd, data, position)

@@ -4,6 +4,7 @@ Layout (see ``man/kl-format.5``)::
 
     ROOT/TOPIC/topic.json                       the topic's config
     ROOT/TOPIC/PARTITION/00000000000000000000.kl segments, named by base offset
+                                                (.kafka in a topic of format 0.7)
     ROOT/TOPIC/PARTITION/state                  the published state record
     ROOT/.locks/TOPIC/PARTITION.lock            permanent lock files
 """
@@ -25,7 +26,7 @@ from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
-from kl.segment import segment_name
+from kl.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.state import STATE_FILE, PartitionState, deleted_record
 
 LOCKS_DIR = ".locks"
@@ -119,8 +120,9 @@ class Root:
             os.mkdir(tmp, DIR_MODE)
             os.chmod(tmp, DIR_MODE)
             write_atomic(os.path.join(tmp, CONFIG_FILE), config.to_json())
+            suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
             for partition in range(config.partitions):
-                self._create_partition(os.path.join(tmp, str(partition)))
+                self._create_partition(os.path.join(tmp, str(partition)), suffix)
             fsync_dir(tmp)
             os.rename(tmp, path)
             fsync_dir(self.path)
@@ -135,10 +137,10 @@ class Root:
         return config
 
     @staticmethod
-    def _create_partition(directory: str) -> None:
+    def _create_partition(directory: str, suffix: str) -> None:
         os.mkdir(directory, DIR_MODE)
         os.chmod(directory, DIR_MODE)
-        os.close(create_file(os.path.join(directory, segment_name(0))))
+        os.close(create_file(os.path.join(directory, segment_name(0, suffix))))
         write_atomic(os.path.join(directory, STATE_FILE), PartitionState.empty().encode())
 
     def topics(self) -> list[str]:

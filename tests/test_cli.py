@@ -414,6 +414,7 @@ def test_topics_create_list_describe_delete(tmp_path):
         "flush_ms           1000\n"
         "retention_ms       604800000\n"
         "retention_bytes    0\n"
+        "format             kl\n"
         "\n"
         "partition  segments  log_start_offset  log_end_offset  size_in_bytes\n"
         "0          1         0                 0               0\n"
@@ -430,6 +431,7 @@ def test_topics_create_list_describe_delete(tmp_path):
             "flush_ms": 0,
             "retention_ms": 5,
             "retention_bytes": 7,
+            "format": "kl",
         },
         "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0, "size_in_bytes": 0}],
     }

@@ -223,7 +223,8 @@ def test_state_record_size_is_stated():
 
 def test_topic_config_defaults_match_code():
     rows = table("TOPIC CONFIGURATION")
-    stated = {r[0]: int(r[1]) for r in rows if len(r) > 1 and r[1].isdigit()}
+    settings = [r for r in rows if len(r) > 1 and (r[1].isdigit() or r[1] in config.FORMATS)]
+    stated = {r[0]: int(r[1]) if r[1].isdigit() else r[1] for r in settings}
     defaults = {f.name: f.default for f in dataclasses.fields(config.TopicConfig)}
     assert stated == defaults
 
