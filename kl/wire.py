@@ -69,6 +69,7 @@ KL_ERROR = 104
 _CODES: dict[type[KlError], int] = {
     errors.OffsetOutOfRange: OFFSET_OUT_OF_RANGE,
     errors.CorruptMessage: INVALID_MESSAGE,
+    errors.InvalidMessageSet: INVALID_MESSAGE,
     errors.MessageTooLarge: INVALID_MESSAGE,
     errors.TopicNotFound: TOPIC_NOT_FOUND,
     errors.InvalidOffset: INVALID_OFFSET,
