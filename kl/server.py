@@ -158,7 +158,7 @@ class Server:
         try:
             sock = socket.create_server((c.bind, c.port), family=family, backlog=1024)
         except OSError as e:
-            raise ServerError(f"cannot listen on {c.bind}:{c.port}: {e.strerror or e}") from None
+            raise ServerError(f"cannot listen on {c.bind}:{c.port}: {os.strerror(e.errno) if e.errno else e}") from None
         sock.setblocking(False)
         return sock
 
