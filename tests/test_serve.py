@@ -3,6 +3,7 @@ against hostile input, and the daemon's life (registration, --list, SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -406,11 +407,16 @@ def test_malformed_requests_and_oversize_prefixes_leave_it_serving_in_bounded_me
             s.sendall(data)
         if i % 1000 == 999:
             assert values(fetch(legit, "t", 0, 0)) == three[0]
+    hoarders = [socket.create_connection(daemon.address, timeout=10) for _ in range(20)]
+    for s in hoarders:  # a request announced as 1 GiB, and 4 MiB of it sent: nothing of it is kept
+        with contextlib.suppress(OSError):
+            s.sendall(struct.pack(">i", 1 << 30) + bytes(4 << 20))
+    assert all(closed(s) for s in hoarders)
     assert values(fetch(legit, "t", 2, 0)) == three[2]
     assert daemon.rss_kb() - before < 30_000
     assert daemon.proc.poll() is None
     lines = daemon.text().splitlines()
-    assert any("refused (limit 65536)" in line for line in lines)
+    assert any(f"request of {1 << 30} bytes refused (limit 65536)" in line for line in lines)
     assert all(re.match(r"\d{4}-\d\d-\d\dT\S+Z (info|warning) ", line) for line in lines), [
         line for line in lines if not re.match(r"\d{4}-\d\d-\d\dT\S+Z (info|warning) ", line)
     ][:3]
