@@ -43,7 +43,9 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
 
 @click.command(short_help="Serve the root's topics over Kafka 0.7's wire protocol.")
 @click.option("--bind", metavar="ADDRESS", default="127.0.0.1", show_default=True, help="Listen on this IP address.")
-@click.option("--port", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Listen on this port (0: any).")
+@click.option(
+    "--port", metavar="PORT", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Listen on this port (0: any)."
+)
 @click.option(
     "--allow",
     metavar="CIDR[,CIDR...]",
@@ -52,12 +54,20 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
 )
 @click.option("--allow-produce", is_flag=True, help="Accept PRODUCE, MULTIPRODUCE and APPEND (off by default).")
 @click.option("--topics", "topics", metavar="REGEX", callback=_pattern, help="Serve only topics whose whole name matches.")
-@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True, help="Threads answering requests.")
 @click.option(
-    "--max-connections", type=click.IntRange(min=1), default=1024, show_default=True, help="Refuse connections beyond N."
+    "--workers", metavar="N", type=click.IntRange(min=1), default=8, show_default=True, help="Threads answering requests."
+)
+@click.option(
+    "--max-connections",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Refuse connections beyond N.",
 )
 @click.option(
     "--max-request-bytes",
+    metavar="BYTES",
     type=click.IntRange(min=1024),
     default=8 << 20,
     show_default=True,
