@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kl import wire
-from kl.config import TopicConfig
+from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.messageset import validate_set
 from kl.segment import Segment
@@ -151,6 +151,8 @@ class Server:
         self._accepting = True
         self._resume_at = 0.0
         self._stopping = threading.Event()
+        self._identities: dict[str, tuple[int, int]] = {}
+        """topic -> (device, inode) of the topic.json its cached config was read from."""
 
     def _listen(self) -> socket.socket:
         c = self.config
@@ -578,7 +580,7 @@ class Server:
         if not self._served(topic):
             raise _Refused(wire.NOT_ALLOWED, KlError(f"topic {topic} is not served here (kl serve --topics)"))
         try:
-            config = self.root.config(topic)
+            config = self._config(topic)
         except TopicNotFound as e:
             if conn.kl or strict:
                 raise _Refused(wire.TOPIC_NOT_FOUND, e) from None
@@ -587,6 +589,21 @@ class Server:
             error = TopicNotFound(f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {partition}")
             raise _Refused(wire.WRONG_PARTITION if not conn.kl else wire.TOPIC_NOT_FOUND, error)
         return config
+
+    def _config(self, topic: str) -> TopicConfig:
+        """The topic's config, read again when its ``topic.json`` is another file than the
+        one cached (the topic was deleted and created again, maybe in another format)."""
+        try:
+            st = os.stat(os.path.join(self.root.path, topic, CONFIG_FILE))
+        except OSError:
+            self.root.forget(topic)
+        else:
+            identity, seen = (st.st_dev, st.st_ino), self._identities.get(topic)
+            if seen != identity:
+                if seen is not None:
+                    self.root.forget(topic)
+                self._identities[topic] = identity
+        return self.root.config(topic)
 
     @staticmethod
     def _code(conn: Connection, code: int) -> int:

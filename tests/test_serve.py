@@ -516,3 +516,14 @@ def test_cli_errors(root, three):
     assert done.stderr.decode().splitlines()[-1] == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
     done = subprocess.run([*KL, "--root", root.path + "-missing", "serve", "--port", "0"], capture_output=True, timeout=30)
     assert done.returncode == 1 and done.stderr.decode().startswith("Error: root ")
+
+
+def test_a_topic_created_again_is_served_as_it_now_is(root, running, three):
+    r = running()
+    with r.connect() as c:
+        assert values(fetch(c, "t", 2, 0)) == three[2]
+        other = kl.Root(root.path)  # another process, as far as the server's caches know
+        other.delete_topic("t")
+        other.create_topic("t", kl.TopicConfig(partitions=5))
+        write(other, "t", [b"new"], partition=4)
+        assert values(fetch(c, "t", 4, 0)) == [b"new"]
