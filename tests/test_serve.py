@@ -527,3 +527,12 @@ def test_a_topic_created_again_is_served_as_it_now_is(root, running, three):
         other.create_topic("t", kl.TopicConfig(partitions=5))
         write(other, "t", [b"new"], partition=4)
         assert values(fetch(c, "t", 4, 0)) == [b"new"]
+
+
+def test_a_root_it_cannot_register_in_is_served_unregistered(root, three, tmp_path):
+    Path(root.path, ".brokers").write_text("not a directory")
+    daemon = Daemon(root, tmp_path / "log")
+    assert "warning serving unregistered (kl serve --list will not show it)" in daemon.text()
+    with daemon.connect() as c:
+        assert values(fetch(c, "t", 0, 0)) == three[0]
+    assert brokers.live(root.path) == []
