@@ -21,6 +21,7 @@ from kl_cli.groups import groups
 from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
 from kl_cli.produce import produce
+from kl_cli.serve import serve
 from kl_cli.topics import topics
 
 EXIT_INTERRUPTED = 130
@@ -76,6 +77,7 @@ cli.add_command(recover_command)
 cli.add_command(retain_command)
 cli.add_command(dump_command)
 cli.add_command(load)
+cli.add_command(serve)
 
 
 def main() -> None:

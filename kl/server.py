@@ -10,6 +10,7 @@ next request once the worker hands the connection back.  A fetch response is a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kl import wire
-from kl.config import TopicConfig
+from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.messageset import validate_set
 from kl.segment import Segment
@@ -41,6 +42,16 @@ SMALL_REQUEST = 64 << 10
 """The largest request when produce is off: fetches, offsets and kl's lookups are tiny."""
 RECV_CHUNK = 256 << 10
 KL_FORMAT = "kl"
+MAX_FETCHES = 1000
+"""The most fetches one MULTIFETCH may hold: each keeps a segment file open while it is sent."""
+MAX_PAYLOAD = (1 << 31) - 1 - 2
+"""A response's size field is an int32 and counts the error code: longer fetches are cut short."""
+SWEEP_INTERVAL = 0.25
+"""How often connections are checked against the idle and request timeouts."""
+ACCEPT_PAUSE = 0.5
+"""How long accepting stops when the process is out of file descriptors."""
+STOP_GRACE = 5.0
+"""After the request timeout at shutdown: how long workers still get to give connections back."""
 
 
 class ServerError(KlError):
@@ -54,7 +65,7 @@ class ServeConfig:
     bind: str = "127.0.0.1"
     port: int = 9092
     allow: tuple[Network, ...] = ()
-    """Networks connections may come from besides loopback (needed to bind elsewhere)."""
+    """The only networks connections may come from (default: loopback); needed to bind elsewhere."""
     allow_produce: bool = False
     topics: re.Pattern[str] | None = None
     """Serve only topics whose whole name matches."""
@@ -65,20 +76,36 @@ class ServeConfig:
     idle_timeout: float = 600.0
     """Close a connection that sent no request for this long."""
     request_timeout: float = 30.0
-    """Close a connection that takes longer to send one request, or to take one response."""
+    """Close a connection that takes longer to send one request, or to take one whole response."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
-        self.networks = LOOPBACK + tuple(self.allow)
+        self.networks = tuple(self.allow) or LOOPBACK
         try:
             address = ipaddress.ip_address(self.bind)
         except ValueError:
             raise ServerError(f"--bind needs an IP address, not {self.bind!r}") from None
         if not address.is_loopback and not self.allow:
             raise ServerError(f"binding to {self.bind} needs --allow CIDR naming who may connect")
+        if not 0 <= self.port < 65536:
+            raise ServerError(f"port {self.port} is not between 0 and 65535")
         for name in ("workers", "max_connections", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("idle_timeout", "request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ServerError(f"{name} must be positive, not {getattr(self, name)}")
+
+    def allows(self, host: str) -> bool:
+        """Whether a connection from ``host`` may be served (an IPv4 address mapped into
+        IPv6, as a dual-stack socket reports it, counts as the IPv4 address)."""
+        try:
+            address = ipaddress.ip_address(host.partition("%")[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in net for net in self.networks)
 
     @property
     def request_limit(self) -> int:
@@ -95,6 +122,7 @@ class Connection:
         self.peer = peer
         self.kl = False
         self.buffer = bytearray()
+        """The request being received; never more than one (reads stop at its end)."""
         self.last_active = time.monotonic()
         self.started: float | None = None
         """When the request being received began (None between requests)."""
@@ -116,19 +144,23 @@ class Server:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._work: queue.SimpleQueue[tuple[Connection, bytes] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[Connection, bytearray] | None] = queue.SimpleQueue()
         self._returned: queue.SimpleQueue[tuple[Connection, bool]] = queue.SimpleQueue()
         self._connections: set[Connection] = set()
         self._busy = 0
+        self._accepting = True
+        self._resume_at = 0.0
         self._stopping = threading.Event()
+        self._identities: dict[str, tuple[int, int]] = {}
+        """topic -> (device, inode) of the topic.json its cached config was read from."""
 
     def _listen(self) -> socket.socket:
         c = self.config
         family = socket.AF_INET6 if ":" in c.bind else socket.AF_INET
         try:
-            sock = socket.create_server((c.bind, c.port), family=family, backlog=1024, reuse_port=False)
+            sock = socket.create_server((c.bind, c.port), family=family, backlog=1024)
         except OSError as e:
-            raise ServerError(f"cannot listen on {c.bind}:{c.port}: {e.strerror or e}") from None
+            raise ServerError(f"cannot listen on {c.bind}:{c.port}: {os.strerror(e.errno) if e.errno else e}") from None
         sock.setblocking(False)
         return sock
 
@@ -143,9 +175,11 @@ class Server:
         for w in workers:
             w.start()
         log.info("serving %s on %s:%d", self.root.path, self.config.bind, self.port)
+        next_sweep = 0.0
+        finished = False
         try:
             while not self._stopping.is_set():
-                for key, _ in sel.select(timeout=0.5):
+                for key, _ in sel.select(timeout=SWEEP_INTERVAL):
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
@@ -153,40 +187,66 @@ class Server:
                     else:
                         self._readable(key.data)
                 self._take_back()
-                self._sweep()
-            self._shutdown(workers)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + SWEEP_INTERVAL
+                if not self._accepting and now >= self._resume_at:
+                    sel.register(self.listener, selectors.EVENT_READ, "accept")
+                    self._accepting = True
+            finished = self._shutdown(workers)
         finally:
             sel.close()
             self.listener.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            for conn in self._connections:
+                conn.sock.close()
+            if finished:  # else a stuck worker may still write to the pipe
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def stop(self) -> None:
         """Stop accepting and reading; responses under way are finished.  Safe from a signal handler."""
         self._stopping.set()
         self._wake()
 
-    def _shutdown(self, workers: list[threading.Thread]) -> None:
-        self._selector.unregister(self.listener)
+    def _shutdown(self, workers: list[threading.Thread]) -> bool:
+        """Close the listener and idle connections, wait for the responses under way (a
+        request timeout, then cut them short), stop the workers; whether they all stopped."""
+        if self._accepting:
+            self._selector.unregister(self.listener)
         self.listener.close()
+        for conn in [c for c in self._connections if self._registered(c)]:
+            self._close(conn, None)
         deadline = time.monotonic() + self.config.request_timeout
-        while self._busy and time.monotonic() < deadline:
+        cut = False
+        while self._busy:
+            now = time.monotonic()
+            if now >= deadline + (STOP_GRACE if cut else 0):
+                if cut:
+                    log.warning("stopped with %d requests unfinished", self._busy)
+                    return False
+                log.warning("cutting %d responses short after %g s", self._busy, self.config.request_timeout)
+                for conn in self._connections:
+                    with contextlib.suppress(OSError):
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+                cut = True
             try:
-                conn, keep = self._returned.get(timeout=0.1)
+                conn, _ = self._returned.get(timeout=0.1)
             except queue.Empty:
                 continue
             self._busy -= 1
             self._close(conn, None)
         for _ in workers:
             self._work.put(None)
-        for conn in list(self._connections):
-            self._close(conn, None)
+        for w in workers:
+            w.join()
         log.info("stopped")
+        return True
 
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
+        except BlockingIOError:  # the pipe is full: the loop wakes anyway
             pass
 
     def _drain_wake(self) -> None:
@@ -202,11 +262,16 @@ class Server:
                 sock, address = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # out of file descriptors, and the like: keep serving
-                log.warning("accept failed: %s", e.strerror or e)
-                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("not accepting for %g s: %s", ACCEPT_PAUSE, e.strerror or e)
+                    self._selector.unregister(self.listener)
+                    self._accepting = False
+                    self._resume_at = time.monotonic() + ACCEPT_PAUSE
+                    return
+                continue  # the peer gave up before it was accepted, and the like
             peer = f"{address[0]}:{address[1]}"
-            if not any(ipaddress.ip_address(address[0]) in net for net in self.config.networks):
+            if not self.config.allows(address[0]):
                 log.warning("refused %s: not in --allow", peer)
                 sock.close()
                 continue
@@ -221,6 +286,7 @@ class Server:
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _readable(self, conn: Connection) -> None:
+        """Read what is missing of the connection's request, no more; hand it over once whole."""
         try:
             need = self._needed(conn)
             data = conn.sock.recv(min(need, RECV_CHUNK))
@@ -230,7 +296,7 @@ class Server:
             self._close(conn, str(e))
             return
         except OSError as e:
-            self._close(conn, f"read failed: {e.strerror or e}")
+            self._close(conn, f"read failed: {_reason(e)}")
             return
         if not data:
             self._close(conn, None if not conn.buffer else "closed in the middle of a request")
@@ -239,7 +305,16 @@ class Server:
         if conn.started is None:
             conn.started = conn.last_active
         conn.buffer += data
-        self._dispatch(conn)
+        try:
+            if self._needed(conn):
+                return
+        except Drop as e:
+            self._close(conn, str(e))
+            return
+        request, conn.buffer, conn.started = conn.buffer, bytearray(), None
+        self._selector.unregister(conn.sock)
+        self._busy += 1
+        self._work.put((conn, request))
 
     def _needed(self, conn: Connection) -> int:
         """Bytes still missing from the request being received (its size checked first)."""
@@ -248,48 +323,32 @@ class Server:
         (size,) = wire.SIZE.unpack_from(conn.buffer)
         if not 2 <= size <= self.config.request_limit:
             raise Drop(f"request of {size} bytes refused (limit {self.config.request_limit})")
-        return max(0, wire.SIZE.size + size - len(conn.buffer))
-
-    def _dispatch(self, conn: Connection) -> None:
-        """Hand a complete request to a worker (and the connection with it)."""
-        try:
-            if self._needed(conn):
-                return
-        except Drop as e:
-            self._close(conn, str(e))
-            return
-        (size,) = wire.SIZE.unpack_from(conn.buffer)
-        end = wire.SIZE.size + size
-        request = bytes(conn.buffer[wire.SIZE.size : end])
-        del conn.buffer[:end]
-        conn.started = time.monotonic() if conn.buffer else None
-        self._selector.unregister(conn.sock)
-        self._busy += 1
-        self._work.put((conn, request))
+        return wire.SIZE.size + size - len(conn.buffer)
 
     def _take_back(self) -> None:
+        """Connections whose response a worker finished: read their next request."""
         while True:
             try:
                 conn, keep = self._returned.get_nowait()
             except queue.Empty:
                 return
             self._busy -= 1
-            if not keep or self._stopping.is_set():
+            if not keep:
                 self._close(conn, None)
                 continue
             conn.last_active = time.monotonic()
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
-            self._dispatch(conn)
 
-    def _sweep(self) -> None:
-        now, c = time.monotonic(), self.config
-        for conn in list(self._connections):
-            if conn.started is not None and now - conn.started > c.request_timeout:
-                self._close(conn, f"request not complete after {c.request_timeout:g} s")
-            elif conn.started is None and now - conn.last_active > c.idle_timeout and self._registered(conn):
-                self._close(conn, f"idle for {c.idle_timeout:g} s")
+    def _sweep(self, now: float) -> None:
+        config = self.config
+        for conn in [c for c in self._connections if self._registered(c)]:
+            if conn.started is not None and now - conn.started > config.request_timeout:
+                self._close(conn, f"request not complete after {config.request_timeout:g} s")
+            elif conn.started is None and now - conn.last_active > config.idle_timeout:
+                self._close(conn, f"idle for {config.idle_timeout:g} s")
 
     def _registered(self, conn: Connection) -> bool:
+        """Whether the loop is reading from the connection (else a worker has it)."""
         try:
             self._selector.get_key(conn.sock)
             return True
@@ -307,32 +366,28 @@ class Server:
     # ----------------------------------------------------------------- workers
 
     def _worker(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
+        """Answer requests; give each connection back to the loop (to be closed if it failed)."""
+        while (item := self._work.get()) is not None:
             conn, request = item
-            keep = True
+            reason = None
             try:
-                conn.sock.settimeout(self.config.request_timeout)
-                self._handle(conn, request)
-                conn.sock.setblocking(False)
+                self._handle(conn, memoryview(request)[wire.SIZE.size :])
             except Drop as e:
-                log.warning("closed %s: %s", conn.peer, e)
-                keep = False
+                reason = str(e)
             except ProtocolError as e:
-                log.warning("closed %s: bad request: %s", conn.peer, e)
-                keep = False
+                reason = f"bad request: {e}"
+            except KlError as e:
+                reason = str(e)
             except OSError as e:
-                log.warning("closed %s: %s", conn.peer, _reason(e))
-                keep = False
-            except Exception:
-                log.exception("closed %s: unexpected error", conn.peer)
-                keep = False
-            self._returned.put((conn, keep))
+                reason = _reason(e)
+            except Exception as e:  # a bug: this connection goes, the daemon stays
+                reason = f"unexpected {type(e).__name__}: {e}"
+            if reason is not None:
+                log.warning("closed %s: %s", conn.peer, reason)
+            self._returned.put((conn, reason is None))
             self._wake()
 
-    def _handle(self, conn: Connection, request: bytes) -> None:
+    def _handle(self, conn: Connection, request: memoryview) -> None:
         reader = Reader(request)
         kind = reader.int16()
         handler = HANDLERS.get(kind)
@@ -349,21 +404,21 @@ class Server:
         reader.done()
         part = self._part(conn, fetch)
         try:
-            _send_parts(conn.sock, [part], None, self.config.request_timeout)
+            self._respond(conn, [part], None)
         finally:
             _close_part(part)
 
     def _multifetch(self, conn: Connection, reader: Reader) -> None:
         count = reader.int16()
-        if count < 0:
-            raise ProtocolError(f"MULTIFETCH of {count} fetches")
+        if not 0 <= count <= MAX_FETCHES:
+            raise ProtocolError(f"MULTIFETCH of {count} fetches (at most {MAX_FETCHES})")
         fetches = [reader.fetch() for _ in range(count)]
         reader.done()
         parts: list[_Part] = []
         try:
             for fetch in fetches:
                 parts.append(self._part(conn, fetch))
-            _send_parts(conn.sock, parts, wire.NO_ERROR, self.config.request_timeout)
+            self._respond(conn, parts, wire.NO_ERROR)
         finally:
             for part in parts:
                 _close_part(part)
@@ -393,7 +448,7 @@ class Server:
         reader.done()
         try:
             if self._topic(conn, topic, partition) is None:
-                offsets = [0] if time_ms in (-1, -2) and max_offsets > 0 else []  # Kafka 0.7's getEmptyOffsets
+                offsets = [0] if time_ms in (-1, -2) else []  # Kafka 0.7's getEmptyOffsets
             else:
                 offsets = self.root.log(topic, partition).offsets_before(time_ms, max(0, max_offsets))
         except _Refused as e:
@@ -419,19 +474,25 @@ class Server:
         self._append_all(conn, produces)
 
     def _append_all(self, conn: Connection, produces: Iterable[wire.Produce]) -> None:
-        """Kafka 0.7's produce has no answer: a refused set closes the connection, logged."""
+        """Kafka 0.7's produce has no answer: a refused set closes the connection, logged.
+        Every set is checked before any is appended, so a request is refused whole."""
+        checked = []
         for p in produces:
             try:
-                self._append(conn, p.topic, p.partition, p.data, None, False)
+                checked.append((p, *self._checked(conn, p.topic, p.partition, p.data, None)))
             except _Refused as e:
                 raise Drop(f"produce to {p.topic}/{p.partition} refused: {e.error}") from None
             except KlError as e:
                 raise Drop(f"produce to {p.topic}/{p.partition} refused: {e}") from None
+        for p, partition, count in checked:
+            self.root.log(p.topic, partition).append(p.data, count)
 
-    def _append(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None, fsync: bool) -> int:
+    def _checked(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None) -> tuple[int, int]:
+        """The partition a set goes to (Kafka 0.7's -1: a random one) and its message count,
+        once produce is allowed there and every message checked."""
         if not self.config.allow_produce:
             raise _Refused(wire.NOT_ALLOWED, KlError("produce is off on this server (kl serve --allow-produce)"))
-        if partition == -1:  # Kafka 0.7's "random partition"
+        if partition == -1:
             config = self._topic(conn, topic, 0, strict=True)
             assert config is not None
             partition = random.randrange(config.partitions)
@@ -440,7 +501,7 @@ class Server:
         found = validate_set(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes)
         if count is not None and count != found:
             raise _Refused(wire.INVALID_MESSAGE, KlError(f"the set holds {found} messages, not {count}"))
-        return self.root.log(topic, partition).append(data, found, fsync=fsync)
+        return partition, found
 
     def _hello(self, conn: Connection, reader: Reader) -> None:
         reader.int16()
@@ -450,7 +511,11 @@ class Server:
     def _topics(self, conn: Connection, reader: Reader) -> None:
         reader.done()
         parts = []
-        names = [n for n in self.root.topics() if self._served(n)]
+        try:
+            names = [n for n in self.root.topics() if self._served(n)]
+        except KlError as e:
+            self._reply_error(conn, *_coded(e))
+            return
         for name in names:
             try:
                 config = self.root.config(name)
@@ -489,7 +554,8 @@ class Server:
         data = bytes(reader.take(size))
         reader.done()
         try:
-            offset = self._append(conn, topic, partition, data, count, bool(fsync))
+            partition, count = self._checked(conn, topic, partition, data, count)
+            offset = self.root.log(topic, partition).append(data, count, fsync=bool(fsync))
         except _Refused as e:
             self._reply_error(conn, e.code, e.error)
             return
@@ -514,7 +580,7 @@ class Server:
         if not self._served(topic):
             raise _Refused(wire.NOT_ALLOWED, KlError(f"topic {topic} is not served here (kl serve --topics)"))
         try:
-            config = self.root.config(topic)
+            config = self._config(topic)
         except TopicNotFound as e:
             if conn.kl or strict:
                 raise _Refused(wire.TOPIC_NOT_FOUND, e) from None
@@ -524,15 +590,82 @@ class Server:
             raise _Refused(wire.WRONG_PARTITION if not conn.kl else wire.TOPIC_NOT_FOUND, error)
         return config
 
+    def _config(self, topic: str) -> TopicConfig:
+        """The topic's config, read again when its ``topic.json`` is another file than the
+        one cached (the topic was deleted and created again, maybe in another format)."""
+        try:
+            st = os.stat(os.path.join(self.root.path, topic, CONFIG_FILE))
+        except OSError:
+            self.root.forget(topic)
+        else:
+            identity, seen = (st.st_dev, st.st_ino), self._identities.get(topic)
+            if seen != identity:
+                if seen is not None:
+                    self.root.forget(topic)
+                self._identities[topic] = identity
+        return self.root.config(topic)
+
+    @staticmethod
+    def _code(conn: Connection, code: int) -> int:
+        """kl's catch-all code is Kafka 0.7's unknown error on a Kafka 0.7 connection."""
+        return wire.UNKNOWN if code == wire.KL_ERROR and not conn.kl else code
+
     def _error(self, conn: Connection, code: int, error: BaseException) -> _Part:
-        return (code, wire.error_payload(error)[1] if conn.kl else b"")
+        return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
 
     def _reply(self, conn: Connection, code: int, body: bytes) -> None:
-        conn.sock.sendall(wire.HEAD.pack(2 + len(body), code) + body)
+        _send(conn.sock, wire.HEAD.pack(2 + len(body), code) + body, time.monotonic() + self.config.request_timeout)
 
     def _reply_error(self, conn: Connection, code: int, error: BaseException, plain: bytes = b"") -> None:
         """An error answer: the JSON on a kl connection, Kafka 0.7's ``plain`` bytes on another."""
-        self._reply(conn, code, wire.error_payload(error)[1] if conn.kl else plain)
+        self._reply(conn, self._code(conn, code), wire.error_payload(error)[1] if conn.kl else plain)
+
+    def _respond(self, conn: Connection, parts: list[_Part], outer: int | None) -> None:
+        """Write parts as ``size error payload`` each (under one more header when ``outer``
+        is a code: MULTIFETCH), within the request timeout; segment spans go by
+        ``_copy``.  Spans are cut short where the response would pass an int32's size.
+        TCP_CORK makes one stream of it."""
+        room = MAX_PAYLOAD
+        heads = []
+        for i, part in enumerate(parts):
+            room -= 0 if outer is None else wire.HEAD.size
+            if isinstance(part[0], Segment):
+                size = max(0, min(part[2], room))
+                parts[i] = (part[0], part[1], size)
+                heads.append(wire.HEAD.pack(2 + size, wire.NO_ERROR))
+            else:
+                size = len(part[1])
+                heads.append(wire.HEAD.pack(2 + size, part[0]))
+            room -= size
+        sock = conn.sock
+        deadline = time.monotonic() + self.config.request_timeout
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        try:
+            if outer is not None:
+                _send(sock, wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer), deadline)
+            for head, part in zip(heads, parts, strict=True):
+                if isinstance(part[0], Segment):
+                    _send(sock, head, deadline)
+                    self._copy(sock, part[0], part[1], part[2], deadline)
+                else:
+                    _send(sock, head + part[1], deadline)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+    def _copy(self, sock: socket.socket, segment: Segment, position: int, count: int, deadline: float) -> None:
+        """Copy ``count`` bytes of the segment from ``position`` to the socket, in the kernel."""
+        out, fd = sock.fileno(), segment.fd
+        while count > 0:
+            try:
+                sent = os.sendfile(out, fd, position, count)
+            except (BlockingIOError, InterruptedError):
+                _writable(sock, deadline)
+                continue
+            if sent == 0:
+                raise Drop(f"{segment.path} is shorter than its published end")
+            position += sent
+            count -= sent
 
 
 _Part = tuple[int, bytes] | tuple[Segment, int, int]
@@ -553,59 +686,28 @@ def _close_part(part: _Part) -> None:
         part[0].close()
 
 
-def _send_parts(sock: socket.socket, parts: list[_Part], outer: int | None, timeout: float) -> None:
-    """Write parts as ``size error payload`` each (under one more header when ``outer`` is
-    a code: MULTIFETCH); segment spans go by sendfile.  TCP_CORK makes one stream of it."""
-    heads = []
-    total = 0
-    for part in parts:
-        if isinstance(part[0], Segment):
-            size = part[2]
-            heads.append(wire.HEAD.pack(2 + size, wire.NO_ERROR))
-        else:
-            size = len(part[1])
-            heads.append(wire.HEAD.pack(2 + size, part[0]))
-        total += wire.HEAD.size + size
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-    try:
-        if outer is not None:
-            sock.sendall(wire.HEAD.pack(2 + total, outer))
-        for head, part in zip(heads, parts, strict=True):
-            if isinstance(part[0], Segment):
-                sock.sendall(head)
-                _sendfile(sock, part[0].fd, part[1], part[2], timeout)
-            else:
-                sock.sendall(head + part[1])
-    finally:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-
-
-def _sendfile(sock: socket.socket, fd: int, offset: int, count: int, timeout: float) -> None:
-    """Copy ``count`` bytes of the file at ``offset`` to the socket, in the kernel."""
-    out = sock.fileno()
-    deadline = time.monotonic() + timeout
-    while count > 0:
+def _send(sock: socket.socket, data: bytes | memoryview, deadline: float) -> None:
+    """Write all of ``data`` to the non-blocking socket by ``deadline``."""
+    view = memoryview(data)
+    while view:
         try:
-            sent = os.sendfile(out, fd, offset, count)
+            view = view[sock.send(view) :]
         except (BlockingIOError, InterruptedError):
-            remaining = deadline - time.monotonic()
-            poll = select.poll()
-            poll.register(out, select.POLLOUT)
-            if remaining <= 0 or not poll.poll(remaining * 1000):
-                raise Drop(f"response not taken within {timeout:g} s") from None
-            continue
-        if sent == 0:
-            raise Drop("segment file shorter than its published end")
-        offset += sent
-        count -= sent
-        deadline = time.monotonic() + timeout
+            _writable(sock, deadline)
+
+
+def _writable(sock: socket.socket, deadline: float) -> None:
+    """Wait until the socket takes more; ``Drop`` when the peer does not by ``deadline``."""
+    remaining = deadline - time.monotonic()
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLOUT)
+    if remaining <= 0 or not poll.poll(remaining * 1000):
+        raise Drop("response not taken within the request timeout")
 
 
 def _reason(error: OSError) -> str:
     if error.errno in (errno.EPIPE, errno.ECONNRESET):
         return "the peer went away"
-    if isinstance(error, TimeoutError):
-        return "timed out"
     return error.strerror or str(error)
 
 

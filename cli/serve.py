@@ -1,0 +1,205 @@
+"""``kl serve``: the root's topics over Kafka 0.7's wire protocol (``kl.server``), and
+``kl serve --list``: the daemons registered under the root (``kl.brokers``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ipaddress
+import json
+import logging
+import re
+import signal
+import sys
+
+import click
+
+from kl import brokers
+from kl.errors import KlError
+from kl.server import Network, ServeConfig, Server
+from kl_cli.common import get_root
+
+EXIT_INTERRUPTED = 130
+LIST_COLUMNS = ["address", "pid", "since", "topics", "produce"]
+
+
+def _networks(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Network, ...]:
+    if value is None:
+        return ()
+    try:
+        return tuple(ipaddress.ip_network(cidr.strip()) for cidr in value.split(",") if cidr.strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+
+
+def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
+    if value is None:
+        return None
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise click.BadParameter(f"{value!r} is not a regular expression: {e}", ctx, param) from None
+
+
+@click.command(short_help="Serve the root's topics over Kafka 0.7's wire protocol.")
+@click.option("--bind", metavar="ADDRESS", default="127.0.0.1", show_default=True, help="Listen on this IP address.")
+@click.option(
+    "--port", metavar="PORT", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Listen on this port (0: any)."
+)
+@click.option(
+    "--allow",
+    metavar="CIDR[,CIDR...]",
+    callback=_networks,
+    help="Serve only connections from these networks (default: loopback); needed to bind elsewhere.",
+)
+@click.option("--allow-produce", is_flag=True, help="Accept PRODUCE, MULTIPRODUCE and APPEND (off by default).")
+@click.option("--topics", "topics", metavar="REGEX", callback=_pattern, help="Serve only topics whose whole name matches.")
+@click.option(
+    "--workers", metavar="N", type=click.IntRange(min=1), default=8, show_default=True, help="Threads answering requests."
+)
+@click.option(
+    "--max-connections",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Refuse connections beyond N.",
+)
+@click.option(
+    "--max-request-bytes",
+    metavar="BYTES",
+    type=click.IntRange(min=1024),
+    default=8 << 20,
+    show_default=True,
+    help="The largest request with --allow-produce (without it: 64 KiB).",
+)
+@click.option(
+    "--idle-timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Close a connection that sends no request for this long.",
+)
+@click.option(
+    "--request-timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Close a connection that takes longer to send a request or to take a response.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
+@click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    bind: str,
+    port: int,
+    allow: tuple[Network, ...],
+    allow_produce: bool,
+    topics: re.Pattern[str] | None,
+    workers: int,
+    max_connections: int,
+    max_request_bytes: int,
+    idle_timeout: float,
+    request_timeout: float,
+    as_json: bool,
+    list_: bool,
+) -> None:
+    """Serve the root's topics to hosts that do not mount it, over Kafka 0.7's wire
+    protocol (kl-protocol(5)), until SIGTERM (exit 0) or Ctrl-C (exit 130).
+
+    Fetches are sent with sendfile straight from the segment files.  The daemon
+    registers itself under the root while it runs (kl serve --list shows it).  Log
+    lines go to stderr.
+    """
+    root = get_root(ctx)
+    if list_:
+        _list(root.path, as_json)
+        return
+    config = ServeConfig(
+        bind=bind,
+        port=port,
+        allow=allow,
+        allow_produce=allow_produce,
+        topics=topics,
+        workers=workers,
+        max_connections=max_connections,
+        max_request_bytes=max_request_bytes,
+        idle_timeout=idle_timeout,
+        request_timeout=request_timeout,
+    )
+    _log_lines(as_json)
+    root.topics()  # a missing root is an error now, not on every request
+    server = Server(root, config)
+    logger = logging.getLogger("kl.serve")
+    info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce)
+    try:
+        registration: brokers.Registration | None = brokers.register(root.path, info)
+    except KlError as e:
+        logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
+        registration = None
+    stopped_by: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped_by.append(signum)
+        server.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.serve_forever()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if registration is not None:
+            registration.close()
+    if signal.SIGINT in stopped_by:
+        raise SystemExit(EXIT_INTERRUPTED)
+
+
+class _Lines(logging.Formatter):
+    """One line per record: ``TIME LEVEL message``, or a JSON object."""
+
+    def __init__(self, as_json: bool):
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
+        when = when.replace("+00:00", "Z")
+        message = record.getMessage().replace("\n", " ")
+        if self.as_json:
+            return json.dumps({"time": when, "level": record.levelname.lower(), "message": message})
+        return f"{when} {record.levelname.lower()} {message}"
+
+
+def _log_lines(as_json: bool) -> None:
+    """The library's records (the server's, and any warning) as log lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lines(as_json))
+    logger = logging.getLogger("kl")
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+
+
+def _list(root_path: str, as_json: bool) -> None:
+    found = brokers.live(root_path)
+    if as_json:
+        sys.stdout.write("".join(json.dumps({"address": b.address, **dataclasses.asdict(b)}) + "\n" for b in found))
+        return
+    if not sys.stdout.isatty():
+        sys.stdout.write("".join(b.address + "\n" for b in found))
+        return
+    rows = [[b.address, str(b.pid), _since(b.since_ms), b.topics or "(all)", "yes" if b.produce else "no"] for b in found]
+    from rich.console import Console
+    from rich.table import Column, Table
+
+    table = Table(*(Column(name, justify="right" if name == "pid" else "left") for name in LIST_COLUMNS), box=None)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table if rows else "no kl serve daemon registered")
+
+
+def _since(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")

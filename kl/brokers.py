@@ -1,0 +1,160 @@
+"""Running ``kl serve`` daemons, registered under the root: the seed's ``/brokers/ids``.
+
+    ROOT/.brokers/ids/HOST:PORT:PID     a live daemon's registration, locked while it lives
+
+A daemon writes its registration as a hidden temporary file, takes an open file
+description lock on it, and renames it into place; it holds the lock while it serves
+and deletes the file when it stops.  The kernel drops the lock when the process dies
+(an NFS server, when the host's lease runs out), so a registration whose lock is free
+is a dead daemon's: whoever lists the daemons ignores it and deletes it.  The file is
+one JSON object (see ``BrokerInfo``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+from kl import locks
+from kl.errors import KlError, LockTimeout, StorageError
+from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, nfs_locking_problem, storage_error
+
+BROKERS_DIR = os.path.join(".brokers", "ids")
+LEFTOVER_AGE = 60.0
+"""A temporary registration file unlocked this long is a crashed daemon's: deleted."""
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What a daemon registers: where to reach it and what it serves."""
+
+    host: str
+    """The name to connect to: the bind address, or this host's name when bound to all."""
+    port: int
+    bind: str
+    pid: int
+    since_ms: int
+    topics: str | None
+    """The ``--topics`` regex, or None for every topic."""
+    produce: bool
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def info_for(bind: str, port: int, topics: str | None, produce: bool) -> BrokerInfo:
+    """This process's ``BrokerInfo`` for a daemon listening on ``bind``:``port``."""
+    host = socket.getfqdn() if bind in ("0.0.0.0", "::") else bind
+    return BrokerInfo(host, port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce)
+
+
+class Registration:
+    """A daemon's registration: the locked file, deleted by ``close``."""
+
+    def __init__(self, fd: int, path: str, info: BrokerInfo):
+        self.fd, self.path, self.info = fd, path, info
+
+    def close(self) -> None:
+        """Delete the registration, then let the lock go."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def register(root_path: str, info: BrokerInfo) -> Registration:
+    """Register a daemon under the root; raises ``StorageError`` when it cannot (a
+    read-only root, a mount without working locks)."""
+    directory = os.path.join(root_path, BROKERS_DIR)
+    ensure_dir(directory)
+    problem = nfs_locking_problem(directory)
+    if problem is not None:
+        raise StorageError(problem)
+    name = f"{socket.gethostname()}:{info.port}:{info.pid}"
+    path, tmp = os.path.join(directory, name), os.path.join(directory, f".{name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    except OSError as e:
+        raise storage_error(e, "create", tmp) from None
+    try:
+        locks.lock_file(fd, tmp, 0)
+        os.write(fd, json.dumps(asdict(info)).encode() + b"\n")
+        os.fsync(fd)
+        os.rename(tmp, path)
+        fsync_dir(directory)
+    except (OSError, KlError) as e:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise e if isinstance(e, KlError) else storage_error(e, "register in", directory) from None
+    return Registration(fd, path, info)
+
+
+def live(root_path: str) -> list[BrokerInfo]:
+    """The registered daemons still alive, sorted by address; dead registrations (and
+    temporary files crashed daemons left) are deleted on the way, where the root allows."""
+    directory = os.path.join(root_path, BROKERS_DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise storage_error(e, "list", directory) from None
+    found = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.startswith("."):
+            _read_if_live(path, min_age=LEFTOVER_AGE)
+            continue
+        info = _read_if_live(path)
+        if info is not None:
+            found.append(info)
+    return sorted(found, key=lambda b: (b.host, b.port, b.pid))
+
+
+def _read_if_live(path: str, min_age: float = 0.0) -> BrokerInfo | None:
+    """The registration in ``path`` if its lock is held; else delete the file (once
+    unchanged for ``min_age`` seconds).  A shared lock probes it: a read-only root will do."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            locks.lock_file(fd, path, 0, shared=True)
+        except LockTimeout:
+            return _parse(os.pread(fd, 4096, 0))
+        if time.time() - os.fstat(fd).st_mtime >= min_age:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # nobody holds it: its daemon is gone
+        return None
+    except (OSError, StorageError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parse(data: bytes) -> BrokerInfo | None:
+    try:
+        body = json.loads(data)
+        return BrokerInfo(
+            str(body["host"]),
+            int(body["port"]),
+            str(body["bind"]),
+            int(body["pid"]),
+            int(body["since_ms"]),
+            None if body["topics"] is None else str(body["topics"]),
+            bool(body["produce"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None  # still being written, or not a registration
