@@ -1,0 +1,396 @@
+"""kl's network client: ``RemoteConsumer`` and ``RemoteProducer`` read and write through ``kl serve``.
+
+They are ``Consumer`` and ``Producer`` over a ``RemoteRoot``: the part of ``Root`` and
+``Log`` those use (topic configs, offsets, reads, appends), answered by a server over
+Kafka 0.7's wire protocol with kl's additions (``kl.wire``).  So they have the same API,
+the same reading and sending logic, and raise the same exception classes with the same
+messages (the server's, re-raised), with these differences:
+
+- A fetch is Kafka 0.7's: bytes that may end inside a message.  ``RemoteLog.read``
+  makes a ``MessageSet`` of them exactly as ``Log.read`` does locally (complete messages
+  only, a first message larger than ``max_bytes`` fetched whole, an offset inside a
+  message ``InvalidOffset``); damage is ``CorruptMessage`` with the same offset and
+  reason, but the path names the server and partition (``HOST:PORT/TOPIC/PARTITION``)
+  and the position is the offset, as the client does not know the segment files.
+- Following (``consume(follow=True)``, ``stream``) polls every ``poll_interval``.
+- ``flush`` cannot fsync on the server: durability is the topic's flush policy there,
+  or ``fsync=True``, which makes every append durable before it is acknowledged.
+- Produce needs ``kl serve --allow-produce``.
+
+Topic configs are cached (looked up again when a topic is unknown, or through
+``forget``).  Each thread has its own connection, so both are as thread-safe as their
+local forms; a read whose connection broke is sent once more on a new one (an append is
+not: it may have been done).  ``close`` closes every connection.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Iterable
+from typing import cast
+
+from kl import wire
+from kl.config import TopicConfig
+from kl.consumer import DEFAULT_MAX_BYTES, Consumer
+from kl.errors import TopicNotFound
+from kl.follow import Watch
+from kl.log import EARLIEST, LATEST
+from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
+from kl.messageset import INCOMPLETE, MessageSet
+from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
+from kl.segment import Segment
+from kl.topic import Root
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds to wait for a connection or an answer."""
+SKIP_CHUNK = 8 << 20
+"""Bytes fetched at a time when stepping over damage."""
+
+__all__ = ["DEFAULT_TIMEOUT", "RemoteConsumer", "RemoteLog", "RemoteProducer", "RemoteRoot"]
+
+
+class _Connection(wire.Connection):
+    """A ``wire.Connection`` that reads fetch answers into a buffer it keeps."""
+
+    def __init__(self, address: tuple[str, int], timeout: float | None):
+        super().__init__(address, timeout=timeout)
+        self._buffer = bytearray(1 << 16)
+
+    def fetched(self) -> memoryview:
+        """The payload of the next answer, valid until the next call; an error answer raises what it names."""
+        size, code = wire.HEAD.unpack(self._exactly(wire.HEAD.size))
+        if size < 2:
+            raise wire.ProtocolError(f"{self.name} sent a response of size {size}")
+        n = size - 2
+        if len(self._buffer) < n:
+            self._buffer = bytearray(n)
+        view = memoryview(self._buffer)[:n]
+        got = 0
+        try:
+            while got < n:
+                k = self.sock.recv_into(view[got:], n - got)
+                if not k:
+                    raise wire.ProtocolError(f"{self.name} closed the connection")
+                got += k
+        except OSError as e:
+            raise self._lost(e) from None
+        if code != wire.NO_ERROR:
+            wire.raise_error(code, view)
+        return view
+
+
+class RemoteRoot:
+    """The topics a ``kl serve`` at ``address`` (``HOST:PORT``) serves, as a ``Root`` gives
+    them to consumers and producers: ``config``, ``log``, ``forget``, ``topics``."""
+
+    def __init__(self, address: str | tuple[str, int], *, timeout: float | None = DEFAULT_TIMEOUT):
+        self.address = wire.parse_address(address) if isinstance(address, str) else address
+        self.path = f"{self.address[0]}:{self.address[1]}"
+        """The server, for messages (where a ``Root`` has its directory)."""
+        self.timeout = timeout
+        self._local = threading.local()
+        self._connections: list[_Connection] = []
+        self._configs: dict[str, TopicConfig] = {}
+        self._logs: dict[tuple[str, int], RemoteLog] = {}
+        self._guard = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RemoteRoot({self.path!r})"
+
+    # ----------------------------------------------------------------- requests
+
+    def _connection(self) -> _Connection:
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _Connection(self.address, self.timeout)
+            self._local.conn = conn
+            with self._guard:
+                self._connections.append(conn)
+        return conn
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._local.conn = None
+        with self._guard:
+            if conn in self._connections:
+                self._connections.remove(conn)
+
+    def call(self, kind: int, body: bytes, *, retry: bool = True) -> memoryview:
+        """Send a request and return the answer's payload (valid until this thread's next
+        request); an error answer raises what it names.  A broken connection is replaced,
+        and with ``retry`` the request sent once more."""
+        request = wire.request(kind, body)
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.sock.sendall(request)
+            except OSError as e:
+                self._drop(conn)
+                if attempt == 2 or not retry:
+                    raise conn._lost(e) from None
+                continue
+            try:
+                return conn.fetched()
+            except (wire.NetworkError, wire.ProtocolError):
+                self._drop(conn)
+                if attempt == 2 or not retry:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close every thread's connection (a thread that goes on opens a new one)."""
+        with self._guard:
+            conns, self._connections = self._connections, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+    # ----------------------------------------------------------------- topics
+
+    def topics(self) -> list[str]:
+        """The topics the server serves (and their configs, cached)."""
+        reader = wire.Reader(self.call(wire.TOPICS, b""))
+        configs = {}
+        for _ in range(reader.int32()):
+            name = reader.string()
+            configs[name] = TopicConfig.from_json(reader.string().encode(), f"{self.path}/{name}")
+        with self._guard:
+            self._configs = configs
+        return sorted(configs)
+
+    def config(self, name: str) -> TopicConfig:
+        """The topic's config.  Raises ``TopicNotFound`` (the server's error for the name)."""
+        config = self._configs.get(name)
+        if config is None:
+            if name not in self.topics():
+                self.call(wire.CHECK_OFFSET, wire.partition_int64_body(name, 0, 0))  # raises the server's own error
+                if name not in self.topics():
+                    raise TopicNotFound(f"topic {name!r} does not exist on {self.path}")
+            config = self._configs[name]
+        return config
+
+    def log(self, name: str, partition: int) -> RemoteLog:
+        """The partition.  Raises ``TopicNotFound`` for an unknown topic or partition."""
+        found = self._logs.get((name, partition))
+        if found is not None:
+            return found
+        config = self.config(name)
+        if not isinstance(partition, int) or not 0 <= partition < config.partitions:
+            raise TopicNotFound(f"topic {name!r} has partitions 0 to {config.partitions - 1}, not {partition!r}")
+        with self._guard:
+            return self._logs.setdefault((name, partition), RemoteLog(self, name, partition, config))
+
+    def forget(self, name: str) -> None:
+        """Drop what is cached of ``name`` (after it was deleted or created again)."""
+        with self._guard:
+            self._configs.pop(name, None)
+            for key in [k for k in self._logs if k[0] == name]:
+                del self._logs[key]
+
+
+class RemoteLog:
+    """One served partition, with the verbs of ``Log`` that consumers and producers use."""
+
+    def __init__(self, root: RemoteRoot, topic: str, partition: int, config: TopicConfig):
+        self.root = root
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.path = f"{root.path}/{topic}/{partition}"
+
+    def __repr__(self) -> str:
+        return f"RemoteLog({self.path!r})"
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.offsets_before(EARLIEST, 1)[0]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.offsets_before(LATEST, 1)[0]
+
+    def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
+        """``Log.offsets_before`` (OFFSETS)."""
+        reader = wire.Reader(self.root.call(wire.OFFSETS, wire.offsets_body(self.topic, self.partition, time_ms, max_offsets)))
+        return [reader.int64() for _ in range(reader.int32())]
+
+    def offset_for_time(self, time_ms: int) -> int:
+        """``Log.offset_for_time`` (OFFSET_FOR_TIME)."""
+        return self._lookup(wire.OFFSET_FOR_TIME, time_ms)
+
+    def offset_back(self, count: int) -> int:
+        """``Log.offset_back`` (OFFSET_BACK)."""
+        return self._lookup(wire.OFFSET_BACK, count)
+
+    def check_offset(self, offset: int) -> None:
+        """``Log.check_offset`` (CHECK_OFFSET): ``InvalidOffset`` unless a message starts at ``offset``."""
+        self.root.call(wire.CHECK_OFFSET, wire.partition_int64_body(self.topic, self.partition, offset))
+
+    def _lookup(self, kind: int, value: int) -> int:
+        payload = self.root.call(kind, wire.partition_int64_body(self.topic, self.partition, value))
+        return wire.Reader(payload).int64()
+
+    def fetch(self, offset: int, max_bytes: int) -> bytes:
+        """Kafka 0.7's fetch: up to ``max_bytes`` from ``offset``, ending at the segment's end
+        or inside a message."""
+        body = wire.fetch_body(wire.Fetch(self.topic, self.partition, offset, max_bytes))
+        return bytes(self.root.call(wire.FETCH, body))
+
+    def read(self, offset: int, max_bytes: int) -> MessageSet:
+        """``Log.read``: the complete messages in ``[offset, offset + max_bytes)``, a first
+        message larger than ``max_bytes`` whole.  Raises ``OffsetOutOfRange`` and ``InvalidOffset``."""
+        return self.message_set(offset, max_bytes, self.fetch(offset, max_bytes))
+
+    def message_set(self, offset: int, max_bytes: int, data: bytes) -> MessageSet:
+        """The fetched ``data`` (asked with ``max_bytes``) as ``Log.read`` gives it."""
+        limit = self.config.max_message_bytes
+        if len(data) == max_bytes and data:  # cut at max_bytes: maybe inside a first message larger than it
+            head = data if len(data) >= PREFIX.size else self.fetch(offset, PREFIX.size)
+            if len(head) >= PREFIX.size:
+                length, magic = PREFIX.unpack_from(head)
+                if magic < len(MIN_LENGTH) and max_bytes < LENGTH_SIZE + length <= limit:
+                    max_bytes = LENGTH_SIZE + length
+                    data = self.fetch(offset, max_bytes)
+        messages = MessageSet(
+            data,
+            offset,
+            max_message_bytes=limit,
+            stable_offset=offset + len(data),
+            path=self.path,
+            position=offset,
+            ends_at_eof=len(data) < max_bytes,
+        )
+        first = next(messages.entries(), None)
+        if first is not None and first.problem is not None:
+            if not (first.problem.kind is INCOMPLETE and len(data) == max_bytes):
+                self.check_offset(offset)
+        return messages
+
+    def skip_corrupt(self, offset: int) -> int:
+        """``Log.skip_corrupt``: the offset after the damaged message at ``offset`` where
+        valid messages start again that run on to the end of its segment (fetched to
+        a temporary file and searched as ``Log.skip_corrupt`` searches the segment)."""
+        with tempfile.TemporaryFile(prefix="kl-skip-") as f:
+            size = 0
+            while True:
+                data = self.fetch(offset + size, SKIP_CHUNK)
+                f.write(data)
+                size += len(data)
+                if len(data) < SKIP_CHUNK:  # a fetch stops at its segment's end
+                    break
+            f.flush()
+            segment = Segment(self.path, offset, self.config.max_message_bytes, os.dup(f.fileno()))
+            with segment:
+                bad = segment.first_problem(0, size)
+                if bad is None:
+                    return offset
+                found = segment.resync(bad, size)
+        return offset + size if found is None else offset + found
+
+    def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
+        """``Log.append`` (APPEND): the offset where the set starts.  Not sent again on a
+        broken connection: it may have been appended."""
+        length = PREFIX.unpack_from(data)[0] if len(data) >= PREFIX.size else -1
+        if LENGTH_SIZE + length == len(data):  # one message: a compressed batch is one to the server
+            count = 1
+        body = wire.append_body(self.topic, self.partition, data, count, fsync)
+        return wire.Reader(self.root.call(wire.APPEND, body, retry=False)).int64()
+
+    def flush(self) -> None:
+        """Nothing: the server's flush policy makes appends durable (or ``fsync=True``)."""
+
+
+class RemoteConsumer(Consumer):
+    """``Consumer`` reading from a ``kl serve`` at ``address`` (``HOST:PORT``, or a ``RemoteRoot``).
+
+    ``timeout`` bounds the wait for a connection and for each answer (``NetworkError`` after it).
+    """
+
+    def __init__(
+        self,
+        address: str | RemoteRoot,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ):
+        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout)
+        super().__init__(cast(Root, remote), max_bytes=max_bytes)  # RemoteRoot has the part of Root's API used
+        self.remote = remote
+
+    def multifetch(self, requests: Iterable[tuple[str, int, int, int | None]]) -> list[MessageSet]:
+        """``fetch`` for each (topic, partition, offset, max_bytes), in order, in one MULTIFETCH request."""
+        wanted = [(self.remote.log(t, p), o, b or self.max_bytes) for t, p, o, b in requests]
+        body = wire.multifetch_body([wire.Fetch(log.topic, log.partition, o, b) for log, o, b in wanted])
+        reader = wire.Reader(self.remote.call(wire.MULTIFETCH, body))
+        parts = []
+        for _ in wanted:
+            size = reader.int32()
+            code = reader.int16()
+            payload = reader.take(size - 2)
+            if code != wire.NO_ERROR:
+                wire.raise_error(code, payload)
+            parts.append(bytes(payload))
+        return [log.message_set(o, b, data) for (log, o, b), data in zip(wanted, parts, strict=True)]
+
+    def _watch(self, watch: Watch, topic: str, partition: int) -> None:
+        """Nothing to watch: following polls every ``poll_interval``."""
+
+    def topics(self) -> list[str]:
+        """The topics the server serves."""
+        return self.remote.topics()
+
+    def close(self) -> None:
+        self.remote.close()
+
+    def __enter__(self) -> RemoteConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RemoteProducer(Producer):
+    """``Producer`` appending through a ``kl serve --allow-produce`` at ``address``
+    (``HOST:PORT``, or a ``RemoteRoot``); every append is acknowledged with its offset.
+
+    The options are ``Producer``'s (sync and async mode alike); ``flush`` waits for the
+    queue but cannot fsync on the server: use ``fsync=True`` for durable appends.
+    """
+
+    def __init__(
+        self,
+        address: str | RemoteRoot,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        compression: str | None = None,
+        fsync: bool = False,
+        partitioner: Partitioner = hash_partitioner,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        linger_ms: float | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_timeout: float | None = None,
+    ):
+        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout)
+        self.remote = remote
+        super().__init__(
+            cast(Root, remote),  # RemoteRoot has the part of Root's API used
+            compression=compression,
+            fsync=fsync,
+            partitioner=partitioner,
+            batch_bytes=batch_bytes,
+            linger_ms=linger_ms,
+            batch_size=batch_size,
+            queue_size=queue_size,
+            queue_timeout=queue_timeout,
+        )
+
+    def close(self) -> None:
+        """``Producer.close``, then close the connections (a synchronous producer opens
+        a new one when used again)."""
+        try:
+            super().close()
+        finally:
+            self.remote.close()
