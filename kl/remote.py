@@ -34,7 +34,7 @@ from typing import cast
 from kl import wire
 from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
-from kl.errors import TopicNotFound
+from kl.errors import InvalidConfig, TopicNotFound
 from kl.follow import Watch
 from kl.log import EARLIEST, LATEST
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
@@ -92,7 +92,7 @@ class RemoteRoot:
         self.timeout = timeout
         self._local = threading.local()
         self._connections: list[_Connection] = []
-        self._configs: dict[str, TopicConfig] = {}
+        self._configs: dict[str, TopicConfig | InvalidConfig] = {}
         self._logs: dict[tuple[str, int], RemoteLog] = {}
         self._guard = threading.Lock()
 
@@ -152,16 +152,20 @@ class RemoteRoot:
     def topics(self) -> list[str]:
         """The topics the server serves (and their configs, cached)."""
         reader = wire.Reader(self.call(wire.TOPICS, b""))
-        configs = {}
+        configs: dict[str, TopicConfig | InvalidConfig] = {}
         for _ in range(reader.int32()):
-            name = reader.string()
-            configs[name] = TopicConfig.from_json(reader.string().encode(), f"{self.path}/{name}")
+            name, text = reader.string(), reader.string()
+            try:
+                configs[name] = TopicConfig.from_json(text.encode(), f"{self.path}/{name}")
+            except InvalidConfig as e:  # only that topic is unusable (a newer server's settings)
+                configs[name] = e
         with self._guard:
             self._configs = configs
         return sorted(configs)
 
     def config(self, name: str) -> TopicConfig:
-        """The topic's config.  Raises ``TopicNotFound`` (the server's error for the name)."""
+        """The topic's config.  Raises ``TopicNotFound`` (the server's error for the name)
+        and ``InvalidConfig`` when this client cannot read it."""
         config = self._configs.get(name)
         if config is None:
             if name not in self.topics():
@@ -169,6 +173,8 @@ class RemoteRoot:
                 if name not in self.topics():
                     raise TopicNotFound(f"topic {name!r} does not exist on {self.path}")
             config = self._configs[name]
+        if isinstance(config, InvalidConfig):
+            raise config
         return config
 
     def log(self, name: str, partition: int) -> RemoteLog:
