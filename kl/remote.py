@@ -28,13 +28,14 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from typing import cast
 
 from kl import wire
 from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
-from kl.errors import InvalidConfig, TopicNotFound
+from kl.errors import InvalidConfig, KlError, TopicNotFound
 from kl.follow import Watch
 from kl.log import EARLIEST, LATEST
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
@@ -45,6 +46,10 @@ from kl.topic import Root
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds to wait for a connection or an answer."""
+MAX_WINDOWS = 16
+"""Partitions per thread whose next bytes are read ahead (each up to twice the fetch size)."""
+WINDOW_SECONDS = 1.0
+"""Bytes read ahead longer ago are not used (the topic may have been deleted and created again)."""
 SKIP_CHUNK = 8 << 20
 """Bytes fetched at a time when stepping over damage."""
 
@@ -81,6 +86,58 @@ class _Connection(wire.Connection):
         return view
 
 
+class _Window:
+    """One partition's bytes read ahead on a thread's connection: ``data`` from ``start``;
+    then a FETCH of ``ahead`` bytes at its end may be in flight.  ``short`` once a fetch came
+    back short (a segment's or the log's end): nothing more is read ahead then."""
+
+    __slots__ = ("log", "start", "data", "ahead", "short", "read_at", "born")
+
+    def __init__(self, log: RemoteLog, start: int, data: bytes):
+        self.log = log
+        self.start = start
+        self.data = data
+        self.ahead = 0
+        self.short = False
+        self.read_at = start
+        self.born = time.monotonic()
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    def serves(self, offset: int) -> bool:
+        """Whether a read at ``offset`` continues this window (fresh, and not past its end)."""
+        fresh = time.monotonic() - self.born < WINDOW_SECONDS
+        return fresh and self.read_at <= offset and (offset < self.end or self.ahead > 0)
+
+    def covers(self, offset: int, size: int) -> bool:
+        """Whether a fetch of ``size`` at ``offset`` gets all it would from the server here."""
+        return self.serves(offset) and (self.short or offset + size <= self.end)
+
+    def take(self, offset: int, size: int) -> bytes:
+        self.read_at = offset
+        skip = offset - self.start
+        return self.data[skip : skip + size]
+
+    def extend(self, data: bytes) -> None:
+        """Add the answer to the read ahead, dropping what lies before the last read."""
+        self.data = self.data[self.read_at - self.start :] + data
+        self.start = self.read_at
+        self.short = len(data) < self.ahead
+        self.ahead = 0
+        self.born = time.monotonic()
+
+
+class _Thread(threading.local):
+    """A thread's connection, its read-ahead windows, and the one whose fetch is in flight."""
+
+    def __init__(self) -> None:
+        self.conn: _Connection | None = None
+        self.windows: dict[RemoteLog, _Window] = {}
+        self.pending: _Window | None = None
+
+
 class RemoteRoot:
     """The topics a ``kl serve`` at ``address`` (``HOST:PORT``) serves, as a ``Root`` gives
     them to consumers and producers: ``config``, ``log``, ``forget``, ``topics``."""
@@ -90,7 +147,7 @@ class RemoteRoot:
         self.path = f"{self.address[0]}:{self.address[1]}"
         """The server, for messages (where a ``Root`` has its directory)."""
         self.timeout = timeout
-        self._local = threading.local()
+        self._local = _Thread()
         self._connections: list[_Connection] = []
         self._configs: dict[str, TopicConfig | InvalidConfig] = {}
         self._logs: dict[tuple[str, int], RemoteLog] = {}
@@ -102,17 +159,19 @@ class RemoteRoot:
     # ----------------------------------------------------------------- requests
 
     def _connection(self) -> _Connection:
-        conn: _Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = _Connection(self.address, self.timeout)
-            self._local.conn = conn
+        local = self._local
+        if local.conn is None:
+            local.conn = _Connection(self.address, self.timeout)
             with self._guard:
-                self._connections.append(conn)
-        return conn
+                self._connections.append(local.conn)
+        return local.conn
 
     def _drop(self, conn: _Connection) -> None:
+        """Close a broken connection, with what was read ahead on it."""
         conn.close()
-        self._local.conn = None
+        local = self._local
+        local.conn = local.pending = None
+        local.windows.clear()
         with self._guard:
             if conn in self._connections:
                 self._connections.remove(conn)
@@ -123,6 +182,7 @@ class RemoteRoot:
         and with ``retry`` the request sent once more."""
         request = wire.request(kind, body)
         for attempt in (1, 2):
+            self._settle()
             conn = self._connection()
             try:
                 conn.sock.sendall(request)
@@ -139,13 +199,67 @@ class RemoteRoot:
                     raise
         raise AssertionError("unreachable")
 
+    def read(self, log: RemoteLog, offset: int, size: int) -> bytes:
+        """A fetch of ``size`` bytes at ``offset``, served from what was read ahead when it
+        continues the previous read of ``log``; a full fetch reads the next bytes ahead,
+        so the server sends them while the caller parses these."""
+        local = self._local
+        window = local.windows.get(log)
+        if window is not None and window.ahead and window.serves(offset) and window.end < offset + size:
+            self._settle()
+        if window is not None and not (local.windows.get(log) is window and window.covers(offset, size)):
+            local.windows.pop(log, None)
+            window = None
+        if window is None:
+            data = bytes(self.call(wire.FETCH, wire.fetch_body(wire.Fetch(log.topic, log.partition, offset, size))))
+            if len(data) < size:  # the end of a segment or of the log
+                return data
+            window = local.windows[log] = _Window(log, offset, data)
+            if len(local.windows) > MAX_WINDOWS:
+                del local.windows[next(iter(local.windows))]
+        data = window.take(offset, size)
+        if not window.short and not window.ahead:
+            self._read_ahead(window, size)
+        return data
+
+    def _read_ahead(self, window: _Window, size: int) -> None:
+        self._settle()
+        conn = self._connection()
+        try:
+            conn.sock.sendall(
+                wire.request(wire.FETCH, wire.fetch_body(wire.Fetch(window.log.topic, window.log.partition, window.end, size)))
+            )
+        except OSError:
+            self._drop(conn)
+            return
+        window.ahead = size
+        self._local.pending = window
+
+    def _settle(self) -> None:
+        """Take the answer to the read ahead in flight (if any) into its window."""
+        local = self._local
+        window = local.pending
+        if window is None:
+            return
+        local.pending = None
+        assert local.conn is not None
+        try:
+            data = bytes(local.conn.fetched())
+        except (wire.NetworkError, wire.ProtocolError):
+            self._drop(local.conn)
+            return
+        except KlError:  # the read that needs it gets the error itself
+            local.windows.pop(window.log, None)
+            return
+        window.extend(data)
+
     def close(self) -> None:
         """Close every thread's connection (a thread that goes on opens a new one)."""
         with self._guard:
             conns, self._connections = self._connections, []
         for conn in conns:
             conn.close()
-        self._local = threading.local()
+        self._local = _Thread()
 
     # ----------------------------------------------------------------- topics
 
@@ -238,6 +352,10 @@ class RemoteLog:
         payload = self.root.call(kind, wire.partition_int64_body(self.topic, self.partition, value))
         return wire.Reader(payload).int64()
 
+    def read_ahead(self, offset: int, max_bytes: int) -> bytes:
+        """``fetch``, from bytes read ahead when it continues the previous read."""
+        return self.root.read(self, offset, max_bytes)
+
     def fetch(self, offset: int, max_bytes: int) -> bytes:
         """Kafka 0.7's fetch: up to ``max_bytes`` from ``offset``, ending at the segment's end
         or inside a message."""
@@ -247,7 +365,7 @@ class RemoteLog:
     def read(self, offset: int, max_bytes: int) -> MessageSet:
         """``Log.read``: the complete messages in ``[offset, offset + max_bytes)``, a first
         message larger than ``max_bytes`` whole.  Raises ``OffsetOutOfRange`` and ``InvalidOffset``."""
-        return self.message_set(offset, max_bytes, self.fetch(offset, max_bytes))
+        return self.message_set(offset, max_bytes, self.read_ahead(offset, max_bytes))
 
     def message_set(self, offset: int, max_bytes: int, data: bytes) -> MessageSet:
         """The fetched ``data`` (asked with ``max_bytes``) as ``Log.read`` gives it."""
