@@ -194,8 +194,12 @@ def consume(
         skip_corrupt=skip_corrupt,
         on_skip=_warn_skipped,
     )
-    for batch in batches:
-        emit(batch)
+    try:
+        for batch in batches:
+            emit(batch)
+    finally:
+        if isinstance(consumer, kl.RemoteConsumer):
+            consumer.close()  # at once: the server stops sending what was read ahead
 
 
 def _emitter(write: Callable[[bytes], None], render: Render | None, binary: bool, delim: bytes) -> Callable[[kl.Batch], None]:

@@ -63,15 +63,21 @@ class _Connection(wire.Connection):
         super().__init__(address, timeout=timeout)
         self._buffer = bytearray(1 << 16)
 
-    def fetched(self) -> memoryview:
-        """The payload of the next answer, valid until the next call; an error answer raises what it names."""
+    def fetched(self, into: bytearray | None = None, at: int = 0) -> memoryview:
+        """The payload of the next answer, read into ``into`` from ``at`` on (grown to fit),
+        or into a buffer the connection keeps (valid until the next call); an error answer
+        raises what it names."""
         size, code = wire.HEAD.unpack(self._exactly(wire.HEAD.size))
         if size < 2:
             raise wire.ProtocolError(f"{self.name} sent a response of size {size}")
         n = size - 2
-        if len(self._buffer) < n:
-            self._buffer = bytearray(n)
-        view = memoryview(self._buffer)[:n]
+        if into is None or code != wire.NO_ERROR:
+            into, at = self._buffer, 0
+            if len(into) < n:
+                into = self._buffer = bytearray(n)
+        elif len(into) < at + n:
+            into.extend(bytes(at + n - len(into)))
+        view = memoryview(into)[at : at + n]
         got = 0
         try:
             while got < n:
@@ -87,16 +93,19 @@ class _Connection(wire.Connection):
 
 
 class _Window:
-    """One partition's bytes read ahead on a thread's connection: ``data`` from ``start``;
-    then a FETCH of ``ahead`` bytes at its end may be in flight.  ``short`` once a fetch came
-    back short (a segment's or the log's end): nothing more is read ahead then."""
+    """One partition's bytes read ahead on a thread's connection: ``size`` bytes of
+    ``buffer`` from ``start``; then a FETCH of ``ahead`` bytes at their end may be in
+    flight.  ``short`` once a fetch came back short (a segment's or the log's end):
+    nothing more is read ahead then.  The answer is received into ``buffer`` and each
+    read copied out of it once."""
 
-    __slots__ = ("log", "start", "data", "ahead", "short", "read_at", "born")
+    __slots__ = ("log", "start", "buffer", "size", "ahead", "short", "read_at", "born")
 
     def __init__(self, log: RemoteLog, start: int, data: bytes):
         self.log = log
         self.start = start
-        self.data = data
+        self.buffer = bytearray(data)
+        self.size = len(data)
         self.ahead = 0
         self.short = False
         self.read_at = start
@@ -104,7 +113,7 @@ class _Window:
 
     @property
     def end(self) -> int:
-        return self.start + len(self.data)
+        return self.start + self.size
 
     def serves(self, offset: int) -> bool:
         """Whether a read at ``offset`` continues this window (fresh, and not past its end)."""
@@ -118,13 +127,20 @@ class _Window:
     def take(self, offset: int, size: int) -> bytes:
         self.read_at = offset
         skip = offset - self.start
-        return self.data[skip : skip + size]
+        with memoryview(self.buffer) as view:
+            return bytes(view[skip : min(skip + size, self.size)])
 
-    def extend(self, data: bytes) -> None:
-        """Add the answer to the read ahead, dropping what lies before the last read."""
-        self.data = self.data[self.read_at - self.start :] + data
-        self.start = self.read_at
-        self.short = len(data) < self.ahead
+    def receive(self, conn: _Connection) -> None:
+        """Receive the answer to the read ahead after the bytes from the last read on
+        (those before it are dropped)."""
+        keep = self.end - self.read_at
+        skip = self.read_at - self.start
+        if skip:
+            self.buffer[:keep] = self.buffer[skip : skip + keep]
+        self.start, self.size = self.read_at, keep
+        got = len(conn.fetched(self.buffer, keep))
+        self.size += got
+        self.short = got < self.ahead
         self.ahead = 0
         self.born = time.monotonic()
 
@@ -206,6 +222,7 @@ class RemoteRoot:
         local = self._local
         window = local.windows.get(log)
         if window is not None and window.ahead and window.serves(offset) and window.end < offset + size:
+            window.read_at = offset  # the bytes before it are not kept
             self._settle()
         if window is not None and not (local.windows.get(log) is window and window.covers(offset, size)):
             local.windows.pop(log, None)
@@ -244,14 +261,11 @@ class RemoteRoot:
         local.pending = None
         assert local.conn is not None
         try:
-            data = bytes(local.conn.fetched())
+            window.receive(local.conn)
         except (wire.NetworkError, wire.ProtocolError):
             self._drop(local.conn)
-            return
         except KlError:  # the read that needs it gets the error itself
             local.windows.pop(window.log, None)
-            return
-        window.extend(data)
 
     def close(self) -> None:
         """Close every thread's connection (a thread that goes on opens a new one)."""
