@@ -55,6 +55,8 @@ MAX_WINDOWS = 16
 """Partitions per thread whose next bytes are read ahead (each up to twice the fetch size)."""
 WINDOW_SECONDS = 1.0
 """Bytes read ahead longer ago are not used (the topic may have been deleted and created again)."""
+MAX_APPEND_BYTES = (8 << 20) - (64 << 10)
+"""The largest append sent: ``kl serve`` takes requests of up to 8 MiB by default."""
 SKIP_CHUNK = 8 << 20
 """Bytes fetched at a time when stepping over damage."""
 
@@ -498,8 +500,9 @@ class RemoteProducer(Producer):
     """``Producer`` appending through a ``kl serve --allow-produce`` at ``address``
     (``HOST:PORT``, or a ``RemoteRoot``); every append is acknowledged with its offset.
 
-    The options are ``Producer``'s (sync and async mode alike); ``flush`` waits for the
-    queue but cannot fsync on the server: use ``fsync=True`` for durable appends.
+    The options are ``Producer``'s (sync and async mode alike), with ``batch_bytes`` at
+    most ``MAX_APPEND_BYTES``; ``flush`` waits for the queue but cannot fsync on the
+    server: use ``fsync=True`` for durable appends.
     """
 
     def __init__(
@@ -523,7 +526,7 @@ class RemoteProducer(Producer):
             compression=compression,
             fsync=fsync,
             partitioner=partitioner,
-            batch_bytes=batch_bytes,
+            batch_bytes=min(batch_bytes, MAX_APPEND_BYTES),
             linger_ms=linger_ms,
             batch_size=batch_size,
             queue_size=queue_size,

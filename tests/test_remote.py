@@ -256,7 +256,15 @@ def run(*args: str, input: bytes | None = None) -> Result:
 
 @pytest.mark.parametrize(
     "options",
-    [[], ["--json"], ["--binary"], ["-K", "="], ["-p", "1", "-o", "-7", "--format", "{offset} {key} {value}"], ["-c", "9"]],
+    [
+        [],
+        ["--json"],
+        ["--binary"],
+        ["-K", "="],
+        ["-p", "1", "-o", "-7", "--format", "{offset} {key} {value}"],
+        ["-c", "9"],
+        ["--from-time", "0"],
+    ],
 )
 def test_kl_consume_server_writes_the_same_bytes(root, two, address, options):
     here = run("--root", root.path, "consume", "t", *options)
