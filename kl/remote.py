@@ -30,6 +30,7 @@ have been done).  ``close`` closes every connection.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -275,7 +276,11 @@ class RemoteRoot:
             local.windows.pop(window.log, None)
 
     def close(self) -> None:
-        """Close every thread's connection (a thread that goes on opens a new one)."""
+        """Close every thread's connection (a thread that goes on opens a new one).  This
+        thread's read ahead is taken first: a socket closed with data unread resets the
+        connection, which the server logs."""
+        with contextlib.suppress(KlError):
+            self._settle()
         with self._guard:
             conns, self._connections = self._connections, []
         for conn in conns:
