@@ -126,7 +126,7 @@ class _Window:
     def serves(self, offset: int) -> bool:
         """Whether a read at ``offset`` continues this window (fresh, and not past its end)."""
         fresh = time.monotonic() - self.born < WINDOW_SECONDS
-        return fresh and self.read_at <= offset and (offset < self.end or self.ahead > 0)
+        return fresh and self.read_at <= offset and (offset < self.end or offset == self.end and self.ahead > 0)
 
     def covers(self, offset: int, size: int) -> bool:
         """Whether a fetch of ``size`` at ``offset`` gets all it would from the server here."""

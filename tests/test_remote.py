@@ -118,6 +118,13 @@ def test_consume_gives_the_same_batches_at_any_fetch_size(root, two, remote, max
     assert sum(len(b[3]) for b in expected) == len(VALUES) + 50
 
 
+def test_fetches_that_jump_back_and_forth_give_what_local_ones_give(root, two, remote):
+    local = kl.Consumer(root)
+    starts = [m.offset for b in local.consume("t", [0]) for m in b.messages]
+    for offset in [starts[0], starts[40], starts[3], starts[4], starts[100], starts[5], starts[120], starts[121]]:
+        assert list(remote.fetch("t", 0, offset, 200)) == list(local.fetch("t", 0, offset, 200))
+
+
 def test_a_message_larger_than_max_bytes_comes_whole(root, address):
     root.create_topic("big")
     kl.Producer(root).send_batch("big", [b"x" * 5000, b"y"], partition=0)
