@@ -25,7 +25,7 @@ are cached (looked up again when a topic is unknown, or through ``forget``).
 
 Each thread has its own connection, so both are as thread-safe as their local forms; a
 read whose connection broke is sent once more on a new one (an append is not: it may
-have been done).  ``close`` closes every connection.
+have been done).  ``close`` closes every connection.  A forked child opens its own.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from typing import cast
 
@@ -176,6 +177,7 @@ class RemoteRoot:
         self._configs: dict[str, TopicConfig | InvalidConfig] = {}
         self._logs: dict[tuple[str, int], RemoteLog] = {}
         self._guard = threading.Lock()
+        _roots.add(self)
 
     def __repr__(self) -> str:
         return f"RemoteRoot({self.path!r})"
@@ -334,6 +336,21 @@ class RemoteRoot:
             self._configs.pop(name, None)
             for key in [k for k in self._logs if k[0] == name]:
                 del self._logs[key]
+
+
+_roots: weakref.WeakSet[RemoteRoot] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a forked child: every remote root opens connections of its own (the parent's
+    stay the parent's)."""
+    for root in list(_roots):
+        root._local = _Thread()
+        root._connections = []
+        root._guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class RemoteLog:

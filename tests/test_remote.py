@@ -7,6 +7,7 @@ one gives on the same root: the same messages, offsets, errors and output bytes.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -191,6 +192,16 @@ def test_a_broken_connection_is_replaced_for_a_read(root, two, remote):
     assert remote.latest_offset("t", 0) == root.log("t", 0).log_end_offset
     remote.remote._local.conn.sock.shutdown(socket.SHUT_RDWR)
     assert remote.latest_offset("t", 0) == root.log("t", 0).log_end_offset
+
+
+def test_a_forked_child_reads_on_its_own_connection(root, two, remote):
+    end = remote.latest_offset("t", 0)
+    parents = remote.remote._local.conn
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if remote.latest_offset("t", 0) == end and remote.remote._local.conn is not parents else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert remote.latest_offset("t", 1) == root.log("t", 1).log_end_offset
 
 
 def test_an_unreachable_server_is_a_network_error(tmp_path):
