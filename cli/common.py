@@ -21,6 +21,7 @@ from typing import IO, Any, TypeVar
 import click
 
 import kl
+from kl.wire import parse_address
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the input at a time, and the largest append by default."""
@@ -86,6 +87,20 @@ def delimiter_options(verb: str) -> Callable[[F], F]:
 
 def key_delimiter_option(help: str) -> Callable[[F], F]:
     return click.option("-K", "--key-delimiter", metavar="TEXT", callback=_escaped_bytes, help=help)
+
+
+def server_option(what: str) -> Callable[[F], F]:
+    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_address(value)
+            except kl.KlError as e:
+                raise click.BadParameter(str(e), ctx, param) from None
+        return value
+
+    return click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
 
 
 def resolve_delimiter(delimiter: bytes | None, null: bool) -> bytes:

@@ -24,6 +24,7 @@ from kl_cli.common import (
     key_delimiter_option,
     parse_time,
     resolve_delimiter,
+    server_option,
     to_bytes,
     unescape,
     warn,
@@ -100,6 +101,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     show_default=True,
     help="With --group: what to do when a committed offset is no longer in the log (retention deleted it).",
 )
+@server_option("Read")
 @click.pass_context
 def consume(
     ctx: click.Context,
@@ -120,6 +122,7 @@ def consume(
     commit_interval: float,
     group_start: str,
     group_reset: str,
+    server: str | None,
 ) -> None:
     """Write the messages of TOPIC to stdout, one value a line, and exit when caught up.
 
@@ -140,8 +143,11 @@ def consume(
         render = _keyed_renderer(key_delimiter, delim)
 
     write = stdout_writer()
-    root = get_root(ctx)
     emit = _emitter(write, render, binary, delim)
+    if group is not None and server is not None:
+        raise click.UsageError("--group needs the root: a group cannot consume through --server")
+    consumer = kl.RemoteConsumer(server) if server is not None else kl.Consumer(get_root(ctx))
+    root = consumer.root
     if group is not None:
         if from_offset is not None or from_time is not None or partition is not None:
             raise click.UsageError(
@@ -166,7 +172,6 @@ def consume(
     if len(topics) > 1:
         raise click.UsageError("several topics are read together only by a group: add --group")
     topic = topics[0]
-    consumer = kl.Consumer(root)
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
     if where == "offset" and len(partitions) > 1:
         raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
@@ -189,8 +194,12 @@ def consume(
         skip_corrupt=skip_corrupt,
         on_skip=_warn_skipped,
     )
-    for batch in batches:
-        emit(batch)
+    try:
+        for batch in batches:
+            emit(batch)
+    finally:
+        if isinstance(consumer, kl.RemoteConsumer):
+            consumer.close()  # at once: the server stops sending what was read ahead
 
 
 def _emitter(write: Callable[[bytes], None], render: Render | None, binary: bool, delim: bytes) -> Callable[[kl.Batch], None]:

@@ -29,6 +29,7 @@ import click
 import kl
 from kl.message import HEADER_SIZE
 from kl.producer import DEFAULT_BATCH_BYTES
+from kl.remote import RemoteRoot
 from kl_cli.common import (
     Progress,
     delimiter_options,
@@ -38,6 +39,7 @@ from kl_cli.common import (
     note,
     read_chunks,
     resolve_delimiter,
+    server_option,
 )
 
 JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64"}
@@ -191,6 +193,7 @@ class InputFile(click.File):
 @click.option("--json", "json_input", is_flag=True, help="Read JSON lines as 'kl consume --json' prints them.")
 @click.option("--binary", is_flag=True, help="Keep each record's delimiter in the message: exact bytes round trip.")
 @click.option("--fsync", is_flag=True, help="Exit only once the messages are durable on disk.")
+@server_option("Append")
 @click.pass_context
 def produce(
     ctx: click.Context,
@@ -205,6 +208,7 @@ def produce(
     json_input: bool,
     binary: bool,
     fsync: bool,
+    server: str | None,
 ) -> None:
     """Append the records of FILE (default: stdin) to TOPIC, one message per line.
 
@@ -218,14 +222,14 @@ def produce(
     exclusive(json=json_input, delimiter=delimiter, null=null)
     exclusive(json=json_input, binary=binary, key_delimiter=key_delimiter)
     delim = resolve_delimiter(delimiter, null)
-    root = get_root(ctx)
+    root = RemoteRoot(server) if server is not None else get_root(ctx)
     root.log(topic, partition if partition is not None else 0)  # fail before reading input
-    producer = kl.Producer(
-        root,
-        compression=None if compression == "none" else compression,
-        fsync=fsync,
-        batch_bytes=root.config(topic).segment_bytes if batch_size else DEFAULT_BATCH_BYTES,
-    )
+    codec = None if compression == "none" else compression
+    batch_bytes = root.config(topic).segment_bytes if batch_size else DEFAULT_BATCH_BYTES
+    if isinstance(root, RemoteRoot):
+        producer: kl.Producer = kl.RemoteProducer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
+    else:
+        producer = kl.Producer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
     producer.check_format(topic, keyed=key_delimiter is not None)
     interrupts = Interrupts()
     sender = Sender(producer, topic, partition, batch_size, interrupts)

@@ -36,6 +36,7 @@ from kl.message import Message
 from kl.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
 from kl.registry import GroupActive, GroupNotFound, InvalidImport, NotOwner
+from kl.remote import RemoteConsumer, RemoteProducer
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [
@@ -70,6 +71,8 @@ __all__ = [
     "ProducerClosed",
     "QueueFull",
     "Record",
+    "RemoteConsumer",
+    "RemoteProducer",
     "Root",
     "RootNotFound",
     "Skipped",

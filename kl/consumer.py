@@ -57,7 +57,7 @@ class Consumer:
     """Reads topics under a root without taking any lock.  Safe to share between threads."""
 
     def __init__(self, root: Root | str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES):
-        self.root = root if isinstance(root, Root) else Root(root)
+        self.root = Root(root) if isinstance(root, (str, os.PathLike)) else root
         self.max_bytes = max_bytes
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int | None = None) -> MessageSet:
@@ -139,7 +139,7 @@ class Consumer:
         with Watch(poll_interval) as watch:
             if follow:
                 for p in partitions:  # before the first reads, so nothing published after them is missed
-                    watch.add(self.root.log(topic, p))
+                    self._watch(watch, topic, p)
             idle_since = time.monotonic()
             while active and remaining != 0:
                 progressed = False
@@ -185,6 +185,11 @@ class Consumer:
         else:
             on_skip(skipped)
         return skipped.next_offset
+
+    def _watch(self, watch: Watch, topic: str, partition: int) -> None:
+        """Have ``watch`` wake ``consume`` when the partition grows (a remote consumer adds
+        nothing: an empty watch sleeps the poll interval)."""
+        watch.add(self.root.log(topic, partition))
 
     def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
         if start == "earliest":

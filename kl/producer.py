@@ -126,7 +126,7 @@ class Producer:
         queue_size: int = DEFAULT_QUEUE_SIZE,
         queue_timeout: float | None = None,
     ):
-        self.root = root if isinstance(root, Root) else Root(root)
+        self.root = Root(root) if isinstance(root, (str, os.PathLike)) else root
         if compression not in (None, *m.CODECS):
             raise InvalidConfig(f"unknown compression {compression!r}: use zstd, gzip or none")
         if linger_ms is not None and not linger_ms >= 0:
