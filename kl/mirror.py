@@ -221,16 +221,21 @@ def kafka07_config(partitions: int) -> TopicConfig:
 
 
 def open_source(spec: str, *, partitions: int | None = None, timeout: float = 30.0) -> Source:
-    """A root directory, or ``HOST:PORT`` of a server.  Raises ``RootNotFound``."""
-    if os.path.isdir(spec):
-        return LocalSource(Root(spec))
+    """``HOST:PORT`` of a server (unless a directory has that name), else a root directory."""
     host, sep, port = spec.rpartition(":")
-    if sep and host and port.isdigit():
+    if sep and host and port.isdigit() and not os.path.isdir(spec):
         return RemoteSource(spec, partitions=partitions, timeout=timeout)
-    raise RootNotFound(f"source {spec} is neither a directory nor HOST:PORT")
+    return LocalSource(Root(spec))
 
 
 # ------------------------------------------------------------------ the mirror
+
+
+def _message_at(log: Log, offset: int) -> int:
+    """The offset of the message of ``log`` that holds the byte at ``offset`` (a scan of its segment)."""
+    base = max(s.base_offset for s in log.segments() if s.base_offset <= offset)
+    with log.open_segment(base) as segment:
+        return base + segment.boundary(offset - base)[0]
 
 
 def _format(config: TopicConfig) -> str:
@@ -375,7 +380,7 @@ class Mirror:
             n = min(len(mine), len(theirs))  # either may stop early, at the end of a segment file
             if not n or mine[:n] != theirs[:n]:
                 at = offset + next((i for i in range(n) if mine[i] != theirs[i]), n)
-                raise Diverged(f"{where}: the target differs from the source at offset {at}")
+                raise Diverged(f"{where}: the target differs from the source in the message at offset {_message_at(target, at)}")
             offset += n
 
     def copy_round(self, stop: threading.Event | None = None) -> bool:
