@@ -158,7 +158,9 @@ class RemoteSource:
             self.kl = False
         self._configs: dict[str, TopicConfig] | None = None
 
-    def _call(self, kind: int, body: bytes) -> memoryview:
+    def _call(self, kind: int, body: bytes, what: str) -> memoryview:
+        """The payload of a request's answer; an error raises what it names (a Kafka 0.7
+        broker's bare code raises ``OffsetOutOfRange`` or ``ServerError`` naming ``what``)."""
         self.conn.send(kind, body)
         code, payload = self.conn.receive()
         if code == wire.NO_ERROR:
@@ -166,14 +168,14 @@ class RemoteSource:
         if self.kl:
             wire.raise_error(code, payload)
         if code == wire.OFFSET_OUT_OF_RANGE:
-            raise OffsetOutOfRange(f"{self.name}: offset out of range", offset=-1, log_start_offset=-1, log_end_offset=-1)
-        raise wire.ServerError(f"{self.name} answered with error code {code}")
+            raise OffsetOutOfRange(f"{self.name}: {what}: offset out of range", offset=-1, log_start_offset=-1, log_end_offset=-1)
+        raise wire.ServerError(f"{self.name}: {what}: error code {code}")
 
     def _topic_configs(self) -> dict[str, TopicConfig]:
         if self._configs is None:
             if not self.kl:
                 raise InvalidConfig(f"{self.name} is a Kafka 0.7 broker, which cannot list its topics: name them")
-            reader = wire.Reader(self._call(wire.TOPICS, b""))
+            reader = wire.Reader(self._call(wire.TOPICS, b"", "list topics"))
             configs = {}
             for _ in range(reader.int32()):
                 name = reader.string()
@@ -200,13 +202,15 @@ class RemoteSource:
         return start, end
 
     def _offset(self, topic: str, partition: int, when: int) -> int:
-        reader = wire.Reader(self._call(wire.OFFSETS, wire.offsets_body(topic, partition, when, 1)))
+        body = wire.offsets_body(topic, partition, when, 1)
+        reader = wire.Reader(self._call(wire.OFFSETS, body, f"offsets of {topic}/{partition}"))
         if reader.int32() != 1:
             raise wire.ProtocolError(f"{self.name} gave no offset for {topic}/{partition}")
         return reader.int64()
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
-        return bytes(self._call(wire.FETCH, wire.fetch_body(wire.Fetch(topic, partition, offset, max_bytes))))
+        fetch = wire.Fetch(topic, partition, offset, max_bytes)
+        return bytes(self._call(wire.FETCH, wire.fetch_body(fetch), f"fetch {topic}/{partition} at {offset}"))
 
     def close(self) -> None:
         self.conn.close()
@@ -389,15 +393,16 @@ class Mirror:
         for p in list(self._partitions.values()):
             if stop is not None and stop.is_set():
                 break
-            copied = self._copy(p, ROUND_BYTES) > 0 or copied
+            copied = self._copy(p, ROUND_BYTES, stop) > 0 or copied
         return copied
 
-    def _copy(self, p: _Partition, budget: int) -> int:
-        """Append the source's data from the target's end on; returns the bytes copied."""
+    def _copy(self, p: _Partition, budget: int, stop: threading.Event | None) -> int:
+        """Append the source's data from the target's end on, up to about ``budget`` bytes or
+        until ``stop`` is set; returns the bytes copied."""
         where = f"{p.topic}/{p.partition}"
         done = 0
         size = p.fetch_bytes
-        while done < budget:
+        while done < budget and not (stop is not None and stop.is_set()):
             offset = p.copy.to_offset
             try:
                 data = self.source.read(p.topic, p.partition, offset, size)
