@@ -26,7 +26,7 @@ from kl_cli.common import aligned
     default=mirroring.POLL_SECONDS,
     show_default=True,
     metavar="SECONDS",
-    help="With --follow, how long to wait after finding nothing new.",
+    help="With --follow, how long to wait after finding nothing new (a local root's new data ends the wait at once).",
 )
 @click.option(
     "--partitions",

@@ -41,6 +41,7 @@ from typing import Protocol
 from kl import locks, wire
 from kl.config import TopicConfig
 from kl.errors import InvalidConfig, KlError, LockTimeout, OffsetOutOfRange, RootNotFound, TopicNotFound
+from kl.follow import Watch
 from kl.log import EARLIEST, LATEST, Log
 from kl.messageset import INCOMPLETE, check, walk
 from kl.topic import LOCKS_DIR, Root, validate_name
@@ -106,6 +107,10 @@ class Source(Protocol):
         a message, never past one segment file.  Raises ``OffsetOutOfRange``."""
         ...
 
+    def wait(self, partitions: list[tuple[str, int]], timeout: float, stop: threading.Event) -> None:
+        """Return when one of ``partitions`` may have grown, ``stop`` is set, or after ``timeout`` seconds."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -125,6 +130,7 @@ class LocalSource:
     def __init__(self, root: Root):
         self.root = root
         self.name = root.path
+        self._watch: Watch | None = None
 
     def topics(self) -> list[str]:
         return self.root.topics()
@@ -139,7 +145,18 @@ class LocalSource:
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         return read_raw(self.root.log(topic, partition), offset, max_bytes)
 
+    def wait(self, partitions: list[tuple[str, int]], timeout: float, stop: threading.Event) -> None:
+        """Woken by inotify where it works (see ``kl.follow``); ``stop`` is seen within ``timeout``."""
+        if self._watch is None:
+            self._watch = Watch(poll_interval=timeout)
+        for topic, partition in partitions:
+            self._watch.add(self.root.log(topic, partition))
+        if not stop.is_set():
+            self._watch.wait(timeout)
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self.root.close()
 
 
@@ -211,6 +228,9 @@ class RemoteSource:
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         fetch = wire.Fetch(topic, partition, offset, max_bytes)
         return bytes(self._call(wire.FETCH, wire.fetch_body(fetch), f"fetch {topic}/{partition} at {offset}"))
+
+    def wait(self, partitions: list[tuple[str, int]], timeout: float, stop: threading.Event) -> None:
+        stop.wait(timeout)
 
     def close(self) -> None:
         self.conn.close()
@@ -288,7 +308,8 @@ class Mirror:
         self, *, follow: bool = False, stop: threading.Event | None = None, poll: float = POLL_SECONDS
     ) -> list[PartitionCopy]:
         """Copy until every partition reaches the source's end (with ``follow``: until
-        ``stop`` is set, picking up new data and, when no topics were named, new topics).
+        ``stop`` is set, seen within ``poll`` seconds, picking up new data and, when no
+        topics were named, new topics).
         Returns what was copied per partition.  Raises ``Diverged``, ``SourceGap``,
         ``MirrorBusy`` and the usual ``KlError``s."""
         stop = stop or threading.Event()
@@ -298,9 +319,8 @@ class Mirror:
                 if not self.copy_round(stop) and not follow:
                     break
                 if follow and not stop.is_set():
-                    if stop.wait(poll):
-                        break
-                    if self.named is None:
+                    self.source.wait(list(self._partitions), poll, stop)
+                    if self.named is None and not stop.is_set():
                         self.discover()
             for p in self._partitions.values():
                 p.log.flush()
