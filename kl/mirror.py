@@ -170,7 +170,7 @@ class RemoteSource:
         try:
             self.conn = wire.Connection(address, timeout=timeout)
             self.kl = True
-        except wire.ProtocolError:  # a Kafka 0.7 broker closes a connection on an unknown request type
+        except (wire.ProtocolError, wire.NetworkError):  # a Kafka 0.7 broker closes a connection on an unknown type
             self.conn = wire.Connection(address, timeout=timeout, hello=False)
             self.kl = False
         self._configs: dict[str, TopicConfig] | None = None
