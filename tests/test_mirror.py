@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import kl
 from kl import mirror
 from kl.server import ServeConfig, Server
+from kl_cli.main import cli
 
 from conftest import flip_byte, read_all
 
@@ -156,6 +158,29 @@ def test_target_behind_the_source_start_is_refused(source, target):
     start = retain_to(source, "t", 0, keep=1)
     with pytest.raises(mirror.SourceGap, match=f"ends at offset {end} but the source now starts at {start}"):
         run(source, target)
+
+
+def test_cli_summary_per_partition(source, target):
+    result = CliRunner().invoke(cli, ["mirror", source.path, target.path, "t"])
+    assert result.exit_code == 0, result.output
+    ends = [source.log("t", p).log_end_offset for p in (0, 1)]
+    assert result.stdout.splitlines() == [
+        "topic  partition  from  to     bytes  messages",
+        f"t      0          0     {ends[0]}  {ends[0]}  150",
+        f"t      1          0     {ends[1]}  {ends[1]}  150",
+    ]
+
+
+def test_a_second_mirror_into_the_topic_is_refused(source, target):
+    first = mirror.Mirror(mirror.LocalSource(source), target)
+    first.discover()
+    try:
+        with pytest.raises(mirror.MirrorBusy, match="another kl mirror is copying into topic 't'"):
+            run(source, target)
+    finally:
+        first.close()
+    run(source, target)
+    assert_same(source, target)
 
 
 # ----------------------------------------------------------------- refusing a target that is not a copy
