@@ -271,7 +271,7 @@ def test_follow_copies_new_data_until_stopped(source, target, processes, sig, st
     assert_same(source, target)
 
 
-def test_killed_at_random_moments_and_resumed(source, target, processes):
+def test_killed_at_random_moments_and_resumed(source, target, server, processes):
     stop = threading.Event()
 
     def produce() -> None:
@@ -285,9 +285,9 @@ def test_killed_at_random_moments_and_resumed(source, target, processes):
     producer.start()
     rng = random.Random(os.getpid())
     try:
-        for _ in range(5):
+        for spec in [source.path, server] * 3:
             before = ends(target)
-            proc = subprocess.Popen([*KL, "mirror", source.path, target.path, "--follow", "--poll", "0.01"])
+            proc = subprocess.Popen([*KL, "mirror", spec, target.path, "--follow", "--poll", "0.01"])
             processes.append(proc)
             wait_until(lambda before=before: ends(target) != before)  # it is copying
             time.sleep(rng.uniform(0, 0.2))
