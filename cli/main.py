@@ -20,6 +20,7 @@ from kl_cli.consume import consume
 from kl_cli.groups import groups
 from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
+from kl_cli.mirror import mirror_command
 from kl_cli.produce import produce
 from kl_cli.serve import serve
 from kl_cli.topics import topics
@@ -77,6 +78,7 @@ cli.add_command(recover_command)
 cli.add_command(retain_command)
 cli.add_command(dump_command)
 cli.add_command(load)
+cli.add_command(mirror_command)
 cli.add_command(serve)
 
 

@@ -829,6 +829,30 @@ class Log:
             raise storage_error(e, "write", self.state_path) from None
         self.close()
 
+    def start_at(self, offset: int) -> None:
+        """Make an empty partition begin at ``offset``: a new empty active segment there,
+        published as its log start and end, so the next append lands at ``offset`` (a
+        copy of a partition whose start retention moved on).  The old empty segment
+        files below it go.  Raises ``InvalidOffset`` unless the partition is empty and
+        ends at or below ``offset``."""
+        with self.locked():
+            state = self.writable_state()
+            if state.log_end_offset != state.log_start_offset or offset < state.log_end_offset:
+                raise InvalidOffset(
+                    f"cannot start {self.directory} at offset {offset}: it holds offsets "
+                    f"{state.log_start_offset} to {state.log_end_offset} (only an empty partition can move ahead)"
+                )
+            if offset == state.log_end_offset:
+                return
+            Segment.create(self.directory, offset, self.config.max_message_bytes).close()  # O_TRUNC: an orphan is cut
+            fsync_dir(self.directory)
+            self.write_state(PartitionState.empty(offset))
+            for base, name in list_segments(self.directory):
+                if base < offset:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.directory, name))
+            fsync_dir(self.directory)
+
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking
         for older offsets get ``OffsetOutOfRange``, then rename ``segments`` aside (they

@@ -1,0 +1,301 @@
+"""kl mirror: copies with identical offsets and bytes, from a root or a server, resuming
+from the target's end, refusing a target that is not a copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kl
+from kl import mirror
+from kl.server import ServeConfig, Server
+from kl_cli.main import cli
+
+from conftest import flip_byte, read_all
+
+KL = [sys.executable, "-m", "kl_cli"]
+SMALL = kl.TopicConfig(partitions=2, segment_bytes=16 << 10, max_message_bytes=4 << 10, flush_ms=0)
+
+
+def fill(root: kl.Root, topic: str, n: int, *, start: int = 0, partitions: int = 2) -> None:
+    """``n`` messages of varied sizes, round-robin over the partitions, a few per append."""
+    producer = kl.Producer(root)
+    for i in range(start, start + n, 5):
+        values = [b"m%d-" % j + b"x" * (j * 37 % 500) for j in range(i, min(i + 5, start + n))]
+        producer.send_batch(topic, values, partition=i // 5 % partitions)
+
+
+def raw(root: kl.Root, topic: str, partition: int) -> tuple[int, bytes]:
+    """(log start, every byte from the log start to the log end) of a partition."""
+    log = root.log(topic, partition)
+    state = log.state()
+    chunks, offset = [], state.log_start_offset
+    while offset < state.log_end_offset:
+        chunk = mirror.read_raw(log, offset, 1 << 20)
+        chunks.append(chunk)
+        offset += len(chunk)
+    return state.log_start_offset, b"".join(chunks)
+
+
+def assert_same(source: kl.Root, target: kl.Root, topic: str = "t") -> None:
+    for p in range(source.config(topic).partitions):
+        assert raw(target, topic, p) == raw(source, topic, p)
+
+
+def retain_to(root: kl.Root, topic: str, partition: int, keep: int) -> int:
+    """Delete all but the last ``keep`` segments (as retention does); returns the new log start."""
+    log = root.log(topic, partition)
+    segments = log.segments()
+    assert len(segments) > keep
+    with log.locked():
+        log.delete_segments(segments[:-keep], segments[-keep].base_offset)
+    return segments[-keep].base_offset
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Iterator[kl.Root]:
+    root = kl.Root(tmp_path / "source", lock_timeout=30)
+    root.create_topic("t", SMALL)
+    fill(root, "t", 300)
+    yield root
+    root.close()
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[kl.Root]:
+    root = kl.Root(tmp_path / "target", lock_timeout=30)
+    yield root
+    root.close()
+
+
+@pytest.fixture
+def server(source: kl.Root) -> Iterator[str]:
+    srv = Server(source, ServeConfig(port=0))
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{srv.port}"
+    srv.stop()
+    thread.join(10)
+
+
+def run(source: kl.Root | str, target: kl.Root, topics: list[str] | None = None) -> list[mirror.PartitionCopy]:
+    src = mirror.LocalSource(kl.Root(source.path)) if isinstance(source, kl.Root) else mirror.open_source(source)
+    try:
+        return mirror.mirror(src, target, topics)
+    finally:
+        src.close()
+
+
+# ----------------------------------------------------------------- copying
+
+
+def test_local_copy_has_identical_offsets_bytes_and_settings(source, target):
+    copies = run(source, target)
+    assert_same(source, target)
+    assert target.config("t") == source.config("t")
+    assert [(c.partition, c.from_offset, c.to_offset) for c in copies] == [
+        (p, 0, source.log("t", p).log_end_offset) for p in (0, 1)
+    ]
+    assert sum(c.messages for c in copies) == 300
+    assert len(list(Path(target.path, "t", "0").glob("*.kl"))) > 1  # segments rolled in the target too
+
+
+def test_server_copy_has_identical_offsets_and_bytes(source, target, server):
+    source.create_topic("other", kl.TopicConfig(max_message_bytes=8 << 10, segment_bytes=64 << 10))
+    fill(source, "other", 40, partitions=1)
+    run(server, target)
+    assert_same(source, target)
+    assert_same(source, target, "other")
+    assert target.config("other") == source.config("other")
+
+
+def test_message_larger_than_a_fetch_is_fetched_whole(source, target, server):
+    kl.Producer(source).send("t", b"L" * 3000, partition=0)
+    src = mirror.open_source(server)
+    try:
+        mirror.Mirror(src, target, ["t"], fetch_bytes=1000).run()
+    finally:
+        src.close()
+    assert_same(source, target)
+
+
+def test_resumes_from_the_target_end(source, target, server):
+    run(source, target)
+    ends = [target.log("t", p).log_end_offset for p in (0, 1)]
+    fill(source, "t", 100, start=300)
+    copies = run(server, target)
+    assert [c.from_offset for c in copies] == ends
+    assert sum(c.messages for c in copies) == 100
+    assert_same(source, target)
+
+
+def test_empty_target_starts_at_the_source_log_start(source, target, server):
+    start = retain_to(source, "t", 0, keep=2)
+    assert start > 0
+    run(server, target)
+    assert target.log("t", 0).log_start_offset == start
+    assert_same(source, target)
+    fill(source, "t", 20, start=300)
+    run(source, target)
+    assert_same(source, target)
+
+
+def test_target_behind_the_source_start_is_refused(source, target):
+    run(source, target)
+    end = target.log("t", 0).log_end_offset
+    fill(source, "t", 300, start=300)
+    start = retain_to(source, "t", 0, keep=1)
+    with pytest.raises(mirror.SourceGap, match=f"ends at offset {end} but the source now starts at {start}"):
+        run(source, target)
+
+
+def test_cli_summary_per_partition(source, target):
+    result = CliRunner().invoke(cli, ["mirror", source.path, target.path, "t"])
+    assert result.exit_code == 0, result.output
+    ends = [source.log("t", p).log_end_offset for p in (0, 1)]
+    assert result.stdout.splitlines() == [
+        "topic  partition  from  to     bytes  messages",
+        f"t      0          0     {ends[0]}  {ends[0]}  150",
+        f"t      1          0     {ends[1]}  {ends[1]}  150",
+    ]
+
+
+def test_a_second_mirror_into_the_topic_is_refused(source, target):
+    first = mirror.Mirror(mirror.LocalSource(source), target)
+    first.discover()
+    try:
+        with pytest.raises(mirror.MirrorBusy, match="another kl mirror is copying into topic 't'"):
+            run(source, target)
+    finally:
+        first.close()
+    run(source, target)
+    assert_same(source, target)
+
+
+# ----------------------------------------------------------------- refusing a target that is not a copy
+
+
+def test_target_with_other_data_is_refused_at_the_offset(source, target):
+    run(source, target)
+    log = target.log("t", 1)
+    damaged = log.log_end_offset - 50
+    (holder,) = [m.offset for m in read_all(target, "t", 1) if m.offset <= damaged < m.next_offset]
+    base = log.state().active_base_offset
+    flip_byte(Path(log.directory) / f"{base:020d}.kl", damaged - base)
+    with pytest.raises(mirror.Diverged, match=f"t/1: the target differs from the source in the message at offset {holder}$"):
+        run(source, target)
+
+
+def test_target_longer_than_the_source_is_refused(source, target):
+    run(source, target)
+    kl.Producer(target).send("t", b"extra", partition=0)
+    end, longer = source.log("t", 0).log_end_offset, target.log("t", 0).log_end_offset
+    with pytest.raises(mirror.Diverged, match=f"t/0: the target ends at offset {longer}, beyond the source's end {end}"):
+        run(source, target)
+
+
+def test_target_written_elsewhere_is_refused(source, target):
+    target.create_topic("t", SMALL)
+    kl.Producer(target).send("t", b"not from the source", partition=0)
+    with pytest.raises(mirror.Diverged, match="t/0: the target differs from the source in the message at offset 0$"):
+        run(source, target)
+
+
+def test_partition_count_mismatch_is_refused(source, target):
+    target.create_topic("t", kl.TopicConfig(partitions=3))
+    with pytest.raises(mirror.Diverged, match="has 2 partitions in .* but 3 in"):
+        run(source, target)
+
+
+def test_cli_error_is_one_line(source, target):
+    target.create_topic("t", kl.TopicConfig(partitions=3))
+    done = subprocess.run([*KL, "mirror", source.path, target.path], capture_output=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.decode().count("\n") == 1 and done.stderr.startswith(b"Error: topic 't' has 2 partitions")
+
+
+# ----------------------------------------------------------------- following, stopping, crashing
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def ends(root: kl.Root) -> list[int]:
+    try:
+        return [root.log("t", p).log_end_offset for p in (0, 1)]
+    except (kl.TopicNotFound, kl.RootNotFound, kl.CorruptState):
+        return [-1, -1]
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_follow_copies_new_data_until_stopped(source, target, processes, sig, status):
+    proc = subprocess.Popen(
+        [*KL, "mirror", source.path, target.path, "--follow", "--poll", "0.05", "--json"], stdout=subprocess.PIPE
+    )
+    processes.append(proc)
+    wait_until(lambda: ends(target) == ends(source))
+    fill(source, "t", 50, start=300)
+    wait_until(lambda: ends(target) == ends(source))
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == status
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["partition"], r["from_offset"], r["to_offset"], r["messages"]) for r in rows] == [
+        (p, 0, end, 175) for p, end in enumerate(ends(source))
+    ]
+    assert_same(source, target)
+
+
+def test_killed_at_random_moments_and_resumed(source, target, server, processes):
+    stop = threading.Event()
+
+    def produce() -> None:
+        n = 300
+        while not stop.is_set():
+            fill(source, "t", 10, start=n)
+            n += 10
+            time.sleep(0.002)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    rng = random.Random(os.getpid())
+    try:
+        for spec in [source.path, server] * 3:
+            before = ends(target)
+            proc = subprocess.Popen([*KL, "mirror", spec, target.path, "--follow", "--poll", "0.01"])
+            processes.append(proc)
+            wait_until(lambda before=before: ends(target) != before)  # it is copying
+            time.sleep(rng.uniform(0, 0.2))
+            proc.kill()
+            proc.wait(10)
+    finally:
+        stop.set()
+        producer.join(10)
+    copies = run(source, target)
+    assert all(c.from_offset > 0 for c in copies)
+    assert_same(source, target)
