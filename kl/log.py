@@ -844,7 +844,7 @@ class Log:
                 )
             if offset == state.log_end_offset:
                 return
-            Segment.create(self.directory, offset, self.config.max_message_bytes).close()  # O_TRUNC: an orphan is cut
+            Segment.create(self.directory, offset, self.config.max_message_bytes, self.suffix).close()  # an orphan is cut
             fsync_dir(self.directory)
             self.write_state(PartitionState.empty(offset))
             for base, name in list_segments(self.directory):

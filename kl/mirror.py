@@ -30,7 +30,6 @@ needs) is refused (``SourceGap``); an empty target starts at the source's log st
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kl import locks, wire
-from kl.config import TopicConfig
+from kl.config import FORMAT_07, TopicConfig
 from kl.errors import InvalidConfig, KlError, LockTimeout, OffsetOutOfRange, RootNotFound, TopicNotFound
 from kl.follow import Watch
 from kl.log import EARLIEST, LATEST, Log
@@ -238,10 +237,7 @@ class RemoteSource:
 
 def kafka07_config(partitions: int) -> TopicConfig:
     """The settings of a topic copied from a Kafka 0.7 broker: kl's defaults, in 0.7's format."""
-    config = TopicConfig(partitions=partitions)
-    if any(f.name == "format" for f in dataclasses.fields(config)):
-        config = dataclasses.replace(config, format="0.7")  # type: ignore[call-arg]
-    return config
+    return TopicConfig(partitions=partitions, format=FORMAT_07)
 
 
 def open_source(spec: str, *, partitions: int | None = None, timeout: float = 30.0) -> Source:
@@ -260,10 +256,6 @@ def _message_at(log: Log, offset: int) -> int:
     base = max(s.base_offset for s in log.segments() if s.base_offset <= offset)
     with log.open_segment(base) as segment:
         return base + segment.boundary(offset - base)[0]
-
-
-def _format(config: TopicConfig) -> str:
-    return str(getattr(config, "format", "kl"))
 
 
 @dataclass
@@ -357,9 +349,9 @@ class Mirror:
                 f"topic {topic!r} has {wanted.partitions} partitions in {self.source.name}"
                 f" but {config.partitions} in {self.target.path}"
             )
-        if _format(config) != _format(wanted):
+        if config.format != wanted.format:
             raise Diverged(
-                f"topic {topic!r} is in {_format(wanted)} format in {self.source.name} but in {_format(config)} in the target"
+                f"topic {topic!r} is in {wanted.format} format in {self.source.name} but in {config.format} in the target"
             )
         if config.max_message_bytes < wanted.max_message_bytes:
             raise Diverged(

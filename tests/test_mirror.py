@@ -3,10 +3,13 @@ from the target's end, refusing a target that is not a copy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -181,6 +184,78 @@ def test_a_second_mirror_into_the_topic_is_refused(source, target):
         first.close()
     run(source, target)
     assert_same(source, target)
+
+
+class Kafka07Broker:
+    """A stand-in for a Kafka 0.7 broker in front of a kl serve: a connection whose first
+    request is one of kl's (HELLO) is closed, as Kafka 0.7 closes one on an unknown type;
+    any other is passed through as a plain (0.7) connection."""
+
+    def __init__(self, upstream: str):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            head = conn.recv(6, socket.MSG_WAITALL)
+            if len(head) < 6 or struct.unpack(">ih", head)[1] >= 100:
+                return
+            with socket.create_connection(self.upstream) as up:
+                up.sendall(head)
+                threading.Thread(target=self._pipe, args=(up, conn), daemon=True).start()
+                self._pipe(conn, up)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def kafka07(source: kl.Root, server: str) -> Iterator[str]:
+    source.create_topic("legacy", kl.TopicConfig(partitions=2, segment_bytes=16 << 10, max_message_bytes=4 << 10, format="0.7"))
+    fill(source, "legacy", 200)
+    broker = Kafka07Broker(server)
+    yield broker.address
+    broker.close()
+
+
+def test_copy_from_a_kafka07_broker_needs_topics_and_partitions(source, target, kafka07):
+    src = mirror.open_source(kafka07, partitions=2)
+    try:
+        assert isinstance(src, mirror.RemoteSource) and not src.kl
+        mirror.mirror(src, target, ["legacy"])
+        with pytest.raises(kl.InvalidConfig, match="cannot list its topics: name them"):
+            mirror.mirror(src, target)
+    finally:
+        src.close()
+    assert target.config("legacy").format == "0.7"
+    assert_same(source, target, "legacy")
+    done = subprocess.run([*KL, "mirror", kafka07, target.path, "legacy"], capture_output=True, timeout=60)
+    assert (done.returncode, done.stderr.decode()) == (
+        1,
+        f"Error: {kafka07} is a Kafka 0.7 broker, which cannot say how many partitions 'legacy' has\n",
+    )
 
 
 # ----------------------------------------------------------------- refusing a target that is not a copy
