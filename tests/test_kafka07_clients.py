@@ -38,6 +38,7 @@ CACHE = HERE.parent / ".cache" / "npm-kafka07"
 KL = [sys.executable, "-m", "kl_cli"]
 NODE, NPM = shutil.which("node"), shutil.which("npm")
 NPM_TIMEOUT = 90.0
+NPM_RETRIES = ("--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000", "--fetch-timeout=30000")
 NODE_TIMEOUT_MS = 10_000
 NETWORK_ERRORS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "network")
 
@@ -58,14 +59,24 @@ def node_path() -> str:
         try:
             for name in ("package.json", "package-lock.json"):
                 shutil.copy(CLIENTS / name, work / name)
-            command = [NPM, "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--omit=optional", "--loglevel=error"]
+            command = [
+                NPM,
+                "ci",
+                "--no-audit",
+                "--no-fund",
+                "--ignore-scripts",
+                "--omit=optional",
+                "--loglevel=error",
+                *NPM_RETRIES,
+            ]
             try:
                 done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=NPM_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pytest.skip(f"npm ci did not finish within {NPM_TIMEOUT:g} s (is the npm registry reachable?)")
             if done.returncode != 0:
-                if any(word in done.stderr for word in NETWORK_ERRORS):
-                    pytest.skip(f"npm cannot reach the registry: {done.stderr.strip().splitlines()[-1]}")
+                unreachable = [line for line in done.stderr.splitlines() if any(word in line for word in NETWORK_ERRORS)]
+                if unreachable:
+                    pytest.skip(f"npm cannot reach the registry: {unreachable[0]}")
                 pytest.fail(f"npm ci failed:\n{done.stderr}")
             try:
                 (work / "node_modules").rename(target / "node_modules") if target.exists() else work.rename(target)
@@ -157,7 +168,7 @@ def wait_for(root: kl.Root, topic: str, count: int, partition: int = 0) -> list[
 # ----------------------------------------------------------------- franz-kafka
 
 
-def test_franz_consumes_what_kl_produced_across_segments_and_partial_fetches(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_consumes_what_kl_produced_across_segments_and_partial_fetches(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "franz-read", segment_bytes=600, max_message_bytes=300)
     plain = [b"plain %d " % i + b"x" * (i % 37) for i in range(60)]
     zipped = [b"zipped %d" % i for i in range(40)]
@@ -174,7 +185,7 @@ def test_franz_consumes_what_kl_produced_across_segments_and_partial_fetches(roo
     assert got["next"] == end
 
 
-def test_franz_offsets_earliest_and_latest(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_offsets_earliest_and_latest(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "franz-offsets", segment_bytes=200, max_message_bytes=64)
     produce(root, "franz-offsets", [b"m%02d" % i for i in range(40)])
     log = root.log("franz-offsets", 0)
@@ -186,7 +197,7 @@ def test_franz_offsets_earliest_and_latest(root: kl.Root, port: int, node_path: 
     assert len(latest["offsets"]) == len(log.segments()) + 1
 
 
-def test_franz_produces_plain_and_gzip_that_kl_reads(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_produces_plain_and_gzip_that_kl_reads(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "franz-write", partitions=2)
     plain = [b"from node %d" % i for i in range(25)]
     got = node(node_path, "franz.js", port, op="produce", topic="franz-write", partitions=1, messages=b64(plain))
@@ -207,7 +218,7 @@ def test_franz_produces_plain_and_gzip_that_kl_reads(root: kl.Root, port: int, n
     assert unb64(back["messages"]) == plain + zipped
 
 
-def test_franz_produces_to_every_partition(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_produces_to_every_partition(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "franz-spread", partitions=2)
     for batch in range(4):
         values = [b"batch %d message %d" % (batch, i) for i in range(5)]
@@ -216,7 +227,7 @@ def test_franz_produces_to_every_partition(root: kl.Root, port: int, node_path: 
     assert sorted(stored) == sorted(b"batch %d message %d" % (b, i) for b in range(4) for i in range(5))
 
 
-def test_franz_fetch_edge_cases(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_fetch_edge_cases(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "franz-edges", partitions=2)
     produce(root, "franz-edges", [b"0123456789"] * 3)
     end = 3 * 20
@@ -233,7 +244,7 @@ def test_franz_fetch_edge_cases(root: kl.Root, port: int, node_path: str) -> Non
     assert fetch(topic="no-such-topic") == {"error": None, "messages": [], "next": 0}  # Kafka 0.7: an empty set
 
 
-def test_franz_fetching_a_kl_format_topic_gets_an_error(root: kl.Root, port: int, node_path: str) -> None:
+def test_franz_fetching_a_kl_format_topic_gets_an_error(node_path: str, root: kl.Root, port: int) -> None:
     produce(root, "kl-format", [b"kl's own format"])
     got = node(node_path, "franz.js", port, op="fetch", topic="kl-format", partition=0, offset=0, maxFetchSize=1000)
     assert got == {"error": "Unknown Error 102", "messages": [], "next": 0}  # FORMAT_NOT_UNDERSTOOD, no bytes
@@ -242,7 +253,7 @@ def test_franz_fetching_a_kl_format_topic_gets_an_error(root: kl.Root, port: int
 # ----------------------------------------------------------------- kafka 0.2.3 (magic 0)
 
 
-def test_kafka_client_consumes_an_imported_kafka07_segment(root: kl.Root, port: int, node_path: str) -> None:
+def test_kafka_client_consumes_an_imported_kafka07_segment(node_path: str, root: kl.Root, port: int) -> None:
     env = {**os.environ, "KL_ROOT": str(root.path)}
     imported = subprocess.run(
         [*KL, "topics", "import", "imported", str(DATA / "kafka-0.7" / "MagicByte0-0"), "--format", "0.7"],
@@ -255,7 +266,7 @@ def test_kafka_client_consumes_an_imported_kafka07_segment(root: kl.Root, port: 
     assert got == {"messages": ["x" * 100] * 100, "next": 10_900}
 
 
-def test_kafka_client_produces_magic0_that_kl_reads(root: kl.Root, port: int, node_path: str) -> None:
+def test_kafka_client_produces_magic0_that_kl_reads(node_path: str, root: kl.Root, port: int) -> None:
     create_07(root, "magic0")
     produce(root, "magic0", [b"from kl"])
     sent = ["one", "two", "three"]
@@ -267,7 +278,7 @@ def test_kafka_client_produces_magic0_that_kl_reads(root: kl.Root, port: int, no
     assert got == {"messages": sent, "next": 17 + 3 * 9 + len("onetwothree")}
 
 
-def test_kafka_client_fetching_a_kl_format_topic_gets_an_error(root: kl.Root, port: int, node_path: str) -> None:
+def test_kafka_client_fetching_a_kl_format_topic_gets_an_error(node_path: str, root: kl.Root, port: int) -> None:
     produce(root, "kl-format", [b"kl's own format"])
     got = node(node_path, "marcus.js", port, op="fetch", topic="kl-format", partition=0, offset=0)
     assert got == {"error": "102", "messages": []}
