@@ -37,7 +37,7 @@ CLIENTS = HERE / "kafka07"
 CACHE = HERE.parent / ".cache" / "npm-kafka07"
 KL = [sys.executable, "-m", "kl_cli"]
 NODE, NPM = shutil.which("node"), shutil.which("npm")
-NPM_TIMEOUT = 90.0
+NPM_TIMEOUT = 60.0
 NPM_RETRIES = ("--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000", "--fetch-timeout=30000")
 NODE_TIMEOUT_MS = 10_000
 NETWORK_ERRORS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "network")
