@@ -96,34 +96,37 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kl.Root]:
 
 
 @pytest.fixture(scope="module")
-def port(root: kl.Root) -> Iterator[int]:
-    """A ``kl serve --allow-produce`` of the root on 127.0.0.1, stopped at teardown."""
+def port(root: kl.Root, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A ``kl serve --allow-produce`` of the root on 127.0.0.1; at teardown it must stop
+    cleanly on SIGTERM (it is killed otherwise, and the tests fail with its log)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     env = {**os.environ, "KL_ROOT": str(root.path)}
-    server = subprocess.Popen([*KL, "serve", "--allow-produce", "--port", str(free)], env=env, stderr=subprocess.PIPE)
+    log = tmp_path_factory.mktemp("serve") / "stderr"
+    with log.open("wb") as stderr:
+        server = subprocess.Popen([*KL, "serve", "--allow-produce", "--port", str(free)], env=env, stderr=stderr)
     try:
         deadline = time.monotonic() + 20
         while True:
             if server.poll() is not None:
-                pytest.fail(f"kl serve exited with {server.returncode}: {server.stderr.read().decode()}")  # type: ignore[union-attr]
+                pytest.fail(f"kl serve exited with {server.returncode}: {log.read_text()}")
             try:
                 socket.create_connection(("127.0.0.1", free), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail("kl serve did not listen within 20 s")
+                    pytest.fail(f"kl serve did not listen within 20 s: {log.read_text()}")
                 time.sleep(0.05)
         yield free
     finally:
         server.terminate()
         try:
-            server.wait(10)
+            server.wait(20)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        server.stderr.close()  # type: ignore[union-attr]
+    assert server.returncode == 0, f"kl serve did not stop cleanly on SIGTERM ({server.returncode}): {log.read_text()}"
 
 
 def node(node_path: str, script: str, port: int, **spec: object) -> dict:
