@@ -459,9 +459,6 @@ class RemoteLog:
     def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
         """``Log.append`` (APPEND): the offset where the set starts.  Not sent again on a
         broken connection: it may have been appended."""
-        length = PREFIX.unpack_from(data)[0] if len(data) >= PREFIX.size else -1
-        if LENGTH_SIZE + length == len(data):  # one message: a compressed batch is one to the server
-            count = 1
         body = wire.append_body(self.topic, self.partition, data, count, fsync)
         return wire.Reader(self.root.call(wire.APPEND, body, retry=False)).int64()
 

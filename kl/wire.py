@@ -30,7 +30,8 @@ TOPICS = 101
 OFFSET_FOR_TIME = 102
 """kl: ``topic partition:int32 time:int64`` -> ``offset:int64``, from message timestamps."""
 APPEND = 103
-"""kl: ``topic partition:int32 fsync:int8 count:int32 size:int32 set`` -> ``offset:int64`` where it starts."""
+"""kl: ``topic partition:int32 fsync:int8 count:int32 size:int32 set`` -> ``offset:int64`` where it starts;
+``count`` is the number of messages, a compressed batch counting its inner ones."""
 OFFSET_BACK = 104
 """kl: ``topic partition:int32 count:int64`` -> ``offset:int64`` from which the last count messages are read."""
 CHECK_OFFSET = 105

@@ -264,7 +264,7 @@ def test_produce_appends_and_a_bad_set_is_refused_whole(root, running, three):
         offset = wire.INT64.unpack(c.call(wire.APPEND, wire.append_body("t", 0, good, 2, True)))[0]
         assert offset == ends[0]
         ends[0] += len(good)
-        with pytest.raises(kl.CorruptMessage):
+        with pytest.raises(kl.InvalidMessageSet):
             c.call(wire.APPEND, wire.append_body("t", 1, bytes(bad), 2, False))
         with pytest.raises(kl.KlError, match="holds 2 messages, not 3"):
             c.call(wire.APPEND, wire.append_body("t", 1, good, 3, False))
