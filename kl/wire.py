@@ -241,9 +241,9 @@ def raise_error(code: int, payload: bytes | memoryview) -> None:
 
 
 def parse_address(address: str, default_port: int = 9092) -> tuple[str, int]:
-    """``HOST:PORT`` (or ``HOST``, or ``[IPv6]:PORT``) as a (host, port) pair."""
+    """``HOST:PORT`` (or ``HOST``, a bare IPv6 address, or ``[IPv6]:PORT``) as a (host, port) pair."""
     host, sep, port = address.rpartition(":")
-    if not sep or "]" in port:
+    if not sep or "]" in port or (address.count(":") > 1 and not address.startswith("[")):
         host, port = address, str(default_port)
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -321,3 +321,24 @@ def test_remote_root_lists_what_is_served(root, two, address):
     remote = RemoteRoot(address)
     assert remote.topics() == ["t"] and remote.config("t") == root.config("t")
     remote.close()
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("host:9000", ("host", 9000)),
+        ("host", ("host", 9092)),
+        ("::1", ("::1", 9092)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("[::1]", ("::1", 9092)),
+        ("10.0.0.1:1", ("10.0.0.1", 1)),
+    ],
+)
+def test_server_addresses_are_parsed(address, expected):
+    assert kl.wire.parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["", ":9000", "host:0", "host:65536", "host:x"])
+def test_bad_server_addresses_are_refused(address):
+    with pytest.raises(kl.InvalidConfig, match="is not HOST:PORT"):
+        kl.wire.parse_address(address)
