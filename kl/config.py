@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import re
+import uuid
 from dataclasses import dataclass
 
 from kl.errors import InvalidConfig
@@ -17,6 +20,13 @@ FORMAT_07 = "0.7"
 FORMATS = (FORMAT_KL, FORMAT_07)
 """What a topic's segments store: kl's magic 2 messages in ``.kl`` files, or Kafka
 0.7's magic 1 messages (no key, no timestamp) in ``.kafka`` files."""
+_TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+
+
+def new_topic_id() -> str:
+    """A fresh topic id: 16 random bytes (a version 4 UUID) in URL-safe base64 without
+    padding, the form Kafka shows its topic ids in (KIP-516)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
 @dataclass(frozen=True)
@@ -41,10 +51,17 @@ class TopicConfig:
     """0 keeps every byte (retention by age only)."""
     format: str = FORMAT_KL
     """``"kl"`` or ``"0.7"`` (see ``FORMATS``); files written before it existed read as kl."""
+    topic_id: str = ""
+    """Which creation of the topic this is: written once when the topic is created
+    (``new_topic_id``), kept by every edit of the file, by ``kl mirror`` and by import;
+    every stored position names it.  Empty only in a config not yet written (and in
+    files of kl versions before it, until ``Root.config`` gives them one)."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidConfig(f"format must be kl or 0.7, not {self.format!r}")
+        if not isinstance(self.topic_id, str) or (self.topic_id and not _TOPIC_ID.fullmatch(self.topic_id)):
+            raise InvalidConfig(f"topic_id must be 22 characters of A-Z a-z 0-9 _ -, not {self.topic_id!r}")
         for field in dataclasses.fields(self):
             if field.type != "int":
                 continue

@@ -12,6 +12,8 @@ Layout (see ``man/kl-format.5``)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -22,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 
 from kl import locks
-from kl.config import CONFIG_FILE, TopicConfig
+from kl.config import CONFIG_FILE, TopicConfig, new_topic_id
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
@@ -30,6 +32,9 @@ from kl.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.state import STATE_FILE, PartitionState, deleted_record
 
 LOCKS_DIR = ".locks"
+CONFIG_LOCK = "config.lock"
+"""``ROOT/.locks/TOPIC/config.lock``: held while a topic of an older kl is given its id."""
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 LEFTOVERS = {".creating-": "left by an interrupted topic create", ".deleting-": "left by an interrupted topic delete"}
 """Prefixes of the directories ``create_topic`` and ``delete_topic`` work in, and what
@@ -106,10 +111,14 @@ class Root:
 
     def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig:
         """Create a topic with every partition, all at once (built aside, then renamed in).
+        It gets a new topic id unless ``config`` names one (a mirror's copy keeps its
+        source's).  Returns the config written.
 
         Raises ``TopicExists``, ``InvalidTopicName`` and ``StorageError``.
         """
         config = config or TopicConfig()
+        if not config.topic_id:
+            config = dataclasses.replace(config, topic_id=new_topic_id())
         path = self.topic_path(name)
         if os.path.lexists(path):
             raise TopicExists(f"topic {name!r} already exists in {self.path}")
@@ -198,24 +207,53 @@ class Root:
         return RootNotFound(f"root {self.path} does not exist (is it mounted?)")
 
     def config(self, name: str) -> TopicConfig:
-        """The topic's config.  Raises ``TopicNotFound`` and ``RootNotFound``."""
+        """The topic's config, as first read by this handle.  Raises ``TopicNotFound``,
+        ``RootNotFound`` and ``InvalidConfig``."""
         config = self._configs.get(name)
         if config is None:
-            try:
-                path = os.path.join(self.topic_path(name), CONFIG_FILE)
-            except NotADirectoryError:
-                raise self._missing() from None
-            try:
-                with open(path, "rb") as f:
-                    config = TopicConfig.from_json(f.read(), path)
-            except (FileNotFoundError, NotADirectoryError):
-                if not os.path.isdir(self.path):
-                    raise self._missing() from None
-                raise TopicNotFound(f"topic {name!r} does not exist in {self.path}") from None
-            except OSError as e:
-                raise storage_error(e, "read", path) from None
-            self._configs[name] = config
+            config = self._configs[name] = self.read_config(name)
         return config
+
+    def read_config(self, name: str) -> TopicConfig:
+        """The topic's config as it is on disk now (no cache).  A topic written by a kl
+        before topic ids is given one here, once: under the topic's config lock, so that
+        processes opening it at once agree on one id.  Where the root cannot be written
+        the id stays empty (logged).  Raises like :meth:`config`."""
+        config = self._read_config_file(name)
+        if config.topic_id:
+            return config
+        path = os.path.join(self.topic_path(name), CONFIG_FILE)
+        with locks.locked(os.path.join(self.path, LOCKS_DIR, name, CONFIG_LOCK), self.lock_timeout):
+            config = self._read_config_file(name)
+            if config.topic_id:
+                return config
+            config = dataclasses.replace(config, topic_id=new_topic_id())
+            try:
+                write_atomic(path, config.to_json())
+            except StorageError as e:
+                log.warning("topic %s has no topic id and none can be written: %s", name, e)
+                return dataclasses.replace(config, topic_id="")
+        log.info("topic %s was given the topic id %s", name, config.topic_id)
+        return config
+
+    def topic_id(self, name: str) -> str:
+        """The id of the topic's current creation, read now (see :meth:`read_config`)."""
+        return self.read_config(name).topic_id
+
+    def _read_config_file(self, name: str) -> TopicConfig:
+        try:
+            path = os.path.join(self.topic_path(name), CONFIG_FILE)
+        except NotADirectoryError:
+            raise self._missing() from None
+        try:
+            with open(path, "rb") as f:
+                return TopicConfig.from_json(f.read(), path)
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.isdir(self.path):
+                raise self._missing() from None
+            raise TopicNotFound(f"topic {name!r} does not exist in {self.path}") from None
+        except OSError as e:
+            raise storage_error(e, "read", path) from None
 
     def log(self, name: str, partition: int) -> Log:
         """The partition's log.  Raises ``TopicNotFound`` for an unknown topic or partition."""

@@ -405,6 +405,7 @@ def test_topics_create_list_describe_delete(tmp_path):
     ok(root, "topics", "create", "a", "--flush-messages", "0", "--flush-ms", "0", "--retention-ms", "5", "--retention-bytes", "7")
     assert ok(root, "topics", "list") == b"a\nb\n"
     ok(root, "produce", "b", "-p", "1", input=b"hello\n")
+    b_id = kl.Root(root).config("b").topic_id
     assert ok(root, "topics", "describe", "b").decode() == (
         "topic              b\n"
         "partitions         2\n"
@@ -415,6 +416,7 @@ def test_topics_create_list_describe_delete(tmp_path):
         "retention_ms       604800000\n"
         "retention_bytes    0\n"
         "format             kl\n"
+        f"topic_id           {b_id}\n"
         "\n"
         "partition  segments  log_start_offset  log_end_offset  size_in_bytes\n"
         "0          1         0                 0               0\n"
@@ -432,6 +434,7 @@ def test_topics_create_list_describe_delete(tmp_path):
             "retention_ms": 5,
             "retention_bytes": 7,
             "format": "kl",
+            "topic_id": kl.Root(root).config("a").topic_id,
         },
         "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0, "size_in_bytes": 0}],
     }
@@ -744,7 +747,7 @@ def test_topics_list_leaves_out_what_is_not_a_topic(kl_root):
         ["t", "1", "0"],
     ]
     assert "junk: not a topic: no topic.json" in text
-    assert f"bad: topic config {kl_root}/bad/topic.json is unreadable" in text.replace("\n", "")
+    assert f"bad: topic config {kl_root}/bad/topic.json is unreadable" in " ".join(text.split())
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -137,8 +139,11 @@ def test_create_makes_every_partition(root):
     assert sorted(p.name for p in (partition_dir(root, "t").parent).iterdir()) == ["0", "1", "2", CONFIG_FILE]
 
 
-def test_create_returns_the_default_config(root):
-    assert root.create_topic("t") == kl.TopicConfig()
+def test_create_returns_the_default_config_with_a_new_topic_id(root):
+    config = root.create_topic("t")
+    assert dataclasses.replace(config, topic_id="") == kl.TopicConfig()
+    assert len(config.topic_id) == 22
+    assert root.config("t") == config
 
 
 def test_create_writes_the_config_file(root):
@@ -147,8 +152,94 @@ def test_create_writes_the_config_file(root):
     assert fields["partitions"] == 2
     assert fields["segment_bytes"] == 1 << 20
     assert fields["max_message_bytes"] == 1 << 16
-    assert kl.Root(root.path).config("t") == kl.TopicConfig(partitions=2, segment_bytes=1 << 20,
-                                                            max_message_bytes=1 << 16)
+    assert kl.Root(root.path).config("t") == kl.TopicConfig(
+        partitions=2, segment_bytes=1 << 20, max_message_bytes=1 << 16, topic_id=fields["topic_id"]
+    )
+
+
+# ----------------------------------------------------------------- topic ids
+
+
+def _without_id(path: Path) -> None:
+    """Make ``topic.json`` look written by a kl before topic ids."""
+    fields = json.loads(path.read_text())
+    del fields["topic_id"]
+    path.write_text(json.dumps(fields))
+
+
+def test_a_topic_created_again_has_a_new_id(root):
+    first = root.create_topic("t").topic_id
+    root.delete_topic("t")
+    assert root.create_topic("t").topic_id != first
+
+
+def test_editing_the_config_keeps_the_id(root):
+    created = root.create_topic("t")
+    path = partition_dir(root, "t").parent / CONFIG_FILE
+    fields = json.loads(path.read_text())
+    fields["retention_ms"] = 1000
+    path.write_text(json.dumps(fields))
+    os.utime(path, (0, 0))
+    assert root.topic_id("t") == created.topic_id
+    assert kl.Root(root.path).config("t").retention_ms == 1000
+
+
+def test_a_config_naming_an_explicit_id_keeps_it(root):
+    assert root.create_topic("t", kl.TopicConfig(topic_id="A" * 22)).topic_id == "A" * 22
+
+
+@pytest.mark.parametrize("bad", ['"short"', "7", "null", '"' + "!" * 22 + '"'])
+def test_a_damaged_topic_id_makes_the_config_unreadable(root, bad):
+    root.create_topic("t")
+    path = partition_dir(root, "t").parent / CONFIG_FILE
+    path.write_text(path.read_text().replace(f'"{root.config("t").topic_id}"', bad))
+    with pytest.raises(kl.InvalidConfig, match="topic_id"):
+        kl.Root(root.path).config("t")
+
+
+def test_a_topic_of_an_older_kl_is_given_an_id_once(root):
+    root.create_topic("t")
+    path = partition_dir(root, "t").parent / CONFIG_FILE
+    _without_id(path)
+    given = kl.Root(root.path).config("t").topic_id
+    assert len(given) == 22
+    assert json.loads(path.read_text())["topic_id"] == given
+    assert kl.Root(root.path).topic_id("t") == given
+
+
+def _open_and_report_id(path: str, start: float, out: multiprocessing.Queue) -> None:
+    while time.time() < start:
+        pass
+    out.put(kl.Root(path).config("t").topic_id)
+
+
+def test_processes_opening_an_older_topic_at_once_agree_on_one_id(root):
+    root.create_topic("t")
+    path = partition_dir(root, "t").parent / CONFIG_FILE
+    context = multiprocessing.get_context("fork")
+    for _ in range(5):
+        _without_id(path)
+        out = context.Queue()
+        start = time.time() + 0.3
+        workers = [context.Process(target=_open_and_report_id, args=(root.path, start, out)) for _ in range(6)]
+        for w in workers:
+            w.start()
+        ids = {out.get(timeout=30) for _ in workers}
+        for w in workers:
+            w.join()
+        assert ids == {json.loads(path.read_text())["topic_id"]}
+
+
+def test_an_older_topic_whose_config_cannot_be_written_reads_without_an_id(root, monkeypatch, caplog):
+    root.create_topic("t")
+    _without_id(partition_dir(root, "t").parent / CONFIG_FILE)
+
+    def read_only(path: str, data: bytes) -> None:
+        raise kl.StorageError(f"cannot write {path}: read-only file system")
+
+    monkeypatch.setattr("kl.topic.write_atomic", read_only)
+    assert kl.Root(root.path).config("t").topic_id == ""
+    assert "has no topic id and none can be written" in caplog.text
 
 
 def test_create_an_existing_topic_raises_topic_exists(root):
