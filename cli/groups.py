@@ -10,14 +10,13 @@ import dataclasses
 import datetime
 import enum
 import json
-import re
 import sys
 
 import click
 
 import kl
 from kl import groups as admin
-from kl.registry import Registry
+from kl.registry import Registry, parse_position
 from kl_cli.common import aligned, get_root, note, parse_time
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
@@ -54,9 +53,22 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     """Print GROUP's live members and, per partition, its owner, committed offset and lag.
 
     Lag is counted from the committed offset to the log end: in messages, in bytes, and
-    in time (the age of the oldest message not consumed yet).
+    in time (the age of the oldest message not consumed yet).  A committed offset inside
+    a compressed batch reads OFFSET+SKIP.  Exits 1 after the listing when an offset file
+    is damaged (its status names the damage).
     """
     info = admin.describe(get_root(ctx), group)
+    damaged = [p for p in info.partitions if p.status is admin.Status.DAMAGED]
+    _describe(info, as_json)
+    if damaged:
+        where = ", ".join(f"{p.topic}/{p.partition}" for p in damaged)
+        raise click.ClickException(
+            f"group {info.group}: damaged committed offset file{'s' if len(damaged) > 1 else ''} of {where}:"
+            f" reset {'them' if len(damaged) > 1 else 'it'} with 'kl groups reset'"
+        )
+
+
+def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(dataclasses.asdict(info), indent=2, default=_json_value) + "\n")
         return
@@ -66,12 +78,12 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
             p.topic,
             str(p.partition),
             p.owner or "-",
-            _number(p.committed),
+            _number(p.position),
             _number(p.log_end_offset),
             _number(p.lag_messages),
             _number(p.lag_bytes),
             _duration(p.lag_ms),
-            p.status.value,
+            p.status.value if p.damage is None else f"{p.status.value}: {p.damage}",
         ]
         for p in info.partitions
     ]
@@ -97,9 +109,9 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     "--to",
     "to",
     required=True,
-    metavar="earliest|latest|TIME|OFFSET",
+    metavar="earliest|latest|TIME|OFFSET[+SKIP]",
     help="The log start, the log end, the first message stamped at or after TIME (ISO 8601), "
-    "or byte OFFSET (one partition only).",
+    "or byte OFFSET (one partition only; OFFSET+SKIP: after the first SKIP messages of the compressed batch there).",
 )
 @click.option("--topic", metavar="TOPIC", help="Reset TOPIC's partitions only.")
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="With --topic: reset partition N only.")
@@ -133,7 +145,8 @@ def delete(ctx: click.Context, group: str, force: bool) -> None:
 @click.argument("group")
 @click.pass_context
 def export(ctx: click.Context, group: str) -> None:
-    """Write GROUP's committed offsets to stdout, one 'TOPIC PARTITION OFFSET' line each."""
+    """Write GROUP's committed offsets to stdout, one 'TOPIC PARTITION OFFSET' line each
+    (OFFSET+SKIP inside a compressed batch)."""
     sys.stdout.write(admin.export(get_root(ctx), group))
 
 
@@ -159,13 +172,14 @@ def import_(ctx: click.Context, group: str, force: bool) -> None:
 def _target(text: str) -> admin.Target:
     if text in ("earliest", "latest"):
         return "earliest" if text == "earliest" else "latest"
-    if re.fullmatch(r"[0-9]+", text):
-        return int(text)
+    position = parse_position(text)
+    if position is not None:
+        return position
     try:
         return admin.AtTime(parse_time(text, "--to", digits=False))
     except click.BadParameter:
         raise click.BadParameter(
-            f"{text!r} is not earliest, latest, an ISO 8601 time or a byte offset", param_hint="'--to'"
+            f"{text!r} is not earliest, latest, an ISO 8601 time or a byte offset (OFFSET or OFFSET+SKIP)", param_hint="'--to'"
         ) from None
 
 
@@ -175,7 +189,7 @@ def _json_value(value: object) -> object:
     raise TypeError(f"cannot write {value!r} as JSON")
 
 
-def _number(value: int | None) -> str:
+def _number(value: object) -> str:
     return "-" if value is None else str(value)
 
 

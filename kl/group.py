@@ -32,15 +32,14 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
-from kl.config import CONFIG_FILE
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
 from kl.follow import Watch
 from kl.log import Log
 from kl.message import Message
-from kl.registry import Member, NotOwner, Registration, Registry, subscribes
+from kl.registry import CorruptOffset, Member, NotOwner, Position, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -74,18 +73,22 @@ class _Claim:
     topic: str
     partition: int
     generation: int
-    position: int
+    topic_id: str
+    """The id of the topic's creation this member reads (what its commits name)."""
+    position: Position
     """Where the next fetch starts."""
-    handed: int
+    handed: Position
     """After the last message handed out (what ``commit()`` stores)."""
-    consumed: int
+    consumed: Position
     """After the last message the caller came back from (what auto-commit stores)."""
-    committed: int | None
+    committed: Position | None
     end: int
     """The log end when this member first saw the partition: ``batches()`` stops there."""
     stream: MessageStream
     log: Log
     error: KlError | None = None
+    blocked: bool = False
+    """Its committed offset is unusable and ``reset`` is "fail": nothing is read or committed."""
 
 
 class MessageStream:
@@ -106,7 +109,9 @@ class MessageStream:
         self._turn = 0
         self._pending: Iterator[Message] = iter(())
         self._pending_claim: _Claim | None = None
-        self._last: tuple[_Claim, int] | None = None
+        self._pending_at = Position(0)
+        """After the last message of ``_pending`` handed out (at first: where its fetch started)."""
+        self._last: tuple[_Claim, Position] | None = None
         self._watch = Watch(consumer.poll_interval)
         self._watched: set[Log] = set()
         self._waiting = False
@@ -132,13 +137,13 @@ class MessageStream:
                     if claim is None:
                         got = self._fetch(True, False, None)
                         if got is not None:
-                            claim, batch = got
+                            claim, batch, self._pending_at = got
                             self._pending, self._pending_claim = iter(batch.messages), claim  # type: ignore[arg-type]
                     if claim is not None:
                         message = next(self._pending, None)
                         if isinstance(message, Message):
-                            claim.handed = message.next_offset
-                            self._last = (claim, message.next_offset)
+                            claim.handed = self._pending_at = advance(self._pending_at, message)
+                            self._last = (claim, claim.handed)
                             return Record(claim.topic, claim.partition, *message)
                         self._pending_claim = None
                         continue
@@ -154,9 +159,9 @@ class MessageStream:
             got = self._next_batch(timeout, follow, values_only, limit)
             if got is None:
                 return None
-            claim, batch = got
-            claim.handed = batch.next_offset
-            self._last = (claim, batch.next_offset)
+            claim, batch, _ = got
+            claim.handed = claim.position
+            self._last = (claim, claim.position)
             return batch
 
     def _mark_consumed(self) -> None:
@@ -166,7 +171,7 @@ class MessageStream:
 
     def _next_batch(
         self, timeout: float | None, follow: bool, values_only: bool, limit: int | None
-    ) -> tuple[_Claim, Batch] | None:
+    ) -> tuple[_Claim, Batch, Position] | None:
         consumer = self._consumer
         deadline = None if timeout is None else time.monotonic() + timeout
         while not consumer._stopped.is_set():
@@ -174,7 +179,7 @@ class MessageStream:
                 got = self._fetch(follow, values_only, limit)
                 if got is not None:
                     return got
-                if not follow and consumer._settled and all(c.position >= c.end for c in self._claims):
+                if not follow and consumer._settled and all(c.position.offset >= c.end for c in self._claims):
                     return None
             if not self._wait(deadline):
                 return None
@@ -207,24 +212,25 @@ class MessageStream:
                 self._watch.close()
         return True
 
-    def _fetch(self, follow: bool, values_only: bool, limit: int | None) -> tuple[_Claim, Batch] | None:
-        """One fetch from the next partition in turn that has messages."""
+    def _fetch(self, follow: bool, values_only: bool, limit: int | None) -> tuple[_Claim, Batch, Position] | None:
+        """One fetch from the next partition in turn that has messages: its claim, the
+        batch, and where the fetch started (the claim's position is now after the batch)."""
         consumer, claims = self._consumer, self._claims
         for k in range(len(claims)):
             claim = claims[(self._turn + k) % len(claims)]
             if claim.error is not None:
                 raise claim.error
-            if not follow and claim.position >= claim.end:
+            start = claim.position
+            if not follow and start.offset >= claim.end:
                 continue
-            offset = claim.position
-            max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - offset))
+            max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - start.offset))
             try:
-                got, position, damage = consumer._reader._read(
-                    claim.topic, claim.partition, offset, max_bytes, values_only, limit
+                got, position, damage = read_from(
+                    consumer._reader, claim.topic, claim.partition, start, max_bytes, values_only, limit
                 )
             except OffsetOutOfRange as e:
                 if not consumer._recreated(claim.topic):
-                    claim.position = consumer._reset_position(claim, e)
+                    claim.position = Position(consumer._reset_position(claim, e))
                 continue
             except TopicNotFound:
                 continue  # deleted: the coordinator lets it go
@@ -235,7 +241,7 @@ class MessageStream:
                 consumer._damaged(claim, damage)
             if got:
                 self._turn = (self._turn + k + 1) % len(claims)
-                return claim, Batch(claim.topic, claim.partition, offset, claim.position, got)
+                return claim, Batch(claim.topic, claim.partition, start.offset, position.offset, got), start
         return None
 
     def _add(self, claim: _Claim) -> None:
@@ -316,7 +322,7 @@ class GroupConsumer:
         self._owned: dict[tuple[str, int], _Claim] = {}
         self._ends: dict[tuple[str, int], int] = {}
         self._seen: dict[str, tuple[int, float]] = {}
-        self._topic_ids: dict[str, tuple[int, int]] = {}
+        self._topic_ids: dict[str, str] = {}
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -547,39 +553,66 @@ class GroupConsumer:
         log_ = self.root.log(topic, partition)
         state = log_.state()
         end = self._ends[topic, partition]
-        claim = _Claim(topic, partition, generation, 0, 0, 0, None, end, self._route(topic, partition), log_)
+        topic_id = self._topic_ids.get(topic) or self._topic_id(topic) or ""
+        at = Position(state.log_start_offset if self.start == "earliest" else state.log_end_offset)
+        claim = _Claim(topic, partition, generation, topic_id, at, at, at, None, end, self._route(topic, partition), log_)
+        where = f"group {self.group}: the committed offset of {topic}/{partition}"
         try:
             committed = self.registry.committed(topic, partition)
-        except CorruptState as e:
-            committed, claim.error = None, e
-        if committed is None:
-            position = state.log_start_offset if self.start == "earliest" else state.log_end_offset
-        else:
-            claim.committed = position = committed.offset
-            if not state.log_start_offset <= position <= state.log_end_offset:
+        except CorruptOffset as e:
+            committed = None
+            if self.reset == "fail":
+                claim.error, claim.blocked = e, True
+            else:
+                kept = self.registry.set_aside(topic, partition)
+                at = Position(state.log_start_offset if self.reset == "earliest" else state.log_end_offset)
+                log.warning(
+                    "%s: %s is damaged (%s), kept as %s; going on from the %s offset %d",
+                    where,
+                    e.path,
+                    e.reason,
+                    kept,
+                    self.reset,
+                    at.offset,
+                )
+        if committed is not None and committed.topic_id and topic_id and committed.topic_id != topic_id:
+            log.warning(
+                "%s is of a topic %s deleted and created again since (id %s, now %s): it counts as never committed;"
+                " starting at the %s offset %d",
+                where,
+                topic,
+                committed.topic_id,
+                topic_id,
+                self.start,
+                at.offset,
+            )
+        elif committed is not None:
+            claim.committed = at = committed.position
+            if not state.log_start_offset <= at.offset <= state.log_end_offset:
                 error = OffsetOutOfRange(
-                    f"group {self.group!r}'s committed offset {position} of {topic}/{partition} is outside the log"
-                    f" ({state.log_start_offset} to {state.log_end_offset})",
-                    offset=position,
+                    f"{where} ({at}) is outside the log ({state.log_start_offset} to {state.log_end_offset})",
+                    offset=at.offset,
                     log_start_offset=state.log_start_offset,
                     log_end_offset=state.log_end_offset,
                 )
-                position = self._reset_position(claim, error)
-        claim.position = claim.handed = claim.consumed = position
+                at = Position(self._reset_position(claim, error, blocks=True))
+        claim.position = claim.handed = claim.consumed = at
         self._owned[topic, partition] = claim
         claim.stream._add(claim)
 
-    def _reset_position(self, claim: _Claim, error: OffsetOutOfRange) -> int:
+    def _reset_position(self, claim: _Claim, error: OffsetOutOfRange, *, blocks: bool = False) -> int:
+        """Where ``reset`` goes on after ``error``; with "fail" the claim raises it from now
+        on (and, with ``blocks``, as its committed offset is unusable, commits nothing)."""
         if self.reset == "fail":
-            claim.error = error
-            return claim.position
+            claim.error, claim.blocked = error, blocks
+            return claim.position.offset
         to = error.log_start_offset if self.reset == "earliest" else error.log_end_offset
         log.warning("%s; going on from the %s offset %d", error, self.reset, to)
         return to
 
     def _damaged(self, claim: _Claim, damage: CorruptMessage) -> None:
         if self.skip_corrupt:
-            claim.position = self._reader.skip(claim.topic, claim.partition, claim.position, damage)
+            claim.position = Position(self._reader.skip(claim.topic, claim.partition, claim.position.offset, damage))
         else:
             claim.error = damage
 
@@ -595,32 +628,31 @@ class GroupConsumer:
         assert self._registration is not None
         me = self._registration.member.id
         try:
-            if commit and claim.consumed != claim.committed:
-                self.registry.commit(claim.topic, claim.partition, claim.consumed, me, claim.generation)
+            if commit and not claim.blocked and claim.consumed != claim.committed:
+                self.registry.commit(claim.topic, claim.partition, claim.consumed, me, claim.generation, claim.topic_id)
             if not self.registry.release(claim.topic, claim.partition, me, claim.generation):
                 self._lost(claim, "another member took it over meanwhile")
         except NotOwner as e:
             self._lost(claim, str(e))
 
-    def _topic_ident(self, topic: str) -> tuple[int, int] | None:
-        """What tells this creation of ``topic`` from another: its ``topic.json``'s inode and mtime."""
+    def _topic_id(self, topic: str) -> str | None:
+        """What tells this creation of ``topic`` from another: its topic id (read now)."""
         try:
-            st = os.stat(os.path.join(self.root.topic_path(topic), CONFIG_FILE))
-        except (OSError, KlError):
+            return self.root.topic_id(topic)
+        except KlError:
             return None
-        return st.st_ino, st.st_mtime_ns
 
     def _recreated(self, topic: str) -> bool:
         """For a stream: ``topic`` is gone or another one since the coordinator last looked."""
         known = self._topic_ids.get(topic)
-        return known is not None and self._topic_ident(topic) != known
+        return known is not None and self._topic_id(topic) != known
 
     def _created_again(self, topic: str) -> bool:
-        """Whether ``topic`` was deleted and created again since the last look (its
-        ``topic.json`` is another file); if so, forget it, drop the committed offsets of the
-        partitions this member owned and let them go, so the next rebalance claims the new
-        ones afresh.  (Messages read of the new topic before this was seen come again.)"""
-        ident = self._topic_ident(topic)
+        """Whether ``topic`` was deleted and created again since the last look (its topic
+        id changed); if so, forget it, drop the committed offsets of the partitions this
+        member owned and let them go, so the next rebalance claims the new ones afresh.
+        (Messages read of the new topic before this was seen come again.)"""
+        ident = self._topic_id(topic)
         if ident is None or self._topic_ids.setdefault(topic, ident) == ident:
             return False
         self._topic_ids[topic] = ident
@@ -670,10 +702,10 @@ class GroupConsumer:
                     if which == "handed":  # all handed out is processed: auto-commit must not go back before it
                         claim.consumed = claim.handed
                     offset = claim.consumed
-                if offset == claim.committed:
+                if claim.blocked or offset == claim.committed:
                     continue
                 try:
-                    self.registry.commit(claim.topic, claim.partition, offset, me, claim.generation)
+                    self.registry.commit(claim.topic, claim.partition, offset, me, claim.generation, claim.topic_id)
                     claim.committed = offset
                 except NotOwner as e:
                     self._drop(claim, str(e))
@@ -685,6 +717,42 @@ class GroupConsumer:
         log.warning("group %s lost %s/%d: %s", self.group, claim.topic, claim.partition, why)
         if self.on_lost is not None:
             self.on_lost(claim.topic, claim.partition, why)
+
+
+def advance(position: Position, message: Message) -> Position:
+    """Where to resume after ``message``, read on from ``position``: after it, or, inside a
+    compressed batch (all but its last message resume at the batch), after one more of
+    the batch's messages."""
+    if message.next_offset != message.offset:
+        return Position(message.next_offset)
+    return Position(message.offset, position.skip + 1 if position.offset == message.offset else 1)
+
+
+def read_from(
+    reader: Consumer, topic: str, partition: int, start: Position, max_bytes: int, values_only: bool, limit: int | None
+) -> tuple[list[Message] | list[bytes], Position, CorruptMessage | None]:
+    """``Consumer._read`` from a position: the messages of one fetch (at most ``limit``)
+    after the ``start.skip`` first ones of the batch at ``start.offset``, where to go on,
+    and the damage that ended them early."""
+    whole = values_only and limit is None and not start.skip  # whole batches: the fast path
+    if whole:
+        values, offset, damage = reader._read(topic, partition, start.offset, max_bytes, True, None)
+        return values, Position(offset), damage
+    got, offset, damage = reader._read(
+        topic, partition, start.offset, max_bytes, False, None if limit is None else limit + start.skip
+    )
+    messages = cast("list[Message]", got)
+    position, skipped = Position(start.offset), 0
+    for message in messages:
+        position = advance(position, message)
+    while skipped < min(start.skip, len(messages)) and messages[skipped].offset == start.offset:
+        skipped += 1
+    messages = messages[skipped:]
+    if not messages and offset == start.offset:
+        position = start  # nothing read
+    elif not position.skip:
+        position = Position(offset)  # past the last message, and padding after it
+    return [msg.value for msg in messages] if values_only else messages, position, damage
 
 
 def _subscription(topics: list[str] | None, pattern: str | None, exclude: str | None) -> dict[str, object]:

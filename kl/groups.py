@@ -9,6 +9,10 @@ before anything is written; a member that joins meanwhile may start from the old
 Lag is counted from the committed offset to the log end by walking the message headers
 of those bytes (no checksums, no values): each message counts one, a compressed batch
 the messages inside it (it is decompressed), padding none.
+
+A committed offset is a ``Position``: a byte offset, and inside a compressed batch the
+count of its messages already consumed, written ``OFFSET+SKIP`` (``reset``'s target,
+``export`` and ``import_offsets`` take the same form).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from kl import message as m
 from kl.errors import (
     CorruptMessage,
     InvalidConfig,
+    InvalidOffset,
     KlError,
     RootNotFound,
     TopicNotFound,
@@ -33,7 +38,18 @@ from kl.errors import (
 from kl.fsutil import ensure_dir
 from kl.log import Log
 from kl.messageset import MessageSet, check
-from kl.registry import GroupActive, GroupNotFound, InvalidImport, Member, Registry, groups
+from kl.registry import (
+    Committed,
+    CorruptOffset,
+    GroupActive,
+    GroupNotFound,
+    InvalidImport,
+    Member,
+    Position,
+    Registry,
+    groups,
+    parse_position,
+)
 from kl.segment import SCAN_CHUNK, Segment
 from kl.topic import Root, validate_name
 
@@ -68,6 +84,10 @@ class Status(enum.Enum):
     """Beyond the log end (the topic was created again?): no lag is given."""
     GONE = "topic deleted"
     """The topic, or this partition of it, no longer exists."""
+    STALE = "stale: topic created again"
+    """The offset is of an earlier creation of the topic (another topic id): a member starts afresh."""
+    DAMAGED = "damaged"
+    """The offset file is unreadable (``PartitionLag.damage`` says how): reset it."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,15 @@ class PartitionLag:
     lag_ms: int | None
     """Age of the oldest unconsumed message (None: caught up, or it has no timestamp)."""
     status: Status
+    skip: int = 0
+    """Inner messages of the compressed batch at ``committed`` already consumed."""
+    damage: str | None = None
+    """Why the offset file is damaged (status ``DAMAGED``)."""
+
+    @property
+    def position(self) -> Position | None:
+        """The committed position (None where nothing usable is committed)."""
+        return None if self.committed is None else Position(self.committed, self.skip)
 
 
 @dataclass(frozen=True)
@@ -125,12 +154,12 @@ class OffsetChange(NamedTuple):
 
     topic: str
     partition: int
-    old: int | None
+    old: Position | None
     """None where nothing (or a damaged file) was committed."""
-    new: int
+    new: Position
 
 
-Target = Literal["earliest", "latest"] | int | AtTime
+Target = Literal["earliest", "latest"] | int | Position | AtTime
 RootLike = Root | str | os.PathLike[str]
 
 
@@ -143,8 +172,9 @@ def describe(root: RootLike, group: str) -> GroupInfo:
     """The group's live members, and per partition its owner, committed offset and lag.
 
     The partitions are those of every topic the group has a committed offset or an owner
-    record for, and of every topic a live member subscribes to.  Raises ``GroupNotFound``
-    and ``CorruptState`` (a damaged offset file: reset it).
+    record for, and of every topic a live member subscribes to.  A damaged offset file
+    is a row of status ``DAMAGED`` (the others are described all the same); an offset of
+    an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
     r = _root(root)
     registry = _registry(r, group)
@@ -152,12 +182,29 @@ def describe(root: RootLike, group: str) -> GroupInfo:
     live = {member.id for member in members}
     now = time.time_ns() // 1_000_000
     owners = {(t, p): owner for t, p, owner in registry.owners()}
-    committed = {(t, p): c for t, p, c in registry.offsets()}
+    committed: dict[tuple[str, int], Committed | CorruptOffset] = {}
+    for t, p in registry.partitions("offsets"):
+        try:
+            found = registry.committed(t, p)
+        except CorruptOffset as e:
+            committed[t, p] = e
+        else:
+            if found is not None:
+                committed[t, p] = found
     rows = []
     for topic, partition in _partitions(r, members, set(owners) | set(committed)):
         owner = owners.get((topic, partition))
         c = committed.get((topic, partition))
-        lag = _lag(r, topic, partition, None if c is None else c.offset, now)
+        damage, skip, when = None, 0, None
+        if isinstance(c, CorruptOffset):
+            damage, c = c.reason, None
+        elif c is not None:
+            skip, when = c.skip, c.time_ms
+        if damage is not None or (c is not None and _stale(r, topic, c)):
+            start, end, *_ = _lag(r, topic, partition, None, now)
+            lag: Lag = (start, end, None, None, None, Status.STALE if damage is None else Status.DAMAGED)
+        else:
+            lag = _lag(r, topic, partition, None if c is None else c.position, now)
         rows.append(
             PartitionLag(
                 topic,
@@ -165,8 +212,10 @@ def describe(root: RootLike, group: str) -> GroupInfo:
                 owner.member if owner is not None and owner.member in live else None,
                 0 if owner is None else owner.generation,
                 None if c is None else c.offset,
-                None if c is None else c.time_ms,
+                when,
                 *lag,
+                skip=skip,
+                damage=damage,
             )
         )
     return GroupInfo(registry.group, [_member_info(registry, member, now) for member in members], rows)
@@ -183,7 +232,8 @@ def reset(
     dry_run: bool = False,
 ) -> list[OffsetChange]:
     """Set the group's committed offsets to the log start ("earliest"), the log end
-    ("latest"), a byte offset (one partition only: it must start a message) or the first
+    ("latest"), a byte offset or ``Position`` (one partition only: it must start a
+    message, and a position's skip be below the count of the messages there) or the first
     message at or after ``AtTime(ms)``.
 
     All partitions the group knows of (see ``describe``; topics deleted meanwhile are
@@ -206,16 +256,14 @@ def reset(
     else:
         known = set(registry.partitions("owners")) | set(registry.partitions("offsets"))  # damaged offsets too
         targets = [(t, p) for t, p in _partitions(r, members, known) if _exists(r, t, p)]
-    if isinstance(to, int) and not isinstance(to, bool) and len(targets) != 1:
+    if isinstance(to, (int, Position)) and not isinstance(to, bool) and len(targets) != 1:
         where = f"topic {topic!r}" if topic is not None else f"group {registry.group!r}"
         raise InvalidConfig(f"a byte offset ({to}) is for one partition, and {where} has {len(targets)}: give the partition")
     new = {(t, p): _target(r.log(t, p), to) for t, p in targets}
     _refuse_if_active(registry, members, force)
     changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in new.items()]
     if not dry_run:
-        who = _who("reset")
-        for change in changes:
-            registry.write_offset(change.topic, change.partition, change.new, who)
+        _write(r, registry, changes, _who("reset"))
     return changes
 
 
@@ -228,29 +276,36 @@ def delete(root: RootLike, group: str, *, force: bool = False) -> None:
 
 
 def export(root: RootLike, group: str) -> str:
-    """The group's committed offsets, one ``TOPIC PARTITION OFFSET`` line each, sorted by
-    topic and partition: what ``import_offsets`` reads.  Offsets of partitions that no
-    longer exist come as comment lines.  Raises ``GroupNotFound`` and ``CorruptState``."""
+    """The group's committed offsets, one ``TOPIC PARTITION OFFSET`` line each
+    (``OFFSET+SKIP`` inside a compressed batch), sorted by topic and partition: what
+    ``import_offsets`` reads.  Offsets of partitions that no longer exist, and of an
+    earlier creation of their topic, come as comment lines.  Raises ``GroupNotFound`` and
+    ``CorruptOffset``."""
     r = _root(root)
     lines = []
     for topic, partition, committed in _registry(r, group).offsets():
-        line = f"{topic} {partition} {committed.offset}\n"
-        lines.append(line if _exists(r, topic, partition) else f"# {line.rstrip()} (no such partition now)\n")
+        line = f"{topic} {partition} {committed.position}\n"
+        if not _exists(r, topic, partition):
+            line = f"# {line.rstrip()} (no such partition now)\n"
+        elif _stale(r, topic, committed):
+            line = f"# {line.rstrip()} (of topic {topic} before it was deleted and created again)\n"
+        lines.append(line)
     return "".join(lines)
 
 
 def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False) -> list[OffsetChange]:
     """Set the committed offsets that ``text`` gives (``export``'s format: one ``TOPIC
-    PARTITION OFFSET`` a line; blank lines and lines starting with ``#`` are skipped).
+    PARTITION OFFSET`` or ``TOPIC PARTITION OFFSET+SKIP`` a line; blank lines and lines
+    starting with ``#`` are skipped).
 
     Every line is checked before any offset is written: the partition exists, the offset
-    starts a message within the log.  Creates the group when missing.  Returns the
-    changes.  Raises ``InvalidImport`` (naming the line), ``GroupActive`` (live members,
-    unless ``force``) and ``CorruptState``.
+    starts a message within the log, a skip is below the count of the messages there.
+    Creates the group when missing.  Returns the changes.  Raises ``InvalidImport``
+    (naming the line) and ``GroupActive`` (live members, unless ``force``).
     """
     r = _root(root)
     registry = Registry(r.path, group, lock_timeout=r.lock_timeout)
-    wanted: dict[tuple[str, int], int] = {}
+    wanted: dict[tuple[str, int], Position] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -262,9 +317,7 @@ def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False
     _refuse_if_active(registry, registry.members(), force)
     changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in wanted.items()]
     ensure_dir(registry.path)
-    who = _who("import")
-    for change in changes:
-        registry.write_offset(change.topic, change.partition, change.new, who)
+    _write(r, registry, changes, _who("import"))
     return changes
 
 
@@ -300,12 +353,27 @@ def _who(action: str) -> str:
     return f"{action}@{socket.gethostname()}"
 
 
-def _old(registry: Registry, topic: str, partition: int) -> int | None:
+def _write(root: Root, registry: Registry, changes: list[OffsetChange], who: str) -> None:
+    """Write the changes' new offsets, as of their topics' current ids."""
+    for change in changes:
+        registry.write_offset(change.topic, change.partition, change.new, who, root.topic_id(change.topic))
+
+
+def _stale(root: Root, topic: str, committed: Committed) -> bool:
+    """Whether ``committed`` is of an earlier creation of ``topic`` (one written before
+    topic ids counts as of the current one)."""
+    try:
+        return bool(committed.topic_id) and committed.topic_id != root.topic_id(topic)
+    except TopicNotFound:
+        return False
+
+
+def _old(registry: Registry, topic: str, partition: int) -> Position | None:
     try:
         committed = registry.committed(topic, partition)
     except KlError:  # damaged: overwritten
         return None
-    return None if committed is None else committed.offset
+    return None if committed is None else committed.position
 
 
 def _partitions(root: Root, members: list[Member], known: set[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -332,17 +400,33 @@ def _exists(root: Root, topic: str, partition: int) -> bool:
     return True
 
 
-def _target(log: Log, to: Target) -> int:
+def _target(log: Log, to: Target) -> Position:
     if to == "earliest":
-        return log.log_start_offset
+        return Position(log.log_start_offset)
     if to == "latest":
-        return log.log_end_offset
+        return Position(log.log_end_offset)
     if isinstance(to, AtTime):
-        return log.offset_for_time(to.time_ms)
+        return Position(log.offset_for_time(to.time_ms))
+    if isinstance(to, Position):
+        return _check_position(log, to)
     if isinstance(to, int) and not isinstance(to, bool):
-        log.check_offset(to)
-        return to
-    raise InvalidConfig(f"reset to earliest, latest, a byte offset or AtTime(ms), not {to!r}")
+        return _check_position(log, Position(to))
+    raise InvalidConfig(f"reset to earliest, latest, a byte offset, a Position or AtTime(ms), not {to!r}")
+
+
+def _check_position(log: Log, position: Position) -> Position:
+    """``position`` if its offset starts a message within the log and its skip is below
+    the count of the messages there; else ``InvalidOffset``."""
+    log.check_offset(position.offset)
+    if position.skip:
+        held = sum(1 for msg in log.read(position.offset, 1) if msg.offset == position.offset)
+        if position.skip >= held:
+            where = f"{os.path.basename(os.path.dirname(log.directory))}/{os.path.basename(log.directory)}"
+            raise InvalidOffset(
+                f"position {position} of {where}: offset {position.offset} holds {held} message{'s' if held != 1 else ''},"
+                f" so none is left after skipping {position.skip}"
+            )
+    return position
 
 
 def _member_info(registry: Registry, member: Member, now: int) -> MemberInfo:
@@ -358,7 +442,7 @@ Lag = tuple[int | None, int | None, int | None, int | None, int | None, Status]
 """log start, log end, lag in messages, in bytes, in ms, status."""
 
 
-def _lag(root: Root, topic: str, partition: int, committed: int | None, now: int) -> Lag:
+def _lag(root: Root, topic: str, partition: int, committed: Position | None, now: int) -> Lag:
     try:
         log = root.log(topic, partition)
         state = log.state()
@@ -367,14 +451,16 @@ def _lag(root: Root, topic: str, partition: int, committed: int | None, now: int
     start, end = state.log_start_offset, state.log_end_offset
     if committed is None:
         return start, end, None, None, None, Status.NOT_COMMITTED
-    if committed > end:
+    if committed.offset > end:
         return start, end, None, None, None, Status.PAST_END
-    status = Status.BEFORE_START if committed < start else Status.OK
-    first = max(committed, start)
+    status = Status.BEFORE_START if committed.offset < start else Status.OK
+    first = max(committed.offset, start)
     try:
         count, stamp = _count(log, first, end)
     except TopicNotFound:
         return None, None, None, None, None, Status.GONE
+    if count is not None and first == committed.offset:
+        count = max(0, count - committed.skip)
     age = None if stamp is None else max(0, now - stamp)
     return start, end, count, end - first, age, status
 
@@ -457,14 +543,15 @@ def _inner_count(data: bytes, limit: int) -> int | None:
         return None
 
 
-def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], int]:
+def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], Position]:
     fields = line.split()
-    if len(fields) != 3 or not fields[1].isdigit() or not fields[2].isdigit():
-        raise InvalidImport(f"line {number}: expected 'TOPIC PARTITION OFFSET', got {line!r}")
-    topic, partition, offset = fields[0], int(fields[1]), int(fields[2])
+    position = parse_position(fields[2]) if len(fields) == 3 else None
+    if position is None or not fields[1].isdigit():
+        raise InvalidImport(f"line {number}: expected 'TOPIC PARTITION OFFSET' or 'TOPIC PARTITION OFFSET+SKIP', got {line!r}")
+    topic, partition = fields[0], int(fields[1])
     try:
         validate_name(topic)
-        root.log(topic, partition).check_offset(offset)
+        _check_position(root.log(topic, partition), position)
     except KlError as e:
         raise InvalidImport(f"line {number}: {e}") from None
-    return (topic, partition), offset
+    return (topic, partition), position

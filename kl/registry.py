@@ -3,7 +3,12 @@
     ROOT/.groups/GROUP/ids/HOST:UUID            a live member: its registration, locked while it lives
     ROOT/.groups/GROUP/owners/TOPIC/P           which member owns partition P, and the claim's generation
     ROOT/.groups/GROUP/owners/TOPIC/P.lock      held while a claim, release or commit of P runs
-    ROOT/.groups/GROUP/offsets/TOPIC/P          the committed offset (text, checksummed)
+    ROOT/.groups/GROUP/offsets/TOPIC/P          the committed position (text, checksummed)
+    ROOT/.groups/GROUP/offsets/TOPIC/P.damaged  a damaged offset file a member set aside
+
+A committed position is a byte offset and, inside a compressed batch, how many of the
+batch's inner messages were consumed (``Position``), with the topic id of the creation of
+the topic it was read from: an offset of another creation counts as never committed.
 
 A member is live while it holds an open file description lock on its registration file
 (the kernel drops it when the process dies; an NFS server when the host's lease runs out)
@@ -34,13 +39,13 @@ import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kl import locks
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
-from kl.topic import validate_name
+from kl.topic import GROUPS_DIR, validate_name
 
-GROUPS_DIR = ".groups"
 RELEASED = "-"
 BEAT = re.compile(rb"beat ([0-9]{16})\n")
 BEAT_AT, BEAT_WIDTH = 5, 16
@@ -48,6 +53,14 @@ BEAT_AT, BEAT_WIDTH = 5, 16
 
 class NotOwner(KlError):
     """A commit or claim by a member that no longer owns the partition (a stale generation)."""
+
+
+class CorruptOffset(CorruptState):
+    """A committed offset file is damaged: ``path`` and ``reason`` say which and how."""
+
+    def __init__(self, message: str, *, path: str, reason: str):
+        super().__init__(message)
+        self.path, self.reason = path, reason
 
 
 class GroupNotFound(KlError):
@@ -106,11 +119,36 @@ class Owner:
     generation: int
 
 
+class Position(NamedTuple):
+    """Where a group resumes: the message at byte ``offset``, after its first ``skip``
+    messages when it is a compressed batch.  Written ``OFFSET`` or ``OFFSET+SKIP``."""
+
+    offset: int
+    skip: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.offset}+{self.skip}" if self.skip else str(self.offset)
+
+
+def parse_position(text: str) -> Position | None:
+    """``OFFSET`` or ``OFFSET+SKIP`` as a ``Position``; None if it is neither."""
+    found = re.fullmatch(r"([0-9]+)(?:\+([0-9]+))?", text)
+    return None if found is None else Position(int(found[1]), int(found[2] or 0))
+
+
 @dataclass(frozen=True)
 class Committed:
     offset: int
     member: str
     time_ms: int
+    skip: int = 0
+    """Inner messages of the compressed batch at ``offset`` already consumed."""
+    topic_id: str = ""
+    """The id of the topic's creation the offset is of ("": written before topic ids)."""
+
+    @property
+    def position(self) -> Position:
+        return Position(self.offset, self.skip)
 
 
 class Registration:
@@ -267,20 +305,33 @@ class Registry:
 
     # ----------------------------------------------------------------- offsets
 
-    def commit(self, topic: str, partition: int, offset: int, member: str, generation: int) -> None:
-        """Store ``offset`` for the partition if ``member`` owns it in ``generation``;
-        raises ``NotOwner`` if it does not."""
-        with self._owned(topic, partition, member, generation, f"commit of {topic}/{partition} offset {offset}"):
-            self.write_offset(topic, partition, offset, member)
+    def commit(
+        self, topic: str, partition: int, position: Position | int, member: str, generation: int, topic_id: str = ""
+    ) -> None:
+        """Store ``position`` (of the topic's creation ``topic_id``; "": read as of the current
+        one) for the partition if ``member`` owns it in ``generation``; raises ``NotOwner`` if
+        it does not."""
+        with self._owned(topic, partition, member, generation, f"commit of {topic}/{partition} offset {position}"):
+            self.write_offset(topic, partition, position, member, topic_id)
 
-    def write_offset(self, topic: str, partition: int, offset: int, member: str) -> None:
-        """Store ``offset`` without asking who owns the partition (admin tools)."""
+    def write_offset(self, topic: str, partition: int, position: Position | int, member: str, topic_id: str = "") -> None:
+        """Store ``position`` without asking who owns the partition (admin tools)."""
         path = self._partition_path("offsets", topic, partition)
         ensure_dir(os.path.dirname(path))
-        write_atomic(path, encode_offset(Committed(offset, member, time.time_ns() // 1_000_000)))
+        at = position if isinstance(position, Position) else Position(position)
+        write_atomic(path, encode_offset(Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id)))
+
+    def set_aside(self, topic: str, partition: int) -> str:
+        """Rename a damaged offset file to ``P.damaged`` (replacing an older one); its new path."""
+        path = self._partition_path("offsets", topic, partition)
+        try:
+            os.replace(path, path + ".damaged")
+        except OSError as e:
+            raise storage_error(e, "set aside", path) from None
+        return path + ".damaged"
 
     def committed(self, topic: str, partition: int) -> Committed | None:
-        """The committed offset, or None.  Raises ``CorruptState`` for a damaged file."""
+        """The committed offset, or None.  Raises ``CorruptOffset`` for a damaged file."""
         path = self._partition_path("offsets", topic, partition)
         try:
             with open(path, "rb") as f:
@@ -292,7 +343,8 @@ class Registry:
         return decode_offset(data, path)
 
     def offsets(self) -> Iterator[tuple[str, int, Committed]]:
-        """Every committed offset: (topic, partition, committed), sorted."""
+        """Every committed offset: (topic, partition, committed), sorted.  Raises
+        ``CorruptOffset`` at a damaged file."""
         for topic, partition in self.partitions("offsets"):
             committed = self.committed(topic, partition)
             if committed is not None:
@@ -331,22 +383,41 @@ def groups(root_path: str) -> list[str]:
 
 
 def encode_offset(c: Committed) -> bytes:
-    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before."""
+    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before.
+    (A kl before ``skip`` and ``topic_id`` reads ``offset``, ``member`` and ``time`` of it.)"""
     when = datetime.datetime.fromtimestamp(c.time_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
-    body = f"offset {c.offset}\nmember {c.member}\ntime {when.replace('+00:00', 'Z')}\n".encode()
+    body = (
+        f"offset {c.offset}\nskip {c.skip}\ntopic_id {c.topic_id}\nmember {c.member}\ntime {when.replace('+00:00', 'Z')}\n"
+    ).encode()
     return body + b"crc32 %08x\n" % zlib.crc32(body)
 
 
 def decode_offset(data: bytes, path: str) -> Committed:
-    body, _, tail = data.rpartition(b"crc32 ")
+    """An offset file's record (one without ``skip`` and ``topic_id``, of an older kl, has
+    skip 0 and topic id "").  Raises ``CorruptOffset`` naming what is wrong."""
+    body, crc_line, tail = data.rpartition(b"crc32 ")
     fields = dict(line.split(" ", 1) for line in body.decode("utf-8", "replace").splitlines() if " " in line)
+    if not crc_line or not data.endswith(b"\n") or not re.fullmatch(rb"[0-9a-f]{8}\n", tail):
+        raise _damaged(path, "no checksum line at its end")
+    if int(tail, 16) != zlib.crc32(body):
+        raise _damaged(path, "its checksum does not match")
     try:
-        if int(tail.strip(), 16) != zlib.crc32(body) or not data.endswith(b"\n"):
-            raise ValueError
+        offset, skip = int(fields["offset"]), int(fields.get("skip", "0"))
         when = datetime.datetime.fromisoformat(fields["time"].replace("Z", "+00:00"))
-        return Committed(int(fields["offset"]), fields["member"], int(when.timestamp() * 1000))
-    except (ValueError, KeyError):
-        raise CorruptState(f"damaged committed offset file {path}: reset it with 'kl groups reset'") from None
+        member = fields["member"]
+    except KeyError as e:
+        raise _damaged(path, f"no {e.args[0]} line") from None
+    except ValueError as e:
+        raise _damaged(path, f"an unreadable field: {e}") from None
+    if offset < 0 or skip < 0:
+        raise _damaged(path, f"a negative offset ({offset}+{skip})")
+    return Committed(offset, member, int(when.timestamp() * 1000), skip, fields.get("topic_id", "").strip())
+
+
+def _damaged(path: str, reason: str) -> CorruptOffset:
+    return CorruptOffset(
+        f"damaged committed offset file {path} ({reason}): reset it with 'kl groups reset'", path=path, reason=reason
+    )
 
 
 def _read_owner(path: str) -> Owner:

@@ -31,6 +31,9 @@ from kl.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.state import STATE_FILE, PartitionState, deleted_record
 
+GROUPS_DIR = ".groups"
+"""Consumer groups' files under the root (kl/registry.py)."""
+
 LOCKS_DIR = ".locks"
 CONFIG_LOCK = "config.lock"
 """``ROOT/.locks/TOPIC/config.lock``: held while a topic of an older kl is given its id."""
@@ -291,8 +294,10 @@ class Root:
         return TopicInfo(name, config, partitions)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data (its lock files stay).  Waits for appends in
-        progress by taking every partition lock first.  Raises ``TopicNotFound``."""
+        """Delete a topic and its data (its lock files stay), then every group's committed
+        offsets of it (what a member commits meanwhile stays, of the old topic id: stale).
+        Waits for appends in progress by taking every partition lock first.  Raises
+        ``TopicNotFound``."""
         config = self.config(name)
         path = self.topic_path(name)
         with contextlib.ExitStack() as held:
@@ -309,6 +314,9 @@ class Root:
                 raise storage_error(e, "delete topic", path) from None
             shutil.rmtree(doomed)
         self.forget(name)
+        groups = os.path.join(self.path, GROUPS_DIR)
+        for group in os.listdir(groups) if os.path.isdir(groups) else []:
+            shutil.rmtree(os.path.join(self.path, GROUPS_DIR, group, "offsets", name), ignore_errors=True)
 
     def forget(self, name: str) -> None:
         """Drop cached configs and logs of ``name`` (after it was deleted or recreated)."""

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import pytest
 
 import kl
+from kl import groups
 from kl.registry import Committed, Registry, decode_offset, encode_offset
 
 from conftest import active_segment, flip_byte, write_each
@@ -357,9 +359,11 @@ def test_dead_members_registrations_are_cleaned_up(root, tmp_path):
 
 
 def test_offset_file_is_text_and_checked(root):
-    data = encode_offset(Committed(1234, "h:u", 1_700_000_000_000))
-    assert data.startswith(b"offset 1234\nmember h:u\ntime 2023-11-14T22:13:20.000Z\ncrc32 ")
-    assert decode_offset(data, "f") == Committed(1234, "h:u", 1_700_000_000_000)
+    data = encode_offset(Committed(1234, "h:u", 1_700_000_000_000, 7, "Id"))
+    assert data.startswith(b"offset 1234\nskip 7\ntopic_id Id\nmember h:u\ntime 2023-11-14T22:13:20.000Z\ncrc32 ")
+    assert decode_offset(data, "f") == Committed(1234, "h:u", 1_700_000_000_000, 7, "Id")
+    body = b"offset 1234\nmember h:u\ntime 2023-11-14T22:13:20.000Z\n"  # an older kl's: of the topic's current id
+    assert decode_offset(body + b"crc32 %08x\n" % zlib.crc32(body), "f") == Committed(1234, "h:u", 1_700_000_000_000)
     with pytest.raises(kl.CorruptState, match="damaged committed offset"):
         decode_offset(data.replace(b"1234", b"1235"), "f")
     with pytest.raises(kl.CorruptState):
@@ -394,7 +398,7 @@ Registry({root.path!r}, "g").write_offset("t", 0, 200, "new")
         assert registry.committed("t", 0).offset == 200
 
 
-def test_a_deleted_topic_is_let_go_and_a_damaged_offset_file_is_named(root):
+def test_a_deleted_topic_is_let_go(root):
     root.create_topic("a")
     root.create_topic("b")
     produce(root, "a", 10)
@@ -404,12 +408,6 @@ def test_a_deleted_topic_is_let_go_and_a_damaged_offset_file_is_named(root):
         kl.Producer(root).send("b", b"after")
         assert [r.value for r in iter_all(iter(consumer))] == [b"after"]
         wait_for(lambda: consumer.assignment() == {"b": [0]}, what="a to be let go")
-    offsets = os.path.join(root.path, ".groups", "g", "offsets", "b", "0")
-    with open(offsets, "r+b") as f:
-        f.write(b"offset 9")
-    with kl.GroupConsumer(root, "g", ["b"]) as consumer:
-        with pytest.raises(kl.CorruptState, match="damaged committed offset file .*kl groups reset"):
-            next(iter(consumer))
 
 
 def test_a_member_whose_registration_went_away_joins_again(root):
@@ -469,3 +467,133 @@ def test_damage_stops_a_member_or_is_stepped_over_with_skip_corrupt(root):
             [b.messages for b in consumer.batches(values_only=True)]
     with kl.GroupConsumer(root, "h", ["t"], skip_corrupt=True) as consumer:
         assert [v for b in consumer.batches(values_only=True) for v in b.messages] == [b"first", b"third"]
+
+
+# ----------------------------------------------------------------- issue 16: committed offsets
+
+
+def test_a_touched_or_edited_topic_json_keeps_the_group_where_it_was(root):
+    """Issue 16, repro 1: touching topic.json dropped every committed offset of a running member."""
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    with kl.GroupConsumer(root, "g", ["t"], start="latest", poll_interval=0.05, session_timeout=2) as consumer:
+        values = produce(root, "t", 100)
+        config = os.path.join(root.topic_path("t"), "topic.json")
+        later = os.stat(config).st_mtime_ns + 5_000_000_000
+        os.utime(config, ns=(later, later))
+        with open(config, "rb") as f:
+            data = f.read()
+        with open(config + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(config + ".tmp", config)  # an edit: another file, the same topic
+        consumer._poll()  # a coordinator round, now
+        assert sorted(r.value.decode() for r in iter_all(iter(consumer))) == sorted(values)
+
+
+def test_a_topic_deleted_and_created_again_does_not_inherit_the_groups_offsets(root):
+    """Issue 16, repro 2: the old offsets outlived the topic and skipped the new one's start."""
+    root.create_topic("t")
+    produce(root, "t", 100)
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        assert len(iter_all(iter(consumer))) == 100
+        consumer.commit()
+    root.delete_topic("t")
+    assert not os.path.exists(os.path.join(root.path, ".groups", "g", "offsets", "t"))
+    root.create_topic("t")
+    values = produce(root, "t", 300)
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        assert [r.value.decode() for r in iter_all(iter(consumer))] == values
+        consumer.commit()
+    assert Registry(root.path, "g").committed("t", 0).topic_id == root.topic_id("t")
+
+
+def test_an_offset_of_an_earlier_creation_counts_as_never_committed(root, caplog):
+    root.create_topic("t")
+    values = produce(root, "t", 30)
+    registry = Registry(root.path, "g")
+    registry.write_offset("t", 0, root.log("t", 0).log_end_offset, "old-member", "AnEarlierTopicId000000")
+    with kl.GroupConsumer(root, "g", ["t"], start="earliest") as consumer:
+        assert [r.value.decode() for r in iter_all(iter(consumer))] == values
+    warnings = [r.getMessage() for r in caplog.records if "created again" in r.getMessage()]
+    assert len(warnings) == 1 and "group g: the committed offset of t/0 is of a topic t deleted" in warnings[0]
+    assert registry.committed("t", 0).topic_id == root.topic_id("t")
+    registry.write_offset("t", 0, 0, "kl-of-before-topic-ids")  # no id: of the topic as it is
+    with kl.GroupConsumer(root, "g", ["t"], start="latest") as consumer:
+        assert len(iter_all(iter(consumer))) == 30
+
+
+@pytest.mark.parametrize("damage", ["garbage", "out of range"])
+def test_an_unusable_offset_under_reset_fail_blocks_its_partition_until_reset(root, damage):
+    """Issue 16, repro 3: the first run failed, and its close committed over the damage."""
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 40)
+    registry = Registry(root.path, "g")
+    path = os.path.join(registry.path, "offsets", "t", "0")
+    if damage == "garbage":
+        os.makedirs(os.path.dirname(path))
+        with open(path, "wb") as f:
+            f.write(b"garbage\n")
+        error: type[Exception] = kl.CorruptState
+    else:
+        registry.write_offset("t", 0, 10**9, "admin")
+        error = kl.OffsetOutOfRange
+    with open(path, "rb") as f:
+        before = f.read()
+    for _ in range(2):  # every run, the same
+        with kl.GroupConsumer(root, "g", ["t"], reset="fail", auto_commit_interval=0) as consumer:
+            stream = iter(consumer)
+            messages = []
+            for _ in range(3):  # every poll
+                with pytest.raises(error) as raised:
+                    messages += [r.partition for r in iter_all(stream)]
+            assert 0 not in messages
+            consumer.commit()
+        with open(path, "rb") as f:
+            assert f.read() == before
+    groups.reset(root, "g", "earliest", topic="t", partition=0)
+    with kl.GroupConsumer(root, "g", ["t"], reset="fail") as consumer:
+        assert len(iter_all(iter(consumer))) == 40
+    assert str(raised.value).count("\n") == 0
+
+
+def test_a_damaged_offset_file_under_reset_earliest_is_kept_aside_and_reported(root, caplog):
+    root.create_topic("t")
+    values = produce(root, "t", 30)
+    registry = Registry(root.path, "g")
+    path = os.path.join(registry.path, "offsets", "t", "0")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(b"offset 9")
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        assert [r.value.decode() for r in iter_all(iter(consumer))] == values
+        consumer.commit()
+    with open(path + ".damaged", "rb") as f:
+        assert f.read() == b"offset 9"
+    [warning] = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert f"{path} is damaged (no checksum line at its end), kept as {path}.damaged; going on from the earliest" in warning
+    assert registry.committed("t", 0).offset == root.log("t", 0).log_end_offset
+
+
+def test_commits_inside_a_compressed_batch_resume_after_the_last_message_handed_out(root):
+    """Issue 16, repro 4: a position inside a compressed batch was committed as the batch's start."""
+    root.create_topic("t")
+    values = [b"%d" % i for i in range(1, 1001)]
+    kl.Producer(root, compression="zstd").send_batch("t", values)
+    got: list[bytes] = []
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        got += [r.value for _, r in zip(range(7), consumer, strict=False)]
+        consumer.commit()
+    assert Registry(root.path, "g").committed("t", 0).position == (0, 7)
+    for values_only in (False, True, True):  # three runs of kl consume -c 100
+        with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+            for batch in consumer.batches(values_only=values_only, max_messages=100):
+                got += [v if values_only else v.value for v in batch.messages]  # type: ignore[union-attr]
+            consumer.commit()
+    assert got == values[:307]
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:  # auto-commit of what was consumed, message by message
+        stream = iter(consumer)
+        got += [next(stream).value for _ in range(5)]
+    assert Registry(root.path, "g").committed("t", 0).position == (0, 311)  # the 5th was handed out, not consumed
+    with kl.GroupConsumer(root, "g", ["t"]) as consumer:
+        got += [v for batch in consumer.batches(values_only=True) for v in batch.messages]  # type: ignore[misc]
+    assert got[:311] + got[312:] == values
+    assert Registry(root.path, "g").committed("t", 0).position == (root.log("t", 0).log_end_offset, 0)

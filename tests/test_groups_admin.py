@@ -18,7 +18,7 @@ import kl
 from kl import groups
 from kl import message as m
 from kl.groups import AtTime, OffsetChange, Status
-from kl.registry import Registry
+from kl.registry import Position, Registry
 from kl.retention import retain
 from kl_cli.main import cli
 
@@ -49,6 +49,11 @@ def commit(root: kl.Root, group: str, topic: str, partition: int, offset: int) -
 def committed(root: kl.Root, group: str, topic: str, partition: int) -> int | None:
     found = Registry(root.path, group).committed(topic, partition)
     return None if found is None else found.offset
+
+
+def change(topic: str, partition: int, old: int | None, new: int) -> OffsetChange:
+    """A change between offsets outside compressed batches."""
+    return OffsetChange(topic, partition, None if old is None else Position(old), Position(new))
 
 
 def run(root: kl.Root, *args: str, input: str | None = None):
@@ -177,10 +182,12 @@ def test_a_deleted_topic_is_flagged_skipped_by_reset_and_commented_out_by_export
     write(root, "u", [b"u"])
     commit(root, "g", "u", 0, 0)
     root.delete_topic("t")
+    assert [(p.topic, p.partition) for p in groups.describe(root, "g").partitions] == [("u", 0)]  # its offsets went with it
+    commit(root, "g", "t", 0, events[4])  # as a member that committed while it was deleted would
     info = groups.describe(root, "g")
     assert [(p.topic, p.partition, p.status) for p in info.partitions] == [("t", 0, Status.GONE), ("u", 0, Status.OK)]
     assert row(info, "t", 0).committed == events[4] and row(info, "t", 0).log_end_offset is None
-    assert groups.reset(root, "g", "latest") == [OffsetChange("u", 0, 0, root.log("u", 0).log_end_offset)]
+    assert groups.reset(root, "g", "latest") == [change("u", 0, 0, root.log("u", 0).log_end_offset)]
     assert groups.export(root, "g") == f"# t 0 {events[4]} (no such partition now)\nu 0 {root.log('u', 0).log_end_offset}\n"
     with pytest.raises(kl.TopicNotFound):
         groups.reset(root, "g", "earliest", topic="t")
@@ -188,16 +195,26 @@ def test_a_deleted_topic_is_flagged_skipped_by_reset_and_commented_out_by_export
     assert result.exit_code == 0 and f"t      0          -      {events[4]}" in result.stdout and "topic deleted" in result.stdout
 
 
-def test_a_damaged_offset_file_is_one_error_and_reset_overwrites_it(root, events):
+def test_a_damaged_offset_file_is_a_row_of_its_own_and_reset_overwrites_it(root, events):
+    """Issue 16 (6a): describe lists every partition, the damaged one marked, and exits 1."""
     path = Path(root.path, ".groups", "g", "offsets", "t", "0")
     path.write_bytes(path.read_bytes().replace(b"offset 1", b"offset 9"))
-    with pytest.raises(kl.CorruptState, match="damaged committed offset file .*offsets/t/0: reset it"):
-        groups.describe(root, "g")
+    commit(root, "g", "t", 1, 0)
+    info = groups.describe(root, "g")
+    assert [(p.partition, p.status, p.damage) for p in info.partitions] == [
+        (0, Status.DAMAGED, "its checksum does not match"),
+        (1, Status.OK, None),
+    ]
+    assert row(info, "t", 0).log_end_offset == events[10] and row(info, "t", 0).committed is None
     result = run(root, "describe", "g")
-    assert (result.exit_code, result.stdout, result.stderr.count("\n")) == (1, "", 1)
-    assert result.stderr.startswith(f"Error: damaged committed offset file {path}")
-    assert run(root, "export", "g").exit_code == 1
-    assert groups.reset(root, "g", "earliest") == [OffsetChange("t", 0, None, 0), OffsetChange("t", 1, None, 0)]
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert "damaged: its checksum does not match" in result.stdout and "t      1          -      0" in result.stdout
+    assert result.stderr == "Error: group g: damaged committed offset file of t/0: reset it with 'kl groups reset'\n"
+    as_json = run(root, "describe", "g", "--json")
+    assert as_json.exit_code == 1 and '"damage": "its checksum does not match"' in as_json.stdout
+    export = run(root, "export", "g")
+    assert export.exit_code == 1 and export.stderr.startswith(f"Error: damaged committed offset file {path} (its checksum")
+    assert groups.reset(root, "g", "earliest") == [change("t", 0, None, 0), change("t", 1, 0, 0)]
     assert committed(root, "g", "t", 0) == 0
 
 
@@ -211,19 +228,19 @@ def test_a_live_member_is_described_blocks_changes_until_forced_and_goes_when_ki
     assert (seen.id, seen.pid, seen.subscription) == (one.id, one.process.pid, {"topics": ["t"]})
     assert seen.host == one.id.split(":")[0] and seen.since_ms <= now_ms() and seen.beat_age_ms >= 0
     assert [(p.partition, p.owner, p.generation) for p in info.partitions] == [(0, None, 0), (1, one.id, 1)]
-    for change in (
+    for attempt in (
         lambda **kw: groups.reset(root, "g", "latest", **kw),
         lambda **kw: groups.reset(root, "g", "latest", dry_run=True, **kw),
         lambda **kw: groups.delete(root, "g", **kw),
         lambda **kw: groups.import_offsets(root, "g", "t 0 0\n", **kw),
     ):
         with pytest.raises(kl.GroupActive, match=rf"group 'g' has 1 live member \(.* pid {one.process.pid}\): stop it first"):
-            change()
+            attempt()
     assert committed(root, "g", "t", 0) == events[4]
     result = run(root, "reset", "g", "--to", "latest")
     assert (result.exit_code, result.stderr.count("\n")) == (1, 1) and "live member" in result.stderr
 
-    assert groups.reset(root, "g", "latest", force=True)[0] == OffsetChange("t", 0, events[4], events[10])
+    assert groups.reset(root, "g", "latest", force=True)[0] == change("t", 0, events[4], events[10])
     assert committed(root, "g", "t", 0) == events[10]
 
     registration = Path(root.path, ".groups", "g", "ids", one.id)
@@ -262,20 +279,20 @@ def test_delete_with_force_while_a_member_lives(root, events, member):
 
 def test_reset_to_earliest_latest_and_a_time(root, events):
     commit(root, "g", "t", 1, 0)
-    assert groups.reset(root, "g", "earliest") == [OffsetChange("t", 0, events[4], 0), OffsetChange("t", 1, 0, 0)]
-    assert groups.reset(root, "g", "latest", topic="t", partition=0) == [OffsetChange("t", 0, 0, events[10])]
+    assert groups.reset(root, "g", "earliest") == [change("t", 0, events[4], 0), change("t", 1, 0, 0)]
+    assert groups.reset(root, "g", "latest", topic="t", partition=0) == [change("t", 0, 0, events[10])]
     later = write_each(root, "t", [b"new"], timestamp=now_ms())[0]
     assert groups.reset(root, "g", AtTime(now_ms() - HOUR // 2), topic="t") == [
-        OffsetChange("t", 0, events[10], later),
-        OffsetChange("t", 1, 0, 0),
+        change("t", 0, events[10], later),
+        change("t", 1, 0, 0),
     ]
-    assert groups.reset(root, "g", AtTime(0), topic="t", partition=0) == [OffsetChange("t", 0, later, 0)]
+    assert groups.reset(root, "g", AtTime(0), topic="t", partition=0) == [change("t", 0, later, 0)]
     assert committed(root, "g", "t", 0) == 0
     assert Registry(root.path, "g").committed("t", 0).member.startswith("reset@")
 
 
 def test_reset_to_a_byte_offset(root, events):
-    assert groups.reset(root, "g", events[7], topic="t", partition=0) == [OffsetChange("t", 0, events[4], events[7])]
+    assert groups.reset(root, "g", events[7], topic="t", partition=0) == [change("t", 0, events[4], events[7])]
     with pytest.raises(kl.InvalidOffset, match=f"offset {events[7] + 1} is not the start of a message"):
         groups.reset(root, "g", events[7] + 1, topic="t", partition=0)
     with pytest.raises(kl.OffsetOutOfRange):
@@ -299,8 +316,8 @@ def test_reset_checks_its_arguments_before_writing(root, events):
     with pytest.raises(kl.InvalidConfig, match="not 'first'"):
         groups.reset(root, "g", "first")  # type: ignore[arg-type]
     assert groups.reset(root, "g", "earliest", dry_run=True) == [
-        OffsetChange("t", 0, events[4], 0),
-        OffsetChange("t", 1, None, 0),
+        change("t", 0, events[4], 0),
+        change("t", 1, None, 0),
     ]
     assert committed(root, "g", "t", 0) == events[4] and committed(root, "g", "t", 1) is None
 
@@ -313,7 +330,7 @@ def test_export_and_import_round_trip(root, events):
     text = groups.export(root, "g")
     assert text == f"t 0 {events[4]}\nt 1 0\n"
     changes = groups.import_offsets(root, "copy", "# saved\n\n" + text + "   \n")
-    assert changes == [OffsetChange("t", 0, None, events[4]), OffsetChange("t", 1, None, 0)]
+    assert changes == [change("t", 0, None, events[4]), change("t", 1, None, 0)]
     assert groups.export(root, "copy") == text
     assert groups.list_groups(root) == ["copy", "g"]
     assert Registry(root.path, "copy").committed("t", 0).member.startswith("import@")
@@ -321,8 +338,8 @@ def test_export_and_import_round_trip(root, events):
 
 def test_import_into_an_existing_group_changes_the_lines_given(root, events):
     assert groups.import_offsets(root, "g", f"t 1 0\nt 0 {events[9]}\n") == [
-        OffsetChange("t", 1, None, 0),
-        OffsetChange("t", 0, events[4], events[9]),
+        change("t", 1, None, 0),
+        change("t", 0, events[4], events[9]),
     ]
     assert groups.import_offsets(root, "empty", "# nothing\n") == []
     assert groups.list_groups(root) == ["empty", "g"]
@@ -331,7 +348,7 @@ def test_import_into_an_existing_group_changes_the_lines_given(root, events):
 @pytest.mark.parametrize(
     "line, error",
     [
-        ("t 0", "expected 'TOPIC PARTITION OFFSET', got 't 0'"),
+        ("t 0", "expected 'TOPIC PARTITION OFFSET' or"),
         ("t 0 x", "expected 'TOPIC PARTITION OFFSET'"),
         ("t -1 0", "expected 'TOPIC PARTITION OFFSET'"),
         ("nope 0 0", "topic 'nope' does not exist"),
@@ -399,6 +416,8 @@ def test_cli_describe_json(root, events):
         "lag_bytes": events[10] - events[4],
         "lag_ms": 0,
         "status": "ok",
+        "skip": 0,
+        "damage": None,
     }
     assert obj["partitions"][1]["status"] == "not committed"
 
