@@ -95,3 +95,107 @@ def test_group_options_are_checked(four):
     expected = b"Error: topic 'nope' does not exist in " + four.path.encode()
     assert (missing.returncode, missing.stderr.splitlines()[-1]) == (1, expected)
     assert not os.path.exists(os.path.join(four.path, ".groups", "g", "ids")) or Registry(four.path, "g").members() == []
+
+
+# ----------------------------------------------------------------- issue 16: committed offsets
+
+
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def line_count(path: str) -> int:
+    with open(path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+def test_a_lagging_member_loses_nothing_when_topic_json_is_touched(root, tmp_path):
+    """Issue 16, repro 1: 162,551 of 200,000 messages lost after a touch of topic.json."""
+    root.create_topic("t")
+    out = str(tmp_path / "out")
+    args = [*KL, "--root", root.path, "consume", "t", "--group", "g", "--follow", "--start", "latest"]
+    with open(out, "wb") as f:
+        member = subprocess.Popen(args, stdout=f)
+    try:
+        wait_until(lambda: Registry(root.path, "g").owner("t", 0).member is not None, "the member to own t/0")
+        member.send_signal(signal.SIGSTOP)
+        try:
+            lines = "".join(f"{i}\n" for i in range(1, 100_001)).encode()
+            assert kl_run(root, "produce", "t", input=lines).returncode == 0
+            os.utime(os.path.join(root.topic_path("t"), "topic.json"))  # what any edit of its retention does
+        finally:
+            member.send_signal(signal.SIGCONT)
+        wait_until(lambda: line_count(out) >= 100_000, "every message")
+        member.send_signal(signal.SIGTERM)
+        assert member.wait(timeout=30) == 0
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
+    with open(out, "rb") as f:
+        assert f.read() == lines
+    assert Registry(root.path, "g").committed("t", 0).offset == root.log("t", 0).log_end_offset
+
+
+def test_a_topic_deleted_and_created_again_is_read_from_its_start(root):
+    """Issue 16, repro 2: 2,000 of 3,000 delivered, the first 1,000 skipped silently."""
+    root.create_topic("t")
+    assert kl_run(root, "produce", "t", input=b"".join(b"old%d\n" % i for i in range(1000))).returncode == 0
+    assert len(kl_run(root, "consume", "t", "--group", "g").stdout.splitlines()) == 1000
+    assert kl_run(root, "topics", "delete", "t").returncode == 0
+    assert kl_run(root, "topics", "create", "t").returncode == 0
+    new = b"".join(b"new%d\n" % i for i in range(3000))
+    assert kl_run(root, "produce", "t", input=new).returncode == 0
+    second = kl_run(root, "consume", "t", "--group", "g")
+    assert (second.returncode, second.stdout, second.stderr) == (0, new, b"")
+
+
+def test_a_damaged_offset_under_reset_fail_fails_every_run_until_reset(root):
+    """Issue 16, repro 3: the second run printed all 1,000 messages again, exit 0."""
+    root.create_topic("t")
+    values = b"".join(b"%d\n" % i for i in range(1000))
+    assert kl_run(root, "produce", "t", input=values).returncode == 0
+    assert kl_run(root, "consume", "t", "--group", "g", "-c", "10").returncode == 0
+    path = os.path.join(root.path, ".groups", "g", "offsets", "t", "0")
+    with open(path, "wb") as f:
+        f.write(b"garbage\n")
+    runs = [kl_run(root, "consume", "t", "--group", "g", "--reset", "fail") for _ in range(2)]
+    expected = f"Error: damaged committed offset file {path} (no checksum line at its end): reset it with 'kl groups reset'\n"
+    assert [(r.returncode, r.stdout, r.stderr.decode()) for r in runs] == [(1, b"", expected)] * 2
+    with open(path, "rb") as f:
+        assert f.read() == b"garbage\n"
+    assert kl_run(root, "groups", "reset", "g", "--to", "earliest").returncode == 0
+    after = kl_run(root, "consume", "t", "--group", "g", "--reset", "fail")
+    assert (after.returncode, after.stdout) == (0, values)
+
+
+def test_the_default_policy_reports_a_damaged_offset_and_keeps_it_aside(root):
+    root.create_topic("t")
+    values = b"".join(b"%d\n" % i for i in range(100))
+    assert kl_run(root, "produce", "t", input=values).returncode == 0
+    path = os.path.join(root.path, ".groups", "g", "offsets", "t", "0")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(b"garbage\n")
+    first = kl_run(root, "consume", "t", "--group", "g")
+    assert (first.returncode, first.stdout) == (0, values)
+    assert first.stderr.decode() == (
+        f"Warning: group g: the committed offset of t/0: {path} is damaged (no checksum line at its end),"
+        f" kept as {path}.damaged; going on from the earliest offset 0\n"
+    )
+    with open(path + ".damaged", "rb") as f:
+        assert f.read() == b"garbage\n"
+    assert kl_run(root, "consume", "t", "--group", "g").stdout == b""
+
+
+def test_count_moves_on_inside_a_compressed_batch(root):
+    """Issue 16, repro 4: three runs of -c 100 gave the same 100 messages three times."""
+    root.create_topic("t")
+    assert kl_run(root, "produce", "t", "-z", "zstd", input=b"".join(b"%d\n" % i for i in range(1, 1001))).returncode == 0
+    runs = [kl_run(root, "consume", "t", "--group", "g", "-c", "100") for _ in range(3)]
+    assert [r.returncode for r in runs] == [0, 0, 0]
+    assert b"".join(r.stdout for r in runs) == b"".join(b"%d\n" % i for i in range(1, 301))
+    assert kl_run(root, "groups", "export", "g").stdout == b"t 0 0+300\n"
