@@ -158,6 +158,35 @@ def test_lag_counts_the_messages_inside_compressed_batches_and_no_padding(root):
     assert 5 * HOUR <= p0.lag_ms < 6 * HOUR  # the oldest is the batch's first message, not the padding
 
 
+def test_positions_inside_a_compressed_batch_in_describe_reset_export_and_import(root):
+    """Issue 16, point 4: OFFSET+SKIP is understood wherever a committed offset is."""
+    root.create_topic("t")
+    write(root, "t", [b"a"])
+    batch = root.log("t", 0).log_end_offset
+    write(root, "t", [b"z%d" % i for i in range(50)], compression="zstd")
+    after = root.log("t", 0).log_end_offset
+    commit(root, "g", "t", 0, 0)
+    assert groups.reset(root, "g", Position(batch, 20), topic="t", partition=0) == [
+        OffsetChange("t", 0, Position(0), Position(batch, 20))
+    ]
+    p0 = row(groups.describe(root, "g"), "t", 0)
+    assert (p0.committed, p0.skip, p0.position, p0.lag_messages) == (batch, 20, Position(batch, 20), 30)
+    assert f"t      0          -      {batch}+20" in run(root, "describe", "g").stdout
+    assert groups.export(root, "g") == f"t 0 {batch}+20\n"
+    result = run(root, "reset", "g", "--to", f"{batch}+49", "--topic", "t", "-p", "0")
+    assert (result.exit_code, result.stdout) == (0, f"t/0: {batch}+20 -> {batch}+49\n")
+    for bad, held in ((f"{batch}+50", "50 messages"), ("0+1", "1 message,")):
+        result = run(root, "reset", "g", "--to", bad, "--topic", "t", "-p", "0")
+        assert result.exit_code == 1 and f"Error: position {bad} of t/0: offset" in result.stderr and held in result.stderr
+        result = run(root, "import", "h", input=f"t 0 {bad}\n")
+        assert result.exit_code == 1 and result.stderr.startswith(f"Error: line 1: position {bad} of t/0")
+    assert groups.import_offsets(root, "h", f"t 0 {batch}+7\n") == [OffsetChange("t", 0, None, Position(batch, 7))]
+    with kl.GroupConsumer(root, "h", ["t"]) as consumer:
+        assert [v for b in consumer.batches(values_only=True) for v in b.messages] == [b"z%d" % i for i in range(7, 50)]
+        consumer.commit()
+    assert groups.export(root, "h") == f"t 0 {after}\n"
+
+
 def test_lag_of_an_offset_retention_deleted(root):
     root.create_topic("t", kl.TopicConfig(segment_bytes=200, max_message_bytes=100))
     offsets = write_each(root, "t", [b"x" * 50 for _ in range(12)])
