@@ -35,7 +35,7 @@ from kl.log import EARLIEST, LATEST, Log
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
-from kl.registry import GroupActive, GroupNotFound, InvalidImport, NotOwner
+from kl.registry import CorruptOffset, GroupActive, GroupNotFound, InvalidImport, NotOwner
 from kl.remote import RemoteConsumer, RemoteProducer
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
@@ -44,6 +44,7 @@ __all__ = [
     "Batch",
     "Consumer",
     "CorruptMessage",
+    "CorruptOffset",
     "CorruptState",
     "DEFAULT_MAX_BYTES",
     "EARLIEST",

@@ -532,7 +532,7 @@ def test_an_unusable_offset_under_reset_fail_blocks_its_partition_until_reset(ro
         os.makedirs(os.path.dirname(path))
         with open(path, "wb") as f:
             f.write(b"garbage\n")
-        error: type[Exception] = kl.CorruptState
+        error: type[Exception] = kl.CorruptOffset
     else:
         registry.write_offset("t", 0, 10**9, "admin")
         error = kl.OffsetOutOfRange
