@@ -273,11 +273,16 @@ class GroupConsumer:
     joins at once and is read by iterating over it or with ``batches()``.  Given neither,
     it joins when ``create_message_streams`` or ``create_message_streams_by_filter`` is called.
 
-    A partition without a committed offset starts at ``start`` ("earliest" or "latest");
-    a committed offset that retention deleted meanwhile goes by ``reset`` ("earliest",
-    "latest" or "fail": ``OffsetOutOfRange`` from the stream).  With ``auto_commit`` the
-    consumed messages' offsets are committed every ``auto_commit_interval`` seconds, when
-    a partition moves to another member, and by ``close()``.
+    A partition without a committed offset, or with one of an earlier creation of its
+    topic (another topic id: logged), starts at ``start`` ("earliest" or "latest").  A
+    committed offset that cannot be used goes by ``reset``: out of the log (retention
+    deleted it) or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
+    "latest" go on from the log start or end with a warning; "fail" blocks the partition:
+    every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
+    is committed over it.  With ``auto_commit`` the consumed messages' offsets are
+    committed every ``auto_commit_interval`` seconds, when a partition moves to another
+    member, and by ``close()``; inside a compressed batch a commit is of the position
+    after the last message (``kl.registry.Position``).
 
     ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
     """
