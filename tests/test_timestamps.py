@@ -265,3 +265,47 @@ def test_a_0_7_topic_takes_json_lines_whose_timestamp_is_null(root):
     root.create_topic("old", kl.TopicConfig(format="0.7"))
     result = run(root, "produce", "old", "--json", input=json.dumps({"value": "x", "timestamp": None}) + "\n")
     assert result.exit_code == 0, result.output
+
+
+# ----------------------------------------------------------------- reading old data with such stamps (kl.spark.arrow)
+
+
+def with_bad_stamps(root: kl.Root, topic: str, compressed: bool = False) -> None:
+    """Messages stamped 1000, year 10000, int64's largest and 2000, appended as older kl
+    versions (or other writers) could: past the producer's check."""
+    from kl.messageset import frame, wrap
+
+    stamps = [1000, 253402300800000, 9223372036854775807, 2000]
+    data = b"".join(frame([b"m%d" % i], ts) for i, ts in enumerate(stamps))
+    if compressed:
+        data = wrap(data, kl.message.CODEC_GZIP, 2000)
+    root.log(topic, 0).append(data, len(stamps))
+
+
+def arrow_stamps(root: kl.Root, topic: str, policy: str) -> list:
+    arrow = pytest.importorskip("kl.spark.arrow")
+    from kl.spark.ranges import Range
+
+    r = Range(topic, 0, 0, root.log(topic, 0).log_end_offset)
+    batches = list(arrow.read_range(root, r, bad_timestamps=policy))
+    return [ts.value // 1000 if ts.is_valid else None for b in batches for ts in b.column("timestamp")]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_read_fails_naming_the_message_with_a_stamp_out_of_range(root, topic, compressed):
+    with_bad_stamps(root, topic, compressed)
+    offset = 0 if compressed else 24
+    with pytest.raises(kl.InvalidTimestamp) as e:
+        arrow_stamps(root, topic, "fail")
+    assert str(e.value) == (
+        f"topic {topic!r} partition 0 offset {offset}: timestamp 253402300800000 is outside the range kl stores, "
+        f"{MIN_TIMESTAMP} to {MAX_TIMESTAMP} ms since the epoch (years 1 to 9999, what Spark and Parquet can hold); "
+        "read it with kl load --bad-timestamps clamp or null (the kl source's option badTimestamps)"
+    )
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_read_clamps_or_nulls_a_stamp_out_of_range_never_wraps_it(root, topic, compressed):
+    with_bad_stamps(root, topic, compressed)
+    assert arrow_stamps(root, topic, "clamp") == [1000, MAX_TIMESTAMP, MAX_TIMESTAMP, 2000]
+    assert arrow_stamps(root, topic, "null") == [1000, None, None, 2000]
