@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from pyspark.errors import PythonException
 
 import kl
-from kl.recovery import recover
 from kl.messageset import frame
+from kl.recovery import recover
 from kl.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings

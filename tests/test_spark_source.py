@@ -337,9 +337,12 @@ def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_c
     assert "topic 'far' partition 0 offset 23: timestamp 9223372036854775807 is outside the range kl stores" in error_of(
         lambda: read(spark, root, topics="far").collect()
     )
-    assert [r.ts for r in read(spark, root, topics="far", badTimestamps="null").selectExpr("unix_millis(timestamp) as ts").collect()] == [1000, None]
-    clamped = read(spark, root, topics="far", badTimestamps="clamp").selectExpr("unix_millis(timestamp) as ts").collect()
-    assert [r.ts for r in clamped] == [1000, kl.message.MAX_TIMESTAMP]
+    def stamps(policy: str) -> list[int | None]:
+        df = read(spark, root, topics="far", badTimestamps=policy)
+        return [r.ts for r in df.selectExpr("unix_millis(timestamp) as ts").collect()]
+
+    assert stamps("null") == [1000, None]
+    assert stamps("clamp") == [1000, kl.message.MAX_TIMESTAMP]
     assert "option badTimestamps must be one of fail, clamp, null, not 'wrap'" in error_of(
         lambda: read(spark, root, topics="far", badTimestamps="wrap").collect()
     )
