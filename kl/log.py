@@ -411,8 +411,8 @@ class Log:
         of format 0.7 has none: there it is the start of the first segment whose file was
         last modified at or after ``time_ms`` (the log end if there is none).  Segments
         deleted by retention meanwhile are looked for again; raises ``OffsetOutOfRange``
-        only when the start keeps moving."""
-        attempts = 3
+        only when the start moves on during each of 10 tries."""
+        attempts = 10
         for attempt in range(attempts):
             state = self.state()
             segments = self.segments(state)

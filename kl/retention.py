@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from kl import timeindex
-from kl.errors import CorruptMessage
+from kl.errors import CorruptMessage, OffsetOutOfRange
 from kl.log import DELETED_SUFFIX, Log, SegmentInfo
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _newest_ms(log: Log, segment: SegmentInfo, *, keep: bool) -> int | None:
         return mtime
     try:
         summary = log.time_summary(segment, keep=keep)
-    except FileNotFoundError:
+    except (FileNotFoundError, OffsetOutOfRange):  # deleted meanwhile (only a dry run takes no lock)
         return None
     except CorruptMessage as e:
         logger.warning("%s: dating it by its file time: %s", segment.path, e)
@@ -120,11 +120,16 @@ def _newest_ms(log: Log, segment: SegmentInfo, *, keep: bool) -> int | None:
 
 
 def _set_aside(directory: str, cutoff: float) -> list[os.DirEntry[str]]:
-    """Segments set aside at or before ``cutoff`` (by their change time)."""
+    """Segments set aside at or before ``cutoff`` (by their change time); those another
+    run unlinks meanwhile are left out."""
+    found = []
     with os.scandir(directory) as entries:
-        return [
-            e for e in entries if e.name.endswith(DELETED_SUFFIX) and e.stat(follow_symlinks=False).st_ctime <= cutoff
-        ]
+        for entry in entries:
+            if entry.name.endswith(DELETED_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.stat(follow_symlinks=False).st_ctime <= cutoff:
+                        found.append(entry)
+    return found
 
 
 def _unlink_set_aside(directory: str, cutoff: float) -> tuple[int, int]:

@@ -118,6 +118,42 @@ def test_the_summary_record_round_trips_and_says_when_there_is_no_timestamp():
     assert summary.newest is None
 
 
+def _churn(root_path: str, stop) -> None:
+    """Append out-of-order stamps and retain after every append, until ``stop``."""
+    root = kl.Root(root_path)
+    producer = kl.Producer(root)
+    i = 0
+    while not stop.is_set():
+        producer.send_batch("churn", [b"m%09d" % i], partition=0, timestamp=1000 + (i * 7919) % 100_000)
+        retain(root.log("churn", 0), max_age_ms=0, max_bytes=300, delete_delay=0)
+        i += 1
+    producer.close()
+
+
+def test_offset_for_time_racing_retain_in_other_processes_never_fails(root):
+    import multiprocessing
+
+    root.create_topic("churn", THREE)
+    write_each(root, "churn", [b"m%09d" % i for i in range(9)], timestamp=1000)
+    stop = multiprocessing.Event()
+    workers = [multiprocessing.Process(target=_churn, args=(root.path, stop)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    log = root.log("churn", 0)
+    try:
+        deadline = time.monotonic() + 3
+        lookups = 0
+        while time.monotonic() < deadline:
+            offset = log.offset_for_time(50_000)
+            assert offset % 32 == 0
+            lookups += 1
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert lookups > 100 and log.state().log_start_offset > 0
+
+
 # ----------------------------------------------------------------- retention
 
 
