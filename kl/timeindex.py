@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from kl.errors import StorageError
-from kl.fsutil import write_atomic
+from kl.fsutil import storage_error, write_atomic
 from kl.message import Message
 from kl.segment import parse_name
 
@@ -126,10 +126,13 @@ def write(segment_path: str, summary: TimeSummary) -> bool:
 
 def remove(segment_path: str) -> bool:
     """Remove a segment's summary; False when there was none."""
+    path = summary_path(segment_path)
     try:
-        os.unlink(summary_path(segment_path))
+        os.unlink(path)
     except FileNotFoundError:
         return False
+    except OSError as e:
+        raise storage_error(e, "remove", path) from None
     return True
 
 
