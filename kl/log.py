@@ -61,6 +61,8 @@ DELETED_SUFFIX = ".deleted"
 """Segments below the log start are renamed with it, then unlinked after a delay."""
 READ_CHUNK = 1 << 20
 """Bytes read at a time by scans of whole segments."""
+TIME_LOOKUP_TRIES = 10
+"""Times ``offset_for_time`` looks again when retention deleted a segment under it."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -411,29 +413,29 @@ class Log:
         of format 0.7 has none: there it is the start of the first segment whose file was
         last modified at or after ``time_ms`` (the log end if there is none).  Segments
         deleted by retention meanwhile are looked for again; raises ``OffsetOutOfRange``
-        only when the start moves on during each of 10 tries."""
-        attempts = 10
-        for attempt in range(attempts):
-            state = self.state()
-            segments = self.segments(state)
-            if self.config.legacy:
-                for segment in segments:
-                    mtime = self.mtime_ms(segment)
-                    if mtime is not None and mtime >= time_ms:
-                        return segment.base_offset
-                return state.log_end_offset
-            try:
-                return self._first_at_or_after(state, segments, time_ms)
-            except (OffsetOutOfRange, FileNotFoundError):
-                if attempt == attempts - 1:
-                    raise
-        raise AssertionError("unreachable")
+        only when the start moves on during each of ``TIME_LOOKUP_TRIES``."""
+        for _ in range(TIME_LOOKUP_TRIES - 1):
+            with contextlib.suppress(OffsetOutOfRange):
+                return self._offset_for_time(time_ms)
+        return self._offset_for_time(time_ms)
 
-    def _first_at_or_after(self, state: PartitionState, segments: list[SegmentInfo], time_ms: int) -> int:
+    def _offset_for_time(self, time_ms: int) -> int:
+        state = self.state()
+        segments = self.segments(state)
+        if self.config.legacy:
+            for segment in segments:
+                mtime = self.mtime_ms(segment)
+                if mtime is not None and mtime >= time_ms:
+                    return segment.base_offset
+            return state.log_end_offset
         for info in segments:
             end = state.log_end_offset
             if info.base_offset < state.active_base_offset:
-                newest = self.time_summary(info).newest
+                try:
+                    newest = self.time_summary(info).newest
+                except FileNotFoundError:  # deleted by retention: OffsetOutOfRange, and look again
+                    self._check_range(info.base_offset, self.state())
+                    raise TopicNotFound(f"segment {info.path} disappeared") from None
                 if newest is None or newest < time_ms:
                     continue
                 end = info.base_offset + info.size_in_bytes
