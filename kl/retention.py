@@ -64,11 +64,17 @@ def retain(
     max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
     now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(log.directory)
+    dated: dict[int, int | None] = {}
+    if max_age_ms:  # closed segments never change: date them before taking the lock (a first scan may be long)
+        dated = {s.base_offset: _newest_ms(log, s, keep=not dry_run) for s in log.segments()[:-1]}
     with contextlib.nullcontext() if dry_run else log.locked():
         segments = log.segments()
         total = sum(s.size_in_bytes for s in segments)
         for segment in segments[:-1]:  # the active segment is never a candidate
-            newest = _newest_ms(log, segment, keep=not dry_run) if max_age_ms else None
+            newest = None
+            if max_age_ms:  # a segment closed since it was dated is dated now
+                base = segment.base_offset
+                newest = dated[base] if base in dated else _newest_ms(log, segment, keep=not dry_run)
             if max_age_ms and newest is not None and now_ms - newest > max_age_ms:
                 report.reasons.append(f"older than {max_age_ms} ms (newest message {newest})")
             elif max_bytes and total > max_bytes:

@@ -20,7 +20,7 @@ from kl.recovery import recover
 from kl.retention import retain
 from kl_cli.main import cli
 
-from conftest import write_each
+from conftest import partition_locked_elsewhere, write_each
 
 DAY_MS = 86_400_000
 NOW = time.time_ns() // 1_000_000
@@ -346,3 +346,11 @@ def test_a_read_clamps_or_nulls_a_stamp_out_of_range_never_wraps_it(root, topic,
     with_bad_stamps(root, topic, compressed)
     assert arrow_stamps(root, topic, "clamp") == [1000, MAX_TIMESTAMP, MAX_TIMESTAMP, 2000]
     assert arrow_stamps(root, topic, "null") == [1000, None, None, 2000]
+
+
+def test_retain_dates_segments_before_it_takes_the_partition_lock(root):
+    log = stamped(root, [1000, 9000, 2000, 3000, 4000, 4500, 6000])
+    log.lock_timeout = 0.2
+    with partition_locked_elsewhere(root.path, "ts", 0), pytest.raises(kl.LockTimeout):
+        retain(log, max_age_ms=DAY_MS, max_bytes=0)
+    assert summaries(log) == ["00000000000000000000.kl.time", "00000000000000000096.kl.time"]
