@@ -65,6 +65,13 @@ from kl_cli.common import aligned, get_root
     help="value as bytes, as text (UTF-8), or as text parsed from JSON into the columns of --schema.",
 )
 @click.option("--schema", metavar="DDL", help="The columns of JSON values, as Spark DDL: 'user string, n int'.")
+@click.option(
+    "--bad-timestamps",
+    type=click.Choice(("fail", "clamp", "null")),  # kl.spark.arrow.BAD_TIMESTAMPS, not imported before Spark is needed
+    default="fail",
+    show_default=True,
+    help="A timestamp outside the years 1 to 9999: exit 1 naming the message, clamp it into the range, or load it as null.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the planned ranges; change nothing, start no Spark.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per partition on stdout.")
 @click.option("--wait", is_flag=True, help="Wait for another kl load on DIR to finish instead of exiting 1.")
@@ -82,6 +89,7 @@ def load(
     granularity: str,
     value_format: str,
     schema: str | None,
+    bad_timestamps: str,
     dry_run: bool,
     as_json: bool,
     wait: bool,
@@ -116,7 +124,15 @@ def load(
 
         with _progress() as progress:
             reports = run_load(
-                root, output, list(topics), limits=limits, settings=settings, master=master, wait=wait, progress=progress
+                root,
+                output,
+                list(topics),
+                limits=limits,
+                settings=settings,
+                master=master,
+                wait=wait,
+                progress=progress,
+                bad_timestamps=bad_timestamps,
             )
     for report in reports:
         _summary(report)

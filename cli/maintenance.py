@@ -355,6 +355,7 @@ def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run:
         "deleted_bytes": report.deleted_bytes,
         "log_start_offset": start,
         "unlinked": report.unlinked,
+        "unlinked_bytes": report.unlinked_bytes,
     }
 
 
@@ -369,7 +370,8 @@ def _retention_line(row: dict) -> str:
     else:
         summary = f"nothing to delete; log starts at {row['log_start_offset']}"
     if row["unlinked"]:
-        summary += f"; unlinked {_plural(row['unlinked'], 'set-aside segment')}"
+        unlinked = "would unlink" if row["dry_run"] else "unlinked"
+        summary += f"; {unlinked} {_plural(row['unlinked'], 'set-aside segment')} ({_plural(row['unlinked_bytes'], 'byte')})"
     return "\n".join(lines + [f"{where}: {summary}"])
 
 
@@ -379,7 +381,7 @@ def _retention_cells(row: dict) -> dict[str, str]:
         "would delete" if row["dry_run"] else "deleted": "\n".join(d["segment"] for d in row["deleted"]) or "-",
         "bytes": f"{row['deleted_bytes']:,}",
         "log start": str(row["log_start_offset"]),
-        "unlinked": str(row["unlinked"]),
+        "would unlink" if row["dry_run"] else "unlinked": f"{row['unlinked']} ({row['unlinked_bytes']:,} bytes)",
     }
 
 

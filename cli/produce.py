@@ -27,7 +27,7 @@ from typing import IO, Any
 import click
 
 import kl
-from kl.message import HEADER_SIZE
+from kl.message import HEADER_SIZE, timestamp_problem
 from kl.producer import DEFAULT_BATCH_BYTES
 from kl.remote import RemoteRoot
 from kl_cli.common import (
@@ -43,7 +43,6 @@ from kl_cli.common import (
 )
 
 JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64"}
-INT64 = range(-(1 << 63), 1 << 63)
 Record = tuple[bytes | None, bytes, int | None, int | None]
 """key, value, timestamp, partition of a JSON-lines record."""
 PROGRESS_MIN_BYTES = 4 << 20
@@ -371,8 +370,10 @@ def _parse_json(line: bytes, topic: str, partitions: int | None) -> Record:
         if obj.get(name) is not None and (type(obj[name]) is not int or obj[name] < 0):
             raise BadRecord(f"{name!r} must be a byte offset (a whole number >= 0), not {obj[name]!r}")
     timestamp = obj.get("timestamp")
-    if timestamp is not None and (type(timestamp) is not int or timestamp not in INT64):
+    if timestamp is not None and type(timestamp) is not int:
         raise BadRecord(f"'timestamp' must be milliseconds since the epoch, not {timestamp!r}")
+    if timestamp is not None and (problem := timestamp_problem(timestamp)) is not None:
+        raise BadRecord(f"'timestamp': {problem}")
     partition = obj.get("partition")
     if partition is not None and (type(partition) is not int or partition < 0):
         raise BadRecord(f"'partition' must be a whole number >= 0, not {partition!r}")

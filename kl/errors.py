@@ -67,6 +67,10 @@ class FormatMismatch(KlError):
     """A message the topic's format cannot store: a key or zstd for a Kafka 0.7 topic."""
 
 
+class InvalidTimestamp(KlError):
+    """A timestamp outside the range kl stores (``message.MIN_TIMESTAMP`` to ``MAX_TIMESTAMP``)."""
+
+
 class InvalidMessageSet(KlError):
     """A message set received for appending fails a check (see ``messageset.validate_set``)."""
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from kl import flusher, locks
+from kl import flusher, locks, timeindex
 from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import (
     CorruptMessage,
@@ -41,7 +41,7 @@ from kl.errors import (
     TopicNotFound,
 )
 from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, storage_error
-from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
+from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
 from kl.state import BOOT_ID, STATE_FILE, PartitionState, StateFile, read_state, write_state
@@ -59,6 +59,10 @@ LOST_LOCK = (
 )
 DELETED_SUFFIX = ".deleted"
 """Segments below the log start are renamed with it, then unlinked after a delay."""
+READ_CHUNK = 1 << 20
+"""Bytes read at a time by scans of whole segments."""
+TIME_LOOKUP_TRIES = 10
+"""Times ``offset_for_time`` looks again when retention deleted a segment under it."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -402,10 +406,20 @@ class Log:
             return None
 
     def offset_for_time(self, time_ms: int) -> int:
-        """The offset of the first message with a timestamp at or after ``time_ms``
-        (the log end if there is none).  Assumes timestamps rise within the partition.
-        A topic of format 0.7 has none: there it is the start of the first segment whose
-        file was last modified at or after ``time_ms`` (the log end if there is none)."""
+        """The offset of the first message, in log order, with a timestamp at or after
+        ``time_ms`` (the log end if there is none), whatever order the timestamps are in:
+        Kafka's ``offsetsForTimes``.  Closed segments whose largest timestamp (their time
+        summary, see ``time_summary``) is below ``time_ms`` are skipped unread.  A topic
+        of format 0.7 has none: there it is the start of the first segment whose file was
+        last modified at or after ``time_ms`` (the log end if there is none).  Segments
+        deleted by retention meanwhile are looked for again; raises ``OffsetOutOfRange``
+        only when the start moves on during each of ``TIME_LOOKUP_TRIES``."""
+        for _ in range(TIME_LOOKUP_TRIES - 1):
+            with contextlib.suppress(OffsetOutOfRange):
+                return self._offset_for_time(time_ms)
+        return self._offset_for_time(time_ms)
+
+    def _offset_for_time(self, time_ms: int) -> int:
         state = self.state()
         segments = self.segments(state)
         if self.config.legacy:
@@ -414,22 +428,51 @@ class Log:
                 if mtime is not None and mtime >= time_ms:
                     return segment.base_offset
             return state.log_end_offset
-        start = segments[0].base_offset if segments else state.log_start_offset
-        for segment in segments:
-            ts = self.first_timestamp(segment)
-            if ts is not None and ts <= time_ms:
-                start = segment.base_offset
-        offset = start
-        while offset < state.log_end_offset:
-            messages = self.read(offset, 1 << 20)
-            progressed = False
-            for msg in messages:
+        for info in segments:
+            end = state.log_end_offset
+            if info.base_offset < state.active_base_offset:
+                try:
+                    newest = self.time_summary(info).newest
+                except FileNotFoundError:  # deleted by retention: OffsetOutOfRange, and look again
+                    self._check_range(info.base_offset, self.state())
+                    raise TopicNotFound(f"segment {info.path} disappeared") from None
+                if newest is None or newest < time_ms:
+                    continue
+                end = info.base_offset + info.size_in_bytes
+            for msg in self.messages(info.base_offset, end):
                 if msg.timestamp is not None and msg.timestamp >= time_ms:
                     return msg.offset
+        return state.log_end_offset
+
+    def messages(self, start: int, end: int) -> Iterator[Message]:
+        """Every message from ``start`` (a message boundary) up to ``end``, read a
+        megabyte at a time; the inner messages of a compressed batch one by one."""
+        offset = start
+        while offset < end:
+            progressed = False
+            for msg in self.read(offset, min(READ_CHUNK, end - offset)):
+                if msg.offset >= end:
+                    return
+                yield msg
                 offset, progressed = msg.next_offset, True
             if not progressed:
-                break
-        return offset
+                return
+
+    def time_summary(self, info: SegmentInfo, *, keep: bool = True) -> timeindex.TimeSummary:
+        """A closed segment's time summary: the one kept beside it when it still names
+        the segment as it is, or else worked out by a scan (and kept, unless ``keep`` is
+        False; see ``kl.timeindex``).
+        Raises ``FileNotFoundError`` when the segment is gone, ``OffsetOutOfRange`` when
+        it is below the log start and ``CorruptMessage`` when it is damaged."""
+        stat = os.stat(info.path, follow_symlinks=False)
+        found = timeindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns)
+        if found is not None:
+            return found
+        messages = self.messages(info.base_offset, info.base_offset + stat.st_size)
+        summary = timeindex.TimeSummary.of(info.base_offset, stat.st_size, stat.st_mtime_ns, messages)
+        if keep:
+            timeindex.write(info.path, summary)
+        return summary
 
     def offset_back(self, count: int) -> int:
         """The offset from which the last ``count`` messages can be read (the log start

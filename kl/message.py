@@ -41,6 +41,10 @@ LEGACY_HEADER_SIZE = PAYLOAD_OFFSET_V1
 MIN_LENGTH = (5, 6, HEADER_SIZE - LENGTH_SIZE)
 """Smallest valid ``length`` field for magic 0, 1 and 2."""
 NO_KEY = -1
+MIN_TIMESTAMP = -62135596800000
+"""0001-01-01T00:00:00Z in milliseconds: the earliest timestamp kl stores (Python's ``datetime``)."""
+MAX_TIMESTAMP = 253402300799999
+"""9999-12-31T23:59:59.999Z: the latest one; as Spark's microseconds (int64) both ends fit easily."""
 
 CODEC_MASK = 0x07
 CODEC_NONE = 0
@@ -81,6 +85,16 @@ class Message(NamedTuple):
     timestamp: int | None
     key: bytes | None
     value: bytes
+
+
+def timestamp_problem(timestamp: int) -> str | None:
+    """Why ``timestamp`` cannot be stored (outside the years 1 to 9999), or None."""
+    if MIN_TIMESTAMP <= timestamp <= MAX_TIMESTAMP:
+        return None
+    return (
+        f"timestamp {timestamp} is outside the range kl stores, {MIN_TIMESTAMP} to {MAX_TIMESTAMP} ms since the epoch "
+        "(years 1 to 9999, what Spark and Parquet can hold)"
+    )
 
 
 def crc_of(magic: int, attrs: int, body: bytes | memoryview) -> int:

@@ -53,7 +53,15 @@ from typing import NamedTuple
 
 from kl import message as m
 from kl.config import TopicConfig
-from kl.errors import FormatMismatch, InvalidConfig, MessageTooLarge, ProducerClosed, QueueFull, TopicNotFound
+from kl.errors import (
+    FormatMismatch,
+    InvalidConfig,
+    InvalidTimestamp,
+    MessageTooLarge,
+    ProducerClosed,
+    QueueFull,
+    TopicNotFound,
+)
 from kl.log import Log
 from kl.messageset import frame, frame_v1, wrap, wrap_v1
 from kl.topic import Root
@@ -196,6 +204,8 @@ class Producer:
         first sent to), ``TopicNotFound`` for a topic not sent to before, ``QueueFull``
         and ``ProducerClosed``; other errors come later (see the module docstring).
         """
+        if timestamp is not None:
+            _check_timestamp(timestamp)
         if self.linger_ms is None:
             return self._send_now(topic, value, key, partition, timestamp, callback)
         queue = self._queue
@@ -209,8 +219,9 @@ class Producer:
                 if len(queue) > self._wake_at:
                     self._slow(value)
                 return None
-        if len(value) > self._rooms.get(topic, -1) or key is not None:
-            self._admit(topic, len(value) + m.HEADER_SIZE + (0 if key is None else len(key)), key is not None)
+        if len(value) > self._rooms.get(topic, -1) or key is not None or timestamp is not None:
+            size = len(value) + m.HEADER_SIZE + (0 if key is None else len(key))
+            self._admit(topic, size, key is not None, timestamp is not None)
         plain = plain and self._owner in (None, threading.get_ident())
         if plain and self._owner is None:
             with self._cond:
@@ -251,7 +262,7 @@ class Producer:
         log = self.root.log(topic, partition)
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         if log.config.legacy:
-            _raise(self._mismatch(topic, log.config, key is not None))
+            _raise(self._mismatch(topic, log.config, key is not None, timestamp is not None))
             data = m.encode_v1(value)
         else:
             data = m.encode(value, key, ts)
@@ -274,16 +285,19 @@ class Producer:
         Without, the appends go to ``partition``, or else in turn to every partition,
         starting from the one the partitioner picks.  Every message is checked against
         the topic's size limit before any is written.  A topic of format 0.7 takes no
-        keys and no zstd (``FormatMismatch``) and stores no timestamp.
+        keys, no timestamp and no zstd (``FormatMismatch``).  A timestamp outside the
+        years 1 to 9999 raises ``InvalidTimestamp`` (see ``message.MIN_TIMESTAMP``).
         """
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"{len(values)} values but {len(keys)} keys")
         if not values:
             return []
+        if timestamp is not None:
+            _check_timestamp(timestamp)
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         config = self.root.config(topic)
         if config.legacy:
-            _raise(self._mismatch(topic, config, keys is not None and keys.count(None) != len(keys)))
+            _raise(self._mismatch(topic, config, keys is not None and keys.count(None) != len(keys), timestamp is not None))
         if keys is not None and partition is None:
             groups = self._group(topic, values, keys)
             for vals, ks in groups.values():
@@ -350,12 +364,12 @@ class Producer:
                 if _discard(self._queue, item):
                     raise QueueFull(f"the queue held {self.queue_size} messages for {timeout} s (queue_timeout)")
 
-    def _admit(self, topic: str, size: int, keyed: bool = False) -> None:
+    def _admit(self, topic: str, size: int, keyed: bool = False, timed: bool = False) -> None:
         """send()'s size and format checks, and ``TopicNotFound`` for a topic it has not seen."""
         config = self.root.config(topic)
         limit = config.max_message_bytes
         if config.legacy:
-            _raise(self._mismatch(topic, config, keyed))
+            _raise(self._mismatch(topic, config, keyed, timed))
         if size > limit:
             raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
         self._rooms[topic] = limit - m.HEADER_SIZE
@@ -650,17 +664,20 @@ class Producer:
             ks.append(key)
         return groups
 
-    def check_format(self, topic: str, *, keyed: bool = False) -> None:
+    def check_format(self, topic: str, *, keyed: bool = False, timed: bool = False) -> None:
         """Raise ``FormatMismatch`` when ``topic`` cannot store what this producer would
-        send it: keys (when ``keyed``) or zstd in a topic of format 0.7."""
-        _raise(self._mismatch(topic, self.root.config(topic), keyed))
+        send it: keys (when ``keyed``), timestamps (when ``timed``) or zstd in a topic of
+        format 0.7."""
+        _raise(self._mismatch(topic, self.root.config(topic), keyed, timed))
 
-    def _mismatch(self, topic: str, config: TopicConfig, keyed: bool) -> FormatMismatch | None:
-        """What a topic of format 0.7 cannot store of these messages: a key, zstd."""
+    def _mismatch(self, topic: str, config: TopicConfig, keyed: bool, timed: bool = False) -> FormatMismatch | None:
+        """What a topic of format 0.7 cannot store of these messages: a key, a timestamp, zstd."""
         if not config.legacy:
             return None
         if keyed:
             return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which have no key")
+        if timed:
+            return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which have no timestamp")
         if self.codec == m.CODEC_ZSTD:
             return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which cannot be compressed with zstd (use gzip)")
         return None
@@ -709,7 +726,8 @@ class Producer:
                 if not self._refreshed(topic):
                     raise
                 rest = None if keys is None else keys[start:]
-                return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=ts)
+                again = None if config.legacy else ts  # a 0.7 topic's messages have none to keep
+                return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=again)
             out.append(Appended(topic, target, offset, offset + size, stop - start))
         return out
 
@@ -748,6 +766,12 @@ def _frame(config: TopicConfig, values: Sequence[bytes], ts: int, keys: Sequence
     if config.legacy:
         return frame_v1(values)
     return frame(values, ts, keys)
+
+
+def _check_timestamp(timestamp: int) -> None:
+    problem = m.timestamp_problem(timestamp)
+    if problem is not None:
+        raise InvalidTimestamp(problem)
 
 
 def _raise(error: Exception | None) -> None:

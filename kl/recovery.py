@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kl.errors import CorruptState
+from kl import timeindex
+from kl.errors import CorruptMessage, CorruptState
 from kl.fsutil import fsync_dir, storage_error
 from kl.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.messageset import Corruption, Kind
-from kl.segment import Damage, Segment, list_segments, padding_min, segment_name, segment_path
+from kl.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
 from kl.state import BOOT_ID, PartitionState
 from kl.state import SIZE as STATE_SIZE
 
@@ -39,6 +40,8 @@ Progress = Callable[[int], None]
 """Called with the number of bytes just checked."""
 Reporter = Callable[["Finding"], None]
 """Called with each finding as it is made (leveldb's ``Reporter``), before the report is done."""
+TIME_SUMMARY = "TIME_SUMMARY"
+"""The kind of a finding about a segment's time summary."""
 _WOULD = {"cut": "would cut", "removed": "would remove", "rebuilt": "would rebuild", "set aside": "would set aside"}
 
 
@@ -116,6 +119,7 @@ class _Check:
         segments = self._segments(state)
         for segment, following in itertools.pairwise(segments):
             self._check_closed(segment, following.base_offset)
+        self._check_time_summaries(segments[:-1])
         if segments:
             self._check_active(state, segments[-1])
         elif self.act:
@@ -220,6 +224,28 @@ class _Check:
                 damages = _size_damage(segment, size, expected)
             for damage in list(damages):
                 self._damaged(segment, damage, active=False)
+
+    def _check_time_summaries(self, closed: list[SegmentInfo]) -> None:
+        """A closed segment's time summary (``kl.timeindex``) must name the segment as
+        it is: a damaged or stale one is rebuilt (a missing one is made when first
+        needed), and one of no closed segment is removed."""
+        log = self.log
+        for path in timeindex.orphans(log.directory, {s.base_offset for s in closed}):
+            base = parse_name(os.path.basename(path).removesuffix(timeindex.SUFFIX)) or 0
+            self.find(base, path, "time summary of no closed segment", self.would("removed"), TIME_SUMMARY)
+            if self.act:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        for info in closed:
+            path = timeindex.summary_path(info.path)
+            stat = os.stat(info.path, follow_symlinks=False)
+            if not os.path.lexists(path) or timeindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns):
+                continue
+            self.find(info.base_offset, path, "time summary is damaged or stale", self.would("rebuilt"), TIME_SUMMARY)
+            if self.act:
+                timeindex.remove(info.path)
+                with contextlib.suppress(CorruptMessage):  # made when first needed once the segment is mended
+                    log.time_summary(info)
 
     # ----------------------------------------------------------------- the active segment
 

@@ -1,11 +1,13 @@
 """Deleting old data one whole segment at a time (``kl retain``).
 
-A segment's age comes from the data: the timestamp of the first message of the segment
-after it, which is no older than any message it holds (file times are used only where
-messages carry none, as in magic 0 and 1).  So ``cp`` or ``rsync`` of a topic neither
-makes old data immortal nor expires young data.  A topic of format 0.7 stores no
-timestamps: there a segment's age is its file's modification time, as Kafka 0.7 did.
-The active segment is never deleted.
+A segment's age comes from the data: its newest message, the largest timestamp in it
+(Kafka's rule), whatever order the timestamps came in.  It is kept per closed segment
+in a time summary (``kl.timeindex``), worked out by a scan the first time and believed
+only while it still names the segment as it is.  So ``cp`` or ``rsync`` of a topic
+neither makes old data immortal nor expires young data.  Messages without a timestamp
+(magic 0 and 1) are dated by the segment file's modification time; a topic of format
+0.7 stores no timestamps at all: there a segment's age is its file's modification
+time, as Kafka 0.7 did.  The active segment is never deleted.
 
 Deletion is done in steps so readers are never disturbed (PITFALLS, "Deletion while
 reading"): the new log start is published first, so readers asking for older offsets get
@@ -17,12 +19,16 @@ would otherwise get ESTALE).
 from __future__ import annotations
 
 import contextlib
-import itertools
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 
+from kl import timeindex
+from kl.errors import CorruptMessage, OffsetOutOfRange
 from kl.log import DELETED_SUFFIX, Log, SegmentInfo
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_DELETE_DELAY = 60.0
 __all__ = ["DELETED_SUFFIX", "DEFAULT_DELETE_DELAY", "RetentionReport", "retain"]
@@ -35,7 +41,8 @@ class RetentionReport:
     reasons: list[str] = field(default_factory=list)
     log_start_offset: int = 0
     unlinked: int = 0
-    """Segments set aside by earlier runs and now removed for good."""
+    """Segments set aside and now removed for good (with ``dry_run``: that would be)."""
+    unlinked_bytes: int = 0
 
     @property
     def deleted_bytes(self) -> int:
@@ -57,11 +64,17 @@ def retain(
     max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
     now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(log.directory)
+    dated: dict[int, int | None] = {}
+    if max_age_ms:  # closed segments never change: date them before taking the lock (a first scan may be long)
+        dated = {s.base_offset: _newest_ms(log, s, keep=not dry_run) for s in log.segments()[:-1]}
     with contextlib.nullcontext() if dry_run else log.locked():
         segments = log.segments()
         total = sum(s.size_in_bytes for s in segments)
-        for segment, following in itertools.pairwise(segments):  # the active segment is never a candidate
-            newest = _newest_ms(log, segment, following)
+        for segment in segments[:-1]:  # the active segment is never a candidate
+            newest = None
+            if max_age_ms:  # a segment closed since it was dated is dated now
+                base = segment.base_offset
+                newest = dated[base] if base in dated else _newest_ms(log, segment, keep=not dry_run)
             if max_age_ms and newest is not None and now_ms - newest > max_age_ms:
                 report.reasons.append(f"older than {max_age_ms} ms (newest message {newest})")
             elif max_bytes and total > max_bytes:
@@ -74,26 +87,63 @@ def retain(
         if report.deleted and not dry_run:
             report.log_start_offset = segments[len(report.deleted)].base_offset
             log.delete_segments(report.deleted, report.log_start_offset)
-    if not dry_run:
-        report.unlinked = _unlink_set_aside(log.directory, delete_delay)
+            for segment in report.deleted:
+                timeindex.remove(segment.path)  # a cache: nobody reads it through an open handle
+    cutoff = time.time() - delete_delay
+    if dry_run:  # what the real run would unlink: old set-aside files, and at once what it sets aside now
+        set_aside = [(e.path, e.stat(follow_symlinks=False).st_size) for e in _set_aside(log.directory, cutoff)]
+        if delete_delay <= 0:
+            set_aside += [(s.path, s.size_in_bytes) for s in report.deleted]
+        report.unlinked, report.unlinked_bytes = len(set_aside), sum(size for _, size in set_aside)
+    else:
+        report.unlinked, report.unlinked_bytes = _unlink_set_aside(log.directory, cutoff)
+        bases = {s.base_offset for s in segments[len(report.deleted) :]}
+        for path in timeindex.orphans(log.directory, bases):  # written by a reader racing a deletion
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     return report
 
 
-def _newest_ms(log: Log, segment: SegmentInfo, following: SegmentInfo) -> int | None:
-    """An upper bound on the timestamps in ``segment``: the next segment's first one, or
-    without timestamps (format 0.7, magic 0 and 1) the segment file's modification time."""
-    newest = None if log.config.legacy else log.first_timestamp(following)
-    return log.mtime_ms(segment) if newest is None else newest
+def _newest_ms(log: Log, segment: SegmentInfo, *, keep: bool) -> int | None:
+    """When the newest message of a closed segment was stamped: its largest timestamp
+    (see ``Log.time_summary``), or the file's modification time where some or all of
+    its messages carry none (format 0.7, magic 0 and 1) or they cannot be read.
+    ``keep`` keeps a summary worked out afresh (not in a dry run, which changes nothing)."""
+    mtime = log.mtime_ms(segment)
+    if log.config.legacy:
+        return mtime
+    try:
+        summary = log.time_summary(segment, keep=keep)
+    except (FileNotFoundError, OffsetOutOfRange):  # deleted meanwhile (only a dry run takes no lock)
+        return None
+    except CorruptMessage as e:
+        logger.warning("%s: dating it by its file time: %s", segment.path, e)
+        return mtime
+    newest = summary.newest
+    if summary.untimed_messages or newest is None:
+        return mtime if newest is None or mtime is None else max(newest, mtime)
+    return newest
 
 
-def _unlink_set_aside(directory: str, delay: float) -> int:
-    """Remove segments set aside at least ``delay`` seconds ago (by their change time)."""
-    removed = 0
-    cutoff = time.time() - delay
+def _set_aside(directory: str, cutoff: float) -> list[os.DirEntry[str]]:
+    """Segments set aside at or before ``cutoff`` (by their change time); those another
+    run unlinks meanwhile are left out."""
+    found = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.name.endswith(DELETED_SUFFIX) and entry.stat(follow_symlinks=False).st_ctime <= cutoff:
+            if entry.name.endswith(DELETED_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed += 1
-    return removed
+                    if entry.stat(follow_symlinks=False).st_ctime <= cutoff:
+                        found.append(entry)
+    return found
+
+
+def _unlink_set_aside(directory: str, cutoff: float) -> tuple[int, int]:
+    """Remove segments set aside at or before ``cutoff``: (how many, their bytes)."""
+    removed = freed = 0
+    for entry in _set_aside(directory, cutoff):
+        with contextlib.suppress(FileNotFoundError):
+            size = entry.stat(follow_symlinks=False).st_size
+            os.unlink(entry.path)
+            removed, freed = removed + 1, freed + size
+    return removed, freed

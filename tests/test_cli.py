@@ -616,7 +616,8 @@ def test_closed_stdin_is_one_error_line(kl_root):
         ('{"value": "v", "next_offset": -3}', "'next_offset' must be a byte offset (a whole number >= 0), not -3"),
         (
             '{"value": "v", "timestamp": 9223372036854775808}',
-            "'timestamp' must be milliseconds since the epoch, not 9223372036854775808",
+            "'timestamp': timestamp 9223372036854775808 is outside the range kl stores, -62135596800000 to 253402300799999 "
+            "ms since the epoch (years 1 to 9999, what Spark and Parquet can hold)",
         ),
     ],
 )

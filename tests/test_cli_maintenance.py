@@ -397,7 +397,8 @@ def small_topic(kl_root: str, count: int = 100, timestamp: int | None = None) ->
 
 
 def segments(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name != "state")
+    """The partition's files but its state and the segments' time summaries."""
+    return sorted(p.name for p in directory.iterdir() if p.name != "state" and not p.name.endswith(".time"))
 
 
 def test_retain_by_size_deletes_the_oldest_segments(kl_root):
@@ -434,7 +435,7 @@ def test_retain_by_age_uses_message_timestamps_and_keeps_the_active_segment(kl_r
     [line0, _, line2, summary, *_] = out(kl_root, "retain", "--max-age", "20d", "--delete-delay", "0")
     assert line0.startswith("t/0: deleted 00000000000000000000.kl (1024 bytes): older than 1728000000 ms")
     assert line2.startswith("t/0: deleted 00000000000000002048.kl (1024 bytes): older than 1728000000 ms")
-    assert summary == "t/0: deleted 3 segments (3072 bytes); log starts at 3072; unlinked 3 set-aside segments"
+    assert summary == "t/0: deleted 3 segments (3072 bytes); log starts at 3072; unlinked 3 set-aside segments (3072 bytes)"
     assert segments(directory) == ["00000000000000003072.kl"]  # the active one, old messages and all
     assert (Path(kl_root) / ".locks" / "t" / "0.lock").exists()
     assert consume(kl_root) == [b"m%09d".decode() % i for i in range(96, 103)]
@@ -462,7 +463,7 @@ def test_retain_delete_delay_unlinks_what_earlier_runs_set_aside(kl_root):
     out(kl_root, "retain", "--max-bytes", "2500")
     assert "00000000000000000000.kl.deleted" in segments(directory)
     assert out(kl_root, "retain", "--max-bytes", "2500", "--delete-delay", "0") == [
-        "t/0: nothing to delete; log starts at 1024; unlinked 1 set-aside segment"
+        "t/0: nothing to delete; log starts at 1024; unlinked 1 set-aside segment (1024 bytes)"
     ]
     assert segments(directory) == ["00000000000000001024.kl", "00000000000000002048.kl", "00000000000000003072.kl"]
 
@@ -485,6 +486,7 @@ def test_retain_json(kl_root):
         "deleted_bytes": 1024,
         "log_start_offset": 1024,
         "unlinked": 0,
+        "unlinked_bytes": 0,
     }
 
 

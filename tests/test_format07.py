@@ -115,9 +115,9 @@ def test_describe_shows_the_format(root, old):
 
 def test_plain_messages_on_disk_are_kafka_07_messages(root, old):
     producer = kl.Producer(root)
-    first = producer.send(old, b"one", timestamp=5)
+    first = producer.send(old, b"one")
     assert (first.offset, first.next_offset) == (0, 13)
-    producer.send_batch(old, [b"two", b"three"], timestamp=5)
+    producer.send_batch(old, [b"two", b"three"])
     assert kafka_messages(on_disk(root, old)) == [(0, b"one"), (0, b"two"), (0, b"three")]
     assert [(m.key, m.timestamp, m.value) for m in read_all(root, old)] == [
         (None, None, b"one"),
@@ -137,7 +137,7 @@ def test_a_gzip_batch_is_one_wrapper_of_kafka_07_messages(root, old):
 def test_the_async_producer_frames_kafka_07_messages_and_reports_their_offsets(root, old):
     landed = []
     with kl.Producer(root, linger_ms=1) as producer:
-        producer.send(old, b"x", timestamp=7, callback=lambda a, e: landed.append((a.offset, a.next_offset)))
+        producer.send(old, b"x", callback=lambda a, e: landed.append((a.offset, a.next_offset)))
         producer.send(old, b"yy", callback=lambda a, e: landed.append((a.offset, a.next_offset)))
         producer.send(old, b"zzz")
     assert kafka_messages(on_disk(root, old)) == [(0, b"x"), (0, b"yy"), (0, b"zzz")]

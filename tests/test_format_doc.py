@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kl import config, segment, state
+from kl import config, segment, state, timeindex
 from kl import message as m
 
 PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-format.5"
@@ -256,3 +256,31 @@ def test_man_page_lints_clean():
     )
     assert result.returncode == 0
     assert result.stderr == ""
+
+
+# ----------------------------------------------------------------- time summaries and the timestamp range
+
+SUMMARY_CALL = "t.TimeSummary(0, 1024, 1700000000123456789,"
+
+
+def test_time_summary_table_matches_record_struct():
+    rows = table("TIME SUMMARIES")
+    layout = _struct_layout(timeindex.RECORD.format) + [(timeindex.RECORD.size, timeindex.CRC.size)]
+    assert [(int(r[0]), int(r[1])) for r in rows] == layout
+    assert [r[2] for r in rows] == ["tag", "version", *timeindex.TimeSummary._fields, "crc32"]
+    assert rows[0][3] == f'"{timeindex.TAG.decode()}"'
+    assert rows[1][4] == str(timeindex.VERSION)
+    text = " ".join(section("TIME SUMMARIES"))
+    assert f"{timeindex.SIZE}-byte record" in text and f"exactly {timeindex.SIZE} bytes" in text
+    assert f"with {timeindex.SUFFIX} added" in text.replace(".B ", "")
+    assert f"{timeindex.NO_TIMESTAMP} (-2^63)" in text
+
+
+def test_worked_time_summary_is_what_the_code_writes():
+    assert xxd_after(SUMMARY_CALL) == timeindex.TimeSummary(0, 1024, 1700000000123456789, 1700000000000, 0).encode()
+
+
+def test_timestamp_range_is_stated():
+    text = " ".join(section("Magic 2 (kl)"))
+    assert f"MIN_TIMESTAMP = {m.MIN_TIMESTAMP}" in text
+    assert f"MAX_TIMESTAMP = {m.MAX_TIMESTAMP}" in text

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from pyspark.errors import PythonException
 
 import kl
+from kl.messageset import frame
 from kl.recovery import recover
 from kl.retention import retain
 from kl.spark import journal
@@ -489,6 +490,26 @@ def test_a_failing_task_is_one_error_line_and_the_plan_stays_to_be_finished(spar
     flip_byte(segment, 5 * 32 + 20)  # repaired: the next run finishes the plan
     [resumed, _] = load(root, out, ["t"], spark=spark)
     assert resumed.run == plan.run
+    assert_loaded(out, expected(root, ["t"]))
+
+
+def test_a_timestamp_out_of_range_fails_naming_the_message_until_a_run_clamps_it(spark, root, out):
+    root.create_topic("t")
+    produce(root, "t", 3)
+    far = root.log("t", 0).append(frame([b"far"], 253402300800000), 1)  # year 10000, as old data may hold
+    produce(root, "t", 2, tag="n")
+    result = cli_run(root, "t", "-o", str(out))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1].startswith(
+        f"Error: topic 't' partition 0 offset {far}: timestamp 253402300800000 is outside the range kl stores, "
+    )
+    assert committed(out) == {}
+    result = cli_run(root, "t", "-o", str(out), "--bad-timestamps", "clamp")  # finishes the same plan
+    assert result.exit_code == 0, result.output
+    assert sorted(p.parent.parent.name + "/" + p.parent.name for p in out.rglob("*.parquet")) == [
+        "date=2023-11-14/hour=22",
+        "date=9999-12-31/hour=23",
+    ]
     assert_loaded(out, expected(root, ["t"]))
 
 

@@ -60,16 +60,16 @@ def aged(root) -> kl.Log:
 
 
 def test_age_comes_from_the_timestamps_of_the_data(aged):
-    # Segment k may hold messages up to the next segment's first timestamp: 8, 6, 4, 3 hours old.
+    # Each segment's newest message: 10, 8, 6 and 4 hours old.
     report = retain(aged, max_age_ms=5 * HOUR, max_bytes=0, now_ms=NOW, delete_delay=0)
-    assert [s.base_offset for s in report.deleted] == [0, 1024]
-    assert bases(aged) == [2048, 3072, 4096]
-    assert aged.state().log_start_offset == report.log_start_offset == 2048
-    assert [msg.value for msg in read_log(aged)][0] == b"s02m000000"
+    assert [s.base_offset for s in report.deleted] == [0, 1024, 2048]
+    assert bases(aged) == [3072, 4096]
+    assert aged.state().log_start_offset == report.log_start_offset == 3072
+    assert [msg.value for msg in read_log(aged)][0] == b"s03m000000"
 
 
 def test_nothing_is_old_enough_at_an_earlier_now(aged):
-    report = retain(aged, max_age_ms=5 * HOUR, max_bytes=0, now_ms=NOW - 4 * HOUR, delete_delay=0)
+    report = retain(aged, max_age_ms=5 * HOUR, max_bytes=0, now_ms=NOW - 6 * HOUR, delete_delay=0)
     assert report.deleted == []
     assert bases(aged) == [0, 1024, 2048, 3072, 4096]
 
@@ -91,7 +91,7 @@ def test_copying_a_topic_with_new_mtimes_does_not_change_what_age_deletes(root, 
     for segment in copied.segments():
         assert os.stat(segment.path).st_mtime > time.time() - 60
     expected = [s.base_offset for s in retain(log, max_age_ms=24 * HOUR, max_bytes=0, dry_run=True).deleted]
-    assert expected == [0, 1024]
+    assert expected == [0, 1024, 2048]
     assert [s.base_offset for s in retain(copied, max_age_ms=24 * HOUR, max_bytes=0, delete_delay=0).deleted] == expected
 
 
@@ -112,7 +112,7 @@ def test_the_topic_config_supplies_the_defaults(root):
         producer.send_batch("c", [b"x" * 10] * PER_SEGMENT, partition=0, timestamp=NOW - h * HOUR)
     producer.send("c", b"active", partition=0, timestamp=NOW)
     report = retain(root.log("c", 0), now_ms=NOW, delete_delay=0)
-    assert [s.base_offset for s in report.deleted] == [0, 1024]
+    assert [s.base_offset for s in report.deleted] == [0, 1024, 2048]
 
 
 # ----------------------------------------------------------------- by size

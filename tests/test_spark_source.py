@@ -327,3 +327,22 @@ def test_a_schema_picks_columns(spark, events):
     )
     assert "the kl source has no column value string" in error_of(lambda: base.schema("value string").load().count())
     assert "the kl source has no column size bigint" in error_of(lambda: base.schema("size long").load().count())
+
+
+def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_clamped(spark, root):
+    from kl.messageset import frame
+
+    root.create_topic("far")
+    root.log("far", 0).append(frame([b"a"], 1000) + frame([b"b"], 9223372036854775807), 2)
+    assert "topic 'far' partition 0 offset 23: timestamp 9223372036854775807 is outside the range kl stores" in error_of(
+        lambda: read(spark, root, topics="far").collect()
+    )
+    def stamps(policy: str) -> list[int | None]:
+        df = read(spark, root, topics="far", badTimestamps=policy)
+        return [r.ts for r in df.selectExpr("unix_millis(timestamp) as ts").collect()]
+
+    assert stamps("null") == [1000, None]
+    assert stamps("clamp") == [1000, kl.message.MAX_TIMESTAMP]
+    assert "option badTimestamps must be one of fail, clamp, null, not 'wrap'" in error_of(
+        lambda: read(spark, root, topics="far", badTimestamps="wrap").collect()
+    )

@@ -4,6 +4,11 @@ Runs of uncompressed messages are located by one parse loop that only records wh
 each message starts (``MessageSet.plain_run``); numpy then gathers every column from
 the bytes at once.  Compressed batches, padding and Kafka 0.7 messages go through the
 careful decoder, a message at a time.
+
+Timestamps become Spark's (microseconds, int64).  One outside the range kl stores
+(``message.MIN_TIMESTAMP`` to ``MAX_TIMESTAMP``, the years 1 to 9999; older data or
+other writers may hold such) fails the read naming its topic, partition and offset,
+or as ``bad_timestamps`` says is clamped to the range or read as null: never wrapped.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from kl import message as m
-from kl.errors import CorruptMessage, KlError, OffsetOutOfRange
+from kl.errors import CorruptMessage, InvalidConfig, InvalidTimestamp, KlError, OffsetOutOfRange
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.spark.ranges import DataLoss, Range, log_loss
@@ -26,6 +31,9 @@ log = logging.getLogger(__name__)
 
 READ_BYTES = 8 << 20
 """Bytes read from the partition per record batch."""
+BAD_TIMESTAMPS = ("fail", "clamp", "null")
+"""What to do with a timestamp outside the years 1 to 9999: fail the read (naming the
+message), clamp it to the nearer end of the range, or give null."""
 
 SCHEMA = pa.schema(
     [
@@ -61,6 +69,7 @@ def read_range(
     on_skip: Callable[[Skip], None] | None = None,
     on_loss: Callable[[DataLoss], None] | None = None,
     read_bytes: int = READ_BYTES,
+    bad_timestamps: str = "fail",
 ) -> Iterator[pa.RecordBatch]:
     """The messages of ``r`` as record batches of ``SCHEMA``, in offset order.
 
@@ -68,8 +77,11 @@ def read_range(
     ``skip_corrupt`` is stepped over and reported to ``on_skip`` (default: a logged
     warning).  Data deleted by retention since the read was planned raises
     ``DataLoss``, or without ``fail_on_data_loss`` is reported to ``on_loss`` and the
-    read goes on from the log start.
+    read goes on from the log start.  A timestamp outside the years 1 to 9999 raises
+    ``InvalidTimestamp`` naming the message, or is clamped or made null as
+    ``bad_timestamps`` ("fail", "clamp", "null") says.
     """
+    check_bad_timestamps(bad_timestamps)
     partition_log = root.log(r.topic, r.partition)
     offset = r.start
     while offset < r.end:
@@ -85,13 +97,14 @@ def read_range(
             offset = e.log_start_offset
             continue
         try:
-            batch, offset = _columns(messages, r)
+            batch, offset = _columns(messages, r, bad_timestamps)
         except CorruptMessage as e:
             if not skip_corrupt or e.offset is None:
                 raise CorruptMessage(
                     e.path, e.position, f"{e.reason} (topic {r.topic!r} partition {r.partition})", offset=e.offset, kind=e.kind
                 ) from None
-            batch, offset = _columns(partition_log.read(offset, e.offset - offset), r) if e.offset > offset else (None, offset)
+            before = partition_log.read(offset, e.offset - offset) if e.offset > offset else None
+            batch, offset = _columns(before, r, bad_timestamps) if before is not None else (None, offset)
             resume = partition_log.skip_corrupt(e.offset)
             (on_skip or _log_skip)(Skip(r.topic, r.partition, e.offset, resume, e.reason))
             offset = resume
@@ -103,7 +116,14 @@ def read_range(
             )
 
 
-def _columns(messages: MessageSet, r: Range) -> tuple[pa.RecordBatch | None, int]:
+def check_bad_timestamps(policy: str) -> str:
+    """``policy`` when it is one of ``BAD_TIMESTAMPS``; else raises ``InvalidConfig``."""
+    if policy not in BAD_TIMESTAMPS:
+        raise InvalidConfig(f"bad timestamps must be one of {', '.join(BAD_TIMESTAMPS)}, not {policy!r}")
+    return policy
+
+
+def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.RecordBatch | None, int]:
     """The set's messages as one record batch, and the offset after the last one."""
     pieces: list[pa.RecordBatch] = []
     slow: list[Message] = []
@@ -112,9 +132,9 @@ def _columns(messages: MessageSet, r: Range) -> tuple[pa.RecordBatch | None, int
         positions, stop = messages.plain_run(pos)
         if len(positions):
             if slow:
-                pieces.append(_from_messages(slow, r))
+                pieces.append(_from_messages(slow, r, bad_timestamps))
                 slow = []
-            pieces.append(_from_plain(messages, positions, stop, r))
+            pieces.append(_from_plain(messages, positions, stop, r, bad_timestamps))
         pos = stop
         if pos >= end:
             break
@@ -124,7 +144,7 @@ def _columns(messages: MessageSet, r: Range) -> tuple[pa.RecordBatch | None, int
         pos, decoded = step
         slow.extend(decoded)
     if slow:
-        pieces.append(_from_messages(slow, r))
+        pieces.append(_from_messages(slow, r, bad_timestamps))
     next_offset = messages.offset + pos
     if not pieces:
         return None, next_offset
@@ -133,7 +153,7 @@ def _columns(messages: MessageSet, r: Range) -> tuple[pa.RecordBatch | None, int
     return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0], next_offset
 
 
-def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range) -> pa.RecordBatch:
+def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range, bad_timestamps: str) -> pa.RecordBatch:
     """Columns of a run of uncompressed magic 2 messages: fixed fields gathered with
     numpy, keys and values taken out of the bytes by Arrow (``_pieces``)."""
     data = np.frombuffer(messages.buffer, dtype=np.uint8)
@@ -165,7 +185,7 @@ def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range) ->
             pa.repeat(pa.scalar(r.partition, pa.int32()), n),
             pa.array(starts + base),
             pa.array(ends + base),
-            pa.array(timestamps * 1000).cast(pa.timestamp("us", tz="UTC")),
+            _timestamps(timestamps, None, starts + base, r, bad_timestamps),
         ],
         schema=SCHEMA,
     )
@@ -190,9 +210,12 @@ def _pieces(data: np.ndarray, starts: np.ndarray, key_starts: np.ndarray, value_
     return pa.Array.from_buffers(pa.binary(), 3 * n, [None, pa.py_buffer(offsets), pa.py_buffer(data[lo:stop])])
 
 
-def _from_messages(messages: list[Message], r: Range) -> pa.RecordBatch:
+def _from_messages(messages: list[Message], r: Range, bad_timestamps: str) -> pa.RecordBatch:
     """Columns of messages decoded one at a time (compressed batches, Kafka 0.7 messages)."""
     n = len(messages)
+    missing = np.array([msg.timestamp is None for msg in messages], dtype=bool)
+    stamps = np.array([msg.timestamp or 0 for msg in messages], dtype=np.int64)
+    offsets = np.array([msg.offset for msg in messages], dtype=np.int64)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([msg.key for msg in messages], pa.binary()),
@@ -201,12 +224,31 @@ def _from_messages(messages: list[Message], r: Range) -> pa.RecordBatch:
             pa.repeat(pa.scalar(r.partition, pa.int32()), n),
             pa.array([msg.offset for msg in messages], pa.int64()),
             pa.array([msg.next_offset for msg in messages], pa.int64()),
-            pa.array([None if msg.timestamp is None else msg.timestamp * 1000 for msg in messages], pa.int64()).cast(
-                pa.timestamp("us", tz="UTC")
-            ),
+            _timestamps(stamps, missing if missing.any() else None, offsets, r, bad_timestamps),
         ],
         schema=SCHEMA,
     )
+
+
+def _timestamps(ms: np.ndarray, missing: np.ndarray | None, offsets: np.ndarray, r: Range, policy: str) -> pa.Array:
+    """Milliseconds as Spark's timestamps (``missing``: none given), those outside the
+    range kl stores failed, clamped or made null as ``policy`` says."""
+    bad = (ms < m.MIN_TIMESTAMP) | (ms > m.MAX_TIMESTAMP)
+    if missing is not None:
+        bad &= ~missing
+    if bad.any():
+        if policy == "fail":
+            i = int(np.argmax(bad))
+            problem = m.timestamp_problem(int(ms[i]))
+            raise InvalidTimestamp(
+                f"topic {r.topic!r} partition {r.partition} offset {int(offsets[i])}: {problem}; "
+                "read it with kl load --bad-timestamps clamp or null (the kl source's option badTimestamps)"
+            )
+        if policy == "clamp":
+            ms = np.clip(ms, m.MIN_TIMESTAMP, m.MAX_TIMESTAMP)
+        else:
+            missing = bad if missing is None else missing | bad
+    return pa.array(ms * 1000, pa.int64(), mask=missing).cast(pa.timestamp("us", tz="UTC"))
 
 
 def _log_skip(skip: Skip) -> None:

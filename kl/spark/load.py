@@ -62,14 +62,17 @@ def load(
     wait: bool = False,
     dry_run: bool = False,
     progress: Progress | None = None,
+    bad_timestamps: str = "fail",
 ) -> list[RunReport]:
     """Load ``topics`` into ``output`` (see ``kl.spark.journal.run``).  Spark is started
     (``kl.spark.session.session(master)``) only when there is something to write or a
     JSON schema to check, and stopped at the end if this call started it.  Raises ``KlError`` subclasses: the
-    error of a Spark task comes back as the kl error it raised."""
+    error of a Spark task comes back as the kl error it raised.  ``bad_timestamps`` says
+    what a timestamp outside the years 1 to 9999 does: "fail" (``InvalidTimestamp``
+    naming the message), "clamp" (to the nearer end of the range) or "null"."""
     limits = limits or Limits()
     settings = settings or Settings()
-    runner = SparkRunner(root, spark, master, progress)
+    runner = SparkRunner(root, spark, master, progress, arrow.check_bad_timestamps(bad_timestamps))
     try:
         if settings.value_format == "json" and not dry_run:
             check_schema(runner.session(), settings.schema or "")
@@ -98,8 +101,11 @@ def check_schema(spark: SparkSession, ddl: str) -> list[str]:
 class SparkRunner:
     """Runs a plan's tasks as one Spark job (the ``execute`` of ``journal.run``)."""
 
-    def __init__(self, root: Root, spark: SparkSession | None, master: str | None, progress: Progress | None):
+    def __init__(
+        self, root: Root, spark: SparkSession | None, master: str | None, progress: Progress | None, bad_timestamps: str = "fail"
+    ):
         self.root = root
+        self.bad_timestamps = bad_timestamps
         self.spark = spark
         self.master = master
         self.progress = progress
@@ -123,7 +129,15 @@ class SparkRunner:
         spark = self.session()
         tasks = [plan.tasks[i] for i in todo]
         writer = TaskWriter(
-            journal.output, journal.task_dir(plan.run), plan.run, todo, tasks, plan.settings, self.root.path, fail_on_data_loss
+            journal.output,
+            journal.task_dir(plan.run),
+            plan.run,
+            todo,
+            tasks,
+            plan.settings,
+            self.root.path,
+            fail_on_data_loss,
+            self.bad_timestamps,
         )
         if plan.settings.value_format == "json":  # Spark parses: read with the kl source, one Spark partition per task
             df = with_json_columns(
@@ -131,6 +145,7 @@ class SparkRunner:
                 .option("root", os.path.abspath(self.root.path))
                 .option("ranges", json.dumps([list(r) for r in tasks]))
                 .option("failOnDataLoss", str(fail_on_data_loss).lower())
+                .option("badTimestamps", self.bad_timestamps)
                 .load(),
                 plan.settings.schema or "",
             )
@@ -207,6 +222,7 @@ class TaskWriter:
         settings: Settings,
         root: str,
         fail_on_data_loss: bool,
+        bad_timestamps: str = "fail",
     ):
         self.output = output
         self.journal_dir = journal_dir
@@ -218,6 +234,7 @@ class TaskWriter:
         self.read = settings.value_format != "json"
         self.root = os.path.abspath(root)
         self.fail_on_data_loss = fail_on_data_loss
+        self.bad_timestamps = bad_timestamps
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
@@ -227,7 +244,9 @@ class TaskWriter:
         if self.read:
             for _ in batches:  # the task's number, from spark.range
                 pass
-            batches = arrow.read_range(Root(self.root), r, fail_on_data_loss=self.fail_on_data_loss)
+            batches = arrow.read_range(
+                Root(self.root), r, fail_on_data_loss=self.fail_on_data_loss, bad_timestamps=self.bad_timestamps
+            )
         buckets: dict[int, _Bucket] = {}
         rows = 0
         try:

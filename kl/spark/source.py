@@ -47,6 +47,8 @@ class Options:
     max_bytes_per_trigger: int
     columns: tuple[str, ...] | None = None
     """The columns to give (a schema set with ``.schema(...)``); None: all."""
+    bad_timestamps: str = "fail"
+    """What a timestamp outside the years 1 to 9999 does (``arrow.BAD_TIMESTAMPS``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -75,6 +77,7 @@ class Options:
             ranges=_ranges(get("ranges")),
             max_offsets_per_trigger=_count(get("maxoffsetspertrigger"), "maxOffsetsPerTrigger"),
             max_bytes_per_trigger=_count(get("maxbytespertrigger"), "maxBytesPerTrigger"),
+            bad_timestamps=_bad_timestamps(get("badtimestamps")),
         )
 
     def plan(self) -> list[Range]:
@@ -110,7 +113,16 @@ KNOWN_OPTIONS = (
     "ranges",
     "maxOffsetsPerTrigger",
     "maxBytesPerTrigger",
+    "badTimestamps",
 )
+
+
+def _bad_timestamps(text: str | None) -> str:
+    if text is None:
+        return "fail"
+    if text.lower() not in arrow.BAD_TIMESTAMPS:
+        raise InvalidConfig(f"option badTimestamps must be one of {', '.join(arrow.BAD_TIMESTAMPS)}, not {text!r}")
+    return text.lower()
 
 
 def _flag(text: str | None, option: str, default: bool) -> bool:
@@ -211,7 +223,11 @@ def read_partition(options: Options, partition: InputPartition) -> Iterator[pa.R
     if not isinstance(partition, KlPartition):
         return iter(())
     batches = arrow.read_range(
-        Root(options.root), partition.range, skip_corrupt=options.skip_corrupt, fail_on_data_loss=options.fail_on_data_loss
+        Root(options.root),
+        partition.range,
+        skip_corrupt=options.skip_corrupt,
+        fail_on_data_loss=options.fail_on_data_loss,
+        bad_timestamps=options.bad_timestamps,
     )
     if options.columns is None:
         return batches
