@@ -47,6 +47,8 @@ class Options:
     max_bytes_per_trigger: int
     columns: tuple[str, ...] | None = None
     """The columns to give (a schema set with ``.schema(...)``); None: all."""
+    on_recreated: str = "fail"
+    """A stream whose topic was deleted and created again: ``fail``, or ``restart`` at its start."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -75,6 +77,7 @@ class Options:
             ranges=_ranges(get("ranges")),
             max_offsets_per_trigger=_count(get("maxoffsetspertrigger"), "maxOffsetsPerTrigger"),
             max_bytes_per_trigger=_count(get("maxbytespertrigger"), "maxBytesPerTrigger"),
+            on_recreated=_on_recreated(get("onrecreated")),
         )
 
     def plan(self) -> list[Range]:
@@ -110,7 +113,9 @@ KNOWN_OPTIONS = (
     "ranges",
     "maxOffsetsPerTrigger",
     "maxBytesPerTrigger",
+    "onRecreated",
 )
+ON_RECREATED = ("fail", "restart")
 
 
 def _flag(text: str | None, option: str, default: bool) -> bool:
@@ -119,6 +124,13 @@ def _flag(text: str | None, option: str, default: bool) -> bool:
     if text.strip().lower() in ("true", "false"):
         return text.strip().lower() == "true"
     raise InvalidConfig(f"{option} must be true or false, not {text!r}")
+
+
+def _on_recreated(text: str | None) -> str:
+    value = (text or "fail").strip().lower()
+    if value not in ON_RECREATED:
+        raise InvalidConfig(f"onRecreated must be fail or restart, not {text!r}")
+    return value
 
 
 def _count(text: str | None, option: str) -> int:
