@@ -441,13 +441,14 @@ def test_plans_name_the_topic_id_and_offsets_of_another_creation_fail_or_restart
     assert journal.plan_run(root, ["ev"], committed, Limits(), Settings()).tasks == plan.tasks
 
     recreate(root, "ev")
-    produce(root, "ev", 5, tag="n")
+    write(root, "ev", [b"n%03d-longer-than-before" % i for i in range(5)])  # 64 is inside a message now
+    end = root.log("ev", 0).state().log_end_offset
     with pytest.raises(
         TopicRecreated, match=rf"^topic ev was deleted and created again since this load journal \(its topic id was {old_id}, "
     ):
         journal.plan_run(root, ["ev"], committed, Limits(), Settings(), topic_ids=ids)
     restarted = journal.plan_run(root, ["ev"], committed, Limits(on_recreated="restart"), Settings(), topic_ids=ids)
-    assert [tuple(r) for r in restarted.tasks] == [("ev", 0, 0, 160)] and restarted.topic_ids == {"ev": root.topic_id("ev")}
+    assert [tuple(r) for r in restarted.tasks] == [("ev", 0, 0, end)] and restarted.topic_ids == {"ev": root.topic_id("ev")}
 
 
 def test_an_unfinished_plan_of_another_creation_fails_or_its_ranges_are_recorded_lost(root, out):

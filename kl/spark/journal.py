@@ -501,12 +501,12 @@ def plan_run(
             raise TopicRecreated(topic, recorded[stale[0]], current, "load journal", RECREATED_REMEDY)
         starting[topic] = {}
         for p in range(count):
-            offset = None if stale else committed.get((topic, p))
             if stale:
-                offset = 0  # the new topic's start: retention since is a data loss
-            elif offset is None:
+                offset = 0  # the new topic's start: what retention deleted since is a data loss
+            elif (topic, p) not in committed:
                 offset = LATEST if limits.start == "latest" else EARLIEST
             else:
+                offset = committed[(topic, p)]
                 _check_committed(root, topic, p, offset)
             starting[topic][p] = offset
     lost: list[Range] = []
