@@ -169,7 +169,7 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._root() as root:
             for topic, partitions in end.items():
                 kept = start.get(topic, {})
-                if not same_creation(_id(kept), _id(partitions)):  # latestOffset restarted the topic
+                if self._recreated(topic, _id(kept), _id(partitions)):  # (pyspark before 4.2 gives latestOffset no start)
                     kept = {}
                 work = [(p, _number(kept.get(p, 0)), stop) for p, stop in _numbered(partitions)]
                 work = [(p, begin, stop) for p, begin, stop in work if begin < stop]
