@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import click
 
-from kl.spark import journal
+from kl.spark import journal, ranges
 from kl.spark.journal import Limits, RunReport, Settings, Status
 from kl_cli.common import aligned, get_root
 
@@ -35,6 +35,13 @@ from kl_cli.common import aligned, get_root
     default="fail",
     show_default=True,
     help="When retention deleted messages before they were loaded: exit 1 naming them, or load what is left.",
+)
+@click.option(
+    "--on-recreated",
+    type=click.Choice(ranges.ON_RECREATED),
+    default="fail",
+    show_default=True,
+    help="When a topic was deleted and created again since it was loaded: exit 1, or load the new topic from its start.",
 )
 @click.option(
     "--max-bytes",
@@ -84,6 +91,7 @@ def load(
     master: str | None,
     start: str,
     on_data_loss: str,
+    on_recreated: str,
     max_bytes: int,
     max_messages: int,
     granularity: str,
@@ -115,7 +123,7 @@ def load(
     if schema is not None and value_format != "json":
         raise click.UsageError("--schema applies to --value-format json only", ctx)
     root = get_root(ctx)
-    limits = Limits(start, on_data_loss, max_bytes, max_messages)
+    limits = Limits(start, on_data_loss, max_bytes, max_messages, on_recreated)
     settings = Settings(granularity, value_format, schema)
     if dry_run:
         reports = journal.run(root, output, list(topics), limits, settings, execute=None, dry_run=True)

@@ -29,6 +29,7 @@ from kl.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import SparkRunner, load, unwrap
+from kl.spark.ranges import TopicRecreated
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write
@@ -150,11 +151,12 @@ def test_every_message_is_loaded_once_in_hive_directories_by_hour(spark, root, o
     end0 = root.log("a", 0).state().log_end_offset
     end1 = root.log("a", 1).state().log_end_offset
     end_b = root.log("b", 0).state().log_end_offset
+    a, b = root.topic_id("a")[:8], root.topic_id("b")[:8]  # the tag: two creations of a topic never share a name
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet")) == [
-        f"topic=a/date=2023-11-14/hour=22/p0-0-{end0}.parquet",
-        f"topic=a/date=2023-11-14/hour=22/p1-0-{end1}.parquet",
-        f"topic=a/date=2023-11-14/hour=23/p0-0-{end0}.parquet",
-        f"topic=b/date=2023-11-14/hour=22/p0-0-{end_b}.parquet",
+        f"topic=a/date=2023-11-14/hour=22/p0-0-{end0}-{a}.parquet",
+        f"topic=a/date=2023-11-14/hour=22/p1-0-{end1}-{a}.parquet",
+        f"topic=a/date=2023-11-14/hour=23/p0-0-{end0}-{a}.parquet",
+        f"topic=b/date=2023-11-14/hour=22/p0-0-{end_b}-{b}.parquet",
     ]
     [report] = reports
     assert [(p.topic, p.partition, p.start, p.end, p.messages, p.lag) for p in report.partitions] == [
@@ -337,6 +339,7 @@ def test_status_shows_what_is_loaded_without_spark(spark, root, out):
         "rows": 10,
         "run": report.run,
         "loaded_at": at,
+        "topic_id": root.topic_id("t"),
     }
     result = CliRunner().invoke(cli, ["load", "--status", str(out / "nothing")])
     assert result.exit_code == 1 and result.output == f"Error: {out / 'nothing'} does not exist\n"
@@ -371,6 +374,139 @@ def test_text_and_json_value_formats(spark, root, tmp_path):
     assert not (tmp_path / "bad").exists()
     result = cli_run(root, "t", "-o", str(tmp_path / "bad"), "--value-format", "json")
     assert result.exit_code == 2 and "--value-format json needs --schema DDL" in result.output
+
+
+# ----------------------------------------------------------------- a topic deleted and created again
+
+
+def recreate(root: kl.Root, topic: str, partitions: int = 1) -> None:
+    root.delete_topic(topic)
+    root.create_topic(topic, kl.TopicConfig(partitions=partitions))
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_recreated_topic_fails_the_load_or_with_on_recreated_restart_is_loaded_from_its_start(spark, root, out, partitions):
+    root.create_topic("ev", kl.TopicConfig(partitions=partitions))
+    for p in range(partitions):
+        produce(root, "ev", 3, partition=p)
+    load(root, out, ["ev"], spark=spark)
+    first, old_id = expected(root, ["ev"]), root.topic_id("ev")
+    recreate(root, "ev", partitions)
+    for p in range(partitions):
+        produce(root, "ev", 6, partition=p, tag="n")  # the same message size: the old offsets are message starts
+    before = tree(out)
+
+    result = cli_run(root, "ev", "-o", str(out))
+    assert result.exit_code == 1 and result.output == (
+        f"Error: topic ev was deleted and created again since this load journal (its topic id was {old_id},"
+        f" it is {root.topic_id('ev')} now): load into another directory, or run with --on-recreated restart"
+        " to load the new topic from its start\n"
+    )
+    assert tree(out) == before
+    result = cli_run(root, "ev", "-o", str(out), "--dry-run", "--on-recreated", "restart")
+    assert result.exit_code == 0 and f"would load {partitions * 6 * 32} bytes" in result.stderr
+    [report] = load(root, out, ["ev"], limits=Limits(on_recreated="restart"), spark=spark)
+    assert [(p.start, p.messages) for p in report.partitions] == [(0, 6)] * partitions
+    assert_loaded(out, first + expected(root, ["ev"]))
+    assert {c.topic_id for c in journal.status(out).partitions} == {root.topic_id("ev")}
+    assert load(root, out, ["ev"], spark=spark)[0].partitions[0].messages == 0
+
+
+def test_files_of_two_creations_never_share_a_name(spark, root, out):
+    root.create_topic("ev")
+    produce(root, "ev", 3)
+    load(root, out, ["ev"], spark=spark)
+    first = expected(root, ["ev"])
+    recreate(root, "ev")
+    produce(root, "ev", 3, tag="n")  # the same range, the same hour
+    load(root, out, ["ev"], limits=Limits(on_recreated="restart"), spark=spark)
+    names = sorted(p.name for p in out.rglob("*.parquet"))
+    assert len(names) == 2 and all(name.startswith("p0-0-96-") for name in names)
+    assert_loaded(out, first + expected(root, ["ev"]))
+
+
+# ----------------------------------------------------------------- the journal, without Spark
+
+
+def test_plans_name_the_topic_id_and_offsets_of_another_creation_fail_or_restart(root):
+    root.create_topic("ev", kl.TopicConfig(partitions=2))
+    produce(root, "ev", 3)
+    produce(root, "ev", 6, partition=1)
+    old_id = root.topic_id("ev")
+    committed = {("ev", 0): 64, ("ev", 1): 96}
+    ids = dict.fromkeys(committed, old_id)
+    plan = journal.plan_run(root, ["ev"], committed, Limits(), Settings(), topic_ids=ids)
+    assert plan.topic_ids == {"ev": old_id} and [(r.start, r.end) for r in plan.tasks] == [(64, 96), (96, 192)]
+    assert plan.file_name(plan.tasks[0]) == f"p0-64-96-{old_id[:8]}.parquet"
+    # Offsets committed by a kl before topic ids count as the current creation's.
+    assert journal.plan_run(root, ["ev"], committed, Limits(), Settings()).tasks == plan.tasks
+
+    recreate(root, "ev")
+    write(root, "ev", [b"n%03d-longer-than-before" % i for i in range(5)])  # 64 is inside a message now
+    end = root.log("ev", 0).state().log_end_offset
+    with pytest.raises(
+        TopicRecreated, match=rf"^topic ev was deleted and created again since this load journal \(its topic id was {old_id}, "
+    ):
+        journal.plan_run(root, ["ev"], committed, Limits(), Settings(), topic_ids=ids)
+    restarted = journal.plan_run(root, ["ev"], committed, Limits(on_recreated="restart"), Settings(), topic_ids=ids)
+    assert [tuple(r) for r in restarted.tasks] == [("ev", 0, 0, end)] and restarted.topic_ids == {"ev": root.topic_id("ev")}
+
+
+def test_an_unfinished_plan_of_another_creation_fails_or_its_ranges_are_recorded_lost(root, out):
+    root.create_topic("ev")
+    produce(root, "ev", 3)
+    plan = journal.plan_run(root, ["ev"], {}, Limits(), Settings())
+    j = journal.Journal(out)
+    with j.locked():
+        j.write_plan(plan)
+    recreate(root, "ev")
+    produce(root, "ev", 5, tag="n")
+    ran = []
+
+    def execute(journal_: journal.Journal, plan_: journal.Plan, todo: list[int], fail: bool) -> None:
+        ran.append((plan_.run, todo))
+        for i in todo:
+            journal.write_done(journal_.task_dir(plan_.run), journal.Done(i, plan_.tasks[i], [], 0))
+
+    with pytest.raises(TopicRecreated):
+        journal.run(root, out, ["ev"], Limits(), Settings(), execute=execute)
+    assert j.unfinished() == plan and ran == []
+    with pytest.raises(TopicRecreated):
+        journal.run(root, out, ["ev"], Limits(), Settings(), execute=None, dry_run=True)
+    restart = Limits(on_recreated="restart")
+    [would, _] = journal.run(root, out, ["ev"], restart, Settings(), execute=None, dry_run=True)
+    assert would.partitions[0].lost == [(0, 96)]
+    [resumed, new] = journal.run(root, out, ["ev"], restart, Settings(), execute=execute)
+    assert resumed.resumed and resumed.partitions[0].lost == [(0, 96)]
+    assert [run for run, _ in ran] == [new.run] and (new.partitions[0].start, new.partitions[0].end) == (0, 160)
+    assert committed(out) == {("ev", 0): 160}
+
+
+def test_a_damaged_load_journal_is_reported_never_reset(root, out):
+    root.create_topic("ev")
+    produce(root, "ev", 3)
+    (out / "_kl").mkdir(parents=True)
+    offsets = out / "_kl" / "offsets.json"
+    line = {"offset": 32, "rows": 1, "run": "r", "loaded_at": "t", "topic_id": root.topic_id("ev")}
+    settings = {"granularity": "hour", "value_format": "binary", "schema": None}
+
+    def damaged(**change) -> str:
+        offsets.write_text(json.dumps({"run": "r", "settings": settings, "topics": {"ev": {"0": {**line, **change}}}}))
+        result = cli_run(root, "ev", "-o", str(out), "--dry-run")
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        return result.output
+
+    assert "offsets.json is not a kl load journal file (ValueError: ev/0's offset 'x' is not a number >= 0)" in damaged(
+        offset="x"
+    )
+    assert "ev/0's rows -1 is not a number >= 0" in damaged(rows=-1)
+    assert "topic id 7 is not a topic id" in damaged(topic_id=7)
+    assert damaged(offset=33).startswith("Error: the load journal's offset is not a message's start: offset 33 is not the start")
+    assert damaged(offset=97) == (
+        "Error: ev/0 is loaded up to offset 97, past its log end 96: the load journal does not match the topic (is it damaged?)\n"
+    )
+    offsets.write_text("")
+    assert "offsets.json is not valid JSON" in cli_run(root, "ev", "-o", str(out), "--dry-run").output
 
 
 # ----------------------------------------------------------------- crash points

@@ -18,7 +18,7 @@ import kl
 from kl.errors import InvalidConfig
 from kl.retention import retain
 from kl.spark import arrow, stream
-from kl.spark.ranges import DataLoss
+from kl.spark.ranges import DataLoss, TopicRecreated
 from kl.spark.stream import KlStreamReader, stream_options
 
 from conftest import active_segment, flip_byte, read_all, write
@@ -114,7 +114,9 @@ def test_available_now_reads_everything_once_and_resumes_from_the_checkpoint(spa
     first = run(spark, root, checkpoint, topics="t", startingOffsets="earliest")
     assert values(first.rows) == expected("a", 30) + expected("b", 20)
     assert [offset for _, p, offset, _ in first.rows if p == 0] == ends(root, "t", 0)[:-1]
-    assert offsets_log(checkpoint) == [{"t": {"0": ends(root, "t", 0)[-1], "1": ends(root, "t", 1)[-1]}}]
+    assert offsets_log(checkpoint) == [
+        {"t": {"id": root.topic_id("t"), "0": ends(root, "t", 0)[-1], "1": ends(root, "t", 1)[-1]}}
+    ]
 
     produce(root, "t", "c", 7, partition=0)
     produce(root, "t", "d", 5, partition=1)
@@ -135,7 +137,8 @@ def test_max_offsets_per_trigger_spreads_over_partitions_by_lag(spark, root, tmp
 
     assert got.sizes == [4, 4, 4, 4]
     a, b = ends(root, "t", 0), ends(root, "t", 1)
-    assert offsets_log(checkpoint) == [{"t": {"0": a[3 * n], "1": b[n]}} for n in range(1, 5)]
+    i = root.topic_id("t")
+    assert offsets_log(checkpoint) == [{"t": {"id": i, "0": a[3 * n], "1": b[n]}} for n in range(1, 5)]
     assert values(got.rows) == expected("a", 12) + expected("b", 4)
 
 
@@ -270,34 +273,83 @@ def test_bad_options_fail_the_query_with_one_clear_line(spark, root, tmp_path):
         reader(root, topics="nope").initialOffset()
 
 
+def recreate(root: kl.Root, topic: str, partitions: int = 1) -> None:
+    root.delete_topic(topic)
+    root.create_topic(topic, kl.TopicConfig(partitions=partitions))
+
+
+RECREATED = "TopicRecreated: topic ev was deleted and created again since this checkpoint"
+
+
+def test_a_recreated_topic_fails_the_stream_or_with_on_recreated_restart_is_read_from_its_start(spark, root, tmp_path):
+    root.create_topic("ev", kl.TopicConfig(partitions=2))
+    for p in (0, 1):
+        produce(root, "ev", f"m{p}-", 3, partition=p)
+    checkpoint = tmp_path / "checkpoint"
+    assert len(run(spark, root, checkpoint, topics="ev", startingOffsets="earliest").rows) == 6
+    old_id = root.topic_id("ev")
+    recreate(root, "ev", partitions=2)
+    for p in (0, 1):
+        produce(root, "ev", f"n{p}-", 6, partition=p)  # the same message size: the old offsets are message starts
+
+    failed = run(spark, root, checkpoint, fails=True, topics="ev")
+    assert f"{RECREATED} (its topic id was {old_id}, it is {root.topic_id('ev')} now): start a new checkpoint" in failed.error
+    assert "InvalidOffset" not in failed.error
+    again = run(spark, root, checkpoint, topics="ev", onRecreated="restart")
+    assert values(again.rows) == expected("n0-", 6) + expected("n1-", 6)
+    assert offsets_log(checkpoint)[-1]["ev"] == {
+        "id": root.topic_id("ev"),
+        "0": ends(root, "ev", 0)[-1],
+        "1": ends(root, "ev", 1)[-1],
+    }
+    assert run(spark, root, checkpoint, topics="ev").rows == []
+
+
+def test_a_recreated_topic_where_the_old_offset_is_inside_a_message_fails_naming_the_recreation(spark, root, tmp_path):
+    root.create_topic("ev")
+    write(root, "ev", [b"m000", b"m001", b"m002"])
+    checkpoint = tmp_path / "checkpoint"
+    run(spark, root, checkpoint, topics="ev", startingOffsets="earliest")
+    old_end = root.log("ev", 0).state().log_end_offset
+    recreate(root, "ev")
+    write(root, "ev", [b"n%03d-longer-than-before" % i for i in range(6)])
+    assert old_end not in ends(root, "ev")
+
+    failed = run(spark, root, checkpoint, fails=True, topics="ev")
+    assert RECREATED in failed.error and "InvalidOffset" not in failed.error
+    assert len(run(spark, root, checkpoint, topics="ev", onRecreated="restart").rows) == 6
+
+
 # ----------------------------------------------------------------- the reader, called as Spark calls it
 
 
-def test_offsets_are_next_byte_offsets_by_topic_and_partition(root):
+def test_offsets_are_next_byte_offsets_by_topic_and_partition_with_the_topic_id(root):
     root.create_topic("t", kl.TopicConfig(partitions=2))
     produce(root, "t", "a", 3, partition=1)
     end = root.log("t", 1).state().log_end_offset
-    assert reader(root, topics="t", startingOffsets="earliest").initialOffset() == {"t": {"0": 0, "1": 0}}
-    assert reader(root, topics="t").initialOffset() == {"t": {"0": 0, "1": end}}
-    assert reader(root, topics="t").reportLatestOffset() == {"t": {"0": 0, "1": end}}
+    i = root.topic_id("t")
+    assert reader(root, topics="t", startingOffsets="earliest").initialOffset() == {"t": {"id": i, "0": 0, "1": 0}}
+    assert reader(root, topics="t").initialOffset() == {"t": {"id": i, "0": 0, "1": end}}
+    assert reader(root, topics="t").reportLatestOffset() == {"t": {"id": i, "0": 0, "1": end}}
     second = read_all(root, "t", 1)[1].offset
     starting = f'{{"t": {{"1": {second}}}}}'
-    assert reader(root, topics="t", startingOffsets=starting).initialOffset() == {"t": {"0": 0, "1": second}}
+    assert reader(root, topics="t", startingOffsets=starting).initialOffset() == {"t": {"id": i, "0": 0, "1": second}}
 
 
 @limits
 def test_latest_offset_keeps_partitions_no_longer_read_and_fixes_the_available_now_end(root):
     root.create_topic("t")
     produce(root, "t", "a", 3)
+    i = root.topic_id("t")
     source = reader(root, topicPattern="t")
     source.prepareForTriggerAvailableNow()
     target = root.log("t", 0).state().log_end_offset
     produce(root, "t", "b", 3)
-    start = {"t": {"0": 0}, "gone": {"0": 77}}
-    assert source.latestOffset(start, stream.ReadAllAvailable()) == {"t": {"0": target}, "gone": {"0": 77}}
-    assert source.latestOffset({"t": {"0": target}}, source.getDefaultReadLimit()) == {"t": {"0": target}}
+    start = {"t": {"0": 0}, "gone": {"0": 77}}  # without ids: as a kl before topic ids wrote them
+    assert source.latestOffset(start, stream.ReadAllAvailable()) == {"t": {"0": target, "id": i}, "gone": {"0": 77}}
+    assert source.latestOffset({"t": {"id": i, "0": target}}, source.getDefaultReadLimit()) == {"t": {"id": i, "0": target}}
     later = root.log("t", 0).state().log_end_offset  # a start found after the end was fixed
-    assert source.latestOffset({"t": {"0": later}}, stream.ReadAllAvailable()) == {"t": {"0": later}}
+    assert source.latestOffset({"t": {"0": later}}, stream.ReadAllAvailable()) == {"t": {"0": later, "id": i}}
     with pytest.raises(InvalidConfig, match=rf"^t/0: the stream's offset {later + 1} is past the log end {later} "):
         source.latestOffset({"t": {"0": later + 1}}, stream.ReadAllAvailable())
 
@@ -312,15 +364,24 @@ def test_caps_are_shared_by_lag_and_a_partition_with_lag_gets_at_least_one_messa
 
     capped = reader(root, topics="t", maxOffsetsPerTrigger="10")
     assert capped.getDefaultReadLimit() == stream.ReadMaxRows(10)
-    assert capped.latestOffset(start, capped.getDefaultReadLimit()) == {"t": {"0": offsets[0][9], "1": offsets[1][1], "2": 0}}
-    assert capped.latestOffset(start, stream.ReadAllAvailable()) == {"t": {"0": offsets[0][30], "1": offsets[1][1], "2": 0}}
+    i = root.topic_id("t")
+    assert capped.latestOffset(start, capped.getDefaultReadLimit()) == {
+        "t": {"0": offsets[0][9], "1": offsets[1][1], "2": 0, "id": i}
+    }
+    assert capped.latestOffset(start, stream.ReadAllAvailable()) == {
+        "t": {"0": offsets[0][30], "1": offsets[1][1], "2": 0, "id": i}
+    }
 
     size = offsets[0][1]
     both = reader(root, topics="t", maxOffsetsPerTrigger="10", maxBytesPerTrigger=str(6 * size))
-    assert both.latestOffset(start, both.getDefaultReadLimit()) == {"t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0}}
+    assert both.latestOffset(start, both.getDefaultReadLimit()) == {
+        "t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0, "id": i}
+    }
     by_bytes = reader(root, topics="t", maxBytesPerTrigger=str(6 * size))
     assert by_bytes.getDefaultReadLimit() == stream.ReadMaxBytes(6 * size)
-    assert by_bytes.latestOffset(start, by_bytes.getDefaultReadLimit()) == {"t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0}}
+    assert by_bytes.latestOffset(start, by_bytes.getDefaultReadLimit()) == {
+        "t": {"0": offsets[0][5], "1": offsets[1][1], "2": 0, "id": i}
+    }
 
 
 def test_starting_timestamp_gives_each_partition_its_first_message_at_or_after_it(root):
@@ -329,13 +390,17 @@ def test_starting_timestamp_gives_each_partition_its_first_message_at_or_after_i
     new = write(root, "t", [b"new"], partition=0, timestamp=5_000)[0].offset
     write(root, "t", [b"old"], partition=1, timestamp=1_000)
     end = root.log("t", 1).state().log_end_offset
-    assert reader(root, topics="t", startingTimestamp="3000").initialOffset() == {"t": {"0": new, "1": end}}
+    assert reader(root, topics="t", startingTimestamp="3000").initialOffset() == {
+        "t": {"id": root.topic_id("t"), "0": new, "1": end}
+    }
 
 
 def test_older_pyspark_gets_the_ends_and_refuses_the_caps(root, monkeypatch):
     root.create_topic("t")
     produce(root, "t", "a", 3)
-    assert reader(root, topics="t").latestOffset() == {"t": {"0": root.log("t", 0).state().log_end_offset}}
+    assert reader(root, topics="t").latestOffset() == {
+        "t": {"id": root.topic_id("t"), "0": root.log("t", 0).state().log_end_offset}
+    }
     monkeypatch.setattr(stream, "ADMISSION_CONTROL", False)
     monkeypatch.setattr(stream.pyspark, "__version__", "4.1.0")
     with pytest.raises(stream.PysparkTooOld, match=r"^maxBytesPerTrigger needs pyspark 4.2 or newer; this is pyspark 4.1.0$"):
@@ -367,3 +432,51 @@ def test_batch_only_options_are_refused(root):
     for option in ("endingOffsets", "endingTimestamp", "ranges"):
         with pytest.raises(InvalidConfig, match=f"^{option} is for batch reads"):
             reader(root, topics="t", **{option.lower(): "1"})
+
+
+def test_offsets_of_another_creation_fail_or_restart_at_the_new_start_and_old_offsets_count_as_current(root):
+    root.create_topic("ev", kl.TopicConfig(partitions=2))
+    produce(root, "ev", "m", 3)
+    old = reader(root, topics="ev").latestOffset()
+    recreate(root, "ev")
+    produce(root, "ev", "n", 6)
+    new = {"id": root.topic_id("ev"), "0": root.log("ev", 0).state().log_end_offset}
+    with pytest.raises(
+        TopicRecreated,
+        match=rf"^topic ev was deleted and created again since this checkpoint \(its topic id was {old['ev']['id']}, ",
+    ):
+        reader(root, topics="ev").latestOffset(old, stream.ReadAllAvailable())
+    restarting = reader(root, topics="ev", onRecreated="restart")
+    assert restarting.latestOffset(old, stream.ReadAllAvailable()) == {"ev": new}  # the old partition 1 is gone
+    (piece,) = restarting.partitions(old, {"ev": new})
+    assert piece.range == ("ev", 0, 0, new["0"])
+    with pytest.raises(TopicRecreated):  # pyspark before 4.2 gives latestOffset no start: partitions meets it
+        reader(root, topics="ev").partitions(old, {"ev": new})
+    # A batch planned before the topic was created again: it fails, or with restart is left out.
+    with pytest.raises(TopicRecreated):
+        reader(root, topics="ev").partitions({"ev": {**old["ev"], "0": 0}}, old)
+    assert restarting.partitions({"ev": {**old["ev"], "0": 0}}, old) == []
+    # Offsets without an id, written before topic ids: the current creation's.
+    without = {"ev": {"0": new["0"]}}
+    assert reader(root, topics="ev").latestOffset(without, stream.ReadAllAvailable()) == {"ev": {"0": new["0"], "id": new["id"]}}
+    with pytest.raises(InvalidConfig, match=r"^the checkpoint's offset 'x' is not a byte offset"):
+        reader(root, topics="ev").latestOffset({"ev": {"id": new["id"], "0": "x"}}, stream.ReadAllAvailable())
+    with pytest.raises(InvalidConfig, match=r"^onRecreated must be fail or restart, not 'maybe'$"):
+        reader(root, topics="ev", onRecreated="maybe")
+
+
+def test_available_now_fixed_before_the_topic_was_created_again_fails_or_takes_the_new_end(root):
+    root.create_topic("ev")
+    produce(root, "ev", "m", 3)
+    start = reader(root, topics="ev").latestOffset()
+    for option, outcome in (("fail", None), ("restart", 6)):
+        source = reader(root, topics="ev", onRecreated=option)
+        source.prepareForTriggerAvailableNow()
+        recreate(root, "ev")
+        produce(root, "ev", "n", 6)
+        if outcome is None:
+            with pytest.raises(TopicRecreated):
+                source.latestOffset(start, stream.ReadAllAvailable())
+        else:
+            end = source.latestOffset(start, stream.ReadAllAvailable())
+            assert end == {"ev": {"id": root.topic_id("ev"), "0": ends(root, "ev")[-1]}}

@@ -4,9 +4,9 @@ there exactly once (no Spark here: ``kl load --status`` and ``--dry-run`` use on
 An output directory ``DIR`` holds Parquet files under Hive-style directories, and the
 journal under ``DIR/_kl/``::
 
-    DIR/topic=T/date=YYYY-MM-DD/hour=HH/p<partition>-<start>-<end>.parquet
+    DIR/topic=T/date=YYYY-MM-DD/hour=HH/p<partition>-<start>-<end>-<tag>.parquet
     DIR/_kl/lock                     the run lock (kl.locks): one run at a time
-    DIR/_kl/offsets.json             committed: per partition the offset reached, rows, last run
+    DIR/_kl/offsets.json             committed: per partition the offset reached, the topic id, rows, last run
     DIR/_kl/runs/<run>.json          a plan not yet committed: each task's byte range
     DIR/_kl/runs/<run>/<task>.done   a task's files are in place (names, row count)
 
@@ -20,6 +20,12 @@ task's range and its date/hour bucket, so a task run again replaces its files wi
 same rows.  Whatever point a run is killed at, the next run ends with every message of
 the committed ranges in exactly one file, and a reader of ``DIR/**/*.parquet`` never
 sees a partial file or two copies of one.
+
+Offsets name the topic id they were reached in: a topic deleted and created again since
+fails the run (``TopicRecreated``), or with ``on_recreated="restart"`` is loaded from
+the new topic's start.  A file name's ``<tag>`` is the first ``TAG_CHARS`` characters of
+the topic id, so that the files of two creations never share a name (names written by a
+kl before topic ids have no tag).  Offsets without an id count as the current creation's.
 
 ``KL_LOAD_KILL_AT=<point>`` makes the process SIGKILL itself at that point (``fault``):
 a fault-injection hook for tests, documented in kl-load(1).
@@ -38,11 +44,11 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from kl import locks
-from kl.errors import InvalidConfig, KlError, LockTimeout
+from kl.errors import InvalidConfig, InvalidOffset, KlError, LockTimeout
 from kl.fsutil import ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import EARLIEST, LATEST
 from kl.spark import ranges
-from kl.spark.ranges import DataLoss, Range
+from kl.spark.ranges import DataLoss, Range, TopicRecreated, same_creation
 from kl.topic import Root
 
 META = "_kl"
@@ -66,6 +72,8 @@ GRANULARITIES = ("hour", "day")
 VALUE_FORMATS = ("binary", "text", "json")
 STARTS = ("earliest", "latest")
 ON_DATA_LOSS = ("fail", "skip")
+RECREATED_REMEDY = "load into another directory, or run with --on-recreated restart to load the new topic from its start"
+TAG_CHARS = 8
 RESERVED = ("key", "value", "topic", "partition", "offset", "nextOffset", "timestamp", "date", "hour")
 """Columns of a loaded file and of its directories: a JSON schema field may not reuse them."""
 FORMAT_VERSION = 1
@@ -131,12 +139,15 @@ class Limits:
     on_data_loss: str = "fail"
     max_bytes: int = 0
     max_messages: int = 0
+    on_recreated: str = "fail"
 
     def __post_init__(self) -> None:
         if self.start not in STARTS:
             raise InvalidConfig(f"start must be earliest or latest, not {self.start!r}")
         if self.on_data_loss not in ON_DATA_LOSS:
             raise InvalidConfig(f"on data loss must be fail or skip, not {self.on_data_loss!r}")
+        if self.on_recreated not in ranges.ON_RECREATED:
+            raise InvalidConfig(f"on recreated must be fail or restart, not {self.on_recreated!r}")
         if self.max_bytes < 0 or self.max_messages < 0:
             raise InvalidConfig("max bytes and max messages must be >= 0")
 
@@ -151,6 +162,8 @@ class Plan:
     settings: Settings
     lost: list[Range] = field(default_factory=list)
     """Ranges deleted by retention before they were loaded (``on_data_loss="skip"``)."""
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    """The id of each topic the tasks read (none in a plan of a kl before topic ids)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -160,6 +173,7 @@ class Plan:
             **asdict(self.settings),
             "tasks": [r._asdict() for r in self.tasks],
             "lost": [r._asdict() for r in self.lost],
+            "topic_ids": self.topic_ids,
         }
 
     @classmethod
@@ -170,7 +184,13 @@ class Plan:
             tasks=[Range(**t) for t in obj["tasks"]],
             settings=Settings(obj["granularity"], obj["value_format"], obj["schema"]),
             lost=[Range(**t) for t in obj.get("lost", [])],
+            topic_ids={str(topic): _topic_id(i) for topic, i in obj.get("topic_ids", {}).items()},
         )
+
+    def file_name(self, r: Range) -> str:
+        """The name of a task's file in each of its buckets: ``p<partition>-<start>-<end>-<tag>.parquet``."""
+        tag = self.topic_ids.get(r.topic, "")[:TAG_CHARS]
+        return f"p{r.partition}-{r.start}-{r.end}{'-' + tag if tag else ''}.parquet"
 
     def ends(self) -> dict[tuple[str, int], int]:
         """Per partition the offset the plan reaches."""
@@ -207,11 +227,25 @@ class Committed:
     rows: int
     run: str
     loaded_at: str
+    topic_id: str = ""
+    """The id of the topic the offset is of ("" when committed by a kl before topic ids)."""
+
+    @classmethod
+    def from_json(cls, topic: str, partition: str, line: dict[str, Any]) -> Committed:
+        """A line of ``offsets.json``; ``ValueError`` for one that is not."""
+        offset, rows = line["offset"], line["rows"]
+        for name, value in (("offset", offset), ("rows", rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{topic}/{partition}'s {name} {value!r} is not a number >= 0")
+        if not isinstance(line["run"], str) or not isinstance(line["loaded_at"], str):
+            raise ValueError(f"{topic}/{partition}'s run and loaded_at must be strings")
+        return cls(topic, int(partition), offset, rows, line["run"], line["loaded_at"], _topic_id(line.get("topic_id", "")))
 
 
-def file_name(r: Range) -> str:
-    """The name of a task's file in each of its buckets."""
-    return f"p{r.partition}-{r.start}-{r.end}.parquet"
+def _topic_id(value: object) -> str:
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(f"topic id {value!r} is not a topic id")
+    return value
 
 
 def bucket_dir(topic: str, bucket: str) -> str:
@@ -263,7 +297,7 @@ class Journal:
             out = {}
             for topic, partitions in obj["topics"].items():
                 for p, line in partitions.items():
-                    out[(topic, int(p))] = Committed(topic, int(p), line["offset"], line["rows"], line["run"], line["loaded_at"])
+                    out[(topic, int(p))] = Committed.from_json(topic, p, line)
             return obj["run"], out
 
         return self._read(os.path.join(self.meta, OFFSETS), parse) or (None, {})
@@ -291,10 +325,15 @@ class Journal:
         last, committed = self.committed()
         if last != plan.run:
             at = now_iso()
-            for key, end in plan.ends().items():
+            ends = plan.ends()
+            for key in [k for k, c in committed.items() if k not in ends and k[0] in plan.topic_ids]:
+                if not same_creation(committed[key].topic_id, plan.topic_ids[key[0]]):
+                    del committed[key]  # a partition the topic lost when it was created again
+            for key, end in ends.items():
                 before = committed.get(key)
                 rows = (before.rows if before else 0) + loaded[key]
-                committed[key] = Committed(key[0], key[1], end, rows, plan.run, at)
+                topic_id = plan.topic_ids.get(key[0]) or (before.topic_id if before else "")
+                committed[key] = Committed(key[0], key[1], end, rows, plan.run, at, topic_id)
             topics: dict[str, dict[str, Any]] = {}
             for (topic, p), c in sorted(committed.items()):
                 topics.setdefault(topic, {})[str(p)] = {k: v for k, v in asdict(c).items() if k not in ("topic", "partition")}
@@ -441,25 +480,33 @@ def plan_run(
     settings: Settings,
     *,
     task_bytes: int = TASK_BYTES,
+    topic_ids: dict[tuple[str, int], str] | None = None,
 ) -> Plan:
     """A new run from the ``committed`` offsets (new partitions at ``limits.start``) to
-    the log ends fixed now, capped per partition.  Raises ``LoadDataLoss`` (or records
-    the loss with ``on_data_loss="skip"``), ``TopicNotFound``, ``InvalidOffset``."""
+    the log ends fixed now, capped per partition.  ``topic_ids`` are the ids the offsets
+    were committed with: offsets of another creation of a topic raise ``TopicRecreated``,
+    or with ``on_recreated="restart"`` are dropped and the topic is loaded from its
+    start.  Raises ``LoadDataLoss`` (or records the loss with ``on_data_loss="skip"``),
+    ``TopicNotFound``, and ``JournalError`` for an offset that is not in the log."""
     names = ranges.select_topics(root, topics, None)
+    recorded = topic_ids or {}
+    ids: dict[str, str] = {}
     starting: dict[str, dict[int, int]] = {}
     for topic in names:
+        ids[topic] = current = root.config(topic).topic_id  # before the logs' states
+        count = root.config(topic).partitions
+        stale = [(t, p) for t, p in committed if t == topic and not same_creation(recorded.get((t, p)), current)]
+        if stale and limits.on_recreated != "restart":
+            raise TopicRecreated(topic, recorded[stale[0]], current, "load journal", RECREATED_REMEDY)
         starting[topic] = {}
-        for p in range(root.config(topic).partitions):
-            offset = committed.get((topic, p))
-            if offset is not None:
-                end = root.log(topic, p).state().log_end_offset
-                if offset > end:
-                    raise KlError(
-                        f"{topic}/{p} is loaded up to offset {offset}, past its log end {end}"
-                        " (was the topic deleted and created again?)"
-                    )
-            if offset is None:
+        for p in range(count):
+            if stale:
+                offset = 0  # the new topic's start: what retention deleted since is a data loss
+            elif (topic, p) not in committed:
                 offset = LATEST if limits.start == "latest" else EARLIEST
+            else:
+                offset = committed[(topic, p)]
+                _check_committed(root, topic, p, offset)
             starting[topic][p] = offset
     lost: list[Range] = []
     try:
@@ -473,9 +520,36 @@ def plan_run(
         )
     except DataLoss as e:
         raise LoadDataLoss(e) from None
+    except InvalidOffset as e:  # only a committed offset can be off a message boundary
+        raise JournalError(f"the load journal's offset is not a message's start: {e} (is the journal damaged?)") from None
     capped = [ranges.cap(root, r, max_bytes=limits.max_bytes, max_messages=limits.max_messages) if r.size else r for r in planned]
     tasks = ranges.split(root, capped, max_bytes=task_bytes)
-    return Plan(new_run_id(), now_iso(), tasks, settings, lost)
+    return Plan(new_run_id(), now_iso(), tasks, settings, lost, {t: i for t, i in ids.items() if i})
+
+
+def _check_committed(root: Root, topic: str, partition: int, offset: int) -> None:
+    """A committed offset of the topic's current creation is in its log: else ``JournalError``."""
+    end = root.log(topic, partition).state().log_end_offset
+    if offset > end:
+        raise JournalError(
+            f"{topic}/{partition} is loaded up to offset {offset}, past its log end {end}:"
+            " the load journal does not match the topic (is it damaged?)"
+        )
+
+
+def _without_recreated(root: Root, plan: Plan, todo: list[int], limits: Limits) -> list[int]:
+    """The tasks ``todo`` but those of topics deleted and created again since the plan
+    was made: their ranges are gone, recorded in ``plan.lost``.  Raises
+    ``TopicRecreated`` for such a topic unless ``on_recreated="restart"``."""
+    gone = set()
+    for topic in sorted({plan.tasks[i].topic for i in todo}):
+        planned, current = plan.topic_ids.get(topic, ""), root.topic_id(topic)
+        if not same_creation(planned, current):
+            if limits.on_recreated != "restart":
+                raise TopicRecreated(topic, planned, current, "load journal", RECREATED_REMEDY)
+            gone.add(topic)
+    plan.lost.extend(plan.tasks[i] for i in todo if plan.tasks[i].topic in gone)
+    return [i for i in todo if plan.tasks[i].topic not in gone]
 
 
 def losses(root: Root, tasks: list[Range]) -> list[Range]:
@@ -582,7 +656,8 @@ def run(
         if plan is not None:
             reports.append(_finish(root, journal, plan, limits, execute, resumed=True))
         _, committed = journal.committed()
-        plan = plan_run(root, topics, {k: c.offset for k, c in committed.items()}, limits, settings, task_bytes=task_bytes)
+        offsets, ids = {k: c.offset for k, c in committed.items()}, {k: c.topic_id for k, c in committed.items()}
+        plan = plan_run(root, topics, offsets, limits, settings, task_bytes=task_bytes, topic_ids=ids)
         if any(r.size for r in plan.tasks) or any((r.topic, r.partition) not in committed for r in plan.tasks):
             journal.write_plan(plan)
             reports.append(_finish(root, journal, plan, limits, execute, resumed=False))
@@ -594,7 +669,7 @@ def run(
 def _finish(root: Root, journal: Journal, plan: Plan, limits: Limits, execute: Execute, *, resumed: bool) -> RunReport:
     """Run the plan's tasks that are not done, then commit it."""
     done = journal.done(plan)
-    todo = [i for i, r in enumerate(plan.tasks) if r.size and i not in done]
+    todo = _without_recreated(root, plan, [i for i, r in enumerate(plan.tasks) if r.size and i not in done], limits)
     lost = losses(root, [plan.tasks[i] for i in todo])
     if lost and limits.on_data_loss == "fail":
         r = lost[0]
@@ -619,14 +694,17 @@ def _preview(
     """What a run would do, changing nothing."""
     reports = []
     _, committed = journal.committed()
-    offsets = {k: c.offset for k, c in committed.items()}
+    offsets, ids = {k: c.offset for k, c in committed.items()}, {k: c.topic_id for k, c in committed.items()}
     plan = journal.unfinished()
     journal.check_settings(settings, plan)
     if plan is not None:
-        plan.lost.extend(losses(root, [r for i, r in enumerate(plan.tasks) if r.size and i not in journal.done(plan)]))
+        done = journal.done(plan)
+        todo = _without_recreated(root, plan, [i for i, r in enumerate(plan.tasks) if r.size and i not in done], limits)
+        plan.lost.extend(losses(root, [plan.tasks[i] for i in todo]))
         reports.append(_report(root, plan, {}, resumed=True, dry_run=True))
         offsets.update(plan.ends())
-    plan = plan_run(root, topics, offsets, limits, settings, task_bytes=task_bytes)
+        ids.update({key: plan.topic_ids.get(key[0], "") for key in plan.ends()})
+    plan = plan_run(root, topics, offsets, limits, settings, task_bytes=task_bytes, topic_ids=ids)
     reports.append(_report(root, plan, {}, resumed=False, dry_run=True))
     return reports
 

@@ -128,12 +128,14 @@ class SparkRunner:
     def __call__(self, journal: Journal, plan: Plan, todo: list[int], fail_on_data_loss: bool) -> None:
         spark = self.session()
         tasks = [plan.tasks[i] for i in todo]
+        names = [plan.file_name(r) for r in tasks]
         writer = TaskWriter(
             journal.output,
             journal.task_dir(plan.run),
             plan.run,
             todo,
             tasks,
+            names,
             plan.settings,
             self.root.path,
             fail_on_data_loss,
@@ -219,6 +221,7 @@ class TaskWriter:
         run: str,
         todo: list[int],
         tasks: list[Range],
+        names: list[str],
         settings: Settings,
         root: str,
         fail_on_data_loss: bool,
@@ -229,6 +232,7 @@ class TaskWriter:
         self.run = run
         self.todo = todo
         self.tasks = tasks
+        self.names = names
         self.unit = HOUR_US if settings.granularity == "hour" else DAY_US
         self.text = settings.value_format != "binary"
         self.read = settings.value_format != "json"
@@ -259,7 +263,7 @@ class TaskWriter:
                 for key, piece in self._split(batch):
                     bucket = buckets.get(key)
                     if bucket is None:
-                        bucket = buckets[key] = _Bucket(self.output, self._directory(r.topic, key), j.file_name(r), self.run)
+                        bucket = buckets[key] = _Bucket(self.output, self._directory(r.topic, key), self.names[index], self.run)
                     bucket.add(piece)
             files = [bucket.close() for bucket in buckets.values()]
             for directory in sorted({os.path.dirname(f) for f in files}):

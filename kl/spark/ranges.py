@@ -36,6 +36,29 @@ class DataLoss(KlError):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+ON_RECREATED = ("fail", "restart")
+"""What a reader does when its topic was deleted and created again since its stored offsets."""
+
+
+class TopicRecreated(KlError):
+    """A checkpoint or load journal holds offsets of another creation of a topic (it was
+    deleted and created again since): they mean nothing in the new log."""
+
+    def __init__(self, topic: str, recorded: str, current: str, what: str, remedy: str):
+        super().__init__(
+            f"topic {topic} was deleted and created again since this {what}"
+            f" (its topic id was {recorded}, it is {current} now): {remedy}"
+        )
+        self.topic, self.recorded, self.current = topic, recorded, current
+
+
+def same_creation(recorded: str | None, current: str) -> bool:
+    """Whether offsets recorded with topic id ``recorded`` belong to the topic whose id is
+    ``current``.  Offsets recorded without an id (by a kl before topic ids) count as the
+    current creation's, and so do all where the topic has no id (a root kl cannot write)."""
+    return not recorded or not current or recorded == current
+
+
 class Range(NamedTuple):
     """The bytes ``[start, end)`` of one partition: complete messages, read by one task."""
 

@@ -49,6 +49,8 @@ class Options:
     """The columns to give (a schema set with ``.schema(...)``); None: all."""
     bad_timestamps: str = "fail"
     """What a timestamp outside the years 1 to 9999 does (``arrow.BAD_TIMESTAMPS``)."""
+    on_recreated: str = "fail"
+    """A stream whose topic was deleted and created again: ``fail``, or ``restart`` at its start."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -78,6 +80,7 @@ class Options:
             max_offsets_per_trigger=_count(get("maxoffsetspertrigger"), "maxOffsetsPerTrigger"),
             max_bytes_per_trigger=_count(get("maxbytespertrigger"), "maxBytesPerTrigger"),
             bad_timestamps=_bad_timestamps(get("badtimestamps")),
+            on_recreated=_on_recreated(get("onrecreated")),
         )
 
     def plan(self) -> list[Range]:
@@ -114,6 +117,7 @@ KNOWN_OPTIONS = (
     "maxOffsetsPerTrigger",
     "maxBytesPerTrigger",
     "badTimestamps",
+    "onRecreated",
 )
 
 
@@ -131,6 +135,13 @@ def _flag(text: str | None, option: str, default: bool) -> bool:
     if text.strip().lower() in ("true", "false"):
         return text.strip().lower() == "true"
     raise InvalidConfig(f"{option} must be true or false, not {text!r}")
+
+
+def _on_recreated(text: str | None) -> str:
+    value = (text or "fail").strip().lower()
+    if value not in ranges.ON_RECREATED:
+        raise InvalidConfig(f"onRecreated must be fail or restart, not {text!r}")
+    return value
 
 
 def _count(text: str | None, option: str) -> int:

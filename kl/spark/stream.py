@@ -2,8 +2,12 @@
 
     spark.readStream.format("kl").option("root", R).option("topics", "a").load()
 
-An offset is JSON ``{"topic": {"partition": next_offset}}``: for each partition the byte
-offset the next micro-batch starts at.  A stream starts at ``startingOffsets``
+An offset is JSON ``{"topic": {"id": topic_id, "partition": next_offset}}``: the topic's
+id (which creation of the topic the offsets are of) and for each partition the byte
+offset the next micro-batch starts at.  Offsets of another creation of a topic (deleted
+and created again) fail the query with ``TopicRecreated``, or with ``onRecreated`` set to
+``restart`` the stream reads the new topic from its start; offsets without an id (written
+by a kl before topic ids) count as the current creation's.  A stream starts at ``startingOffsets``
 (default ``latest``, as Spark's Kafka source does), a partition that appears later
 (a new topic matching ``topicPattern``) at its first byte.  ``maxOffsetsPerTrigger``
 (stored messages) and ``maxBytesPerTrigger`` cap a micro-batch, shared among the
@@ -19,6 +23,7 @@ has nothing to do.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -27,7 +32,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from kl.errors import InvalidConfig, KlError
 from kl.spark import ranges
-from kl.spark.ranges import DataLoss, Range
+from kl.spark.ranges import DataLoss, Range, TopicRecreated, same_creation
 from kl.spark.source import KlPartition, Options, read_partition
 from kl.topic import Root
 
@@ -52,8 +57,14 @@ except ImportError:  # pyspark 4.0 and 4.1: latestOffset() alone, no limits, no 
         """Stands in for pyspark 4.2's availableNow mixin (older Spark runs availableNow as one batch)."""
 
 
-Offsets = dict[str, dict[str, int]]
-"""A stream offset: per topic, per partition (a string, as in JSON) the next byte offset."""
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, dict[str, int | str]]
+"""A stream offset: per topic its id (key ``ID``) and per partition (a string, as in
+JSON) the next byte offset."""
+ID = "id"
+"""The key of a topic's id among its partitions (which are numbers)."""
+REMEDY = "start a new checkpoint, or set the option onRecreated to restart to read the new topic from its start"
 
 BATCH_ONLY = ("endingOffsets", "endingTimestamp", "ranges")
 
@@ -88,14 +99,16 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> Offsets:
         """Where a new query starts: ``startingOffsets`` or ``startingTimestamp``."""
         with self._root() as root:
+            topics = self._topics(root)
+            ids = {topic: root.config(topic).topic_id for topic in topics}  # before the logs' states
             planned = ranges.plan(
                 root,
-                self._topics(root),
+                topics,
                 starting=self.options.starting,
                 starting_timestamp=self.options.starting_timestamp,
                 fail_on_data_loss=self.options.fail_on_data_loss,
             )
-        return _offsets((r.topic, r.partition, r.start) for r in planned)
+        return _offsets(ids, ((r.topic, r.partition, r.start) for r in planned))
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix availableNow's end: every partition's end now; later data waits for the next run."""
@@ -112,18 +125,25 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offsets | None = None, limit: ReadLimit | None = None) -> Offsets:
         """The next micro-batch's end: each partition's end (or availableNow's), capped
-        by ``limit``.  Partitions of ``start`` no longer read keep their offsets.
-        (pyspark before 4.2 passes neither ``start`` nor ``limit``.)"""
+        by ``limit``.  Partitions of ``start`` no longer read keep their offsets; a topic
+        of ``start`` created again since fails (``TopicRecreated``) or, with
+        ``onRecreated=restart``, is read from its start.  (pyspark before 4.2 passes
+        neither ``start`` nor ``limit``.)"""
         with self._root() as root:
-            ends = self.target if self.target is not None else self._ends(root)
+            ends = self._ends(root) if self.target is None else self._target(root)
             if start is None:
                 return ends
             max_messages, max_bytes = self._caps(limit)
             out = {topic: dict(partitions) for topic, partitions in start.items()}
             lags = []
             for topic, partitions in ends.items():
-                for p, end in partitions.items():
-                    begin = _start(root, start, topic, p, end, self.options.fail_on_data_loss)
+                kept = start.get(topic, {})
+                if self._recreated(topic, _id(kept), _id(partitions)):
+                    kept = out[topic] = {}
+                if ID in partitions:
+                    out.setdefault(topic, {})[ID] = partitions[ID]
+                for p, end in _numbered(partitions):
+                    begin = _start(root, topic, p, _number(kept.get(p, 0)), end, self.options.fail_on_data_loss)
                     out.setdefault(topic, {})[p] = max(begin, end)
                     if begin < end:
                         lags.append(Range(topic, int(p), begin, end))
@@ -142,14 +162,21 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         """One task per partition that has data in ``[start, end)`` (split as
         ``minPartitions`` and ``maxBytesPerPartition`` ask).  Bytes deleted by retention
-        since fail (``failOnDataLoss``) or are skipped, logged."""
+        since fail (``failOnDataLoss``) or are skipped, logged.  A topic created again
+        since ``end`` was planned fails the batch, or with ``onRecreated=restart`` is
+        left out of it (its offsets then lead the next batch to the new topic's start)."""
         planned = []
         with self._root() as root:
             for topic, partitions in end.items():
-                for p, stop in partitions.items():
-                    begin = start.get(topic, {}).get(p, 0)
-                    if begin >= stop:
-                        continue
+                kept = start.get(topic, {})
+                if self._recreated(topic, _id(kept), _id(partitions)):  # (pyspark before 4.2 gives latestOffset no start)
+                    kept = {}
+                work = [(p, _number(kept.get(p, 0)), stop) for p, stop in _numbered(partitions)]
+                work = [(p, begin, stop) for p, begin, stop in work if begin < stop]
+                if work and self._recreated(topic, _id(partitions), root.config(topic).topic_id):
+                    log.warning("topic %s was created again: its batch of the old topic is gone, left out", topic)
+                    continue
+                for p, begin, stop in work:
                     first = root.log(topic, int(p)).state().log_start_offset
                     if begin < first:
                         loss = DataLoss(topic, int(p), begin, min(first, stop))
@@ -168,6 +195,24 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: kl keeps no consumer state, Spark's checkpoint holds the offsets."""
+
+    def _recreated(self, topic: str, recorded: str, current: str) -> bool:
+        """Whether offsets recorded with topic id ``recorded`` are of another creation of
+        the topic than ``current``'s: then ``TopicRecreated``, or True with ``onRecreated=restart``."""
+        if same_creation(recorded, current):
+            return False
+        if self.options.on_recreated != "restart":
+            raise TopicRecreated(topic, str(recorded), str(current), "checkpoint", REMEDY)
+        log.warning("topic %s was deleted and created again: reading the new topic from its start", topic)
+        return True
+
+    def _target(self, root: Root) -> Offsets:
+        """availableNow's end, the end now for a topic created again since it was fixed."""
+        assert self.target is not None
+        for topic, partitions in self.target.items():
+            if self._recreated(topic, _id(partitions), root.config(topic).topic_id):
+                self.target[topic] = self._ends(root, [topic])[topic]
+        return self.target
 
     def _caps(self, limit: ReadLimit | None) -> tuple[int, int]:
         """(messages, bytes) a micro-batch may hold; 0: no cap.  ``ReadAllAvailable``
@@ -190,27 +235,47 @@ class KlStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _topics(self, root: Root) -> list[str]:
         return ranges.select_topics(root, self.options.topics, self.options.topic_pattern)
 
-    def _ends(self, root: Root) -> Offsets:
+    def _ends(self, root: Root, topics: list[str] | None = None) -> Offsets:
         """Every partition's published end, for the topics the stream reads now."""
-        return _offsets(
-            (topic, p, root.log(topic, p).state().log_end_offset)
-            for topic in self._topics(root)
-            for p in range(root.config(topic).partitions)
-        )
+        topics = self._topics(root) if topics is None else topics
+        ids = {topic: root.config(topic).topic_id for topic in topics}  # before the logs' states
+        items = ((t, p, root.log(t, p).state().log_end_offset) for t in topics for p in range(root.config(t).partitions))
+        return _offsets(ids, items)
 
 
-def _offsets(items: Iterable[tuple[str, int, int]]) -> Offsets:
-    out: Offsets = {}
+def _offsets(ids: Mapping[str, str], items: Iterable[tuple[str, int, int]]) -> Offsets:
+    """Offsets by topic, each with its topic's id first (where it has one)."""
+    out: Offsets = {topic: {ID: topic_id} if topic_id else {} for topic, topic_id in ids.items()}
     for topic, partition, offset in items:
         out.setdefault(topic, {})[str(partition)] = offset
     return out
 
 
-def _start(root: Root, start: Offsets, topic: str, p: str, end: int, fail_on_data_loss: bool) -> int:
-    """Where a partition's next batch starts: its offset in ``start`` (0 for a new
-    partition), moved up (to at most ``end``) when retention deleted bytes there, or
-    ``DataLoss``.  An offset past the log end means the partition was replaced: an error."""
-    begin = start.get(topic, {}).get(p, 0)
+def _numbered(partitions: Mapping[str, int | str]) -> list[tuple[str, int]]:
+    """A topic's partitions and their offsets, without its id."""
+    return [(p, _number(offset)) for p, offset in partitions.items() if p != ID]
+
+
+def _number(offset: int | str) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise InvalidConfig(f"the checkpoint's offset {offset!r} is not a byte offset (is the checkpoint damaged?)")
+    return offset
+
+
+def _id(partitions: Mapping[str, object]) -> str:
+    """A topic's id in a stream offset ("" for none: written by a kl before topic ids)."""
+    value = partitions.get(ID)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidConfig(f"the checkpoint's topic id {value!r} is not a topic id (is the checkpoint damaged?)")
+    return value
+
+
+def _start(root: Root, topic: str, p: str, begin: int, end: int, fail_on_data_loss: bool) -> int:
+    """Where a partition's next batch starts: ``begin`` (its offset in the batch's start,
+    0 for a new partition), moved up (to at most ``end``) when retention deleted bytes
+    there, or ``DataLoss``.  An offset past the log end is an error."""
     state = root.log(topic, int(p)).state()
     if begin > state.log_end_offset:
         raise InvalidConfig(
