@@ -528,7 +528,7 @@ class Server:
         self._lookup(conn, reader, lambda log, value: log.offset_for_time(value))
 
     def _offset_back(self, conn: Connection, reader: Reader) -> None:
-        self._lookup(conn, reader, lambda log, value: log.offset_back(value))
+        self._lookup(conn, reader, lambda log, value: wire.OFFSET_SKIP.pack(*log.position_back(value)))
 
     def _check_offset(self, conn: Connection, reader: Reader) -> None:
         self._lookup(conn, reader, lambda log, value: log.check_offset(value))
@@ -546,7 +546,9 @@ class Server:
         except KlError as e:
             self._reply_error(conn, *_coded(e))
             return
-        self._reply(conn, wire.NO_ERROR, b"" if result is None else wire.INT64.pack(result))
+        if isinstance(result, int):
+            result = wire.INT64.pack(result)
+        self._reply(conn, wire.NO_ERROR, b"" if result is None else result)
 
     def _append_request(self, conn: Connection, reader: Reader) -> None:
         topic = reader.string()

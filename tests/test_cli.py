@@ -266,6 +266,14 @@ def test_last_n_messages(ten):
     assert ok(ten, "consume", "t", "--from-offset=-20") == b"".join(b"m%d\n" % i for i in range(10))
 
 
+def test_last_n_messages_inside_a_compressed_batch(kl_root):
+    ok(kl_root, "produce", "t", "-z", "zstd", input=b"".join(b"%d\n" % i for i in range(1, 46)))
+    assert ok(kl_root, "consume", "t", "-o", "-3", "-c", "3") == b"43\n44\n45\n"
+    assert ok(kl_root, "consume", "t", "-o", "-3", "--json").count(b"\n") == 3
+    ok(kl_root, "produce", "t", input=b"46\n47\n")
+    assert ok(kl_root, "consume", "t", "-o", "-4") == b"44\n45\n46\n47\n"
+
+
 def test_earliest_and_latest(ten):
     assert ok(ten, "consume", "t", "-o", "earliest", "-c", "1") == b"m0\n"
     assert ok(ten, "consume", "t", "-o", "latest") == b""
