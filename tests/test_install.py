@@ -85,7 +85,7 @@ def test_after_a_lenient_editable_install_the_session_has_the_kl_source(tmp_path
     if installed.returncode != 0:
         pytest.skip(f"pip install -e could not run here: {installed.stderr.strip().splitlines()[-1:]}")
     assert (Path(site) / "__editable___kl_0_1_0_finder.py").exists()  # the lenient mode's import hook
-    outer = [p for p in sys.path if Path(p).is_dir() and not (Path(p) / "kl").exists() and not (Path(p) / "pyspark_kl.py").exists()]
+    outer = [p for p in sys.path if Path(p).is_dir() and not any((Path(p) / name).exists() for name in ("kl", "pyspark_kl.py"))]
     Path(site, "outer.pth").write_text("\n".join(outer) + "\n")  # pyspark and the rest, not this checkout's kl
     done = subprocess.run([python, "-c", LENIENT_READ.format(root=str(tmp_path / "root"))], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
