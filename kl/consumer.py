@@ -154,16 +154,14 @@ class Consumer:
                 for p in list(active):
                     offset = offsets[p]
                     size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
-                    skip = skips.pop(p, 0)  # only ever at the start, where the first read begins
                     try:
                         got, offsets[p], damage = self._read(
-                            topic, p, offset, size, values_only, None if remaining is None else remaining + skip
+                            topic, p, offset, size, values_only, remaining, skips.pop(p, 0)  # a skip: at the start only
                         )
                     except OffsetOutOfRange as e:
                         if reset == "fail":
                             raise
                         got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
-                    del got[:skip]
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
@@ -220,10 +218,18 @@ class Consumer:
         raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
 
     def _read(
-        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None
+        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None, skip: int = 0
     ) -> tuple[list[Message] | list[bytes], int, CorruptMessage | None]:
         """The valid messages (at most ``limit``) of one fetch, where to read next, and
-        the damage that ended them early (its offset is where to read next then)."""
+        the damage that ended them early (its offset is where to read next then).
+        ``skip`` leaves out the first messages read: a ``Position``'s inside a compressed
+        batch (a batch is read whole, so they are all in this fetch)."""
+        if skip:
+            got, next_offset, damage = self._read(
+                topic, partition, offset, max_bytes, values_only, None if limit is None else limit + skip
+            )
+            del got[:skip]
+            return got, next_offset, damage
         try:
             return *_take(self.fetch(topic, partition, offset, max_bytes), values_only, limit), None
         except CorruptMessage as e:
