@@ -151,9 +151,11 @@ class Server:
         self.listener = self._listen()
         self.port: int = self.listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        """Wakes the loop; socket objects, so a wake after they are closed fails cleanly
+        (a raw descriptor number may belong to another file by then)."""
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._work: queue.SimpleQueue[tuple[Connection, bytearray | None] | None] = queue.SimpleQueue()
         self._returned: queue.SimpleQueue[tuple[Connection, str]] = queue.SimpleQueue()
         """Connections workers are done with, and what comes next: READ, WRITE (the rest of
@@ -214,9 +216,9 @@ class Server:
             self.listener.close()
             for conn in self._connections:
                 _discard(conn)
-            if finished:  # else a stuck worker may still write to the pipe
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+            if finished:  # else a stuck worker may still wake it
+                self._wake_r.close()
+                self._wake_w.close()
 
     def stop(self) -> None:
         """Stop accepting and reading; responses under way are finished.  Safe from a signal handler."""
@@ -261,17 +263,15 @@ class Server:
         return True
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:  # the pipe is full: the loop wakes anyway
-            pass
+        """Wake the loop (from a worker, ``stop``, a signal handler).  A full buffer means
+        a wake is pending; a closed socket, that the loop has ended (``stop`` raced it)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
 
     def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
                 pass
-        except BlockingIOError:
-            pass
 
     def _accept(self) -> None:
         for _ in range(64):

@@ -589,6 +589,15 @@ def _refused(address) -> bool:
         return True
 
 
+def test_stop_after_the_loop_ended_is_harmless(root):
+    """``stop`` sets the flag, then wakes the loop: the loop may see the flag and end
+    first (a second SIGTERM likewise comes after it ended)."""
+    r = Running(root)
+    r.stop()
+    r.server.stop()
+    r.server.stop()
+
+
 def test_registration_list_and_a_dead_registration(root, three, tmp_path):
     daemon = Daemon(root, tmp_path / "log", "--topics", "t.*", "--allow-produce")
     address = f"127.0.0.1:{daemon.address[1]}"
