@@ -305,6 +305,7 @@ def test_clients_that_never_read_hold_few_files_and_no_worker(root, tmp_path):
     assert open_files <= 8 * (1 + server.FILES_PER_CONNECTION + 1)  # socket, parked files, the one being sent
     for s in hogs:
         s.close()
+    wait_for(lambda: len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) <= base_files, "the parked answers' files to close")
     assert daemon.proc.poll() is None
 
 
