@@ -179,7 +179,7 @@ def consume(
     if time_ms is not None:
         start = {p: consumer.offset_for_time(topic, p, time_ms) for p in partitions}
     elif where == "back":
-        start = {p: consumer.offset_back(topic, p, n) for p in partitions}
+        start = {p: consumer.position_back(topic, p, n) for p in partitions}
     elif where == "offset":
         consumer.check_offset(topic, partitions[0], n)
         start = n

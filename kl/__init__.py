@@ -32,7 +32,7 @@ from kl.errors import (
     UnsupportedCodec,
 )
 from kl.group import GroupConsumer, MessageStream, Record
-from kl.log import EARLIEST, LATEST, Log
+from kl.log import EARLIEST, LATEST, Log, Position
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
@@ -70,6 +70,7 @@ __all__ = [
     "NotOwner",
     "OffsetOutOfRange",
     "PartitionInfo",
+    "Position",
     "Producer",
     "ProducerClosed",
     "QueueFull",

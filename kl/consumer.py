@@ -15,19 +15,20 @@ from typing import Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.follow import Watch
-from kl.log import EARLIEST, LATEST
+from kl.log import EARLIEST, LATEST, Position
 from kl.message import Message
 from kl.messageset import MessageSet
 from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
-Start = Literal["earliest", "latest"] | int | Mapping[int, int]
-"""Where ``Consumer.consume`` starts: the log start or end, a byte offset, or one per partition."""
+Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position]
+"""Where ``Consumer.consume`` starts: the log start or end, a byte offset or a ``Position``
+(an offset and how many messages stored there to skip), or one of those per partition."""
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES", "Skipped", "Start"]
+__all__ = ["Batch", "Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES", "Position", "Skipped", "Start"]
 
 
 class Batch(NamedTuple):
@@ -90,8 +91,13 @@ class Consumer:
         return self.root.log(topic, partition).offset_for_time(time_ms)
 
     def offset_back(self, topic: str, partition: int, count: int) -> int:
-        """The offset from which the last ``count`` messages can be read."""
+        """The offset from which the last ``count`` messages can be read (a compressed
+        batch whole: ``position_back`` for exactly ``count``)."""
         return self.root.log(topic, partition).offset_back(count)
+
+    def position_back(self, topic: str, partition: int, count: int) -> Position:
+        """Where exactly the last ``count`` messages start: a ``start`` for ``consume``."""
+        return self.root.log(topic, partition).position_back(count)
 
     def consume(
         self,
@@ -111,8 +117,8 @@ class Consumer:
     ) -> Iterator[Batch]:
         """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
 
-        ``start`` is "earliest", "latest", a byte offset (for one partition), or a
-        mapping of partition to offset.  Without ``follow`` each partition is read up to
+        ``start`` is "earliest", "latest", a byte offset or a ``Position`` (for one
+        partition), or a mapping of partition to either.  Without ``follow`` each partition is read up to
         the end it had when this started, so a topic that keeps growing still ends;
         with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
@@ -132,7 +138,9 @@ class Consumer:
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
         partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
         ends = {p: self.latest_offset(topic, p) for p in partitions}
-        offsets = {p: self._start_offset(topic, p, start, ends, len(partitions)) for p in partitions}
+        starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
+        offsets = {p: position.offset for p, position in starts.items()}
+        skips = {p: position.skip for p, position in starts.items() if position.skip}
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
         active = [p for p in partitions if follow or offsets[p] != ends[p]]
@@ -147,7 +155,9 @@ class Consumer:
                     offset = offsets[p]
                     size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
                     try:
-                        got, offsets[p], damage = self._read(topic, p, offset, size, values_only, remaining)
+                        got, offsets[p], damage = self._read(
+                            topic, p, offset, size, values_only, remaining, skips.pop(p, 0)  # a skip: at the start only
+                        )
                     except OffsetOutOfRange as e:
                         if reset == "fail":
                             raise
@@ -191,26 +201,35 @@ class Consumer:
         nothing: an empty watch sleeps the poll interval)."""
         watch.add(self.root.log(topic, partition))
 
-    def _start_offset(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> int:
+    def _start_position(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> Position:
         if start == "earliest":
-            return self.earliest_offset(topic, partition)
+            return Position(self.earliest_offset(topic, partition))
         if start == "latest":
-            return ends[partition]
-        if isinstance(start, int):
+            return Position(ends[partition])
+        if isinstance(start, (int, Position)):
             if count != 1:
                 raise InvalidConfig(f"a start offset ({start}) is for one partition, not {count}")
-            return start
+            return start if isinstance(start, Position) else Position(start)
         if isinstance(start, Mapping):
             if partition not in start:
                 raise InvalidConfig(f"start gives no offset for partition {partition}")
-            return start[partition]
+            value = start[partition]
+            return value if isinstance(value, Position) else Position(value)
         raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
 
     def _read(
-        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None
+        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None, skip: int = 0
     ) -> tuple[list[Message] | list[bytes], int, CorruptMessage | None]:
         """The valid messages (at most ``limit``) of one fetch, where to read next, and
-        the damage that ended them early (its offset is where to read next then)."""
+        the damage that ended them early (its offset is where to read next then).
+        ``skip`` leaves out the first messages read: a ``Position``'s inside a compressed
+        batch (a batch is read whole, so they are all in this fetch)."""
+        if skip:
+            got, next_offset, damage = self._read(
+                topic, partition, offset, max_bytes, values_only, None if limit is None else limit + skip
+            )
+            del got[:skip]
+            return got, next_offset, damage
         try:
             return *_take(self.fetch(topic, partition, offset, max_bytes), values_only, limit), None
         except CorruptMessage as e:

@@ -136,7 +136,7 @@ def import_topic(root: Root, name: str, directories: list[str], config: TopicCon
         raise ImportRefused(f"topic {name!r} has {existing.partitions} partitions, fewer than {len(directories)} directories")
     if largest > existing.max_message_bytes:
         raise ImportRefused(
-            f"a message of {largest} bytes exceeds topic {name!r}'s max_message_bytes {existing.max_message_bytes}"
+            f"a message of {largest} bytes exceeds max_message_bytes {existing.max_message_bytes} of topic {name!r}"
             f" (at most {max(largest, MiB)} would do)"
         )
     logs = [root.log(name, p) for p in range(len(directories))]

@@ -67,6 +67,15 @@ IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
 
+class Position(NamedTuple):
+    """A place in a partition between two messages: the message at ``offset``, after
+    the first ``skip`` messages stored there (inner messages of a compressed batch,
+    which has a single offset)."""
+
+    offset: int
+    skip: int = 0
+
+
 class SegmentInfo(NamedTuple):
     base_offset: int
     path: str
@@ -293,12 +302,10 @@ class Log:
         itself holds a well-formed message would read that as one; call this for
         offsets a person typed.  Raises ``OffsetOutOfRange`` and ``InvalidOffset``.
         """
-        state = self.state()
-        self._check_range(offset, state)
-        if offset == state.log_end_offset:
+        found = self._open_at(offset)
+        if found is None:
             return
-        base, _, _ = self._locate(offset, state)
-        with self.open_segment(base) as segment:
+        with found[0] as segment:
             self._check_boundary(segment, offset)
 
     def _check_boundary(self, segment: Segment, offset: int) -> None:
@@ -345,14 +352,17 @@ class Log:
     def skip_corrupt(self, offset: int) -> int:
         """The offset after the damaged message at ``offset``: where valid messages start
         again that provably run on to the segment's end (or that end)."""
-        state = self.state()
-        base, end, _ = self._locate(offset, state)
-        with self.open_segment(base) as segment:
+        found = self._open_at(offset)
+        if found is None:
+            return offset
+        segment, _, end, _ = found
+        base = segment.base_offset
+        with segment:
             bad = segment.first_problem(offset - base, end - base)
             if bad is None:
                 return offset
-            found = segment.resync(bad, end - base)
-        return end if found is None else base + found
+            resumed = segment.resync(bad, end - base)
+        return end if resumed is None else base + resumed
 
     def offsets_before(self, time_ms: int, max_offsets: int) -> list[int]:
         """Up to ``max_offsets`` segment start offsets at or before ``time_ms``, newest first.
@@ -475,19 +485,40 @@ class Log:
         return summary
 
     def offset_back(self, count: int) -> int:
-        """The offset from which the last ``count`` messages can be read (the log start
-        when there are fewer); a compressed batch is read whole, so it may give more.
-        One scan of the segments it needs, newest first."""
-        state = self.state()
-        if count <= 0:
-            return state.log_end_offset
-        needed = count
-        for info in reversed(self.segments(state)):
-            with self.open_segment(info.base_offset) as segment:
-                position, needed = segment.back(needed, info.size_in_bytes)
-            if position is not None:
-                return info.base_offset + position
-        return state.log_start_offset
+        """The offset from which the last ``count`` messages can be read (see ``position_back``)."""
+        return self.position_back(count).offset
+
+    def position_back(self, count: int) -> Position:
+        """Where the last ``count`` messages start (the log start when there are fewer):
+        inside a compressed batch, the batch's offset and how many of its messages
+        come first.  One scan of the segments it needs, newest first.  A segment that
+        retention deletes meanwhile ends the scan at the new log start.  Raises
+        ``TopicNotFound``."""
+        for _ in range(3):
+            state = self.state()
+            if count <= 0:
+                return Position(state.log_end_offset)
+            needed = count
+            for info in reversed(self.segments(state)):
+                try:
+                    segment = self.open_segment(info.base_offset)
+                except FileNotFoundError:  # deleted by retention, or a stale listing: look again
+                    break
+                except OSError as e:
+                    raise storage_error(e, "read", info.path) from None
+                with segment:
+                    position, left = segment.back(needed, info.size_in_bytes)
+                if position is not None:
+                    return Position(info.base_offset + position, skip=left)
+                needed = left
+            else:
+                return Position(self.state().log_start_offset)  # fresh: retention may have moved it meanwhile
+            start = self.state().log_start_offset
+            if info.base_offset < start:  # every message from the new start is wanted, and fewer remain
+                return Position(start)
+            if self.on_nfs():
+                os.listdir(self.directory)  # NFS caches names
+        raise TopicNotFound(f"segments of {self.directory} keep disappearing")
 
     # ----------------------------------------------------------------- writing
 

@@ -371,7 +371,7 @@ class Producer:
         if config.legacy:
             _raise(self._mismatch(topic, config, keyed, timed))
         if size > limit:
-            raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
+            raise MessageTooLarge(f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}")
         self._rooms[topic] = limit - m.HEADER_SIZE
 
     def _run(self) -> None:
@@ -609,7 +609,7 @@ class Producer:
         for item in items:
             size = len(item[1]) + len(item[2] or b"") + m.HEADER_SIZE
             if size > limit:
-                too_large = f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}"
+                too_large = f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}"
                 self._failed([item], MessageTooLarge(too_large))
             else:
                 fitting.append(item)
@@ -685,7 +685,7 @@ class Producer:
     def _check_size(self, topic: str, size: int) -> None:
         limit = self.root.config(topic).max_message_bytes
         if size > limit:
-            raise MessageTooLarge(f"a message of {size} bytes exceeds topic {topic!r}'s max_message_bytes {limit}")
+            raise MessageTooLarge(f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}")
 
     def _check_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> None:
         if keys is None:

@@ -44,7 +44,7 @@ from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
 from kl.errors import InvalidConfig, KlError, TopicNotFound
 from kl.follow import Watch
-from kl.log import EARLIEST, LATEST
+from kl.log import EARLIEST, LATEST, Position
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
@@ -385,7 +385,13 @@ class RemoteLog:
 
     def offset_back(self, count: int) -> int:
         """``Log.offset_back`` (OFFSET_BACK)."""
-        return self._lookup(wire.OFFSET_BACK, count)
+        return self.position_back(count).offset
+
+    def position_back(self, count: int) -> Position:
+        """``Log.position_back`` (OFFSET_BACK; a server older than the skip gives none)."""
+        reader = wire.Reader(self.root.call(wire.OFFSET_BACK, wire.partition_int64_body(self.topic, self.partition, count)))
+        offset = reader.int64()
+        return Position(offset, reader.int32() if len(reader.data) > reader.pos else 0)
 
     def check_offset(self, offset: int) -> None:
         """``Log.check_offset`` (CHECK_OFFSET): ``InvalidOffset`` unless a message starts at ``offset``."""

@@ -250,9 +250,11 @@ class Segment:
         return before, after
 
     def back(self, count: int, end: int) -> tuple[int | None, int]:
-        """Where the last ``count`` messages before ``end`` start, in one scan; or None
-        when there are fewer, with how many are still wanted before this segment.  A
-        compressed batch counts its inner messages; padding counts none."""
+        """Where the last ``count`` messages before ``end`` start, in one scan, and how
+        many messages of the batch there come before them (its first inner messages,
+        when the last ``count`` begin inside a compressed batch); or None when there are
+        fewer, with how many are still wanted before this segment.  A compressed batch
+        counts its inner messages; padding counts none."""
         recent: deque[tuple[int, int, int]] = deque(maxlen=count)
         for entry in self.scan(0, end):
             if entry.problem is not None:
@@ -269,7 +271,7 @@ class Segment:
             else:
                 count -= 1
             if count <= 0:
-                return position, 0
+                return position, -count
         return None, count
 
     def good_end(self, stable: int, last: int, published: int, start: int | None = None) -> tuple[int, str | None]:

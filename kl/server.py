@@ -2,10 +2,14 @@
 
 The seed's broker: one thread accepts connections and reads requests (a selector
 over non-blocking sockets), N worker threads answer them.  A connection has at most
-one request with a worker, so its responses come in request order; the loop reads its
-next request once the worker hands the connection back.  A fetch response is a
-6-byte header written by Python and the segment's bytes copied by the kernel
-(``os.sendfile``), never past the published end.  Specified in ``man/kl-protocol.5``.
+one request under way, so its responses come in request order; the loop reads its
+next request once the answer is sent.  A fetch response is a 6-byte header written by
+Python and the segment's bytes copied by the kernel (``os.sendfile``), never past the
+published end.  A worker writes an answer until the client's socket is full; the rest
+waits, parked with the loop, until the socket takes more (a worker then goes on), so a
+client that does not read holds no worker.  A parked answer holds at most
+``FILES_PER_CONNECTION`` segment files open (the others are opened again when their
+turn comes) and no file bytes in memory.  Specified in ``man/kl-protocol.5``.
 """
 
 from __future__ import annotations
@@ -18,17 +22,18 @@ import os
 import queue
 import random
 import re
-import select
 import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kl import wire
 from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
+from kl.log import DELETED_SUFFIX
 from kl.messageset import validate_set
 from kl.segment import Segment
 from kl.topic import Root, validate_name
@@ -43,7 +48,10 @@ SMALL_REQUEST = 64 << 10
 RECV_CHUNK = 256 << 10
 KL_FORMAT = "kl"
 MAX_FETCHES = 1000
-"""The most fetches one MULTIFETCH may hold: each keeps a segment file open while it is sent."""
+"""The most fetches one MULTIFETCH may hold."""
+FILES_PER_CONNECTION = 16
+"""The most segment files an answer holds open while it waits to be sent: the spans past
+them are closed and opened again (the same file, checked) when their turn comes."""
 MAX_PAYLOAD = (1 << 31) - 1 - 2
 """A response's size field is an int32 and counts the error code: longer fetches are cut short."""
 SWEEP_INTERVAL = 0.25
@@ -115,7 +123,7 @@ class ServeConfig:
 class Connection:
     """A client's socket and what has been read of its next request."""
 
-    __slots__ = ("sock", "peer", "kl", "buffer", "last_active", "started")
+    __slots__ = ("sock", "peer", "kl", "buffer", "last_active", "started", "out")
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
@@ -126,6 +134,8 @@ class Connection:
         self.last_active = time.monotonic()
         self.started: float | None = None
         """When the request being received began (None between requests)."""
+        self.out: _Response | None = None
+        """The answer not yet sent (None between requests)."""
 
 
 class Drop(Exception):
@@ -141,11 +151,15 @@ class Server:
         self.listener = self._listen()
         self.port: int = self.listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._work: queue.SimpleQueue[tuple[Connection, bytearray] | None] = queue.SimpleQueue()
-        self._returned: queue.SimpleQueue[tuple[Connection, bool]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        """Wakes the loop; socket objects, so a wake after they are closed fails cleanly
+        (a raw descriptor number may belong to another file by then)."""
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._work: queue.SimpleQueue[tuple[Connection, bytearray | None] | None] = queue.SimpleQueue()
+        self._returned: queue.SimpleQueue[tuple[Connection, str]] = queue.SimpleQueue()
+        """Connections workers are done with, and what comes next: READ, WRITE (the rest of
+        the answer, once the socket takes more) or CLOSE."""
         self._connections: set[Connection] = set()
         self._busy = 0
         self._accepting = True
@@ -184,6 +198,8 @@ class Server:
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wake()
+                    elif key.data.out is not None:
+                        self._send_more(key.data)
                     else:
                         self._readable(key.data)
                 self._take_back()
@@ -199,10 +215,10 @@ class Server:
             sel.close()
             self.listener.close()
             for conn in self._connections:
-                conn.sock.close()
-            if finished:  # else a stuck worker may still write to the pipe
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+                _discard(conn)
+            if finished:  # else a stuck worker may still wake it
+                self._wake_r.close()
+                self._wake_w.close()
 
     def stop(self) -> None:
         """Stop accepting and reading; responses under way are finished.  Safe from a signal handler."""
@@ -210,32 +226,35 @@ class Server:
         self._wake()
 
     def _shutdown(self, workers: list[threading.Thread]) -> bool:
-        """Close the listener and idle connections, wait for the responses under way (a
-        request timeout, then cut them short), stop the workers; whether they all stopped."""
+        """Close the listener and idle connections, finish the answers under way (a request
+        timeout, then cut them short), stop the workers; whether they all stopped."""
         if self._accepting:
             self._selector.unregister(self.listener)
         self.listener.close()
-        for conn in [c for c in self._connections if self._registered(c)]:
+        for conn in [c for c in self._connections if self._registered(c) and c.out is None]:
             self._close(conn, None)
         deadline = time.monotonic() + self.config.request_timeout
         cut = False
-        while self._busy:
+        while self._connections:  # each one busy with a worker or parked with an answer
             now = time.monotonic()
             if now >= deadline + (STOP_GRACE if cut else 0):
                 if cut:
                     log.warning("stopped with %d requests unfinished", self._busy)
                     return False
-                log.warning("cutting %d responses short after %g s", self._busy, self.config.request_timeout)
-                for conn in self._connections:
-                    with contextlib.suppress(OSError):
-                        conn.sock.shutdown(socket.SHUT_RDWR)
+                log.warning("cutting %d responses short after %g s", len(self._connections), self.config.request_timeout)
+                for conn in list(self._connections):
+                    if self._registered(conn):
+                        self._close(conn, None)
+                    else:
+                        with contextlib.suppress(OSError):
+                            conn.sock.shutdown(socket.SHUT_RDWR)
                 cut = True
-            try:
-                conn, _ = self._returned.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self._busy -= 1
-            self._close(conn, None)
+            for key, _ in self._selector.select(timeout=0.1):
+                if key.data == "wake":
+                    self._drain_wake()
+                else:
+                    self._send_more(key.data)
+            self._take_back(stopping=True)
         for _ in workers:
             self._work.put(None)
         for w in workers:
@@ -244,17 +263,15 @@ class Server:
         return True
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:  # the pipe is full: the loop wakes anyway
-            pass
+        """Wake the loop (from a worker, ``stop``, a signal handler).  A full buffer means
+        a wake is pending; a closed socket, that the loop has ended (``stop`` raced it)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
 
     def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
                 pass
-        except BlockingIOError:
-            pass
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -316,6 +333,12 @@ class Server:
         self._busy += 1
         self._work.put((conn, request))
 
+    def _send_more(self, conn: Connection) -> None:
+        """A parked answer's socket takes more: a worker goes on sending it."""
+        self._selector.unregister(conn.sock)
+        self._busy += 1
+        self._work.put((conn, None))
+
     def _needed(self, conn: Connection) -> int:
         """Bytes still missing from the request being received (its size checked first)."""
         if len(conn.buffer) < wire.SIZE.size:
@@ -325,24 +348,30 @@ class Server:
             raise Drop(f"request of {size} bytes refused (limit {self.config.request_limit})")
         return wire.SIZE.size + size - len(conn.buffer)
 
-    def _take_back(self) -> None:
-        """Connections whose response a worker finished: read their next request."""
+    def _take_back(self, stopping: bool = False) -> None:
+        """Connections a worker is done with: read their next request (unless
+        ``stopping``), or wait until their socket takes more of the answer."""
         while True:
             try:
-                conn, keep = self._returned.get_nowait()
+                conn, then = self._returned.get_nowait()
             except queue.Empty:
                 return
             self._busy -= 1
-            if not keep:
+            if then == WRITE:
+                self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+            elif then == CLOSE or stopping:
                 self._close(conn, None)
-                continue
-            conn.last_active = time.monotonic()
-            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            else:
+                conn.last_active = time.monotonic()
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _sweep(self, now: float) -> None:
         config = self.config
         for conn in [c for c in self._connections if self._registered(c)]:
-            if conn.started is not None and now - conn.started > config.request_timeout:
+            if conn.out is not None:
+                if now > conn.out.deadline:
+                    self._close(conn, "response not taken within the request timeout")
+            elif conn.started is not None and now - conn.started > config.request_timeout:
                 self._close(conn, f"request not complete after {config.request_timeout:g} s")
             elif conn.started is None and now - conn.last_active > config.idle_timeout:
                 self._close(conn, f"idle for {config.idle_timeout:g} s")
@@ -361,17 +390,23 @@ class Server:
         if self._registered(conn):
             self._selector.unregister(conn.sock)
         self._connections.discard(conn)
-        conn.sock.close()
+        _discard(conn)
 
     # ----------------------------------------------------------------- workers
 
     def _worker(self) -> None:
-        """Answer requests; give each connection back to the loop (to be closed if it failed)."""
+        """Answer requests, or go on sending a parked answer (``request`` None); give each
+        connection back to the loop, to read its next request, to wait until its socket
+        takes more, or to be closed (it failed)."""
         while (item := self._work.get()) is not None:
             conn, request = item
             reason = None
+            then = READ
             try:
-                self._handle(conn, memoryview(request)[wire.SIZE.size :])
+                if request is not None:
+                    self._handle(conn, memoryview(request)[wire.SIZE.size :])
+                if conn.out is not None and not self._flush(conn):
+                    then = WRITE
             except Drop as e:
                 reason = str(e)
             except ProtocolError as e:
@@ -384,8 +419,37 @@ class Server:
                 reason = f"unexpected {type(e).__name__}: {e}"
             if reason is not None:
                 log.warning("closed %s: %s", conn.peer, reason)
-            self._returned.put((conn, reason is None))
+                then = CLOSE
+            self._returned.put((conn, then))
             self._wake()
+
+    def _flush(self, conn: Connection) -> bool:
+        """Send what is left of the connection's answer: True once all of it went,
+        False when the socket is full (the rest waits).  TCP_CORK makes one stream of it."""
+        out, sock = conn.out, conn.sock
+        assert out is not None
+        if not out.corked:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+            out.corked = True
+        pieces = out.pieces
+        while pieces:
+            piece = pieces[0]
+            try:
+                if isinstance(piece, _Span):
+                    if not piece.send(sock):
+                        return False
+                else:
+                    sent = sock.send(piece)
+                    if sent < len(piece):
+                        pieces[0] = piece[sent:]
+                        continue
+            except (BlockingIOError, InterruptedError):
+                return False
+            pieces.popleft()
+        conn.out = None
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        return True
 
     def _handle(self, conn: Connection, request: memoryview) -> None:
         reader = Reader(request)
@@ -402,11 +466,7 @@ class Server:
     def _fetch(self, conn: Connection, reader: Reader) -> None:
         fetch = reader.fetch()
         reader.done()
-        part = self._part(conn, fetch)
-        try:
-            self._respond(conn, [part], None)
-        finally:
-            _close_part(part)
+        self._respond(conn, [self._part(conn, fetch)], None)
 
     def _multifetch(self, conn: Connection, reader: Reader) -> None:
         count = reader.int16()
@@ -415,13 +475,22 @@ class Server:
         fetches = [reader.fetch() for _ in range(count)]
         reader.done()
         parts: list[_Part] = []
+        held = 0
         try:
             for fetch in fetches:
-                parts.append(self._part(conn, fetch))
-            self._respond(conn, parts, wire.NO_ERROR)
-        finally:
+                part = self._part(conn, fetch)
+                parts.append(part)
+                if isinstance(part, _Span):
+                    if held < FILES_PER_CONNECTION:
+                        held += 1
+                    else:
+                        part.close()  # opened again when its turn comes
+        except BaseException:
             for part in parts:
-                _close_part(part)
+                if isinstance(part, _Span):
+                    part.close()
+            raise
+        self._respond(conn, parts, wire.NO_ERROR)
 
     def _part(self, conn: Connection, fetch: Fetch) -> _Part:
         """One fetch's answer: an error code and bytes, or a span of a segment file."""
@@ -440,7 +509,7 @@ class Server:
             return self._error(conn, *_coded(e))
         if span is None:
             return (wire.NO_ERROR, b"")
-        return span
+        return _Span(*span)
 
     def _offsets(self, conn: Connection, reader: Reader) -> None:
         topic = reader.string()
@@ -528,7 +597,7 @@ class Server:
         self._lookup(conn, reader, lambda log, value: log.offset_for_time(value))
 
     def _offset_back(self, conn: Connection, reader: Reader) -> None:
-        self._lookup(conn, reader, lambda log, value: log.offset_back(value))
+        self._lookup(conn, reader, lambda log, value: wire.OFFSET_SKIP.pack(*log.position_back(value)))
 
     def _check_offset(self, conn: Connection, reader: Reader) -> None:
         self._lookup(conn, reader, lambda log, value: log.check_offset(value))
@@ -546,7 +615,9 @@ class Server:
         except KlError as e:
             self._reply_error(conn, *_coded(e))
             return
-        self._reply(conn, wire.NO_ERROR, b"" if result is None else wire.INT64.pack(result))
+        if isinstance(result, int):
+            result = wire.INT64.pack(result)
+        self._reply(conn, wire.NO_ERROR, b"" if result is None else result)
 
     def _append_request(self, conn: Connection, reader: Reader) -> None:
         topic = reader.string()
@@ -614,61 +685,117 @@ class Server:
         return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
 
     def _reply(self, conn: Connection, code: int, body: bytes) -> None:
-        _send(conn.sock, wire.HEAD.pack(2 + len(body), code) + body, time.monotonic() + self.config.request_timeout)
+        self._answer(conn).pieces.append(memoryview(wire.HEAD.pack(2 + len(body), code) + body))
+
+    def _answer(self, conn: Connection) -> _Response:
+        """The connection's answer being put together (sent by ``_flush``)."""
+        if conn.out is None:
+            conn.out = _Response(time.monotonic() + self.config.request_timeout)
+        return conn.out
 
     def _reply_error(self, conn: Connection, code: int, error: BaseException, plain: bytes = b"") -> None:
         """An error answer: the JSON on a kl connection, Kafka 0.7's ``plain`` bytes on another."""
         self._reply(conn, self._code(conn, code), wire.error_payload(error)[1] if conn.kl else plain)
 
     def _respond(self, conn: Connection, parts: list[_Part], outer: int | None) -> None:
-        """Write parts as ``size error payload`` each (under one more header when ``outer``
-        is a code: MULTIFETCH), within the request timeout; segment spans go by
-        ``_copy``.  Spans are cut short where the response would pass an int32's size.
-        TCP_CORK makes one stream of it."""
+        """Answer with parts as ``size error payload`` each (under one more header when
+        ``outer`` is a code: MULTIFETCH); segment spans go by ``os.sendfile``.  Spans are
+        cut short where the response would pass an int32's size."""
         room = MAX_PAYLOAD
-        heads = []
-        for i, part in enumerate(parts):
+        pieces: list[memoryview | _Span] = []
+        for part in parts:
             room -= 0 if outer is None else wire.HEAD.size
-            if isinstance(part[0], Segment):
-                size = max(0, min(part[2], room))
-                parts[i] = (part[0], part[1], size)
-                heads.append(wire.HEAD.pack(2 + size, wire.NO_ERROR))
-            else:
-                size = len(part[1])
-                heads.append(wire.HEAD.pack(2 + size, part[0]))
-            room -= size
-        sock = conn.sock
-        deadline = time.monotonic() + self.config.request_timeout
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-        try:
-            if outer is not None:
-                _send(sock, wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer), deadline)
-            for head, part in zip(heads, parts, strict=True):
-                if isinstance(part[0], Segment):
-                    _send(sock, head, deadline)
-                    self._copy(sock, part[0], part[1], part[2], deadline)
+            if isinstance(part, _Span):
+                part.count = max(0, min(part.count, room))
+                pieces.append(memoryview(wire.HEAD.pack(2 + part.count, wire.NO_ERROR)))
+                if part.count:
+                    pieces.append(part)
                 else:
-                    _send(sock, head + part[1], deadline)
-        finally:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+                    part.close()
+                room -= part.count
+            else:
+                pieces.append(memoryview(wire.HEAD.pack(2 + len(part[1]), part[0]) + part[1]))
+                room -= len(part[1])
+        out = self._answer(conn)
+        if outer is not None:
+            out.pieces.append(memoryview(wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer)))
+        out.pieces.extend(pieces)
 
-    def _copy(self, sock: socket.socket, segment: Segment, position: int, count: int, deadline: float) -> None:
-        """Copy ``count`` bytes of the segment from ``position`` to the socket, in the kernel."""
-        out, fd = sock.fileno(), segment.fd
-        while count > 0:
+
+class _Span:
+    """Bytes of a segment file an answer sends: held open, or closed (past a connection's
+    ``FILES_PER_CONNECTION``) and opened again when their turn comes, by its name or the
+    name retention sets it aside under, only if it is still the same file."""
+
+    __slots__ = ("segment", "position", "count", "identity")
+
+    def __init__(self, segment: Segment, position: int, count: int):
+        self.segment = segment
+        self.position = position
+        self.count = count
+        self.identity: tuple[int, int] | None = None
+
+    def close(self) -> None:
+        if self.segment.fd >= 0:
+            st = os.fstat(self.segment.fd)
+            self.identity = (st.st_dev, st.st_ino)
+            self.segment.close()
+
+    def send(self, sock: socket.socket) -> bool:
+        """Copy the bytes to the socket, in the kernel: True once all went, False when
+        the socket is full.  Raises ``Drop`` when the file is gone or shorter."""
+        segment = self.segment
+        if segment.fd < 0:
+            segment.fd = self._reopen()
+        while self.count > 0:
             try:
-                sent = os.sendfile(out, fd, position, count)
+                sent = os.sendfile(sock.fileno(), segment.fd, self.position, self.count)
             except (BlockingIOError, InterruptedError):
-                _writable(sock, deadline)
-                continue
+                return False
             if sent == 0:
                 raise Drop(f"{segment.path} is shorter than its published end")
-            position += sent
-            count -= sent
+            self.position += sent
+            self.count -= sent
+        segment.close()
+        return True
+
+    def _reopen(self) -> int:
+        path = self.segment.path
+        for name in (path, path + DELETED_SUFFIX):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise Drop(f"cannot open {name} again: {_reason(e)}") from None
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self.identity:
+                return fd
+            os.close(fd)
+        raise Drop(f"{path} was deleted before the answer that reads it was sent")
 
 
-_Part = tuple[int, bytes] | tuple[Segment, int, int]
+class _Response:
+    """What is left to send of a connection's answer: bytes and segment spans, in order."""
+
+    __slots__ = ("pieces", "deadline", "corked")
+
+    def __init__(self, deadline: float):
+        self.pieces: deque[memoryview | _Span] = deque()
+        self.deadline = deadline
+        """When the client must have taken all of it (the request timeout)."""
+        self.corked = False
+
+    def close(self) -> None:
+        for piece in self.pieces:
+            if isinstance(piece, _Span):
+                piece.segment.close()
+        self.pieces.clear()
+
+
+READ, WRITE, CLOSE = "read", "write", "close"
+"""What the loop does with a connection a worker gives back."""
+_Part = tuple[int, bytes] | _Span
 
 
 class _Refused(Exception):
@@ -681,28 +808,12 @@ def _coded(error: KlError) -> tuple[int, KlError]:
     return wire.error_payload(error)[0], error
 
 
-def _close_part(part: _Part) -> None:
-    if isinstance(part[0], Segment):
-        part[0].close()
-
-
-def _send(sock: socket.socket, data: bytes | memoryview, deadline: float) -> None:
-    """Write all of ``data`` to the non-blocking socket by ``deadline``."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[sock.send(view) :]
-        except (BlockingIOError, InterruptedError):
-            _writable(sock, deadline)
-
-
-def _writable(sock: socket.socket, deadline: float) -> None:
-    """Wait until the socket takes more; ``Drop`` when the peer does not by ``deadline``."""
-    remaining = deadline - time.monotonic()
-    poll = select.poll()
-    poll.register(sock.fileno(), select.POLLOUT)
-    if remaining <= 0 or not poll.poll(remaining * 1000):
-        raise Drop("response not taken within the request timeout")
+def _discard(conn: Connection) -> None:
+    """Close a connection's socket and the files of its unsent answer."""
+    if conn.out is not None:
+        conn.out.close()
+        conn.out = None
+    conn.sock.close()
 
 
 def _reason(error: OSError) -> str:

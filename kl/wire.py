@@ -33,7 +33,8 @@ APPEND = 103
 """kl: ``topic partition:int32 fsync:int8 count:int32 size:int32 set`` -> ``offset:int64`` where it starts;
 ``count`` is the number of messages, a compressed batch counting its inner ones."""
 OFFSET_BACK = 104
-"""kl: ``topic partition:int32 count:int64`` -> ``offset:int64`` from which the last count messages are read."""
+"""kl: ``topic partition:int32 count:int64`` -> ``offset:int64 skip:int32``: the last count messages are read
+from offset after its first skip messages (inner ones of a compressed batch; an older server sends no skip)."""
 CHECK_OFFSET = 105
 """kl: ``topic partition:int32 offset:int64`` -> empty; an error unless a message starts there."""
 NAMES = {
@@ -85,6 +86,8 @@ INT64 = struct.Struct(">q")
 PARTITION_OFFSET_SIZE = struct.Struct(">iqi")
 PARTITION_TIME_COUNT = struct.Struct(">iqi")
 PARTITION_INT64 = struct.Struct(">iq")
+OFFSET_SKIP = struct.Struct(">qi")
+"""OFFSET_BACK's answer."""
 APPEND_HEAD = struct.Struct(">ibii")
 """partition, fsync, count, size of an APPEND."""
 MAX_RESPONSE = 1 << 31

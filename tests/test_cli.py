@@ -266,6 +266,14 @@ def test_last_n_messages(ten):
     assert ok(ten, "consume", "t", "--from-offset=-20") == b"".join(b"m%d\n" % i for i in range(10))
 
 
+def test_last_n_messages_inside_a_compressed_batch(kl_root):
+    ok(kl_root, "produce", "t", "-z", "zstd", input=b"".join(b"%d\n" % i for i in range(1, 46)))
+    assert ok(kl_root, "consume", "t", "-o", "-3", "-c", "3") == b"43\n44\n45\n"
+    assert ok(kl_root, "consume", "t", "-o", "-3", "--json").count(b"\n") == 3
+    ok(kl_root, "produce", "t", input=b"46\n47\n")
+    assert ok(kl_root, "consume", "t", "-o", "-4") == b"44\n45\n46\n47\n"
+
+
 def test_earliest_and_latest(ten):
     assert ok(ten, "consume", "t", "-o", "earliest", "-c", "1") == b"m0\n"
     assert ok(ten, "consume", "t", "-o", "latest") == b""
@@ -534,7 +542,7 @@ def test_a_bad_json_line_is_reported_after_the_lines_before_it_are_committed(kl_
 def test_message_too_large(kl_root):
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
     assert fails(kl_root, "produce", "small", input=b"x" * 200) == (
-        "Error: line 1: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; 0 lines before it were committed"
+        "Error: line 1: a message of 222 bytes exceeds max_message_bytes 100 of topic 'small'; 0 lines before it were committed"
     )
 
 
@@ -543,7 +551,7 @@ def test_a_message_too_large_is_reported_after_every_line_before_it_is_committed
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100", "--partitions", "2")
     before = lines(1233, width=60)
     assert fails(kl_root, "produce", "small", *args, input=before + b"y" * 200 + b"\n" + lines(5)) == (
-        "Error: line 1234: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "Error: line 1234: a message of 222 bytes exceeds max_message_bytes 100 of topic 'small'; "
         "1233 lines before it were committed"
     )
     assert sorted(ok(kl_root, "consume", "small").splitlines(keepends=True)) == before.splitlines(keepends=True)
@@ -552,7 +560,7 @@ def test_a_message_too_large_is_reported_after_every_line_before_it_is_committed
 def test_a_failing_record_is_named_by_its_number_with_another_delimiter(kl_root):
     ok(kl_root, "topics", "create", "small", "--max-message-bytes", "100")
     assert fails(kl_root, "produce", "small", "-0", input=b"a\0b\0" + b"y" * 200) == (
-        "Error: record 3: a message of 222 bytes exceeds topic 'small''s max_message_bytes 100; "
+        "Error: record 3: a message of 222 bytes exceeds max_message_bytes 100 of topic 'small'; "
         "2 records before it were committed"
     )
 
@@ -565,7 +573,7 @@ def test_a_message_too_large_in_a_big_file_through_a_real_process(kl_root, tmp_p
     assert (done.returncode, done.stdout, done.stderr.decode()) == (
         1,
         b"",
-        "Error: line 100001: a message of 2000022 bytes exceeds topic 'small''s max_message_bytes 1048576; "
+        "Error: line 100001: a message of 2000022 bytes exceeds max_message_bytes 1048576 of topic 'small'; "
         "100000 lines before it were committed\n",
     )
     assert ok(kl_root, "consume", "small") == lines(100_000)

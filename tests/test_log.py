@@ -656,6 +656,16 @@ def test_offset_back_reads_a_compressed_batch_whole(root, topic):
     assert log.offset_back(4) == 23
 
 
+def test_position_back_skips_the_first_messages_of_a_compressed_batch(root, topic):
+    write(root, topic, [b"a", b"b"])
+    write(root, topic, [b"c", b"d", b"e"], compression="zstd")
+    log = root.log(topic, 0)
+    assert log.position_back(1) == kl.Position(46, skip=2)
+    assert log.position_back(3) == kl.Position(46, skip=0)
+    assert log.position_back(4) == kl.Position(23, skip=0)
+    assert log.position_back(0) == kl.Position(log.log_end_offset)
+
+
 def test_offset_back_of_an_empty_partition(root, topic):
     assert root.log(topic, 0).offset_back(5) == 0
 

@@ -207,7 +207,7 @@ def test_a_compressed_send_of_an_incompressible_message_near_the_limit_is_readab
 
 def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(root):
     root.create_topic("small", kl.TopicConfig(max_message_bytes=100))
-    with pytest.raises(kl.MessageTooLarge, match="101 bytes exceeds topic 'small'"):
+    with pytest.raises(kl.MessageTooLarge, match="101 bytes exceeds max_message_bytes 100 of topic 'small'$"):
         kl.Producer(root).send("small", b"x" * (101 - m.HEADER_SIZE))
     assert root.log("small", 0).log_end_offset == 0
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 import kl
 from kl.retention import DELETED_SUFFIX, retain
 from kl.segment import list_segments
+from kl.server import ServeConfig, Server
 
 from faultlib import OrderChecker, fresh_log, payload, read_log, snapshot
 
@@ -306,3 +310,58 @@ def test_retention_racing_live_readers_and_producers(root):
     assert (Path(root.path) / ".locks" / "race" / "0.lock").exists()
     assert retain(log, max_age_ms=0, max_bytes=0, delete_delay=0).deleted == []
     assert not [n for n in os.listdir(log.directory) if n.endswith(DELETED_SUFFIX)]
+
+
+def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
+    """``-o -N`` (``position_back`` scans back to the oldest segment), reads from there,
+    and the same through ``kl serve``, while a loop of real ``kl retain`` processes deletes
+    segments under them: messages or ``OffsetOutOfRange``, never a bare ``FileNotFoundError``."""
+    root.create_topic("race", ROLLING)
+    producer = kl.Producer(root)
+    for k in range(40):
+        producer.send_batch("race", [b"s%02dm%06d" % (k, i) for i in range(PER_SEGMENT)], partition=0)
+    stop = threading.Event()
+    server = Server(root, ServeConfig(port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    retain_loop = subprocess.Popen(
+        ["bash", "-c", 'for i in $(seq 8); do "$@" retain race --max-bytes 8192 --delete-delay 0 >/dev/null || exit 1; done',
+         "loop", sys.executable, "-m", "kl_cli"],
+        env={**os.environ, "KL_ROOT": root.path},
+    )
+    outcomes: list[str] = []
+
+    def produce() -> None:
+        k = 40
+        while not stop.is_set():
+            producer.send_batch("race", [b"s%02dm%06d" % (k % 100, i) for i in range(PER_SEGMENT)], partition=0)
+            k += 1
+            time.sleep(0.005)
+
+    def read(consumer: kl.Consumer) -> None:
+        while not stop.is_set():
+            try:
+                start = consumer.position_back("race", 0, 10**9)
+                for _ in consumer.consume("race", start=start, values_only=True):
+                    pass
+                outcomes.append("read")
+            except kl.OffsetOutOfRange:
+                outcomes.append("out of range")
+            except Exception as e:
+                outcomes.append(f"{type(e).__name__}: {e}")
+
+    remote = kl.RemoteConsumer(f"127.0.0.1:{server.port}")
+    threads = [threading.Thread(target=produce)] + [threading.Thread(target=read, args=(c,)) for c in (kl.Consumer(root), remote)]
+    for t in threads:
+        t.start()
+    try:
+        assert retain_loop.wait(120) == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        remote.close()
+        server.stop()
+        retain_loop.kill()
+    assert root.log("race", 0).log_start_offset > 0
+    assert outcomes.count("read") > 0
+    assert [o for o in outcomes if o not in ("read", "out of range")] == []

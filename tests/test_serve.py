@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import re
+import select
 import signal
 import socket
 import struct
@@ -23,8 +24,9 @@ import pytest
 from click.testing import CliRunner
 
 import kl
-from kl import brokers, wire
+from kl import brokers, server, wire
 from kl.messageset import frame
+from kl.retention import retain
 from kl.server import ServeConfig, Server
 from kl.wire import Fetch
 from kl_cli.main import cli
@@ -189,6 +191,122 @@ def test_a_fetch_never_spans_two_segments(root, running):
     with r.connect() as c:
         assert len(fetch(c, "s", 0, 0, 1 << 20)) == bases[1]
         assert len(fetch(c, "s", 0, bases[1], 1 << 20)) == bases[2] - bases[1]
+
+
+def multifetch(conn: wire.Connection, fetches: list[Fetch]) -> list[tuple[int, bytes]]:
+    reader = wire.Reader(conn.call(wire.MULTIFETCH, wire.multifetch_body(fetches)))
+    found = []
+    for _ in fetches:
+        size, code = reader.unpack(wire.HEAD)
+        found.append((code, bytes(reader.take(size - 2))))
+    reader.done()
+    return found
+
+
+def many_segments(root: kl.Root, name: str = "s", count: int = 60) -> list[int]:
+    """A topic of ``count`` full 4 KiB segments (and an active one); their base offsets."""
+    root.create_topic(name, kl.TopicConfig(segment_bytes=4096, max_message_bytes=1024))
+    with kl.Producer(root) as producer:
+        for k in range(count):
+            producer.send_batch(name, [b"%03d-%02d" % (k, i) * 40 for i in range(12)], partition=0)
+    bases = [s.base_offset for s in root.log(name, 0).segments()]
+    assert len(bases) == count
+    return bases
+
+
+def test_a_multifetch_past_the_file_bound_opens_the_rest_in_turn(root, running):
+    bases = many_segments(root)
+    fetches = [Fetch("s", 0, base, 1 << 20) for base in bases[::-1] + bases]
+    assert len(fetches) > 2 * server.FILES_PER_CONNECTION
+    local = kl.Consumer(root)
+    r = running()
+    with r.connect() as c:
+        assert multifetch(c, fetches) == [(0, local.fetch("s", 0, f.offset, f.max_bytes).buffer) for f in fetches]
+
+
+def slow_reader(address: tuple[str, int]) -> socket.socket:
+    """A kl connection that takes little at a time: an answer to it waits, parked."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(address)
+    s.sendall(wire.request(wire.HELLO, wire.INT16.pack(wire.VERSION) + wire.string("slow")))
+    return s
+
+
+def answer(s: socket.socket) -> tuple[int, bytes]:
+    """The next answer on a raw socket: its code and payload."""
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = s.recv(n - len(data))
+            assert chunk, "closed in the middle of an answer"
+            data += chunk
+        return data
+
+    size, code = wire.HEAD.unpack(exactly(wire.HEAD.size))
+    return code, exactly(size - 2)
+
+
+def test_an_answer_parked_past_the_file_bound_survives_retention_setting_its_segments_aside(root, running):
+    bases = many_segments(root)
+    r = running()
+    expected = [kl.Consumer(root).fetch("s", 0, base, 1 << 20).buffer for base in bases[:-1]]
+    with slow_reader(r.address) as s:
+        s.sendall(wire.request(wire.MULTIFETCH, wire.multifetch_body([Fetch("s", 0, b, 1 << 20) for b in bases[:-1]])))
+        wait_for(lambda: select.select([s], [], [], 0)[0], "the answer to begin")
+        deleted = retain(root.log("s", 0), max_age_ms=0, max_bytes=1, delete_delay=3600).deleted
+        assert len(deleted) == len(bases) - 1  # every segment the answer reads, set aside
+        assert answer(s)[0] == 0  # HELLO's
+        code, payload = answer(s)
+    assert code == 0
+    reader = wire.Reader(payload)
+    for data in expected:
+        size, part_code = reader.unpack(wire.HEAD)
+        assert (part_code, bytes(reader.take(size - 2))) == (0, data)
+    reader.done()
+
+
+def big(root: kl.Root) -> list[Fetch]:
+    """Topic "big" of 1 MB; 1,000 fetches of 1 GiB each from its start."""
+    root.create_topic("big")
+    write(root, "big", [os.urandom(10_000) for _ in range(100)])
+    return [Fetch("big", 0, 0, 1 << 30)] * 1000
+
+
+def test_an_answer_not_taken_within_the_request_timeout_is_dropped_with_its_files(root, running, caplog):
+    fetches = big(root)
+    r = running(request_timeout=0.5)
+    with slow_reader(r.address) as s:
+        s.sendall(wire.request(wire.MULTIFETCH, wire.multifetch_body(fetches)))
+        wait_for(lambda: any("response not taken within the request timeout" in m for m in caplog.messages), "the drop")
+        assert not r.server._connections
+    with r.connect() as c:
+        assert len(values(fetch(c, "big", 0, 0, 1 << 20))) == 100
+
+
+def test_clients_that_never_read_hold_few_files_and_no_worker(root, tmp_path):
+    """8 clients ask for 1,000 fetches of 1 GiB each and never read: their answers wait
+    with a bounded number of open files, and a ninth client is answered at once."""
+    fetches = big(root)
+    daemon = Daemon(root, tmp_path / "log")
+    base_files = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+    hogs = []
+    for _ in range(8):
+        s = slow_reader(daemon.address)
+        s.sendall(wire.request(wire.MULTIFETCH, wire.multifetch_body(fetches)))
+        hogs.append(s)
+    for s in hogs:
+        wait_for(lambda s=s: select.select([s], [], [], 0)[0], "the answer to begin")
+    started = time.monotonic()
+    with daemon.connect() as ninth:
+        assert len(values(fetch(ninth, "big", 0, 0, 1 << 20))) == 100
+    assert time.monotonic() - started < 10  # generous: it used to wait for the request timeout (30 s)
+    open_files = len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) - base_files
+    assert open_files <= 8 * (1 + server.FILES_PER_CONNECTION + 1)  # socket, parked files, the one being sent
+    for s in hogs:
+        s.close()
+    wait_for(lambda: len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) <= base_files, "the parked answers' files to close")
+    assert daemon.proc.poll() is None
 
 
 def test_kafka07_connection_gets_kafka07_answers(root, running, three):
@@ -470,6 +588,15 @@ def _refused(address) -> bool:
         return False
     except ConnectionRefusedError:
         return True
+
+
+def test_stop_after_the_loop_ended_is_harmless(root):
+    """``stop`` sets the flag, then wakes the loop: the loop may see the flag and end
+    first (a second SIGTERM likewise comes after it ended)."""
+    r = Running(root)
+    r.stop()
+    r.server.stop()
+    r.server.stop()
 
 
 def test_registration_list_and_a_dead_registration(root, three, tmp_path):

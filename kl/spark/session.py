@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import pkgutil
 import shutil
 import sys
 from collections.abc import Mapping
@@ -24,7 +24,8 @@ def session(master: str | None = None, *, app_name: str = "kl", conf: Mapping[st
     ``spark-submit`` chose).  Python workers run this interpreter unless
     ``PYSPARK_PYTHON`` says otherwise; timestamps are UTC; a local master binds to
     127.0.0.1 unless ``SPARK_LOCAL_IP`` says otherwise.  The ``kl`` source is
-    registered (by pyspark itself where kl is installed).  Raises ``JavaNotFound``."""
+    registered (by pyspark itself where it finds ``pyspark_kl``, see
+    ``found_by_pyspark``).  Raises ``JavaNotFound``."""
     active = SparkSession.getActiveSession()
     if active is None:
         java_home = os.environ.get("JAVA_HOME")
@@ -43,8 +44,15 @@ def session(master: str | None = None, *, app_name: str = "kl", conf: Mapping[st
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
         active = builder.getOrCreate()
-    if importlib.util.find_spec("pyspark_kl") is None:  # else pyspark registers it (and warns of a second one)
+    if not found_by_pyspark():  # else pyspark registers it (and warns of a second one)
         from kl.spark import register
 
         register(active)
     return active
+
+
+def found_by_pyspark() -> bool:
+    """Whether pyspark registers the ``kl`` source by itself: it looks only at the modules
+    on ``sys.path`` (``pkgutil.iter_modules``), so not at ``pyspark_kl`` when an import
+    hook provides it, as pip's default (lenient) editable install does."""
+    return any(module.name == "pyspark_kl" for module in pkgutil.iter_modules())
