@@ -62,14 +62,15 @@ class TopicConfig:
             raise InvalidConfig(f"format must be kl or 0.7, not {self.format!r}")
         if not isinstance(self.topic_id, str) or (self.topic_id and not _TOPIC_ID.fullmatch(self.topic_id)):
             raise InvalidConfig(f"topic_id must be 22 characters of A-Z a-z 0-9 _ -, not {self.topic_id!r}")
+        partitions = self.partitions
+        if isinstance(partitions, int) and not isinstance(partitions, bool) and not 1 <= partitions <= 10_000:
+            raise InvalidConfig(f"partitions must be between 1 and 10000, not {partitions}")
         for field in dataclasses.fields(self):
             if field.type != "int":
                 continue
             value = getattr(self, field.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidConfig(f"{field.name} must be a whole number >= 0, not {value!r}")
-        if not 1 <= self.partitions <= 10_000:
-            raise InvalidConfig(f"partitions must be between 1 and 10000, not {self.partitions}")
         if self.max_message_bytes < MIN_MESSAGE_BYTES:
             raise InvalidConfig(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}, not {self.max_message_bytes}")
         if self.max_message_bytes > 0x7FFFFFFF:

@@ -37,9 +37,9 @@ from typing import Literal, NamedTuple, cast
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
 from kl.follow import Watch
-from kl.log import Log
+from kl.log import Log, Position
 from kl.message import Message
-from kl.registry import CorruptOffset, Member, NotOwner, Position, Registration, Registry, subscribes
+from kl.registry import CorruptOffset, Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class GroupConsumer:
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are
     committed every ``auto_commit_interval`` seconds, when a partition moves to another
     member, and by ``close()``; inside a compressed batch a commit is of the position
-    after the last message (``kl.registry.Position``).
+    after the last message (``kl.Position``).
 
     ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
     """

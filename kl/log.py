@@ -70,10 +70,13 @@ IMPORTING_PREFIX = ".import-"
 class Position(NamedTuple):
     """A place in a partition between two messages: the message at ``offset``, after
     the first ``skip`` messages stored there (inner messages of a compressed batch,
-    which has a single offset)."""
+    which has a single offset).  Written ``OFFSET`` or ``OFFSET+SKIP``."""
 
     offset: int
     skip: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.offset}+{self.skip}" if self.skip else str(self.offset)
 
 
 class SegmentInfo(NamedTuple):

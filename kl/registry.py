@@ -39,11 +39,11 @@ import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from kl import locks
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
+from kl.log import Position
 from kl.topic import GROUPS_DIR, validate_name
 
 RELEASED = "-"
@@ -117,17 +117,6 @@ class Owner:
     member: str | None
     """None once released."""
     generation: int
-
-
-class Position(NamedTuple):
-    """Where a group resumes: the message at byte ``offset``, after its first ``skip``
-    messages when it is a compressed batch.  Written ``OFFSET`` or ``OFFSET+SKIP``."""
-
-    offset: int
-    skip: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.offset}+{self.skip}" if self.skip else str(self.offset)
 
 
 def parse_position(text: str) -> Position | None:

@@ -487,9 +487,10 @@ def test_topic_exists(kl_root):
     assert fails(kl_root, "topics", "create", "t") == f"Error: topic 't' already exists in {kl_root}"
 
 
-def test_bad_config(kl_root):
-    assert fails(kl_root, "topics", "create", "z", "--partitions", "0") == (
-        "Error: partitions must be between 1 and 10000, not 0"
+@pytest.mark.parametrize("count", ["0", "-1", "10001"])
+def test_bad_config(kl_root, count):
+    assert fails(kl_root, "topics", "create", "z", "--partitions", count) == (
+        f"Error: partitions must be between 1 and 10000, not {count}"
     )
 
 

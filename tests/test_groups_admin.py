@@ -18,7 +18,8 @@ import kl
 from kl import groups
 from kl import message as m
 from kl.groups import AtTime, OffsetChange, Status
-from kl.registry import Position, Registry
+from kl.log import Position
+from kl.registry import Registry
 from kl.retention import retain
 from kl_cli.main import cli
 
