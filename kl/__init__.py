@@ -28,6 +28,7 @@ from kl.errors import (
     StorageError,
     TopicExists,
     TopicNotFound,
+    TopicRecreated,
     UnsupportedCodec,
 )
 from kl.group import GroupConsumer, MessageStream, Record
@@ -82,6 +83,7 @@ __all__ = [
     "TopicExists",
     "TopicInfo",
     "TopicNotFound",
+    "TopicRecreated",
     "UnsupportedCodec",
     "hash_partitioner",
     "validate_name",

@@ -20,6 +20,11 @@ class TopicNotFound(KlError):
     """The topic (or partition) does not exist under the root."""
 
 
+class TopicRecreated(TopicNotFound):
+    """The topic being read was deleted and created again (its topic id changed): a
+    position in the old one means nothing in the new one."""
+
+
 class TopicExists(KlError):
     """A topic with that name already exists."""
 

@@ -130,7 +130,7 @@ class MessageStream:
         self._pending: Iterator[Message] = iter(())
         self._pending_claim: _Claim | None = None
         self._last: tuple[_Claim, int] | None = None
-        self._watch = Watch(consumer.poll_interval)
+        self._watch = Watch(consumer.poll_interval, detect_recreation=False)  # the coordinator starts it afresh
         self._watched: set[Log] = set()
         self._waiting = False
 
