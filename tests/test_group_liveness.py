@@ -24,6 +24,14 @@ MARGIN = 2.0
 """Seconds allowed on top of the bound (session timeout + 1 s) for a loaded machine."""
 
 
+def holds_lock(pid: int, path: str) -> bool:
+    """Whether process ``pid`` holds a POSIX lock on ``path`` (by /proc/locks)."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks", encoding="ascii") as f:
+        return any(line.split()[1:6:4] == ["POSIX", inode] and line.split()[4] == str(pid) for line in f)
+
+
 def is_stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         return f.read().rpartition(")")[2].split()[0] == "T"
@@ -88,6 +96,10 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
             a.proc.send_signal(signal.SIGCONT)
     try:
         wait_for(lambda: a.lines("stopping") and is_stopped(a.proc.pid), what="a to stop holding the lock")
+        [(_, topic, partition)] = a.lines("stopping")
+        lock_path = os.path.join(root.path, ".groups", "g", "owners", topic, f"{partition}.lock")
+        if lock != "owns":  # woken from a SIGSTOP, a sometimes holds none by now: not understood yet
+            assert holds_lock(a.proc.pid, lock_path)
         [(b_id,)] = b.lines("joined")
         beats = BeatWatch(root, "g", b_id)
         stopped_at = time.monotonic()
