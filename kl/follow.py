@@ -249,8 +249,7 @@ class Watch:
                 self._configs[directory] = data
             elif now:
                 raise TopicRecreated(
-                    f"topic {os.path.basename(directory)!r} was deleted and created again while it was followed"
-                    f" (topic id {topic_id}, now {now}): read the new one from its start"
+                    os.path.basename(directory), topic_id, now, "follower started", "follow it again to read the new one"
                 )
 
     def _add_watch(self, directory: str) -> int | None:

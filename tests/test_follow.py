@@ -129,8 +129,8 @@ def test_wait_fails_once_the_topic_was_deleted_and_created_again(root, topic):
     new = other.config(topic).topic_id
     other.close()
     assert str(caught.value) == (
-        f"topic {topic!r} was deleted and created again while it was followed"
-        f" (topic id {old}, now {new}): read the new one from its start"
+        f"topic {topic} was deleted and created again since this follower started"
+        f" (its topic id was {old}, it is {new} now): follow it again to read the new one"
     )
 
 
@@ -334,8 +334,8 @@ def test_a_follower_stopped_while_its_topic_is_deleted_and_created_again_fails_a
             follower.wait()
     assert (follower.returncode, out) == (1, b"")
     assert err.decode() == (
-        f"Error: topic 't' was deleted and created again while it was followed (topic id {old}, now {new}):"
-        " read the new one from its start\n"
+        f"Error: topic t was deleted and created again since this follower started (its topic id was {old},"
+        f" it is {new} now): follow it again to read the new one\n"
     )
 
 
