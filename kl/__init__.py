@@ -29,6 +29,7 @@ from kl.errors import (
     StorageError,
     TopicExists,
     TopicNotFound,
+    TopicRecreated,
     UnsupportedCodec,
 )
 from kl.group import GroupConsumer, MessageStream, Record
@@ -86,6 +87,7 @@ __all__ = [
     "TopicExists",
     "TopicInfo",
     "TopicNotFound",
+    "TopicRecreated",
     "UnsupportedCodec",
     "hash_partitioner",
     "validate_name",

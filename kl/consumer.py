@@ -162,6 +162,9 @@ class Consumer:
                         if reset == "fail":
                             raise
                         got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                    finally:
+                        if follow:  # what was read (or failed) is of the topic followed, not of one created again
+                            watch.check()
                     if got:
                         if remaining is not None:
                             remaining -= len(got)

@@ -20,6 +20,18 @@ class TopicNotFound(KlError):
     """The topic (or partition) does not exist under the root."""
 
 
+class TopicRecreated(KlError):
+    """The topic being read was deleted and created again (its topic id changed): a
+    position in the old one means nothing in the new one."""
+
+    def __init__(self, topic: str, recorded: str, current: str, what: str, remedy: str):
+        super().__init__(
+            f"topic {topic} was deleted and created again since this {what}"
+            f" (its topic id was {recorded}, it is {current} now): {remedy}"
+        )
+        self.topic, self.recorded, self.current = topic, recorded, current
+
+
 class TopicExists(KlError):
     """A topic with that name already exists."""
 

@@ -38,6 +38,21 @@ message reaches a library follower after 0.4 ms at the median and 1.3-2.3 ms at 
 51 ms and 100 ms with the fixed 0.1 s poll kl used before.  An idle follower uses about
 0.2-0.3% of a core, nearly all of it the backstop's read every 0.1 s.
 
+A topic deleted and created again.  A follower's position is a byte offset in one creation
+of a topic; read in the next one it would skip its first messages, or fail on a position
+that is no message boundary.  Deleted while the follower waits, the topic is gone when it
+reads (``TopicNotFound``); but deleted and created again while the follower is stopped
+or slow, the same paths hold the new topic.  So each ``wait``, before it returns, reads
+the topic id (kl/config.py) of every watched topic and raises ``TopicRecreated`` when it
+is not the one the partition's ``Log`` was opened with: a follower never goes on reading
+the new topic from the old position, it fails with one line, as it does when the topic is
+deleted.  (Restarting at the new topic's start instead would splice two topics into one
+stream without a word; whoever follows decides, and ``kl consume --follow`` run again
+reads the new one from its start.)  ``wait`` checks when a follower has caught up; a
+follower stopped in the middle of a backlog (or blocked writing to a full pipe) reads on
+before it waits again, so a reader calls ``check`` after each read, before it hands out
+what it read.
+
 Limits: a ``Watch`` is for one thread; it holds one file descriptor (the inotify
 instance, opened with the first local partition) until ``close``.
 """
@@ -55,7 +70,8 @@ import struct
 import sys
 import time
 
-from kl.errors import InvalidConfig, KlError
+from kl.config import CONFIG_FILE, TopicConfig
+from kl.errors import InvalidConfig, KlError, TopicRecreated
 from kl.log import Log
 
 log = logging.getLogger(__name__)
@@ -107,10 +123,12 @@ class Watch:
     """Wakes a follower when a watched partition's published end may have moved.
 
     ``add`` each partition before reading it to its end; then, each time every partition
-    is caught up, ``wait``.  Usable as a context manager (``close`` on exit).
+    is caught up, ``wait``.  With ``detect_recreation`` (the default), ``wait`` raises
+    ``TopicRecreated`` once a watched topic was deleted and created again.  Usable as a
+    context manager (``close`` on exit).
     """
 
-    def __init__(self, poll_interval: float = 0.1) -> None:
+    def __init__(self, poll_interval: float = 0.1, *, detect_recreation: bool = True) -> None:
         if not poll_interval >= 0:
             raise InvalidConfig(f"poll_interval must be 0 or more seconds, not {poll_interval!r}")
         self.poll_interval = poll_interval
@@ -122,6 +140,11 @@ class Watch:
         """Watch descriptor -> the logs of that directory."""
         self._ends: dict[Log, int | None] = {}
         """Watched log -> the end it had when last looked at (None: unreadable)."""
+        self._detect_recreation = detect_recreation
+        self._topic_ids: dict[str, str] = {}
+        """Topic directory -> the topic id its logs were opened with."""
+        self._configs: dict[str, bytes] = {}
+        """Topic directory -> its ``topic.json`` as last found to hold that id."""
 
     def __repr__(self) -> str:
         return f"Watch({len(self._logs)} logs, {len(self._watched)} watched)"
@@ -138,6 +161,8 @@ class Watch:
             return
         wd = None if log.on_nfs() else self._add_watch(log.directory)
         self._logs[log] = wd
+        if self._detect_recreation and log.config.topic_id:  # none: a root kl cannot write to
+            self._topic_ids.setdefault(os.path.dirname(log.directory), log.config.topic_id)
         if wd is not None:
             self._watched.setdefault(wd, []).append(log)
             self._ends[log] = _end(log)
@@ -146,6 +171,10 @@ class Watch:
         """Stop watching ``log`` (nothing happens if it is not watched)."""
         wd = self._logs.pop(log, None)
         self._ends.pop(log, None)
+        topic = os.path.dirname(log.directory)
+        if all(os.path.dirname(other.directory) != topic for other in self._logs):
+            self._topic_ids.pop(topic, None)
+            self._configs.pop(topic, None)
         if wd is None:
             return
         logs = self._watched[wd]
@@ -159,7 +188,13 @@ class Watch:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until a watched partition's published end moved (True; spurious wake-ups
         happen) or ``timeout`` seconds passed (False); never longer than the poll
-        interval, after which the caller reads every partition again."""
+        interval, after which the caller reads every partition again.  Raises
+        ``TopicRecreated`` (see ``__init__``)."""
+        moved = self._wait(timeout)
+        self.check()
+        return moved
+
+    def _wait(self, timeout: float | None) -> bool:
         limit = self.poll_interval if timeout is None else max(0.0, min(timeout, self.poll_interval))
         deadline = time.monotonic() + limit
         if not self._watched:
@@ -192,6 +227,30 @@ class Watch:
         self._logs.clear()
         self._watched.clear()
         self._ends.clear()
+        self._topic_ids.clear()
+        self._configs.clear()
+
+    def check(self) -> None:
+        """Raise ``TopicRecreated`` when a watched topic's id is not the one its logs were
+        opened with (a topic that is missing or unreadable is left to the reads).  ``wait``
+        checks before it returns; a reader that checks after each read too (before handing
+        out what it read) hands out nothing of a new topic at all."""
+        for directory, topic_id in self._topic_ids.items():
+            path = os.path.join(directory, CONFIG_FILE)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                if data == self._configs.get(directory):
+                    continue  # the same bytes, the same id: parsed once (a check costs a few microseconds)
+                now = TopicConfig.from_json(data, path).topic_id
+            except (OSError, KlError):
+                continue
+            if now == topic_id:
+                self._configs[directory] = data
+            elif now:
+                raise TopicRecreated(
+                    os.path.basename(directory), topic_id, now, "follower started", "follow it again to read the new one"
+                )
 
     def _add_watch(self, directory: str) -> int | None:
         """A watch descriptor on ``directory``, or None when inotify cannot give one."""

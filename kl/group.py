@@ -9,6 +9,14 @@ Every member of a group runs a coordinator thread which, every ``poll_interval``
    another member still owns is retried every ``CLAIM_RETRY`` seconds until it let go;
 4. auto-commits on its interval.
 
+It never waits long behind another process: the group's locks (kl/registry.py) are
+waited for ``LOCK_WAIT`` of the session timeout at most; a claim, release or commit that
+finds its partition's lock held is tried again on the next poll.  A lock that stays held
+(its holder stopped: SIGSTOP, a hung host) is gone on without while a member is expired
+or once it was held for the session timeout, so such a holder delays the others by about
+the session timeout, as any stopped member does.  A member whose root disappears fails
+at its next poll (``RootNotFound`` from its streams).
+
 Streams read their partitions in the caller's threads; the coordinator only hands
 partitions to them and takes them back.
 
@@ -24,6 +32,7 @@ rejected (``NotOwner``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -32,10 +41,20 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, cast
+from typing import Literal, NamedTuple, TypeVar, cast
 
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
-from kl.errors import CorruptMessage, CorruptState, InvalidConfig, KlError, OffsetOutOfRange, StorageError, TopicNotFound
+from kl.errors import (
+    CorruptMessage,
+    CorruptState,
+    InvalidConfig,
+    KlError,
+    LockTimeout,
+    OffsetOutOfRange,
+    RootNotFound,
+    StorageError,
+    TopicNotFound,
+)
 from kl.follow import Watch
 from kl.log import Log, Position
 from kl.message import Message
@@ -46,9 +65,13 @@ log = logging.getLogger(__name__)
 
 CLAIM_RETRY = 0.02
 """Seconds between attempts to claim a partition another member still owns."""
+LOCK_WAIT = 0.05
+"""Longest wait for a group lock, as a share of the session timeout."""
 WAKE_EVERY = 0.1
 """Longest a waiting stream waits for data (inotify wakes it sooner) before it looks
 for partitions handed to it again."""
+
+T = TypeVar("T")
 
 OnLost = Callable[[str, int, str], None]
 """Told (topic, partition, why) when a partition was taken from this member."""
@@ -112,7 +135,7 @@ class MessageStream:
         self._pending_at = Position(0)
         """After the last message of ``_pending`` handed out (at first: where its fetch started)."""
         self._last: tuple[_Claim, Position] | None = None
-        self._watch = Watch(consumer.poll_interval)
+        self._watch = Watch(consumer.poll_interval, detect_recreation=False)  # the coordinator starts it afresh
         self._watched: set[Log] = set()
         self._waiting = False
 
@@ -312,7 +335,7 @@ class GroupConsumer:
         if not 0 < poll_interval < session_timeout:
             raise InvalidConfig(f"poll_interval ({poll_interval}) must be above 0 and below session_timeout ({session_timeout})")
         self.root = root if isinstance(root, Root) else Root(root)
-        self.registry = Registry(self.root.path, group, lock_timeout=self.root.lock_timeout)
+        self.registry = Registry(self.root.path, group, lock_timeout=session_timeout * LOCK_WAIT)
         self.group = group
         self.start, self.reset, self.skip_corrupt = start, reset, skip_corrupt
         self.auto_commit, self.auto_commit_interval = auto_commit, auto_commit_interval
@@ -325,6 +348,12 @@ class GroupConsumer:
         self._route: Callable[[str, int], MessageStream] = lambda topic, partition: self._streams[0]
         self._registration: Registration | None = None
         self._owned: dict[tuple[str, int], _Claim] = {}
+        self._releasing: dict[tuple[str, int], tuple[_Claim, bool, str]] = {}
+        """Partitions given up whose release (claim, whether to commit, member id) found its lock held."""
+        self._busy: dict[tuple[str, int], float] = {}
+        """Partition -> when its lock was first found held by another process (while it stays so)."""
+        self._expired_now: dict[str, int] = {}
+        self._gone = False
         self._ends: dict[tuple[str, int], int] = {}
         self._seen: dict[str, tuple[int, float]] = {}
         self._topic_ids: dict[str, str] = {}
@@ -425,8 +454,10 @@ class GroupConsumer:
     def commit(self) -> None:
         """Commit the offsets after every message handed out so far.  Raises ``NotOwner``
         (after committing the rest) for partitions taken from this member meanwhile; it
-        stops reading them."""
-        self._commit("handed", raise_lost=True)
+        stops reading them.  Where another process holds a partition's lock it tries again
+        every poll interval (without holding up the heartbeat) for up to the session
+        timeout, then raises ``LockTimeout``."""
+        self._commit_all("handed", raise_lost=True)
 
     def stop(self) -> None:
         """Make every stream and ``batches()`` end soon (safe from a signal handler); then ``close()``."""
@@ -444,11 +475,15 @@ class GroupConsumer:
             stream._close()
         if self._thread is not None:
             self._thread.join()
-        with self._lock:
-            try:
-                if self.auto_commit and self._registration is not None:
-                    self._commit("consumed", raise_lost=False)
-            finally:
+        if self._gone:  # nothing to leave: writing would create the root's directories again
+            if self._registration is not None:
+                self._registration.close()
+            return
+        try:
+            if self.auto_commit and self._registration is not None:
+                self._commit_all("consumed", raise_lost=False)
+        finally:
+            with self._lock:
                 for claim in list(self._owned.values()):
                     self._release(claim, commit=False)
                 if self._registration is not None:
@@ -486,6 +521,9 @@ class GroupConsumer:
             try:
                 self._poll()
                 self._error = None
+            except RootNotFound as e:  # for good: the streams raise it at once
+                self._error, self._lease_until, self._gone = e, 0.0, True
+                return
             except Exception as e:  # noqa: BLE001 - tried again next poll; streams raise it once the lease ran out
                 if str(e) != str(self._error):
                     log.warning("group %s: %s", self.group, e)
@@ -494,6 +532,7 @@ class GroupConsumer:
     def _poll(self) -> None:
         assert self._registration is not None
         with self._lock:
+            topics = self.root.topics()  # RootNotFound before anything is written under a root that is gone
             now = time.monotonic()
             try:
                 self._registration.beat()  # first, so that from here on nobody takes more
@@ -506,21 +545,29 @@ class GroupConsumer:
             if self._registration.member.id not in {m.id for m in members}:
                 self._rejoin("its registration is gone: its lock was lost (an NFS lease that ran out?)")
                 members = self.registry.members()
-            expired = self._expired(members, now)
-            wanted = self._assignment([m for m in members if m.id not in expired])
+            expired = self._expired_now = self._expired(members, now)
+            for claim, commit, member in list(self._releasing.values()):
+                self._finish_release(claim, commit, member)
+            wanted = self._assignment(topics, [m for m in members if m.id not in expired])
             for key in [key for key in self._owned if key not in wanted]:
                 self._release(self._owned[key], commit=self.auto_commit)
-            for topic, partition in sorted(wanted - self._owned.keys()):
-                generation = self.registry.claim(topic, partition, self._registration.member.id, expired)
+            for topic, partition in sorted(wanted - self._owned.keys() - self._releasing.keys()):
+                take = functools.partial(self.registry.claim, topic, partition, self._registration.member.id, expired)
+                try:
+                    generation = self._unless_busy(topic, partition, take)
+                except LockTimeout:
+                    continue  # tried again next poll
                 if generation is not None:
                     try:
                         self._take(topic, partition, generation)
                     except BaseException:
-                        self.registry.release(topic, partition, self._registration.member.id, generation)
+                        with contextlib.suppress(LockTimeout):  # then it lapses with this member
+                            self.registry.release(topic, partition, self._registration.member.id, generation)
                         raise
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
-                self._commit("consumed", raise_lost=False)
+                if self._commit("consumed", raise_lost=False):
+                    self._committed_at = 0.0  # a lock was held: tried again next poll
 
     def _expired(self, members: list[Member], now: float) -> dict[str, int]:
         """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat."""
@@ -532,12 +579,29 @@ class GroupConsumer:
         me = self.member_id
         return {mid: beat for mid, (beat, since) in seen.items() if mid != me and now - since > self.session_timeout}
 
-    def _assignment(self, live: list[Member]) -> set[tuple[str, int]]:
+    def _unless_busy(self, topic: str, partition: int, action: Callable[..., T]) -> T:
+        """``action(force=...)`` on the partition: raises ``LockTimeout`` (logged once)
+        while another process holds its lock, unless that holder is taken for a stopped
+        one: while a member is expired, or once the lock was held for the session timeout."""
+        key = (topic, partition)
+        since = self._busy.get(key)
+        force = bool(self._expired_now) or (since is not None and time.monotonic() - since > self.session_timeout)
+        try:
+            result = action(force=force)
+        except LockTimeout as e:
+            if since is None:
+                self._busy[key] = time.monotonic()
+                log.warning("group %s: %s; trying again", self.group, e)
+            raise
+        self._busy.pop(key, None)
+        return result
+
+    def _assignment(self, topics: list[str], live: list[Member]) -> set[tuple[str, int]]:
         """SPEC §10's range assignment of every subscribed topic among ``live``."""
         assert self._registration is not None and self._subscription is not None
         me = self._registration.member.id
         wanted: set[tuple[str, int]] = set()
-        for topic in self.root.topics():
+        for topic in topics:
             if not subscribes(self._subscription, topic) or self._created_again(topic):
                 continue
             try:
@@ -629,16 +693,31 @@ class GroupConsumer:
             self._lost(claim, lost)
 
     def _release(self, claim: _Claim, *, commit: bool) -> None:
+        """Stop reading ``claim``'s partition and give it up (finished by a later poll
+        when its lock is held)."""
         self._drop(claim)
         assert self._registration is not None
         me = self._registration.member.id
+        self._releasing[claim.topic, claim.partition] = (claim, commit, me)
+        self._finish_release(claim, commit, me)
+
+    def _finish_release(self, claim: _Claim, commit: bool, me: str) -> None:
+        topic, partition = claim.topic, claim.partition
         try:
             if commit and not claim.blocked and claim.consumed != claim.committed:
-                self.registry.commit(claim.topic, claim.partition, claim.consumed, me, claim.generation, claim.topic_id)
-            if not self.registry.release(claim.topic, claim.partition, me, claim.generation):
+                store = functools.partial(
+                    self.registry.commit, topic, partition, claim.consumed, me, claim.generation, claim.topic_id
+                )
+                self._unless_busy(topic, partition, store)
+                claim.committed = claim.consumed
+            release = functools.partial(self.registry.release, topic, partition, me, claim.generation)
+            if not self._unless_busy(topic, partition, release):
                 self._lost(claim, "another member took it over meanwhile")
+        except LockTimeout:
+            return  # tried again next poll
         except NotOwner as e:
             self._lost(claim, str(e))
+        del self._releasing[topic, partition]
 
     def _topic_id(self, topic: str) -> str | None:
         """What tells this creation of ``topic`` from another: its topic id (read now)."""
@@ -667,8 +746,10 @@ class GroupConsumer:
                 self.registry.delete_offset(topic, claim.partition, self._registration.member.id, claim.generation)
             except NotOwner as e:
                 self._drop(claim, str(e))
-            else:
-                self._release(claim, commit=False)
+                continue
+            except LockTimeout:
+                pass  # left: an offset naming the old topic id counts as never committed anyway
+            self._release(claim, commit=False)
         self.root.forget(topic)
         for key in [key for key in self._ends if key[0] == topic]:
             del self._ends[key]
@@ -693,13 +774,37 @@ class GroupConsumer:
         assert self._registration is not None
         me = self._registration.member.id
         for claim in list(self._owned.values()):
-            if not self.registry.owns(claim.topic, claim.partition, me, claim.generation):
+            try:
+                owns = self.registry.owns(claim.topic, claim.partition, me, claim.generation)
+            except LockTimeout as e:  # claimed again (from the committed offset) if it is still this member's
+                self._drop(claim, f"after {self.session_timeout:g}s without a heartbeat its ownership cannot be checked: {e}")
+                continue
+            if not owns:
                 self._drop(claim, f"taken over while this member was expired ({self.session_timeout:g}s without a heartbeat)")
 
-    def _commit(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> None:
+    def _commit_all(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> None:
+        """``_commit``, again every poll interval while locks are held (not holding up the
+        coordinator meanwhile), for up to the session timeout; then ``LockTimeout``."""
+        deadline = time.monotonic() + self.session_timeout
+        while True:
+            busy = self._commit(which, raise_lost=raise_lost)
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                error = LockTimeout("; ".join(map(str, busy)))
+                if raise_lost:
+                    raise error
+                log.warning("group %s: not committed: %s", self.group, error)
+                return
+            time.sleep(self.poll_interval)
+
+    def _commit(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> list[LockTimeout]:
+        """Commit every partition's offset; what found its lock held is returned (tried
+        again by the caller)."""
         assert self._registration is not None
         me = self._registration.member.id
         rejected = []
+        busy = []
         with self._lock:
             self._committed_at = time.monotonic()
             for claim in list(self._owned.values()):
@@ -709,14 +814,20 @@ class GroupConsumer:
                     offset = claim.consumed
                 if claim.blocked or offset == claim.committed:
                     continue
+                store = functools.partial(
+                    self.registry.commit, claim.topic, claim.partition, offset, me, claim.generation, claim.topic_id
+                )
                 try:
-                    self.registry.commit(claim.topic, claim.partition, offset, me, claim.generation, claim.topic_id)
+                    self._unless_busy(claim.topic, claim.partition, store)
                     claim.committed = offset
+                except LockTimeout as e:
+                    busy.append(e)
                 except NotOwner as e:
                     self._drop(claim, str(e))
                     rejected.append(e)
         if rejected and raise_lost:
             raise NotOwner("; ".join(map(str, rejected)))
+        return busy
 
     def _lost(self, claim: _Claim, why: str) -> None:
         log.warning("group %s lost %s/%d: %s", self.group, claim.topic, claim.partition, why)

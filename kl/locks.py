@@ -17,7 +17,8 @@ leaves it behind, and the next thread to acquire waits for that helper rather th
 locking on its own (its own lock would be the process's too, and the helper, finishing
 later, could not tell it apart from its own and would release it).  A helper that gets
 the lock when no thread waits for it releases it at once.  While a helper exists no
-thread holds the lock, so that release never drops another thread's lock.  After about
+thread holds the lock, so that release never drops another thread's lock (the helper lets
+it go before it counts as gone: a thread that sees no helper may take the lock at once).  After about
 a second of waiting, ``acquire`` logs one warning on ``kl.locks`` naming the lock file.
 
 Limits, stated plainly:
@@ -212,12 +213,12 @@ class ProcessLock:
             with self._state:
                 retry = isinstance(outcome, OSError) and outcome.errno == errno.EDEADLK and self._wanted
                 if not retry:
-                    self._helper = False
                     if self._wanted:
                         self._outcome = outcome
                         self._state.notify()
-                    elif outcome is True:
+                    elif outcome is True:  # before the helper is gone: a thread that sees it gone may lock at once
                         fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                    self._helper = False
             if not retry:
                 return
             time.sleep(RETRY)

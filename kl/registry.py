@@ -18,11 +18,20 @@ after ``session_timeout`` seconds of their own clocks, even though its lock is s
 no clocks are compared between hosts.  Whoever finds a registration whose lock is free
 deletes it.
 
-Ownership is the owner record, changed only under the partition's lock: a claim succeeds
+Ownership is the owner record, changed under the partition's lock: a claim succeeds
 when the record names no member, this member, or one that is not live; it writes the
 next generation.  A commit (under the same lock) is accepted only while the record still
 names the committing member and its generation, so a member that was expired and
 replaced cannot commit over its successor (``NotOwner``).
+
+A member waits for a partition's lock only ``lock_timeout`` (a small share of its session
+timeout), then gets ``LockTimeout`` and tries again later, so its heartbeat never waits
+behind a lock held by another process.  A process stopped while holding a lock (SIGSTOP,
+a hung host) would block the partition for good: its caller may ``force`` a claim,
+release or commit, which then goes on without the lock once ``lock_timeout`` passed (the
+group's members do so once the lock's holder can be taken for a member they expired, see
+kl/group.py).  A holder woken up later finishes the one write it was making, which
+another member's commit or claim replaces: at worst messages come again, none is lost.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import shutil
@@ -45,6 +55,8 @@ from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, Stor
 from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
 from kl.log import Position
 from kl.topic import GROUPS_DIR, validate_name
+
+log = logging.getLogger(__name__)
 
 RELEASED = "-"
 BEAT = re.compile(rb"beat ([0-9]{16})\n")
@@ -230,22 +242,36 @@ class Registry:
         return os.path.join(self.path, kind, validate_name(topic), str(partition))
 
     @contextlib.contextmanager
-    def _locked(self, topic: str, partition: int) -> Iterator[str]:
-        """Hold partition ``partition``'s lock; yields the owner record's path."""
+    def _locked(self, topic: str, partition: int, force: bool = False) -> Iterator[str]:
+        """Hold partition ``partition``'s lock; yields the owner record's path.  Raises
+        ``LockTimeout`` after ``lock_timeout``, unless ``force``: then goes on without it."""
         path = self._partition_path("owners", topic, partition)
         ensure_dir(os.path.dirname(path))
-        with locks.locked(path + ".lock", self.lock_timeout):
+        lock = locks.lock_for(path + ".lock")
+        held = True
+        try:
+            lock.acquire(self.lock_timeout)
+        except LockTimeout as e:
+            if not force:
+                raise
+            log.warning("group %s: going on without the lock of %s/%d: %s", self.group, topic, partition, e)
+            held = False
+        try:
             yield path
+        finally:
+            if held:
+                lock.release()
 
     def owner(self, topic: str, partition: int) -> Owner:
         return _read_owner(self._partition_path("owners", topic, partition))
 
-    def claim(self, topic: str, partition: int, member: str, expired: Mapping[str, int]) -> int | None:
+    def claim(self, topic: str, partition: int, member: str, expired: Mapping[str, int], *, force: bool = False) -> int | None:
         """Take the partition for ``member``; the new generation, or None while another
         member owns it.  The owner's ownership lapses when it is dead, or when the caller
         expired it (``expired``: member id -> the heartbeat it stopped at) and its heartbeat
-        has not moved since: a member that woke up and beat again keeps what it has."""
-        with self._locked(topic, partition) as path:
+        has not moved since: a member that woke up and beat again keeps what it has.
+        ``LockTimeout`` and ``force`` as for :meth:`_locked`."""
+        with self._locked(topic, partition, force) as path:
             owner = _read_owner(path)
             if owner.member not in (None, member):
                 beat = self.beat_of(owner.member)
@@ -263,10 +289,11 @@ class Registry:
         return None if found is None else found.beat
 
     @contextlib.contextmanager
-    def _owned(self, topic: str, partition: int, member: str, generation: int, action: str) -> Iterator[str]:
+    def _owned(self, topic: str, partition: int, member: str, generation: int, action: str, force: bool = False) -> Iterator[str]:
         """Hold the partition's lock while ``member`` owns it in ``generation`` (yields the
-        owner record's path); else raise ``NotOwner``: ``action`` by it is rejected."""
-        with self._locked(topic, partition) as path:
+        owner record's path); else raise ``NotOwner``: ``action`` by it is rejected.
+        ``LockTimeout`` and ``force`` as for :meth:`_locked`."""
+        with self._locked(topic, partition, force) as path:
             owner = _read_owner(path)
             if owner != Owner(member, generation):
                 now = "released" if owner.member is None else f"owned by {owner.member}"
@@ -276,10 +303,10 @@ class Registry:
                 )
             yield path
 
-    def release(self, topic: str, partition: int, member: str, generation: int) -> bool:
+    def release(self, topic: str, partition: int, member: str, generation: int, *, force: bool = False) -> bool:
         """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
         try:
-            with self._owned(topic, partition, member, generation, f"release of {topic}/{partition}") as path:
+            with self._owned(topic, partition, member, generation, f"release of {topic}/{partition}", force) as path:
                 write_atomic(path, f"{RELEASED} {generation}\n".encode())
         except NotOwner:
             return False
@@ -295,12 +322,21 @@ class Registry:
     # ----------------------------------------------------------------- offsets
 
     def commit(
-        self, topic: str, partition: int, position: Position | int, member: str, generation: int, topic_id: str = ""
+        self,
+        topic: str,
+        partition: int,
+        position: Position | int,
+        member: str,
+        generation: int,
+        topic_id: str = "",
+        *,
+        force: bool = False,
     ) -> None:
         """Store ``position`` (of the topic's creation ``topic_id``; "": read as of the current
         one) for the partition if ``member`` owns it in ``generation``; raises ``NotOwner`` if
-        it does not."""
-        with self._owned(topic, partition, member, generation, f"commit of {topic}/{partition} offset {position}"):
+        it does not (``LockTimeout`` and ``force`` as for :meth:`_locked`)."""
+        action = f"commit of {topic}/{partition} offset {position}"
+        with self._owned(topic, partition, member, generation, action, force):
             self.write_offset(topic, partition, position, member, topic_id)
 
     def write_offset(self, topic: str, partition: int, position: Position | int, member: str, topic_id: str = "") -> None:

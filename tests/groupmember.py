@@ -3,16 +3,54 @@
 Writes one line per message to OUT: ``m TIME TOPIC PARTITION OFFSET VALUE`` (TIME: the
 system-wide monotonic clock, so lines of several processes can be ordered), and ``lost
 TOPIC PARTITION WHY`` / ``rejected WHY`` lines.  SIGTERM stops it cleanly.
+
+``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method) makes the member
+SIGSTOP itself the first time it holds a partition's lock inside OP, after writing a
+``stopping OP`` line: a member stopped while it holds a group lock, deterministically.
+With ``--arm-on-usr1`` that is the first time after it got SIGUSR1 (and wrote ``armed``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from typing import IO
 
 import kl
+from kl.registry import Registry
+
+
+def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
+    """Make the first ``Registry._locked`` inside ``Registry.<op>`` SIGSTOP this process while
+    held (once armed: now, or by SIGUSR1)."""
+    locked = Registry._locked
+    code = getattr(Registry, op).__code__
+    armed = [armed_now]
+
+    def arm(*_: object) -> None:
+        armed[0] = True
+        out.write("armed now\n")
+
+    signal.signal(signal.SIGUSR1, arm)
+
+    @contextlib.contextmanager
+    def stopping(self: Registry, topic: str, partition: int, *args: object, **kwargs: object) -> Iterator[str]:
+        with locked(self, topic, partition, *args, **kwargs) as path:
+            frame = sys._getframe()
+            while frame is not None and frame.f_code is not code:
+                frame = frame.f_back
+            if armed[0] and frame is not None:
+                armed[0] = False
+                out.write(f"stopping {op} {topic} {partition}\n")
+                os.kill(os.getpid(), signal.SIGSTOP)
+            yield path
+
+    Registry._locked = stopping  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -25,8 +63,12 @@ def main() -> None:
     parser.add_argument("--session", type=float, default=3.0)
     parser.add_argument("--commit-every", type=int, default=0)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--stop-in", choices=["claim", "commit", "release", "owns"])
+    parser.add_argument("--arm-on-usr1", action="store_true")
     args = parser.parse_args()
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    if args.stop_in:
+        stop_in(args.stop_in, out, not args.arm_on_usr1)
 
     def lost(topic: str, partition: int, why: str) -> None:
         out.write(f"lost {topic} {partition} {why}\n")

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -112,6 +113,47 @@ def test_wait_wakes_when_the_topic_is_deleted(root, topic):
         watch.add(root.log(topic, 0))
         kl.Root(root.path).delete_topic(topic)
         assert watch.wait() is True
+
+
+def test_wait_fails_once_the_topic_was_deleted_and_created_again(root, topic):
+    other = kl.Root(root.path)
+    with Watch(poll_interval=LONG) as watch:
+        watch.add(root.log(topic, 0))
+        old = root.config(topic).topic_id
+        other.delete_topic(topic)
+        other.create_topic(topic)
+        with kl.Producer(other) as producer:
+            producer.send(topic, b"of the new one")
+        with pytest.raises(kl.TopicRecreated) as caught:
+            watch.wait(1)
+    new = other.config(topic).topic_id
+    other.close()
+    assert str(caught.value) == (
+        f"topic {topic} was deleted and created again since this follower started"
+        f" (its topic id was {old}, it is {new} now): follow it again to read the new one"
+    )
+
+
+def test_an_edited_config_is_the_same_topic_to_a_watch(root, topic):
+    path = os.path.join(root.topic_path(topic), "topic.json")
+    with Watch(poll_interval=0.05) as watch:
+        watch.add(root.log(topic, 0))
+        with open(path, "rb") as f:
+            data = f.read()
+        os.unlink(path)  # a new file (another inode and mtime) with the same topic id
+        with open(path, "wb") as f:
+            f.write(data)
+        assert watch.wait() is False
+
+
+def test_a_watch_for_a_group_leaves_a_recreated_topic_to_its_coordinator(root, topic):
+    other = kl.Root(root.path)
+    with Watch(poll_interval=0.05, detect_recreation=False) as watch:
+        watch.add(root.log(topic, 0))
+        other.delete_topic(topic)
+        other.create_topic(topic)
+        watch.wait()
+    other.close()
 
 
 def test_a_removed_log_wakes_nobody(root, topic):
@@ -222,6 +264,76 @@ def test_follow_on_nfs_is_polled_and_delivers(root, topic, monkeypatch):
     finally:
         assert process.wait(30) == 0
     assert values_of(got) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("new", [[b"n%d" % i for i in range(6)], [b"n"], [b"nnnn"]])
+def test_a_follower_in_the_middle_of_a_backlog_reads_nothing_of_a_topic_created_again(root, new):
+    root.create_topic("t")
+    with kl.Producer(root) as producer:
+        producer.send_batch("t", [b"m0", b"m1", b"m2"])
+    follower = kl.Consumer(root).consume("t", follow=True, poll_interval=LONG)
+    assert values_of(next(follower).messages) == [b"m0", b"m1", b"m2"]  # then it is held at its yield
+    other = kl.Root(root.path)
+    other.delete_topic("t")
+    other.create_topic("t")
+    with kl.Producer(other) as producer:  # after the old end, after nothing, and inside a message
+        producer.send_batch("t", new)
+    other.close()
+    with pytest.raises(kl.TopicRecreated):
+        next(follower)
+    follower.close()
+
+
+IN_POLL = {"x86_64": {"7", "219"}}.get(os.uname().machine)
+"""/proc/PID/syscall's numbers for a process stopped inside ``poll`` (or the restart of one)."""
+
+
+def stop_while_it_waits(process: subprocess.Popen[bytes]) -> None:
+    """SIGSTOP ``process`` inside ``Watch.wait``'s poll (not between two reads)."""
+    deadline = time.monotonic() + 30
+    while True:
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(0.01)
+        with open(f"/proc/{process.pid}/syscall", encoding="ascii") as f:
+            if f.read().split()[0] in IN_POLL:
+                return
+        process.send_signal(signal.SIGCONT)
+        assert time.monotonic() < deadline, "the follower never waited"
+
+
+@pytest.mark.skipif(IN_POLL is None, reason="the poll system call's number is known for x86_64 only")
+def test_a_follower_stopped_while_its_topic_is_deleted_and_created_again_fails_and_reads_nothing_of_the_new(root):
+    root.create_topic("t")
+    with kl.Producer(root) as producer:
+        producer.send_batch("t", [b"m0", b"m1", b"m2"])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "kl_cli", "--root", root.path, "consume", "t", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert follower.stdout is not None
+        assert [follower.stdout.readline() for _ in range(3)] == [b"m0\n", b"m1\n", b"m2\n"]
+        stop_while_it_waits(follower)
+        other = kl.Root(root.path)
+        old = other.config("t").topic_id
+        other.delete_topic("t")
+        other.create_topic("t")
+        with kl.Producer(other) as producer:
+            producer.send_batch("t", [b"n%d" % i for i in range(6)])  # byte 3 x 6 is a message boundary of both
+        new = other.config("t").topic_id
+        other.close()
+        follower.send_signal(signal.SIGCONT)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert (follower.returncode, out) == (1, b"")
+    assert err.decode() == (
+        f"Error: topic t was deleted and created again since this follower started (its topic id was {old},"
+        f" it is {new} now): follow it again to read the new one\n"
+    )
 
 
 def test_idle_timeout_ends_a_follow_woken_by_inotify(root, topic):

@@ -240,6 +240,37 @@ def test_a_given_up_wait_that_succeeds_late_does_not_drop_a_threads_lock(path, m
     assert free_elsewhere(path)
 
 
+def test_a_thread_acquiring_while_a_given_up_wait_lets_its_late_lock_go_gets_the_lock(path, monkeypatch):
+    """The given-up request is granted with nobody waiting, so its helper lets the lock go;
+    a thread that acquires meanwhile must get it after that, not be dropped by it."""
+    lock = locks.lock_for(path)
+    real = fcntl.lockf
+    unlocking, resume = threading.Event(), threading.Event()
+
+    def lockf(fd: int, cmd: int, *args: int) -> object:
+        if cmd == fcntl.LOCK_UN and threading.current_thread().name.startswith("kl lock "):
+            unlocking.set()
+            resume.wait(30)
+        return real(fd, cmd, *args)
+
+    monkeypatch.setattr(fcntl, "lockf", lockf)
+    with held_elsewhere(path) as release:
+        with pytest.raises(kl.LockTimeout):
+            lock.acquire(0.1)
+        release.set()
+        assert unlocking.wait(30)
+    taker = Taker(lock)
+    try:
+        taker.got.wait(0.5)  # where the helper said it was done before it let go, the thread got it here
+        resume.set()
+        assert taker.got.wait(30)
+        assert_held_by_us_alone(path)
+    finally:
+        resume.set()
+        taker.finish()
+    assert free_elsewhere(path)
+
+
 def test_the_next_thread_takes_over_a_given_up_wait(path):
     """One blocking request per lock: a second waiter waits on the first one's."""
     lock = locks.lock_for(path)

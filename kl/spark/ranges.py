@@ -40,18 +40,6 @@ ON_RECREATED = ("fail", "restart")
 """What a reader does when its topic was deleted and created again since its stored offsets."""
 
 
-class TopicRecreated(KlError):
-    """A checkpoint or load journal holds offsets of another creation of a topic (it was
-    deleted and created again since): they mean nothing in the new log."""
-
-    def __init__(self, topic: str, recorded: str, current: str, what: str, remedy: str):
-        super().__init__(
-            f"topic {topic} was deleted and created again since this {what}"
-            f" (its topic id was {recorded}, it is {current} now): {remedy}"
-        )
-        self.topic, self.recorded, self.current = topic, recorded, current
-
-
 def same_creation(recorded: str | None, current: str) -> bool:
     """Whether offsets recorded with topic id ``recorded`` belong to the topic whose id is
     ``current``.  Offsets recorded without an id (by a kl before topic ids) count as the

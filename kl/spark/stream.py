@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from kl.errors import InvalidConfig, KlError
+from kl.errors import InvalidConfig, KlError, TopicRecreated
 from kl.spark import ranges
-from kl.spark.ranges import DataLoss, Range, TopicRecreated, same_creation
+from kl.spark.ranges import DataLoss, Range, same_creation
 from kl.spark.source import KlPartition, Options, read_partition
 from kl.topic import Root
 
