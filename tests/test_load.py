@@ -23,13 +23,13 @@ from click.testing import CliRunner
 from pyspark.errors import PythonException
 
 import kl
+from kl.errors import TopicRecreated
 from kl.messageset import frame
 from kl.recovery import recover
 from kl.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import SparkRunner, load, unwrap
-from kl.spark.ranges import TopicRecreated
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write

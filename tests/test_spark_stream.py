@@ -15,10 +15,10 @@ from typing import NamedTuple
 import pytest
 
 import kl
-from kl.errors import InvalidConfig
+from kl.errors import InvalidConfig, TopicRecreated
 from kl.retention import retain
 from kl.spark import arrow, stream
-from kl.spark.ranges import DataLoss, TopicRecreated
+from kl.spark.ranges import DataLoss
 from kl.spark.stream import KlStreamReader, stream_options
 
 from conftest import active_segment, flip_byte, read_all, write
