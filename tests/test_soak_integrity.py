@@ -1,6 +1,6 @@
 """A short run of ``scripts/soak-integrity``: random config edits, topic re-creates,
 out-of-order and extreme timestamps under ``kl retain``, group members killed -9 and
-stopped, damaged offsets files, compressed and plain produces, in real processes, checked
+stopped, damaged offsets files, compressed and plain produces, `--from-time`, in real processes, checked
 against its model (the rules are listed in the script).  The long run is the script's
 default of 30 minutes."""
 
@@ -28,7 +28,7 @@ def test_short_soak_holds_every_rule(tmp_path):
     assert summary["steps"] >= 16
     for action in ("produce zstd", "produce json", "produce extreme", "edit config", "touch config", "recreate topic",
                    "retain", "start member", "kill -9 member", "SIGSTOP member", "consume -c", "library member",
-                   "damage offsets"):
+                   "damage offsets", "from-time"):
         assert actions.get(action, 0) >= 1, (action, summary)
     assert checked["delivered"] >= 100 and checked["duplicates"] >= 100, summary
     assert checked["clear-errors"] >= 16 and checked["damaged"] >= 1, summary
