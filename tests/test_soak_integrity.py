@@ -22,7 +22,7 @@ def run_soak(*args: str) -> tuple[int, str, dict]:
 
 
 def test_short_soak_holds_every_rule(tmp_path):
-    rc, out, summary = run_soak("--minutes", "0.4", "--seed", "7", "--no-spark", "--workdir", str(tmp_path))
+    rc, out, summary = run_soak("--minutes", "0.3", "--seed", "7", "--no-spark", "--workdir", str(tmp_path))
     assert rc == 0, out
     actions, checked = summary["actions"], summary["checked"]
     assert summary["steps"] >= 16
@@ -32,3 +32,13 @@ def test_short_soak_holds_every_rule(tmp_path):
         assert actions.get(action, 0) >= 1, (action, summary)
     assert checked["delivered"] >= 100 and checked["duplicates"] >= 100, summary
     assert checked["clear-errors"] >= 16 and checked["damaged"] >= 1, summary
+
+
+def test_the_soak_sees_a_lost_segment_and_an_undelivered_message(tmp_path):
+    """The harness's own check: a segment removed behind kl's back, and the deliveries of
+    a group forgotten, each break their rule."""
+    rc, out, summary = run_soak("--minutes", "0.1", "--seed", "3", "--no-spark", "--workdir", str(tmp_path),
+                                "--inject", "lose-segment", "--inject", "forget-deliveries")
+    assert rc == 1, out
+    assert summary["violated"]["acked"] >= 1 and summary["violated"]["delivered"] >= 1, out
+    assert "soak-integrity: VIOLATIONS" in out
