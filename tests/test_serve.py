@@ -225,11 +225,13 @@ def test_a_multifetch_past_the_file_bound_opens_the_rest_in_turn(root, running):
 
 
 def slow_reader(address: tuple[str, int]) -> socket.socket:
-    """A kl connection that takes little at a time: an answer to it waits, parked."""
+    """A kl connection that takes little at a time: an answer to it waits, parked.
+    Its HELLO is answered and read."""
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(address)
     s.sendall(wire.request(wire.HELLO, wire.INT16.pack(wire.VERSION) + wire.string("slow")))
+    assert answer(s)[0] == 0  # HELLO's: what arrives next answers the caller's request
     return s
 
 
@@ -264,7 +266,6 @@ def test_an_answer_parked_past_the_file_bound_survives_retention_setting_its_seg
         wait_for(lambda: readable(s), "the answer to begin")
         deleted = retain(root.log("s", 0), max_age_ms=0, max_bytes=1, delete_delay=3600).deleted
         assert len(deleted) == len(bases) - 1  # every segment the answer reads, set aside
-        assert answer(s)[0] == 0  # HELLO's
         code, payload = answer(s)
     assert code == 0
     reader = wire.Reader(payload)
