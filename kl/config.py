@@ -29,6 +29,14 @@ def new_topic_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
+def same_creation(recorded: str | None, current: str) -> bool:
+    """Whether a position recorded with topic id ``recorded`` belongs to the topic whose id
+    is ``current``.  Positions recorded without an id (by a kl before topic ids) count as
+    the current creation's, and so do all where the topic has no id (a root kl cannot
+    write): one rule for group offsets, Spark checkpoints and load journals."""
+    return not recorded or not current or recorded == current
+
+
 @dataclass(frozen=True)
 class TopicConfig:
     """Settings of one topic; the defaults are what ``kl topics create`` writes.

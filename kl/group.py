@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeVar, cast
 
+from kl.config import same_creation
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import (
     CorruptMessage,
@@ -644,7 +645,7 @@ class GroupConsumer:
                     self.reset,
                     at.offset,
                 )
-        if committed is not None and committed.topic_id and topic_id and committed.topic_id != topic_id:
+        if committed is not None and not same_creation(committed.topic_id, topic_id):
             log.warning(
                 "%s is of a topic %s deleted and created again since (id %s, now %s): it counts as never committed;"
                 " starting at the %s offset %d",

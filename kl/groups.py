@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from kl import message as m
+from kl.config import same_creation
 from kl.errors import (
     CorruptMessage,
     InvalidConfig,
@@ -36,7 +37,7 @@ from kl.errors import (
     UnsupportedCodec,
 )
 from kl.fsutil import ensure_dir
-from kl.log import Log
+from kl.log import Log, Position
 from kl.messageset import MessageSet, check
 from kl.registry import (
     Committed,
@@ -45,7 +46,6 @@ from kl.registry import (
     GroupNotFound,
     InvalidImport,
     Member,
-    Position,
     Registry,
     groups,
     parse_position,
@@ -363,7 +363,7 @@ def _stale(root: Root, topic: str, committed: Committed) -> bool:
     """Whether ``committed`` is of an earlier creation of ``topic`` (one written before
     topic ids counts as of the current one)."""
     try:
-        return bool(committed.topic_id) and committed.topic_id != root.topic_id(topic)
+        return not same_creation(committed.topic_id, root.topic_id(topic))
     except TopicNotFound:
         return False
 

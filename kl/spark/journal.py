@@ -44,11 +44,12 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from kl import locks
+from kl.config import same_creation
 from kl.errors import InvalidConfig, InvalidOffset, KlError, LockTimeout, TopicRecreated
 from kl.fsutil import ensure_dir, fsync_dir, storage_error, write_atomic
 from kl.log import EARLIEST, LATEST
 from kl.spark import ranges
-from kl.spark.ranges import DataLoss, Range, same_creation
+from kl.spark.ranges import DataLoss, Range
 from kl.topic import Root
 
 META = "_kl"

@@ -40,13 +40,6 @@ ON_RECREATED = ("fail", "restart")
 """What a reader does when its topic was deleted and created again since its stored offsets."""
 
 
-def same_creation(recorded: str | None, current: str) -> bool:
-    """Whether offsets recorded with topic id ``recorded`` belong to the topic whose id is
-    ``current``.  Offsets recorded without an id (by a kl before topic ids) count as the
-    current creation's, and so do all where the topic has no id (a root kl cannot write)."""
-    return not recorded or not current or recorded == current
-
-
 class Range(NamedTuple):
     """The bytes ``[start, end)`` of one partition: complete messages, read by one task."""
 
