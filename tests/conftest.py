@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import nfslab
 import pytest
 
 import kl
@@ -45,6 +46,17 @@ def _flushed_in_its_own_test() -> Iterator[None]:
     """A test's scheduled background flushes run before it ends, not in a later test."""
     yield
     flusher.flush_pending()
+
+
+@pytest.fixture(scope="session", params=["4.2", "3"])
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
+    """The NFS lab (tests/nfslab.py) of each NFS version, shared by every test that asks for it
+    (a test picks one version with ``@pytest.mark.parametrize("lab", ["4.2"], indirect=True)``)."""
+    reason = nfslab.unavailable(request.param)
+    if reason:
+        pytest.skip(reason)
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param) as lab:
+        yield lab
 
 
 @pytest.fixture

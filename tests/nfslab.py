@@ -1,67 +1,67 @@
-"""A real NFS lab for tests: one NFS server and two client hosts in a user-mode Linux.
+"""A real NFS lab for tests: one NFS server and client hosts, each its own QEMU guest.
 
-This machine's kernel has neither an NFS server nor an NFS client, but Debian's
-user-mode-linux package boots Linux 6.1 as an ordinary process, in about two seconds and
-without KVM, with nfsd, the NFS client and veth as modules.  `Lab` boots such a guest
-(scripts/nfs-guest/init is its PID 1): its root is this machine's / read-only through
-hostfs, so it runs the same Python and venv; it exports an ext4 file system on a private
-block device (a sparse file in the lab's directory), and two client hosts, "a" and "b"
-(each its own network, UTS and mount namespace with its own NFSv4 client identifier,
-joined to the server by a veth pair), mount that export at `MOUNT`: two distinct NFS
-clients, over NFSv4.2 (`version="4.2"`, the default) or NFSv3 (`version="3"`, below).
-The addresses exist only inside the guest (server 10.99.1.1 and 10.99.2.1, host a
-10.99.1.2, host b 10.99.2.2); the guest has no network to the outside.
+This machine's kernel has neither an NFS server nor an NFS client, and it may have no
+hardware virtualization, so each host of the lab is a virtual machine under QEMU's
+software emulation (TCG), booting Debian's own kernel (scripts/nfs-guest/kernel keeps it
+in a cache, outside the repository).  Each guest's root is this machine's / read-only
+over 9p under a tmpfs overlay, so it runs the same Python and venv; the lab's directory is
+shared read-write at the same path.  The server guest exports an ext4 file system on a
+virtual disk (a sparse file in the lab's directory); each client host mounts it at
+`MOUNT`: by default hosts "a" and "b", each its own guest with its own kernel, page cache,
+NFS client identity and clock; `hosts=("a", "b", "c")` adds a third.  With
+`one_kernel=True` the client hosts are instead network namespaces of one client guest,
+each with its own NFS mount, as two containers of one machine would be.  NFSv4.2
+(`version="4.2"`, the default) or NFSv3 (`version="3"`, locking through NLM).  Host N's
+link to the server is a pair of datagram sockets in the lab's directory (addresses
+10.99.N.1 on the server, 10.99.N.2 on the host: a is 1, b 2, c 3); the guests have no
+other network, and nothing of the lab is a device, bridge or namespace of this machine.
 
-Needs Debian's packages user-mode-linux, nfs-kernel-server (which brings nfs-common), kmod,
-e2fsprogs and iproute2, and rpcbind for NFSv3: scripts/nfs-guest/install installs them, as
-root; the lab itself runs as any user.  `unavailable(version)` tells why the lab cannot run
-here, for a skip.  The lab
-is ready about 5 to 9 s after `start()` (the kernel boots in under 2 s; nfsd's start and the
-two mounts take most of the rest), and a command in it takes 0.1 s, a Python one about 1 s.
+Needs QEMU (qemu-system-x86, its qboot firmware), busybox-static, and Debian's
+nfs-kernel-server, nfs-common, rpcbind, kmod, e2fsprogs and iproute2, whose programs the
+guests run: scripts/nfs-guest/install installs them and fills the kernel cache, as root;
+the lab itself runs as any user.  `unavailable(version)` tells why the lab cannot run
+here, for a skip: a missing package, or a probe guest (booted once per process) that
+could not start its first process.  Under emulation a guest computes about 15 to 20
+times slower than this machine: the lab is ready 10 to 20 s after `start()`, and Python
+code started with `python`/`spawn_python` is forked from a guest agent that has kl
+imported already (a fresh interpreter takes seconds there).
 
-    with Lab(tmp_path) as lab:                       # boots; the guest dies on exit
+    with Lab(tmp_path) as lab:                       # boots; the guests die on exit
         lab.run("a", ["sh", "-c", "echo hi > f"])    # Result(returncode, stdout, stderr)
-        lab.python("b", "print(open('f').read())")   # this interpreter, in host b
-        producer = lab.spawn("a", [...])             # a Process, running concurrently
+        lab.python("b", "print(open('f').read())")   # Python code on host b
+        producer = lab.spawn_python("a", code)       # a Process, running concurrently
         producer.wait_for_output("ready")            # its stdout so far, once it has this
+        producer.signal(signal.SIGSTOP)              # to its process group
         producer.kill()                              # SIGKILL to its process group
         lab.disconnect("a"); lab.reconnect("a")      # cut host a off the server and back
+        lab.freeze("a"); lab.thaw("a")               # stop host a's whole guest, and go on
+        lab.reset("a")                               # host a's guest killed and booted again
         producer.wait(timeout=30)                    # Result
         lab.wait_all(timeout=60)                     # [Result] of every process started
 
-Commands run in the guest with the given argv (no shell) in their own session, in `MOUNT`
-unless `cwd` says otherwise, with a small fixed environment (PATH, HOME and TMPDIR on a
-guest tmpfs, LANG=C.UTF-8, PYTHONDONTWRITEBYTECODE=1) plus `env`; host "server" is the
-guest's root namespace, where the exported file system is at `EXPORT`.  Every path of this
-machine is seen read-only at the same path, except the lab's directory, which is shared
-read-write: a test can hand a guest command a file by writing it there first, but should
-not change a file there that the guest has already read (the guest may cache it).
+Commands run with the given argv (no shell) in their own session, in `MOUNT` unless `cwd`
+says otherwise, with a small fixed environment (PATH, HOME and TMPDIR on a guest tmpfs,
+LANG=C.UTF-8, PYTHONDONTWRITEBYTECODE=1) plus `env`; host "server" is the server guest,
+where the exported file system is at `EXPORT`.  A test can hand a guest command a file
+by writing it into the lab's directory first.  `clocks={"a": 300}` sets host a's clock
+300 s ahead of this machine's.
 
 The NFS server's lease and grace time is `lease` seconds (10, nfsd's least, by default),
 the grace period after its start is ended at once, and NFSv3 (so lockd) is off unless
-`version` is "3".  nfsd hands out (read) delegations unless `delegations` is false, even to
-a client that opened a file for writing.  A client cut off longer than its lease loses its state, but nfsd 6.1 is a
-courteous server: it lets the expired client keep its locks and delegations until another
-client asks for a conflicting one.  So while host a is cut off, host b's open() of a file a
-holds a delegation on waits (the server answers "delay" while it cannot recall it) until
-a's lease has run out, and b's lock on a file a has locked fails (F_SETLK) or waits
-(F_SETLKW) until then too.  Once back, a finds its locks lost: its late writes fail with EIO,
-at the latest on close().
+`version` is "3".  nfsd hands out (read) delegations unless `delegations` is false.  A
+client cut off longer than its lease loses its state, but nfsd 6.1 is a courteous server:
+it lets the expired client keep its locks and delegations until another client asks for a
+conflicting one; once back, the host finds its locks lost and its late writes fail with
+EIO, at the latest on close().  With `version="3"` each host runs its own rpcbind and
+rpc.statd; lockd refuses new locks for 10 s after the server starts, so the lab is ready
+only once each host has had a lock.  NLM has no leases: a cut-off host keeps its locks,
+and others wait for them, until it comes back or reboots.  NFSv3 has no change attribute
+either: a file rewritten at the same size within one tick of the server's clock may stay
+stale in another host's cache until it changes again or that host takes a lock on it.
 
-With `version="3"` the server runs NFSv3 beside NFSv4 (rpcbind, rpc.statd, rpc.mountd, and
-lockd through nfsd) and each host mounts `EXPORT` with vers=3, locking through NLM: each
-host has its own rpcbind and rpc.statd (in its own /run and /var/lib/nfs), lockd being per
-network namespace.  lockd refuses new locks for its grace period (10 s) after it starts,
-so the lab is ready only once each host has had a lock: about 15 to 20 s after `start()`.
-NLM has no leases: a cut-off host keeps its locks, and others wait for them, until it comes
-back (and releases them) or reboots.  NFSv3 has no change attribute either: a host sees
-that another changed a file by its size and times, so a file rewritten at the same size
-within one tick of the server's clock (ext4: a jiffy) stays in its cache, stale, until it
-changes again or the host takes a lock on it.
-
-The guest dies when the lab is closed, when this process exits (atexit; and should it be
-killed, the shell that started the guest sees its pipe from this process close and kills
-the guest's process group) and, in any case, after `lifetime` seconds.
+Every guest dies when the lab is closed, when this process exits (atexit; and should it
+be killed, the shell that started each guest sees its pipe from this process close and
+kills the guest) and, in any case, after `lifetime` seconds.
 """
 
 from __future__ import annotations
@@ -72,22 +72,29 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-UML = "/usr/bin/linux.uml"
-MODULES = "/usr/lib/uml/modules"
+QEMU = "qemu-system-x86_64"
+FIRMWARE = "/usr/share/qemu/qboot.rom"
 GUEST = Path(__file__).resolve().parent.parent / "scripts" / "nfs-guest"
 MOUNT = "/mnt/nfs"
 EXPORT = "/srv/nfs"
-HOSTS = ("a", "b", "server")
+SERVER = "server"
+NUMBERS = {"a": 1, "b": 2, "c": 3}
+NAMES = {host: f"host{host.upper()}" for host in NUMBERS}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-NAMES = {"a": "hostA", "b": "hostB"}
+# What the guests run, from this machine's /, by the Debian package that has it.
 TOOLS = {
+    QEMU: "qemu-system-x86",
+    "busybox": "busybox-static",
     "modprobe": "kmod",
     "rpc.nfsd": "nfs-kernel-server",
     "rpc.mountd": "nfs-kernel-server",
@@ -103,10 +110,11 @@ TOOLS = {
 VERSIONS = ("4.2", "3")
 # What NFSv3 needs besides: NLM's rpcbind and rpc.statd, on the server and on each host.
 TOOLS_V3 = {"rpcbind": "rpcbind", "rpc.statd": "nfs-common"}
-# Runs the guest (its argv after the file to write its pid to) and kills it, with every
-# process it left, when it ends or when this shell's standard input, a pipe from the
-# process that booted the lab, is closed: when that process dies in any way.  The guest
-# (linux.uml) makes a process group of its own, so both groups are killed.
+ACCEL = ["-accel", "tcg,tb-size=64"]
+# Runs a guest (its argv after the file to write its pid to) and kills it when it ends or
+# when this shell's standard input, a pipe from the process that booted the lab, is
+# closed: when that process dies in any way.  The shell leads a process group of its own,
+# with the guest in it.
 SUPERVISE = """
 exec 3<&0
 pidfile=$1
@@ -114,15 +122,14 @@ shift
 "$@" </dev/null 3<&- &
 guest=$!
 echo "$guest" >"$pidfile"
-{ read -r _ <&3; kill -s KILL -- "-$guest" 2>/dev/null; kill -s KILL 0; } &
+{ read -r _ <&3; kill -s KILL 0; } &
 wait "$guest"
-kill -s KILL -- "-$guest" 2>/dev/null
 kill -s KILL 0
 """
 
 
 class LabError(Exception):
-    """The lab failed: the guest did not boot, died, or a command did not finish in time."""
+    """The lab failed: a guest did not boot, died, or a command did not finish in time."""
 
 
 @dataclass(frozen=True)
@@ -134,17 +141,31 @@ class Result:
     stderr: str
 
 
+def cache_directory() -> Path:
+    """Where scripts/nfs-guest/kernel keeps the guests' kernel: $KL_NFSLAB_CACHE, else
+    kl-nfslab in the user's cache directory."""
+    if os.environ.get("KL_NFSLAB_CACHE"):
+        return Path(os.environ["KL_NFSLAB_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kl-nfslab"
+
+
 def unavailable(version: str = "4.2") -> str | None:
-    """Why the lab cannot run on this machine with NFS `version`, or None when it can."""
+    """Why the lab cannot run on this machine with NFS `version`, or None when it can.
+
+    Checks the packages and the kernel cache, then boots a probe guest (once per process):
+    a machine whose guests cannot start their first process cannot run the lab."""
     if not sys.platform.startswith("linux"):
         return "the NFS lab needs Linux"
-    if not os.access(UML, os.X_OK) or not os.path.isdir(MODULES):
-        return "user-mode-linux is not installed: apt-get install user-mode-linux"
     tools = {**TOOLS, **TOOLS_V3} if version == "3" else TOOLS
     missing = sorted({package for tool, package in tools.items() if _which(tool) is None})
+    if not os.path.exists(FIRMWARE):
+        missing.append("qemu-system-data")
     if missing:
-        return f"the NFS lab needs Debian packages {', '.join(missing)}: apt-get install {' '.join(missing)}"
-    return None
+        return f"the NFS lab needs Debian packages {', '.join(missing)}: run scripts/nfs-guest/install as root"
+    if not (cache_directory() / "ready").exists():
+        return f"the NFS lab's guest kernel is not in {cache_directory()}: run scripts/nfs-guest/install as root"
+    return probe()
 
 
 def _which(tool: str) -> str | None:
@@ -152,8 +173,61 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), *SYSTEM_PATH.split(":")]))
 
 
+_probed: list[str | None] = []
+_probe_lock = threading.Lock()
+PROBED = "nfslab-probe: the guest runs"
+
+
+def probe(timeout: float = 180) -> str | None:
+    """Boot one tiny guest (once per process): None when it ran its first process, else
+    why not, with the last line it printed."""
+    with _probe_lock:
+        if not _probed:
+            _probed.append(_probe(timeout))
+        return _probed[0]
+
+
+def _probe(timeout: float) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="nfslab-probe-") as directory:
+        console = Path(directory) / "console.log"
+        try:
+            subprocess.run(
+                [*_machine(256), "-serial", f"file:{console}", "-append", _command_line({"init": str(GUEST / "probe")})],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            pass
+        except OSError as exc:
+            return f"the NFS lab cannot start QEMU: {exc}"
+        printed = console.read_text(errors="replace") if console.exists() else ""
+    if PROBED in printed:
+        return None
+    lines = [line.strip() for line in printed.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if "panic" in line.lower()), lines[-1] if lines else "nothing")
+    return f"the NFS lab's QEMU guest cannot start its first process on this machine (it printed: {last})"
+
+
+def _machine(memory_mb: int) -> list[str]:
+    """The QEMU command line common to every guest: the kernel, the root, no devices."""
+    cache = cache_directory()
+    return [
+        QEMU,
+        *("-nodefaults", "-no-user-config", "-nographic", "-no-reboot", *ACCEL),
+        *("-m", f"{memory_mb}M", "-smp", "1", "-bios", FIRMWARE),
+        *("-kernel", str(cache / "vmlinux"), "-initrd", str(cache / "initramfs")),
+        *("-virtfs", "local,path=/,mount_tag=root,security_model=none,readonly=on,multidevs=remap"),
+    ]
+
+
+def _command_line(parameters: dict[str, str]) -> str:
+    """The kernel command line: a serial console, no reboot, and nfslab_* parameters."""
+    return " ".join(["console=ttyS0", "quiet", "panic=-1", *(f"nfslab_{key}={value}" for key, value in parameters.items())])
+
+
 class Process:
-    """A command started in the guest by `Lab.spawn`."""
+    """A command started in the lab by `Lab.spawn` or `Lab.spawn_python`."""
 
     def __init__(self, lab: Lab, ident: str, host: str, argv: list[str]) -> None:
         self.lab, self.ident, self.host, self.argv = lab, ident, host, argv
@@ -175,13 +249,13 @@ class Process:
 
     def signal(self, signum: int) -> None:
         """Send `signum` to its process group (it runs in a session of its own)."""
-        self.lab._request({"op": "signal", "id": self.ident, "signal": int(signum)})
+        self.lab._request(self.host, {"op": "signal", "id": self.ident, "signal": int(signum)})
 
     def kill(self) -> None:
         """Kill its process group with SIGKILL."""
         self.signal(signal.SIGKILL)
 
-    def wait_for_output(self, text: str, timeout: float = 30) -> str:
+    def wait_for_output(self, text: str, timeout: float = 60) -> str:
         """Wait until its standard output holds `text`; return that output."""
         deadline = time.monotonic() + timeout
         while True:
@@ -192,7 +266,7 @@ class Process:
                 raise LabError(f"{self!r} ended before printing {text!r}: {self.result()}")
             self._check(deadline, f"printing {text!r}")
 
-    def wait(self, timeout: float = 60) -> Result:
+    def wait(self, timeout: float = 120) -> Result:
         """Wait for it to end; its status and output."""
         deadline = time.monotonic() + timeout
         while self.poll() is None:
@@ -214,8 +288,22 @@ class Process:
         return f"<nfslab.Process {self.ident} on {self.host}: {' '.join(self.argv)}>"
 
 
+@dataclass
+class Guest:
+    """One virtual machine of the lab: the server, or a client holding `hosts`."""
+
+    name: str
+    hosts: tuple[str, ...]
+    memory_mb: int
+    shell: subprocess.Popen[bytes] | None = None
+    processes: list[Process] = field(default_factory=list)
+
+    def spool(self, lab: Lab) -> Path:
+        return lab.directory / "guests" / self.name
+
+
 class Lab:
-    """The booted guest: an NFS server and client hosts "a" and "b" (see the module doc)."""
+    """The booted guests: an NFS server and client hosts (see the module doc)."""
 
     def __init__(
         self,
@@ -225,110 +313,160 @@ class Lab:
         version: str = "4.2",
         lease: int = 10,
         delegations: bool = True,
-        memory_mb: int = 512,
+        hosts: tuple[str, ...] = ("a", "b"),
+        one_kernel: bool = False,
+        clocks: dict[str, int] | None = None,
+        memory_mb: int = 384,
         disk_mb: int = 256,
-        lifetime: float = 600,
-        boot_timeout: float = 60,
+        lifetime: float = 900,
+        boot_timeout: float = 180,
     ) -> None:
         if version not in VERSIONS:
             raise ValueError(f"the NFS lab mounts NFS version {' or '.join(VERSIONS)}, not {version!r}")
+        unknown = [host for host in hosts if host not in NUMBERS]
+        if unknown or not hosts:
+            raise ValueError(f"the NFS lab's client hosts are some of {', '.join(NUMBERS)}, not {hosts!r}")
         self.directory = Path(directory).resolve()
         self.python_path = python
         self.version = version
         self.lease, self.delegations = lease, delegations
-        self.memory_mb, self.disk_mb = memory_mb, disk_mb
-        self.lifetime, self.boot_timeout = lifetime, boot_timeout
+        self.hosts, self.one_kernel = tuple(hosts), one_kernel
+        self.clocks = dict(clocks or {})
+        self.disk_mb, self.lifetime, self.boot_timeout = disk_mb, lifetime, boot_timeout
         self.boot_seconds = 0.0
-        self._process: subprocess.Popen[bytes] | None = None
+        clients = [Guest("".join(hosts), self.hosts, memory_mb)] if one_kernel else [Guest(h, (h,), memory_mb) for h in hosts]
+        self.guests = {SERVER: Guest(SERVER, (SERVER,), 256), **{guest.name: guest for guest in clients}}
+        self._guest_of = {host: guest for guest in self.guests.values() for host in guest.hosts}
         self._sequence = itertools.count(1)
         self._spawned: list[Process] = []
+        self._started = False
+
+    # ----------------------------------------------------------------- life
 
     def start(self) -> None:
-        """Boot the guest and wait until both hosts have mounted the export."""
+        """Boot the guests and wait until every host has mounted the export."""
         reason = unavailable(self.version)
         if reason:
             raise LabError(reason)
+        started = time.monotonic()
+        self.launch()
+        self._wait_ready(list(self.guests.values()), started + self.boot_timeout)
+        self.boot_seconds = time.monotonic() - started
+
+    def launch(self) -> None:
+        """Start the guests' virtual machines (`start` waits for them too)."""
         for value in (str(self.directory), self.python_path):
-            if any(c in value for c in " ,\t\n\"'"):
-                raise LabError(f"the lab cannot pass a path with blanks, commas or quotes to the guest: {value!r}")
+            if any(c in value for c in " ,\t\n\"'="):
+                raise LabError(f"the lab cannot pass a path with blanks, commas, quotes or '=' to a guest: {value!r}")
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "req").mkdir()
-        (self.directory / "uml").mkdir()
+        for sub in ("out", "net"):
+            (self.directory / sub).mkdir()
         disk = self.directory / "disk.ext4"
         with open(disk, "wb") as file:
             file.truncate(self.disk_mb << 20)
         subprocess.run([_which("mkfs.ext4") or "mkfs.ext4", "-q", "-F", str(disk)], check=True, capture_output=True)
-        command = [
-            UML,
-            f"mem={self.memory_mb}M",
-            f"ubd0={disk}",
-            f"uml_dir={self.directory / 'uml'}",
-            "umid=nfslab",
-            "root=/dev/root",
-            "rootfstype=hostfs",
-            "rootflags=/",
-            "ro",
-            f"init={GUEST / 'init'}",
-            f"nfslab_dir={self.directory}",
-            f"nfslab_python={self.python_path}",
-            f"nfslab_lease={self.lease}",
-            f"nfslab_delegations={int(self.delegations)}",
-            f"nfslab_lifetime={int(self.lifetime)}",
-            f"nfslab_version={self.version}",
-            "con=null",
-            "ssl=null",
-            "con0=fd:0,fd:1",
-            "quiet",
-        ]
-        started = time.monotonic()
-        with open(self.directory / "console.log", "wb") as console:
-            self._process = subprocess.Popen(
-                ["/bin/sh", "-c", SUPERVISE, "nfslab-guest", str(self.directory / "guest.pid"), *command],
-                stdin=subprocess.PIPE,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={"PATH": SYSTEM_PATH, "TMPDIR": self._memory_directory()},
-            )
+        self._started = True
         atexit.register(self.close)
-        deadline = started + self.boot_timeout
-        while not (self.directory / "agent.ready").exists():
+        for guest in self.guests.values():
+            (guest.spool(self) / "req").mkdir(parents=True)
+            self._boot(guest)
+        while not all(self.guest_pid(guest) for guest in self.guests):
             self._check_alive()
-            if time.monotonic() > deadline:
-                self.close()
-                raise LabError(f"the NFS lab did not boot in {self.boot_timeout} s:\n{self.log()}")
-            time.sleep(0.02)
-        self.boot_seconds = time.monotonic() - started
+            time.sleep(0.01)
 
-    def _memory_directory(self) -> str:
-        """Where the guest keeps the file behind its memory: /dev/shm if it has the room."""
+    def _boot(self, guest: Guest) -> None:
+        spool = guest.spool(self)
+        for name in ("ready", "console.log", "guest.pid"):
+            (spool / name).unlink(missing_ok=True)
+        served = self.hosts if guest.name == SERVER else guest.hosts
+        parameters = {
+            "init": str(GUEST / "init"),
+            "dir": str(self.directory),
+            "guest": guest.name,
+            "hosts": ",".join(f"{host}:{NUMBERS[host]}" for host in served),
+            "python": self.python_path,
+            "modules": str(cache_directory() / "modules"),
+            "release": (cache_directory() / "ready").read_text().strip(),
+            "version": self.version,
+            "lease": str(self.lease),
+            "delegations": str(int(self.delegations)),
+            "clock": str(sum(self.clocks.get(host, 0) for host in guest.hosts if host in NUMBERS)),
+            "lifetime": str(int(self.lifetime)),
+        }
+        command = [
+            *_machine(guest.memory_mb),
+            *("-name", f"nfslab-{guest.name}", "-append", _command_line(parameters)),
+            *("-serial", f"file:guests/{guest.name}/console.log"),
+            *("-qmp", f"unix:guests/{guest.name}/qmp,server=on,wait=off"),
+            *("-virtfs", f"local,path={self.directory},mount_tag=lab,security_model=none,multidevs=remap"),
+        ]
+        for host in served:
+            n = NUMBERS[host]
+            side, peer, mac = (f"s{host}", f"{host}s", 1) if guest.name == SERVER else (f"{host}s", f"s{host}", 2)
+            command += [
+                "-netdev",
+                f"dgram,id=n{host},local.type=unix,local.path=net/{side},remote.type=unix,remote.path=net/{peer}",
+                "-device",
+                f"virtio-net-pci,netdev=n{host},mac=52:54:00:99:0{n}:0{mac}",
+            ]
+            (self.directory / "net" / side).unlink(missing_ok=True)
+        if guest.name == SERVER:
+            command += ["-drive", "file=disk.ext4,format=raw,if=virtio,cache=writeback"]
+        with open(spool / "qemu.log", "ab") as log:
+            guest.shell = subprocess.Popen(
+                ["/bin/sh", "-c", SUPERVISE, "nfslab-guest", str(spool / "guest.pid"), *command],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                start_new_session=True,
+                env={"PATH": SYSTEM_PATH, "TMPDIR": self._memory_directory(guest.memory_mb)},
+            )
+
+    def _wait_ready(self, guests: list[Guest], deadline: float) -> None:
+        for guest in guests:
+            while not (guest.spool(self) / "ready").exists():
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    log = self.log()
+                    self.close()
+                    raise LabError(f"the NFS lab's guest {guest.name} did not boot in {self.boot_timeout} s:\n{log[-6000:]}")
+                time.sleep(0.05)
+
+    def _memory_directory(self, memory_mb: int) -> str:
+        """Where QEMU keeps temporary files: /dev/shm if it has the room."""
         try:
             shm = os.statvfs("/dev/shm")
         except OSError:
             return str(self.directory)
         room = shm.f_bavail * shm.f_frsize
-        return "/dev/shm" if room > self.memory_mb << 20 and os.access("/dev/shm", os.W_OK) else str(self.directory)
+        return "/dev/shm" if room > memory_mb << 20 and os.access("/dev/shm", os.W_OK) else str(self.directory)
 
     def close(self) -> None:
-        """Kill the guest, every process of it."""
-        process, self._process = self._process, None
-        if process is None:
+        """Kill every guest."""
+        if not self._started:
             return
+        self._started = False
         atexit.unregister(self.close)
-        # Once the shell has ended, so has the guest's group (and its pid may be reused).
-        groups = [process.pid] if process.poll() is not None else [self.guest_pid(), process.pid]
-        for group in groups:
-            if group > 0:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        process.communicate()
+        for guest in self.guests.values():
+            self._kill(guest)
 
-    def guest_pid(self) -> int:
-        """The pid of the guest's kernel (linux.uml), also its process group; 0 before the boot."""
+    @staticmethod
+    def _kill(guest: Guest) -> None:
+        shell, guest.shell = guest.shell, None
+        if shell is None:
+            return
+        if shell.poll() is None:  # once the shell has ended, so has its group (and its id may be reused)
+            try:
+                os.killpg(shell.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shell.communicate()
+
+    def guest_pid(self, guest: str = SERVER) -> int:
+        """The pid of `guest`'s QEMU (a client guest is named after its hosts); 0 before the boot."""
         try:
-            return int((self.directory / "guest.pid").read_text() or 0)
+            return int((self.guests[guest].spool(self) / "guest.pid").read_text() or 0)
         except FileNotFoundError:
             return 0
 
@@ -340,25 +478,37 @@ class Lab:
         self.close()
 
     def log(self) -> str:
-        """The guest's log of its setup, then its console."""
+        """Each guest's log of its setup, then its console."""
         texts = []
-        for name in ("guest.log", "console.log"):
-            path = self.directory / name
-            if path.exists():
-                texts.append(path.read_text(errors="replace"))
+        for guest in self.guests.values():
+            for name in ("guest.log", "console.log", "qemu.log"):
+                path = guest.spool(self) / name
+                if path.exists():
+                    texts.append(f"--- {guest.name}: {name}\n{path.read_text(errors='replace')}")
         return "\n".join(texts)
 
+    # ----------------------------------------------------------------- commands
+
     def spawn(self, host: str, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
-        """Start `argv` on `host` ("a", "b" or "server") and return at once."""
-        if host not in HOSTS:
-            raise ValueError(f"no host {host!r} in the lab: {', '.join(HOSTS)}")
-        ident = str(next(self._sequence))
-        self._request(
-            {"op": "run", "id": ident, "host": host, "argv": [str(a) for a in argv], "cwd": cwd, "env": env or {}},
-            ident,
+        """Start `argv` on `host` (a client host or "server") and return at once."""
+        return self._spawn(host, {"op": "run", "argv": [str(a) for a in argv], "cwd": cwd, "env": env or {}}, list(argv))
+
+    def spawn_python(self, host: str, code: str, *args: str) -> Process:
+        """Start Python `code` (with `args` in sys.argv[1:]) on `host`, in the lab's interpreter."""
+        return self._spawn(
+            host,
+            {"op": "python", "code": code, "args": [str(a) for a in args], "cwd": None, "env": {}},
+            [self.python_path, "-c", "...", *args],
         )
-        process = Process(self, ident, host, list(argv))
+
+    def _spawn(self, host: str, request: dict[str, object], argv: list[str]) -> Process:
+        if host not in self._guest_of:
+            raise ValueError(f"no host {host!r} in the lab: {', '.join(self._guest_of)}")
+        ident = str(next(self._sequence))
+        self._request(host, {**request, "id": ident, "host": host}, ident)
+        process = Process(self, ident, host, argv)
         self._spawned.append(process)
+        self._guest_of[host].processes.append(process)
         return process
 
     def run(
@@ -368,47 +518,88 @@ class Lab:
         *,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        timeout: float = 60,
+        timeout: float = 120,
     ) -> Result:
         """Run `argv` on `host` to its end."""
         return self.spawn(host, argv, cwd=cwd, env=env).wait(timeout)
 
-    def wait_all(self, timeout: float = 60) -> list[Result]:
+    def python(self, host: str, code: str, *args: str, timeout: float = 120) -> Result:
+        """Run Python `code` (with `args` in sys.argv[1:]) on `host` to its end."""
+        return self.spawn_python(host, code, *args).wait(timeout)
+
+    def wait_all(self, timeout: float = 120) -> list[Result]:
         """Wait for every process started so far to end; their results, in the order started."""
         deadline = time.monotonic() + timeout
         return [process.wait(max(0.0, deadline - time.monotonic())) for process in self._spawned]
 
-    def python(self, host: str, code: str, *args: str, timeout: float = 60) -> Result:
-        """Run Python `code` (with `args` in sys.argv[1:]) on `host` in the lab's interpreter."""
-        return self.run(host, [self.python_path, "-c", code, *args], timeout=timeout)
-
-    def spawn_python(self, host: str, code: str, *args: str) -> Process:
-        """Start Python `code` on `host` in the lab's interpreter."""
-        return self.spawn(host, [self.python_path, "-c", code, *args])
+    # ----------------------------------------------------------------- faults
 
     def disconnect(self, host: str) -> None:
-        """Cut `host` off the server: take the server's end of its veth pair down."""
-        self._link(host, "down")
+        """Cut `host` off the server: its link goes down at the server's end."""
+        self._monitor(SERVER, "set_link", name=f"n{host}", up=False)
 
     def reconnect(self, host: str) -> None:
         """Join `host` to the server again."""
-        self._link(host, "up")
+        self._monitor(SERVER, "set_link", name=f"n{host}", up=True)
 
-    def _link(self, host: str, state: str) -> None:
-        result = self.run("server", ["ip", "link", "set", f"veth{NAMES[host]}", state])
-        if result.returncode:
-            raise LabError(f"cannot set host {host}'s link {state}: {result.stderr}")
+    def freeze(self, host: str) -> None:
+        """Stop `host`'s whole guest (every host in it): a virtual machine paused."""
+        self._monitor(self._guest_of[host].name, "stop")
 
-    def _request(self, request: dict[str, object], ident: str | None = None) -> None:
+    def thaw(self, host: str) -> None:
+        """Let `host`'s guest run again."""
+        self._monitor(self._guest_of[host].name, "cont")
+
+    def reset(self, host: str) -> None:
+        """Kill `host`'s guest (its QEMU, with SIGKILL: a power cut) and boot it again; its
+        processes end with -9.  Only for a host that is a guest of its own."""
+        guest = self._guest_of[host]
+        if guest.name == SERVER or len(guest.hosts) > 1:
+            raise ValueError(f"host {host!r} is not a guest of its own: it cannot be reset alone")
+        self._kill(guest)
+        for process in guest.processes:
+            if process.poll() is None:
+                (self.directory / "out" / f"{process.ident}.rc").write_text(str(-signal.SIGKILL))
+        guest.processes.clear()
+        shutil.rmtree(guest.spool(self) / "req")
+        (guest.spool(self) / "req").mkdir()
+        self._boot(guest)
+        self._wait_ready([guest], time.monotonic() + self.boot_timeout)
+
+    def _monitor(self, guest: str, command: str, **arguments: object) -> None:
+        """Run `command` on `guest`'s QEMU through its QMP socket."""
         self._check_alive()
-        name = f"{next(self._sequence):08d}.json" if ident is None else f"{int(ident):08d}.json"
-        aside = self.directory / "req" / f".{name}"
+        spool = os.open(self.guests[guest].spool(self), os.O_PATH)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as qmp:
+                qmp.settimeout(30)
+                qmp.connect(f"/proc/self/fd/{spool}/qmp")  # short, whatever the lab's path
+                replies = qmp.makefile("rb")
+                json.loads(replies.readline())  # the greeting
+                for execute, args in (("qmp_capabilities", {}), (command, arguments)):
+                    qmp.sendall(json.dumps({"execute": execute, "arguments": args}).encode() + b"\n")
+                    while "event" in (reply := json.loads(replies.readline() or b'{"error": "closed"}')):
+                        pass
+                    if "return" not in reply:
+                        raise LabError(f"QEMU of guest {guest} refused {command} {arguments}: {reply}")
+        finally:
+            os.close(spool)
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _request(self, host: str, request: dict[str, object], ident: str | None = None) -> None:
+        self._check_alive()
+        number = next(self._sequence) if ident is None else int(ident)
+        requests = self._guest_of[host].spool(self) / "req"
+        aside = requests / f".{number:08d}.json"
         aside.write_text(json.dumps(request))
-        aside.rename(self.directory / "req" / name)
+        aside.rename(requests / f"{number:08d}.json")
 
     def _check_alive(self) -> None:
-        if self._process is None:
+        if not self._started:
             raise LabError("the NFS lab is not running")
-        if self._process.poll() is not None:
-            self.close()
-            raise LabError(f"the NFS lab's guest died:\n{self.log()[-4000:]}")
+        for guest in self.guests.values():
+            if guest.shell is not None and guest.shell.poll() is not None:
+                log = self.log()
+                self.close()
+                raise LabError(f"the NFS lab's guest {guest.name} died:\n{log[-6000:]}")

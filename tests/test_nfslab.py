@@ -1,4 +1,6 @@
-"""The NFS lab (tests/nfslab.py): two client hosts of one real NFS server share files and locks."""
+"""The NFS lab (tests/nfslab.py): client hosts of one real NFS server, each its own QEMU guest
+(or network namespaces of one guest), share files and locks, and nothing of the lab reaches
+outside it or outlives the process that booted it."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nfslab
@@ -15,7 +16,6 @@ import pytest
 
 REASON = nfslab.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
-REASON_V3 = nfslab.unavailable("3")
 
 LOCK = """
 import fcntl, os, signal, struct, sys
@@ -83,18 +83,11 @@ os.close(fd)
 """
 
 
-@pytest.fixture(scope="module", params=nfslab.VERSIONS)
-def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
-    """One lab per NFS version, shared by the module's tests of that version."""
-    if request.param == "3" and REASON_V3 is not None:
-        pytest.skip(REASON_V3)
-    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param) as lab:
-        yield lab
-
-
-def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
+def test_hosts_are_distinct_nfs_clients_with_kernels_of_their_own(lab: nfslab.Lab) -> None:
     names = [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")]
     assert names == ["hostA", "hostB"]
+    boots = {lab.run(host, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for host in ("a", "b", "server")}
+    assert len(boots) == 3, "two hosts share a kernel"
     mounts = lab.run("a", ["grep", f" {nfslab.MOUNT} ", "/proc/self/mountinfo"]).stdout
     if lab.version == "3":
         assert f" nfs 10.99.1.1:{nfslab.EXPORT} " in mounts and "vers=3" in mounts and "local_lock=none" in mounts
@@ -108,13 +101,33 @@ def test_hosts_are_distinct_nfs_clients(lab: nfslab.Lab) -> None:
     assert '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
 
 
-def test_the_guest_has_no_network_but_its_own(lab: nfslab.Lab) -> None:
+def test_the_guests_have_no_network_but_the_labs(lab: nfslab.Lab) -> None:
     def links(host: str) -> list[str]:
         listing = lab.run(host, ["ip", "-o", "link", "show"]).stdout
         return sorted(line.split(": ")[1].split("@")[0] for line in listing.splitlines())
 
-    assert links("server") == ["lo", "vethhostA", "vethhostB"]
+    def routes(host: str) -> list[str]:
+        return lab.run(host, ["ip", "-o", "route", "show"]).stdout.split("\n")[:-1]
+
+    assert links("server") == ["lo", "tohostA", "tohostB"]
     assert links("a") == links("b") == ["eth0", "lo"]
+    assert [route.split()[0] for route in routes("server")] == ["10.99.1.0/24", "10.99.2.0/24"]
+    assert [route.split()[0] for route in routes("a")] == ["10.99.1.0/24"]
+    # Host b is not even reachable from host a: each link joins one host to the server.
+    reach = "import socket; print(socket.socket().connect_ex((sys.argv[1], 2049)))"
+    assert lab.python("a", f"import sys; {reach}", "10.99.2.2").stdout == f"{errno.ENETUNREACH}\n"
+    assert lab.python("a", f"import sys; {reach}", "10.99.1.1").stdout == "0\n"
+
+
+def test_hosts_in_one_kernel_are_distinct_nfs_clients_in_namespaces_of_their_own(tmp_path: Path) -> None:
+    with nfslab.Lab(tmp_path, one_kernel=True) as lab:
+        assert [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")] == ["hostA", "hostB"]
+        boots = {lab.run(host, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for host in ("a", "b")}
+        assert len(boots) == 1
+        clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
+        assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients and '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
+        assert lab.python("a", "open('shared', 'w').write('from a')").returncode == 0
+        assert lab.python("b", "print(open('shared').read())").stdout == "from a\n"
 
 
 def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> None:
@@ -211,29 +224,41 @@ def test_on_nfsv3_a_holder_killed_while_its_host_is_cut_off_frees_its_lock_when_
     assert (taken.returncode, taken.stdout) == (0, "locked\n"), taken
 
 
-def test_the_guest_dies_with_the_process_that_booted_it(tmp_path: Path) -> None:
-    boot = "import os, sys, nfslab; lab = nfslab.Lab(sys.argv[1]); lab.start(); print(lab.guest_pid(), flush=True); os.abort()"
+BOOT = """
+import os, signal, sys, nfslab
+lab = nfslab.Lab(sys.argv[1])
+lab.launch()
+print(" ".join(str(lab.guest_pid(guest)) for guest in lab.guests), flush=True)
+if sys.argv[2] == "abort":
+    os.abort()
+os.kill(os.getpid(), {"kill": signal.SIGKILL, "interrupt": signal.SIGINT}[sys.argv[2]])
+"""
+DEATHS = {"abort": -signal.SIGABRT, "kill": -signal.SIGKILL, "interrupt": -signal.SIGINT}
+
+
+@pytest.mark.parametrize("death", DEATHS)
+def test_no_guest_outlives_the_process_that_booted_it(tmp_path: Path, death: str) -> None:
     child = subprocess.run(
-        [sys.executable, "-c", boot, str(tmp_path)], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", BOOT, str(tmp_path), death], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300
     )
-    assert child.returncode == -signal.SIGABRT, child.stderr
-    group = int(child.stdout)
-    assert group > 0
+    assert child.returncode == DEATHS[death], child.stderr
+    guests = [int(pid) for pid in child.stdout.split()]
+    assert len(guests) == 3 and all(pid > 0 for pid in guests)
     for _ in range(500):
-        if not living(group):
+        if not living(guests):
             return
         time.sleep(0.02)
-    pytest.fail(f"the guest's processes {living(group)} outlived the process that booted it")
+    pytest.fail(f"the guests {living(guests)} outlived the process that booted them")
 
 
-def living(group: int) -> list[int]:
-    """The processes of process group `group` that are not zombies."""
+def living(pids: list[int]) -> list[int]:
+    """The processes of `pids` that live and are QEMU (not zombies, not reused)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in pids:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(int(stat.parent.name))
+        if stat.rsplit(")", 1)[1].split()[0] != "Z" and "qemu" in stat.split(") ")[0]:
+            found.append(pid)
     return found

@@ -1,36 +1,42 @@
-"""The NFS lab guest's command agent (run by scripts/nfs-guest/init; see tests/nfslab.py).
+"""An NFS lab guest's command agent (run by scripts/nfs-guest/init; see tests/nfslab.py).
 
-It serves the spool directory DIR, shared with the host through hostfs:
+    agent.py DIR GUEST HOSTS      # HOSTS: NAME=NAMESPACES,...  (NAMESPACES empty: the guest's own)
 
-- The host drops requests as DIR/req/SEQ.json (written aside and renamed in), taken in
-  SEQ order: {"op": "run", "id": ID, "host": "a"|"b"|"server", "argv": [...], "cwd": DIR
-  or null, "env": {...}} starts a process in its own session on that host, its output in
-  DIR/out/ID.out and DIR/out/ID.err, its pid in DIR/out/ID.pid; {"op": "signal", "id": ID,
-  "signal": N} signals the process group of a process started so; {"op": "shutdown"} ends
-  the agent.
+It serves the spool directory DIR/guests/GUEST/req, shared with the machine over 9p:
+
+- The machine drops requests there as SEQ.json (written aside and renamed in), taken in
+  SEQ order: {"op": "run", "id": ID, "host": NAME, "argv": [...], "cwd": DIR or null,
+  "env": {...}} starts a process in its own session on that host, its output in
+  DIR/out/ID.out and DIR/out/ID.err; {"op": "python", ..., "code": CODE, "args": [...]}
+  does the same for Python code, forked from this agent, which has kl imported already
+  (a new interpreter takes seconds under emulation); {"op": "signal", "id": ID,
+  "signal": N} signals the process group of a process started so; {"op": "shutdown"}
+  ends the agent.
 - When a process ends, its status (negative: the signal that killed it) is renamed in as
   DIR/out/ID.rc.
 
-It only lists DIR/req and opens the names it finds there: hostfs caches a lookup of a
-name that does not exist yet as missing, for good.
+A host with namespaces of its own (hostA in a guest of two hosts) is entered with
+nsenter, or for forked Python with setns(2) on /run/netns/hostA, /run/ns/hostA.uts and
+/run/ns/hostA.mnt.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-HOSTS = {
-    "a": ["nsenter", "--net=/run/netns/hostA", "--uts=/run/ns/hostA.uts", "--mount=/run/ns/hostA.mnt"],
-    "b": ["nsenter", "--net=/run/netns/hostB", "--uts=/run/ns/hostB.uts", "--mount=/run/ns/hostB.mnt"],
-    "server": ["nsenter"],
-}
-DEFAULT_CWD = {"a": "/mnt/nfs", "b": "/mnt/nfs", "server": "/srv/nfs"}
+import kl  # noqa: F401  (imported once, here: forked Python finds it loaded)
+import kl.recovery  # noqa: F401
+import kl_cli  # noqa: F401
+
+DEFAULT_CWD = {"server": "/srv/nfs"}
 # nsenter --wd would take the directory from the namespace it starts in.
 CHDIR = 'cd "$0" && exec "$@"'
 BASE_ENV = {
@@ -40,6 +46,7 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -49,59 +56,134 @@ def write_atomic(path: Path, text: str) -> None:
     aside.rename(path)
 
 
-def start(request: dict[str, Any], out: Path) -> subprocess.Popen[bytes]:
-    """Start the process `request` asks for; its output goes to files under `out`."""
-    ident, host = request["id"], request["host"]
-    cwd = request.get("cwd") or DEFAULT_CWD[host]
-    argv = [*HOSTS[host], "--", "sh", "-c", CHDIR, cwd, *request["argv"]]
-    env = {**BASE_ENV, **request.get("env", {})}
-    with open(out / f"{ident}.out", "wb") as stdout, open(out / f"{ident}.err", "wb") as stderr:
-        try:
-            process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, start_new_session=True
-            )
-        except OSError as exc:
-            stderr.write(f"nfslab agent: cannot start {argv}: {exc}\n".encode())
-            write_atomic(out / f"{ident}.rc", "127")
-            raise
-    write_atomic(out / f"{ident}.pid", str(process.pid))
-    return process
+def namespaces(name: str) -> list[tuple[str, int]]:
+    """The namespace files of host namespace set `name` and their kinds."""
+    return [
+        (f"/run/netns/{name}", CLONE_NEWNET),
+        (f"/run/ns/{name}.uts", CLONE_NEWUTS),
+        (f"/run/ns/{name}.mnt", CLONE_NEWNS),
+    ]
 
 
-def serve(spool: Path) -> None:
-    """Take requests from `spool` until a shutdown request."""
-    requests, out = spool / "req", spool / "out"
-    out.mkdir(exist_ok=True)
-    running: dict[str, subprocess.Popen[bytes]] = {}
-    groups: dict[str, int] = {}
-    done: set[str] = set()
-    write_atomic(spool / "agent.ready", str(os.getpid()))
-    while True:
-        for name in sorted(os.listdir(requests)):
-            if name.startswith(".") or name in done:
-                continue
-            done.add(name)
-            request = json.loads((requests / name).read_text())
-            if request["op"] == "shutdown":
+class Agent:
+    def __init__(self, spool: Path, guest: str, hosts: dict[str, str]) -> None:
+        self.spool, self.guest, self.hosts = spool, guest, hosts
+        self.requests = spool / "guests" / guest / "req"
+        self.out = spool / "out"
+        self.running: dict[str, subprocess.Popen[bytes] | int] = {}
+        self.groups: dict[str, int] = {}
+
+    def argv(self, request: dict[str, Any]) -> list[str]:
+        """The command line that runs `request`'s argv on its host, in its directory."""
+        entered = self.hosts[request["host"]]
+        cwd = request.get("cwd") or DEFAULT_CWD.get(request["host"], "/mnt/nfs")
+        command = ["sh", "-c", CHDIR, cwd, *request["argv"]]
+        if not entered:
+            return command
+        entering = [
+            f"{option}={path}" for option, (path, _) in zip(("--net", "--uts", "--mount"), namespaces(entered), strict=True)
+        ]
+        return ["nsenter", *entering, "--", *command]
+
+    def start(self, request: dict[str, Any]) -> None:
+        """Start the process `request` asks for; its output goes to files under DIR/out."""
+        ident = request["id"]
+        env = {**BASE_ENV, **request.get("env", {})}
+        with open(self.out / f"{ident}.out", "wb") as stdout, open(self.out / f"{ident}.err", "wb") as stderr:
+            if request["op"] == "python":
+                pid = os.fork()
+                if pid == 0:
+                    self.python(request, env, stdout.fileno(), stderr.fileno())
+                self.running[ident] = self.groups[ident] = pid
                 return
-            if request["op"] == "run":
-                try:
-                    running[request["id"]] = start(request, out)
-                except OSError:
+            argv = self.argv(request)
+            try:
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, start_new_session=True
+                )
+            except OSError as exc:
+                stderr.write(f"nfslab agent: cannot start {argv}: {exc}\n".encode())
+                write_atomic(self.out / f"{ident}.rc", "127")
+                return
+        self.running[ident] = process
+        self.groups[ident] = process.pid
+
+    def python(self, request: dict[str, Any], env: dict[str, str], stdout: int, stderr: int) -> None:
+        """In the forked child: become the host's process, run the code, exit."""
+        status = 1
+        try:
+            os.setsid()
+            entered = self.hosts[request["host"]]
+            if entered:
+                libc = ctypes.CDLL(None, use_errno=True)
+                for path, kind in namespaces(entered):
+                    fd = os.open(path, os.O_RDONLY)
+                    if libc.setns(fd, kind) != 0:
+                        raise OSError(ctypes.get_errno(), f"setns {path}")
+                    os.close(fd)
+            os.chdir(request.get("cwd") or DEFAULT_CWD.get(request["host"], "/mnt/nfs"))
+            os.environ.clear()
+            os.environ.update(env)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
+            sys.argv = ["-c", *request["args"]]
+            try:
+                exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+                status = 0
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if not isinstance(exc.code, int) and exc.code is not None:
+                    print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(status)
+
+    def serve(self) -> None:
+        """Take requests until a shutdown request."""
+        self.out.mkdir(exist_ok=True)
+        done: set[str] = set()
+        write_atomic(self.spool / "guests" / self.guest / "ready", str(os.getpid()))
+        while True:
+            for name in sorted(os.listdir(self.requests)):
+                if name.startswith(".") or name in done:
                     continue
-                groups[request["id"]] = running[request["id"]].pid
-            elif request["op"] == "signal" and request["id"] in groups:
-                try:
-                    os.killpg(groups[request["id"]], request["signal"])
-                except ProcessLookupError:
-                    pass
-        for ident, process in list(running.items()):
-            status = process.poll()
-            if status is not None:
-                write_atomic(out / f"{ident}.rc", str(status))
-                del running[ident]
-        time.sleep(0.05)
+                done.add(name)
+                request = json.loads((self.requests / name).read_text())
+                if request["op"] == "shutdown":
+                    return
+                if request["op"] in ("run", "python"):
+                    self.start(request)
+                elif request["op"] == "signal" and request["id"] in self.groups:
+                    try:
+                        os.killpg(self.groups[request["id"]], request["signal"])
+                    except ProcessLookupError:
+                        pass
+            self.reap()
+            time.sleep(0.05)
+
+    def reap(self) -> None:
+        for ident, process in list(self.running.items()):
+            if isinstance(process, int):
+                pid, status = os.waitpid(process, os.WNOHANG)
+                code = None if pid == 0 else os.waitstatus_to_exitcode(status)
+            else:
+                code = process.poll()
+            if code is not None:
+                write_atomic(self.out / f"{ident}.rc", str(code))
+                del self.running[ident]
+
+
+def parse_hosts(spec: str) -> dict[str, str]:
+    """NAME=NAMESPACES,... as a dict."""
+    return dict(entry.split("=", 1) for entry in spec.split(","))
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    Agent(Path(sys.argv[1]), sys.argv[2], parse_hosts(sys.argv[3])).serve()
