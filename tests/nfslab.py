@@ -296,6 +296,8 @@ class Guest:
     hosts: tuple[str, ...]
     memory_mb: int
     shell: subprocess.Popen[bytes] | None = None
+    wake: socket.socket | None = None
+    """Connected to the guest agent's virtio serial port: a byte wakes it for a request."""
     processes: list[Process] = field(default_factory=list)
 
     def spool(self, lab: Lab) -> Path:
@@ -339,6 +341,7 @@ class Lab:
         self._guest_of = {host: guest for guest in self.guests.values() for host in guest.hosts}
         self._sequence = itertools.count(1)
         self._spawned: list[Process] = []
+        self._spool_fds: dict[str, int] = {}
         self._started = False
 
     # ----------------------------------------------------------------- life
@@ -399,6 +402,9 @@ class Lab:
             *("-serial", f"file:guests/{guest.name}/console.log"),
             *("-qmp", f"unix:guests/{guest.name}/qmp,server=on,wait=off"),
             *("-virtfs", f"local,path={self.directory},mount_tag=lab,security_model=none,multidevs=remap"),
+            *("-device", "virtio-serial-pci,id=serial"),
+            *("-chardev", f"socket,id=wake,path=guests/{guest.name}/wake,server=on,wait=off"),
+            *("-device", "virtserialport,bus=serial.0,chardev=wake,name=nfslab.wake"),
         ]
         for host in served:
             n = NUMBERS[host]
@@ -432,6 +438,9 @@ class Lab:
                     self.close()
                     raise LabError(f"the NFS lab's guest {guest.name} did not boot in {self.boot_timeout} s:\n{log[-6000:]}")
                 time.sleep(0.05)
+            guest.wake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            guest.wake.connect(self._short(guest, "wake"))
+            guest.wake.setblocking(False)  # a byte already waiting will do
 
     def _memory_directory(self, memory_mb: int) -> str:
         """Where QEMU keeps temporary files: /dev/shm if it has the room."""
@@ -450,9 +459,15 @@ class Lab:
         atexit.unregister(self.close)
         for guest in self.guests.values():
             self._kill(guest)
+        for fd in self._spool_fds.values():
+            os.close(fd)
+        self._spool_fds.clear()
 
     @staticmethod
     def _kill(guest: Guest) -> None:
+        if guest.wake is not None:
+            guest.wake.close()
+            guest.wake = None
         shell, guest.shell = guest.shell, None
         if shell is None:
             return
@@ -569,21 +584,24 @@ class Lab:
     def _monitor(self, guest: str, command: str, **arguments: object) -> None:
         """Run `command` on `guest`'s QEMU through its QMP socket."""
         self._check_alive()
-        spool = os.open(self.guests[guest].spool(self), os.O_PATH)
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as qmp:
-                qmp.settimeout(30)
-                qmp.connect(f"/proc/self/fd/{spool}/qmp")  # short, whatever the lab's path
-                replies = qmp.makefile("rb")
-                json.loads(replies.readline())  # the greeting
-                for execute, args in (("qmp_capabilities", {}), (command, arguments)):
-                    qmp.sendall(json.dumps({"execute": execute, "arguments": args}).encode() + b"\n")
-                    while "event" in (reply := json.loads(replies.readline() or b'{"error": "closed"}')):
-                        pass
-                    if "return" not in reply:
-                        raise LabError(f"QEMU of guest {guest} refused {command} {arguments}: {reply}")
-        finally:
-            os.close(spool)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as qmp:
+            qmp.settimeout(30)
+            qmp.connect(self._short(self.guests[guest], "qmp"))
+            replies = qmp.makefile("rb")
+            json.loads(replies.readline())  # the greeting
+            for execute, args in (("qmp_capabilities", {}), (command, arguments)):
+                qmp.sendall(json.dumps({"execute": execute, "arguments": args}).encode() + b"\n")
+                while "event" in (reply := json.loads(replies.readline() or b'{"error": "closed"}')):
+                    pass
+                if "return" not in reply:
+                    raise LabError(f"QEMU of guest {guest} refused {command} {arguments}: {reply}")
+
+    def _short(self, guest: Guest, name: str) -> str:
+        """A short path to socket `name` in `guest`'s spool, whatever the lab's path (a socket's
+        path has at most 107 bytes): through a descriptor of the spool, kept open for it."""
+        if self._spool_fds.get(guest.name) is None:
+            self._spool_fds[guest.name] = os.open(guest.spool(self), os.O_PATH | os.O_CLOEXEC)
+        return f"/proc/self/fd/{self._spool_fds[guest.name]}/{name}"
 
     # ----------------------------------------------------------------- plumbing
 
@@ -594,6 +612,15 @@ class Lab:
         aside = requests / f".{number:08d}.json"
         aside.write_text(json.dumps(request))
         aside.rename(requests / f"{number:08d}.json")
+        guest = self._guest_of[host]
+        if guest.wake is not None:
+            try:
+                guest.wake.send(b"!")
+            except BlockingIOError:
+                pass
+            except OSError:  # the agent looks at its spool now and then all the same
+                guest.wake.close()
+                guest.wake = None
 
     def _check_alive(self) -> None:
         if not self._started:

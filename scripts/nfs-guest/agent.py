@@ -1,6 +1,6 @@
 """An NFS lab guest's command agent (run by scripts/nfs-guest/init; see tests/nfslab.py).
 
-    agent.py DIR GUEST HOSTS      # HOSTS: NAME=NAMESPACES,...  (NAMESPACES empty: the guest's own)
+    agent.py DIR GUEST HOSTS [PORT]   # HOSTS: NAME=NAMESPACES,...  (NAMESPACES empty: the guest's own)
 
 It serves the spool directory DIR/guests/GUEST/req, shared with the machine over 9p:
 
@@ -15,6 +15,10 @@ It serves the spool directory DIR/guests/GUEST/req, shared with the machine over
 - When a process ends, its status (negative: the signal that killed it) is renamed in as
   DIR/out/ID.rc.
 
+The machine writes a byte to the virtio serial PORT after each request, so the agent
+sleeps until there is something to do (a child's end wakes it too); without PORT, or
+while nobody listens at the machine's end, it looks at the spool every 50 ms.
+
 A host with namespaces of its own (hostA in a guest of two hosts) is entered with
 nsenter, or for forked Python with setns(2) on /run/netns/hostA, /run/ns/hostA.uts and
 /run/ns/hostA.mnt.
@@ -25,6 +29,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -66,8 +72,8 @@ def namespaces(name: str) -> list[tuple[str, int]]:
 
 
 class Agent:
-    def __init__(self, spool: Path, guest: str, hosts: dict[str, str]) -> None:
-        self.spool, self.guest, self.hosts = spool, guest, hosts
+    def __init__(self, spool: Path, guest: str, hosts: dict[str, str], port: str | None = None) -> None:
+        self.spool, self.guest, self.hosts, self.port = spool, guest, hosts, port
         self.requests = spool / "guests" / guest / "req"
         self.out = spool / "out"
         self.running: dict[str, subprocess.Popen[bytes] | int] = {}
@@ -112,6 +118,8 @@ class Agent:
         """In the forked child: become the host's process, run the code, exit."""
         status = 1
         try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.setsid()
             entered = self.hosts[request["host"]]
             if entered:
@@ -149,6 +157,12 @@ class Agent:
         """Take requests until a shutdown request."""
         self.out.mkdir(exist_ok=True)
         done: set[str] = set()
+        wakeup, woken = os.pipe()
+        os.set_blocking(woken, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(woken)
+        port = os.open(self.port, os.O_RDONLY | os.O_NONBLOCK) if self.port else None
+        port_back = 0.0  # while nobody listens at the machine's end, the port reads as ended
         write_atomic(self.spool / "guests" / self.guest / "ready", str(os.getpid()))
         while True:
             for name in sorted(os.listdir(self.requests)):
@@ -166,7 +180,10 @@ class Agent:
                     except ProcessLookupError:
                         pass
             self.reap()
-            time.sleep(0.05)
+            watched = [wakeup] + ([port] if port is not None and time.monotonic() >= port_back else [])
+            for fd in select.select(watched, [], [], 0.25 if port in watched else 0.05)[0]:
+                if not os.read(fd, 4096) and fd == port:
+                    port_back = time.monotonic() + 1
 
     def reap(self) -> None:
         for ident, process in list(self.running.items()):
@@ -186,4 +203,4 @@ def parse_hosts(spec: str) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    Agent(Path(sys.argv[1]), sys.argv[2], parse_hosts(sys.argv[3])).serve()
+    Agent(Path(sys.argv[1]), sys.argv[2], parse_hosts(sys.argv[3]), (sys.argv[4:] or [None])[0]).serve()
