@@ -14,6 +14,12 @@ thread keeps the time rule for producers that go idle.  An fsync error fails thi
 handle's next append, flush and close.  ``fsync=True`` (and NFS) fsync under the lock
 and publish only durable data.
 
+On NFS a writer can lose its lock without knowing (paused or cut off past its lease), so
+appends there are fenced: each puts up an "append under way" mark with a fresh token
+before it writes (``_announce``), publishes only while the mark is still its own
+(``_check_fence``), and a writer that finds an append that never finished starts a new
+segment rather than write where that one's writer may still write late (``_fence``).
+
 A ``Log`` object is safe to share between threads and across ``fork()``; several
 processes on several hosts may append to one partition at once.
 """
@@ -805,7 +811,8 @@ class Log:
         try:
             fsync_dir(self.directory)
             locks.lock_file(new.fd, new.path, self.lock_timeout)
-            fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, time.time_ns() // 1_000_000, BOOT_ID)
+            now = time.time_ns() // 1_000_000
+            fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID)
             self.publish(fenced, durable=True)
         except BaseException:
             new.close()
