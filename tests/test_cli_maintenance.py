@@ -575,7 +575,10 @@ def test_dump_marks_late_bytes_past_a_closed_segments_end_which_are_not_damage(k
         f.write(GARBAGE)
     lines = out(kl_root, "dump", "t")
     at = lines.index("published end at offset 640; what follows was never published (kl recover cuts it)")
-    assert lines[at + 1 :][:2] == ["offset: 640 position: 640 size: 0 valid: no", "stopped at offset 640 (position 640): unknown magic 97"]
+    assert lines[at + 1 : at + 3] == [
+        "offset: 640 position: 640 size: 0 valid: no",
+        "stopped at offset 640 (position 640): unknown magic 97",
+    ]
     assert lines[at + 3] == "Dumping " + str(directory / "00000000000000000640.kl")
 
 
