@@ -189,3 +189,20 @@ def test_a_version_2_state_record_is_read_and_upgraded_by_the_next_writer(root, 
         assert f.read()[4] == 3
     assert fresh_log(log).state().active_base_offset == 0  # a version 2 record has no mark: nothing unfinished
     assert values(log) == [b"a", b"b"]
+
+
+def test_a_writer_that_lost_its_lock_removes_no_segment_past_the_active_one_when_it_rolls(root, nfs):
+    root.create_topic("t")
+    send(root, b"first")
+    log = fresh_log(root.log("t", 0))
+    end = log.state().log_end_offset
+    taken_over = os.path.join(log.directory, segment_name(end))
+    with log.locked():
+        state = log.writable_state()
+        foreign_mark(log)  # another host took over, and began a segment at the log end
+        with open(taken_over, "wb") as f:
+            f.write(frame([b"b-0"], TS))
+        with pytest.raises(kl.StorageError, match="another host took it over"):
+            log._append_rolled(state, frame([b"stale"], TS), 1, True)
+    with open(taken_over, "rb") as f:
+        assert f.read() == frame([b"b-0"], TS)
