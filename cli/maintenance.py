@@ -476,10 +476,9 @@ def _dump_targets(
     root = get_root(ctx)
     config = root.config(target)
     for p in [partition] if partition is not None else range(config.partitions):
-        segments = root.log(target, p).segments()  # the last is the active one, sized to the published end
-        for i, segment in enumerate(segments):
-            published = segment.size_in_bytes if i == len(segments) - 1 else None
-            yield segment.path, p, segment.base_offset, published, config.max_message_bytes, _file_size(segment.path)
+        # the last is the active one, sized to the published end; the others end at the next one's base
+        for segment in root.log(target, p).segments():
+            yield segment.path, p, segment.base_offset, segment.size_in_bytes, config.max_message_bytes, _file_size(segment.path)
 
 
 def _file_size(path: str) -> int:

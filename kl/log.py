@@ -14,6 +14,12 @@ thread keeps the time rule for producers that go idle.  An fsync error fails thi
 handle's next append, flush and close.  ``fsync=True`` (and NFS) fsync under the lock
 and publish only durable data.
 
+On NFS a writer can lose its lock without knowing (paused or cut off past its lease), so
+appends there are fenced: each puts up an "append under way" mark with a fresh token
+before it writes (``_announce``), publishes only while the mark is still its own
+(``_check_fence``), and a writer that finds an append that never finished starts a new
+segment rather than write where that one's writer may still write late (``_fence``).
+
 A ``Log`` object is safe to share between threads and across ``fork()``; several
 processes on several hosts may append to one partition at once.
 """
@@ -44,7 +50,7 @@ from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
-from kl.state import BOOT_ID, STATE_FILE, PartitionState, StateFile, read_state, write_state
+from kl.state import BOOT_ID, NO_TOKEN, STATE_FILE, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,12 @@ READ_CHUNK = 1 << 20
 """Bytes read at a time by scans of whole segments."""
 TIME_LOOKUP_TRIES = 10
 """Times ``offset_for_time`` looks again when retention deleted a segment under it."""
+FENCED = (
+    "this host lost its lock on the partition (paused, or cut off from the NFS server, past its lease) "
+    "and another host took it over; nothing of this append was published"
+)
+FENCE_SUFFIX = ".fence"
+"""A new empty active segment's name while it is made to replace the old one (``_fence``)."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -111,6 +123,10 @@ class Log:
         """On NFS: segment base -> the end up to which this reader revalidated it."""
         self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
+        self._token: bytes | None = None
+        """On NFS, under the lock: the token of this hold's "append under way" mark."""
+        self._record: bytes | None = None
+        """On NFS, under the lock: the record this hold read or published last."""
         self.flush_scheduled = False
         """Set while ``kl.flusher`` holds this log for a timed flush."""
 
@@ -322,11 +338,14 @@ class Log:
 
     def segments(self, state: PartitionState | None = None) -> list[SegmentInfo]:
         """The segments from the log start to the active one, oldest first, with sizes
-        (as ``state`` has them; by default the published state)."""
+        (as ``state`` has them; by default the published state).  A closed segment's
+        size stops at the next segment's base: bytes past it are a fenced writer's late
+        ones (see ``_fence``), never data."""
         state = state or self.state()
         self.refresh()
         out = []
-        for base, name in zip(self._bases, self._names, strict=True):
+        bases = self._bases
+        for i, (base, name) in enumerate(zip(bases, self._names, strict=True)):
             if state.log_start_offset <= base <= state.active_base_offset:
                 path = os.path.join(self.directory, name)
                 if base == state.active_base_offset:
@@ -338,6 +357,8 @@ class Log:
                         size = os.lstat(path).st_size
                     except FileNotFoundError:
                         continue
+                    following = next((b for b in bases[i + 1 :] if b > base), state.active_base_offset)
+                    size = min(size, following - base)
                 out.append(SegmentInfo(base, path, size))
         return out
 
@@ -481,7 +502,7 @@ class Log:
         found = timeindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns)
         if found is not None:
             return found
-        messages = self.messages(info.base_offset, info.base_offset + stat.st_size)
+        messages = self.messages(info.base_offset, info.base_offset + min(stat.st_size, info.size_in_bytes))
         summary = timeindex.TimeSummary.of(info.base_offset, stat.st_size, stat.st_mtime_ns, messages)
         if keep:
             timeindex.write(info.path, summary)
@@ -637,6 +658,7 @@ class Log:
         self._state_file = self._active = None
         self._tail_checked = False
         self._published_raw = None
+        self._token = self._record = None
 
     def _process_lock(self) -> locks.ProcessLock:
         lock = self._lock
@@ -672,12 +694,16 @@ class Log:
         nfs = self.on_nfs()
         if nfs and self._state_file is not None:
             self.close()
+        unfinished = False
         try:
             state_file = self._state_file or self._open_state()
-            raw = state_file.read()
-            if raw == self._published_raw and time.monotonic() < self._recheck_at:
-                assert self._published is not None
-                return self._published  # nobody appended since we did: the tail is ours
+            if nfs:
+                raw, mark = state_file.read_marked()
+            else:
+                raw, mark = state_file.read(), None
+                if raw == self._published_raw and time.monotonic() < self._recheck_at:
+                    assert self._published is not None
+                    return self._published  # nobody appended since we did: the tail is ours
             state = PartitionState.decode(raw, self.state_path)  # TopicNotFound for kl topics delete's mark
             if self._active is None or state.active_base_offset != self._active.base_offset:
                 if self._active is not None:
@@ -689,6 +715,9 @@ class Log:
                 )
                 if nfs:  # held until the lock is released: revalidates the file, and fences this host
                     locks.lock_file(self._active.fd, self._active.path, self.lock_timeout)
+            if nfs:
+                unfinished = mark is not None and mark != state.token
+                self._announce(state_file, raw)
             stat = os.fstat(self._active.fd)
             file_size = stat.st_size
             gone = stat.st_nlink == 0 or state_file.unlinked()
@@ -710,10 +739,87 @@ class Log:
                 raise TopicNotFound(f"partition {self.directory} was deleted")
             return self.writable_state(reopened=True)
         self._recheck_at = time.monotonic() + RECHECK_SECONDS
-        if not self._tail_checked or file_size != state.log_end_offset - state.active_base_offset:
+        if nfs and (unfinished or file_size > state.log_end_offset - state.active_base_offset):
+            state = self._fence(state, file_size)
+            self._tail_checked = True
+        elif not self._tail_checked or file_size != state.log_end_offset - state.active_base_offset:
             state = self._repair_tail(state, file_size)
             self._tail_checked = True
         return state
+
+    def _announce(self, state_file: StateFile, raw: bytes) -> None:
+        """On NFS, before anything is written: put up this lock hold's "append under
+        way" mark with a fresh token, through to the server, and check that the record
+        is still the one read before it (``raw``).  A holder paused past its lease
+        that wakes here finds another host's record and stops before it writes data;
+        one that wakes later finds another host's mark at ``publish``."""
+        token = os.urandom(len(NO_TOKEN))
+        try:
+            state_file.write_mark(token)
+            now, mark = state_file.read_marked()
+        except OSError as e:
+            self._fail(storage_error(e, "write the append mark of", self.state_path))
+        if now != raw or mark != token:
+            self._fail(StorageError(f"cannot append to {self.directory}: {FENCED}"))
+        self._token, self._record = token, raw
+
+    def _check_fence(self, state_file: StateFile) -> None:
+        """On NFS, just before publishing: the mark must still be this hold's and the
+        record the one it read or wrote last, read from the server; else another host
+        took the partition over and nothing may be published (see ``_announce``)."""
+        try:
+            now, mark = state_file.read_marked()
+        except OSError as e:
+            self._fail(storage_error(e, "read", self.state_path))
+        if now != self._record or mark != self._token:
+            self._fail(StorageError(f"cannot publish to {self.directory}: {FENCED}"))
+
+    def _fence(self, state: PartitionState, file_size: int) -> PartitionState:
+        """On NFS, an append that never finished: its writer's mark has no matching
+        record, or bytes lie past the log end.  That writer may only be paused, or cut
+        off past its lease, and write late where it was; so nobody writes there again.
+        The active segment is closed at its good end (bytes past it cut) and a new,
+        empty one begins there (when the active segment is empty, a new file replaces
+        it: the late writer holds the old one open).  Readers read a closed segment up
+        to the next one's base, so late bytes past that land where nobody reads."""
+        active = self._active
+        assert active is not None
+        base = state.active_base_offset
+        end, why = self._good_tail(state, file_size)
+        if end < file_size:
+            active.truncate_to(end)
+        self.fsync(active)
+        log_end = base + end
+        log.warning(
+            "%s: the append under way at offset %d never finished (its writer died, or was paused or cut off "
+            "past its lease)%s; a new segment begins there",
+            self.directory,
+            log_end,
+            f": cut {file_size - end} bytes ({why or 'never published'})" if end < file_size else "",
+        )
+        self._remove_orphans(state)
+        if end:
+            new = Segment.create(self.directory, log_end, self.config.max_message_bytes, self.suffix)
+        else:
+            new = Segment.create(self.directory, base, self.config.max_message_bytes, FENCE_SUFFIX)
+            try:
+                os.rename(new.path, active.path)
+            except OSError as e:
+                new.close()
+                raise storage_error(e, "replace", active.path) from None
+            new.path = active.path
+        try:
+            fsync_dir(self.directory)
+            locks.lock_file(new.fd, new.path, self.lock_timeout)
+            now = time.time_ns() // 1_000_000
+            fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID)
+            self.publish(fenced, durable=True)
+        except BaseException:
+            new.close()
+            raise
+        active.close()
+        self._active = new
+        return fenced
 
     def _config_changed(self) -> bool:
         """The topic's config on disk differs from this log's (it was created again)."""
@@ -765,15 +871,7 @@ class Log:
         assert active is not None
         base = state.active_base_offset
         published = state.log_end_offset - base
-        if self.foreign(active) and file_size > published:
-            raise CorruptState(
-                f"{active.path} holds {file_size - published} bytes past the log end that kl did not write; "
-                "bring Kafka 0.7 data in with 'kl topics import'"
-            )
-        stable = state.stable_offset - base
-        end, why = active.good_end(stable, state.last_append_offset - base, published)
-        if end < stable:
-            raise CorruptMessage(active.path, end, f"{why}; run 'kl recover'", offset=base + end)
+        end, why = self._good_tail(state, file_size)
         if end < file_size:
             active.truncate_to(end)
             log.warning("%s: cut %d bytes at position %d: %s", active.path, file_size - end, end, why or "never published")
@@ -788,6 +886,26 @@ class Log:
         )
         self.publish(repaired, durable=True)
         return repaired
+
+    def _good_tail(self, state: PartitionState, file_size: int) -> tuple[int, str | None]:
+        """Where the active segment's good published data ends, and why earlier than the
+        log end (see ``Segment.good_end``).  Raises ``CorruptMessage`` for damage below
+        the stable offset and ``CorruptState`` for bytes past the log end of a segment
+        of the other format."""
+        active = self._active
+        assert active is not None
+        base = state.active_base_offset
+        published = state.log_end_offset - base
+        if self.foreign(active) and file_size > published:
+            raise CorruptState(
+                f"{active.path} holds {file_size - published} bytes past the log end that kl did not write; "
+                "bring Kafka 0.7 data in with 'kl topics import'"
+            )
+        stable = state.stable_offset - base
+        end, why = active.good_end(stable, state.last_append_offset - base, published)
+        if end < stable:
+            raise CorruptMessage(active.path, end, f"{why}; run 'kl recover'", offset=base + end)
+        return end, why
 
     def _append_rolled(self, state: PartitionState, data: bytes, count: int, fsync: bool) -> int:
         """Close the active segment (cut to its exact size, fsynced), write ``data`` into a
@@ -829,7 +947,11 @@ class Log:
     def _remove_orphans(self, state: PartitionState) -> None:
         """Delete segments of this log's own suffix past the active one: a writer killed
         mid-roll made them and never published them.  Any other file there is not kl's:
-        refuse to roll past it."""
+        refuse to roll past it.  On NFS the fence is checked first: for a writer that
+        lost its lock, such a segment may be the new holder's."""
+        if self._token is not None:
+            assert self._state_file is not None
+            self._check_fence(self._state_file)
         for base, name in list_segments(self.directory):
             if base <= state.active_base_offset:
                 continue
@@ -841,10 +963,13 @@ class Log:
 
     def publish(self, state: PartitionState, *, durable: bool) -> None:
         """Write the state record (under the lock); ``durable`` fsyncs it."""
-        raw = state.encode()
         self._published_raw = None
         state_file = self._state_file
         assert state_file is not None
+        if self._token is not None:
+            self._check_fence(state_file)
+            state = state._replace(token=self._token)
+        raw = state.encode()
         try:
             state_file.write(raw)
         except OSError as e:
@@ -855,6 +980,8 @@ class Log:
             except OSError as e:
                 self._fail(storage_error(e, "fsync", self.state_path))
         self._published, self._published_raw = state, raw
+        if self._token is not None:
+            self._record = raw
 
     def fsync(self, segment: Segment) -> None:
         """fsync a segment, or fail this ``Log`` for good (see ``_fail``)."""

@@ -3,8 +3,9 @@
 What is changed without being asked: bytes past the published log end of the segment
 kl appends to (never acknowledged), a torn tail past the stable offset (data a crash may
 have torn; see ``Segment.good_end``), a killed roll's unpublished segment, zero bytes a
-closed segment holds past the next segment's base, and a missing or damaged state
-record (rebuilt from the segments).
+closed segment holds past the next segment's base, bytes a writer that had lost its lock
+wrote late past a closed segment's end (on NFS; never served), and a missing or damaged
+state record (rebuilt from the segments).
 
 What is only reported: damage below the stable offset, which held acknowledged data
 that no crash can tear; segment files the state does not account for; files that are
@@ -296,10 +297,14 @@ class _Check:
 
     def _damaged(self, segment: Segment, damage: Damage, *, active: bool) -> None:
         """Report ``damage``; with ``repair``, copy the segment aside (once) and pad over
-        it.  Zero bytes past a closed segment's end hold nothing and are cut unasked."""
+        it.  Bytes past a closed segment's end (the next one's base) are never read:
+        zeros, or what a writer that lost its lock wrote late (see ``Log._fence``); they
+        are cut unasked."""
         offset = segment.base_offset + damage.start
         kind, reason = damage.problem.kind, damage.problem.reason
-        if kind is Kind.LONG_FILE and "zero" in reason and not active:
+        if kind is Kind.LONG_FILE and not active:
+            if "zero" not in reason:
+                reason += ", written late by a writer that had lost its lock (never served)"
             self.report.cut_bytes += damage.end - damage.start
             self.find(offset, segment.path, reason, self.would("cut"), kind)
             if self.act:
@@ -313,12 +318,6 @@ class _Check:
             self.find(offset, segment.path, f"{reason}; kl does not change segments of the other format", "reported", kind)
             return
         aside = self._copy_aside(segment)
-        if kind is Kind.LONG_FILE:
-            segment.truncate_to(damage.start)
-            self.log.fsync(segment)
-            self.report.cut_bytes += damage.end - damage.start
-            self.find(offset, segment.path, reason, f"cut: nothing can be read there, original kept as {aside}", kind)
-            return
         gap = damage.end - damage.start
         legacy = self.log.config.legacy
         if gap < padding_min(legacy):

@@ -17,6 +17,7 @@ when another host wrote it) only what was fsynced is trusted: ``flushed_offset``
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import struct
@@ -33,15 +34,23 @@ STATE_FILE = "state"
 TAG = b"klst"
 DELETED_TAG = b"kldl"
 """Written over the record by ``kl topics delete`` so writers holding it open notice."""
-VERSION = 2
-RECORD = struct.Struct(">4sBQQQQQIQ16s")
+VERSION = 3
+RECORD = struct.Struct(">4sBQQQQQIQ16s16s")
+RECORD_V2 = struct.Struct(">4sBQQQQQIQ16s")
+"""Version 2 had no append token; it is read, and rewritten as version 3 by the next writer."""
 RECORD_V1 = struct.Struct(">4sBQQQQQIQ")
-"""Version 1 (kl 0.1) had no boot id; it is read, and rewritten as version 2 by the next writer."""
+"""Version 1 (kl 0.1) had no boot id either."""
 CRC = struct.Struct(">I")
 SIZE = RECORD.size + CRC.size
 SIZE_V1 = RECORD_V1.size + CRC.size
 VERSION_OFFSET = 4
 NO_BOOT = bytes(16)
+NO_TOKEN = bytes(16)
+MARK_TAG = b"klmk"
+MARK = struct.Struct(">4s16s")
+"""The "append under way" mark: tag and the token of the append (``StateFile.write_mark``)."""
+MARK_OFFSET = 512
+"""Where the mark lies in the state file, past the record (readers read only the record)."""
 _READ_ATTEMPTS = 20
 
 
@@ -72,6 +81,9 @@ class PartitionState(NamedTuple):
     flushed_at_ms: int
     boot_id: bytes = NO_BOOT
     """The boot of the kernel that wrote the record (``NO_BOOT``: unknown)."""
+    token: bytes = NO_TOKEN
+    """On NFS: the token of the append (or other change under the lock) that wrote the
+    record, which its "append under way" mark carried (``NO_TOKEN`` elsewhere)."""
 
     @property
     def stable_offset(self) -> int:
@@ -93,7 +105,7 @@ class PartitionState(NamedTuple):
         """Raises ``CorruptState`` when the record is short, unknown or fails its checksum,
         and ``TopicNotFound`` when it is the deleted mark."""
         version = data[VERSION_OFFSET] if len(data) > VERSION_OFFSET else -1
-        layout = {VERSION: RECORD, 1: RECORD_V1}.get(version)
+        layout = {VERSION: RECORD, 2: RECORD_V2, 1: RECORD_V1}.get(version)
         if layout is None:
             raise CorruptState(f"partition state {path} has unknown version {version}; run 'kl recover'")
         if len(data) < layout.size + CRC.size:
@@ -115,7 +127,7 @@ class PartitionState(NamedTuple):
 
 def deleted_record() -> bytes:
     """The record that marks a partition deleted."""
-    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT)
+    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT, NO_TOKEN)
     return record + CRC.pack(zlib.crc32(record))
 
 
@@ -148,23 +160,32 @@ class StateFile:
     """A writer's handle on a partition's state record, used under the partition lock.
 
     On local disks the record is mapped, so reading and publishing it cost no system
-    call; elsewhere (NFS) it is read and written with pread and pwrite.  A version 1
-    record is lengthened on opening so that the version 2 record fits.  Raises
-    ``FileNotFoundError`` when the file is missing and ``CorruptState`` when it is short.
+    call.  On NFS (``mapped`` false) it is opened with ``O_DIRECT``: every read and write
+    goes to the server, past this host's page cache, which is what the "append under
+    way" mark (``read_marked``, ``write_mark``) needs to fence a writer that lost its
+    lock.  An older, shorter record is lengthened on opening so that the current one
+    fits.  Raises ``FileNotFoundError`` when the file is missing and ``CorruptState``
+    when it is short.
     """
 
     __slots__ = ("path", "fd", "_map")
 
     def __init__(self, path: str, *, mapped: bool):
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd = os.open(path, flags if mapped else flags | os.O_DIRECT)
+        except OSError as e:  # a file system without direct I/O (tmpfs)
+            if e.errno != errno.EINVAL:
+                raise
+            self.fd = os.open(path, flags)
         self._map: mmap.mmap | None = None
         try:
             size = os.fstat(self.fd).st_size
             if size < SIZE:
                 if size < SIZE_V1:
                     raise CorruptState(f"partition state {path} is {size} bytes; run 'kl recover'")
-                PartitionState.decode(os.pread(self.fd, SIZE, 0), path)
+                PartitionState.decode(self._pread(SIZE, 0), path)
                 os.ftruncate(self.fd, SIZE)
             if mapped:
                 self._map = mmap.mmap(self.fd, SIZE)
@@ -175,16 +196,55 @@ class StateFile:
     def __repr__(self) -> str:
         return f"StateFile({self.path!r})"
 
+    def _pread(self, size: int, position: int) -> bytes:
+        try:
+            return os.pread(self.fd, size, position)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not self._buffered():
+                raise
+            return os.pread(self.fd, size, position)
+
+    def _pwrite(self, data: bytes, position: int) -> None:
+        try:
+            written = os.pwrite(self.fd, data, position)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not self._buffered():
+                raise
+            written = os.pwrite(self.fd, data, position)
+        if written != len(data):
+            raise OSError(errno.EIO, "short write")
+
+    def _buffered(self) -> bool:
+        """Turn direct I/O off (a local file system that wants it aligned); False when it was off."""
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        if not flags & os.O_DIRECT:
+            return False
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+        return True
+
     def read(self) -> bytes:
         """The record's raw bytes (decode them with ``PartitionState.decode``)."""
-        return self._map[:SIZE] if self._map is not None else os.pread(self.fd, SIZE, 0)
+        return self._map[:SIZE] if self._map is not None else self._pread(SIZE, 0)
+
+    def read_marked(self) -> tuple[bytes, bytes | None]:
+        """The record's raw bytes and the token of the "append under way" mark (None
+        when there is none), in one read."""
+        data = self._pread(MARK_OFFSET + MARK.size, 0)
+        mark = data[MARK_OFFSET:]
+        if len(mark) == MARK.size and mark.startswith(MARK_TAG):
+            return data[:SIZE], MARK.unpack(mark)[1]
+        return data[:SIZE], None
+
+    def write_mark(self, token: bytes) -> None:
+        """Write the "append under way" mark carrying ``token``, through to the server."""
+        self._pwrite(MARK.pack(MARK_TAG, token), MARK_OFFSET)
 
     def write(self, raw: bytes) -> None:
         """Write an encoded record in place (not durable until ``fsync``)."""
         if self._map is not None:
             self._map[:SIZE] = raw
-        elif os.pwrite(self.fd, raw, 0) != len(raw):
-            raise OSError(errno.EIO, "short write")
+        else:
+            self._pwrite(raw, 0)
 
     def fsync(self) -> None:
         os.fsync(self.fd)
@@ -210,7 +270,8 @@ def write_state(path: str, state: PartitionState) -> None:
         raw = state.encode()
         if os.pwrite(fd, raw, 0) != len(raw):
             raise OSError(errno.EIO, "short write")
-        os.ftruncate(fd, SIZE)
+        if os.fstat(fd).st_size < SIZE:  # (a longer file keeps its "append under way" mark)
+            os.ftruncate(fd, SIZE)
         os.fsync(fd)
     finally:
         os.close(fd)

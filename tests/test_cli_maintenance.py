@@ -569,6 +569,19 @@ def test_dump_marks_bytes_past_the_published_end_which_are_not_damage(kl_root):
     ]
 
 
+def test_dump_marks_late_bytes_past_a_closed_segments_end_which_are_not_damage(kl_root):
+    directory = make(kl_root, values=[b"m%09d" % i for i in range(20)], config=SMALL_SEGMENTS, appends=2)
+    with open(directory / SEGMENT0, "ab") as f:  # a writer that lost its lock wrote late (see kl-format(5))
+        f.write(GARBAGE)
+    lines = out(kl_root, "dump", "t")
+    at = lines.index("published end at offset 640; what follows was never published (kl recover cuts it)")
+    assert lines[at + 1 : at + 3] == [
+        "offset: 640 position: 640 size: 0 valid: no",
+        "stopped at offset 640 (position 640): unknown magic 97",
+    ]
+    assert lines[at + 3] == "Dumping " + str(directory / "00000000000000000640.kl")
+
+
 def test_dump_deep_lists_the_messages_of_a_compressed_batch(kl_root):
     make(kl_root, values=[b"a", b"bb"], compression="zstd")
     lines = out(kl_root, "dump", "t", "--deep", "--print-data")

@@ -201,7 +201,7 @@ def test_a_closed_segment_shorter_than_the_next_base_is_reported_by_a_shallow_an
     assert read_log(fresh_log(log)) == messages[:31] + messages[32:]
 
 
-def test_zero_bytes_past_a_closed_segments_end_are_cut_and_other_bytes_only_with_repair(root):
+def test_zero_bytes_past_a_closed_segments_end_are_cut(root):
     log = make(root, ROLLING, 70)
     messages = read_log(log)
     first = directory(log) / segment_name(0)
@@ -211,10 +211,25 @@ def test_zero_bytes_past_a_closed_segments_end_are_cut_and_other_bytes_only_with
         ("cut", "LONG_FILE", "100 zero bytes past the segment's end 1024")
     ]
     assert first.stat().st_size == 1024
-    append_bytes(first, frame([b"stray"], TS))
-    assert [(f.action, f.kind) for f in recover(fresh_log(log), deep=True).findings] == [("reported", "LONG_FILE")]
-    report = recover(fresh_log(log), deep=True, repair=True)
-    assert report.findings[0].action.startswith("cut: nothing can be read there, original kept as")
+    assert not recover(fresh_log(log), deep=True).findings
+    assert read_log(fresh_log(log)) == messages
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_late_bytes_of_a_fenced_writer_past_a_closed_segments_end_are_reported_as_such_and_cut(root, deep):
+    log = make(root, ROLLING, 70)
+    messages = read_log(log)
+    first = directory(log) / segment_name(0)
+    late = frame([b"late-1", b"late-2"], TS)
+    append_bytes(first, late)
+    assert read_log(fresh_log(log)) == messages  # never served
+    expected = f"{len(late)} bytes past the segment's end 1024, written late by a writer that had lost its lock (never served)"
+    report = recover(fresh_log(log), deep=deep, dry_run=True)
+    assert [(f.action, f.kind, f.reason) for f in report.findings] == [("would cut", "LONG_FILE", expected)]
+    assert first.stat().st_size == 1024 + len(late)
+    report = recover(fresh_log(log), deep=deep)
+    assert [(f.offset, f.action, f.reason) for f in report.findings] == [(1024, "cut", expected)]
+    assert report.cut_bytes == len(late)
     assert first.stat().st_size == 1024
     assert not recover(fresh_log(log), deep=True).findings
     assert read_log(fresh_log(log)) == messages
