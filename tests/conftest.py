@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     once, not once per worker."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if "lab" in fixtures or item.path.name.startswith("test_nfs"):
+        if "lab" in fixtures or "one_kernel_lab" in fixtures or item.path.name.startswith("test_nfs"):
             item.add_marker(pytest.mark.xdist_group("nfslab"))
         elif "spark" in fixtures:
             item.add_marker(pytest.mark.xdist_group("spark"))
@@ -69,6 +69,16 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     if reason:
         pytest.skip(reason)
     with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="session")
+def one_kernel_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
+    """An NFSv4.2 lab whose hosts a and b are network namespaces of one client guest."""
+    reason = nfslab.unavailable()
+    if reason:
+        pytest.skip(reason)
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), one_kernel=True) as lab:
         yield lab
 
 

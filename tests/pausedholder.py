@@ -129,13 +129,18 @@ def create(lab: nfslab.Lab, topic: str, prelude: str = "") -> None:
         raise nfslab.LabError(done.stderr)
 
 
-def run(lab: nfslab.Lab, topic: str, step: str, prelude: str = "") -> Outcome:
+def run(lab: nfslab.Lab, topic: str, step: str, prelude: str = "", *, freeze: bool = False) -> Outcome:
     """One run of the scenario, stopping host a at ``step``, on a new ``topic``
-    (``prelude``: Python run first in each guest process, e.g. to import another kl)."""
+    (``prelude``: Python run first in each guest process, e.g. to import another kl).
+    With ``freeze``, host a's whole virtual machine is paused instead of cut off (its NFS
+    client renews nothing meanwhile): a frozen VM, not a lost network."""
+    if freeze and step == "fsync":
+        raise ValueError("the fsync step needs a host cut off (its fsync hangs), not a frozen one")
     create(lab, topic, prelude)
     a = lab.spawn_python("a", prelude + PAUSED, topic, step, str(LATE))
     a.wait_for_output("stopping", timeout=120)
-    lab.disconnect("a")
+    time.sleep(0.5)  # the SIGSTOP has landed
+    (lab.freeze if freeze else lab.disconnect)("a")
     cut_at = time.monotonic()
     if step == "fsync":
         a.signal(signal.SIGUSR1)
@@ -143,7 +148,7 @@ def run(lab: nfslab.Lab, topic: str, step: str, prelude: str = "") -> Outcome:
     b_result = b.wait(timeout=300)
     took_over = time.monotonic() - cut_at
     b_acked = [int(line.split()[1]) for line in b_result.stdout.splitlines() if line.startswith("acked ")]
-    lab.reconnect("a")
+    (lab.thaw if freeze else lab.reconnect)("a")
     a.signal(signal.SIGCONT)
     a_result = a.wait(timeout=300)
     a_said = [line for line in a_result.stdout.splitlines() if line.split()[0] in ("acked", "error") and "first" not in line]

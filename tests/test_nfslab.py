@@ -119,15 +119,15 @@ def test_the_guests_have_no_network_but_the_labs(lab: nfslab.Lab) -> None:
     assert lab.python("a", f"import sys; {reach}", "10.99.1.1").stdout == "0\n"
 
 
-def test_hosts_in_one_kernel_are_distinct_nfs_clients_in_namespaces_of_their_own(tmp_path: Path) -> None:
-    with nfslab.Lab(tmp_path, one_kernel=True) as lab:
-        assert [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")] == ["hostA", "hostB"]
-        boots = {lab.run(host, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for host in ("a", "b")}
-        assert len(boots) == 1
-        clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
-        assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients and '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
-        assert lab.python("a", "open('shared', 'w').write('from a')").returncode == 0
-        assert lab.python("b", "print(open('shared').read())").stdout == "from a\n"
+def test_hosts_in_one_kernel_are_distinct_nfs_clients_in_namespaces_of_their_own(one_kernel_lab: nfslab.Lab) -> None:
+    lab = one_kernel_lab
+    assert [lab.run(host, ["hostname"]).stdout.strip() for host in ("a", "b")] == ["hostA", "hostB"]
+    boots = {lab.run(host, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for host in ("a", "b")}
+    assert len(boots) == 1
+    clients = lab.run("server", ["sh", "-c", "cat /proc/fs/nfsd/clients/*/info"]).stdout
+    assert '"Linux NFSv4.2 nfslab-hostA/hostA"' in clients and '"Linux NFSv4.2 nfslab-hostB/hostB"' in clients
+    assert lab.python("a", "open('shared', 'w').write('from a')").returncode == 0
+    assert lab.python("b", "print(open('shared').read())").stdout == "from a\n"
 
 
 def test_a_file_written_on_one_host_is_read_on_the_other(lab: nfslab.Lab) -> None:
