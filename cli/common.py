@@ -16,12 +16,15 @@ import select
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
 import kl
 from kl.wire import parse_address
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the input at a time, and the largest append by default."""
@@ -175,7 +178,16 @@ def note(text: str) -> None:
     if sys.stderr.isatty():
         from rich.console import Console
 
-        Console(stderr=True, highlight=False).print(text)
+        print_line(Console(stderr=True), text)
+
+
+def print_line(console: Console, text: str, style: str = "") -> None:
+    """``text`` as one line on a rich console, whatever the terminal's width: never
+    wrapped or cropped (the terminal folds it on screen; a copy or a reader of the
+    output gets it whole), and taken as it is, not as markup."""
+    from rich.text import Text
+
+    console.print(Text(text, style=style), soft_wrap=True, highlight=False)
 
 
 def read_chunks(stream: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:

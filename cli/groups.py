@@ -17,7 +17,7 @@ import click
 import kl
 from kl import groups as admin
 from kl.registry import Registry, parse_position
-from kl_cli.common import aligned, get_root, note, parse_time
+from kl_cli.common import aligned, get_root, note, parse_time, print_line
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
 PARTITION_COLUMNS = ("topic", "partition", "owner", "committed", "log end", "lag", "lag bytes", "lag time", "status")
@@ -93,7 +93,7 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
         else:
             from rich.console import Console
 
-            Console(highlight=False).print(f"group {info.group}: no live members")
+            print_line(Console(), f"group {info.group}: no live members")
         _table("partitions", list(PARTITION_COLUMNS), partitions, NUMERIC)
         return
     lines = [f"group  {info.group}", ""]

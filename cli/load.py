@@ -14,7 +14,7 @@ import click
 
 from kl.spark import journal, ranges
 from kl.spark.journal import Limits, RunReport, Settings, Status
-from kl_cli.common import aligned, get_root
+from kl_cli.common import aligned, get_root, print_line
 
 
 @click.command("load")
@@ -232,7 +232,7 @@ def _show_status(status: Status, as_json: bool) -> None:
         console = Console(highlight=False)
         console.print(table)
         if note:
-            console.print(note)
+            print_line(console, note)
         return
     out = [
         f"{c.topic}/{c.partition}: offset {c.offset}, {c.rows} rows, last run {c.run} at {c.loaded_at}" for c in status.partitions

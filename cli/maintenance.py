@@ -23,7 +23,7 @@ import kl
 from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
-from kl_cli.common import Progress, exclusive, get_root
+from kl_cli.common import Progress, exclusive, get_root, print_line
 from kl_cli.output import stdout_writer
 
 EXIT_DAMAGE = 3
@@ -163,7 +163,7 @@ class _Output:
                 table.add_row(*(Text(cell) for cell in self.cells(row).values()))  # plain text, not markup
             console.print(table)
         for row in self.others:
-            console.print(Text(_other_line(row)))
+            print_line(console, _other_line(row))
 
 
 def _size_in_bytes(log: kl.Log) -> int:

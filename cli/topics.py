@@ -11,7 +11,7 @@ import click
 import kl
 from kl.config import FORMATS
 from kl.importer import import_topic
-from kl_cli.common import F, aligned, get_root, note
+from kl_cli.common import F, aligned, get_root, note, print_line
 
 CONFIG_OPTIONS = [
     ("--partitions", "partitions", "Number of partitions."),
@@ -70,7 +70,6 @@ def list_(ctx: click.Context) -> None:
         return
     from rich.console import Console
     from rich.table import Column, Table
-    from rich.text import Text
 
     table = Table("topic", Column("partitions", justify="right"), Column("bytes", justify="right"), box=None)
     problems = [f"{name}: not a topic: {reason}" for name, reason in root.strays()]
@@ -85,7 +84,7 @@ def list_(ctx: click.Context) -> None:
     console = Console()
     console.print(table)
     for problem in problems:
-        console.print(Text(problem, style="yellow"))
+        print_line(console, problem, "yellow")
 
 
 @topics.command()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -36,6 +37,15 @@ KAFKA07_SEGMENT = DATA / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.ka
 
 MAX = 1 << 20
 """A max_message_bytes for in-memory message sets."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a shell without job control (``bash
+    scripts/test &``, nohup) has SIGINT ignored, and an ignored signal stays ignored across
+    exec: the kl processes the tests interrupt would not see their Ctrl-C.  Handled here,
+    it is the default in them."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ----------------------------------------------------------------- fixtures

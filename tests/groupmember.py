@@ -2,7 +2,8 @@
 
 Writes one line per message to OUT: ``m TIME TOPIC PARTITION OFFSET VALUE`` (TIME: the
 system-wide monotonic clock, so lines of several processes can be ordered), and ``lost
-TOPIC PARTITION WHY`` / ``rejected WHY`` lines.  SIGTERM stops it cleanly.
+TOPIC PARTITION WHY`` / ``rejected WHY`` / ``busy WHY`` (a commit that found a lock held
+for the session timeout) lines.  SIGTERM stops it cleanly.
 
 ``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method) makes the member
 SIGSTOP itself the first time it holds a partition's lock inside OP, after writing a
@@ -95,6 +96,8 @@ def main() -> None:
                 member.commit()
             except kl.NotOwner as e:
                 out.write(f"rejected {e}\n")
+            except kl.LockTimeout as e:  # another process held the lock all along: the next commit includes these
+                out.write(f"busy {e}\n")
     member.close()
     out.write("left\n")
     sys.exit(0)

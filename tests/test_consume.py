@@ -75,7 +75,7 @@ def test_follow_waits_for_new_messages_until_idle(root, three):
 
     thread = threading.Thread(target=later)
     thread.start()
-    got = list(kl.Consumer(root).consume(three, start="latest", follow=True, idle_timeout=0.6, poll_interval=0.02))
+    got = list(kl.Consumer(root).consume(three, start="latest", follow=True, idle_timeout=2, poll_interval=0.02))
     thread.join()
     assert contents(got) == [
         (1, 2 * SIZE, 3 * SIZE, [kl.Message(2 * SIZE, 3 * SIZE, got[0].messages[0].timestamp, None, b"new")])

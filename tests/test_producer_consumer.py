@@ -429,20 +429,23 @@ def test_stream_waits_for_new_messages(root, topic):
 
     thread = threading.Thread(target=later)
     thread.start()
-    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.5, poll_interval=0.02))
+    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=2, poll_interval=0.02))  # room for a slow send
     thread.join()
     assert values_of(got) == [b"late"]
 
 
 def test_stream_resets_its_idle_clock_on_each_message(root, topic):
+    producer = kl.Producer(root)
+
     def trickle():
         for i in range(5):
-            time.sleep(0.1)
-            kl.Producer(root).send(topic, b"%d" % i)
+            time.sleep(0.3)
+            producer.send(topic, b"%d" % i)
 
     thread = threading.Thread(target=trickle)
     thread.start()
-    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=0.35, poll_interval=0.01))
+    # Longer than each gap, with room for a slow send; shorter than all five.
+    got = list(kl.Consumer(root).stream(topic, 0, 0, idle_timeout=1, poll_interval=0.01))
     thread.join()
     assert values_of(got) == [b"0", b"1", b"2", b"3", b"4"]
 
