@@ -182,8 +182,11 @@ class Agent:
             self.reap()
             watched = [wakeup] + ([port] if port is not None and time.monotonic() >= port_back else [])
             for fd in select.select(watched, [], [], 0.25 if port in watched else 0.05)[0]:
-                if not os.read(fd, 4096) and fd == port:
-                    port_back = time.monotonic() + 1
+                try:
+                    if not os.read(fd, 4096) and fd == port:
+                        port_back = time.monotonic() + 1
+                except BlockingIOError:  # the port said ready with nothing to read (the machine's end connected)
+                    pass
 
     def reap(self) -> None:
         for ident, process in list(self.running.items()):
