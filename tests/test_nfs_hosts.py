@@ -1,0 +1,224 @@
+"""kl on NFS with three client hosts, each its own kernel (the lab in ``nfslab``, NFSv4.2).
+
+What only separate kernels make honest: a client host reset (its virtual machine killed,
+a power cut, and booted again) in the middle of an append; a host whose clock is minutes
+ahead (host c) in a consumer group and in retention; and three hosts appending to one
+partition at once with a follower on each.  One lab for the whole file (booting one is
+most of its time); the data sizes are small because a guest computes 15-20 times slower
+than this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections import Counter
+
+import nfslab
+import pytest
+from test_nfs import MEMBER, PRODUCER, ROOT, SEND, acked, check, create, delivered, expected, wait_until
+
+pytestmark = pytest.mark.skipif(nfslab.unavailable() is not None, reason=str(nfslab.unavailable()))
+
+SKEW = 300
+"""Seconds host c's clock is ahead of the others' (and of the NFS server's)."""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    """Three client hosts of one NFSv4.2 server; host c's clock ``SKEW`` s ahead."""
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab-hosts"), hosts=("a", "b", "c"), clocks={"c": SKEW}) as lab:
+        print(f"\nlab of 3 hosts booted in {lab.boot_seconds:.1f} s")
+        yield lab
+
+
+def batches(values: list[str]) -> Counter:
+    """How many messages each batch (``TAG-BATCH``) has among ``values``."""
+    return Counter(v.rsplit("-", 1)[0] for v in values)
+
+
+def test_a_host_reset_while_it_appends_loses_nothing_acknowledged_and_produces_again_once_back(lab):
+    create(lab, "reset")
+    size = 20
+    victim = lab.spawn_python("a", PRODUCER, "reset", "a", "100000", str(size))
+    victim.wait_for_output("acked 10")
+    rival = lab.spawn_python("b", PRODUCER, "reset", "b", "60", str(size))
+    rival.wait_for_output("acked 3")
+    started = time.monotonic()
+    lab.reset("a")  # a power cut: host a's processes, page cache and NFS client state are gone
+    rebooted = time.monotonic() - started
+    killed = victim.result()
+    assert killed.returncode == -signal.SIGKILL
+    done = rival.wait(timeout=300)
+    assert done.returncode == 0 and done.stdout.endswith("done\n"), done.stderr[-2000:]
+    # After the crash: the other host appends, and so does host a, back.
+    after = lab.spawn_python("b", PRODUCER, "reset", "B", "10", str(size))
+    again = lab.spawn_python("a", PRODUCER, "reset", "A", "10", str(size))
+    for done in (after.wait(timeout=300), again.wait(timeout=300)):
+        assert done.returncode == 0 and done.stdout.endswith("done\n"), done.stderr[-2000:]
+    for host in "bc":
+        seen = check(lab, host, "reset")
+        assert seen["findings"] == []
+        values = seen["values"]
+        assert set(batches(values).values()) == {size}, "a batch is torn"
+        assert len(values) == len(set(values)), "a message is there twice"
+        assert re.fullmatch(r"([abAB]-\d{6}-\d{3},?)+", ",".join(values)), "a foreign message"
+        for tag, process in (("b", rival), ("B", after), ("A", again)):
+            assert [v for v in values if v.startswith(tag + "-")] == expected(tag, acked(process.output()), size)
+        # The reset host's batches: each acknowledged one, in order, and at most the one that
+        # was under way: published (durable) before the power cut, not yet acknowledged.
+        a_acked = acked(killed.stdout)
+        a_values = [v for v in values if v.startswith("a-")]
+        kept = len(a_values) // size
+        assert kept in (len(a_acked), len(a_acked) + 1) and a_values == expected("a", range(kept), size)
+    print(
+        f"\nreset of host a after {len(a_acked)} acknowledged batches ({kept - len(a_acked)} more published unacknowledged);"
+        f" reboot {rebooted:.1f} s; {len(values)} messages, none lost or torn"
+    )
+
+
+FOLLOW = r"""
+import sys, kl
+print("following", flush=True)
+for m in kl.Consumer(kl.Root(ROOT)).stream(sys.argv[1], 0, 0, idle_timeout=float(sys.argv[2]), poll_interval=0.05):
+    print(m.value.decode(), flush=False)
+""".replace("ROOT", repr(ROOT))
+
+
+def test_three_hosts_append_to_one_partition_and_a_follower_on_each_sees_the_log_exactly_once(lab):
+    create(lab, "three")
+    count, size = 25, 10
+    followers = {host: lab.spawn_python(host, FOLLOW, "three", "15") for host in "abc"}
+    for follower in followers.values():
+        follower.wait_for_output("following")
+    started = time.monotonic()
+    producers = {host: lab.spawn_python(host, PRODUCER, "three", host, str(count), str(size)) for host in "abc"}
+    for producer in producers.values():
+        done = producer.wait(timeout=600)
+        assert done.returncode == 0 and done.stdout.endswith("done\n"), done.stderr[-2000:]
+    seconds = time.monotonic() - started
+    seen = check(lab, "a", "three")
+    assert seen["findings"] == []
+    log = seen["values"]
+    assert Counter(log) == Counter(v for host in "abc" for v in expected(host, range(count), size))
+    for host in "abc":  # each host's batches in the order it appended them, each whole
+        assert [v for v in log if v.startswith(host + "-")] == expected(host, range(count), size)
+    for host, follower in followers.items():
+        followed = follower.wait(timeout=600)
+        assert followed.returncode == 0, followed.stderr[-2000:]
+        assert followed.stdout.splitlines()[1:] == log, f"the follower on host {host} saw another sequence"
+    print(f"\n3 hosts appending {len(log)} messages to one partition in {seconds:.1f} s; 3 followers saw the log exactly")
+
+
+DESCRIBE = r"""
+import json, kl.groups
+print(json.dumps({m.id: m.beat_age_ms for m in kl.groups.describe(ROOT, "nfs").members}))
+""".replace("ROOT", repr(ROOT))
+
+
+def shares(member) -> set[int]:
+    return {int(line.split()[1]) for line in member.output().splitlines() if line.startswith("m ")}
+
+
+def test_a_group_member_on_a_host_whose_clock_is_minutes_off_shares_and_hands_over_partitions(lab):
+    create(lab, "grouped", partitions=4)
+    sent = set()
+
+    def send(tag: str, count: int = 20) -> set[str]:
+        assert lab.python("a", SEND, "grouped", tag, str(count)).returncode == 0
+        new = {f"{tag}-{p}-{i}" for p in range(4) for i in range(count)}
+        sent.update(new)
+        return new
+
+    first = send("first")
+    a, c = lab.spawn_python("a", MEMBER, "grouped"), lab.spawn_python("c", MEMBER, "grouped")
+    wait_until(lambda: set(delivered(a, c)) >= first and shares(a) and shares(c), "both hosts to share the first messages")
+    split = {"a": sorted(shares(a)), "c": sorted(shares(c))}
+    assert sorted(split["a"] + split["c"]) == [0, 1, 2, 3]
+    for host in "ac":  # a heartbeat's age is judged by the file server's clock, whichever host asks
+        ages = json.loads(lab.python(host, DESCRIBE).stdout)
+        assert len(ages) == 2 and all(0 <= age < 30_000 for age in ages.values()), f"beat ages seen from host {host}: {ages}"
+    c.signal(signal.SIGTERM)  # host c's member leaves: host a takes every partition
+    left = c.wait(timeout=120)
+    assert left.returncode == 0 and left.stdout.endswith("left\n"), left.stderr[-2000:]
+    second = send("second")
+    wait_until(lambda: set(delivered(a)) >= second, "host a to take every partition")
+    c2 = lab.spawn_python("c", MEMBER, "grouped")  # host c joins again
+    c2.wait_for_output("joined")
+    third = send("third")
+    wait_until(lambda: set(delivered(a, c2)) >= third and shares(c2), "host c to take its share again")
+    a.kill()  # host a's member is killed: host c takes every partition
+    assert a.wait(timeout=60).returncode == -signal.SIGKILL
+    fourth = send("fourth")
+    wait_until(lambda: set(delivered(c2)) >= fourth, "host c to take every partition")
+    assert {int(v.split("-")[1]) for v in delivered(c2) if v.startswith("fourth-")} == {0, 1, 2, 3}
+    c2.signal(signal.SIGTERM)
+    assert c2.wait(timeout=120).returncode == 0
+    counts = delivered(a, c, c2)
+    assert set(counts) == sent
+    print(
+        f"\ngroup with host c {SKEW} s ahead: shares at first {split}; "
+        f"{len(sent)} messages delivered, {sum(counts.values()) - len(counts)} twice (after the kill -9)"
+    )
+
+
+RETAIN = r"""
+import sys
+from kl_cli.main import main
+sys.argv = ["kl", "--root", ROOT, "retain", "--json", *sys.argv[1:]]
+main()
+""".replace("ROOT", repr(ROOT))
+
+STAMPS = r"""
+import json, sys, kl
+root = kl.Root(ROOT)
+print(json.dumps({m.value.decode(): m.timestamp for b in kl.Consumer(root).consume(sys.argv[1]) for m in b.messages}))
+""".replace("ROOT", repr(ROOT))
+
+SET_ASIDE = r"""
+import os, sys
+print(json.dumps(sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".deleted"))))
+""".replace("json", "__import__('json')")
+
+
+def retain(lab, host: str, *args: str) -> dict:
+    done = lab.python(host, RETAIN, "aged", *args)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_retention_by_age_is_the_same_whichever_host_runs_it_and_a_skewed_producer_stamps_its_own_time(lab):
+    # One batch per segment: a's three, then c's two (stamped SKEW s ahead), then a's last (active).
+    create(lab, "aged", segment_bytes=600, max_message_bytes=600)
+    size = 10
+    for host, tag, count in (("a", "a", 3), ("c", "c", 2), ("a", "A", 1)):  # 340 bytes a batch
+        done = lab.python(host, PRODUCER, "aged", tag, str(count), str(size))
+        assert done.returncode == 0, done.stderr[-2000:]
+    stamps = json.loads(lab.python("b", STAMPS, "aged").stdout)
+    assert len(stamps) == 6 * size
+    a_newest = max(stamps[v] for v in expected("A", range(1), size))
+    c_oldest = min(stamps[v] for v in expected("c", range(2), size))
+    assert c_oldest - a_newest > (SKEW - 60) * 1000, "host c's messages carry host c's clock"
+    # Minutes younger than the skew: nothing is old enough, by the host a clock or by host c's.
+    for host in "ca":
+        report = retain(lab, host, "--max-age", f"{SKEW // 2}s")
+        assert report["deleted"] == [] and report["log_start_offset"] == 0, f"host {host} deleted young segments: {report}"
+    time.sleep(4)
+    # Older than 3 s: a's first three segments go; c's, stamped in the future, stay (and so
+    # does all after them), whichever host runs it; set-aside segments wait out the delay.
+    report = retain(lab, "c", "--max-age", "3s", "--delete-delay", "60")
+    a_segments = [batch["base_offset"] for batch in report["deleted"]]
+    assert len(a_segments) == 3 and report["log_start_offset"] > a_segments[-1], report
+    assert report["unlinked"] == 0, f"host c unlinked set-aside segments before the delete delay: {report}"
+    report_a = retain(lab, "a", "--max-age", "3s", "--delete-delay", "60")
+    assert report_a["deleted"] == [] and report_a["unlinked"] == 0, report_a
+    set_aside = json.loads(lab.python("b", SET_ASIDE, f"{ROOT}/aged/0").stdout)
+    assert len(set_aside) == 3, set_aside
+    assert retain(lab, "c", "--max-age", "3s", "--delete-delay", "0")["unlinked"] == 3
+    seen = check(lab, "b", "aged")
+    assert seen["findings"] == []
+    assert seen["values"] == expected("c", range(2), size) + expected("A", range(1), size)
+    print(f"\nretention: host c's messages stamped {(c_oldest - a_newest) / 1000:.0f} s after host a's; "
+          f"{len(report['deleted'])} segments deleted by age from host c, none early, none unlinked before the delay")
