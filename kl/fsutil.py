@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Callable
 
 from kl.errors import StorageError
@@ -78,6 +79,27 @@ def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise storage_error(e, "write", path) from None
+
+
+def file_time_ns(directory: str) -> int:
+    """Now, by the clock that stamps the modification and change times of the files in
+    ``directory``: on NFS the server's, the same for every host, whose own clocks may be
+    minutes apart.  Read off a hidden file made there, set to the file system's time and
+    removed; where none can be made (a read-only root), this host's clock."""
+    path = os.path.join(directory, f".now.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError:
+        return time.time_ns()
+    try:
+        os.utime(fd)  # the file system's own time (NFS: SET_TO_SERVER_TIME)
+        return os.fstat(fd).st_mtime_ns
+    except OSError:
+        return time.time_ns()
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def create_file(path: str) -> int:

@@ -21,7 +21,6 @@ import enum
 import os
 import socket
 import struct
-import time
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -36,7 +35,7 @@ from kl.errors import (
     TopicNotFound,
     UnsupportedCodec,
 )
-from kl.fsutil import ensure_dir
+from kl.fsutil import ensure_dir, file_time_ns
 from kl.log import Log, Position
 from kl.messageset import MessageSet, check
 from kl.registry import (
@@ -180,7 +179,7 @@ def describe(root: RootLike, group: str) -> GroupInfo:
     registry = _registry(r, group)
     members = registry.members()
     live = {member.id for member in members}
-    now = time.time_ns() // 1_000_000
+    now = file_time_ns(registry.path) // 1_000_000  # the clock of the files' times, whichever host asks
     owners = {(t, p): owner for t, p, owner in registry.owners()}
     committed: dict[tuple[str, int], Committed | CorruptOffset] = {}
     for t, p in registry.partitions("offsets"):

@@ -14,6 +14,13 @@ reading"): the new log start is published first, so readers asking for older off
 ``OffsetOutOfRange``; the segment is then renamed aside, and unlinked only after
 ``delete_delay`` seconds, so a reader still inside it finishes (on NFS, other clients
 would otherwise get ESTALE).
+
+"Now", for both the age and the delay, is the file system's clock (on NFS the server's,
+``fsutil.file_time_ns``), not the clock of the host that runs retention: hosts' clocks
+may be minutes apart, and one ahead would otherwise delete young data and unlink
+set-aside segments under other hosts' readers.  Message timestamps are the producers'
+(their hosts' clocks): a producer host whose clock is ahead by D makes its messages
+look D younger, kept D longer; behind by D, D older.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 from kl import timeindex
 from kl.errors import CorruptMessage, OffsetOutOfRange
+from kl.fsutil import file_time_ns
 from kl.log import DELETED_SUFFIX, Log, SegmentInfo
 
 logger = logging.getLogger(__name__)
@@ -59,10 +66,11 @@ def retain(
     delete_delay: float = DEFAULT_DELETE_DELAY,
 ) -> RetentionReport:
     """Delete the oldest closed segments older than ``max_age_ms`` or beyond ``max_bytes``
-    in total (None takes the topic's setting; 0 switches a rule off)."""
+    in total (None takes the topic's setting; 0 switches a rule off).  ``now_ms``
+    defaults to the file system's clock (see the module doc)."""
     max_age_ms = log.config.retention_ms if max_age_ms is None else max_age_ms
     max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
-    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    now_ms = file_time_ns(log.directory) // 1_000_000 if now_ms is None else now_ms
     report = RetentionReport(log.directory)
     dated: dict[int, int | None] = {}
     if max_age_ms:  # closed segments never change: date them before taking the lock (a first scan may be long)
@@ -89,7 +97,7 @@ def retain(
             log.delete_segments(report.deleted, report.log_start_offset)
             for segment in report.deleted:
                 timeindex.remove(segment.path)  # a cache: nobody reads it through an open handle
-    cutoff = time.time() - delete_delay
+    cutoff = file_time_ns(log.directory) - round(delete_delay * 1e9)  # after the renames: a delay of 0 takes them
     if dry_run:  # what the real run would unlink: old set-aside files, and at once what it sets aside now
         set_aside = [(e.path, e.stat(follow_symlinks=False).st_size) for e in _set_aside(log.directory, cutoff)]
         if delete_delay <= 0:
@@ -125,20 +133,20 @@ def _newest_ms(log: Log, segment: SegmentInfo, *, keep: bool) -> int | None:
     return newest
 
 
-def _set_aside(directory: str, cutoff: float) -> list[os.DirEntry[str]]:
-    """Segments set aside at or before ``cutoff`` (by their change time); those another
-    run unlinks meanwhile are left out."""
+def _set_aside(directory: str, cutoff: int) -> list[os.DirEntry[str]]:
+    """Segments set aside at or before ``cutoff`` (by their change time, in ns of the file
+    system's clock); those another run unlinks meanwhile are left out."""
     found = []
     with os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.endswith(DELETED_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
-                    if entry.stat(follow_symlinks=False).st_ctime <= cutoff:
+                    if entry.stat(follow_symlinks=False).st_ctime_ns <= cutoff:
                         found.append(entry)
     return found
 
 
-def _unlink_set_aside(directory: str, cutoff: float) -> tuple[int, int]:
+def _unlink_set_aside(directory: str, cutoff: int) -> tuple[int, int]:
     """Remove segments set aside at or before ``cutoff``: (how many, their bytes)."""
     removed = freed = 0
     for entry in _set_aside(directory, cutoff):

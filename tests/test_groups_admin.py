@@ -251,6 +251,14 @@ def test_a_damaged_offset_file_is_a_row_of_its_own_and_reset_overwrites_it(root,
 # ----------------------------------------------------------------- live members
 
 
+def test_a_heartbeat_age_is_by_the_clock_of_the_files_not_the_clock_of_the_host_that_asks(root, member, monkeypatch):
+    member("g", "t")
+    ahead = time.time_ns() + 3600 * 10**9  # this host's clock an hour ahead of the file system's
+    monkeypatch.setattr(time, "time_ns", lambda: ahead)
+    (seen,) = groups.describe(root, "g").members
+    assert 0 <= seen.beat_age_ms < 600_000
+
+
 def test_a_live_member_is_described_blocks_changes_until_forced_and_goes_when_killed(root, events, member):
     one = member("g", "t", "t/1")
     info = groups.describe(root, "g")

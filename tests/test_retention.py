@@ -86,6 +86,21 @@ def test_the_active_segment_is_never_deleted_by_age(aged):
     assert retain(aged, max_age_ms=1, max_bytes=0, now_ms=NOW + 100 * HOUR).deleted == []
 
 
+def test_a_host_whose_clock_is_ahead_neither_deletes_young_data_nor_unlinks_early(root, monkeypatch):
+    """'Now' is the clock that stamps the files' times (on NFS the server's), not this host's:
+    hosts minutes apart delete the same segments, and the delete delay holds for readers."""
+    now = time.time_ns() // 1_000_000
+    log = fill(root, [now - 2 * HOUR, now, now])
+    ahead = time.time() + 3600  # this host's clock an hour ahead of the file system's
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    monkeypatch.setattr(time, "time_ns", lambda: int(ahead * 1e9))
+    report = retain(log, max_age_ms=HOUR // 2, max_bytes=0)
+    assert [s.base_offset for s in report.deleted] == [0]
+    assert report.unlinked == 0 and len(set_aside(log)) == 1
+    assert retain(log, max_age_ms=HOUR // 2, max_bytes=0, delete_delay=0).unlinked == 1
+    assert [name for name in os.listdir(log.directory) if name.startswith(".")] == []
+
+
 def test_copying_a_topic_with_new_mtimes_does_not_change_what_age_deletes(root, tmp_path):
     now = time.time_ns() // 1_000_000
     log = fill(root, [now - h * HOUR for h in (50, 40, 30, 2)])
