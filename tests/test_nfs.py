@@ -128,10 +128,11 @@ def kill_9_hand_over(lab, topic: str) -> float:
     create(lab, topic)
     size = 50
     victim = lab.spawn_python("a", PRODUCER, topic, "a", "100000", str(size))
-    victim.wait_for_output("acked 20")
-    survivor = lab.spawn_python("b", SURVIVOR, topic, "b", "20", "130", str(size))
-    follower = lab.spawn_python("b", FOLLOWER, topic, expected("b", [149], size)[-1])
-    survivor.wait_for_output("waiting", timeout=600)  # its first 20 appends, taking turns with host a's
+    victim.wait_for_output("acked 5")
+    before, after = 10, 20
+    survivor = lab.spawn_python("b", SURVIVOR, topic, "b", str(before), str(after), str(size))
+    follower = lab.spawn_python("b", FOLLOWER, topic, expected("b", [before + after - 1], size)[-1])
+    survivor.wait_for_output("waiting", timeout=600)  # its first appends, taking turns with host a's
     victim.kill()
     killed = victim.wait(timeout=60)
     assert killed.returncode < 0
@@ -142,7 +143,7 @@ def kill_9_hand_over(lab, topic: str) -> float:
     followed = follower.wait(timeout=600)
     assert followed.returncode == 0, followed.stderr[-2000:]
     a_acked, b_acked = acked(killed.stdout), acked(result.stdout)
-    assert b_acked == list(range(150))
+    assert b_acked == list(range(before + after))
     seen = check(lab, "b", topic)
     assert seen["findings"] == []
     values = Counter(seen["values"])
@@ -154,7 +155,7 @@ def kill_9_hand_over(lab, topic: str) -> float:
     assert followed.stdout.split() == ["followed", str(len(seen["values"]))]
     lines = result.stdout.splitlines()
     go = float(next(line.split()[1] for line in lines if line.startswith("go ")))
-    first = min(float(line.split()[2]) for line in lines if line.startswith("acked ") and int(line.split()[1]) >= 20)
+    first = min(float(line.split()[2]) for line in lines if line.startswith("acked ") and int(line.split()[1]) >= before)
     print(f"\nkill -9 on host a: host b's first append after it took {(first - go) * 1000:.0f} ms")
     return first - go
 

@@ -4,7 +4,9 @@ destroys the other host's acknowledged data, nothing foreign is served, and what
 reports of its own batches is true of the log (the scenario is in ``pausedholder``;
 scripts/nfs-paused-holder repeats it): on hosts that are separate machines, a machine
 frozen whole instead of a process stopped, and hosts that are network namespaces of one
-kernel (the shape that lost data before the fence).  NFSv4.2 only: on NFSv3 a cut-off host keeps its
+kernel (the shape that lost data before the fence): the steps of an append where the
+loss is likeliest (scripts/nfs-paused-holder runs every step many times in each shape).
+NFSv4.2 only: on NFSv3 a cut-off host keeps its
 locks (no leases), so nobody takes over."""
 
 from __future__ import annotations
@@ -32,18 +34,18 @@ def check(lab: nfslab.Lab, step: str, *, freeze: bool = False) -> None:
 
 
 @pytest.mark.parametrize("lab", ["4.2"], indirect=True)
-@pytest.mark.parametrize("step", pausedholder.STEPS)
+@pytest.mark.parametrize("step", ["lock", "write", "fsync", "publish"])
 def test_a_paused_holder_on_a_host_cut_off_past_its_lease_destroys_nothing_acknowledged_when_it_wakes(lab, step):
     check(lab, step)
 
 
 @pytest.mark.parametrize("lab", ["4.2"], indirect=True)
-@pytest.mark.parametrize("step", ["lock", "write"])
+@pytest.mark.parametrize("step", ["lock"])
 def test_a_holder_on_a_virtual_machine_frozen_past_its_lease_destroys_nothing_acknowledged_when_it_thaws(lab, step):
     check(lab, step, freeze=True)
 
 
-@pytest.mark.parametrize("step", ["lock", "write"])
+@pytest.mark.parametrize("step", ["lock"])
 def test_a_paused_holder_cut_off_in_a_network_namespace_of_the_other_hosts_kernel_destroys_nothing_acknowledged(
     one_kernel_lab, step
 ):
