@@ -74,11 +74,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", params=["4.2", "3"])
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
     """The NFS lab (tests/nfslab.py) of each NFS version, shared by every test that asks for it
-    (a test picks one version with ``@pytest.mark.parametrize("lab", ["4.2"], indirect=True)``)."""
+    (a test picks one version with ``@pytest.mark.parametrize("lab", ["4.2"], indirect=True)``):
+    client hosts a and b; on NFSv4.2 also host c, whose clock is 300 s ahead
+    (tests/test_nfs_hosts.py)."""
     reason = nfslab.unavailable(request.param)
     if reason:
         pytest.skip(reason)
-    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param) as lab:
+    hosts, clocks = (("a", "b", "c"), {"c": 300}) if request.param == "4.2" else (("a", "b"), {})
+    with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), version=request.param, hosts=hosts, clocks=clocks) as lab:
         yield lab
 
 

@@ -337,7 +337,7 @@ def test_a_consumer_sees_what_the_other_host_just_published(lab):
 MEMBER = r"""
 import signal, sys, time, kl
 member = kl.GroupConsumer(
-    kl.Root(ROOT, lock_timeout=300), "nfs", [sys.argv[1]], poll_interval=0.2, session_timeout=3, auto_commit_interval=0.2,
+    kl.Root(ROOT, lock_timeout=300), sys.argv[2], [sys.argv[1]], poll_interval=0.2, session_timeout=3, auto_commit_interval=0.2,
     on_lost=lambda topic, partition, why: print("lost", partition, why, flush=True),
 )
 signal.signal(signal.SIGTERM, lambda *_: member.stop())
@@ -373,7 +373,7 @@ def wait_until(condition, what, timeout: float = 120) -> None:
 def test_a_group_on_two_hosts_replaces_a_host_cut_off_before_its_nfs_lease_ran_out(lab):
     create(lab, "shared", partitions=4)
     assert lab.python("a", SEND, "shared", "first", "50").returncode == 0
-    members = {host: lab.spawn_python(host, MEMBER, "shared") for host in "ab"}
+    members = {host: lab.spawn_python(host, MEMBER, "shared", "nfs") for host in "ab"}
     for member in members.values():
         member.wait_for_output("joined")
     first = {f"first-{p}-{i}" for p in range(4) for i in range(50)}

@@ -21,18 +21,13 @@ import nfslab
 import pytest
 from test_nfs import MEMBER, PRODUCER, ROOT, SEND, acked, check, create, delivered, expected, wait_until
 
-pytestmark = pytest.mark.skipif(nfslab.unavailable() is not None, reason=str(nfslab.unavailable()))
+pytestmark = [
+    pytest.mark.skipif(nfslab.unavailable() is not None, reason=str(nfslab.unavailable())),
+    pytest.mark.parametrize("lab", ["4.2"], indirect=True),  # hosts a, b and c, c's clock SKEW s ahead (conftest)
+]
 
 SKEW = 300
 """Seconds host c's clock is ahead of the others' (and of the NFS server's)."""
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    """Three client hosts of one NFSv4.2 server; host c's clock ``SKEW`` s ahead."""
-    with nfslab.Lab(tmp_path_factory.mktemp("nfslab-hosts"), hosts=("a", "b", "c"), clocks={"c": SKEW}) as lab:
-        print(f"\nlab of 3 hosts booted in {lab.boot_seconds:.1f} s")
-        yield lab
 
 
 VICTIM = (
@@ -136,7 +131,7 @@ import json, sys, time, kl.groups
 # owning some; print the owners and each member's heartbeat age as this host sees it.
 topic, members = sys.argv[1], set(sys.argv[2:])
 while True:
-    info = kl.groups.describe(ROOT, "nfs")
+    info = kl.groups.describe(ROOT, "skewed")
     owners = {p.partition: p.owner for p in info.partitions if p.topic == topic}
     if len(owners) == 4 and set(owners.values()) == members:
         break
@@ -169,7 +164,7 @@ def test_a_group_member_on_a_host_whose_clock_is_minutes_off_shares_and_hands_ov
         sent.update(new)
         return new
 
-    a, c = lab.spawn_python("a", MEMBER, "grouped"), lab.spawn_python("c", MEMBER, "grouped")
+    a, c = lab.spawn_python("a", MEMBER, "grouped", "skewed"), lab.spawn_python("c", MEMBER, "grouped", "skewed")
     for host in "ca":  # a heartbeat's age is judged by the file server's clock, whichever host asks
         ages = settled(lab, host, a, c)["ages"]
         assert len(ages) == 2 and all(0 <= age < 30_000 for age in ages.values()), f"beat ages seen from host {host}: {ages}"
@@ -182,7 +177,7 @@ def test_a_group_member_on_a_host_whose_clock_is_minutes_off_shares_and_hands_ov
     assert left.returncode == 0 and left.stdout.endswith("left\n"), left.stderr[-2000:]
     second = send("second")
     wait_until(lambda: set(delivered(a)) >= second, "host a to take every partition")
-    c2 = lab.spawn_python("c", MEMBER, "grouped")  # host c joins again and takes its share
+    c2 = lab.spawn_python("c", MEMBER, "grouped", "skewed")  # host c joins again and takes its share
     settled(lab, "c", a, c2)
     third = send("third")
     wait_until(lambda: set(delivered(a, c2)) >= third, "the third messages")
