@@ -58,19 +58,6 @@ def _flushed_in_its_own_test() -> Iterator[None]:
     flusher.flush_pending()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test), the tests that share an NFS lab
-    run on one worker, and those that share the Spark session on one worker: each is started
-    once, not once per worker."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "lab" in fixtures or "one_kernel_lab" in fixtures or item.path.name.startswith("test_nfs"):
-            item.add_marker(pytest.mark.xdist_group("nfslab"))
-        elif "spark" in fixtures:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 @pytest.fixture(scope="session", params=["4.2", "3"])
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.Lab]:
     """The NFS lab (tests/nfslab.py) of each NFS version, shared by every test that asks for it
