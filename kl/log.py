@@ -811,14 +811,12 @@ class Log:
         try:
             fsync_dir(self.directory)
             locks.lock_file(new.fd, new.path, self.lock_timeout)
-            now = time.time_ns() // 1_000_000
-            fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID)
-            self.publish(fenced, durable=True)
         except BaseException:
             new.close()
             raise
-        active.close()
-        self._active = new
+        now = time.time_ns() // 1_000_000
+        fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID)
+        self._make_active(new, fenced)
         return fenced
 
     def _config_changed(self) -> bool:
@@ -935,14 +933,21 @@ class Log:
         rolled = PartitionState(
             state.log_start_offset, base, end, end if fsync else base, base, 0 if fsync else count, now, BOOT_ID
         )
+        self._make_active(new, rolled)
+        return base
+
+    def _make_active(self, new: Segment, state: PartitionState) -> None:
+        """Publish ``state`` (durably), whose active segment is ``new``, and write to
+        ``new`` from now on; if it cannot be published, ``new`` is closed and the old
+        active segment stays."""
         try:
-            self.publish(rolled, durable=True)
-        except StorageError:
+            self.publish(state, durable=True)
+        except BaseException:
             new.close()
             raise
-        old.close()
+        assert self._active is not None
+        self._active.close()
         self._active = new
-        return base
 
     def _remove_orphans(self, state: PartitionState) -> None:
         """Delete segments of this log's own suffix past the active one: a writer killed
