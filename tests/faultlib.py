@@ -26,6 +26,7 @@ import hashlib
 import multiprocessing
 import os
 import random
+import select
 import signal
 import struct
 import time
@@ -293,6 +294,18 @@ def _reader_main(root_path: str, conn, stop_event) -> None:
     conn.close()
 
 
+def _read_first_ack(fd: int, timeout: float) -> bytes:
+    """The first acknowledgement's bytes from ``fd`` (fewer if the writer ends or ``timeout`` passes)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while len(data) < _ACK.size and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, _ACK.size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def _read_to_eof(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 16):
@@ -320,7 +333,8 @@ def run_kill_trials(
     log=print,
     progress_every: int = 0,
 ) -> KillReport:
-    """``trials`` rounds of: start 1-2 producer processes, SIGKILL each at a random moment.
+    """``trials`` rounds of: start 1-2 producer processes, SIGKILL each at a random moment
+    (counted from its start, or from its first acknowledgement).
 
     ``fsync`` is "off", "on" (``Producer(fsync=True)``) or "mixed" (chosen per producer).
     Afterwards one clean producer appends a marker batch (repairing the tail), the reader
@@ -359,19 +373,29 @@ def run_kill_trials(
                 )
                 p.start()
                 os.close(w)
-                procs.append((p, r, producer_no, error_path, time.monotonic() + rng.uniform(0.001, max_delay)))
+                # Half the kills count their delay from the start, half from the first
+                # acknowledgement: on a busy machine a first append can outlast every
+                # delay, and then no trial would acknowledge anything.
+                after_ack = rng.random() < 0.5
+                procs.append((p, r, producer_no, error_path, rng.uniform(0.001, max_delay), after_ack))
                 report.producers += 1
-            for p, *_, deadline in sorted(procs, key=lambda x: x[4]):
-                time.sleep(max(0.0, deadline - time.monotonic()))
+            start = time.monotonic()
+            heads: dict[int, bytes] = {}
+            for p, r, _, _, delay, after_ack in sorted(procs, key=lambda x: (x[5], x[4])):
+                if after_ack:
+                    heads[r] = _read_first_ack(r, timeout=60)
+                    time.sleep(delay)
+                else:
+                    time.sleep(max(0.0, start + delay - time.monotonic()))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
-            for p, r, producer_no, error_path, _ in procs:
+            for p, r, producer_no, error_path, *_ in procs:
                 p.join(10)
                 if p.exitcode is None:
                     report.problems.append(f"trial {trial} producer {producer_no} did not die")
                     p.kill()
                     p.join()
-                data = _read_to_eof(r)
+                data = heads.get(r, b"") + _read_to_eof(r)
                 os.close(r)
                 if p.exitcode == -signal.SIGKILL:
                     report.killed += 1
