@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from kl import locks
 from kl.errors import KlError, LockTimeout, StorageError
-from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, nfs_locking_problem, storage_error
+from kl.fsutil import FILE_MODE, ensure_dir, file_time_ns, fsync_dir, nfs_locking_problem, storage_error
 
 BROKERS_DIR = os.path.join(".brokers", "ids")
 LEFTOVER_AGE = 60.0
@@ -111,10 +111,11 @@ def live(root_path: str) -> list[BrokerInfo]:
     except OSError as e:
         raise storage_error(e, "list", directory) from None
     found = []
+    now = file_time_ns(directory) / 1e9 if any(name.startswith(".") for name in names) else 0.0
     for name in names:
         path = os.path.join(directory, name)
         if name.startswith("."):
-            _read_if_live(path, min_age=LEFTOVER_AGE)
+            _read_if_live(path, now - LEFTOVER_AGE)
             continue
         info = _read_if_live(path)
         if info is not None:
@@ -122,9 +123,10 @@ def live(root_path: str) -> list[BrokerInfo]:
     return sorted(found, key=lambda b: (b.host, b.port, b.pid))
 
 
-def _read_if_live(path: str, min_age: float = 0.0) -> BrokerInfo | None:
-    """The registration in ``path`` if its lock is held; else delete the file (once
-    unchanged for ``min_age`` seconds).  A shared lock probes it: a read-only root will do."""
+def _read_if_live(path: str, changed_before: float = float("inf")) -> BrokerInfo | None:
+    """The registration in ``path`` if its lock is held; else delete the file (if it was
+    last changed before ``changed_before``, a time by the file system's clock).  A shared
+    lock probes it: a read-only root will do."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -134,7 +136,7 @@ def _read_if_live(path: str, min_age: float = 0.0) -> BrokerInfo | None:
             locks.lock_file(fd, path, 0, shared=True)
         except LockTimeout:
             return _parse(os.pread(fd, 4096, 0))
-        if time.time() - os.fstat(fd).st_mtime >= min_age:
+        if os.fstat(fd).st_mtime < changed_before:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # nobody holds it: its daemon is gone
         return None

@@ -46,7 +46,7 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import fsync_dir, mount_of, nfs_locking_problem, storage_error
+from kl.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
@@ -420,7 +420,7 @@ class Log:
         first) back to the oldest, at most ``max_offsets`` of them."""
         entries = [(s.base_offset, mtime) for s in self.segments(state) if (mtime := self.mtime_ms(s)) is not None]
         if state.log_end_offset > state.active_base_offset:
-            entries.append((state.log_end_offset, time.time_ns() // 1_000_000))
+            entries.append((state.log_end_offset, file_time_ns(self.directory) // 1_000_000))  # the mtimes' clock
         if time_ms == LATEST:
             start = len(entries) - 1
         elif time_ms == EARLIEST:

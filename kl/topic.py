@@ -19,14 +19,13 @@ import re
 import shutil
 import stat
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 
 from kl import locks
 from kl.config import CONFIG_FILE, TopicConfig, new_topic_id
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
-from kl.fsutil import DIR_MODE, create_file, ensure_dir, fsync_dir, storage_error, write_atomic
+from kl.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.state import STATE_FILE, PartitionState, deleted_record
@@ -171,11 +170,14 @@ class Root:
     def remove_leftovers(self, *, min_age: float = LEFTOVER_MIN_AGE, dry_run: bool = False) -> list[tuple[str, str]]:
         """Remove the directories an interrupted ``create_topic`` or ``delete_topic``
         left behind (``.creating-*``, ``.deleting-*``), once unchanged for ``min_age``
-        seconds.  Returns (name, what it was) of each one removed (with ``dry_run``: each
-        one that would be), sorted.  Raises ``RootNotFound`` and ``StorageError``."""
-        now = time.time()
+        seconds by the file system's clock (a host whose own clock runs ahead must not
+        take a create under way on another host for an old leftover).  Returns (name,
+        what it was) of each one removed (with ``dry_run``: each one that would be),
+        sorted.  Raises ``RootNotFound`` and ``StorageError``."""
+        entries = sorted(self._entries(), key=lambda e: e.name)
+        now = file_time_ns(self.path) / 1e9
         removed = []
-        for entry in sorted(self._entries(), key=lambda e: e.name):
+        for entry in entries:
             kind = next((what for prefix, what in LEFTOVERS.items() if entry.name.startswith(prefix)), None)
             if kind is None or not entry.is_dir(follow_symlinks=False):
                 continue

@@ -641,6 +641,19 @@ def test_library_registration_is_removed_on_close(root):
     assert brokers.live(root.path) == [] and not os.path.exists(reg.path)
 
 
+def test_a_crashed_daemons_temporary_file_goes_once_a_minute_old_by_the_file_systems_clock(root, monkeypatch):
+    registrations = os.path.join(root.path, brokers.BROKERS_DIR)
+    os.makedirs(registrations)
+    Path(registrations, ".tmp-crashed").write_text("{")
+    ahead = time.time() + 3600  # this host's clock: an hour ahead of the file system's
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    monkeypatch.setattr(time, "time_ns", lambda: int(ahead * 1e9))
+    assert brokers.live(root.path) == [] and os.listdir(registrations) == [".tmp-crashed"]
+    old = time.clock_gettime(time.CLOCK_REALTIME) - brokers.LEFTOVER_AGE - 1  # the real clock: time.time is moved
+    os.utime(os.path.join(registrations, ".tmp-crashed"), (old, old))
+    assert brokers.live(root.path) == [] and os.listdir(registrations) == []
+
+
 def test_cli_errors(root, three):
     runner = CliRunner()
     for args, message in [

@@ -335,8 +335,8 @@ def test_remove_leftovers_removes_old_creating_and_deleting_directories(root, mo
         os.makedirs(os.path.join(root.path, name, "0"))
         Path(root.path, name, "0", "00000000000000000000.kl").write_bytes(b"x")
     os.makedirs(os.path.join(root.path, ".hidden"))
-    later = time.time() + 1000  # ctime cannot be set back: move the clock instead
-    monkeypatch.setattr(time, "time", lambda: later)
+    later = time.time_ns() + 1000 * 10**9  # ctime cannot be set back: move the file system's clock instead
+    monkeypatch.setattr(kl.topic, "file_time_ns", lambda directory: later)
     age(os.path.join(root.path, ".deleting-new"), -1000)  # changed just now, as far as the clock knows
     expected = [(".creating-aa", "left by an interrupted topic create"), (".deleting-bb", "left by an interrupted topic delete")]
     assert root.remove_leftovers(dry_run=True) == expected
@@ -345,6 +345,15 @@ def test_remove_leftovers_removes_old_creating_and_deleting_directories(root, mo
     assert sorted(os.listdir(root.path)) == [".deleting-new", ".hidden", "t"]
     assert root.remove_leftovers() == []
     assert root.topics() == ["t"]
+
+
+def test_remove_leftovers_on_a_host_whose_clock_runs_an_hour_ahead_leaves_a_fresh_leftover(root, monkeypatch):
+    os.makedirs(os.path.join(root.path, ".creating-cc"))  # a create under way on another host
+    ahead = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    monkeypatch.setattr(time, "time_ns", lambda: int(ahead * 1e9))
+    assert root.remove_leftovers() == []
+    assert os.listdir(root.path) == [".creating-cc"]  # and no file of its own left behind
 
 
 def test_remove_leftovers_never_touches_a_create_in_progress(root):
