@@ -140,10 +140,12 @@ class Agent:
             try:
                 exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
                 status = 0
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if not isinstance(exc.code, int) and exc.code is not None:
+            except SystemExit as exc:  # as Python's own exit: sys.exit("message") prints it and gives 1
+                if exc.code is None or isinstance(exc.code, int):
+                    status = exc.code or 0
+                else:
                     print(exc.code, file=sys.stderr)
+                    status = 1
         except BaseException:
             traceback.print_exc()
         finally:
