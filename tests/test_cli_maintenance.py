@@ -339,8 +339,8 @@ def test_recover_removes_old_leftovers_of_interrupted_creates_and_deletes(kl_roo
     make(kl_root)
     for name in (".creating-0a1b", ".deleting-2c3d"):
         os.makedirs(Path(kl_root, name, "0"))
-    real = time.time
-    monkeypatch.setattr(kl.topic, "time", type("Clock", (), {"time": staticmethod(lambda: real() + 3600)}))
+    later = time.time_ns() + 3600 * 10**9  # the file system's clock, an hour on
+    monkeypatch.setattr(kl.topic, "file_time_ns", lambda directory: later)
     assert out(kl_root, "recover", "--dry-run", code=3) == [
         ".creating-0a1b: left by an interrupted topic create [would remove]",
         ".deleting-2c3d: left by an interrupted topic delete [would remove]",
