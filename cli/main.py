@@ -21,6 +21,7 @@ from kl_cli.consume import consume
 from kl_cli.groups import groups
 from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
+from kl_cli.manual import help_command
 from kl_cli.mirror import mirror_command
 from kl_cli.produce import produce
 from kl_cli.serve import serve
@@ -67,6 +68,7 @@ cli.add_command(dump_command)
 cli.add_command(load)
 cli.add_command(mirror_command)
 cli.add_command(serve)
+cli.add_command(help_command)
 
 
 def _commands(command: click.Command) -> Iterator[click.Command]:
