@@ -34,13 +34,15 @@ _JOIN = "\x01"
 def man_dirs() -> list[Path]:
     """Directories that may hold the pages, in the order they are searched."""
     checkout = Path(__file__).resolve().parent.parent / "man"
-    data = Path(sysconfig.get_path("data")) / "share" / "man"
-    return [checkout] + [data / f"man{s}" for s in SECTIONS] + [Path(sys.prefix) / "share" / "man" / f"man{s}" for s in SECTIONS]
+    installed = Path(sysconfig.get_path("data")) / "share" / "man"
+    return [checkout] + [installed / f"man{s}" for s in SECTIONS]
 
 
 def find_page(topic: str) -> Path | None:
     """The page for ``topic``: "kl" or "" for kl(1), "topics" or "kl-topics" for
     kl-topics(1), "spark" for kl-spark(7), "kl-format.5" ..."""
+    if not re.fullmatch(r"[\w.-]*", topic):
+        return None
     name = topic if topic.startswith("kl") else f"kl-{topic}" if topic else "kl"
     base, _, section = name.partition(".")
     for directory in man_dirs():
@@ -86,15 +88,18 @@ def render(source: str, width: int = WIDTH) -> str:
     indent = INDENT
     tag_next = literal = table_format = False
     table: list[list[str]] | None = None
+    lead = ""  # an .IP tag, to start the paragraph's first line
 
     def flush() -> None:
+        nonlocal lead
         if words:
             text = " ".join(words).replace(_JOIN, "")
             out.extend(line.replace("\u00a0", " ") for line in textwrap.wrap(
-                text, max(width, indent + 20), initial_indent=" " * indent, subsequent_indent=" " * indent,
+                text, max(width, indent + 20), initial_indent=lead or " " * indent, subsequent_indent=" " * indent,
                 break_on_hyphens=False, break_long_words=False,
             ))
             words.clear()
+            lead = ""
 
     def blank() -> None:
         flush()
@@ -119,7 +124,8 @@ def render(source: str, width: int = WIDTH) -> str:
         if table is not None:
             if raw.startswith(".TE"):
                 widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(max(map(len, table)))]
-                out.extend((" " * indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))).rstrip() for row in table)
+                for row in table:
+                    out.append((" " * indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False))).rstrip())
                 table = None
             elif table_format:
                 table_format = not raw.rstrip().endswith(".")
@@ -156,15 +162,14 @@ def render(source: str, width: int = WIDTH) -> str:
         elif macro == "TP":
             blank()
             tag_next = True
-        elif macro == "IP":
+        elif macro == "IP":  # .IP TAG WIDTH: a short tag (a bullet) begins the text's first line
             blank()
-            step = int(args[1]) if len(args) > 1 and args[1].isdigit() else INDENT
-            if args and args[0]:
-                out.append(" " * margins[-1] + args[0])
+            tag, step = (args + [""])[0], int(args[1]) if len(args) > 1 and args[1].isdigit() else INDENT
             indent = margins[-1] + step
-            if args and args[0] and len(args[0]) < step:  # a short tag: the text goes on its line
-                out[-1] = out[-1].ljust(indent)
-                words.append("\x00")
+            if len(tag) < step:
+                lead = (" " * margins[-1] + tag).ljust(indent) if tag else ""
+            else:
+                out.append(" " * margins[-1] + tag)
         elif macro == "RS":
             flush()
             margins.append(indent + (int(args[0]) if args and args[0].isdigit() else INDENT))
@@ -177,18 +182,15 @@ def render(source: str, width: int = WIDTH) -> str:
         elif macro in ("EX", "nf"):
             flush()
             literal = True
-        elif macro in ("br", "sp"):
-            flush() if macro == "br" else blank()
+        elif macro == "br":
+            flush()
+        elif macro == "sp":
+            blank()
         elif macro == "TS":
             flush()
             table, table_format = [], True
     flush()
-    return _join_bullets("\n".join(out).rstrip() + "\n")
-
-
-def _join_bullets(text: str) -> str:
-    """An .IP bullet and the first line of its text on one line."""
-    return re.sub(r"(?m)^( *\S+ *)\n +\x00 ?", r"\1", text)
+    return "\n".join(out).rstrip() + "\n"
 
 
 def show(page: Path) -> None:

@@ -85,7 +85,8 @@ def test_the_spark_slice_example_reads_only_the_slice_of_one_partition(root):
     from kl.spark.ranges import Range
     from kl.spark.source import Options
 
-    example = "".join(line.strip() for line in examples(MAN / "kl-spark.7") if line.lstrip().startswith((".option", "spark.read")))
+    lines = examples(MAN / "kl-spark.7")
+    example = "".join(line.strip() for line in lines if line.lstrip().startswith((".option", "spark.read")))
     options = {k: a or b for k, a, b in re.findall(r"""\.option\("(\w+)", (?:"([^"]*)"|'([^']*)')\)""", example)}
     assert set(options) == {"root", "topics", "startingOffsets", "endingOffsets"}
     root.create_topic("events", kl.TopicConfig(partitions=2))
@@ -158,7 +159,9 @@ def test_import_with_more_partitions_than_dirs_leaves_the_others_empty(root, sou
 def test_import_with_fewer_partitions_than_dirs_is_a_usage_error(root, source_dirs):
     result = run_kl("--root", str(root.path), "topics", "import", "t", *source_dirs, "--partitions", "1")
     assert result.exit_code == 2
-    assert result.stderr.splitlines()[-1] == "Error: Invalid value for '--partitions': 1 partition cannot hold 2 DIRs (one partition each)"
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '--partitions': 1 partition cannot hold 2 DIRs (one partition each)"
+    )
     assert "t" not in kl.Root(root.path).topics()
 
 
@@ -294,7 +297,8 @@ def test_pip_install_puts_the_pages_where_man_and_kl_help_find_them(tmp_path):
             done = subprocess.run(["man", "-w", name], env={**env, "PATH": f"{venv / 'bin'}:/usr/bin:/bin"},
                                   capture_output=True, text=True, timeout=60)
             assert done.stdout.strip() == str(venv / "share" / "man" / section), done.stderr
-    code = "import kl_cli.manual as m, sys; print(m.__file__); sys.argv[1:] = ['help', 'topics']; import kl_cli.main; kl_cli.main.main()"
+    code = "import kl_cli.manual as m, sys; print(m.__file__); sys.argv[1:] = ['help', 'topics']; "
+    code += "import kl_cli.main; kl_cli.main.main()"
     done = subprocess.run([venv / "bin" / "python", "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PATH": str(venv / "bin")}, timeout=60)  # no man on PATH
     assert done.returncode == 0, done.stderr
