@@ -140,11 +140,50 @@ def aligned(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
+ROOT_OPTIONS = ("--root", "--lock-timeout")
+"""Options every command takes, before or after its name: the value closest to the command wins."""
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: object) -> object:
+    """Keep a given ``--root``/``--lock-timeout`` in the contexts' shared ``meta``: a
+    command's own context is parsed after its group's, so the innermost value wins."""
+    if value is not None:
+        ctx.meta[f"kl.{param.name}"] = value
+        if ctx.get_parameter_source(str(param.name)) is click.core.ParameterSource.COMMANDLINE:
+            ctx.meta[f"kl.{param.name}_given"] = True
+    return value
+
+
+def add_root_options(command: click.Command, *, from_env: bool) -> None:
+    """Give ``command`` the options ``--root DIR`` and ``--lock-timeout SECONDS``.
+
+    Only the top command (``from_env``) reads ``KL_ROOT`` and ``KL_LOCK_TIMEOUT``, so an
+    option given on the command line, at any depth, wins over the environment."""
+    env = {"envvar": "KL_ROOT", "show_envvar": True} if from_env else {}
+    command.params.append(click.Option(
+        ["--root"], metavar="DIR", expose_value=False, callback=_remember,
+        help="The directory holding the topics" + ("." if from_env else " (default: KL_ROOT)."), **env,
+    ))
+    env = {"envvar": "KL_LOCK_TIMEOUT", "show_envvar": True} if from_env else {}
+    command.params.append(click.Option(
+        ["--lock-timeout"], metavar="SECONDS", type=click.FloatRange(min=0), expose_value=False, callback=_remember,
+        help="Give up waiting for a partition's lock after SECONDS (default: "
+        + ("120)." if from_env else "KL_LOCK_TIMEOUT, or 120)."),
+        **env,
+    ))
+
+
+def root_option(ctx: click.Context, name: str) -> object:
+    """The value of ``--root`` or ``--lock-timeout`` (``name`` "root" or "lock_timeout"),
+    from the command line at any depth or else the environment; None if neither.
+    ``name`` "root_given": whether ``--root`` was given on the command line."""
+    return ctx.meta.get(f"kl.{name}")
+
+
 def get_root(ctx: click.Context) -> kl.Root:
     """The root from ``--root`` or ``KL_ROOT``, with ``--lock-timeout`` if given; a usage
     error when there is no root."""
-    params = ctx.find_root().params
-    path, lock_timeout = params.get("root"), params.get("lock_timeout")
+    path, lock_timeout = root_option(ctx, "root"), root_option(ctx, "lock_timeout")
     if not path:
         raise click.UsageError("no root directory: pass --root or set KL_ROOT", ctx)
     return kl.Root(path) if lock_timeout is None else kl.Root(path, lock_timeout=lock_timeout)

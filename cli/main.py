@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import errno
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 import kl
-from kl_cli.common import log_warnings
+from kl_cli.common import add_root_options, log_warnings
 from kl_cli.consume import consume
 from kl_cli.groups import groups
 from kl_cli.load import load
 from kl_cli.maintenance import dump_command, recover_command, retain_command
+from kl_cli.manual import help_command
 from kl_cli.mirror import mirror_command
 from kl_cli.produce import produce
 from kl_cli.serve import serve
@@ -45,27 +47,13 @@ class KlGroup(click.Group):
 
 
 @click.group(cls=KlGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--root",
-    metavar="DIR",
-    envvar="KL_ROOT",
-    show_envvar=True,
-    help="The directory holding the topics.",
-)
-@click.option(
-    "--lock-timeout",
-    metavar="SECONDS",
-    type=click.FloatRange(min=0),
-    envvar="KL_LOCK_TIMEOUT",
-    show_envvar=True,
-    help="Give up waiting for a partition's lock after SECONDS (default: 120).",
-)
 @click.version_option(package_name="kl", prog_name="kl")
-def cli(root: str | None, lock_timeout: float | None) -> None:
+def cli() -> None:
     """kl: the classic Kafka log design over a shared filesystem.
 
     Topics live in a root directory that any process (on any host that mounts it) can
-    produce to and consume from.  See kl(1).
+    produce to and consume from.  --root and --lock-timeout go before or after the
+    command (the one closest to the command wins).  See kl(1).
     """
     log_warnings()
 
@@ -80,6 +68,19 @@ cli.add_command(dump_command)
 cli.add_command(load)
 cli.add_command(mirror_command)
 cli.add_command(serve)
+cli.add_command(help_command)
+
+
+def _commands(command: click.Command) -> Iterator[click.Command]:
+    """``command`` and every command under it."""
+    yield command
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            yield from _commands(sub)
+
+
+for _command in _commands(cli):
+    add_root_options(_command, from_env=_command is cli)
 
 
 def main() -> None:

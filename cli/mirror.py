@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,7 +13,7 @@ import click
 
 import kl
 from kl import mirror as mirroring
-from kl_cli.common import aligned
+from kl_cli.common import aligned, root_option
 
 
 @click.command("mirror")
@@ -54,7 +55,10 @@ def mirror_command(
     ends, and refuses a target that is not a copy of SOURCE.  SIGTERM and Ctrl-C stop
     it after the append in progress (exit 0 and 130).  See kl-mirror(1).
     """
-    lock_timeout = ctx.find_root().params.get("lock_timeout")
+    given = root_option(ctx, "root")
+    if root_option(ctx, "root_given") and os.path.realpath(str(given)) != os.path.realpath(target):
+        raise click.UsageError(f"kl mirror copies into TARGET ({target}), not into --root {given}: give one root", ctx)
+    lock_timeout = root_option(ctx, "lock_timeout")
     root = kl.Root(target) if lock_timeout is None else kl.Root(target, lock_timeout=lock_timeout)
     stop = threading.Event()
     stopped_by: list[int] = []

@@ -133,10 +133,17 @@ def import_(ctx: click.Context, topic: str, directories: tuple[str, ...], **sett
     Each DIR holds one partition's segment files, kl's (.kl) or Kafka 0.7's (.kafka).
     Every file is checked first; nothing changes when one cannot be adopted.  The
     files are copied (DIR is left as it is).  TOPIC is created when missing, with one
-    partition per DIR; an existing TOPIC must have empty partitions (and keeps its
+    partition per DIR, or --partitions N (the partitions past the DIRs empty, N no
+    fewer than the DIRs); an existing TOPIC must have empty partitions (and keeps its
     settings, its format included).  With --format 0.7
     the topic keeps Kafka 0.7's format and appends go on in the imported .kafka files.
     """
+    partitions = settings.get("partitions")
+    if isinstance(partitions, int) and partitions < len(directories):
+        raise click.BadParameter(
+            f"{partitions} partition{'s' if partitions != 1 else ''} cannot hold {len(directories)} DIRs (one partition each)",
+            ctx, param_hint="'--partitions'",
+        )
     root = get_root(ctx)
     for done in import_topic(root, topic, list(directories), kl.TopicConfig.with_overrides(**settings)):
         sys.stdout.write(

@@ -106,8 +106,8 @@ def _exists(root: Root, name: str) -> bool:
 def import_topic(root: Root, name: str, directories: list[str], config: TopicConfig | None = None) -> list[ImportedPartition]:
     """Adopt each directory's segments as partition 0, 1, ... of topic ``name``.
 
-    The topic is created when missing (with ``config``, its partition count set to the
-    number of directories and its size limit raised to the largest message found);
+    The topic is created when missing (with ``config``, its partition count raised to the
+    number of directories and its size limit to the largest message found);
     an existing topic must have that many partitions or more, each still empty.
     Raises ``ImportRefused`` (nothing changed) and the usual ``KlError``s.
     """

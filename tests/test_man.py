@@ -16,6 +16,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from kl_cli.common import ROOT_OPTIONS
 from kl_cli.main import cli
 
 MAN = Path(__file__).resolve().parents[1] / "man"
@@ -38,9 +39,11 @@ def page_of(path: tuple[str, ...]) -> Path:
 
 
 def long_options(path: tuple[str, ...]) -> set[str]:
+    """The long options ``--help`` shows; those every command takes only for the top page, kl(1)."""
     result = CliRunner().invoke(cli, [*path, "--help"], env={"KL_ROOT": None})
     assert result.exit_code == 0, result.output
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout.split("Options:", 1)[1]))
+    shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout.split("Options:", 1)[1]))
+    return shown if not path else shown - set(ROOT_OPTIONS)
 
 
 def plain_text(page: Path) -> str:
