@@ -162,7 +162,8 @@ class Consumer:
         stops = _stops(until, partitions, None if follow else ends)  # None: nowhere (following)
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
-        active = [p for p in partitions if (stop := stops[p]) is None or offsets[p] < stop or offsets[p] > ends[p]]  # past: raises
+        # a start past the log end stays, for its read to raise OffsetOutOfRange
+        active = [p for p in partitions if (stop := stops[p]) is None or offsets[p] < stop or offsets[p] > ends[p]]
         with Watch(poll_interval) as watch:
             if follow:
                 for p in partitions:  # before the first reads, so nothing published after them is missed
