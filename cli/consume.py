@@ -57,14 +57,14 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     "--until-offset",
     type=click.IntRange(min=0),
     metavar="N",
-    help="Stop before the first message at or past byte offset N (one partition), and exit, --follow or not.",
+    help="Stop before the first message at or past byte offset N (one partition), and exit, following or not.",
 )
 @click.option(
     "--until-time",
     type=TIME,
     metavar="TIME",
-    help="Stop each partition before its first message stamped at or after TIME (the forms of --from-time; "
-    "kcat's -o e@TIME), and exit when all have stopped, --follow or not.",
+    help="Stop each partition before its first message stamped at or after TIME (the same forms; kcat's "
+    "-o e@TIME), and exit when all have stopped, following or not.",
 )
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Read partition N only.")
 @click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")

@@ -111,7 +111,7 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     "--to",
     "to",
     metavar="earliest|latest|TIME|OFFSET[+SKIP]",
-    help="The log start, the log end, the first message stamped at or after TIME (the forms of --to-datetime), "
+    help="The log start, the log end, the first message stamped at or after TIME (a time as below, not digits), "
     "or byte OFFSET (one partition only; OFFSET+SKIP: after the first SKIP messages of the compressed batch there).",
 )
 @click.option(
@@ -151,7 +151,7 @@ def reset(
     dry_run: bool,
 ) -> None:
     """Set GROUP's committed offsets, of every partition it knows of (or of --topic), to
-    the place one of --to, --to-datetime, --by-duration or --shift-by names.
+    the place that one of the options below names.
 
     Refused while the group has live members (they would commit over it), unless
     --force.  Prints one line per partition: TOPIC/PARTITION: OLD -> NEW.
