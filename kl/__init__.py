@@ -9,7 +9,7 @@ for message in kl.Consumer(root).fetch("events", 0, 0):
 """
 
 from kl.config import TopicConfig
-from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start
+from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -91,6 +91,7 @@ __all__ = [
     "TopicNotFound",
     "TopicRecreated",
     "UnsupportedCodec",
+    "Until",
     "hash_partitioner",
     "validate_name",
 ]
