@@ -7,7 +7,6 @@ rich is imported only when stderr (or, for tables, stdout) is a terminal, so a p
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 
 import kl
+from kl import timespec
 from kl.wire import parse_address
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ CHUNK_BYTES = 1 << 20
 """Bytes read from the input at a time, and the largest append by default."""
 
 F = TypeVar("F", bound=Callable[..., Any])
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 _ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.|$)", re.DOTALL)
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
@@ -119,19 +118,32 @@ def exclusive(**options: object) -> None:
         raise click.UsageError(f"{names} cannot be used together")
 
 
-def parse_time(text: str, option: str, *, digits: bool = True) -> int:
-    """Milliseconds since the epoch from an ISO 8601 time (local when no zone), or, with
-    ``digits``, from milliseconds given as digits.  A usage error names ``option``."""
-    if digits and re.fullmatch(r"[0-9]+", text):
-        return int(text)
-    try:
-        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" and text else text)
-    except ValueError:
-        what = "is neither an ISO 8601 time nor milliseconds since the epoch" if digits else "is not an ISO 8601 time"
-        raise click.BadParameter(f"{text!r} {what}", param_hint=f"'{option}'") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return (when - _EPOCH) // datetime.timedelta(milliseconds=1)
+class TimeType(click.ParamType):
+    """A time in any form ``kl.timespec.parse_time`` reads, as milliseconds since the epoch."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return value if isinstance(value, int) else timespec.parse_time(value)
+        except kl.InvalidTime as e:
+            self.fail(str(e), param, ctx)
+
+
+class DurationType(click.ParamType):
+    """A duration in any form ``kl.timespec.parse_duration`` reads, as milliseconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return value if isinstance(value, int) else timespec.parse_duration(value)
+        except kl.InvalidTime as e:
+            self.fail(str(e), param, ctx)
+
+
+TIME = TimeType()
+DURATION = DurationType()
 
 
 def aligned(rows: list[list[str]]) -> list[str]:

@@ -17,12 +17,13 @@ from collections.abc import Callable
 import click
 
 import kl
+from kl import timespec
 from kl_cli.common import (
+    TIME,
     delimiter_options,
     exclusive,
     get_root,
     key_delimiter_option,
-    parse_time,
     resolve_delimiter,
     server_option,
     to_bytes,
@@ -47,8 +48,23 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
 )
 @click.option(
     "--from-time",
+    type=TIME,
     metavar="TIME",
-    help="Start at the first message stamped at or after TIME (ISO 8601, or milliseconds since the epoch).",
+    help="Start at the first message stamped at or after TIME: milliseconds since the epoch, ISO 8601 "
+    "(local time unless it names a zone), now, today, yesterday, or a time ago such as -1h, -30m, -2d.",
+)
+@click.option(
+    "--until-offset",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Stop before the first message at or past byte offset N (one partition), and exit, following or not.",
+)
+@click.option(
+    "--until-time",
+    type=TIME,
+    metavar="TIME",
+    help="Stop each partition before its first message stamped at or after TIME (the same forms; kcat's "
+    "-o e@TIME), and exit when all have stopped, following or not.",
 )
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Read partition N only.")
 @click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")
@@ -61,7 +77,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     metavar="FMT",
     help="Write each message with the Python format string FMT, then the delimiter; fields: "
     + " ".join(f"{{{field}}}" for field in FORMAT_FIELDS)
-    + ".",
+    + "; {timestamp:iso} is ISO 8601 in UTC.",
 )
 @click.option("--json", "json_output", is_flag=True, help="Write one JSON object per message.")
 @click.option("--binary", is_flag=True, help="Write the values exactly as stored, nothing added.")
@@ -107,7 +123,9 @@ def consume(
     ctx: click.Context,
     topics: tuple[str, ...],
     from_offset: str | None,
-    from_time: str | None,
+    from_time: int | None,
+    until_offset: int | None,
+    until_time: int | None,
     partition: int | None,
     count: int | None,
     follow: bool,
@@ -127,13 +145,12 @@ def consume(
     """Write the messages of TOPIC to stdout, one value a line, and exit when caught up.
 
     With --group, several topics may be given."""
-    exclusive(from_offset=from_offset, from_time=from_time)
+    exclusive(from_offset=from_offset, from_time=from_time is not None)
     exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_output, delimiter=delimiter, null=null)
     exclusive(binary=binary, delimiter=delimiter, null=null)
     delim = resolve_delimiter(delimiter, null)
     where, n = _parse_from_offset(from_offset)
-    time_ms = None if from_time is None else parse_time(from_time, "--from-time")
     render = None
     if fmt is not None:
         render = _format_renderer(fmt, delim)
@@ -153,6 +170,8 @@ def consume(
             raise click.UsageError(
                 "--group reads from the group's committed offsets: no --from-offset, --from-time or --partition"
             )
+        if until_offset is not None or until_time is not None:
+            raise click.UsageError("--until-offset and --until-time read partitions from a start to an end: not with --group")
         for topic in topics:
             root.config(topic)
         _consume_group(
@@ -173,11 +192,11 @@ def consume(
         raise click.UsageError("several topics are read together only by a group: add --group")
     topic = topics[0]
     partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
-    if where == "offset" and len(partitions) > 1:
+    if (where == "offset" or until_offset is not None) and len(partitions) > 1:
         raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
     start: kl.Start = where
-    if time_ms is not None:
-        start = {p: consumer.offset_for_time(topic, p, time_ms) for p in partitions}
+    if from_time is not None:
+        start = {p: consumer.offset_for_time(topic, p, from_time) for p in partitions}
     elif where == "back":
         start = {p: consumer.position_back(topic, p, n) for p in partitions}
     elif where == "offset":
@@ -188,6 +207,8 @@ def consume(
         topic,
         partitions,
         start=start,
+        until=until_offset,
+        until_time=until_time,
         follow=follow,
         max_messages=count,
         values_only=render is None,
@@ -263,10 +284,29 @@ def _text(data: bytes | None) -> str:
     return "" if data is None else data.decode("utf-8", "surrogateescape")
 
 
+class _Timestamp:
+    """A message's timestamp as ``--format`` writes it: ``{timestamp}`` milliseconds since
+    the epoch, ``{timestamp:iso}`` ISO 8601 in UTC, any other spec as an int's (``{timestamp:>15}``);
+    empty for a message without one."""
+
+    __slots__ = ("ms",)
+
+    def __init__(self, ms: int | None):
+        self.ms = ms
+
+    def __format__(self, spec: str) -> str:
+        if spec == "iso":
+            return "" if self.ms is None else timespec.format_iso(self.ms)
+        return format("" if self.ms is None else self.ms, spec)
+
+    def __str__(self) -> str:
+        return format(self, "")
+
+
 def _format_renderer(fmt: str, delim: bytes) -> Render:
     try:
         fmt = unescape(fmt)
-        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=0, key="", value="")
+        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=_Timestamp(0), key="", value="")
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
 
@@ -278,7 +318,7 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
                 "partition": partition,
                 "offset": m.offset,
                 "next_offset": m.next_offset,
-                "timestamp": "" if m.timestamp is None else m.timestamp,
+                "timestamp": _Timestamp(m.timestamp),
                 "key": _text(m.key),
                 "value": _text(m.value),
             }

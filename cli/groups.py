@@ -11,13 +11,15 @@ import datetime
 import enum
 import json
 import sys
+import time
 
 import click
 
 import kl
 from kl import groups as admin
+from kl import timespec
 from kl.registry import Registry, parse_position
-from kl_cli.common import aligned, get_root, note, parse_time, print_line
+from kl_cli.common import DURATION, TIME, aligned, exclusive, get_root, note, print_line
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
 PARTITION_COLUMNS = ("topic", "partition", "owner", "committed", "log end", "lag", "lag bytes", "lag time", "status")
@@ -103,30 +105,73 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-@groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset).")
+@groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset, a shift).")
 @click.argument("group")
 @click.option(
     "--to",
     "to",
-    required=True,
     metavar="earliest|latest|TIME|OFFSET[+SKIP]",
-    help="The log start, the log end, the first message stamped at or after TIME (ISO 8601), "
+    help="The log start, the log end, the first message stamped at or after TIME (a time as below, not digits), "
     "or byte OFFSET (one partition only; OFFSET+SKIP: after the first SKIP messages of the compressed batch there).",
+)
+@click.option(
+    "--to-datetime",
+    type=TIME,
+    metavar="TIME",
+    help="The first message stamped at or after TIME: milliseconds since the epoch, ISO 8601 (local time unless it "
+    "names a zone), now, today, yesterday, or a time ago such as -1h, -2d.",
+)
+@click.option(
+    "--by-duration",
+    type=DURATION,
+    metavar="DURATION",
+    help="The first message stamped at or after DURATION ago (2d, 1h30m, PT1H30M, ...).",
+)
+@click.option(
+    "--shift-by",
+    type=int,
+    metavar="N",
+    help="N messages after the committed offset (before it when N is negative), kept within the log.",
 )
 @click.option("--topic", metavar="TOPIC", help="Reset TOPIC's partitions only.")
 @click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="With --topic: reset partition N only.")
 @click.option("--force", is_flag=True, help="Reset even while the group has live members.")
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
 @click.pass_context
-def reset(ctx: click.Context, group: str, to: str, topic: str | None, partition: int | None, force: bool, dry_run: bool) -> None:
-    """Set GROUP's committed offsets, of every partition it knows of (or of --topic).
+def reset(
+    ctx: click.Context,
+    group: str,
+    to: str | None,
+    to_datetime: int | None,
+    by_duration: int | None,
+    shift_by: int | None,
+    topic: str | None,
+    partition: int | None,
+    force: bool,
+    dry_run: bool,
+) -> None:
+    """Set GROUP's committed offsets, of every partition it knows of (or of --topic), to
+    the place that one of the options below names.
 
     Refused while the group has live members (they would commit over it), unless
     --force.  Prints one line per partition: TOPIC/PARTITION: OLD -> NEW.
     """
+    given = {"to": to, "to_datetime": to_datetime, "by_duration": by_duration, "shift_by": shift_by}
+    exclusive(**{name: value is not None for name, value in given.items()})
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    changes = admin.reset(get_root(ctx), group, _target(to), topic=topic, partition=partition, force=force, dry_run=dry_run)
+    target: admin.Target
+    if to is not None:
+        target = _target(to)
+    elif to_datetime is not None:
+        target = admin.AtTime(to_datetime)
+    elif by_duration is not None:
+        target = admin.AtTime(int(time.time() * 1000) - by_duration)
+    elif shift_by is not None:
+        target = admin.ShiftBy(shift_by)
+    else:
+        raise click.UsageError("give one of --to, --to-datetime, --by-duration or --shift-by")
+    changes = admin.reset(get_root(ctx), group, target, topic=topic, partition=partition, force=force, dry_run=dry_run)
     suffix = " (dry run: not written)" if dry_run else ""
     sys.stdout.write("".join(f"{c.topic}/{c.partition}: {_number(c.old)} -> {c.new}{suffix}\n" for c in changes))
 
@@ -176,10 +221,11 @@ def _target(text: str) -> admin.Target:
     if position is not None:
         return position
     try:
-        return admin.AtTime(parse_time(text, "--to", digits=False))
-    except click.BadParameter:
+        return admin.AtTime(timespec.parse_time(text))
+    except kl.InvalidTime:
         raise click.BadParameter(
-            f"{text!r} is not earliest, latest, an ISO 8601 time or a byte offset (OFFSET or OFFSET+SKIP)", param_hint="'--to'"
+            f"{text!r} is not earliest, latest, a byte offset (OFFSET or OFFSET+SKIP) or a time: {timespec.TIME_FORMS}",
+            param_hint="'--to'",
         ) from None
 
 

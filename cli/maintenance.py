@@ -23,7 +23,7 @@ import kl
 from kl.dump import DumpRecord, dump_file
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
-from kl_cli.common import Progress, exclusive, get_root, print_line
+from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
 from kl_cli.output import stdout_writer
 
 EXIT_DAMAGE = 3
@@ -34,19 +34,8 @@ WRITE_LINES = 4096
 SEGMENT_SUFFIXES = (".kl", ".kafka")
 _SEGMENT_COPY = re.compile(r"(\d{20})\.(?:kl|kafka)(?:\..*)?")
 """A segment's name, or the name of a copy of it: ``NAME.damaged-TIME``, ``NAME.deleted``."""
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)?")
-_UNIT_MS = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\\\udc80-\udcff]")
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0", "\\": "\\\\"}
-
-
-def _duration_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    match = _DURATION.fullmatch(value.strip())
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a duration such as 7d, 12h, 30m, 90s or 5000ms", ctx, param)
-    return int(match.group(1)) * _UNIT_MS[match.group(2)]
 
 
 def _partitions(root: kl.Root, topics: Iterable[str], out: _Output) -> list[tuple[str, int, kl.Log]]:
@@ -283,9 +272,10 @@ def _recovery_cells(row: dict) -> dict[str, str]:
 @click.argument("topics", nargs=-1, metavar="[TOPIC]...")
 @click.option(
     "--max-age",
-    callback=_duration_ms,
+    type=DURATION,
     metavar="DURATION",
-    help="Delete segments older than this (7d, 12h, 30m, 90s, 5000ms; 0: no age limit); default: the topic's retention_ms.",
+    help="Delete segments older than this (7d, 12h, 1h30m, 90s, 5000ms, PT1H; 0: no age limit); "
+    "default: the topic's retention_ms.",
 )
 @click.option(
     "--max-bytes",

@@ -9,7 +9,7 @@ for message in kl.Consumer(root).fetch("events", 0, 0):
 """
 
 from kl.config import TopicConfig
-from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start
+from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -17,6 +17,7 @@ from kl.errors import (
     InvalidConfig,
     InvalidMessageSet,
     InvalidOffset,
+    InvalidTime,
     InvalidTimestamp,
     InvalidTopicName,
     KlError,
@@ -57,6 +58,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidImport",
     "InvalidMessageSet",
+    "InvalidTime",
     "InvalidTimestamp",
     "InvalidOffset",
     "InvalidTopicName",
@@ -89,6 +91,7 @@ __all__ = [
     "TopicNotFound",
     "TopicRecreated",
     "UnsupportedCodec",
+    "Until",
     "hash_partitioner",
     "validate_name",
 ]

@@ -25,10 +25,13 @@ ResetPolicy = Literal["fail", "earliest", "latest"]
 Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position]
 """Where ``Consumer.consume`` starts: the log start or end, a byte offset or a ``Position``
 (an offset and how many messages stored there to skip), or one of those per partition."""
+Until = int | Mapping[int, int]
+"""Where ``Consumer.consume`` stops: before a byte offset (for one partition), or before
+one per partition (a partition not named has no such bound)."""
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES", "Position", "Skipped", "Start"]
+__all__ = ["Batch", "Consumer", "EARLIEST", "LATEST", "DEFAULT_MAX_BYTES", "Position", "Skipped", "Start", "Until"]
 
 
 class Batch(NamedTuple):
@@ -105,6 +108,8 @@ class Consumer:
         partitions: Iterable[int] | None = None,
         *,
         start: Start = "earliest",
+        until: Until | None = None,
+        until_time: int | None = None,
         follow: bool = False,
         max_messages: int | None = None,
         values_only: bool = False,
@@ -125,6 +130,19 @@ class Consumer:
         backstop) until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
         ``max_messages`` messages.
 
+        Two bounds end a partition early, with or without ``follow`` (which ends when
+        every partition read has reached its bound): ``until``, a byte offset (one
+        partition) or a mapping of partition to offset, stops a partition before its
+        first message at or past that offset; ``until_time`` (milliseconds since the
+        epoch) stops each partition before its first message, from where it starts,
+        stamped at or after that time: the offset ``offset_for_time`` gives for it
+        (Kafka's offsetsForTimes, kcat's ``-o e@TIME``), so a read from
+        ``offset_for_time(a)`` until ``b`` (``a <= b``) gets exactly the messages
+        between the two points.  Messages after that point stamped earlier (producers stamp
+        their own clocks) are not read; messages without a timestamp never stop it.  While
+        following, a partition that has no message stamped at or after ``until_time``
+        also ends once it is caught up and this host's clock has passed that time.
+
         Each fetch that gives messages yields a ``Batch`` of them, all valid: with
         ``values_only`` just their values, the fast path.  At a damaged message the valid
         ones before it are yielded first; then ``CorruptMessage`` is raised, or, with
@@ -141,9 +159,11 @@ class Consumer:
         starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
         offsets = {p: position.offset for p, position in starts.items()}
         skips = {p: position.skip for p, position in starts.items() if position.skip}
+        stops = _stops(until, partitions, None if follow else ends)  # None: nowhere (following)
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
-        active = [p for p in partitions if follow or offsets[p] != ends[p]]
+        # a start past the log end stays, for its read to raise OffsetOutOfRange
+        active = [p for p in partitions if (stop := stops[p]) is None or offsets[p] < stop or offsets[p] > ends[p]]
         with Watch(poll_interval) as watch:
             if follow:
                 for p in partitions:  # before the first reads, so nothing published after them is missed
@@ -152,12 +172,12 @@ class Consumer:
             while active and remaining != 0:
                 progressed = False
                 for p in list(active):
-                    offset = offsets[p]
-                    size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
-                    try:
+                    offset, stop = offsets[p], stops[p]
+                    size = max_bytes if stop is None else max(1, min(max_bytes, stop - offset))
+                    try:  # with a time bound, the messages (their timestamps) even for values only
                         got, offsets[p], damage = self._read(
-                            topic, p, offset, size, values_only, remaining, skips.pop(p, 0)  # a skip: at the start only
-                        )
+                            topic, p, offset, size, values_only and until_time is None, remaining, skips.pop(p, 0)
+                        )  # a skip: at the start only
                     except OffsetOutOfRange as e:
                         if reset == "fail":
                             raise
@@ -165,6 +185,11 @@ class Consumer:
                     finally:
                         if follow:  # what was read (or failed) is of the topic followed, not of one created again
                             watch.check()
+                    if until_time is not None:
+                        got, at = _before(cast("list[Message]", got), until_time, values_only)
+                        if at is not None:  # the time bound: this partition ends here, before any damage after it
+                            offsets[p] = stops[p] = at
+                            damage = None
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
@@ -177,15 +202,21 @@ class Consumer:
                         offsets[p] = self.skip(topic, p, offsets[p], damage, on_skip)  # from where the damage starts
                     moved = offsets[p] != offset
                     progressed = progressed or moved
-                    if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
+                    stop = stops[p]
+                    if (stop is not None and offsets[p] >= stop) or (not moved and not follow):  # at its bound, or caught up
+                        active.remove(p)
+                    elif not moved and until_time is not None and time.time() * 1000 >= until_time:  # caught up past the time
                         active.remove(p)
                 if follow and progressed:
                     idle_since = time.monotonic()
-                elif follow:
+                elif follow and active:
                     idle = time.monotonic() - idle_since
                     if idle_timeout is not None and idle >= idle_timeout:
                         return
-                    watch.wait(None if idle_timeout is None else idle_timeout - idle)
+                    waits = [] if idle_timeout is None else [idle_timeout - idle]
+                    if until_time is not None:  # wake when the clock passes the time bound
+                        waits.append(max(0.0, until_time / 1000 - time.time()))
+                    watch.wait(min(waits, default=None))
 
     def skip(
         self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None
@@ -271,6 +302,39 @@ class Consumer:
             poll_interval=poll_interval,
         ):
             yield from cast("list[Message]", batch.messages)
+
+
+def _stops(until: Until | None, partitions: list[int], ends: dict[int, int] | None) -> dict[int, int | None]:
+    """Each partition's end: its ``until`` bound, and without following (``ends`` given)
+    no further than its end at the start.  Raises ``InvalidConfig`` for a bad ``until``."""
+    if until is None:
+        bounds: Mapping[int, int] = {}
+    elif isinstance(until, Mapping):
+        bounds = until
+    elif isinstance(until, int) and not isinstance(until, bool):
+        if len(partitions) != 1:
+            raise InvalidConfig(f"an end offset ({until}) is for one partition, not {len(partitions)}")
+        bounds = {partitions[0]: until}
+    else:
+        raise InvalidConfig(f"until must be an offset or a mapping of offsets, not {until!r}")
+    stops: dict[int, int | None] = {}
+    for p in partitions:
+        bound = bounds.get(p)
+        if ends is not None:
+            bound = ends[p] if bound is None else min(bound, ends[p])
+        stops[p] = bound
+    return stops
+
+
+def _before(messages: list[Message], time_ms: int, values_only: bool) -> tuple[list[Message] | list[bytes], int | None]:
+    """The messages before the first stamped at or after ``time_ms`` (their values, with
+    ``values_only``), and that message's offset (None when there is none)."""
+    at = None
+    for i, msg in enumerate(messages):
+        if msg.timestamp is not None and msg.timestamp >= time_ms:
+            messages, at = messages[:i], msg.offset
+            break
+    return ([msg.value for msg in messages] if values_only else messages), at
 
 
 def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes], int]:

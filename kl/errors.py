@@ -83,6 +83,10 @@ class InvalidTimestamp(KlError):
     """A timestamp outside the range kl stores (``message.MIN_TIMESTAMP`` to ``MAX_TIMESTAMP``)."""
 
 
+class InvalidTime(InvalidConfig):
+    """A time or duration written as text that ``kl.timespec`` cannot read."""
+
+
 class InvalidMessageSet(KlError):
     """A message set received for appending fails a check (see ``messageset.validate_set``)."""
 

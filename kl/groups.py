@@ -54,6 +54,7 @@ from kl.topic import Root, validate_name
 
 __all__ = [
     "AtTime",
+    "ShiftBy",
     "GroupInfo",
     "MemberInfo",
     "OffsetChange",
@@ -148,6 +149,13 @@ class AtTime(NamedTuple):
     time_ms: int
 
 
+class ShiftBy(NamedTuple):
+    """``reset``'s target: ``messages`` after (before, when negative) the committed
+    offset, kept within the log (kafka-consumer-groups' ``--shift-by``)."""
+
+    messages: int
+
+
 class OffsetChange(NamedTuple):
     """A committed offset that ``reset`` or ``import_offsets`` changed (or would change)."""
 
@@ -158,7 +166,7 @@ class OffsetChange(NamedTuple):
     new: Position
 
 
-Target = Literal["earliest", "latest"] | int | Position | AtTime
+Target = Literal["earliest", "latest"] | int | Position | AtTime | ShiftBy
 RootLike = Root | str | os.PathLike[str]
 
 
@@ -232,15 +240,19 @@ def reset(
 ) -> list[OffsetChange]:
     """Set the group's committed offsets to the log start ("earliest"), the log end
     ("latest"), a byte offset or ``Position`` (one partition only: it must start a
-    message, and a position's skip be below the count of the messages there) or the first
-    message at or after ``AtTime(ms)``.
+    message, and a position's skip be below the count of the messages there), the first
+    message at or after ``AtTime(ms)``, or ``ShiftBy(n)`` messages after (before) the
+    committed offset, kept within the log start and end (a committed offset that
+    retention deleted shifts from the log start; a compressed batch counts its
+    messages, and a position may land inside it).
 
     All partitions the group knows of (see ``describe``; topics deleted meanwhile are
     left out), or those of ``topic``, or its one ``partition``.  Everything is worked out
     before anything is written; ``dry_run`` writes nothing.  Returns the changes (every
     partition, moved or not).  Raises ``GroupNotFound``, ``GroupActive`` (live members,
     unless ``force``), ``TopicNotFound``, ``InvalidConfig`` (an offset for several
-    partitions), ``OffsetOutOfRange`` and ``InvalidOffset``.
+    partitions; a shift of a partition with no committed offset of its topic's current
+    creation), ``OffsetOutOfRange`` and ``InvalidOffset``.
     """
     r = _root(root)
     registry = _registry(r, group)
@@ -258,9 +270,13 @@ def reset(
     if isinstance(to, (int, Position)) and not isinstance(to, bool) and len(targets) != 1:
         where = f"topic {topic!r}" if topic is not None else f"group {registry.group!r}"
         raise InvalidConfig(f"a byte offset ({to}) is for one partition, and {where} has {len(targets)}: give the partition")
-    new = {(t, p): _target(r.log(t, p), to) for t, p in targets}
+    old = {(t, p): _old(registry, t, p) for t, p in targets}
+    if isinstance(to, ShiftBy):
+        new = {(t, p): _shifted(r.log(t, p), position, to.messages) for (t, p), position in _shiftable(r, registry, old).items()}
+    else:
+        new = {(t, p): _target(r.log(t, p), to) for t, p in targets}
     _refuse_if_active(registry, members, force)
-    changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in new.items()]
+    changes = [OffsetChange(t, p, old[t, p], offset) for (t, p), offset in new.items()]
     if not dry_run:
         _write(r, registry, changes, _who("reset"))
     return changes
@@ -399,6 +415,47 @@ def _exists(root: Root, topic: str, partition: int) -> bool:
     return True
 
 
+def _shiftable(root: Root, registry: Registry, old: dict[tuple[str, int], Position | None]) -> dict[tuple[str, int], Position]:
+    """The committed offsets to shift; ``InvalidConfig`` naming the partitions without
+    one of their topic as it is now (none, damaged, or of an earlier creation)."""
+    found, missing = {}, []
+    for (topic, partition), position in old.items():
+        committed = None if position is None else registry.committed(topic, partition)
+        if committed is None or _stale(root, topic, committed):
+            missing.append(f"{topic}/{partition}")
+        else:
+            found[topic, partition] = committed.position
+    if missing:
+        raise InvalidConfig(
+            f"group {registry.group!r} has no committed offset to shift for {', '.join(missing)}: reset it to a place first"
+        )
+    return found
+
+
+def _shifted(log: Log, position: Position, by: int) -> Position:
+    """The place ``by`` messages after (before, when negative) ``position``, kept
+    within the log; a position below the log start counts from the log start."""
+    state = log.state()
+    if position.offset < state.log_start_offset:
+        position = Position(state.log_start_offset)
+    if position.offset >= state.log_end_offset:
+        position = Position(state.log_end_offset)
+    if by < 0:
+        if position.skip >= -by:
+            return Position(position.offset, position.skip + by)
+        return log.position_back(-by - position.skip, before=position.offset)
+    last, index, moved = None, 0, 0
+    for msg in log.messages(position.offset, state.log_end_offset):
+        index = index + 1 if msg.offset == last else 0
+        last = msg.offset
+        if msg.offset == position.offset and index < position.skip:
+            continue  # before the position, inside its compressed batch
+        if moved == by:
+            return Position(msg.offset, index)
+        moved += 1
+    return Position(state.log_end_offset)
+
+
 def _target(log: Log, to: Target) -> Position:
     if to == "earliest":
         return Position(log.log_start_offset)
@@ -410,7 +467,7 @@ def _target(log: Log, to: Target) -> Position:
         return _check_position(log, to)
     if isinstance(to, int) and not isinstance(to, bool):
         return _check_position(log, Position(to))
-    raise InvalidConfig(f"reset to earliest, latest, a byte offset, a Position or AtTime(ms), not {to!r}")
+    raise InvalidConfig(f"reset to earliest, latest, a byte offset, a Position, AtTime(ms) or ShiftBy(n), not {to!r}")
 
 
 def _check_position(log: Log, position: Position) -> Position:

@@ -512,18 +512,22 @@ class Log:
         """The offset from which the last ``count`` messages can be read (see ``position_back``)."""
         return self.position_back(count).offset
 
-    def position_back(self, count: int) -> Position:
-        """Where the last ``count`` messages start (the log start when there are fewer):
+    def position_back(self, count: int, before: int | None = None) -> Position:
+        """Where the last ``count`` messages before offset ``before`` (a message
+        boundary; default the log end) start, the log start when there are fewer:
         inside a compressed batch, the batch's offset and how many of its messages
         come first.  One scan of the segments it needs, newest first.  A segment that
         retention deletes meanwhile ends the scan at the new log start.  Raises
         ``TopicNotFound``."""
         for _ in range(3):
             state = self.state()
+            end = state.log_end_offset if before is None else min(before, state.log_end_offset)
             if count <= 0:
-                return Position(state.log_end_offset)
+                return Position(end)
             needed = count
             for info in reversed(self.segments(state)):
+                if info.base_offset >= end:
+                    continue
                 try:
                     segment = self.open_segment(info.base_offset)
                 except FileNotFoundError:  # deleted by retention, or a stale listing: look again
@@ -531,7 +535,7 @@ class Log:
                 except OSError as e:
                     raise storage_error(e, "read", info.path) from None
                 with segment:
-                    position, left = segment.back(needed, info.size_in_bytes)
+                    position, left = segment.back(needed, min(info.size_in_bytes, end - info.base_offset))
                 if position is not None:
                     return Position(info.base_offset + position, skip=left)
                 needed = left

@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl.timespec import TIME_FORMS, parse_time
 from kl_cli.main import cli
 
 from conftest import partition_locked_elsewhere
@@ -298,6 +299,61 @@ def test_from_time(ten):
     assert ok(ten, "consume", "t", "--from-time", "99999") == b""
 
 
+def test_from_time_ago_today_and_iso_local_time(kl_root, monkeypatch):
+    now = time.time_ns() // 1_000_000
+    stamps = [now - 3 * 86_400_000, now - 2 * 3_600_000, now - 30 * 60_000]
+    records = "".join(json.dumps({"value": f"m{i}", "timestamp": ts}) + "\n" for i, ts in enumerate(stamps))
+    ok(kl_root, "produce", "t", "--json", input=records.encode())
+    assert ok(kl_root, "consume", "t", "--from-time", "-1h") == b"m2\n"
+    assert ok(kl_root, "consume", "t", "--from-time=-2h30m") == b"m1\nm2\n"
+    assert ok(kl_root, "consume", "t", "--from-time", "-1d") == b"m1\nm2\n"
+    today = b"m1\nm2\n" if stamps[1] >= parse_time("today") else b"m2\n"  # before 02:00, m1 was yesterday
+    assert ok(kl_root, "consume", "t", "--from-time", "today") == today
+    assert ok(kl_root, "consume", "t", "--from-time", "yesterday").endswith(b"m2\n")
+    assert ok(kl_root, "consume", "t", "--from-time", "now") == b""
+    monkeypatch.setenv("TZ", "EST5")  # a time without a zone is local time
+    time.tzset()
+    try:
+        assert ok(kl_root, "consume", "t", "--from-time", "1969-12-31T19:00:00") == b"m0\nm1\nm2\n"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_until_time_stops_before_the_first_message_stamped_at_or_after_it(ten):
+    assert ok(ten, "consume", "t", "--until-time", "3000") == b"m0\nm1\n"
+    assert ok(ten, "consume", "t", "--until-time", "2500") == b"m0\nm1\n"
+    assert ok(ten, "consume", "t", "--from-time", "3000", "--until-time", "1970-01-01T00:00:05Z") == b"m2\nm3\n"
+    assert ok(ten, "consume", "t", "--until-time", "0") == b""
+    assert ok(ten, "consume", "t", "--until-time", "now") == b"".join(b"m%d\n" % i for i in range(10))
+
+
+def test_until_offset_stops_before_the_message_there(ten):
+    third = messages(ten)[2]
+    assert ok(ten, "consume", "t", "--until-offset", str(third["offset"])) == b"m0\nm1\n"
+    assert ok(ten, "consume", "t", "-o", "-9", "--until-offset", str(third["offset"] + 1)) == b"m1\nm2\n"
+    assert ok(ten, "consume", "t", "-o", str(third["offset"]), "--until-offset", "0") == b""
+
+
+def test_an_end_bound_ends_a_follow_with_exit_status_0(ten):
+    bounded = spawn(ten, "consume", "t", "-f", "--until-time", "3000", stdout=subprocess.PIPE)
+    assert bounded.communicate(timeout=30) == (b"m0\nm1\n", None) and bounded.returncode == 0
+    by_offset = spawn(ten, "consume", "t", "-f", "--until-offset", "0", stdout=subprocess.PIPE)
+    assert by_offset.communicate(timeout=30) == (b"", None) and by_offset.returncode == 0
+    until = time.time_ns() // 1_000_000 + 500  # no message stamped after it: caught up once the clock passes it
+    by_clock = spawn(ten, "consume", "t", "-f", "-o", "-1", "--until-time", str(until), stdout=subprocess.PIPE)
+    assert by_clock.communicate(timeout=30) == (b"m9\n", None) and by_clock.returncode == 0
+    assert time.time_ns() // 1_000_000 >= until
+
+
+def test_format_timestamp_iso(ten):
+    out = ok(ten, "consume", "t", "-c", "2", "--format", "{timestamp:iso} {timestamp} {timestamp:>6}|{value}")
+    assert out == b"1970-01-01T00:00:01.000Z 1000   1000|m0\n1970-01-01T00:00:02.000Z 2000   2000|m1\n"
+    ok(ten, "topics", "create", "old", "--format", "0.7")
+    ok(ten, "produce", "old", input=b"x\n")
+    assert ok(ten, "consume", "old", "--format", "[{timestamp:iso}][{timestamp}]{value}") == b"[][]x\n"
+
+
 def test_format(kl_root):
     ok(kl_root, "produce", "t", "-K", "=", input=b"k=v\xff\nbare\n")
     out = ok(kl_root, "consume", "t", "--format", r"{partition}|{offset}|{next_offset}|{key}|{value}\t")
@@ -514,6 +570,10 @@ def test_byte_offset_needs_a_partition(kl_root):
         "Error: a byte offset needs --partition: topic 'three' has 3 partitions"
     )
     assert ok(kl_root, "consume", "three", "-o", "0", "-p", "2") == b""
+    assert fails(kl_root, "consume", "three", "--until-offset", "0", code=2) == (
+        "Error: a byte offset needs --partition: topic 'three' has 3 partitions"
+    )
+    assert ok(kl_root, "consume", "three", "--until-offset", "0", "-p", "2") == b""
 
 
 @pytest.mark.parametrize(
@@ -793,7 +853,16 @@ def test_a_message_on_a_terminal_is_one_line_however_long_its_path(tmp_path, mon
         ),
         (
             ["consume", "t", "--from-time", "noon"],
-            "Invalid value for '--from-time': 'noon' is neither an ISO 8601 time nor milliseconds since the epoch",
+            f"Invalid value for '--from-time': 'noon' is not a time: give {TIME_FORMS}",
+        ),
+        (
+            ["consume", "t", "--until-time", "2026-02-30"],
+            f"Invalid value for '--until-time': '2026-02-30' is not a time (day is out of range for month): give {TIME_FORMS}",
+        ),
+        (["consume", "t", "--until-offset", "-1"], "Invalid value for '--until-offset': -1 is not in the range x>=0."),
+        (
+            ["consume", "t", "--group", "g", "--until-time", "now"],
+            "--until-offset and --until-time read partitions from a start to an end: not with --group",
         ),
         (["consume", "t", "-o", "0", "--from-time", "0"], "--from-offset, --from-time cannot be used together"),
         (["consume", "t", "--json", "--binary"], "--json, --binary cannot be used together"),

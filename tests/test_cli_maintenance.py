@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl.timespec import DURATION_FORMS
 from kl_cli.main import cli
 
 from conftest import partition_locked_elsewhere
@@ -494,8 +495,14 @@ def test_retain_json(kl_root):
 def test_a_bad_max_age_is_a_usage_error(kl_root, value):
     make(kl_root)
     assert usage_error(kl_root, "retain", "--max-age", value) == (
-        f"Error: Invalid value for '--max-age': {value!r} is not a duration such as 7d, 12h, 30m, 90s or 5000ms"
+        f"Error: Invalid value for '--max-age': {value!r} is not {DURATION_FORMS}"
     )
+
+
+@pytest.mark.parametrize("value", ["1d12h", "36h", "P1DT12H", "2160m"])
+def test_max_age_takes_the_duration_forms_of_every_command(kl_root, value):
+    small_topic(kl_root, 100, timestamp=int(time.time() * 1000) - 2 * DAY_MS)
+    assert out(kl_root, "retain", "--max-age", value, "--dry-run")[-1].endswith("log would start at 3072")
 
 
 # ----------------------------------------------------------------- kl dump

@@ -119,6 +119,93 @@ def test_start_earliest_latest_an_offset_or_one_per_partition(root, three):
     assert values(start={0: SIZE, 1: 2 * SIZE, 2: 0}) == [b"0-b", b"2-a", b"2-b"]
 
 
+# ----------------------------------------------------------------- end bounds: until and until_time
+
+
+def stamped(root: kl.Root, topic: str, stamps: list[int], partition: int = 0, *, compression: str | None = None) -> None:
+    """One message per stamp, valued by it (``b"%03d"``)."""
+    with kl.Producer(root, compression=compression) as producer:
+        for ts in stamps:
+            producer.send(topic, b"%03d" % ts, partition=partition, timestamp=ts)
+
+
+def values_read(batches) -> list[bytes]:
+    return [v for b in batches for v in (b.messages if isinstance(b.messages[0], bytes) else values_of(b.messages))]
+
+
+def test_until_stops_before_the_first_message_at_or_past_the_offset(root, topic):
+    kl.Producer(root).send_batch(topic, [b"%03d" % i for i in range(5)])
+    consumer = kl.Consumer(root)
+    assert values_read(consumer.consume(topic, until=2 * SIZE, values_only=True)) == [b"000", b"001"]
+    assert values_read(consumer.consume(topic, until=2 * SIZE + 1)) == [b"000", b"001", b"002"]  # 002 starts before it
+    assert values_read(consumer.consume(topic, start=SIZE, until=SIZE)) == []
+    assert values_read(consumer.consume(topic, until=99 * SIZE, values_only=True)) == [b"%03d" % i for i in range(5)]
+
+
+def test_until_gives_each_partition_its_own_bound(root, three):
+    batches = list(kl.Consumer(root).consume(three, until={0: SIZE, 2: 0}, values_only=True))
+    assert [(b.partition, b.messages) for b in batches] == [(0, [b"0-a"]), (1, [b"1-a", b"1-b"])]
+    with pytest.raises(kl.InvalidConfig, match=r"an end offset \(5\) is for one partition, not 3"):
+        next(kl.Consumer(root).consume(three, until=5))
+
+
+@pytest.mark.parametrize("values_only", [False, True])
+def test_until_time_stops_at_the_first_message_stamped_at_or_after_it_as_offset_for_time_finds(root, topic, values_only):
+    stamps = [100, 300, 200, 500, 150, 400]  # producers stamp their own clocks: out of order
+    stamped(root, topic, stamps)
+    consumer = kl.Consumer(root)
+    for until_time in (0, 150, 250, 300, 450, 501):
+        got = list(consumer.consume(topic, until_time=until_time, values_only=values_only))
+        end = consumer.offset_for_time(topic, 0, until_time)
+        assert values_read(got) == [b"%03d" % ts for ts in stamps[: end // SIZE]]
+        if got:
+            assert got[-1].next_offset == end
+    # from --from-time a to --until-time b: exactly the messages between the two points
+    got = consumer.consume(topic, start=consumer.offset_for_time(topic, 0, 200), until_time=450, values_only=values_only)
+    assert values_read(got) == [b"300", b"200"]
+
+
+def test_until_time_gives_each_partition_its_own_end(root):
+    root.create_topic("two", kl.TopicConfig(partitions=2))
+    stamped(root, "two", [1, 2, 3, 9], partition=0)
+    stamped(root, "two", [5, 6, 7, 8], partition=1)
+    batches = list(kl.Consumer(root).consume("two", until_time=3, values_only=True))
+    assert [(b.partition, b.messages) for b in batches] == [(0, [b"001", b"002"])]
+    batches = list(kl.Consumer(root).consume("two", until_time=7, values_only=True))
+    assert [(b.partition, b.messages) for b in batches] == [(0, [b"001", b"002", b"003"]), (1, [b"005", b"006"])]
+
+
+def test_until_time_inside_a_compressed_batch_resumes_at_the_batch(root, topic):
+    kl.Producer(root, compression="zstd").send_batch(topic, [b"a", b"b", b"c"], timestamp=10)
+    kl.Producer(root).send_batch(topic, [b"d"], timestamp=20)
+    assert list(kl.Consumer(root).consume(topic, until_time=10)) == []
+    [batch] = kl.Consumer(root).consume(topic, until_time=20, values_only=True)
+    assert batch.messages == [b"a", b"b", b"c"]
+
+
+def test_until_ends_a_follow_when_every_partition_reached_its_bound(root, three):
+    ends = dict.fromkeys(range(3), 2 * SIZE)
+    until = {0: 3 * SIZE, 1: 2 * SIZE + 1, 2: 2 * SIZE}  # partition 2 is at its bound already
+    batches = kl.Consumer(root).consume(three, start=ends, until=until, follow=True, values_only=True, poll_interval=0.02)
+    producer = kl.Producer(root)
+    producer.send_batch("three", [b"0-c", b"0-d"], partition=0)
+    assert next(batches) == kl.Batch("three", 0, 2 * SIZE, 3 * SIZE, [b"0-c"])  # 0-d is past the bound
+    producer.send("three", b"1-c", partition=1)
+    assert [(b.partition, b.messages) for b in batches] == [(1, [b"1-c"])]  # and the follow ends
+
+
+def test_until_time_ends_a_follow_at_a_later_message_or_when_caught_up_past_the_time(root, three):
+    soon = time.time_ns() // 1_000_000 + 300
+    ends = dict.fromkeys(range(3), 2 * SIZE)
+    batches = kl.Consumer(root).consume(three, start=ends, until_time=soon, follow=True, values_only=True, poll_interval=0.02)
+    producer = kl.Producer(root)
+    producer.send_batch("three", [b"0-c", b"0-d"], partition=0, timestamp=soon - 1)
+    producer.send("three", b"0-e", partition=0, timestamp=soon)
+    assert next(batches) == kl.Batch("three", 0, 2 * SIZE, 4 * SIZE, [b"0-c", b"0-d"])
+    assert list(batches) == []  # partitions 1 and 2 end, caught up, once the clock passes the time
+    assert time.time_ns() // 1_000_000 >= soon
+
+
 @pytest.mark.parametrize(
     "partitions, start, error",
     [

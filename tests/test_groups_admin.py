@@ -17,10 +17,11 @@ from click.testing import CliRunner
 import kl
 from kl import groups
 from kl import message as m
-from kl.groups import AtTime, OffsetChange, Status
+from kl.groups import AtTime, OffsetChange, ShiftBy, Status
 from kl.log import Position
 from kl.registry import Registry
 from kl.retention import retain
+from kl.timespec import format_iso
 from kl_cli.main import cli
 
 from conftest import write, write_each
@@ -342,6 +343,61 @@ def test_reset_to_a_byte_offset(root, events):
     assert committed(root, "g", "t", 0) == events[7]
 
 
+def test_reset_shift_by_messages_within_the_log(root, events):
+    def shift(by: int) -> list[OffsetChange]:
+        return groups.reset(root, "g", ShiftBy(by), topic="t", partition=0)
+
+    assert shift(3) == [change("t", 0, events[4], events[7])]
+    assert shift(-2) == [change("t", 0, events[7], events[5])]
+    assert shift(0) == [change("t", 0, events[5], events[5])]
+    assert shift(-100) == [change("t", 0, events[5], 0)]
+    assert shift(100) == [change("t", 0, 0, events[10])]
+    assert shift(1) == [change("t", 0, events[10], events[10])]
+    assert committed(root, "g", "t", 0) == events[10]
+
+
+def test_reset_shift_by_counts_the_messages_of_a_compressed_batch(root):
+    root.create_topic("z")
+    [batch] = write(root, "z", [b"a", b"b", b"c", b"d", b"e"], compression="zstd")
+    f, g = write_each(root, "z", [b"f", b"g"])
+    Registry(root.path, "g").write_offset("z", 0, Position(batch.offset, 2), "test")
+
+    def shift(by: int) -> Position:
+        [moved] = groups.reset(root, "g", ShiftBy(by), topic="z", partition=0, dry_run=True)
+        return moved.new
+
+    assert [shift(n) for n in (-3, -2, -1, 1, 2, 3, 4, 5)] == [
+        Position(0),
+        Position(0),
+        Position(0, 1),
+        Position(0, 3),
+        Position(0, 4),
+        Position(f),
+        Position(g),
+        Position(root.log("z", 0).log_end_offset),
+    ]
+    Registry(root.path, "g").write_offset("z", 0, Position(g), "test")
+    assert [shift(n) for n in (-1, -2, -6)] == [Position(f), Position(0, 4), Position(0, 0)]
+
+
+def test_reset_shift_by_a_partition_without_a_committed_offset_is_refused(root, events):
+    with pytest.raises(kl.InvalidConfig) as refused:
+        groups.reset(root, "g", ShiftBy(1))
+    assert str(refused.value) == "group 'g' has no committed offset to shift for t/1: reset it to a place first"
+    assert committed(root, "g", "t", 0) == events[4]
+
+
+def test_reset_shift_by_from_below_the_log_start_counts_from_it(root):
+    root.create_topic("small", kl.TopicConfig(segment_bytes=512, max_message_bytes=512))
+    offsets = write_each(root, "small", [b"%02d" % i + b"." * 100 for i in range(24)])
+    commit(root, "g", "small", 0, offsets[1])
+    retain(root.log("small", 0), max_bytes=1200, max_age_ms=0, delete_delay=0)
+    start = root.log("small", 0).log_start_offset
+    assert start > offsets[1]
+    later = offsets[offsets.index(start) + 2]
+    assert groups.reset(root, "g", ShiftBy(2), topic="small") == [change("small", 0, offsets[1], later)]
+
+
 def test_reset_checks_its_arguments_before_writing(root, events):
     with pytest.raises(kl.InvalidConfig, match=r"a partition \(1\) needs its topic"):
         groups.reset(root, "g", "earliest", partition=1)
@@ -487,12 +543,36 @@ def test_cli_reset(root, events):
     assert (result.exit_code, result.stdout) == (0, f"t/0: 0 -> {events[10]}\nt/1: 0 -> 0\n")
 
 
+def test_cli_reset_to_datetime_by_duration_and_shift_by(root, events):
+    result = run(root, "reset", "g", "--to-datetime", "-2h", "--topic", "t", "--dry-run")
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"t/0: {events[4]} -> 0 (dry run: not written)\nt/1: - -> 0 (dry run: not written)\n",
+    )
+    result = run(root, "reset", "g", "--by-duration", "30m")  # stamped an hour ago: after them all
+    assert (result.exit_code, result.stdout) == (0, f"t/0: {events[4]} -> {events[10]}\nt/1: - -> 0\n")
+    result = run(root, "reset", "g", "--by-duration", "PT2H", "--topic", "t", "-p", "0")
+    assert (result.exit_code, result.stdout) == (0, f"t/0: {events[10]} -> 0\n")
+    result = run(root, "reset", "g", "--shift-by", "3")
+    assert (result.exit_code, result.stdout) == (0, f"t/0: 0 -> {events[3]}\nt/1: 0 -> 0\n")
+    result = run(root, "reset", "g", "--shift-by", "-1", "--topic", "t", "-p", "0")
+    assert (result.exit_code, result.stdout) == (0, f"t/0: {events[3]} -> {events[2]}\n")
+    stamp = kl.Consumer(root).fetch("t", 0, events[2]).__iter__().__next__().timestamp
+    result = run(root, "reset", "g", "--to-datetime", format_iso(stamp + 1), "--topic", "t", "-p", "0")
+    assert (result.exit_code, result.stdout) == (0, f"t/0: {events[2]} -> {events[10]}\n")  # all stamped alike
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [
-        (("--to", "soon"), 2, "'soon' is not earliest, latest, an ISO 8601 time or a byte offset"),
+        (("--to", "soon"), 2, "'soon' is not earliest, latest, a byte offset (OFFSET or OFFSET+SKIP) or a time: milliseconds"),
         (("--to", "earliest", "-p", "0"), 2, "--partition needs --topic"),
-        ((), 2, "Missing option '--to'"),
+        ((), 2, "give one of --to, --to-datetime, --by-duration or --shift-by"),
+        (("--to", "earliest", "--shift-by", "0"), 2, "--to, --shift-by cannot be used together"),
+        (("--to-datetime", "0", "--by-duration", "1h"), 2, "--to-datetime, --by-duration cannot be used together"),
+        (("--to-datetime", "soon"), 2, "Invalid value for '--to-datetime': 'soon' is not a time: give milliseconds"),
+        (("--by-duration", "-1h"), 2, "Invalid value for '--by-duration': '-1h' is not a duration such as 2d"),
+        (("--shift-by", "1"), 1, "Error: group 'g' has no committed offset to shift for t/1: reset it to a place first\n"),
         (("--to", "0"), 1, "Error: a byte offset (0) is for one partition, and group 'g' has 2: give the partition\n"),
         (("--to", "7", "--topic", "t", "-p", "0"), 1, "Error: offset 7 is not the start of a message"),
         (("--to", "earliest", "--topic", "nope"), 1, "Error: topic 'nope' does not exist"),

@@ -17,6 +17,7 @@ import kl
 from kl.importer import import_topic
 from kl.retention import retain
 from kl.spark import ranges
+from kl.timespec import TIME_FORMS
 
 from conftest import KAFKA07_SEGMENT, active_segment, flip_byte
 
@@ -197,6 +198,20 @@ def test_starting_and_ending_timestamps(spark, events):
     early = read(spark, events, topics="events", endingTimestamp=str(T0 + 10))
     assert early.where("value like 'gz%' or value like 'tail%'").count() == 0
     assert early.count() == 3 * 703  # up to the gzip batches, stamped T0+10
+
+
+def test_timestamps_take_every_time_form_of_kl(spark, events):
+    from kl.spark.source import Options
+
+    start, end = "2023-11-14T22:13:20Z", "2023-11-14T22:13:20.010Z"
+    iso = read(spark, events, topics="events", startingTimestamp=start, endingTimestamp=end)
+    assert iso.count() == 3 * 703  # T0 to T0 + 10, as in milliseconds
+    parsed = Options.parse({"root": "/r", "startingTimestamp": "-1h", "endingTimestamp": "now"})
+    assert parsed.ending_timestamp - parsed.starting_timestamp == 3_600_000
+    assert parsed.ending_timestamp <= time.time_ns() // 1_000_000
+    with pytest.raises(kl.InvalidConfig) as bad:
+        Options.parse({"root": "/r", "endingTimestamp": "soon"})
+    assert str(bad.value) == f"endingTimestamp: 'soon' is not a time: give {TIME_FORMS}"
 
 
 def test_unknown_and_bad_options_are_named(spark, events):

@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from kl.errors import InvalidConfig, KlError, TopicNotFound
+from kl import timespec
+from kl.errors import InvalidConfig, InvalidTime, KlError, TopicNotFound
 from kl.log import EARLIEST, LATEST, Log
 from kl.topic import Root
 
@@ -97,12 +98,14 @@ def parse_offsets(text: str | None, option: str, default: str) -> Offsets:
 
 
 def parse_timestamp(text: str | None, option: str) -> int | None:
+    """A time option in any form ``kl.timespec.parse_time`` reads (relative ones count
+    from now, when the options are read), as milliseconds since the epoch."""
     if text is None:
         return None
     try:
-        return int(text)
-    except ValueError:
-        raise InvalidConfig(f"{option} must be milliseconds since the epoch, not {text!r}") from None
+        return timespec.parse_time(text)
+    except InvalidTime as e:
+        raise InvalidTime(f"{option}: {e}") from None
 
 
 def plan(
