@@ -30,11 +30,15 @@ def groups() -> None:
 
 
 @groups.command("list", short_help="List the groups.")
+@click.option("--json", "as_json", is_flag=True, help="Print, per group, the JSON object groups describe --json prints (JSON lines).")
 @click.pass_context
-def list_(ctx: click.Context) -> None:
+def list_(ctx: click.Context, as_json: bool) -> None:
     """List the groups, one name a line (a table with members and offsets on a terminal)."""
     root = get_root(ctx)
     names = admin.list_groups(root)
+    if as_json:
+        sys.stdout.write("".join(_json(admin.describe(root, name)) for name in names))
+        return
     if not sys.stdout.isatty():
         sys.stdout.write("".join(name + "\n" for name in names))
         return
@@ -47,7 +51,7 @@ def list_(ctx: click.Context) -> None:
 
 @groups.command(short_help="Show members, owners, committed offsets and lag.")
 @click.argument("group")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, on one line.")
 @click.pass_context
 def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     """Print GROUP's live members and, per partition, its owner, committed offset and lag.
@@ -70,7 +74,7 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
 
 def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(dataclasses.asdict(info), indent=2, default=_json_value) + "\n")
+        sys.stdout.write(_json(info))
         return
     members = [[m.id, m.host, str(m.pid), _when(m.since_ms), _ago(m.beat_age_ms)] for m in info.members]
     partitions = [
@@ -181,6 +185,11 @@ def _target(text: str) -> admin.Target:
         raise click.BadParameter(
             f"{text!r} is not earliest, latest, an ISO 8601 time or a byte offset (OFFSET or OFFSET+SKIP)", param_hint="'--to'"
         ) from None
+
+
+def _json(info: admin.GroupInfo) -> str:
+    """``groups describe --json``'s object, as one line."""
+    return json.dumps(dataclasses.asdict(info), default=_json_value) + "\n"
 
 
 def _json_value(value: object) -> object:
