@@ -50,7 +50,15 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     metavar="TIME",
     help="Start at the first message stamped at or after TIME (ISO 8601, or milliseconds since the epoch).",
 )
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Read partition N only.")
+@click.option(
+    "-p",
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="N",
+    help="Read partition N only; repeat to read several (of one topic).",
+)
 @click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages.")
 @delimiter_options("Write")
@@ -108,7 +116,7 @@ def consume(
     topics: tuple[str, ...],
     from_offset: str | None,
     from_time: str | None,
-    partition: int | None,
+    partitions: tuple[int, ...],
     count: int | None,
     follow: bool,
     delimiter: bytes | None,
@@ -126,7 +134,9 @@ def consume(
 ) -> None:
     """Write the messages of TOPIC to stdout, one value a line, and exit when caught up.
 
-    With --group, several topics may be given."""
+    Several topics are read together, their partitions in turn: each partition in
+    order, the topics interleaved as their messages come ({topic} in --format, or
+    --json, tells them apart)."""
     exclusive(from_offset=from_offset, from_time=from_time)
     exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_output, delimiter=delimiter, null=null)
@@ -149,7 +159,7 @@ def consume(
     consumer = kl.RemoteConsumer(server) if server is not None else kl.Consumer(get_root(ctx))
     root = consumer.root
     if group is not None:
-        if from_offset is not None or from_time is not None or partition is not None:
+        if from_offset is not None or from_time is not None or partitions:
             raise click.UsageError(
                 "--group reads from the group's committed offsets: no --from-offset, --from-time or --partition"
             )
@@ -169,24 +179,25 @@ def consume(
             group_reset,
         )
         return
-    if len(topics) > 1:
-        raise click.UsageError("several topics are read together only by a group: add --group")
-    topic = topics[0]
-    partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
-    if where == "offset" and len(partitions) > 1:
-        raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
+    if len(topics) > 1 and partitions:
+        raise click.UsageError("--partition picks partitions of one topic: with several topics every partition is read")
+    keys = [(topic, p) for topic in dict.fromkeys(topics) for p in (partitions or range(root.config(topic).partitions))]
+    if where == "offset" and len(keys) > 1:
+        if len(topics) == 1 and not partitions:
+            raise click.UsageError(f"a byte offset needs --partition: topic {topics[0]!r} has {len(keys)} partitions")
+        raise click.UsageError(f"a byte offset is for one partition, not {len(keys)}")
     start: kl.Start = where
     if time_ms is not None:
-        start = {p: consumer.offset_for_time(topic, p, time_ms) for p in partitions}
+        start = {key: consumer.offset_for_time(*key, time_ms) for key in keys}
     elif where == "back":
-        start = {p: consumer.position_back(topic, p, n) for p in partitions}
+        start = {key: consumer.position_back(*key, n) for key in keys}
     elif where == "offset":
-        consumer.check_offset(topic, partitions[0], n)
+        consumer.check_offset(*keys[0], n)
         start = n
 
     batches = consumer.consume(
-        topic,
-        partitions,
+        list(dict.fromkeys(topics)),
+        keys,
         start=start,
         follow=follow,
         max_messages=count,

@@ -30,7 +30,7 @@ def groups() -> None:
 
 
 @groups.command("list", short_help="List the groups.")
-@click.option("--json", "as_json", is_flag=True, help="Print, per group, the JSON object groups describe --json prints (JSON lines).")
+@click.option("--json", "as_json", is_flag=True, help="Print, per group, what groups describe --json prints (JSON lines).")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """List the groups, one name a line (a table with members and offsets on a terminal)."""

@@ -59,7 +59,7 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
 
 
 @topics.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print, per topic, the JSON object topics describe --json prints (JSON lines).")
+@click.option("--json", "as_json", is_flag=True, help="Print, per topic, what topics describe --json prints (JSON lines).")
 @server_option("List the topics")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool, server: str | None) -> None:

@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
@@ -22,9 +22,10 @@ from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
-Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position]
+Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position] | Mapping[tuple[str, int], int | Position]
 """Where ``Consumer.consume`` starts: the log start or end, a byte offset or a ``Position``
-(an offset and how many messages stored there to skip), or one of those per partition."""
+(an offset and how many messages stored there to skip), or one of those per partition
+(of several topics: per (topic, partition))."""
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ class Consumer:
 
     def consume(
         self,
-        topic: str,
-        partitions: Iterable[int] | None = None,
+        topic: str | Sequence[str],
+        partitions: Iterable[int] | Iterable[tuple[str, int]] | None = None,
         *,
         start: Start = "earliest",
         follow: bool = False,
@@ -117,8 +118,12 @@ class Consumer:
     ) -> Iterator[Batch]:
         """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
 
+        ``topic`` may be a list of topics, read together: their partitions in turn, so
+        the topics interleave as their messages come, each partition in order; then
+        ``partitions`` (all of each topic by default) are (topic, partition) pairs.
         ``start`` is "earliest", "latest", a byte offset or a ``Position`` (for one
-        partition), or a mapping of partition to either.  Without ``follow`` each partition is read up to
+        partition), or a mapping of partition (of several topics: of (topic, partition))
+        to either.  Without ``follow`` each partition is read up to
         the end it had when this started, so a topic that keeps growing still ends;
         with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
@@ -136,49 +141,49 @@ class Consumer:
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
-        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
-        ends = {p: self.latest_offset(topic, p) for p in partitions}
-        starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
-        offsets = {p: position.offset for p, position in starts.items()}
-        skips = {p: position.skip for p, position in starts.items() if position.skip}
+        keys = self._keys(topic, partitions)
+        ends = {key: self.latest_offset(*key) for key in keys}
+        starts = {key: self._start_position(key, start, ends, len(keys), isinstance(topic, str)) for key in keys}
+        offsets = {key: position.offset for key, position in starts.items()}
+        skips = {key: position.skip for key, position in starts.items() if position.skip}
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
-        active = [p for p in partitions if follow or offsets[p] != ends[p]]
+        active = [key for key in keys if follow or offsets[key] != ends[key]]
         with Watch(poll_interval) as watch:
             if follow:
-                for p in partitions:  # before the first reads, so nothing published after them is missed
-                    self._watch(watch, topic, p)
+                for key in keys:  # before the first reads, so nothing published after them is missed
+                    self._watch(watch, *key)
             idle_since = time.monotonic()
             while active and remaining != 0:
                 progressed = False
-                for p in list(active):
-                    offset = offsets[p]
-                    size = max_bytes if follow else max(1, min(max_bytes, ends[p] - offset))
+                for key in list(active):
+                    (t, p), offset = key, offsets[key]
+                    size = max_bytes if follow else max(1, min(max_bytes, ends[key] - offset))
                     try:
-                        got, offsets[p], damage = self._read(
-                            topic, p, offset, size, values_only, remaining, skips.pop(p, 0)  # a skip: at the start only
+                        got, offsets[key], damage = self._read(
+                            t, p, offset, size, values_only, remaining, skips.pop(key, 0)  # a skip: at the start only
                         )
                     except OffsetOutOfRange as e:
                         if reset == "fail":
                             raise
-                        got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                        got, offsets[key], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
                     finally:
                         if follow:  # what was read (or failed) is of the topic followed, not of one created again
                             watch.check()
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
-                        yield Batch(topic, p, offset, offsets[p], got)
+                        yield Batch(t, p, offset, offsets[key], got)
                         if remaining == 0:
                             return
                     if damage is not None:
                         if not skip_corrupt:
                             raise damage
-                        offsets[p] = self.skip(topic, p, offsets[p], damage, on_skip)  # from where the damage starts
-                    moved = offsets[p] != offset
+                        offsets[key] = self.skip(t, p, offsets[key], damage, on_skip)  # from where the damage starts
+                    moved = offsets[key] != offset
                     progressed = progressed or moved
-                    if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
-                        active.remove(p)
+                    if not follow and (not moved or offsets[key] >= ends[key]):  # caught up, or a read gave nothing
+                        active.remove(key)
                 if follow and progressed:
                     idle_since = time.monotonic()
                 elif follow:
@@ -186,6 +191,25 @@ class Consumer:
                     if idle_timeout is not None and idle >= idle_timeout:
                         return
                     watch.wait(None if idle_timeout is None else idle_timeout - idle)
+
+    def _keys(
+        self, topic: str | Sequence[str], partitions: Iterable[int] | Iterable[tuple[str, int]] | None
+    ) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs ``consume`` reads, in turn: a topic's partitions
+        together, in the order given."""
+        if isinstance(topic, str):
+            if partitions is None:
+                return [(topic, p) for p in range(self.root.config(topic).partitions)]
+            return [(topic, cast(int, p)) for p in dict.fromkeys(partitions)]
+        topics = list(dict.fromkeys(topic))
+        if partitions is None:
+            return [(t, p) for t in topics for p in range(self.root.config(t).partitions)]
+        keys = list(dict.fromkeys(cast("Iterable[tuple[str, int]]", partitions)))
+        for key in keys:
+            if not (isinstance(key, tuple) and len(key) == 2 and key[0] in topics):
+                raise InvalidConfig(f"with several topics a partition is a (topic, partition) pair of them, not {key!r}")
+            self.root.config(key[0])
+        return keys
 
     def skip(
         self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None
@@ -204,19 +228,23 @@ class Consumer:
         nothing: an empty watch sleeps the poll interval)."""
         watch.add(self.root.log(topic, partition))
 
-    def _start_position(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> Position:
+    def _start_position(
+        self, key: tuple[str, int], start: Start, ends: dict[tuple[str, int], int], count: int, one_topic: bool
+    ) -> Position:
+        topic, partition = key
         if start == "earliest":
             return Position(self.earliest_offset(topic, partition))
         if start == "latest":
-            return Position(ends[partition])
+            return Position(ends[key])
         if isinstance(start, (int, Position)):
             if count != 1:
                 raise InvalidConfig(f"a start offset ({start}) is for one partition, not {count}")
             return start if isinstance(start, Position) else Position(start)
         if isinstance(start, Mapping):
-            if partition not in start:
-                raise InvalidConfig(f"start gives no offset for partition {partition}")
-            value = start[partition]
+            wanted = partition if one_topic else key
+            if wanted not in start:
+                raise InvalidConfig(f"start gives no offset for partition {wanted}")
+            value = start[wanted]  # type: ignore[index]
             return value if isinstance(value, Position) else Position(value)
         raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
 

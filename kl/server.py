@@ -605,7 +605,9 @@ class Server:
         except KlError as e:
             self._reply_error(conn, *_coded(e))
             return
-        parts = [wire.PARTITION_INFO.pack(p.segments, p.log_start_offset, p.log_end_offset, p.size_in_bytes) for p in info.partitions]
+        parts = [
+            wire.PARTITION_INFO.pack(p.segments, p.log_start_offset, p.log_end_offset, p.size_in_bytes) for p in info.partitions
+        ]
         body = wire.string(info.config.to_json().decode()) + wire.INT32.pack(len(parts)) + b"".join(parts)
         self._reply(conn, wire.NO_ERROR, body)
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from test_serve import KL, Daemon, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
 
 import kl
 from kl.remote import RemoteRoot
 from kl_cli.main import cli
 
 from conftest import write
-from test_serve import KL, Daemon, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
 
 
 def run(root: kl.Root, *args: str) -> Result:
