@@ -17,6 +17,7 @@ from collections.abc import Callable
 import click
 
 import kl
+from kl_cli import complete
 from kl_cli.common import (
     delimiter_options,
     exclusive,
@@ -37,11 +38,12 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
 
 
 @click.command(short_help="Print the messages of a topic.")
-@click.argument("topics", nargs=-1, required=True, metavar="TOPIC...")
+@click.argument("topics", nargs=-1, required=True, metavar="TOPIC...", shell_complete=complete.topics)
 @click.option(
     "-o",
     "--from-offset",
     metavar="N|earliest|latest|-N",
+    shell_complete=complete.keywords(complete.FROM_OFFSET_KEYWORDS),
     help="Start at byte offset N, at the first message (earliest, or kcat's beginning), after the last one "
     "(latest, or kcat's end), or N messages before the end  [default: earliest].",
 )
@@ -57,6 +59,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     type=click.IntRange(min=0),
     multiple=True,
     metavar="N",
+    shell_complete=complete.partitions("topics"),
     help="Read partition N only; repeat to read several (of one topic).",
 )
 @click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")
@@ -82,6 +85,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     "-g",
     "--group",
     metavar="GROUP",
+    shell_complete=complete.groups,
     help="Consume as a member of consumer group GROUP: this member's share of the partitions, from the "
     "group's committed offsets, committing what was written.",
 )

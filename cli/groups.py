@@ -17,6 +17,7 @@ import click
 import kl
 from kl import groups as admin
 from kl.registry import Registry, parse_position
+from kl_cli import complete
 from kl_cli.common import aligned, get_root, note, parse_time, print_line
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
@@ -50,7 +51,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 
 
 @groups.command(short_help="Show members, owners, committed offsets and lag.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, on one line.")
 @click.pass_context
 def describe(ctx: click.Context, group: str, as_json: bool) -> None:
@@ -108,17 +109,25 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
 
 
 @groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset).")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option(
     "--to",
     "to",
     required=True,
     metavar="earliest|latest|TIME|OFFSET[+SKIP]",
+    shell_complete=complete.keywords(complete.RESET_KEYWORDS),
     help="The log start, the log end, the first message stamped at or after TIME (ISO 8601), "
     "or byte OFFSET (one partition only; OFFSET+SKIP: after the first SKIP messages of the compressed batch there).",
 )
-@click.option("--topic", metavar="TOPIC", help="Reset TOPIC's partitions only.")
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="With --topic: reset partition N only.")
+@click.option("--topic", metavar="TOPIC", shell_complete=complete.topics, help="Reset TOPIC's partitions only.")
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    metavar="N",
+    shell_complete=complete.partitions("topic"),
+    help="With --topic: reset partition N only.",
+)
 @click.option("--force", is_flag=True, help="Reset even while the group has live members.")
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
 @click.pass_context
@@ -136,7 +145,7 @@ def reset(ctx: click.Context, group: str, to: str, topic: str | None, partition:
 
 
 @groups.command(short_help="Delete a group.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option("--force", is_flag=True, help="Delete even while the group has live members.")
 @click.pass_context
 def delete(ctx: click.Context, group: str, force: bool) -> None:
@@ -146,7 +155,7 @@ def delete(ctx: click.Context, group: str, force: bool) -> None:
 
 
 @groups.command(short_help="Write committed offsets to stdout.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.pass_context
 def export(ctx: click.Context, group: str) -> None:
     """Write GROUP's committed offsets to stdout, one 'TOPIC PARTITION OFFSET' line each
@@ -155,7 +164,7 @@ def export(ctx: click.Context, group: str) -> None:
 
 
 @groups.command("import", short_help="Set committed offsets from stdin.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option("--force", is_flag=True, help="Import even while the group has live members.")
 @click.pass_context
 def import_(ctx: click.Context, group: str, force: bool) -> None:

@@ -30,6 +30,7 @@ import kl
 from kl.message import HEADER_SIZE, timestamp_problem
 from kl.producer import DEFAULT_BATCH_BYTES
 from kl.remote import RemoteRoot
+from kl_cli import complete
 from kl_cli.common import (
     Progress,
     delimiter_options,
@@ -171,12 +172,19 @@ class InputFile(click.File):
 
 
 @click.command(short_help="Append records from a file or stdin to a topic.")
-@click.argument("topic")
+@click.argument("topic", shell_complete=complete.topics)
 @click.argument("file", type=InputFile(), default="-")
 @delimiter_options("Read")
 @key_delimiter_option("Split each record at the first TEXT into key and value; a record without TEXT has no key (null).")
 @click.option("-k", "--key", metavar="KEY", help="Give every message the key KEY (so all go to KEY's partition).")
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Append to partition N only.")
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    metavar="N",
+    shell_complete=complete.partitions("topic"),
+    help="Append to partition N only.",
+)
 @click.option(
     "-z",
     "--compression",

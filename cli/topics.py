@@ -14,6 +14,7 @@ import kl
 from kl.config import FORMATS
 from kl.importer import import_topic
 from kl.remote import RemoteRoot
+from kl_cli import complete
 from kl_cli.common import F, aligned, get_root, note, print_line, server_option
 
 CONFIG_OPTIONS = [
@@ -101,7 +102,7 @@ def list_(ctx: click.Context, as_json: bool, server: str | None) -> None:
 
 
 @topics.command()
-@click.argument("topic")
+@click.argument("topic", shell_complete=complete.topics)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, on one line.")
 @server_option("Describe it")
 @click.pass_context
@@ -150,7 +151,7 @@ def _info_json(info: kl.TopicInfo) -> dict[str, object]:
 
 
 @topics.command()
-@click.argument("topic")
+@click.argument("topic", shell_complete=complete.topics)
 @click.pass_context
 def delete(ctx: click.Context, topic: str) -> None:
     """Delete TOPIC and all its data."""

@@ -1,0 +1,102 @@
+"""Shell completion of values: topic names, group names, partitions and offset keywords.
+
+click completes commands and options itself (``_KL_COMPLETE=bash_source kl`` prints
+the script to source; zsh and fish likewise); these complete the values, given as
+``shell_complete=`` to the parameters that take them.  They read the root named on the
+command line so far (``--root``) or by ``KL_ROOT``, and offer nothing, quietly, when
+there is none or it cannot be read: a completion never prints an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+from click.shell_completion import CompletionItem
+
+import kl
+from kl import groups as admin
+
+Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
+
+FROM_OFFSET_KEYWORDS = {
+    "earliest": "the first message",
+    "latest": "after the last message",
+    "beginning": "kcat's earliest",
+    "end": "kcat's latest",
+}
+"""The words ``kl consume --from-offset`` takes, besides numbers."""
+RESET_KEYWORDS = {"earliest": "the log start", "latest": "the log end"}
+"""The words ``kl groups reset --to`` takes, besides times and offsets."""
+
+
+def _root(ctx: click.Context) -> kl.Root | None:
+    """The root given so far (the nearest ``--root``, else ``KL_ROOT``), if any."""
+    at: click.Context | None = ctx
+    while at is not None:
+        path = at.params.get("root")
+        if path:
+            return kl.Root(path)
+        at = at.parent
+    return None
+
+
+def _names(ctx: click.Context, incomplete: str, names: Callable[[kl.Root], list[str]]) -> list[CompletionItem]:
+    root = _root(ctx)
+    if root is None:
+        return []
+    try:
+        found = names(root)
+    except (kl.KlError, OSError):
+        return []
+    return [CompletionItem(name) for name in found if name.startswith(incomplete)]
+
+
+def topics(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The root's topics starting with ``incomplete``."""
+    return _names(ctx, incomplete, kl.Root.topics)
+
+
+def groups(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The root's consumer groups starting with ``incomplete``."""
+    return _names(ctx, incomplete, admin.list_groups)
+
+
+def partitions(topic_param: str) -> Complete:
+    """The partitions of the topic already given as ``topic_param`` (one topic name, or a
+    tuple of them holding one), starting with ``incomplete``."""
+
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        names = _given(ctx, topic_param)
+        root = _root(ctx)
+        if root is None or len(names) != 1:
+            return []
+        try:
+            count = root.config(names[0]).partitions
+        except (kl.KlError, OSError):
+            return []
+        return [CompletionItem(str(p)) for p in range(count) if str(p).startswith(incomplete)]
+
+    return complete
+
+
+def _given(ctx: click.Context, name: str) -> list[str]:
+    """The values given so far to parameter ``name``.  An option left waiting for the
+    value being completed stops click's parse before the arguments are assigned: they
+    are then the words left over (``kl consume events -p <TAB>``)."""
+    given = ctx.params.get(name)
+    if given:
+        return [given] if isinstance(given, str) else list(dict.fromkeys(given))
+    param = next((p for p in ctx.command.params if p.name == name), None)
+    if not isinstance(param, click.Argument):
+        return []
+    return list(dict.fromkeys(ctx.args if param.nargs == -1 else ctx.args[: param.nargs]))
+
+
+def keywords(words: dict[str, str]) -> Complete:
+    """The ``words`` starting with ``incomplete``, each with its meaning as help."""
+
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        return [CompletionItem(word, help=text) for word, text in words.items() if word.startswith(incomplete)]
+
+    return complete
