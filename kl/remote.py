@@ -309,7 +309,10 @@ class RemoteRoot:
         """``Root.describe`` (DESCRIBE): the topic's config and, per partition, its
         segments, offsets and bytes.  Raises ``TopicNotFound``, and ``KlError`` for a topic
         the server does not serve."""
-        reader = wire.Reader(self.call(wire.DESCRIBE, wire.string(name)))
+        try:
+            reader = wire.Reader(self.call(wire.DESCRIBE, wire.string(name)))
+        except wire.ProtocolError as e:
+            raise wire.ProtocolError(f"{e} (a kl serve of an earlier kl does so on DESCRIBE: update it)") from None
         config = TopicConfig.from_json(reader.string().encode(), f"{self.path}/{name}")
         partitions = [PartitionInfo(p, *reader.unpack(wire.PARTITION_INFO)) for p in range(reader.int32())]
         return TopicInfo(name, config, partitions)

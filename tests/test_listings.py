@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from test_serve import KL, Daemon, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
+from test_serve import KL, Daemon, Running, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
 
 import kl
+from kl import server, wire
 from kl.remote import RemoteRoot
 from kl_cli.main import cli
 
@@ -136,3 +137,17 @@ def test_remote_root_describes_as_root_does(two, daemon):
             remote.describe("b")
     finally:
         remote.close()
+
+
+def test_a_daemon_of_an_earlier_kl_is_named_as_the_likely_cause(two, monkeypatch):
+    """A server without DESCRIBE closes the connection on it."""
+    monkeypatch.delitem(server.HANDLERS, wire.DESCRIBE)
+    running = Running(two)
+    remote = RemoteRoot(f"127.0.0.1:{running.address[1]}")
+    try:
+        assert remote.topics() == ["a", "b"]
+        with pytest.raises(wire.ProtocolError, match=r"closed the connection \(a kl serve of an earlier kl does so on DESCRIBE"):
+            remote.describe("a")
+    finally:
+        remote.close()
+        running.stop()
