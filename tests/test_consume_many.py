@@ -16,6 +16,7 @@ from kl.producer import hash_partitioner
 from kl_cli.main import cli
 
 from conftest import write
+from test_serve import Running
 
 KL = [sys.executable, "-m", "kl_cli"]
 
@@ -94,6 +95,16 @@ def test_several_topics_follow_interleaves_them_as_messages_come(ab):
         timer.cancel()
         proc.kill()
         proc.wait()
+
+
+def test_several_topics_through_a_server(ab):
+    running = Running(ab)
+    try:
+        server = f"127.0.0.1:{running.address[1]}"
+        lines = ok(ab, "consume", "b", "a", "--server", server, "-o", "-1", "--format", "{topic}/{partition} {value}")
+        assert lines == ["b/0 b0-2", "a/0 a0-1", "a/1 a1-0"]
+    finally:
+        running.stop()
 
 
 def test_a_missing_topic_among_several_is_an_error(ab):
