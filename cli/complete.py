@@ -3,21 +3,26 @@
 click completes commands and options itself (``_KL_COMPLETE=bash_source kl`` prints
 the script to source; zsh and fish likewise); these complete the values, given as
 ``shell_complete=`` to the parameters that take them.  They read the root named on the
-command line so far (``--root``) or by ``KL_ROOT``, and offer nothing, quietly, when
-there is none or it cannot be read: a completion never prints an error.
+command line so far (``--root``) or by ``KL_ROOT`` (topics: of the ``kl serve`` of
+``--server`` when given), and offer nothing, quietly, when there is none or it cannot be
+read: a completion never prints an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 
 import click
 from click.shell_completion import CompletionItem
 
 import kl
 from kl import groups as admin
+from kl.remote import RemoteRoot
 
 Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
+SERVER_TIMEOUT = 2.0
+"""Seconds a completion waits for a ``kl serve``: a shell must not hang on a tab."""
 
 FROM_OFFSET_KEYWORDS = {
     "earliest": "the first message",
@@ -41,25 +46,43 @@ def _root(ctx: click.Context) -> kl.Root | None:
     return None
 
 
-def _names(ctx: click.Context, incomplete: str, names: Callable[[kl.Root], list[str]]) -> list[CompletionItem]:
-    root = _root(ctx)
-    if root is None:
-        return []
+@contextlib.contextmanager
+def _topics_source(ctx: click.Context) -> Iterator[kl.Root | RemoteRoot | None]:
+    """Where the topics are: the ``kl serve`` of ``--server`` when one was given
+    (``kl consume --server HOST:PORT <TAB>``), else the root."""
+    server = ctx.params.get("server")
+    if not server:
+        yield _root(ctx)
+        return
     try:
-        found = names(root)
+        remote = RemoteRoot(server, timeout=SERVER_TIMEOUT)
+    except kl.KlError:
+        yield None
+        return
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+def _matching(incomplete: str, names: Callable[[], Iterable[str]]) -> list[CompletionItem]:
+    """``names()`` starting with ``incomplete``; none when they cannot be read."""
+    try:
+        return [CompletionItem(name) for name in names() if name.startswith(incomplete)]
     except (kl.KlError, OSError):
         return []
-    return [CompletionItem(name) for name in found if name.startswith(incomplete)]
 
 
 def topics(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """The root's topics starting with ``incomplete``."""
-    return _names(ctx, incomplete, kl.Root.topics)
+    """The topics starting with ``incomplete``."""
+    with _topics_source(ctx) as source:
+        return [] if source is None else _matching(incomplete, source.topics)
 
 
 def groups(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The root's consumer groups starting with ``incomplete``."""
-    return _names(ctx, incomplete, admin.list_groups)
+    root = _root(ctx)
+    return [] if root is None else _matching(incomplete, lambda: admin.list_groups(root))
 
 
 def partitions(topic_param: str) -> Complete:
@@ -68,14 +91,12 @@ def partitions(topic_param: str) -> Complete:
 
     def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
         names = _given(ctx, topic_param)
-        root = _root(ctx)
-        if root is None or len(names) != 1:
+        if len(names) != 1:
             return []
-        try:
-            count = root.config(names[0]).partitions
-        except (kl.KlError, OSError):
-            return []
-        return [CompletionItem(str(p)) for p in range(count) if str(p).startswith(incomplete)]
+        with _topics_source(ctx) as source:
+            if source is None:
+                return []
+            return _matching(incomplete, lambda: map(str, range(source.config(names[0]).partitions)))
 
     return complete
 

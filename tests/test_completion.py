@@ -5,6 +5,7 @@ through bash itself with the script ``_KL_COMPLETE=bash_source kl`` prints."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ import pytest
 
 import kl
 from kl import groups
+
+from test_serve import Running
 
 KL = [sys.executable, "-m", "kl_cli"]
 
@@ -73,6 +76,19 @@ def test_no_partitions_without_one_known_topic(filled):
     assert complete("kl consume events errors -p ", root=filled.path) == []
     assert complete("kl consume nope -p ", root=filled.path) == []
     assert complete("kl groups reset loader -p ", root=filled.path) == []
+
+
+def test_topics_and_partitions_of_the_server_named(filled, tmp_path):
+    """With --server, what that kl serve serves: its --topics only, whatever the root."""
+    running = Running(filled, topics=re.compile("ev.*"))
+    server = f"127.0.0.1:{running.address[1]}"
+    try:
+        assert complete(f"kl consume --server {server} ", root=str(tmp_path / "missing")) == ["events"]
+        assert complete(f"kl consume --server {server} events -p ") == ["0", "1", "2"]
+        assert complete(f"kl topics describe --server {server} ") == ["events"]
+    finally:
+        running.stop()
+    assert complete(f"kl consume --server {server} ", root=filled.path) == []  # gone: nothing, at once
 
 
 def test_offset_keywords(filled):
