@@ -10,11 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from test_serve import Running
 
 import kl
 from kl import groups
-
-from test_serve import Running
 
 KL = [sys.executable, "-m", "kl_cli"]
 

@@ -10,13 +10,13 @@ import threading
 
 import pytest
 from click.testing import CliRunner, Result
+from test_serve import Running
 
 import kl
 from kl.producer import hash_partitioner
 from kl_cli.main import cli
 
 from conftest import write
-from test_serve import Running
 
 KL = [sys.executable, "-m", "kl_cli"]
 
