@@ -19,6 +19,7 @@ from click.shell_completion import CompletionItem
 import kl
 from kl import groups as admin
 from kl.remote import RemoteRoot
+from kl_cli.common import get_root
 
 Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
 SERVER_TIMEOUT = 2.0
@@ -36,14 +37,11 @@ RESET_KEYWORDS = {"earliest": "the log start", "latest": "the log end"}
 
 
 def _root(ctx: click.Context) -> kl.Root | None:
-    """The root given so far (the nearest ``--root``, else ``KL_ROOT``), if any."""
-    at: click.Context | None = ctx
-    while at is not None:
-        path = at.params.get("root")
-        if path:
-            return kl.Root(path)
-        at = at.parent
-    return None
+    """The root given so far (``--root``, else ``KL_ROOT``), if any."""
+    try:
+        return get_root(ctx)
+    except click.UsageError:
+        return None
 
 
 @contextlib.contextmanager
