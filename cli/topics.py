@@ -75,6 +75,8 @@ def list_(ctx: click.Context, as_json: bool, server: str | None) -> None:
             for name in names:
                 try:
                     obj = _info_json(describe(name))
+                except kl.TopicNotFound:  # deleted since it was listed
+                    continue
                 except kl.KlError as e:
                     obj = {"topic": name, "error": str(e)}
                 sys.stdout.write(json.dumps(obj) + "\n")

@@ -75,6 +75,13 @@ def test_topics_list_json_names_a_topic_it_cannot_describe(two):
     assert listed[0]["topic"] == "a" and listed[1]["topic"] == "b" and "topic.json" in listed[1]["error"]
 
 
+def test_topics_list_json_leaves_out_a_topic_deleted_while_listed(two, monkeypatch):
+    topics = two.topics()
+    monkeypatch.setattr(kl.Root, "topics", lambda self: topics)
+    two.delete_topic("b")
+    assert [obj["topic"] for obj in lines(run(two, "topics", "list", "--json"))] == ["a"]
+
+
 def test_groups_list_json_is_one_describe_object_per_line(two):
     kl.groups.import_offsets(two, "g1", "a 0 0\n")
     kl.groups.import_offsets(two, "g2", "b 0 0\n")
