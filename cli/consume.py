@@ -18,6 +18,7 @@ import click
 
 import kl
 from kl import timespec
+from kl_cli import complete
 from kl_cli.common import (
     TIME,
     delimiter_options,
@@ -38,11 +39,12 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
 
 
 @click.command(short_help="Print the messages of a topic.")
-@click.argument("topics", nargs=-1, required=True, metavar="TOPIC...")
+@click.argument("topics", nargs=-1, required=True, metavar="TOPIC...", shell_complete=complete.topics)
 @click.option(
     "-o",
     "--from-offset",
     metavar="N|earliest|latest|-N",
+    shell_complete=complete.keywords(complete.FROM_OFFSET_KEYWORDS),
     help="Start at byte offset N, at the first message (earliest, or kcat's beginning), after the last one "
     "(latest, or kcat's end), or N messages before the end  [default: earliest].",
 )
@@ -66,7 +68,16 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     help="Stop each partition before its first message stamped at or after TIME (the same forms; kcat's "
     "-o e@TIME), and exit when all have stopped, following or not.",
 )
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Read partition N only.")
+@click.option(
+    "-p",
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="N",
+    shell_complete=complete.partitions("topics"),
+    help="Read partition N only; repeat to read several (of one topic).",
+)
 @click.option("-c", "--count", type=click.IntRange(min=0), metavar="N", help="Stop after N messages.")
 @click.option("-f", "--follow", is_flag=True, help="Keep waiting for new messages.")
 @delimiter_options("Write")
@@ -90,6 +101,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     "-g",
     "--group",
     metavar="GROUP",
+    shell_complete=complete.groups,
     help="Consume as a member of consumer group GROUP: this member's share of the partitions, from the "
     "group's committed offsets, committing what was written.",
 )
@@ -126,7 +138,7 @@ def consume(
     from_time: int | None,
     until_offset: int | None,
     until_time: int | None,
-    partition: int | None,
+    partitions: tuple[int, ...],
     count: int | None,
     follow: bool,
     delimiter: bytes | None,
@@ -144,7 +156,9 @@ def consume(
 ) -> None:
     """Write the messages of TOPIC to stdout, one value a line, and exit when caught up.
 
-    With --group, several topics may be given."""
+    Several topics are read together, their partitions in turn: each partition in
+    order, the topics interleaved as their messages come ({topic} in --format, or
+    --json, tells them apart)."""
     exclusive(from_offset=from_offset, from_time=from_time is not None)
     exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_output, delimiter=delimiter, null=null)
@@ -166,7 +180,7 @@ def consume(
     consumer = kl.RemoteConsumer(server) if server is not None else kl.Consumer(get_root(ctx))
     root = consumer.root
     if group is not None:
-        if from_offset is not None or from_time is not None or partition is not None:
+        if from_offset is not None or from_time is not None or partitions:
             raise click.UsageError(
                 "--group reads from the group's committed offsets: no --from-offset, --from-time or --partition"
             )
@@ -188,24 +202,25 @@ def consume(
             group_reset,
         )
         return
-    if len(topics) > 1:
-        raise click.UsageError("several topics are read together only by a group: add --group")
-    topic = topics[0]
-    partitions = list(range(root.config(topic).partitions)) if partition is None else [partition]
-    if (where == "offset" or until_offset is not None) and len(partitions) > 1:
-        raise click.UsageError(f"a byte offset needs --partition: topic {topic!r} has {len(partitions)} partitions")
+    if len(topics) > 1 and partitions:
+        raise click.UsageError("--partition picks partitions of one topic: with several topics every partition is read")
+    keys = [(topic, p) for topic in dict.fromkeys(topics) for p in (partitions or range(root.config(topic).partitions))]
+    if (where == "offset" or until_offset is not None) and len(keys) > 1:
+        if len(topics) == 1 and not partitions:
+            raise click.UsageError(f"a byte offset needs --partition: topic {topics[0]!r} has {len(keys)} partitions")
+        raise click.UsageError(f"a byte offset is for one partition, not {len(keys)}")
     start: kl.Start = where
     if from_time is not None:
-        start = {p: consumer.offset_for_time(topic, p, from_time) for p in partitions}
+        start = {key: consumer.offset_for_time(*key, from_time) for key in keys}
     elif where == "back":
-        start = {p: consumer.position_back(topic, p, n) for p in partitions}
+        start = {key: consumer.position_back(*key, n) for key in keys}
     elif where == "offset":
-        consumer.check_offset(topic, partitions[0], n)
+        consumer.check_offset(*keys[0], n)
         start = n
 
     batches = consumer.consume(
-        topic,
-        partitions,
+        list(dict.fromkeys(topics)),
+        keys,
         start=start,
         until=until_offset,
         until_time=until_time,

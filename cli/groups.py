@@ -19,6 +19,7 @@ import kl
 from kl import groups as admin
 from kl import timespec
 from kl.registry import Registry, parse_position
+from kl_cli import complete
 from kl_cli.common import DURATION, TIME, aligned, exclusive, get_root, note, print_line
 
 MEMBER_COLUMNS = ("member", "host", "pid", "since", "last beat")
@@ -32,11 +33,15 @@ def groups() -> None:
 
 
 @groups.command("list", short_help="List the groups.")
+@click.option("--json", "as_json", is_flag=True, help="Print, per group, what groups describe --json prints (JSON lines).")
 @click.pass_context
-def list_(ctx: click.Context) -> None:
+def list_(ctx: click.Context, as_json: bool) -> None:
     """List the groups, one name a line (a table with members and offsets on a terminal)."""
     root = get_root(ctx)
     names = admin.list_groups(root)
+    if as_json:
+        sys.stdout.write("".join(_json(admin.describe(root, name)) for name in names))
+        return
     if not sys.stdout.isatty():
         sys.stdout.write("".join(name + "\n" for name in names))
         return
@@ -48,8 +53,8 @@ def list_(ctx: click.Context) -> None:
 
 
 @groups.command(short_help="Show members, owners, committed offsets and lag.")
-@click.argument("group")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.argument("group", shell_complete=complete.groups)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, on one line.")
 @click.pass_context
 def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     """Print GROUP's live members and, per partition, its owner, committed offset and lag.
@@ -72,7 +77,7 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
 
 def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(dataclasses.asdict(info), indent=2, default=_json_value) + "\n")
+        sys.stdout.write(_json(info))
         return
     members = [[m.id, m.host, str(m.pid), _when(m.since_ms), _ago(m.beat_age_ms)] for m in info.members]
     partitions = [
@@ -106,11 +111,12 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
 
 
 @groups.command(short_help="Move committed offsets (earliest, latest, a time, an offset, a shift).")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option(
     "--to",
     "to",
     metavar="earliest|latest|TIME|OFFSET[+SKIP]",
+    shell_complete=complete.keywords(complete.RESET_KEYWORDS),
     help="The log start, the log end, the first message stamped at or after TIME (a time as below, not digits), "
     "or byte OFFSET (one partition only; OFFSET+SKIP: after the first SKIP messages of the compressed batch there).",
 )
@@ -133,8 +139,15 @@ def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     metavar="N",
     help="N messages after the committed offset (before it when N is negative), kept within the log.",
 )
-@click.option("--topic", metavar="TOPIC", help="Reset TOPIC's partitions only.")
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="With --topic: reset partition N only.")
+@click.option("--topic", metavar="TOPIC", shell_complete=complete.topics, help="Reset TOPIC's partitions only.")
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    metavar="N",
+    shell_complete=complete.partitions("topic"),
+    help="With --topic: reset partition N only.",
+)
 @click.option("--force", is_flag=True, help="Reset even while the group has live members.")
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
 @click.pass_context
@@ -177,7 +190,7 @@ def reset(
 
 
 @groups.command(short_help="Delete a group.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option("--force", is_flag=True, help="Delete even while the group has live members.")
 @click.pass_context
 def delete(ctx: click.Context, group: str, force: bool) -> None:
@@ -187,7 +200,7 @@ def delete(ctx: click.Context, group: str, force: bool) -> None:
 
 
 @groups.command(short_help="Write committed offsets to stdout.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.pass_context
 def export(ctx: click.Context, group: str) -> None:
     """Write GROUP's committed offsets to stdout, one 'TOPIC PARTITION OFFSET' line each
@@ -196,7 +209,7 @@ def export(ctx: click.Context, group: str) -> None:
 
 
 @groups.command("import", short_help="Set committed offsets from stdin.")
-@click.argument("group")
+@click.argument("group", shell_complete=complete.groups)
 @click.option("--force", is_flag=True, help="Import even while the group has live members.")
 @click.pass_context
 def import_(ctx: click.Context, group: str, force: bool) -> None:
@@ -227,6 +240,11 @@ def _target(text: str) -> admin.Target:
             f"{text!r} is not earliest, latest, a byte offset (OFFSET or OFFSET+SKIP) or a time: {timespec.TIME_FORMS}",
             param_hint="'--to'",
         ) from None
+
+
+def _json(info: admin.GroupInfo) -> str:
+    """``groups describe --json``'s object, as one line."""
+    return json.dumps(dataclasses.asdict(info), default=_json_value) + "\n"
 
 
 def _json_value(value: object) -> object:

@@ -30,6 +30,7 @@ import kl
 from kl.message import HEADER_SIZE, timestamp_problem
 from kl.producer import DEFAULT_BATCH_BYTES
 from kl.remote import RemoteRoot
+from kl_cli import complete
 from kl_cli.common import (
     Progress,
     delimiter_options,
@@ -40,6 +41,7 @@ from kl_cli.common import (
     read_chunks,
     resolve_delimiter,
     server_option,
+    to_bytes,
 )
 
 JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64"}
@@ -170,11 +172,19 @@ class InputFile(click.File):
 
 
 @click.command(short_help="Append records from a file or stdin to a topic.")
-@click.argument("topic")
+@click.argument("topic", shell_complete=complete.topics)
 @click.argument("file", type=InputFile(), default="-")
 @delimiter_options("Read")
 @key_delimiter_option("Split each record at the first TEXT into key and value; a record without TEXT has no key (null).")
-@click.option("-p", "--partition", type=click.IntRange(min=0), metavar="N", help="Append to partition N only.")
+@click.option("-k", "--key", metavar="KEY", help="Give every message the key KEY (so all go to KEY's partition).")
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    metavar="N",
+    shell_complete=complete.partitions("topic"),
+    help="Append to partition N only.",
+)
 @click.option(
     "-z",
     "--compression",
@@ -201,6 +211,7 @@ def produce(
     delimiter: bytes | None,
     null: bool,
     key_delimiter: bytes | None,
+    key: str | None,
     partition: int | None,
     compression: str,
     batch_size: int | None,
@@ -213,13 +224,14 @@ def produce(
 
     Without --partition or a key, each append (up to 256 KiB of messages) goes to the
     next partition, starting from a random one: a small input lands in one partition.
-    With --key-delimiter each message goes to the partition of its key.  When an append
+    With --key-delimiter or --key each message goes to the partition of its key.  When an append
     fails, the error names the line it starts at: every line before it is in the topic,
     none from it on.
     """
     exclusive(json=json_input, binary=binary)
     exclusive(json=json_input, delimiter=delimiter, null=null)
     exclusive(json=json_input, binary=binary, key_delimiter=key_delimiter)
+    exclusive(json=json_input, key_delimiter=key_delimiter, key=key)
     delim = resolve_delimiter(delimiter, null)
     root = RemoteRoot(server) if server is not None else get_root(ctx)
     root.log(topic, partition if partition is not None else 0)  # fail before reading input
@@ -229,7 +241,7 @@ def produce(
         producer: kl.Producer = kl.RemoteProducer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
     else:
         producer = kl.Producer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
-    producer.check_format(topic, keyed=key_delimiter is not None)
+    producer.check_format(topic, keyed=key_delimiter is not None or key is not None)
     interrupts = Interrupts()
     sender = Sender(producer, topic, partition, batch_size, interrupts)
     record = "line" if json_input or delim == b"\n" else "record"
@@ -244,7 +256,7 @@ def produce(
             elif key_delimiter is not None:
                 _produce_keyed(chunks, sender, delim, key_delimiter)
             else:
-                _produce_values(chunks, sender, delim, binary)
+                _produce_values(chunks, sender, delim, binary, None if key is None else to_bytes(key))
         except (kl.KlError, OSError, BadRecord) as e:
             raise click.ClickException(_failure(e, record, sender.count)) from None
         finally:
@@ -300,11 +312,11 @@ def _records(chunks: Iterator[bytes], delim: bytes) -> Iterator[tuple[list[bytes
         yield [carry], False
 
 
-def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool) -> None:
+def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool, key: bytes | None) -> None:
     for records, terminated in _records(chunks, delim):
         if binary and terminated:
             records = [record + delim for record in records]
-        sender.send(records)
+        sender.send(records, None if key is None else [key] * len(records))
 
 
 def _produce_keyed(chunks: Iterator[bytes], sender: Sender, delim: bytes, key_delim: bytes) -> None:

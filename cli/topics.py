@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Iterator
 
 import click
 
 import kl
 from kl.config import FORMATS
 from kl.importer import import_topic
-from kl_cli.common import F, aligned, get_root, note, print_line
+from kl.remote import RemoteRoot
+from kl_cli import complete
+from kl_cli.common import F, aligned, get_root, note, print_line, server_option
 
 CONFIG_OPTIONS = [
     ("--partitions", "partitions", "Number of partitions."),
@@ -56,51 +60,60 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
 
 
 @topics.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print, per topic, what topics describe --json prints (JSON lines).")
+@server_option("List the topics")
 @click.pass_context
-def list_(ctx: click.Context) -> None:
+def list_(ctx: click.Context, as_json: bool, server: str | None) -> None:
     """List the topics, one name a line (a table on a terminal).
 
     Only directories holding a topic.json are topics; on a terminal, what else is in
-    the root is named below the table (kl recover reports it too).
+    the root is named below the table (kl recover reports it too).  With --server, the
+    topics that daemon serves (kcat -L).
     """
-    root = get_root(ctx)
-    names = root.topics()
-    if not sys.stdout.isatty():
-        sys.stdout.write("".join(name + "\n" for name in names))
-        return
-    from rich.console import Console
-    from rich.table import Column, Table
+    with _described(ctx, server) as (names, describe, strays):
+        if as_json:
+            for name in names:
+                try:
+                    obj = _info_json(describe(name))
+                except kl.TopicNotFound:  # deleted since it was listed
+                    continue
+                except kl.KlError as e:
+                    obj = {"topic": name, "error": str(e)}
+                sys.stdout.write(json.dumps(obj) + "\n")
+            return
+        if not sys.stdout.isatty():
+            sys.stdout.write("".join(name + "\n" for name in names))
+            return
+        from rich.console import Console
+        from rich.table import Column, Table
 
-    table = Table("topic", Column("partitions", justify="right"), Column("bytes", justify="right"), box=None)
-    problems = [f"{name}: not a topic: {reason}" for name, reason in root.strays()]
-    for name in names:
-        try:
-            info = root.describe(name)
-        except kl.KlError as e:
-            table.add_row(name, "?", "?")
-            problems.append(f"{name}: {e}")
-            continue
-        table.add_row(name, str(len(info.partitions)), f"{info.size_in_bytes:,}")
-    console = Console()
-    console.print(table)
-    for problem in problems:
-        print_line(console, problem, "yellow")
+        table = Table("topic", Column("partitions", justify="right"), Column("bytes", justify="right"), box=None)
+        problems = [f"{name}: not a topic: {reason}" for name, reason in strays()]
+        for name in names:
+            try:
+                info = describe(name)
+            except kl.KlError as e:
+                table.add_row(name, "?", "?")
+                problems.append(f"{name}: {e}")
+                continue
+            table.add_row(name, str(len(info.partitions)), f"{info.size_in_bytes:,}")
+        console = Console()
+        console.print(table)
+        for problem in problems:
+            print_line(console, problem, "yellow")
 
 
 @topics.command()
-@click.argument("topic")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.argument("topic", shell_complete=complete.topics)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, on one line.")
+@server_option("Describe it")
 @click.pass_context
-def describe(ctx: click.Context, topic: str, as_json: bool) -> None:
+def describe(ctx: click.Context, topic: str, as_json: bool, server: str | None) -> None:
     """Print TOPIC's config and, per partition, its segments, offsets and bytes."""
-    info = get_root(ctx).describe(topic)
+    with _described(ctx, server) as (_, describe, _):
+        info = describe(topic)
     if as_json:
-        obj = {
-            "topic": info.name,
-            "config": dataclasses.asdict(info.config),
-            "partitions": [dataclasses.asdict(p) for p in info.partitions],
-        }
-        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_info_json(info)) + "\n")
         return
     config = dataclasses.asdict(info.config)
     width = max(map(len, config))
@@ -113,8 +126,34 @@ def describe(ctx: click.Context, topic: str, as_json: bool) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
+@contextlib.contextmanager
+def _described(
+    ctx: click.Context, server: str | None
+) -> Iterator[tuple[list[str], Callable[[str], kl.TopicInfo], Callable[[], list[tuple[str, str]]]]]:
+    """The topic names, a describe and the strays of the root, or of the daemon at
+    ``server`` (which serves only its --topics, and has no strays to show)."""
+    if server is None:
+        root = get_root(ctx)
+        yield root.topics(), root.describe, root.strays
+        return
+    remote = RemoteRoot(server)
+    try:
+        yield remote.topics(), remote.describe, list
+    finally:
+        remote.close()
+
+
+def _info_json(info: kl.TopicInfo) -> dict[str, object]:
+    """``topics describe --json``'s object: topic, config, partitions."""
+    return {
+        "topic": info.name,
+        "config": dataclasses.asdict(info.config),
+        "partitions": [dataclasses.asdict(p) for p in info.partitions],
+    }
+
+
 @topics.command()
-@click.argument("topic")
+@click.argument("topic", shell_complete=complete.topics)
 @click.pass_context
 def delete(ctx: click.Context, topic: str) -> None:
     """Delete TOPIC and all its data."""

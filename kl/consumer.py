@@ -10,8 +10,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Literal, NamedTuple, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.follow import Watch
@@ -22,12 +22,14 @@ from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
 ResetPolicy = Literal["fail", "earliest", "latest"]
-Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position]
+Start = Literal["earliest", "latest"] | int | Position | Mapping[int, int | Position] | Mapping[tuple[str, int], int | Position]
 """Where ``Consumer.consume`` starts: the log start or end, a byte offset or a ``Position``
-(an offset and how many messages stored there to skip), or one of those per partition."""
-Until = int | Mapping[int, int]
+(an offset and how many messages stored there to skip), or one of those per partition
+(of several topics: per (topic, partition))."""
+Until = int | Mapping[int, int] | Mapping[tuple[str, int], int]
 """Where ``Consumer.consume`` stops: before a byte offset (for one partition), or before
-one per partition (a partition not named has no such bound)."""
+one per partition (of several topics: per (topic, partition); a partition not named has
+no such bound)."""
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,8 @@ class Consumer:
 
     def consume(
         self,
-        topic: str,
-        partitions: Iterable[int] | None = None,
+        topic: str | Sequence[str],
+        partitions: Iterable[int] | Iterable[tuple[str, int]] | None = None,
         *,
         start: Start = "earliest",
         until: Until | None = None,
@@ -122,8 +124,12 @@ class Consumer:
     ) -> Iterator[Batch]:
         """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
 
+        ``topic`` may be a list of topics, read together: their partitions in turn, so
+        the topics interleave as their messages come, each partition in order; then
+        ``partitions`` (all of each topic by default) are (topic, partition) pairs.
         ``start`` is "earliest", "latest", a byte offset or a ``Position`` (for one
-        partition), or a mapping of partition to either.  Without ``follow`` each partition is read up to
+        partition), or a mapping of partition (of several topics: of (topic, partition))
+        to either.  Without ``follow`` each partition is read up to
         the end it had when this started, so a topic that keeps growing still ends;
         with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
@@ -132,7 +138,7 @@ class Consumer:
 
         Two bounds end a partition early, with or without ``follow`` (which ends when
         every partition read has reached its bound): ``until``, a byte offset (one
-        partition) or a mapping of partition to offset, stops a partition before its
+        partition) or a mapping of partition (as for ``start``) to offset, stops a partition before its
         first message at or past that offset; ``until_time`` (milliseconds since the
         epoch) stops each partition before its first message, from where it starts,
         stamped at or after that time: the offset ``offset_for_time`` gives for it
@@ -154,59 +160,60 @@ class Consumer:
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
-        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
-        ends = {p: self.latest_offset(topic, p) for p in partitions}
-        starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
-        offsets = {p: position.offset for p, position in starts.items()}
-        skips = {p: position.skip for p, position in starts.items() if position.skip}
-        stops = _stops(until, partitions, None if follow else ends)  # None: nowhere (following)
+        keys = self._keys(topic, partitions)
+        one_topic = isinstance(topic, str)
+        ends = {key: self.latest_offset(*key) for key in keys}
+        starts = {key: self._start_position(key, start, ends, len(keys), one_topic) for key in keys}
+        offsets = {key: position.offset for key, position in starts.items()}
+        skips = {key: position.skip for key, position in starts.items() if position.skip}
+        stops = _stops(until, keys, one_topic, None if follow else ends)  # None: nowhere (following)
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
         # a start past the log end stays, for its read to raise OffsetOutOfRange
-        active = [p for p in partitions if (stop := stops[p]) is None or offsets[p] < stop or offsets[p] > ends[p]]
+        active = [key for key in keys if (stop := stops[key]) is None or offsets[key] < stop or offsets[key] > ends[key]]
         with Watch(poll_interval) as watch:
             if follow:
-                for p in partitions:  # before the first reads, so nothing published after them is missed
-                    self._watch(watch, topic, p)
+                for key in keys:  # before the first reads, so nothing published after them is missed
+                    self._watch(watch, *key)
             idle_since = time.monotonic()
             while active and remaining != 0:
                 progressed = False
-                for p in list(active):
-                    offset, stop = offsets[p], stops[p]
+                for key in list(active):
+                    (t, p), offset, stop = key, offsets[key], stops[key]
                     size = max_bytes if stop is None else max(1, min(max_bytes, stop - offset))
                     try:  # with a time bound, the messages (their timestamps) even for values only
-                        got, offsets[p], damage = self._read(
-                            topic, p, offset, size, values_only and until_time is None, remaining, skips.pop(p, 0)
+                        got, offsets[key], damage = self._read(
+                            t, p, offset, size, values_only and until_time is None, remaining, skips.pop(key, 0)
                         )  # a skip: at the start only
                     except OffsetOutOfRange as e:
                         if reset == "fail":
                             raise
-                        got, offsets[p], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                        got, offsets[key], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
                     finally:
                         if follow:  # what was read (or failed) is of the topic followed, not of one created again
                             watch.check()
                     if until_time is not None:
                         got, at = _before(cast("list[Message]", got), until_time, values_only)
                         if at is not None:  # the time bound: this partition ends here, before any damage after it
-                            offsets[p] = stops[p] = at
+                            offsets[key] = stops[key] = at
                             damage = None
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
-                        yield Batch(topic, p, offset, offsets[p], got)
+                        yield Batch(t, p, offset, offsets[key], got)
                         if remaining == 0:
                             return
                     if damage is not None:
                         if not skip_corrupt:
                             raise damage
-                        offsets[p] = self.skip(topic, p, offsets[p], damage, on_skip)  # from where the damage starts
-                    moved = offsets[p] != offset
+                        offsets[key] = self.skip(t, p, offsets[key], damage, on_skip)  # from where the damage starts
+                    moved = offsets[key] != offset
                     progressed = progressed or moved
-                    stop = stops[p]
-                    if (stop is not None and offsets[p] >= stop) or (not moved and not follow):  # at its bound, or caught up
-                        active.remove(p)
+                    stop = stops[key]
+                    if (stop is not None and offsets[key] >= stop) or (not moved and not follow):  # at its bound, or caught up
+                        active.remove(key)
                     elif not moved and until_time is not None and time.time() * 1000 >= until_time:  # caught up past the time
-                        active.remove(p)
+                        active.remove(key)
                 if follow and progressed:
                     idle_since = time.monotonic()
                 elif follow and active:
@@ -217,6 +224,25 @@ class Consumer:
                     if until_time is not None:  # wake when the clock passes the time bound
                         waits.append(max(0.0, until_time / 1000 - time.time()))
                     watch.wait(min(waits, default=None))
+
+    def _keys(
+        self, topic: str | Sequence[str], partitions: Iterable[int] | Iterable[tuple[str, int]] | None
+    ) -> list[tuple[str, int]]:
+        """The (topic, partition) pairs ``consume`` reads, in turn: a topic's partitions
+        together, in the order given."""
+        if isinstance(topic, str):
+            if partitions is None:
+                return [(topic, p) for p in range(self.root.config(topic).partitions)]
+            return [(topic, cast(int, p)) for p in dict.fromkeys(partitions)]
+        topics = list(dict.fromkeys(topic))
+        if partitions is None:
+            return [(t, p) for t in topics for p in range(self.root.config(t).partitions)]
+        keys = list(dict.fromkeys(cast("Iterable[tuple[str, int]]", partitions)))
+        for key in keys:
+            if not (isinstance(key, tuple) and len(key) == 2 and key[0] in topics):
+                raise InvalidConfig(f"with several topics a partition is a (topic, partition) pair of them, not {key!r}")
+            self.root.config(key[0])
+        return keys
 
     def skip(
         self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None
@@ -235,19 +261,23 @@ class Consumer:
         nothing: an empty watch sleeps the poll interval)."""
         watch.add(self.root.log(topic, partition))
 
-    def _start_position(self, topic: str, partition: int, start: Start, ends: dict[int, int], count: int) -> Position:
+    def _start_position(
+        self, key: tuple[str, int], start: Start, ends: dict[tuple[str, int], int], count: int, one_topic: bool
+    ) -> Position:
+        topic, partition = key
         if start == "earliest":
             return Position(self.earliest_offset(topic, partition))
         if start == "latest":
-            return Position(ends[partition])
+            return Position(ends[key])
         if isinstance(start, (int, Position)):
             if count != 1:
                 raise InvalidConfig(f"a start offset ({start}) is for one partition, not {count}")
             return start if isinstance(start, Position) else Position(start)
         if isinstance(start, Mapping):
-            if partition not in start:
-                raise InvalidConfig(f"start gives no offset for partition {partition}")
-            value = start[partition]
+            wanted = partition if one_topic else key
+            if wanted not in start:
+                raise InvalidConfig(f"start gives no offset for partition {wanted}")
+            value = start[wanted]  # type: ignore[index]
             return value if isinstance(value, Position) else Position(value)
         raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
 
@@ -304,25 +334,28 @@ class Consumer:
             yield from cast("list[Message]", batch.messages)
 
 
-def _stops(until: Until | None, partitions: list[int], ends: dict[int, int] | None) -> dict[int, int | None]:
+def _stops(
+    until: Until | None, keys: list[tuple[str, int]], one_topic: bool, ends: dict[tuple[str, int], int] | None
+) -> dict[tuple[str, int], int | None]:
     """Each partition's end: its ``until`` bound, and without following (``ends`` given)
     no further than its end at the start.  Raises ``InvalidConfig`` for a bad ``until``."""
     if until is None:
-        bounds: Mapping[int, int] = {}
+        bounds: Mapping[Any, int] = {}
     elif isinstance(until, Mapping):
         bounds = until
     elif isinstance(until, int) and not isinstance(until, bool):
-        if len(partitions) != 1:
-            raise InvalidConfig(f"an end offset ({until}) is for one partition, not {len(partitions)}")
-        bounds = {partitions[0]: until}
+        if len(keys) != 1:
+            raise InvalidConfig(f"an end offset ({until}) is for one partition, not {len(keys)}")
+        bounds = {keys[0]: until}
+        one_topic = False
     else:
         raise InvalidConfig(f"until must be an offset or a mapping of offsets, not {until!r}")
-    stops: dict[int, int | None] = {}
-    for p in partitions:
-        bound = bounds.get(p)
+    stops: dict[tuple[str, int], int | None] = {}
+    for key in keys:
+        bound = bounds.get(key[1] if one_topic else key)
         if ends is not None:
-            bound = ends[p] if bound is None else min(bound, ends[p])
-        stops[p] = bound
+            bound = ends[key] if bound is None else min(bound, ends[key])
+        stops[key] = bound
     return stops
 
 

@@ -49,7 +49,7 @@ from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
 from kl.segment import Segment
-from kl.topic import Root
+from kl.topic import PartitionInfo, Root, TopicInfo
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds to wait for a connection or an answer."""
@@ -304,6 +304,18 @@ class RemoteRoot:
         with self._guard:
             self._configs = configs
         return sorted(configs)
+
+    def describe(self, name: str) -> TopicInfo:
+        """``Root.describe`` (DESCRIBE): the topic's config and, per partition, its
+        segments, offsets and bytes.  Raises ``TopicNotFound``, and ``KlError`` for a topic
+        the server does not serve."""
+        try:
+            reader = wire.Reader(self.call(wire.DESCRIBE, wire.string(name)))
+        except wire.ProtocolError as e:
+            raise wire.ProtocolError(f"{e} (a kl serve of an earlier kl does so on DESCRIBE: update it)") from None
+        config = TopicConfig.from_json(reader.string().encode(), f"{self.path}/{name}")
+        partitions = [PartitionInfo(p, *reader.unpack(wire.PARTITION_INFO)) for p in range(reader.int32())]
+        return TopicInfo(name, config, partitions)
 
     def config(self, name: str) -> TopicConfig:
         """The topic's config.  Raises ``TopicNotFound`` (the server's error for the name)

@@ -593,6 +593,24 @@ class Server:
             parts.append(wire.string(name) + wire.string(config.to_json().decode()))
         self._reply(conn, wire.NO_ERROR, wire.INT32.pack(len(parts)) + b"".join(parts))
 
+    def _describe(self, conn: Connection, reader: Reader) -> None:
+        topic = reader.string()
+        reader.done()
+        try:
+            self._topic(conn, topic, 0, strict=True)
+            info = self.root.describe(topic)
+        except _Refused as e:
+            self._reply_error(conn, e.code, e.error)
+            return
+        except KlError as e:
+            self._reply_error(conn, *_coded(e))
+            return
+        parts = [
+            wire.PARTITION_INFO.pack(p.segments, p.log_start_offset, p.log_end_offset, p.size_in_bytes) for p in info.partitions
+        ]
+        body = wire.string(info.config.to_json().decode()) + wire.INT32.pack(len(parts)) + b"".join(parts)
+        self._reply(conn, wire.NO_ERROR, body)
+
     def _offset_for_time(self, conn: Connection, reader: Reader) -> None:
         self._lookup(conn, reader, lambda log, value: log.offset_for_time(value))
 
@@ -834,4 +852,5 @@ HANDLERS = {
     wire.APPEND: Server._append_request,
     wire.OFFSET_BACK: Server._offset_back,
     wire.CHECK_OFFSET: Server._check_offset,
+    wire.DESCRIBE: Server._describe,
 }

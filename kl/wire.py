@@ -37,6 +37,9 @@ OFFSET_BACK = 104
 from offset after its first skip messages (inner ones of a compressed batch; an older server sends no skip)."""
 CHECK_OFFSET = 105
 """kl: ``topic partition:int32 offset:int64`` -> empty; an error unless a message starts there."""
+DESCRIBE = 106
+"""kl: ``topic`` -> ``config:string count:int32`` then per partition ``segments:int32 log_start:int64
+log_end:int64 size:int64`` (what ``kl topics describe`` shows)."""
 NAMES = {
     PRODUCE: "PRODUCE",
     FETCH: "FETCH",
@@ -49,6 +52,7 @@ NAMES = {
     APPEND: "APPEND",
     OFFSET_BACK: "OFFSET_BACK",
     CHECK_OFFSET: "CHECK_OFFSET",
+    DESCRIBE: "DESCRIBE",
 }
 VERSION = 1
 
@@ -88,6 +92,8 @@ PARTITION_TIME_COUNT = struct.Struct(">iqi")
 PARTITION_INT64 = struct.Struct(">iq")
 OFFSET_SKIP = struct.Struct(">qi")
 """OFFSET_BACK's answer."""
+PARTITION_INFO = struct.Struct(">iqqq")
+"""DESCRIBE's answer per partition: segments, log start, log end, bytes."""
 APPEND_HEAD = struct.Struct(">ibii")
 """partition, fsync, count, size of an APPEND."""
 MAX_RESPONSE = 1 << 31

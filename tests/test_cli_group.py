@@ -84,7 +84,7 @@ def test_sigterm_commits_what_was_written_and_leaves(four):
 def test_group_options_are_checked(four):
     for args, message in [
         (("t", "--group", "g", "-o", "0"), "--group reads from the group's committed offsets"),
-        (("t", "u"), "several topics are read together only by a group"),
+        (("t", "u", "-p", "0"), "--partition picks partitions of one topic"),
         (("t", "--group", "../g"), "invalid group name"),
     ]:
         result = kl_run(four, "consume", *args)
