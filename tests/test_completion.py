@@ -55,6 +55,8 @@ def test_topic_names_from_kl_root(filled):
 def test_topic_names_from_the_root_on_the_command_line(filled, tmp_path):
     assert complete(f"kl --root {filled.path} topics delete ") == ["errors", "events"]
     assert complete(f"kl --root {filled.path} topics delete ", root=str(tmp_path / "other")) == ["errors", "events"]
+    assert complete(f"kl topics describe --root {filled.path} ") == ["errors", "events"]  # after the command too
+    assert complete(f"kl consume --root {filled.path} events -p ") == ["0", "1", "2"]
 
 
 def test_group_names(filled):
