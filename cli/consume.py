@@ -186,7 +186,7 @@ def consume(
 
     batches = consumer.consume(
         topic,
-        partitions,
+        None if partition is None else partitions,  # all: with --follow, partitions added meanwhile too
         start=start,
         follow=follow,
         max_messages=count,

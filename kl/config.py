@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
 
-from kl.errors import InvalidConfig
+from kl.errors import ConfigNotAlterable, InvalidConfig
 
 CONFIG_FILE = "topic.json"
 GiB = 1 << 30
@@ -20,6 +21,16 @@ FORMAT_07 = "0.7"
 FORMATS = (FORMAT_KL, FORMAT_07)
 """What a topic's segments store: kl's magic 2 messages in ``.kl`` files, or Kafka
 0.7's magic 1 messages (no key, no timestamp) in ``.kafka`` files."""
+ALTERABLE = (
+    "partitions",
+    "segment_bytes",
+    "max_message_bytes",
+    "flush_messages",
+    "flush_ms",
+    "retention_ms",
+    "retention_bytes",
+)
+"""The settings ``Root.alter_topic`` changes; ``format`` and ``topic_id`` are fixed at creation."""
 _TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 
 
@@ -27,6 +38,24 @@ def new_topic_id() -> str:
     """A fresh topic id: 16 random bytes (a version 4 UUID) in URL-safe base64 without
     padding, the form Kafka shows its topic ids in (KIP-516)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def config_signature(path: str, *, fresh: bool = False) -> tuple[int, ...] | None:
+    """What tells one ``topic.json`` at ``path`` from the next (inode, size, times), None
+    when it cannot be looked at.  ``fresh`` opens the file: on NFS, close-to-open
+    consistency then revalidates what the host cached of it."""
+    try:
+        if fresh:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+        else:
+            st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def same_creation(recorded: str | None, current: str) -> bool:
@@ -109,6 +138,30 @@ class TopicConfig:
     def with_overrides(cls, **settings: int | str | None) -> TopicConfig:
         """Defaults, with every setting that is not None replaced."""
         return cls(**{k: v for k, v in settings.items() if v is not None})  # type: ignore[arg-type]
+
+    def same_topic(self, other: TopicConfig) -> bool:
+        """Whether ``other`` is a config of the same creation of the topic (an altered one
+        included): the same topic id and format."""
+        return self.topic_id == other.topic_id and self.format == other.format
+
+    def altered(self, **changes: int) -> TopicConfig:
+        """This config with ``changes`` (settings of ``ALTERABLE``) applied.  Partitions and
+        ``max_message_bytes`` only grow: fewer partitions would drop stored data, and a
+        smaller maximum would make stored messages read as damaged (readers bound each
+        length by it).  Raises ``ConfigNotAlterable`` for those and for ``format`` and
+        ``topic_id``, ``InvalidConfig`` for unknown settings and values out of range."""
+        fixed = sorted(set(changes) - set(ALTERABLE))
+        unknown = [name for name in fixed if name not in {f.name for f in dataclasses.fields(self)}]
+        if unknown:
+            raise InvalidConfig(f"unknown topic setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+        if fixed:
+            raise ConfigNotAlterable(f"{', '.join(fixed)} cannot change after a topic is created")
+        new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        for name in ("partitions", "max_message_bytes"):
+            old, wanted = getattr(self, name), getattr(new, name)
+            if wanted < old:
+                raise ConfigNotAlterable(f"{name} can only grow: the topic has {old}, not {wanted}")
+        return new
 
     @property
     def legacy(self) -> bool:

@@ -122,8 +122,9 @@ class Consumer:
         the end it had when this started, so a topic that keeps growing still ends;
         with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
-        backstop) until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
-        ``max_messages`` messages.
+        backstop) until ``idle_timeout`` seconds pass without one (never, if None); reading
+        all partitions, it also reads those added meanwhile (``Root.alter_topic``) from
+        their start.  Stops after ``max_messages`` messages.
 
         Each fetch that gives messages yields a ``Batch`` of them, all valid: with
         ``values_only`` just their values, the fast path.  At a damaged message the valid
@@ -136,7 +137,8 @@ class Consumer:
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
-        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
+        whole = partitions is None
+        partitions = list(range(self.root.config(topic).partitions) if whole else dict.fromkeys(partitions))
         ends = {p: self.latest_offset(topic, p) for p in partitions}
         starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
         offsets = {p: position.offset for p, position in starts.items()}
@@ -179,6 +181,12 @@ class Consumer:
                     progressed = progressed or moved
                     if not follow and (not moved or offsets[p] >= ends[p]):  # caught up, or a read gave nothing
                         active.remove(p)
+                if follow and whole:
+                    for p in range(len(partitions), self.root.config(topic).partitions):  # added by kl topics alter
+                        self._watch(watch, topic, p)
+                        partitions.append(p)
+                        offsets[p] = self.earliest_offset(topic, p)  # all of it is newer than this follow
+                        active.append(p)
                 if follow and progressed:
                     idle_since = time.monotonic()
                 elif follow:
