@@ -138,7 +138,7 @@ class Consumer:
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
         whole = partitions is None
-        partitions = list(range(self.root.config(topic).partitions) if whole else dict.fromkeys(partitions))
+        partitions = list(range(self.root.config(topic).partitions) if partitions is None else dict.fromkeys(partitions))
         ends = {p: self.latest_offset(topic, p) for p in partitions}
         starts = {p: self._start_position(topic, p, start, ends, len(partitions)) for p in partitions}
         offsets = {p: position.offset for p, position in starts.items()}

@@ -182,7 +182,7 @@ class Root:
         Raises ``ConfigNotAlterable``, ``InvalidConfig``, ``TopicNotFound``,
         ``LockTimeout`` and ``StorageError``.
         """
-        self.read_config(name)  # gives a topic of an older kl its id first (under the same lock)
+        self.read_config(name).altered(**changes)  # refused before anything, a lock file included, is written
         topic_path = self.topic_path(name)
         path = os.path.join(topic_path, CONFIG_FILE)
         with locks.locked(os.path.join(self.path, LOCKS_DIR, name, CONFIG_LOCK), self.lock_timeout):
@@ -196,7 +196,7 @@ class Root:
                 if new.partitions > old.partitions:
                     fsync_dir(topic_path)
                 write_atomic(path, new.to_json())
-        self._configs[name] = _Cached(new, config_signature(path), time.monotonic() + CONFIG_RECHECK_SECONDS)
+        self._configs[name] = _Cached(new, config_signature(path, fresh=True), time.monotonic() + CONFIG_RECHECK_SECONDS)
         log.info("topic %s altered: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
         return new
 
@@ -308,7 +308,7 @@ class Root:
         """:meth:`config`, looking at ``topic.json`` now."""
         cached = self._configs.get(name)
         path = os.path.join(self.topic_path(name), CONFIG_FILE)
-        signature = config_signature(path)
+        signature = config_signature(path, fresh=True)  # on NFS: not what the attribute cache holds
         recheck_at = time.monotonic() + CONFIG_RECHECK_SECONDS
         if cached is None:
             self._configs[name] = cached = _Cached(self.read_config(name), signature, recheck_at)
