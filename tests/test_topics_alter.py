@@ -333,6 +333,19 @@ def test_a_group_takes_up_partitions_added_while_its_members_run(root, tmp_path)
         assert [m.wait(30) for m in members] == [0, 0]
 
 
+def test_a_group_starting_at_latest_reads_partitions_added_later_from_their_start(root):
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    write(root, "t", [b"before the member"])
+    with kl.GroupConsumer(kl.Root(root.path), "g", ["t"], start="latest", poll_interval=0.05, session_timeout=5) as member:
+        wait_for(lambda: member.assignment() == {"t": [0]}, what="the member to own partition 0")
+        subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", "--partitions", "2"], check=True)
+        write(kl.Root(root.path), "t", [b"in 1 at once"], partition=1)  # before the member saw the partition
+        write(kl.Root(root.path), "t", [b"in 0"], partition=0)
+        got = {(b.partition, m.value) for b in member.batches(follow=True, timeout=10, max_messages=2) for m in b.messages}
+        assert got == {(1, b"in 1 at once"), (0, b"in 0")}
+        assert member.assignment() == {"t": [0, 1]}
+
+
 # ----------------------------------------------------------------- the command line
 
 
