@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import json
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -40,22 +42,64 @@ def new_topic_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-def config_signature(path: str, *, fresh: bool = False) -> tuple[int, ...] | None:
-    """What tells one ``topic.json`` at ``path`` from the next (inode, size, times), None
-    when it cannot be looked at.  ``fresh`` opens the file: on NFS, close-to-open
-    consistency then revalidates what the host cached of it."""
-    try:
-        if fresh:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def config_generation(path: str, *, fresh: bool = False) -> int:
+    """A number that changes whenever the ``topic.json`` at ``path`` is replaced or
+    rewritten (0 while it cannot be opened), for telling cheaply whether to read it
+    again.  The file is kept open, one descriptor per path and process: while it is
+    linked and unchanged a check is one ``fstat``.  ``fresh`` opens the path instead
+    (and keeps nothing new open): on NFS, where another host's rename leaves this host's
+    attributes stale, that is what revalidates them (close-to-open).  Safe across threads."""
+    with _watched_lock:
+        entry = _watched.get(path)
+        kept = -1 if entry is None else entry[0]
+        if kept >= 0 and not fresh:
             try:
-                st = os.fstat(fd)
-            finally:
+                st = os.fstat(kept)
+            except OSError:
+                pass
+            else:
+                if st.st_nlink and entry is not None and _signature(st) == entry[1]:
+                    return entry[2]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            _forget(path)
+            return 0
+        try:
+            signature = _signature(os.fstat(fd))
+        finally:
+            if fresh:
                 os.close(fd)
-        else:
-            st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+        same = entry is not None and signature == entry[1]
+        if fresh:
+            fd = kept if same else -1
+        if kept >= 0 and kept != fd:
+            os.close(kept)
+        generation = entry[2] if entry is not None and same else next(_generations)
+        _watched[path] = (fd, signature, generation)
+        return generation
+
+
+def forget_config(path: str) -> None:
+    """Close what ``config_generation`` keeps open of ``path`` (its topic was deleted)."""
+    with _watched_lock:
+        _forget(path)
+
+
+def _forget(path: str) -> None:
+    entry = _watched.pop(path, None)
+    if entry is not None and entry[0] >= 0:
+        os.close(entry[0])
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+_watched: dict[str, tuple[int, tuple[int, ...], int]] = {}
+"""``topic.json`` path -> (its open descriptor or -1, its signature then, its generation)."""
+_watched_lock = threading.Lock()
+_generations = itertools.count(1)
 
 
 def same_creation(recorded: str | None, current: str) -> bool:

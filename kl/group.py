@@ -301,8 +301,9 @@ class GroupConsumer:
     topic (another topic id: logged), starts at ``start`` ("earliest" or "latest"); one
     added to its topic (``Root.alter_topic``) after this member first looked at the
     topic starts at its log start (it holds only newer messages).  The members see
-    added partitions within a poll or so and share them out again.  A committed offset that cannot be used goes by ``reset``: out of the log (retention
-    deleted it) or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
+    added partitions within a second or so and share them out again.  A committed
+    offset that cannot be used goes by ``reset``: out of the log (retention deleted it)
+    or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are

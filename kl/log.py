@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl import flusher, locks, timeindex
-from kl.config import CONFIG_FILE, TopicConfig, config_signature
+from kl.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -108,7 +108,7 @@ class Log:
         (``refresh_config``) by each append and each read that finds data."""
         self.lock_timeout = lock_timeout
         self._config_path = os.path.join(os.path.dirname(directory), CONFIG_FILE)
-        self._config_signature: tuple[int, ...] | None = None
+        self._config_generation = 0
         self.state_path = os.path.join(directory, STATE_FILE)
         self.suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
         """The suffix of the segments this log writes: ``.kafka`` for a topic of format 0.7."""
@@ -222,7 +222,7 @@ class Log:
         for _ in range(3):
             if offset == state.log_end_offset:
                 return None
-            self.refresh_config()  # after the state: a message it covers obeys the settings read now
+            self.refresh_config(keep=False)  # after the state: a message it covers obeys the settings read now
             base, segment_end, stable = self._locate(offset, state)
             try:
                 segment = self.open_segment(base)
@@ -825,21 +825,23 @@ class Log:
         self._make_active(new, fenced)
         return fenced
 
-    def refresh_config(self) -> bool:
-        """Take up the topic's settings as ``kl topics alter`` left them on disk: one stat
-        while ``topic.json`` is unchanged (on NFS an open, which revalidates it).  A config
-        of another creation of the topic is left to the checks that detect one.  True
-        when this log's config changed.  Safe across threads (the config is replaced whole)."""
+    def refresh_config(self, *, keep: bool = True) -> bool:
+        """Take up the topic's settings as ``kl topics alter`` left them on disk: with
+        ``keep`` (appends) one ``fstat`` of the file kept open while ``topic.json`` is
+        unchanged, else (reads, and on NFS, where that revalidates it) an open; see
+        ``config_generation``.  A config of another creation of the topic is left to the
+        checks that detect one.  True when this log's config changed.  Safe across
+        threads (the config is replaced whole)."""
         path = self._config_path
-        signature = config_signature(path, fresh=self.on_nfs())
-        if signature is None or signature == self._config_signature:
+        generation = config_generation(path, fresh=not keep or self.on_nfs())
+        if not generation or generation == self._config_generation:
             return False
         try:
             with open(path, "rb") as f:
                 config = TopicConfig.from_json(f.read(), path)
         except (OSError, InvalidConfig):
             return False
-        self._config_signature = signature
+        self._config_generation = generation  # read after it: a change since gives another generation
         if config == self.config or not config.same_topic(self.config):
             return False
         self.config = config

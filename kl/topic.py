@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kl import locks
-from kl.config import CONFIG_FILE, TopicConfig, config_signature, new_topic_id
+from kl.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
@@ -75,7 +75,7 @@ class PartitionInfo:
 
 class _Cached(NamedTuple):
     config: TopicConfig
-    signature: tuple[int, ...] | None
+    generation: int
     recheck_at: float
 
 
@@ -196,7 +196,7 @@ class Root:
                 if new.partitions > old.partitions:
                     fsync_dir(topic_path)
                 write_atomic(path, new.to_json())
-        self._configs[name] = _Cached(new, config_signature(path, fresh=True), time.monotonic() + CONFIG_RECHECK_SECONDS)
+        self._configs[name] = _Cached(new, config_generation(path, fresh=True), time.monotonic() + CONFIG_RECHECK_SECONDS)
         log.info("topic %s altered: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
         return new
 
@@ -307,21 +307,24 @@ class Root:
     def refresh_config(self, name: str) -> TopicConfig:
         """:meth:`config`, looking at ``topic.json`` now."""
         cached = self._configs.get(name)
-        path = os.path.join(self.topic_path(name), CONFIG_FILE)
-        signature = config_signature(path, fresh=True)  # on NFS: not what the attribute cache holds
+        try:
+            path = os.path.join(self.topic_path(name), CONFIG_FILE)
+        except NotADirectoryError:
+            raise self._missing() from None
+        generation = config_generation(path, fresh=True)  # on NFS: not what the attribute cache holds
         recheck_at = time.monotonic() + CONFIG_RECHECK_SECONDS
         if cached is None:
-            self._configs[name] = cached = _Cached(self.read_config(name), signature, recheck_at)
+            self._configs[name] = cached = _Cached(self.read_config(name), generation, recheck_at)
             return cached.config
         config = cached.config
-        if signature is not None and signature != cached.signature:
+        if generation and generation != cached.generation:
             try:
                 found = self._read_config_file(name)
             except KlError:  # gone or damaged: left to the reads and writes that meet it
                 found = config
             if found.same_topic(config):
                 config = found
-        self._configs[name] = _Cached(config, signature, recheck_at)
+        self._configs[name] = _Cached(config, generation, recheck_at)
         return config
 
     def read_config(self, name: str) -> TopicConfig:
@@ -423,6 +426,7 @@ class Root:
                 raise storage_error(e, "delete topic", path) from None
             shutil.rmtree(doomed)
         self.forget(name)
+        forget_config(os.path.join(path, CONFIG_FILE))
         groups = os.path.join(self.path, GROUPS_DIR)
         for group in os.listdir(groups) if os.path.isdir(groups) else []:
             shutil.rmtree(os.path.join(self.path, GROUPS_DIR, group, "offsets", name), ignore_errors=True)
@@ -438,6 +442,8 @@ class Root:
         with self._guard:
             for log in self._logs.values():
                 log.close()
+            for name in {name for name, _ in self._logs}:
+                forget_config(os.path.join(self.path, name, CONFIG_FILE))  # reopened by the next append
             self._logs.clear()
 
 
