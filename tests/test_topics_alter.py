@@ -346,6 +346,42 @@ def test_a_group_starting_at_latest_reads_partitions_added_later_from_their_star
         assert member.assignment() == {"t": [0, 1]}
 
 
+def test_a_load_plan_reads_partitions_added_to_a_loaded_topic_from_their_start_with_start_latest(root):
+    from kl.spark import journal
+
+    root.create_topic("ev", kl.TopicConfig(partitions=1))
+    write(root, "ev", [b"before the first load"])
+    first = journal.plan_run(root, ["ev"], {}, journal.Limits(start="latest"), journal.Settings())
+    end = root.log("ev", 0).log_end_offset
+    assert [tuple(r) for r in first.tasks] == [("ev", 0, end, end)]
+    kl.Root(root.path).alter_topic("ev", partitions=3)
+    write(root, "ev", [b"in 1"], partition=1)
+    second = journal.plan_run(root, ["ev"], first.ends(), journal.Limits(start="latest"), journal.Settings(),
+                              topic_ids=dict.fromkeys(first.ends(), root.topic_id("ev")))
+    in_1 = root.log("ev", 1).log_end_offset
+    assert [tuple(r) for r in second.tasks] == [("ev", 0, end, end), ("ev", 1, 0, in_1), ("ev", 2, 0, 0)]
+    root.create_topic("new")
+    write(root, "new", [b"old news"])
+    third = journal.plan_run(root, ["new"], second.ends(), journal.Limits(start="latest"), journal.Settings())
+    assert [(r.start, r.end) for r in third.tasks] == [(root.log("new", 0).log_end_offset,) * 2]  # a new topic: latest
+
+
+def test_a_spark_stream_plans_partitions_added_in_its_next_micro_batch(root):
+    pytest.importorskip("pyspark")
+    from kl.spark import stream
+
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    write(root, "t", [b"first"])
+    reader = stream.KlStreamReader(stream.stream_options({"root": root.path, "topics": "t"}))
+    start = reader.initialOffset()
+    kl.Root(root.path).alter_topic("t", partitions=2)
+    write(kl.Root(root.path), "t", [b"in 1"], partition=1)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit()) if stream.ADMISSION_CONTROL else reader.latestOffset()
+    assert end["t"]["id"] == start["t"]["id"]  # the same topic, not one created again
+    planned = sorted((p.range.partition, p.range.start, p.range.end) for p in reader.partitions(start, end))
+    assert planned == [(1, 0, root.log("t", 1).log_end_offset)]  # started at latest: partition 0 has nothing new
+
+
 # ----------------------------------------------------------------- the command line
 
 
