@@ -41,7 +41,7 @@ CONFIG_LOCK = "config.lock"
 and while ``Root.alter_topic`` changes the topic's settings."""
 CONFIG_RECHECK_SECONDS = 1.0
 """How long ``Root.config`` trusts what it read of a topic's config before it looks at
-``topic.json`` again (one stat) for changes made by ``Root.alter_topic``."""
+``topic.json`` again (an open and a stat) for changes made by ``Root.alter_topic``."""
 ADDING_PREFIX = ".adding-"
 """``ROOT/TOPIC/.adding-*``: a partition ``Root.alter_topic`` is building, renamed to its
 number once whole."""
@@ -196,7 +196,8 @@ class Root:
                 if new.partitions > old.partitions:
                     fsync_dir(topic_path)
                 write_atomic(path, new.to_json())
-        self._configs[name] = _Cached(new, config_generation(path, fresh=True), time.monotonic() + CONFIG_RECHECK_SECONDS)
+            generation = config_generation(path, fresh=True)  # of the file written: nobody else writes it meanwhile
+        self._configs[name] = _Cached(new, generation, time.monotonic() + CONFIG_RECHECK_SECONDS)
         log.info("topic %s altered: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
         return new
 
@@ -468,11 +469,12 @@ def _stray_reason(entry: os.DirEntry[str]) -> str | None:
 
 def _holds_data(directory: str) -> bool:
     """Whether a partition directory holds anything but an empty segment and a state."""
-    for entry in os.scandir(directory):
-        if entry.name == STATE_FILE or entry.name.startswith("."):
-            continue
-        if not entry.name.endswith((SUFFIX, LEGACY_SUFFIX)) or entry.stat(follow_symlinks=False).st_size:
-            return True
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name == STATE_FILE or entry.name.startswith("."):
+                continue
+            if not entry.name.endswith((SUFFIX, LEGACY_SUFFIX)) or entry.stat(follow_symlinks=False).st_size:
+                return True
     return False
 
 

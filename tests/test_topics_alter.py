@@ -92,6 +92,14 @@ def test_alter_adds_empty_partitions_and_leaves_the_existing_ones_alone(root):
     assert [m.value for m in read_all(root, "t", 3)] == [b"new"]
 
 
+def test_alter_adds_partitions_of_a_kafka_07_topic_in_its_format(root):
+    root.create_topic("old", kl.TopicConfig(format="0.7"))
+    root.alter_topic("old", partitions=2)
+    assert [f.name for f in segment_files(root, "old", 1)] == ["00000000000000000000.kafka"]
+    write(root, "old", [b"0.7 message"], partition=1)
+    assert [m.value for m in read_all(root, "old", 1)] == [b"0.7 message"]
+
+
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
