@@ -220,7 +220,7 @@ def consume(
 
     batches = consumer.consume(
         list(dict.fromkeys(topics)),
-        keys,
+        keys if partitions else None,  # all: with --follow, partitions added meanwhile too
         start=start,
         until=until_offset,
         until_time=until_time,

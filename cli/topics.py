@@ -1,4 +1,4 @@
-"""``kl topics create|list|describe|delete|import``."""
+"""``kl topics create|alter|list|describe|delete|import``."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def config_options(f: F) -> F:
 
 @click.group()
 def topics() -> None:
-    """Create, list, describe and delete topics."""
+    """Create, alter, list, describe and delete topics."""
 
 
 @topics.command()
@@ -57,6 +57,35 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
     root = get_root(ctx)
     config = root.create_topic(topic, kl.TopicConfig.with_overrides(**settings))
     note(f"created topic {topic} with {config.partitions} partition{'s' if config.partitions != 1 else ''}")
+
+
+@topics.command()
+@click.argument("topic")
+@click.option("--partitions", "partitions", type=int, metavar="N", help="Grow to N partitions (never fewer).")
+@click.option("--segment-bytes", "segment_bytes", type=int, metavar="N", help="Roll past this size (from the next append).")
+@click.option("--max-message-bytes", "max_message_bytes", type=int, metavar="N", help="Largest message (never smaller).")
+@click.option("--flush-messages", "flush_messages", type=int, metavar="N", help="fsync after this many messages (0: off).")
+@click.option("--flush-ms", "flush_ms", type=int, metavar="N", help="fsync after this many milliseconds (0: off).")
+@click.option("--retention-ms", "retention_ms", type=int, metavar="N", help="Keep segments this long.")
+@click.option("--retention-bytes", "retention_bytes", type=int, metavar="N", help="Keep at most this many bytes per partition.")
+@click.pass_context
+def alter(ctx: click.Context, topic: str, **settings: int | None) -> None:
+    """Change settings of TOPIC; it keeps its data and its topic id.
+
+    Producers, consumers and groups running take the change up without a restart.
+    Added partitions start empty; keyed messages then hash over the new number of
+    partitions, so a key's later messages may go to another partition than its
+    earlier ones (their order across the change is not kept).  The format cannot
+    change, nor can partitions or --max-message-bytes go down.
+    """
+    changes = {name: value for name, value in settings.items() if value is not None}
+    if not changes:
+        raise click.UsageError("nothing to change: give at least one setting (see --help)")
+    root = get_root(ctx)
+    old = root.config(topic)
+    root.alter_topic(topic, **changes)
+    done = [f"{name} {getattr(old, name)} -> {value}" for name, value in changes.items() if getattr(old, name) != value]
+    note(f"altered topic {topic}: {', '.join(done)}" if done else f"topic {topic} already has these settings")
 
 
 @topics.command("list")

@@ -11,6 +11,7 @@ for message in kl.Consumer(root).fetch("events", 0, 0):
 from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
 from kl.errors import (
+    ConfigNotAlterable,
     CorruptMessage,
     CorruptState,
     FormatMismatch,
@@ -45,6 +46,7 @@ from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 __all__ = [
     "Appended",
     "Batch",
+    "ConfigNotAlterable",
     "Consumer",
     "CorruptMessage",
     "CorruptOffset",

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import json
+import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 
-from kl.errors import InvalidConfig
+from kl.errors import ConfigNotAlterable, InvalidConfig
 
 CONFIG_FILE = "topic.json"
 GiB = 1 << 30
@@ -20,6 +23,16 @@ FORMAT_07 = "0.7"
 FORMATS = (FORMAT_KL, FORMAT_07)
 """What a topic's segments store: kl's magic 2 messages in ``.kl`` files, or Kafka
 0.7's magic 1 messages (no key, no timestamp) in ``.kafka`` files."""
+ALTERABLE = (
+    "partitions",
+    "segment_bytes",
+    "max_message_bytes",
+    "flush_messages",
+    "flush_ms",
+    "retention_ms",
+    "retention_bytes",
+)
+"""The settings ``Root.alter_topic`` changes; ``format`` and ``topic_id`` are fixed at creation."""
 _TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 
 
@@ -27,6 +40,66 @@ def new_topic_id() -> str:
     """A fresh topic id: 16 random bytes (a version 4 UUID) in URL-safe base64 without
     padding, the form Kafka shows its topic ids in (KIP-516)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def config_generation(path: str, *, fresh: bool = False) -> int:
+    """A number that changes whenever the ``topic.json`` at ``path`` is replaced or
+    rewritten (0 while it cannot be opened), for telling cheaply whether to read it
+    again.  The file is kept open, one descriptor per path and process: while it is
+    linked and unchanged a check is one ``fstat``.  ``fresh`` opens the path instead
+    (and keeps nothing new open): on NFS, where another host's rename leaves this host's
+    attributes stale, that is what revalidates them (close-to-open).  Safe across threads."""
+    with _watched_lock:
+        entry = _watched.get(path)
+        kept = -1 if entry is None else entry[0]
+        if kept >= 0 and not fresh:
+            try:
+                st = os.fstat(kept)
+            except OSError:
+                pass
+            else:
+                if st.st_nlink and entry is not None and _signature(st) == entry[1]:
+                    return entry[2]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            _forget(path)
+            return 0
+        try:
+            signature = _signature(os.fstat(fd))
+        finally:
+            if fresh:
+                os.close(fd)
+        same = entry is not None and signature == entry[1]
+        if fresh:
+            fd = kept if same else -1
+        if kept >= 0 and kept != fd:
+            os.close(kept)
+        generation = entry[2] if entry is not None and same else next(_generations)
+        _watched[path] = (fd, signature, generation)
+        return generation
+
+
+def forget_config(path: str) -> None:
+    """Close what ``config_generation`` keeps open of ``path`` (its topic was deleted)."""
+    with _watched_lock:
+        _forget(path)
+
+
+def _forget(path: str) -> None:
+    entry = _watched.pop(path, None)
+    if entry is not None and entry[0] >= 0:
+        os.close(entry[0])
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+_watched: dict[str, tuple[int, tuple[int, ...], int]] = {}
+"""``topic.json`` path -> (its open descriptor or -1, its signature then, its generation)."""
+_watched_lock = threading.Lock()
+_generations = itertools.count(1)
 
 
 def same_creation(recorded: str | None, current: str) -> bool:
@@ -109,6 +182,30 @@ class TopicConfig:
     def with_overrides(cls, **settings: int | str | None) -> TopicConfig:
         """Defaults, with every setting that is not None replaced."""
         return cls(**{k: v for k, v in settings.items() if v is not None})  # type: ignore[arg-type]
+
+    def same_topic(self, other: TopicConfig) -> bool:
+        """Whether ``other`` is a config of the same creation of the topic (an altered one
+        included): the same topic id and format."""
+        return self.topic_id == other.topic_id and self.format == other.format
+
+    def altered(self, **changes: int) -> TopicConfig:
+        """This config with ``changes`` (settings of ``ALTERABLE``) applied.  Partitions and
+        ``max_message_bytes`` only grow: fewer partitions would drop stored data, and a
+        smaller maximum would make stored messages read as damaged (readers bound each
+        length by it).  Raises ``ConfigNotAlterable`` for those and for ``format`` and
+        ``topic_id``, ``InvalidConfig`` for unknown settings and values out of range."""
+        fixed = sorted(set(changes) - set(ALTERABLE))
+        unknown = [name for name in fixed if name not in {f.name for f in dataclasses.fields(self)}]
+        if unknown:
+            raise InvalidConfig(f"unknown topic setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+        if fixed:
+            raise ConfigNotAlterable(f"{', '.join(fixed)} cannot change after a topic is created")
+        new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        for name in ("partitions", "max_message_bytes"):
+            old, wanted = getattr(self, name), getattr(new, name)
+            if wanted < old:
+                raise ConfigNotAlterable(f"{name} can only grow: the topic has {old}, not {wanted}")
+        return new
 
     @property
     def legacy(self) -> bool:

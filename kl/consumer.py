@@ -133,8 +133,9 @@ class Consumer:
         the end it had when this started, so a topic that keeps growing still ends;
         with it, new messages are waited for (``kl.follow.Watch``: on local disks woken by
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
-        backstop) until ``idle_timeout`` seconds pass without one (never, if None).  Stops after
-        ``max_messages`` messages.
+        backstop) until ``idle_timeout`` seconds pass without one (never, if None); reading
+        all partitions, it also reads those added meanwhile (``Root.alter_topic``) from
+        their start.  Stops after ``max_messages`` messages.
 
         Two bounds end a partition early, with or without ``follow`` (which ends when
         every partition read has reached its bound): ``until``, a byte offset (one
@@ -160,6 +161,7 @@ class Consumer:
         """
         if reset not in ("fail", "earliest", "latest"):
             raise InvalidConfig(f"reset must be fail, earliest or latest, not {reset!r}")
+        whole = partitions is None
         keys = self._keys(topic, partitions)
         one_topic = isinstance(topic, str)
         ends = {key: self.latest_offset(*key) for key in keys}
@@ -214,6 +216,13 @@ class Consumer:
                         active.remove(key)
                     elif not moved and until_time is not None and time.time() * 1000 >= until_time:  # caught up past the time
                         active.remove(key)
+                if follow and whole:
+                    for key in self._added(keys):  # by kl topics alter
+                        self._watch(watch, *key)
+                        keys.append(key)
+                        offsets[key] = self.earliest_offset(*key)  # all of it is newer than this follow
+                        stops[key] = _stops(until if isinstance(until, Mapping) else None, [key], one_topic, None)[key]
+                        active.append(key)
                 if follow and progressed:
                     idle_since = time.monotonic()
                 elif follow and active:
@@ -243,6 +252,13 @@ class Consumer:
                 raise InvalidConfig(f"with several topics a partition is a (topic, partition) pair of them, not {key!r}")
             self.root.config(key[0])
         return keys
+
+    def _added(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The partitions of the topics in ``keys`` that their configs now have and ``keys`` has not."""
+        known: dict[str, int] = {}
+        for t, p in keys:
+            known[t] = max(known.get(t, 0), p + 1)
+        return [(t, p) for t, count in known.items() for p in range(count, self.root.config(t).partitions)]
 
     def skip(
         self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None

@@ -40,6 +40,11 @@ class InvalidConfig(KlError):
     """A topic or client setting is out of range, or a config file is unreadable."""
 
 
+class ConfigNotAlterable(InvalidConfig):
+    """A topic setting that cannot change after creation, or a change that would cut off
+    data already stored (fewer partitions, a smaller maximum message size)."""
+
+
 class OffsetOutOfRange(KlError):
     """An offset is below the log start or beyond the log end."""
 

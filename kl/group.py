@@ -298,9 +298,12 @@ class GroupConsumer:
     it joins when ``create_message_streams`` or ``create_message_streams_by_filter`` is called.
 
     A partition without a committed offset, or with one of an earlier creation of its
-    topic (another topic id: logged), starts at ``start`` ("earliest" or "latest").  A
-    committed offset that cannot be used goes by ``reset``: out of the log (retention
-    deleted it) or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
+    topic (another topic id: logged), starts at ``start`` ("earliest" or "latest"); one
+    added to its topic (``Root.alter_topic``) after this member first looked at the
+    topic starts at its log start (it holds only newer messages).  The members see
+    added partitions within a second or so and share them out again.  A committed
+    offset that cannot be used goes by ``reset``: out of the log (retention deleted it)
+    or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are
@@ -356,6 +359,10 @@ class GroupConsumer:
         self._expired_now: dict[str, int] = {}
         self._gone = False
         self._ends: dict[tuple[str, int], int] = {}
+        self._first_counts: dict[str, int] = {}
+        """Topic -> its number of partitions when this member first looked: those added
+        since (``Root.alter_topic``) hold only messages newer than the member, read from
+        their start whatever ``start`` says."""
         self._seen: dict[str, tuple[int, float]] = {}
         self._topic_ids: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -607,6 +614,7 @@ class GroupConsumer:
                 continue
             try:
                 count = self.root.config(topic).partitions
+                self._first_counts.setdefault(topic, count)
                 for p in range(count):
                     if (topic, p) not in self._ends:
                         self._ends[topic, p] = self.root.log(topic, p).log_end_offset
@@ -624,7 +632,8 @@ class GroupConsumer:
         state = log_.state()
         end = self._ends[topic, partition]
         topic_id = self._topic_ids.get(topic) or self._topic_id(topic) or ""
-        at = Position(state.log_start_offset if self.start == "earliest" else state.log_end_offset)
+        added = partition >= self._first_counts.get(topic, partition + 1)
+        at = Position(state.log_start_offset if self.start == "earliest" or added else state.log_end_offset)
         claim = _Claim(topic, partition, generation, topic_id, at, at, at, None, end, self._route(topic, partition), log_)
         where = f"group {self.group}: the committed offset of {topic}/{partition}"
         try:
@@ -752,6 +761,7 @@ class GroupConsumer:
                 pass  # left: an offset naming the old topic id counts as never committed anyway
             self._release(claim, commit=False)
         self.root.forget(topic)
+        self._first_counts.pop(topic, None)
         for key in [key for key in self._ends if key[0] == topic]:
             del self._ends[key]
         return True

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl import flusher, locks, timeindex
-from kl.config import CONFIG_FILE, TopicConfig
+from kl.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -104,7 +104,11 @@ class Log:
         self.directory = directory
         self.lock_path = lock_path
         self.config = config
+        """The topic's settings: taken up again from disk after ``kl topics alter``
+        (``refresh_config``) by each append and each read that finds data."""
         self.lock_timeout = lock_timeout
+        self._config_path = os.path.join(os.path.dirname(directory), CONFIG_FILE)
+        self._config_generation = 0
         self.state_path = os.path.join(directory, STATE_FILE)
         self.suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
         """The suffix of the segments this log writes: ``.kafka`` for a topic of format 0.7."""
@@ -218,6 +222,7 @@ class Log:
         for _ in range(3):
             if offset == state.log_end_offset:
                 return None
+            self.refresh_config(keep=False)  # after the state: a message it covers obeys the settings read now
             base, segment_end, stable = self._locate(offset, state)
             try:
                 segment = self.open_segment(base)
@@ -566,6 +571,7 @@ class Log:
             lock = self._process_lock()
         lock.acquire(self.lock_timeout)
         try:
+            self.refresh_config()
             state = self.writable_state()
             active = self._active
             assert active is not None
@@ -823,14 +829,38 @@ class Log:
         self._make_active(new, fenced)
         return fenced
 
-    def _config_changed(self) -> bool:
-        """The topic's config on disk differs from this log's (it was created again)."""
-        path = os.path.join(os.path.dirname(self.directory), CONFIG_FILE)
+    def refresh_config(self, *, keep: bool = True) -> bool:
+        """Take up the topic's settings as ``kl topics alter`` left them on disk: with
+        ``keep`` (appends) one ``fstat`` of the file kept open while ``topic.json`` is
+        unchanged, else (reads, and on NFS, where that revalidates it) an open; see
+        ``config_generation``.  A config of another creation of the topic is left to the
+        checks that detect one.  True when this log's config changed.  Safe across
+        threads (the config is replaced whole)."""
+        path = self._config_path
+        generation = config_generation(path, fresh=not keep or self.on_nfs())
+        if not generation or generation == self._config_generation:
+            return False
         try:
             with open(path, "rb") as f:
-                return TopicConfig.from_json(f.read(), path) != self.config
+                config = TopicConfig.from_json(f.read(), path)
+        except (OSError, InvalidConfig):
+            return False
+        self._config_generation = generation  # read after it: a change since gives another generation
+        if config == self.config or not config.same_topic(self.config):
+            return False
+        self.config = config
+        return True
+
+    def _config_changed(self) -> bool:
+        """The topic's config on disk is of another creation of the topic (it was created
+        again); without a topic id, any difference counts."""
+        path = self._config_path
+        try:
+            with open(path, "rb") as f:
+                config = TopicConfig.from_json(f.read(), path)
         except (OSError, InvalidConfig):
             return True
+        return not config.same_topic(self.config) if self.config.topic_id else config != self.config
 
     def _open_state(self) -> StateFile:
         """The state record, opened (and on local disks mapped) for this writer; on NFS

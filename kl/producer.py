@@ -684,6 +684,8 @@ class Producer:
 
     def _check_size(self, topic: str, size: int) -> None:
         limit = self.root.config(topic).max_message_bytes
+        if size > limit:  # raised by kl topics alter since the config was read?
+            limit = self.root.refresh_config(topic).max_message_bytes
         if size > limit:
             raise MessageTooLarge(f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}")
 

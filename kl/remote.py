@@ -331,6 +331,11 @@ class RemoteRoot:
             raise config
         return config
 
+    def refresh_config(self, name: str) -> TopicConfig:
+        """:meth:`config`, asked of the server now (after ``kl topics alter``, say)."""
+        self.topics()
+        return self.config(name)
+
     def log(self, name: str, partition: int) -> RemoteLog:
         """The partition.  Raises ``TopicNotFound`` for an unknown topic or partition."""
         found = self._logs.get((name, partition))

@@ -68,6 +68,7 @@ def retain(
     """Delete the oldest closed segments older than ``max_age_ms`` or beyond ``max_bytes``
     in total (None takes the topic's setting; 0 switches a rule off).  ``now_ms``
     defaults to the file system's clock (see the module doc)."""
+    log.refresh_config(keep=False)  # the settings as kl topics alter left them
     max_age_ms = log.config.retention_ms if max_age_ms is None else max_age_ms
     max_bytes = log.config.retention_bytes if max_bytes is None else max_bytes
     now_ms = file_time_ns(log.directory) // 1_000_000 if now_ms is None else now_ms

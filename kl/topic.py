@@ -19,11 +19,13 @@ import re
 import shutil
 import stat
 import threading
+import time
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kl import locks
-from kl.config import CONFIG_FILE, TopicConfig, new_topic_id
+from kl.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
 from kl.log import DEFAULT_LOCK_TIMEOUT, Log
@@ -35,7 +37,14 @@ GROUPS_DIR = ".groups"
 
 LOCKS_DIR = ".locks"
 CONFIG_LOCK = "config.lock"
-"""``ROOT/.locks/TOPIC/config.lock``: held while a topic of an older kl is given its id."""
+"""``ROOT/.locks/TOPIC/config.lock``: held while a topic of an older kl is given its id,
+and while ``Root.alter_topic`` changes the topic's settings."""
+CONFIG_RECHECK_SECONDS = 1.0
+"""How long ``Root.config`` trusts what it read of a topic's config before it looks at
+``topic.json`` again (an open and a stat) for changes made by ``Root.alter_topic``."""
+ADDING_PREFIX = ".adding-"
+"""``ROOT/TOPIC/.adding-*``: a partition ``Root.alter_topic`` is building, renamed to its
+number once whole."""
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 LEFTOVERS = {".creating-": "left by an interrupted topic create", ".deleting-": "left by an interrupted topic delete"}
@@ -64,6 +73,12 @@ class PartitionInfo:
     size_in_bytes: int
 
 
+class _Cached(NamedTuple):
+    config: TopicConfig
+    generation: int
+    recheck_at: float
+
+
 @dataclass(frozen=True)
 class TopicInfo:
     name: str
@@ -86,7 +101,7 @@ class Root:
         self.path = os.path.abspath(os.fspath(path))
         self.lock_timeout = lock_timeout
         self._logs: dict[tuple[str, int], Log] = {}
-        self._configs: dict[str, TopicConfig] = {}
+        self._configs: dict[str, _Cached] = {}
         self._guard = threading.Lock()
 
     def __repr__(self) -> str:
@@ -146,6 +161,75 @@ class Root:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return config
+
+    def alter_topic(self, name: str, **changes: int) -> TopicConfig:
+        """Change settings of an existing topic: those of ``config.ALTERABLE``, partitions
+        and ``max_message_bytes`` upward only (``TopicConfig.altered``).  Returns the
+        config written; the topic keeps its id (readers, groups and loads see the same
+        topic, not a new creation).
+
+        Under the topic's config lock, new partitions are built aside and renamed in,
+        empty as ``create_topic`` makes them and never touching the existing ones; then
+        ``topic.json`` is replaced atomically (temp file, fsync, rename, fsync of the
+        directory).  Nothing is written when a change is refused.  Processes that have the
+        topic open take the change up without a restart: every append that begins
+        after this returns obeys it (``Log.refresh_config``, under the partition lock),
+        and ``config`` (the partitions producers and groups spread over) sees it within
+        ``CONFIG_RECHECK_SECONDS``.  Keyed messages then hash over the new number of
+        partitions: a key's later messages may go to another partition than its earlier
+        ones, so their order across the change is not kept.
+
+        Raises ``ConfigNotAlterable``, ``InvalidConfig``, ``TopicNotFound``,
+        ``LockTimeout`` and ``StorageError``.
+        """
+        self.read_config(name).altered(**changes)  # refused before anything, a lock file included, is written
+        topic_path = self.topic_path(name)
+        path = os.path.join(topic_path, CONFIG_FILE)
+        with locks.locked(os.path.join(self.path, LOCKS_DIR, name, CONFIG_LOCK), self.lock_timeout):
+            old = self._read_config_file(name)
+            new = old.altered(**changes)
+            if new != old:
+                self._remove_unfinished_partitions(topic_path, old.partitions)
+                suffix = LEGACY_SUFFIX if new.legacy else SUFFIX
+                for partition in range(old.partitions, new.partitions):
+                    self._add_partition(topic_path, partition, suffix)
+                if new.partitions > old.partitions:
+                    fsync_dir(topic_path)
+                write_atomic(path, new.to_json())
+            generation = config_generation(path, fresh=True)  # of the file written: nobody else writes it meanwhile
+        self._configs[name] = _Cached(new, generation, time.monotonic() + CONFIG_RECHECK_SECONDS)
+        log.info("topic %s altered: %s", name, ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        return new
+
+    def _remove_unfinished_partitions(self, topic_path: str, partitions: int) -> None:
+        """Under the config lock: remove what an alter that stopped half-way left, partitions
+        being built (``.adding-*``) and ones renamed in that ``topic.json`` does not name yet
+        (nobody appends to those; one holding any data is refused, not removed)."""
+        try:
+            names = os.listdir(topic_path)
+        except OSError as e:
+            raise storage_error(e, "list", topic_path) from None
+        for entry in names:
+            path = os.path.join(topic_path, entry)
+            if entry.startswith(ADDING_PREFIX):
+                shutil.rmtree(path, ignore_errors=True)
+            elif entry.isdigit() and int(entry) >= partitions:
+                if os.path.islink(path) or not os.path.isdir(path) or _holds_data(path):
+                    raise StorageError(
+                        f"{path} is not a partition of the topic ({partitions} partitions) and holds data: move it away"
+                    )
+                shutil.rmtree(path)
+
+    def _add_partition(self, topic_path: str, partition: int, suffix: str) -> None:
+        tmp = os.path.join(topic_path, f"{ADDING_PREFIX}{uuid.uuid4().hex}")
+        target = os.path.join(topic_path, str(partition))
+        try:
+            self._create_partition(tmp, suffix)
+            fsync_dir(tmp)
+            os.rename(tmp, target)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise storage_error(e, "create partition", target) from None
 
     @staticmethod
     def _create_partition(directory: str, suffix: str) -> None:
@@ -212,11 +296,36 @@ class Root:
         return RootNotFound(f"root {self.path} does not exist (is it mounted?)")
 
     def config(self, name: str) -> TopicConfig:
-        """The topic's config, as first read by this handle.  Raises ``TopicNotFound``,
-        ``RootNotFound`` and ``InvalidConfig``."""
-        config = self._configs.get(name)
-        if config is None:
-            config = self._configs[name] = self.read_config(name)
+        """The topic's config as this handle read it, with the changes ``alter_topic`` made
+        since (looked for at most every ``CONFIG_RECHECK_SECONDS``).  A config of another
+        creation of the topic is not taken up: users of the handle detect those by the
+        topic id.  Raises ``TopicNotFound``, ``RootNotFound`` and ``InvalidConfig``."""
+        cached = self._configs.get(name)
+        if cached is not None and time.monotonic() < cached.recheck_at:
+            return cached.config
+        return self.refresh_config(name)
+
+    def refresh_config(self, name: str) -> TopicConfig:
+        """:meth:`config`, looking at ``topic.json`` now."""
+        cached = self._configs.get(name)
+        try:
+            path = os.path.join(self.topic_path(name), CONFIG_FILE)
+        except NotADirectoryError:
+            raise self._missing() from None
+        generation = config_generation(path, fresh=True)  # on NFS: not what the attribute cache holds
+        recheck_at = time.monotonic() + CONFIG_RECHECK_SECONDS
+        if cached is None:
+            self._configs[name] = cached = _Cached(self.read_config(name), generation, recheck_at)
+            return cached.config
+        config = cached.config
+        if generation and generation != cached.generation:
+            try:
+                found = self._read_config_file(name)
+            except KlError:  # gone or damaged: left to the reads and writes that meet it
+                found = config
+            if found.same_topic(config):
+                config = found
+        self._configs[name] = _Cached(config, generation, recheck_at)
         return config
 
     def read_config(self, name: str) -> TopicConfig:
@@ -267,6 +376,8 @@ class Root:
         if found is not None:
             return found
         config = self.config(name)
+        if isinstance(partition, int) and partition >= config.partitions:
+            config = self.refresh_config(name)  # added since it was read?
         if not isinstance(partition, int) or not 0 <= partition < config.partitions:
             raise TopicNotFound(f"topic {name!r} has partitions 0 to {config.partitions - 1}, not {partition!r}")
         with self._guard:
@@ -316,6 +427,7 @@ class Root:
                 raise storage_error(e, "delete topic", path) from None
             shutil.rmtree(doomed)
         self.forget(name)
+        forget_config(os.path.join(path, CONFIG_FILE))
         groups = os.path.join(self.path, GROUPS_DIR)
         for group in os.listdir(groups) if os.path.isdir(groups) else []:
             shutil.rmtree(os.path.join(self.path, GROUPS_DIR, group, "offsets", name), ignore_errors=True)
@@ -331,6 +443,8 @@ class Root:
         with self._guard:
             for log in self._logs.values():
                 log.close()
+            for name in {name for name, _ in self._logs}:
+                forget_config(os.path.join(self.path, name, CONFIG_FILE))  # reopened by the next append
             self._logs.clear()
 
 
@@ -351,6 +465,17 @@ def _stray_reason(entry: os.DirEntry[str]) -> str | None:
     if not stat.S_ISREG(mode):
         return f"{CONFIG_FILE} is not a regular file"
     return None
+
+
+def _holds_data(directory: str) -> bool:
+    """Whether a partition directory holds anything but an empty segment and a state."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name == STATE_FILE or entry.name.startswith("."):
+                continue
+            if not entry.name.endswith((SUFFIX, LEGACY_SUFFIX)) or entry.stat(follow_symlinks=False).st_size:
+                return True
+    return False
 
 
 def _mark_deleted(state_path: str) -> None:

@@ -483,7 +483,8 @@ def plan_run(
     task_bytes: int = TASK_BYTES,
     topic_ids: dict[tuple[str, int], str] | None = None,
 ) -> Plan:
-    """A new run from the ``committed`` offsets (new partitions at ``limits.start``) to
+    """A new run from the ``committed`` offsets (new topics at ``limits.start``, partitions
+    added to a topic loaded before at their start) to
     the log ends fixed now, capped per partition.  ``topic_ids`` are the ids the offsets
     were committed with: offsets of another creation of a topic raise ``TopicRecreated``,
     or with ``on_recreated="restart"`` are dropped and the topic is loaded from its
@@ -500,11 +501,12 @@ def plan_run(
         if stale and limits.on_recreated != "restart":
             raise TopicRecreated(topic, recorded[stale[0]], current, "load journal", RECREATED_REMEDY)
         starting[topic] = {}
+        loaded = any(t == topic for t, _ in committed)
         for p in range(count):
             if stale:
                 offset = 0  # the new topic's start: what retention deleted since is a data loss
-            elif (topic, p) not in committed:
-                offset = LATEST if limits.start == "latest" else EARLIEST
+            elif (topic, p) not in committed:  # in a topic loaded before, added since (kl topics alter): all of it
+                offset = LATEST if limits.start == "latest" and not loaded else EARLIEST
             else:
                 offset = committed[(topic, p)]
                 _check_committed(root, topic, p, offset)
