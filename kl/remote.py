@@ -49,7 +49,7 @@ from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.messageset import INCOMPLETE, MessageSet
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
 from kl.segment import Segment
-from kl.topic import PartitionInfo, Root, TopicInfo
+from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds to wait for a connection or an answer."""
@@ -175,6 +175,7 @@ class RemoteRoot:
         self._local = _Thread()
         self._connections: list[_Connection] = []
         self._configs: dict[str, TopicConfig | InvalidConfig] = {}
+        self._recheck_at = 0.0  # when the cached configs are asked of the server again
         self._logs: dict[tuple[str, int], RemoteLog] = {}
         self._guard = threading.Lock()
         _roots.add(self)
@@ -303,6 +304,7 @@ class RemoteRoot:
                 configs[name] = e
         with self._guard:
             self._configs = configs
+            self._recheck_at = time.monotonic() + CONFIG_RECHECK_SECONDS
         return sorted(configs)
 
     def describe(self, name: str) -> TopicInfo:
@@ -318,8 +320,12 @@ class RemoteRoot:
         return TopicInfo(name, config, partitions)
 
     def config(self, name: str) -> TopicConfig:
-        """The topic's config.  Raises ``TopicNotFound`` (the server's error for the name)
-        and ``InvalidConfig`` when this client cannot read it."""
+        """The topic's config, asked of the server again at most every
+        ``CONFIG_RECHECK_SECONDS`` (as ``Root.config`` reads ``topic.json``: a follower
+        sees partitions ``kl topics alter`` added).  Raises ``TopicNotFound`` (the
+        server's error for the name) and ``InvalidConfig`` when this client cannot read it."""
+        if time.monotonic() >= self._recheck_at:
+            self.topics()
         config = self._configs.get(name)
         if config is None:
             if name not in self.topics():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_serve import Daemon
 
 import kl
 from kl import retention
@@ -329,6 +330,27 @@ def test_a_follower_of_several_topics_reads_the_partitions_added_to_one_of_them(
         timer.cancel()
         follower.send_signal(signal.SIGINT)
         assert follower.wait(10) == 130
+
+
+def test_a_follower_through_a_daemon_reads_partitions_added_while_it_runs(root, tmp_path):
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    write(root, "t", [b"old"])
+    daemon = Daemon(root, tmp_path / "serve.log")
+    server = f"127.0.0.1:{daemon.address[1]}"
+    follower = subprocess.Popen(KL + ["consume", "--server", server, "t", "--follow"], stdout=subprocess.PIPE)
+    timer = threading.Timer(30, follower.kill)
+    timer.start()
+    try:
+        assert follower.stdout.readline() == b"old\n"
+        assert subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", "--partitions", "2"]).returncode == 0
+        write(kl.Root(root.path), "t", [b"in 1"], partition=1)
+        assert follower.stdout.readline() == b"in 1\n"
+    finally:
+        timer.cancel()
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(10) == 130
+        daemon.proc.terminate()
+        daemon.proc.wait(30)
 
 
 def test_a_group_takes_up_partitions_added_while_its_members_run(root, tmp_path):
