@@ -409,11 +409,14 @@ class Root:
     def delete_topic(self, name: str) -> None:
         """Delete a topic and its data (its lock files stay), then every group's committed
         offsets of it (what a member commits meanwhile stays, of the old topic id: stale).
-        Waits for appends in progress by taking every partition lock first.  Raises
-        ``TopicNotFound``."""
-        config = self.config(name)
+        Waits for an alter and appends in progress by taking the config lock and every
+        partition lock first (an alter must not write the old topic's id into one created
+        again meanwhile).  Raises ``TopicNotFound``."""
         path = self.topic_path(name)
+        self._read_config_file(name)  # TopicNotFound before a lock file is made
         with contextlib.ExitStack() as held:
+            held.enter_context(locks.locked(os.path.join(self.path, LOCKS_DIR, name, CONFIG_LOCK), self.lock_timeout))
+            config = self._read_config_file(name)
             for p in range(config.partitions):
                 held.enter_context(locks.locked(self._lock_path(name, p), self.lock_timeout))
                 _mark_deleted(os.path.join(path, str(p), STATE_FILE))

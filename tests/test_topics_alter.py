@@ -353,6 +353,19 @@ def test_a_follower_through_a_daemon_reads_partitions_added_while_it_runs(root, 
         daemon.proc.wait(30)
 
 
+def test_a_delete_waits_for_an_alter_under_way(root):
+    """An alter holds the config lock from its read to its write: a delete (and so a
+    creation again) in between would get the old topic's id written into the new one."""
+    root.create_topic("t")
+    with kl.locks.locked(os.path.join(root.path, ".locks", "t", "config.lock"), 1):  # an alter, between read and write
+        done = subprocess.run(KL + ["--root", root.path, "--lock-timeout", "0.3", "topics", "delete", "t"],
+                              capture_output=True, text=True)
+        assert done.returncode == 1 and "lock" in done.stderr, done.stderr
+        assert root.topics() == ["t"]
+    root.delete_topic("t")
+    assert root.topics() == []
+
+
 def test_a_group_takes_up_partitions_added_while_its_members_run(root, tmp_path):
     root.create_topic("t", kl.TopicConfig(partitions=2))
     outs = [str(tmp_path / f"m{i}.out") for i in range(2)]
