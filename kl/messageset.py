@@ -151,6 +151,22 @@ def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, 
     return pos, count
 
 
+def count_messages(buf: bytes, max_message_bytes: int) -> int:
+    """How many messages the valid message set ``buf`` holds, as readers see them: a
+    compressed batch counts its inner messages (decompressed to count them), padding none."""
+    messages = MessageSet(buf, max_message_bytes=max_message_bytes, stable_offset=len(buf), ends_at_eof=True)
+    pos, count = 0, 0
+    while pos < len(buf):
+        plain, pos = messages.plain_run(pos)
+        count += len(plain)
+        step = messages.decode_at(pos) if pos < len(buf) else None
+        if step is None:
+            break
+        pos, found = step
+        count += len(found)
+    return count
+
+
 def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
     """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
     if keys is None:
