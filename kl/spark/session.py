@@ -53,7 +53,7 @@ def session(
         if quiet:
             for key, value in quiet_conf().items():
                 options[key] = f"{options[key]} {value}" if key in options else value
-        if quiet and not launched:
+        if quiet and not launched and _no_jvm_yet():
             _start_quiet(options)
         builder = SparkSession.builder
         for key, value in options.items():
@@ -77,6 +77,14 @@ def quiet_conf() -> dict[str, str]:
     (Spark's start-up warnings and notices included): kl's configuration file, given
     to the driver's JVM, which runs a local master's executors too."""
     return {"spark.driver.extraJavaOptions": f'"-Dlog4j2.configurationFile={QUIET_LOG4J2}"'}
+
+
+def _no_jvm_yet() -> bool:
+    """Whether this process has started no Java gateway yet (pyspark keeps the first one,
+    for every later SparkContext, even when its context was stopped)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is None and SparkContext._active_spark_context is None
 
 
 def _start_quiet(options: Mapping[str, str]) -> None:
