@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import click
 
 from kl.spark import journal, ranges
-from kl.spark.journal import Limits, RunReport, Settings, Status
+from kl.spark.journal import Limits, LoadProgress, Progress, RunReport, Settings, Status
 from kl_cli.common import aligned, get_root, print_line
 
 
@@ -82,6 +83,7 @@ from kl_cli.common import aligned, get_root, print_line
 @click.option("--dry-run", is_flag=True, help="Print the planned ranges; change nothing, start no Spark.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per partition on stdout.")
 @click.option("--wait", is_flag=True, help="Wait for another kl load on DIR to finish instead of exiting 1.")
+@click.option("-v", "--verbose", is_flag=True, help="Let Spark and its JVM log their warnings and notices on stderr.")
 @click.pass_context
 def load(
     ctx: click.Context,
@@ -101,13 +103,15 @@ def load(
     dry_run: bool,
     as_json: bool,
     wait: bool,
+    verbose: bool,
 ) -> None:
     """Load topics into Parquet files under DIR, exactly once, with Spark.
 
     Each run reads every partition from the offset the last run reached to its end
     fixed now, and writes DIR/topic=T/date=D/hour=H/p<partition>-<start>-<end>.parquet.
     A run that was killed is finished by the next one with the same files, so every
-    message is in DIR exactly once.  Made for cron; see kl-load(1).
+    message is in DIR exactly once.  On a terminal, a progress display shows the run's
+    phases; otherwise only the summary is printed.  Made for cron; see kl-load(1).
     """
     if status_dir is not None:
         if output is not None or topics:
@@ -141,6 +145,7 @@ def load(
                 wait=wait,
                 progress=progress,
                 bad_timestamps=bad_timestamps,
+                quiet=not verbose,
             )
     for report in reports:
         _summary(report)
@@ -151,19 +156,34 @@ def load(
     sys.stdout.flush()
 
 
+_PHASES = {"planned": "planned", "writing": "writing", "written": "committing", "committed": "committed"}
+
+
 @contextlib.contextmanager
-def _progress() -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar over Spark tasks on stderr when it is a terminal, else nothing."""
-    if not sys.stderr.isatty():
+def _progress() -> Iterator[Progress | None]:
+    """A live display of each run's phases on stderr when it is a terminal (and not CI), else nothing."""
+    if not sys.stderr.isatty() or os.environ.get("CI"):
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
-    columns = (TextColumn("loading"), BarColumn(), MofNCompleteColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description:<10}"),
+        BarColumn(12),
+        DownloadColumn(),
+        TextColumn("{task.fields[detail]}"),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("tasks", total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+        task = bar.add_task("planning", total=None, detail="")
+
+        def show(p: LoadProgress) -> None:
+            messages = p.messages_committed if p.phase == "committed" else p.messages_written
+            detail = f"{p.partitions:,} partitions, {p.tasks_done:,}/{p.tasks:,} tasks, {messages:,} messages"
+            bar.update(task, description=_PHASES[p.phase], completed=p.bytes_done, total=p.bytes or None, detail=detail)
+
+        yield show
 
 
 def _summary(report: RunReport) -> None:

@@ -151,6 +151,32 @@ def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, 
     return pos, count
 
 
+def count_messages(buf: bytes, max_message_bytes: int) -> int:
+    """How many messages ``buf``, whole valid messages only (as ``walk`` found them), holds
+    as readers see them: a compressed batch counts its inner messages (decompressed to
+    count them), padding none.  Nothing is checked again."""
+    unpack, length_size, attrs_at = m.PREFIX.unpack_from, m.LENGTH_SIZE, m.ATTRIBUTES_OFFSET
+    special = m.CODEC_MASK | m.ATTR_PADDING
+    pos, end, count = 0, len(buf), 0
+    while pos < end:
+        length, magic = unpack(buf, pos)
+        nxt = pos + length_size + length
+        if not magic or not buf[pos + attrs_at] & special:
+            count += 1
+            pos = nxt
+            continue
+        attrs = buf[pos + attrs_at]
+        if attrs & m.CODEC_MASK and not attrs & m.ATTR_PADDING:
+            if magic == 1:
+                payload = buf[pos + m.PAYLOAD_OFFSET_V1 : nxt]
+            else:
+                key_length = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)[1]
+                payload = buf[pos + m.KEY_OFFSET + max(key_length, 0) : nxt]
+            count += count_messages(m.decompress(attrs & m.CODEC_MASK, payload, max_message_bytes), max_message_bytes)
+        pos = nxt
+    return count
+
+
 def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
     """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
     if keys is None:

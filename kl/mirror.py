@@ -17,8 +17,9 @@ at its next append (the offset it got is not the source's) and reported.
 
 What is checked before copying a partition (``Diverged`` names the offset):
 
-* the source and the target topic have the same partition count and format, and the
-  target's messages may be as large as the source's;
+* the source and the target topic have the same partition count (a target with fewer
+  partitions is grown to the source's count, through ``Root.alter_topic``; one with more
+  is refused) and format, and the target's messages may be as large as the source's;
 * the target does not end beyond the source's end;
 * the target's last ``TAIL_CHECK_BYTES`` (from where both hold data) equal the
   source's bytes at the same offsets;
@@ -42,7 +43,7 @@ from kl.config import FORMAT_07, TopicConfig
 from kl.errors import InvalidConfig, KlError, LockTimeout, OffsetOutOfRange, RootNotFound, TopicNotFound
 from kl.follow import Watch
 from kl.log import EARLIEST, LATEST, Log
-from kl.messageset import INCOMPLETE, check, walk
+from kl.messageset import INCOMPLETE, check, count_messages, walk
 from kl.topic import LOCKS_DIR, Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -300,8 +301,8 @@ class Mirror:
         self, *, follow: bool = False, stop: threading.Event | None = None, poll: float = POLL_SECONDS
     ) -> list[PartitionCopy]:
         """Copy until every partition reaches the source's end (with ``follow``: until
-        ``stop`` is set, seen within ``poll`` seconds, picking up new data and, when no
-        topics were named, new topics).
+        ``stop`` is set, seen within ``poll`` seconds, picking up new data, partitions
+        added to the source and, when no topics were named, new topics).
         Returns what was copied per partition.  Raises ``Diverged``, ``SourceGap``,
         ``MirrorBusy`` and the usual ``KlError``s."""
         stop = stop or threading.Event()
@@ -312,7 +313,7 @@ class Mirror:
                     break
                 if follow and not stop.is_set():
                     self.source.wait(list(self._partitions), poll, stop)
-                    if self.named is None and not stop.is_set():
+                    if not stop.is_set():
                         self.discover()
             for p in self._partitions.values():
                 p.log.flush()
@@ -326,24 +327,32 @@ class Mirror:
         self._held.clear()
 
     def discover(self) -> None:
-        """Check and prepare each topic not seen yet (created in the target if missing)."""
+        """Check and prepare each topic not seen yet (created in the target if missing), and
+        the partitions added to a topic's source since it was seen."""
         names = self.named if self.named is not None else self.source.topics()
         for topic in names:
-            if any(key[0] == topic for key in self._partitions):
+            known = sum(1 for key in self._partitions if key[0] == topic)
+            if known and self.source.config(topic).partitions <= known:
                 continue
-            config = self._target_config(topic)
-            for partition in range(config.partitions):
+            config = self._target_config(topic, lock=not known)
+            for partition in range(known, config.partitions):
                 self._partitions[(topic, partition)] = self._prepare(topic, partition)
 
-    def _target_config(self, topic: str) -> TopicConfig:
-        """The target topic's config, after checking it against the source's (created when
-        missing); takes the topic's mirror lock."""
+    def _target_config(self, topic: str, *, lock: bool) -> TopicConfig:
+        """The target topic's config, after checking it against the source's: created when
+        missing, its partitions grown to the source's count (never shrunk).  With ``lock``,
+        takes the topic's mirror lock first (after creating the topic)."""
         wanted = self.source.config(topic)
         try:
             config = self.target.config(topic)
         except (TopicNotFound, RootNotFound):
             config = self.target.create_topic(topic, wanted)
             log.info("created topic %s in %s", topic, self.target.path)
+        if lock:
+            self._lock(topic)
+        if config.partitions < wanted.partitions:
+            config = self.target.alter_topic(topic, partitions=wanted.partitions)
+            log.info("topic %s of %s grown to %d partitions", topic, self.target.path, wanted.partitions)
         if config.partitions != wanted.partitions:
             raise Diverged(
                 f"topic {topic!r} has {wanted.partitions} partitions in {self.source.name}"
@@ -358,13 +367,16 @@ class Mirror:
                 f"topic {topic!r} takes messages of up to {wanted.max_message_bytes} bytes in {self.source.name}"
                 f" but only {config.max_message_bytes} in the target"
             )
+        return config
+
+    def _lock(self, topic: str) -> None:
+        """Take the target topic's mirror lock (held until ``close``)."""
         lock = locks.lock_for(os.path.join(self.target.path, LOCKS_DIR, topic, MIRROR_LOCK))
         try:
             lock.acquire(0)
         except LockTimeout:
             raise MirrorBusy(f"another kl mirror is copying into topic {topic!r} of {self.target.path}") from None
         self._held.append(lock)
-        return config
 
     def _prepare(self, topic: str, partition: int) -> _Partition:
         """Check that the target partition is a prefix of the source's (see the module's
@@ -441,7 +453,9 @@ class Mirror:
                     f" ({entry.problem}): they diverged, or the source is damaged there"
                 )
             size = p.fetch_bytes
-            at = p.log.append(data if length == len(data) else data[:length], count)
+            data = data if length == len(data) else data[:length]
+            count = count_messages(data, p.max_message_bytes)  # a compressed batch counts its inner messages
+            at = p.log.append(data, count)
             if at != offset:
                 raise Diverged(
                     f"{where}: the target's end moved from offset {offset} to {at} while copying"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -300,6 +301,87 @@ def test_a_second_run_exits_at_once_or_waits_with_wait(spark, root, out):
         holder.kill()
         holder.wait()
     assert_loaded(out, expected(root, ["t"]))
+
+
+def test_progress_reports_each_phase_of_a_run_in_order(spark, root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 60, partition=0)
+    produce(root, "t", 40, partition=1)
+    events: list[journal.LoadProgress] = []
+    [report] = load(root, out, ["t"], spark=spark, progress=events.append)
+    phases = [e.phase for i, e in enumerate(events) if i == 0 or e.phase != events[i - 1].phase]
+    assert phases == ["planned", "writing", "written", "committed"]
+    planned, written, done = events[0], events[-2], events[-1]
+    size = sum(p.bytes for p in report.partitions)
+    assert (planned.run, planned.partitions, planned.tasks, planned.bytes) == (report.run, 2, 2, size)
+    assert (planned.tasks_done, planned.bytes_done, planned.messages_written, planned.messages_committed) == (0, 0, 0, 0)
+    assert (written.tasks_done, written.bytes_done, written.messages_written, written.messages_committed) == (2, size, 100, 0)
+    assert done == journal.LoadProgress("committed", report.run, 2, 2, size, 2, size, 100, 100)
+    assert all(e.messages_written <= 100 for e in events)
+    events.clear()
+    load(root, out, ["t"], spark=spark, progress=events.append)  # nothing new: no run, no events
+    assert events == []
+
+
+def test_cli_verbose_lets_spark_log(root, out, monkeypatch):
+    seen: list[bool] = []
+    monkeypatch.setattr("kl.spark.load.load", lambda *args, quiet, **kwargs: seen.append(quiet) or [])
+    assert cli_run(root, "t", "-o", str(out)).exit_code == 0
+    assert cli_run(root, "t", "-o", str(out), "-v").exit_code == 0
+    assert seen == [True, False]
+
+
+def test_quiet_session_settings_name_kls_log4j2_file():
+    from kl.spark.session import QUIET_LOG4J2, quiet_conf
+
+    assert quiet_conf() == {"spark.driver.extraJavaOptions": f'"-Dlog4j2.configurationFile={QUIET_LOG4J2}"'}
+    assert "rootLogger.level = error" in Path(QUIET_LOG4J2).read_text()
+
+
+CHATTER = ("log4j", "WARN", "INFO", "Setting default log level", "setLogLevel", "incubator", "NativeCodeLoader")
+
+
+def test_cli_without_a_terminal_prints_only_the_summary_and_no_spark_chatter(root, out):
+    root.create_topic("t")
+    produce(root, "t", 100)
+    process = kl_load(root, "t", "-o", str(out))
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr.decode()
+    lines = stderr.decode().splitlines()
+    end = root.log("t", 0).log_end_offset
+    assert lines[0].startswith("run ") and lines[0].endswith(f": loaded 100 messages ({end:,} bytes)")
+    assert [line.split() for line in lines[1:]] == [
+        ["partition", "messages", "bytes", "from", "->", "to", "lag", "lost"],
+        ["t/0", "100", f"{end:,}", "0", "->", str(end), "0", "-"],
+    ]
+
+
+def test_cli_on_a_terminal_shows_the_progress_and_no_spark_chatter(root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 70, partition=0)
+    produce(root, "t", 30, partition=1)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, COLUMNS="160")
+    env.pop("CI", None)
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [*KL, "--root", str(root.path), "load", "t", "-o", str(out)], env=env, stdin=secondary, stdout=secondary, stderr=secondary
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 1 << 16)
+        except OSError:  # EIO: every end of the terminal is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert process.wait(60) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    assert "2 partitions, 2/2 tasks, 100 messages" in text  # the display's last state, before it is cleared
+    assert "committed" in text and "loaded 100 messages" in text
+    assert not [word for word in CHATTER if word in text]
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(spark, root, out):

@@ -287,10 +287,65 @@ def test_target_written_elsewhere_is_refused(source, target):
         run(source, target)
 
 
-def test_partition_count_mismatch_is_refused(source, target):
+def test_target_with_more_partitions_is_refused_not_shrunk(source, target):
     target.create_topic("t", kl.TopicConfig(partitions=3))
     with pytest.raises(mirror.Diverged, match="has 2 partitions in .* but 3 in"):
         run(source, target)
+    assert target.config("t").partitions == 3
+
+
+def test_messages_count_the_inner_messages_of_compressed_batches(tmp_path, target):
+    src = kl.Root(tmp_path / "zstd")
+    src.create_topic("z", kl.TopicConfig(partitions=1))
+    producer = kl.Producer(src, compression="zstd")
+    for i in range(5):
+        producer.send_batch("z", [b"v%d-%d" % (i, j) for j in range(1000)], partition=0)
+    copies = run(src, target)
+    assert [(c.messages, c.to_offset) for c in copies] == [(5000, src.log("z", 0).log_end_offset)]
+    result = CliRunner().invoke(cli, ["mirror", src.path, str(tmp_path / "cli"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["messages"] == 5000
+    src.close()
+
+
+def test_partitions_added_to_the_source_are_added_to_the_target(source, target):
+    run(source, target)
+    topic_id = target.topic_id("t")
+    source.alter_topic("t", partitions=3)
+    fill(source, "t", 30, start=300, partitions=3)
+    copies = run(source, target)
+    assert target.config("t") == source.config("t")
+    assert target.topic_id("t") == topic_id
+    assert [c.partition for c in copies] == [0, 1, 2]
+    assert_same(source, target)
+
+
+def fresh_ends(path: str, partitions: int) -> list[int]:
+    """The ends of topic t's partitions, read by a new Root (one that caches no config); -1 where there is none yet."""
+    with contextlib.closing(kl.Root(path)) as root:
+        try:
+            return [root.log("t", p).log_end_offset for p in range(partitions)]
+        except kl.KlError:
+            return [-1] * partitions
+
+
+def test_follow_picks_up_partitions_added_to_the_source(source, target):
+    src = mirror.LocalSource(kl.Root(source.path))
+    stop = threading.Event()
+    copies: list[list[mirror.PartitionCopy]] = []
+    thread = threading.Thread(target=lambda: copies.append(mirror.mirror(src, target, ["t"], follow=True, stop=stop, poll=0.05)))
+    thread.start()
+    try:
+        wait_until(lambda: ends(target) == ends(source))
+        source.alter_topic("t", partitions=3)
+        kl.Producer(source).send("t", b"new", partition=2)
+        wait_until(lambda: fresh_ends(target.path, 3) == [source.log("t", p).log_end_offset for p in range(3)])
+    finally:
+        stop.set()
+        thread.join(20)
+        src.close()
+    assert [c.partition for c in copies[0]] == [0, 1, 2]
+    assert_same(source, target)
 
 
 def test_cli_error_is_one_line(source, target):

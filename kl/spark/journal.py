@@ -625,6 +625,47 @@ class RunReport:
     partitions: list[PartitionReport]
 
 
+PHASES = ("planned", "writing", "written", "committed")
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Where a run stands, for a ``progress`` callback: ``planned`` (before Spark writes),
+    ``writing`` (again and again while it writes), ``written`` (every task done) and
+    ``committed`` (the run's offsets committed).  The tasks and bytes are those this call
+    writes (of an unfinished run, those not done yet); messages are counted as they
+    are written (a plan knows byte offsets, not messages)."""
+
+    phase: str
+    run: str
+    partitions: int
+    tasks: int
+    bytes: int
+    tasks_done: int = 0
+    bytes_done: int = 0
+    messages_written: int = 0
+    messages_committed: int = 0
+
+
+Progress = Callable[[LoadProgress], None]
+
+
+def progress_of(phase: str, plan: Plan, todo: list[int], done: dict[int, Done], committed: int = 0) -> LoadProgress:
+    """The ``LoadProgress`` of the tasks ``todo`` of ``plan``, ``done`` being its done markers."""
+    written = [i for i in todo if i in done]
+    return LoadProgress(
+        phase,
+        plan.run,
+        len({(plan.tasks[i].topic, plan.tasks[i].partition) for i in todo}),
+        len(todo),
+        sum(plan.tasks[i].size for i in todo),
+        len(written),
+        sum(plan.tasks[i].size for i in written),
+        sum(done[i].rows for i in written),
+        committed,
+    )
+
+
 Execute = Callable[[Journal, Plan, list[int], bool], None]
 """Runs the plan's tasks of the given indexes (``fail_on_data_loss`` last); each task
 writes its files and its done marker (``kl.spark.load``)."""
@@ -641,10 +682,12 @@ def run(
     dry_run: bool = False,
     wait: bool = False,
     task_bytes: int = TASK_BYTES,
+    progress: Progress | None = None,
 ) -> list[RunReport]:
     """One ``kl load`` run (see the module docstring): an unfinished plan is finished and
     committed, then a new one is planned, run and committed.  With ``dry_run`` nothing is
-    written, locked or run: the reports say what would be.  Raises ``LoadRunning``,
+    written, locked or run: the reports say what would be.  ``progress`` is called with
+    each phase of each plan run (``LoadProgress``; ``writing`` comes from ``execute``).  Raises ``LoadRunning``,
     ``LoadDataLoss``, ``TopicNotFound`` and the errors of ``execute``."""
     journal = Journal(output)
     if dry_run:
@@ -657,20 +700,23 @@ def run(
         plan = journal.unfinished()
         journal.check_settings(settings, plan)
         if plan is not None:
-            reports.append(_finish(root, journal, plan, limits, execute, resumed=True))
+            reports.append(_finish(root, journal, plan, limits, execute, progress, resumed=True))
         _, committed = journal.committed()
         offsets, ids = {k: c.offset for k, c in committed.items()}, {k: c.topic_id for k, c in committed.items()}
         plan = plan_run(root, topics, offsets, limits, settings, task_bytes=task_bytes, topic_ids=ids)
         if any(r.size for r in plan.tasks) or any((r.topic, r.partition) not in committed for r in plan.tasks):
             journal.write_plan(plan)
-            reports.append(_finish(root, journal, plan, limits, execute, resumed=False))
+            reports.append(_finish(root, journal, plan, limits, execute, progress, resumed=False))
         else:
             reports.append(_report(root, plan, {}, resumed=False, dry_run=False))
     return reports
 
 
-def _finish(root: Root, journal: Journal, plan: Plan, limits: Limits, execute: Execute, *, resumed: bool) -> RunReport:
+def _finish(
+    root: Root, journal: Journal, plan: Plan, limits: Limits, execute: Execute, progress: Progress | None, *, resumed: bool
+) -> RunReport:
     """Run the plan's tasks that are not done, then commit it."""
+    report = progress or (lambda _: None)
     done = journal.done(plan)
     todo = _without_recreated(root, plan, [i for i, r in enumerate(plan.tasks) if r.size and i not in done], limits)
     lost = losses(root, [plan.tasks[i] for i in todo])
@@ -678,16 +724,19 @@ def _finish(root: Root, journal: Journal, plan: Plan, limits: Limits, execute: E
         r = lost[0]
         raise LoadDataLoss(DataLoss(r.topic, r.partition, r.start, r.end))
     plan.lost.extend(lost)
+    report(progress_of("planned", plan, todo, {}))
     if todo:
         execute(journal, plan, todo, limits.on_data_loss == "fail")
         done = journal.done(plan)
         missing = [i for i in todo if i not in done]
         if missing:
             raise JournalError(f"run {plan.run}: tasks {missing} ended without their done markers")
+    report(progress_of("written", plan, todo, done))
     fault("written")
     directories = sorted({os.path.dirname(f) for d in done.values() for f in d.files})
     rows = journal.commit(plan)
     journal.remove_tmp(plan.run, None if resumed else directories)
+    report(progress_of("committed", plan, todo, done, sum(rows.values())))
     return _report(root, plan, rows, resumed=resumed, dry_run=False)
 
 

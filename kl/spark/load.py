@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import numpy as np
@@ -33,7 +33,7 @@ from kl.errors import InvalidConfig, KlError
 from kl.fsutil import ensure_dir, fsync_dir
 from kl.spark import arrow
 from kl.spark import journal as j
-from kl.spark.journal import Done, Journal, Limits, Plan, RunReport, Settings
+from kl.spark.journal import Done, Journal, Limits, Plan, Progress, RunReport, Settings
 from kl.spark.ranges import DataLoss, Range
 from kl.topic import Root
 
@@ -45,9 +45,6 @@ ROW_GROUP_BYTES = 64 << 20
 HOUR_US = 3600 * 1_000_000
 DAY_US = 24 * HOUR_US
 _NULL_KEY = np.iinfo(np.int64).min
-
-Progress = Callable[[int, int], None]
-"""Called with (tasks done, tasks) while Spark runs."""
 
 
 def load(
@@ -63,20 +60,25 @@ def load(
     dry_run: bool = False,
     progress: Progress | None = None,
     bad_timestamps: str = "fail",
+    quiet: bool = True,
 ) -> list[RunReport]:
     """Load ``topics`` into ``output`` (see ``kl.spark.journal.run``).  Spark is started
     (``kl.spark.session.session(master)``) only when there is something to write or a
     JSON schema to check, and stopped at the end if this call started it.  Raises ``KlError`` subclasses: the
     error of a Spark task comes back as the kl error it raised.  ``bad_timestamps`` says
     what a timestamp outside the years 1 to 9999 does: "fail" (``InvalidTimestamp``
-    naming the message), "clamp" (to the nearer end of the range) or "null"."""
+    naming the message), "clamp" (to the nearer end of the range) or "null".
+    ``progress`` is called with each phase of each run (``kl.spark.journal.LoadProgress``:
+    planned, writing about twice a second while Spark writes, written, committed),
+    from this thread but for ``writing``, which comes from another one.  A Spark started
+    here is ``quiet`` (``kl.spark.session.session``) unless told otherwise."""
     limits = limits or Limits()
     settings = settings or Settings()
-    runner = SparkRunner(root, spark, master, progress, arrow.check_bad_timestamps(bad_timestamps))
+    runner = SparkRunner(root, spark, master, progress, arrow.check_bad_timestamps(bad_timestamps), quiet=quiet)
     try:
         if settings.value_format == "json" and not dry_run:
             check_schema(runner.session(), settings.schema or "")
-        return j.run(root, output, topics, limits, settings, execute=runner, dry_run=dry_run, wait=wait)
+        return j.run(root, output, topics, limits, settings, execute=runner, dry_run=dry_run, wait=wait, progress=progress)
     finally:
         runner.close()
 
@@ -102,9 +104,17 @@ class SparkRunner:
     """Runs a plan's tasks as one Spark job (the ``execute`` of ``journal.run``)."""
 
     def __init__(
-        self, root: Root, spark: SparkSession | None, master: str | None, progress: Progress | None, bad_timestamps: str = "fail"
+        self,
+        root: Root,
+        spark: SparkSession | None,
+        master: str | None,
+        progress: Progress | None,
+        bad_timestamps: str = "fail",
+        *,
+        quiet: bool = True,
     ):
         self.root = root
+        self.quiet = quiet
         self.bad_timestamps = bad_timestamps
         self.spark = spark
         self.master = master
@@ -116,8 +126,9 @@ class SparkRunner:
             from kl.spark.session import session
 
             self.started = SparkSession.getActiveSession() is None
-            self.spark = session(self.master, app_name="kl load", conf={"spark.ui.showConsoleProgress": "false"})
-            if self.started:
+            conf = {"spark.ui.showConsoleProgress": "false"}
+            self.spark = session(self.master, app_name="kl load", conf=conf, quiet=self.quiet)
+            if self.started and self.quiet:  # under spark-submit, its JVM started before kl's settings
                 self.spark.sparkContext.setLogLevel("ERROR")
         return self.spark
 
@@ -156,7 +167,7 @@ class SparkRunner:
         stop = threading.Event()
         watcher = None
         if self.progress is not None:
-            watcher = threading.Thread(target=self._watch, args=(journal, plan, len(todo), stop), daemon=True)
+            watcher = threading.Thread(target=self._watch, args=(journal, plan, todo, stop), daemon=True)
             watcher.start()
         try:
             df.mapInArrow(writer, "task int, rows long").collect()
@@ -167,11 +178,11 @@ class SparkRunner:
             if watcher is not None:
                 watcher.join()
 
-    def _watch(self, journal: Journal, plan: Plan, total: int, stop: threading.Event) -> None:
-        before = len(journal.done(plan))
+    def _watch(self, journal: Journal, plan: Plan, todo: list[int], stop: threading.Event) -> None:
+        """Report the tasks' done markers as ``writing`` progress until ``stop`` is set."""
+        assert self.progress is not None
         while True:
-            assert self.progress is not None
-            self.progress(len(journal.done(plan)) - before, total)
+            self.progress(j.progress_of("writing", plan, todo, journal.done(plan)))
             if stop.wait(0.5):
                 return
 
