@@ -298,7 +298,9 @@ def _read_first_ack(fd: int, timeout: float) -> bytes:
     """The first acknowledgement's bytes from ``fd`` (fewer if the writer ends or ``timeout`` passes)."""
     data = b""
     deadline = time.monotonic() + timeout
-    while len(data) < _ACK.size and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+    poller = select.poll()  # not select(): a long test session's descriptors pass 1024
+    poller.register(fd, select.POLLIN)
+    while len(data) < _ACK.size and poller.poll(max(0, round((deadline - time.monotonic()) * 1000))):
         chunk = os.read(fd, _ACK.size - len(data))
         if not chunk:
             break

@@ -239,12 +239,16 @@ def test_every_page_renders_to_plain_text_without_roff(page):
     assert not left, left  # (an example's own backslashes, "\\(.topic)" for jq, are not roff)
 
 
+TOPICS_NAME = re.search(r"^\.SH NAME\n(.*)$", (REPO / "man" / "kl-topics.1").read_text(), re.M)[1].replace("\\", "")
+"""kl-topics(1)'s NAME line as man and ``kl help`` show it ("kl-topics - create, ...")."""
+
+
 def test_help_without_man_shows_the_page_as_plain_text(monkeypatch):
     monkeypatch.setattr(manual.shutil, "which", lambda name: None)
     result = run_kl("help", "topics")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("KL-TOPICS(1)\n")
-    assert "kl-topics - create, list, describe, delete and import kl topics" in result.stdout
+    assert TOPICS_NAME in result.stdout
     assert run_kl("help", "spark.7").stdout.startswith("KL-SPARK(7)\n")
     assert run_kl("help", "kl-format").stdout.startswith("KL-FORMAT(5)\n")
     assert run_kl("help").stdout.startswith("KL(1)\n")
@@ -261,7 +265,7 @@ def test_help_with_man_shows_the_page_through_man(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kl_cli", "help", "topics"], capture_output=True, timeout=60,
                           env={**os.environ, "MANWIDTH": "80"})
     assert done.returncode == 0, done.stderr
-    assert b"kl-topics - create, list, describe, delete and import kl topics" in done.stdout
+    assert TOPICS_NAME.encode() in done.stdout
 
 
 # ------------------------------------------------------------------ installs
