@@ -53,7 +53,7 @@ FOREVER = (r"(?<!\S)(--follow|-f)(?!\S)", r"^tail -F ", r"\bkl\b.* serve\b(?!.*-
 """Commands that wait for more (a follower, ``tail -F``, a daemon in the foreground):
 each runs under ``timeout``, and being stopped by it counts as success."""
 
-FOREVER_SECONDS = 2
+FOREVER_SECONDS = 1
 
 DAEMON = r"\bserve\b[^|]*&\s*(#.*)?$"
 """A daemon started in the background: the next command waits until it listens, as a
@@ -74,6 +74,7 @@ class Block:
     lines: list[str]
     setup: list[str] = field(default_factory=list)
     skip: str | None = None
+    spark: bool = False  # starts Spark: run by test_spark_examples_run only
 
 
 # ------------------------------------------------------------------ extraction
@@ -84,6 +85,7 @@ def readme_blocks(text: str) -> list[Block]:
     blocks: list[Block] = []
     setup: list[str] = []
     skip: str | None = None
+    spark = False
     lines = text.splitlines()
     i = 0
     while i < len(lines):
@@ -96,6 +98,8 @@ def readme_blocks(text: str) -> list[Block]:
             body = "\n".join(marker).removeprefix("<!-- doc-test:").rstrip().removesuffix("-->").strip()
             if body.startswith("skip "):
                 skip = body.removeprefix("skip ").strip()
+            elif body == "spark":
+                spark = True
             elif body.startswith("setup:"):
                 setup += [c.strip() for c in body.removeprefix("setup:").splitlines() if c.strip()]
             else:
@@ -107,8 +111,8 @@ def readme_blocks(text: str) -> list[Block]:
                 body_lines.append(lines[i])
                 i += 1
             if language in ("sh", "python"):
-                blocks.append(Block(language, f"README.md:{start}", body_lines, setup, skip))
-            setup, skip = [], None
+                blocks.append(Block(language, f"README.md:{start}", body_lines, setup, skip, spark))
+            setup, skip, spark = [], None, False
         i += 1
     return blocks
 
@@ -221,7 +225,10 @@ def script(cmds: list[Command], out: Path) -> str:
             text += f"\nwait_for_port {port.group(1) if port else 9092}"
         fails = bool(cmd.shown) and cmd.shown[0].startswith("Error:")
         check = "[ $s = 1 ] || [ $s = 2 ]" if fails else "[ $s = 0 ]"
-        parts.append(f"{{ {text}\n}} > {out}/{n}.out 2>&1 < /dev/null; s=$?; echo $s > {out}/{n}.rc; {check} || exit 0")
+        parts.append(
+            f"t=$EPOCHREALTIME; {{ {text}\n}} > {out}/{n}.out 2>&1 < /dev/null; s=$?; echo $s > {out}/{n}.rc; "
+            f"echo $t $EPOCHREALTIME > {out}/{n}.time; {check} || exit 0"
+        )
     return "\n".join(parts) + "\n"
 
 
@@ -302,18 +309,33 @@ def blocks_of(name: str) -> list[Block]:
     return readme_blocks(path.read_text()) if name == "README.md" else man_blocks(path)
 
 
-@pytest.mark.parametrize("name", sorted(DOCUMENTS))
-def test_every_example_runs_as_documented(name, tmp_path):
-    blocks = [b for b in blocks_of(name) if b.skip is None]
-    sh = [c for b in blocks if b.language == "sh" for c in commands(b)]
+def run_document(blocks: list[Block], tmp: Path) -> None:
+    """``blocks`` in order: the shell ones (and every block's setup) in one bash, then
+    the Python ones in one interpreter."""
+    sh = [c for b in blocks for c in (commands(b) if b.language == "sh" else commands(Block("sh", b.where, [], b.setup)))]
     python = [b for b in blocks if b.language == "python"]
-    if not sh and not python:
-        pytest.skip(f"{name}: every example is marked skip")
-    tmp = workdir(tmp_path)
+    tmp = workdir(tmp)
     if sh:
         run_shell(sh, tmp)
     if python:
         run_python(python, tmp)
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+def test_every_example_runs_as_documented(name, tmp_path):
+    blocks = [b for b in blocks_of(name) if b.skip is None and not b.spark]
+    if not blocks:
+        pytest.skip(f"{name}: every example is marked skip or spark")
+    run_document(blocks, tmp_path)
+
+
+@pytest.mark.spark
+def test_spark_examples_run(tmp_path):
+    """The README's Spark blocks (a ``kl load`` run and a DataFrame read): one JVM each.
+    kl-load(1)'s and kl-spark(7)'s examples are marked covered by these."""
+    blocks = [b for b in blocks_of("README.md") if b.spark and b.skip is None]
+    assert len(blocks) == 2
+    run_document(blocks, tmp_path)
 
 
 def test_every_skip_says_why():
