@@ -55,6 +55,10 @@ each runs under ``timeout``, and being stopped by it counts as success."""
 
 FOREVER_SECONDS = 1
 
+TOOLS = ("jq", "xxd", "less")
+"""Programs the examples use besides kl and coreutils (a document using one that is
+missing is skipped, naming it)."""
+
 DAEMON = r"\bserve\b[^|]*&\s*(#.*)?$"
 """A daemon started in the background: the next command waits until it listens, as a
 reader typing the next line would (its ``--port``, or 9092)."""
@@ -326,6 +330,10 @@ def test_every_example_runs_as_documented(name, tmp_path):
     blocks = [b for b in blocks_of(name) if b.skip is None and not b.spark]
     if not blocks:
         pytest.skip(f"{name}: every example is marked skip or spark")
+    used = " ".join(line for b in blocks for line in b.lines + b.setup)
+    missing = [tool for tool in TOOLS if re.search(rf"\b{tool}\b", used) and shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{name}: its examples use {', '.join(missing)}, not installed here")
     run_document(blocks, tmp_path)
 
 
@@ -366,4 +374,3 @@ def test_markers_and_prompts_are_read():
     assert moved("kl --root /data/kl x /tmp/kl2 ./data/x") == "kl --root $DOC_TMP/data/kl x /tmp/kl2 ./data/x"
     assert forever("kl consume t -f") and not forever("kl consume t -f > x &") and forever("kl --root r serve # x")
     assert forever("kl serve --bind 0.0.0.0 2>> log") and not forever("kl serve --list") and not forever("kl serve & # x")
-    assert shutil.which("bash")
