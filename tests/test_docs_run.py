@@ -1,0 +1,376 @@
+"""Every documented command runs: the shell and Python blocks of README.md and the
+EXAMPLES of every man page, in order, one document at a time, in a fresh directory.
+
+What is run:
+
+- README.md: every ```` ```sh ```` block (one bash process for the document) and every
+  ```` ```python ```` block (one interpreter for the document, blocks in order).
+- man/*: every ``.EX``/``.EE`` block under ``.SH EXAMPLES``.  A block with ``$ `` prompts
+  shows output: the lines after a prompt, up to the next one, are what the command
+  prints (stdout and stderr together).  A block without prompts is commands only.
+
+Markers in the documents (hidden from readers):
+
+- README: ``<!-- doc-test: skip REASON -->`` before a block;
+  ``<!-- doc-test: setup: COMMAND -->`` (one or more lines of commands) runs before the
+  next block, unseen.
+- roff: ``.\\" doc-test: skip REASON`` and ``.\\" doc-test: setup: COMMAND`` before ``.EX``.
+
+Shown output is compared strictly, line by line, except that ``...`` in a line matches
+any text there, and a line that is only ``...`` matches any number of lines (offsets
+that depend on time, timestamps, pids, random suffixes).  A command whose shown output
+starts with ``Error:`` must exit 1 or 2; every other command must exit 0.
+
+The documents' absolute paths are moved under the test's directory by :data:`PATHS`
+(and moved back in the output before comparing); commands that never end by themselves
+are run under ``timeout`` (:data:`FOREVER`).  The directory holds ``samples/`` (the
+repository's), as the README's "run from the top of the repository" asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+PAGES = sorted((REPO / "man").glob("kl*.[157]"))
+
+PATHS = ("/data", "/backup", "/var/kafka-logs", "/var/log", "/tmp/kl", "/mnt")
+"""The documents' absolute paths, each run as ``$DOC_TMP`` + the path."""
+
+FOREVER = (r"(?<!\S)(--follow|-f)(?!\S)", r"^tail -F ", r"\bkl\b.* serve\b(?!.*--list)")
+"""Commands that wait for more (a follower, ``tail -F``, a daemon in the foreground):
+each runs under ``timeout``, and being stopped by it counts as success."""
+
+FOREVER_SECONDS = 1
+
+TOOLS = ("jq", "xxd", "less")
+"""Programs the examples use besides kl and coreutils (a document using one that is
+missing is skipped, naming it)."""
+
+DAEMON = r"\bserve\b[^|]*&\s*(#.*)?$"
+"""A daemon started in the background: the next command waits until it listens, as a
+reader typing the next line would (its ``--port``, or 9092)."""
+
+
+@dataclass
+class Command:
+    text: str
+    where: str
+    shown: list[str] | None = None  # the output the document shows, None when it shows none
+
+
+@dataclass
+class Block:
+    language: str  # "sh" or "python"
+    where: str
+    lines: list[str]
+    setup: list[str] = field(default_factory=list)
+    skip: str | None = None
+    spark: bool = False  # starts Spark: run by test_spark_examples_run only
+
+
+# ------------------------------------------------------------------ extraction
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """README's sh and python fences, with the markers before each."""
+    blocks: list[Block] = []
+    setup: list[str] = []
+    skip: str | None = None
+    spark = False
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("<!-- doc-test:"):
+            marker = [line]
+            while not marker[-1].rstrip().endswith("-->"):
+                i += 1
+                marker.append(lines[i])
+            body = "\n".join(marker).removeprefix("<!-- doc-test:").rstrip().removesuffix("-->").strip()
+            if body.startswith("skip "):
+                skip = body.removeprefix("skip ").strip()
+            elif body == "spark":
+                spark = True
+            elif body.startswith("setup:"):
+                setup += [c.strip() for c in body.removeprefix("setup:").splitlines() if c.strip()]
+            else:
+                raise AssertionError(f"README.md:{i + 1}: unknown doc-test marker {body!r}")
+        elif line.startswith("```"):
+            language, start, body_lines = line[3:].strip(), i + 1, []
+            i += 1
+            while not lines[i].startswith("```"):
+                body_lines.append(lines[i])
+                i += 1
+            if language in ("sh", "python"):
+                blocks.append(Block(language, f"README.md:{start}", body_lines, setup, skip, spark))
+            setup, skip, spark = [], None, False
+        i += 1
+    return blocks
+
+
+ROFF = [(r"\-", "-"), (r"\(aq", "'"), (r"\(dq", '"'), (r"\e", "\\"), (r"\&", ""), (r"\(em", "—")]
+
+
+def unroff(line: str) -> str:
+    for escape, char in ROFF:
+        line = line.replace(escape, char)
+    return line
+
+
+def man_blocks(page: Path) -> list[Block]:
+    """The ``.EX`` blocks of the page's EXAMPLES, with the markers before each."""
+    blocks: list[Block] = []
+    setup: list[str] = []
+    skip: str | None = None
+    inside = False
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(".SH"):
+            inside = line.strip() == ".SH EXAMPLES"
+        elif inside and line.startswith('.\\" doc-test:'):
+            body = line.removeprefix('.\\" doc-test:').strip()
+            if body.startswith("skip "):
+                skip = body.removeprefix("skip ").strip()
+            elif body.startswith("setup:"):
+                setup.append(body.removeprefix("setup:").strip())
+            else:
+                raise AssertionError(f"{page.name}:{i + 1}: unknown doc-test marker {body!r}")
+        elif inside and line.strip() == ".EX":
+            start, body_lines = i + 1, []
+            i += 1
+            while lines[i].strip() not in (".EE", ".RE"):
+                if not lines[i].startswith('.\\"'):
+                    body_lines.append(unroff(lines[i]))
+                i += 1
+            blocks.append(Block("sh", f"{page.name}:{start}", body_lines, setup, skip))
+            setup, skip = [], None
+        i += 1
+    return blocks
+
+
+def commands(block: Block) -> list[Command]:
+    """A sh block's commands: with ``$ `` prompts, each with the output shown after it;
+    without, every line (``\\`` continuations joined)."""
+    found: list[Command] = [Command(c, f"{block.where} (setup)") for c in block.setup]
+    prompts = any(line.startswith("$ ") for line in block.lines)
+    pending = ""
+    for n, line in enumerate(block.lines):
+        where = f"{block.where.split(':')[0]}:{int(block.where.split(':')[1]) + n + 1}"
+        if prompts and found and found[-1].shown == [] and not complete(found[-1].text):
+            found[-1].text += "\n" + line  # a quoted argument over several lines
+            continue
+        if prompts and not line.startswith("$ "):
+            assert found and found[-1].shown is not None, f"{where}: output before any prompt"
+            found[-1].shown.append(line)
+            continue
+        text = line.removeprefix("$ ") if prompts else line
+        if text.rstrip().endswith("\\"):
+            pending += text.rstrip()[:-1] + " "
+            continue
+        text, pending = pending + text, ""
+        if text.strip():
+            found.append(Command(text, where, [] if prompts else None))
+    return found
+
+
+def complete(text: str) -> bool:
+    """Whether ``text`` is a whole command (no quote left open)."""
+    try:
+        shlex.split(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ running
+
+
+def moved(text: str) -> str:
+    """``text`` with the documents' absolute paths under ``$DOC_TMP``."""
+    for path in PATHS:
+        text = re.sub(rf"(?<![\w./$-]){re.escape(path)}(?![\w-])", lambda m: "$DOC_TMP" + m.group(0), text)
+    return text
+
+
+def forever(text: str) -> bool:
+    background = re.search(r"&\s*(#.*)?$", text) is not None
+    return not background and any(re.search(pattern, text) for pattern in FOREVER)
+
+
+def script(cmds: list[Command], out: Path) -> str:
+    """One bash script running ``cmds`` in order, each one's output and status to files
+    in ``out``; it stops at the first unexpected status, and stops its background jobs."""
+    parts = [
+        "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT",
+        "shopt -s expand_aliases; alias ls='ls -C'",  # in columns, as on a terminal
+        "wait_for_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; }",
+    ]
+    for n, cmd in enumerate(cmds):
+        text = moved(cmd.text)
+        if forever(text):
+            text = f"timeout -s INT {FOREVER_SECONDS} bash -c {shlex.quote(text)}; s=$?; [ $s = 124 ] || (exit $s)"
+        if re.search(DAEMON, text):
+            port = re.search(r"--port[ =](\d+)", text)
+            text += f"\nwait_for_port {port.group(1) if port else 9092}"
+        fails = bool(cmd.shown) and cmd.shown[0].startswith("Error:")
+        check = "[ $s = 1 ] || [ $s = 2 ]" if fails else "[ $s = 0 ]"
+        parts.append(
+            f"t=$EPOCHREALTIME; {{ {text}\n}} > {out}/{n}.out 2>&1 < /dev/null; s=$?; echo $s > {out}/{n}.rc; "
+            f"echo $t $EPOCHREALTIME > {out}/{n}.time; {check} || exit 0"
+        )
+    return "\n".join(parts) + "\n"
+
+
+def matches(shown: list[str], actual: list[str]) -> bool:
+    """``actual`` lines are those shown, with ``...`` as a wildcard."""
+    if not shown:
+        return not actual
+    head, rest = shown[0], shown[1:]
+    if head.strip() == "...":
+        return any(matches(rest, actual[k:]) for k in range(len(actual) + 1))
+    pattern = ".*?".join(re.escape(part) for part in head.rstrip().split("..."))
+    return bool(actual) and re.fullmatch(pattern, actual[0].rstrip()) is not None and matches(rest, actual[1:])
+
+
+def environment(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KL_")}
+    bin_dir = str(Path(sys.executable).parent)
+    env.update(
+        HOME=str(tmp / "home"),
+        DOC_TMP=str(tmp),
+        DOC_DATA=str(REPO / "tests" / "data"),  # tests/data, for setups that need a Kafka 0.7 segment
+        PATH=f"{bin_dir}:{env.get('PATH', '')}",
+        KL_ROOT=str(tmp / "data" / "kl"),  # the documents' root, moved as PATHS moves it
+        LC_ALL="C.UTF-8",
+        TZ="UTC",
+        COLUMNS="200",
+    )
+    return env
+
+
+def workdir(tmp: Path) -> Path:
+    (tmp / "home").mkdir()
+    (tmp / "samples").symlink_to(REPO / "samples")
+    return tmp
+
+
+def run_shell(cmds: list[Command], tmp: Path) -> None:
+    out = tmp / ".doc-test"
+    out.mkdir()
+    (out / "script.sh").write_text(script(cmds, out))
+    bash = subprocess.Popen(["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp), start_new_session=True)
+    try:
+        assert bash.wait(timeout=300) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)  # whatever the script left running
+        bash.wait()
+    for n, cmd in enumerate(cmds):
+        rc_file = out / f"{n}.rc"
+        assert rc_file.exists(), f"{cmd.where}: not run (an earlier command failed)"
+        output = (out / f"{n}.out").read_text(errors="replace").replace(str(tmp), "")
+        shown_output = output if len(output) < 4000 else output[:4000] + "\n[...]"
+        rc = int(rc_file.read_text())
+        fails = bool(cmd.shown) and cmd.shown[0].startswith("Error:")
+        assert (rc in (1, 2)) if fails else rc == 0, f"{cmd.where}: `{cmd.text}` exited {rc}:\n{shown_output}"
+        if cmd.shown is not None and not re.search(r"&\s*(#.*)?$", cmd.text):  # a background job's is not its own
+            assert matches(cmd.shown, output.splitlines()), (
+                f"{cmd.where}: `{cmd.text}` printed:\n{shown_output}\nthe document shows:\n" + "\n".join(cmd.shown)
+            )
+
+
+def run_python(blocks: list[Block], tmp: Path) -> None:
+    program = ["import sys", "ns = {'__name__': '__main__'}"]
+    for block in blocks:
+        source = moved("\n".join(block.lines)).replace("$DOC_TMP", str(tmp))
+        program.append(f"exec(compile({source!r}, {block.where!r}, 'exec'), ns)")
+    done = subprocess.run(
+        [sys.executable, "-c", "\n".join(program)], cwd=tmp, env=environment(tmp), timeout=300, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr.replace(str(tmp), "")
+
+
+DOCUMENTS = {"README.md": README, **{page.name: page for page in PAGES}}
+
+
+def blocks_of(name: str) -> list[Block]:
+    path = DOCUMENTS[name]
+    return readme_blocks(path.read_text()) if name == "README.md" else man_blocks(path)
+
+
+def run_document(blocks: list[Block], tmp: Path) -> None:
+    """``blocks`` in order: the shell ones (and every block's setup) in one bash, then
+    the Python ones in one interpreter."""
+    sh = [c for b in blocks for c in (commands(b) if b.language == "sh" else commands(Block("sh", b.where, [], b.setup)))]
+    python = [b for b in blocks if b.language == "python"]
+    tmp = workdir(tmp)
+    if sh:
+        run_shell(sh, tmp)
+    if python:
+        run_python(python, tmp)
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+def test_every_example_runs_as_documented(name, tmp_path):
+    blocks = [b for b in blocks_of(name) if b.skip is None and not b.spark]
+    if not blocks:
+        pytest.skip(f"{name}: every example is marked skip or spark")
+    used = " ".join(line for b in blocks for line in b.lines + b.setup)
+    missing = [tool for tool in TOOLS if re.search(rf"\b{tool}\b", used) and shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{name}: its examples use {', '.join(missing)}, not installed here")
+    run_document(blocks, tmp_path)
+
+
+@pytest.mark.spark
+def test_spark_examples_run(tmp_path):
+    """The README's Spark blocks (a ``kl load`` run and a DataFrame read): one JVM each.
+    kl-load(1)'s and kl-spark(7)'s examples are marked covered by these."""
+    blocks = [b for b in blocks_of("README.md") if b.spark and b.skip is None]
+    assert len(blocks) == 2
+    run_document(blocks, tmp_path)
+
+
+def test_every_skip_says_why():
+    for name in DOCUMENTS:
+        for block in blocks_of(name):
+            assert block.skip is None or len(block.skip.split()) >= 3, f"{block.where}: skip without a reason"
+
+
+def test_markers_and_prompts_are_read():
+    page = (
+        '.SH EXAMPLES\n.\\" doc-test: setup: kl topics create t\n.EX\n$ kl topics list\nt\n'
+        "$ kl topics create t\nError: topic \\(aqt\\(aq ...\n.EE\n"
+        '.\\" doc-test: skip needs a second host\n.EX\nkl consume t \\-\\-server logs1:9092\n.EE\n'
+    )
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kl-doctest-{os.getpid()}.1"
+    path.write_text(page)
+    try:
+        first, second = man_blocks(path)
+    finally:
+        path.unlink()
+    assert [(c.text, c.shown) for c in commands(first)] == [
+        ("kl topics create t", None),
+        ("kl topics list", ["t"]),
+        ("kl topics create t", ["Error: topic 't' ..."]),
+    ]
+    assert second.skip == "needs a second host" and second.lines == ["kl consume t --server logs1:9092"]
+    assert matches(["a ... c", "..."], ["a b c", "x", "y"]) and not matches(["a"], ["a", "b"])
+    assert moved("kl --root /data/kl x /tmp/kl2 ./data/x") == "kl --root $DOC_TMP/data/kl x /tmp/kl2 ./data/x"
+    assert forever("kl consume t -f") and not forever("kl consume t -f > x &") and forever("kl --root r serve # x")
+    assert forever("kl serve --bind 0.0.0.0 2>> log") and not forever("kl serve --list") and not forever("kl serve & # x")
