@@ -336,3 +336,13 @@ def test_the_demo_says_how_to_reach_kl_and_man_finds_its_pages(tmp_path):
         done = subprocess.run(["man", "-w", "kl-topics"], env={**env, "PATH": f"{clone / '.venv/bin'}:/usr/bin:/bin"},
                               capture_output=True, text=True, timeout=60)
         assert Path(done.stdout.strip()).resolve() == clone / "man" / "kl-topics.1", done.stderr
+
+
+def test_the_streaming_examples_say_where_a_new_query_starts():
+    """A new stream starts at latest: an availableNow example without startingOffsets
+    reads nothing of the data already there on its first run."""
+    page = (REPO / "man" / "kl-spark.7").read_text()
+    examples = re.findall(r"\(spark\.readStream.*?\n\.fi", page, re.S)
+    assert examples and all('"startingOffsets"' in example for example in examples)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "a new query starts at `latest`" in readme and "unless `startingOffsets` is `earliest`" in readme
