@@ -503,9 +503,7 @@ class Server:
             if not conn.kl and getattr(config, "format", KL_FORMAT) == KL_FORMAT:
                 return self._error(conn, wire.FORMAT_NOT_UNDERSTOOD, KlError(f"topic {fetch.topic} is in kl's format"))
             span = self.root.log(fetch.topic, fetch.partition).span(fetch.offset, fetch.max_bytes)
-        except _Refused as e:
-            return self._error(conn, e.code, e.error)
-        except KlError as e:
+        except (_Refused, KlError) as e:
             return self._error(conn, *_coded(e))
         if span is None:
             return (wire.NO_ERROR, b"")
@@ -520,10 +518,7 @@ class Server:
                 offsets = [0] if time_ms in (-1, -2) else []  # Kafka 0.7's getEmptyOffsets
             else:
                 offsets = self.root.log(topic, partition).offsets_before(time_ms, max(0, max_offsets))
-        except _Refused as e:
-            self._reply_error(conn, e.code, e.error, b"\0\0\0\0")
-            return
-        except KlError as e:
+        except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e), b"\0\0\0\0")
             return
         body = wire.INT32.pack(len(offsets)) + b"".join(wire.INT64.pack(o) for o in offsets)
@@ -549,10 +544,8 @@ class Server:
         for p in produces:
             try:
                 checked.append((p, *self._checked(conn, p.topic, p.partition, p.data, None)))
-            except _Refused as e:
-                raise Drop(f"produce to {p.topic}/{p.partition} refused: {e.error}") from None
-            except KlError as e:
-                raise Drop(f"produce to {p.topic}/{p.partition} refused: {e}") from None
+            except (_Refused, KlError) as e:
+                raise Drop(f"produce to {p.topic}/{p.partition} refused: {_coded(e)[1]}") from None
         for p, partition, count in checked:
             self.root.log(p.topic, partition).append(p.data, count)
 
@@ -599,10 +592,7 @@ class Server:
         try:
             self._topic(conn, topic, 0, strict=True)
             info = self.root.describe(topic)
-        except _Refused as e:
-            self._reply_error(conn, e.code, e.error)
-            return
-        except KlError as e:
+        except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
         parts = [
@@ -627,10 +617,7 @@ class Server:
         try:
             self._topic(conn, topic, partition, strict=True)
             result = call(self.root.log(topic, partition), value)
-        except _Refused as e:
-            self._reply_error(conn, e.code, e.error)
-            return
-        except KlError as e:
+        except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
         if isinstance(result, int):
@@ -645,10 +632,7 @@ class Server:
         try:
             partition, count = self._checked(conn, topic, partition, data, count)
             offset = self.root.log(topic, partition).append(data, count, fsync=bool(fsync))
-        except _Refused as e:
-            self._reply_error(conn, e.code, e.error)
-            return
-        except KlError as e:
+        except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
         self._reply(conn, wire.NO_ERROR, wire.INT64.pack(offset))
@@ -822,8 +806,9 @@ class _Refused(Exception):
         self.error = error
 
 
-def _coded(error: KlError) -> tuple[int, KlError]:
-    return wire.error_payload(error)[0], error
+def _coded(error: KlError | _Refused) -> tuple[int, BaseException]:
+    """The code and error to answer with: a refusal's own, or the one ``wire`` gives a ``KlError``."""
+    return (error.code, error.error) if isinstance(error, _Refused) else (wire.error_payload(error)[0], error)
 
 
 def _discard(conn: Connection) -> None:
