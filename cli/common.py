@@ -118,32 +118,23 @@ def exclusive(**options: object) -> None:
         raise click.UsageError(f"{names} cannot be used together")
 
 
-class TimeType(click.ParamType):
-    """A time in any form ``kl.timespec.parse_time`` reads, as milliseconds since the epoch."""
+class TimespecType(click.ParamType):
+    """A value one of ``kl.timespec``'s readers takes: a time, as milliseconds since the
+    epoch (``parse_time``), or a duration, as milliseconds (``parse_duration``)."""
 
-    name = "time"
+    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
+        self.name = name
+        self.parse = parse
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         try:
-            return value if isinstance(value, int) else timespec.parse_time(value)
+            return value if isinstance(value, int) else self.parse(value)
         except kl.InvalidTime as e:
             self.fail(str(e), param, ctx)
 
 
-class DurationType(click.ParamType):
-    """A duration in any form ``kl.timespec.parse_duration`` reads, as milliseconds."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        try:
-            return value if isinstance(value, int) else timespec.parse_duration(value)
-        except kl.InvalidTime as e:
-            self.fail(str(e), param, ctx)
-
-
-TIME = TimeType()
-DURATION = DurationType()
+TIME = TimespecType("time", timespec.parse_time)
+DURATION = TimespecType("duration", timespec.parse_duration)
 
 
 def aligned(rows: list[list[str]]) -> list[str]:
