@@ -4,18 +4,20 @@ taking the change up without a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_group import wait_for
 from test_serve import Daemon
 
 import kl
@@ -46,16 +48,6 @@ def tree(path: str) -> dict[str, bytes]:
 
 def kl_cli(root: kl.Root, *args: str):
     return CliRunner().invoke(cli, ["--root", root.path, *args], env={"KL_ROOT": None}, catch_exceptions=False)
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ----------------------------------------------------------------- the library
@@ -291,64 +283,59 @@ def test_producers_and_a_follower_keep_working_while_alter_runs_many_times(root,
         follower.wait(10)
 
 
-def test_a_follower_of_the_whole_topic_reads_partitions_added_while_it_runs(root):
-    root.create_topic("t", kl.TopicConfig(partitions=1))
-    write(root, "t", [b"old"])
-    follower = subprocess.Popen(KL + ["--root", root.path, "consume", "t", "--follow"], stdout=subprocess.PIPE)
+@contextlib.contextmanager
+def following(*args: str) -> Iterator[subprocess.Popen]:
+    """``kl ARGS`` (a ``consume --follow``) running, its stdout a pipe: killed if it is
+    still there after 30 s, else interrupted at the end, which it must answer with 130."""
+    follower = subprocess.Popen(KL + list(args), stdout=subprocess.PIPE)
     timer = threading.Timer(30, follower.kill)
     timer.start()
     try:
-        assert follower.stdout.readline() == b"old\n"
-        done = subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", "--partitions", "3"])
-        assert done.returncode == 0
-        write(kl.Root(root.path), "t", [b"in 2"], partition=2)
-        write(kl.Root(root.path), "t", [b"in 1"], partition=1)
-        assert sorted([follower.stdout.readline(), follower.stdout.readline()]) == [b"in 1\n", b"in 2\n"]
-        assert follower.poll() is None
+        yield follower
     finally:
         timer.cancel()
         follower.send_signal(signal.SIGINT)
         assert follower.wait(10) == 130
+
+
+def alter(root: kl.Root, *args: str) -> None:
+    assert subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", *args]).returncode == 0
+
+
+def test_a_follower_of_the_whole_topic_reads_partitions_added_while_it_runs(root):
+    root.create_topic("t", kl.TopicConfig(partitions=1))
+    write(root, "t", [b"old"])
+    with following("--root", root.path, "consume", "t", "--follow") as follower:
+        assert follower.stdout.readline() == b"old\n"
+        alter(root, "--partitions", "3")
+        write(kl.Root(root.path), "t", [b"in 2"], partition=2)
+        write(kl.Root(root.path), "t", [b"in 1"], partition=1)
+        assert sorted([follower.stdout.readline(), follower.stdout.readline()]) == [b"in 1\n", b"in 2\n"]
+        assert follower.poll() is None
 
 
 def test_a_follower_of_several_topics_reads_the_partitions_added_to_one_of_them(root):
     root.create_topic("t", kl.TopicConfig(partitions=1))
     root.create_topic("u", kl.TopicConfig(partitions=1))
     write(root, "u", [b"u0"])
-    follower = subprocess.Popen(
-        KL + ["--root", root.path, "consume", "t", "u", "--follow", "--format", "{topic}/{partition} {value}"],
-        stdout=subprocess.PIPE,
-    )
-    timer = threading.Timer(30, follower.kill)
-    timer.start()
-    try:
+    with following("--root", root.path, "consume", "t", "u", "--follow", "--format", "{topic}/{partition} {value}") as follower:
         assert follower.stdout.readline() == b"u/0 u0\n"
-        assert subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", "--partitions", "2"]).returncode == 0
+        alter(root, "--partitions", "2")
         write(kl.Root(root.path), "t", [b"t1"], partition=1)
         assert follower.stdout.readline() == b"t/1 t1\n"
-    finally:
-        timer.cancel()
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(10) == 130
 
 
 def test_a_follower_through_a_daemon_reads_partitions_added_while_it_runs(root, tmp_path):
     root.create_topic("t", kl.TopicConfig(partitions=1))
     write(root, "t", [b"old"])
     daemon = Daemon(root, tmp_path / "serve.log")
-    server = f"127.0.0.1:{daemon.address[1]}"
-    follower = subprocess.Popen(KL + ["consume", "--server", server, "t", "--follow"], stdout=subprocess.PIPE)
-    timer = threading.Timer(30, follower.kill)
-    timer.start()
     try:
-        assert follower.stdout.readline() == b"old\n"
-        assert subprocess.run(KL + ["--root", root.path, "topics", "alter", "t", "--partitions", "2"]).returncode == 0
-        write(kl.Root(root.path), "t", [b"in 1"], partition=1)
-        assert follower.stdout.readline() == b"in 1\n"
+        with following("consume", "--server", f"127.0.0.1:{daemon.address[1]}", "t", "--follow") as follower:
+            assert follower.stdout.readline() == b"old\n"
+            alter(root, "--partitions", "2")
+            write(kl.Root(root.path), "t", [b"in 1"], partition=1)
+            assert follower.stdout.readline() == b"in 1\n"
     finally:
-        timer.cancel()
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(10) == 130
         daemon.proc.terminate()
         daemon.proc.wait(30)
 
