@@ -230,3 +230,43 @@ def spark():
     spark.sparkContext.setLogLevel("ERROR")
     yield spark
     spark.stop()
+
+
+class SparkGateway:
+    """A Spark JVM that the processes a test starts (``kl load``, a Python script) use,
+    as they would under ``spark-submit``, instead of starting one each: ``env`` makes
+    pyspark connect to it.  One process at a time runs a SparkContext in it (``kl load``
+    stops its own; ``stop_context`` ends one a process left)."""
+
+    def __init__(self) -> None:
+        from pyspark import SparkConf
+        from pyspark.java_gateway import launch_gateway
+
+        from kl.spark.session import quiet_conf
+
+        settings = {"spark.master": "local[2]", "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+        self.gateway = launch_gateway(SparkConf().setAll([*settings.items(), *quiet_conf().items()]))
+        parameters = self.gateway.gateway_parameters
+        self.env = {"PYSPARK_GATEWAY_PORT": str(parameters.port), "PYSPARK_GATEWAY_SECRET": parameters.auth_token}
+
+    def stop_context(self) -> None:
+        session = self.gateway.jvm.org.apache.spark.sql.SparkSession.getDefaultSession()
+        if session.isDefined():
+            session.get().stop()
+
+    def close(self) -> None:
+        self.gateway.shutdown()
+        self.gateway.proc.stdin.close()  # the JVM exits when its standard input ends
+        self.gateway.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def spark_gateway() -> Iterator[SparkGateway]:
+    """One Spark JVM for the test run's ``kl load`` processes (a JVM start takes seconds)."""
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs Java, and no java is on PATH")
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the JVM's Python workers, its source lookup too
+    gateway = SparkGateway()
+    yield gateway
+    gateway.close()

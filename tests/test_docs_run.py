@@ -14,7 +14,12 @@ Markers in the documents (hidden from readers):
 - README: ``<!-- doc-test: skip REASON -->`` before a block;
   ``<!-- doc-test: setup: COMMAND -->`` (one or more lines of commands) runs before the
   next block, unseen.
-- roff: ``.\\" doc-test: skip REASON`` and ``.\\" doc-test: setup: COMMAND`` before ``.EX``.
+- roff: ``.\\" doc-test: skip REASON`` and ``.\\" doc-test: setup: COMMAND`` before ``.EX``;
+  ``.\\" doc-test: python`` before a block of Python.
+- both: ``doc-test: spark`` before a block that starts Spark: those run in
+  ``test_spark_examples_run``, every document's in one Spark JVM (``spark_gateway``).
+
+A line that starts with a crontab schedule (``*/10 * * * *``) runs its command.
 
 Shown output is compared strictly, line by line, except that ``...`` in a line matches
 any text there, and a line that is only ``...`` matches any number of lines (offsets
@@ -55,7 +60,7 @@ each runs under ``timeout``, and being stopped by it counts as success."""
 
 FOREVER_SECONDS = 1
 
-TOOLS = ("jq", "xxd", "less")
+TOOLS = ("jq", "xxd", "less", "duckdb")
 """Programs the examples use besides kl and coreutils (a document using one that is
 missing is skipped, naming it)."""
 
@@ -135,6 +140,7 @@ def man_blocks(page: Path) -> list[Block]:
     blocks: list[Block] = []
     setup: list[str] = []
     skip: str | None = None
+    marks: set[str] = set()
     inside = False
     lines = page.read_text().splitlines()
     i = 0
@@ -146,6 +152,8 @@ def man_blocks(page: Path) -> list[Block]:
             body = line.removeprefix('.\\" doc-test:').strip()
             if body.startswith("skip "):
                 skip = body.removeprefix("skip ").strip()
+            elif body in ("spark", "python"):
+                marks.add(body)
             elif body.startswith("setup:"):
                 setup.append(body.removeprefix("setup:").strip())
             else:
@@ -157,21 +165,23 @@ def man_blocks(page: Path) -> list[Block]:
                 if not lines[i].startswith('.\\"'):
                     body_lines.append(unroff(lines[i]))
                 i += 1
-            blocks.append(Block("sh", f"{page.name}:{start}", body_lines, setup, skip))
-            setup, skip = [], None
+            language = "python" if "python" in marks else "sh"
+            blocks.append(Block(language, f"{page.name}:{start}", body_lines, setup, skip, "spark" in marks))
+            setup, skip, marks = [], None, set()
         i += 1
     return blocks
 
 
 def commands(block: Block) -> list[Command]:
     """A sh block's commands: with ``$ `` prompts, each with the output shown after it;
-    without, every line (``\\`` continuations joined)."""
+    without, every line (``\\`` continuations joined); a quote left open goes on on the
+    next line, in both."""
     found: list[Command] = [Command(c, f"{block.where} (setup)") for c in block.setup]
     prompts = any(line.startswith("$ ") for line in block.lines)
     pending = ""
     for n, line in enumerate(block.lines):
         where = f"{block.where.split(':')[0]}:{int(block.where.split(':')[1]) + n + 1}"
-        if prompts and found and found[-1].shown == [] and not complete(found[-1].text):
+        if found and found[-1].shown in ([] if prompts else None,) and not complete(found[-1].text):
             found[-1].text += "\n" + line  # a quoted argument over several lines
             continue
         if prompts and not line.startswith("$ "):
@@ -182,10 +192,14 @@ def commands(block: Block) -> list[Command]:
         if text.rstrip().endswith("\\"):
             pending += text.rstrip()[:-1] + " "
             continue
-        text, pending = pending + text, ""
+        text, pending = re.sub(CRON, "", pending + text), ""
         if text.strip():
             found.append(Command(text, where, [] if prompts else None))
     return found
+
+
+CRON = r"^([*/0-9,-]+\s+){5}(?=\S)"
+"""A crontab schedule at the start of a line: five fields of digits, ``*``, ``/``, ``,``, ``-``."""
 
 
 def complete(text: str) -> bool:
@@ -247,8 +261,8 @@ def matches(shown: list[str], actual: list[str]) -> bool:
     return bool(actual) and re.fullmatch(pattern, actual[0].rstrip()) is not None and matches(rest, actual[1:])
 
 
-def environment(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KL_")}
+def environment(tmp: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KL_")} | extra
     bin_dir = str(Path(sys.executable).parent)
     env.update(
         HOME=str(tmp / "home"),
@@ -269,11 +283,11 @@ def workdir(tmp: Path) -> Path:
     return tmp
 
 
-def run_shell(cmds: list[Command], tmp: Path) -> None:
+def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
     out = tmp / ".doc-test"
     out.mkdir()
     (out / "script.sh").write_text(script(cmds, out))
-    bash = subprocess.Popen(["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp), start_new_session=True)
+    bash = subprocess.Popen(["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp, env), start_new_session=True)
     try:
         assert bash.wait(timeout=300) == 0
     finally:
@@ -294,14 +308,13 @@ def run_shell(cmds: list[Command], tmp: Path) -> None:
             )
 
 
-def run_python(blocks: list[Block], tmp: Path) -> None:
+def run_python(blocks: list[Block], tmp: Path, env: dict[str, str]) -> None:
     program = ["import sys", "ns = {'__name__': '__main__'}"]
     for block in blocks:
         source = moved("\n".join(block.lines)).replace("$DOC_TMP", str(tmp))
         program.append(f"exec(compile({source!r}, {block.where!r}, 'exec'), ns)")
-    done = subprocess.run(
-        [sys.executable, "-c", "\n".join(program)], cwd=tmp, env=environment(tmp), timeout=300, capture_output=True, text=True
-    )
+    python = [sys.executable, "-c", "\n".join(program)]
+    done = subprocess.run(python, cwd=tmp, env=environment(tmp, env), timeout=300, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr.replace(str(tmp), "")
 
 
@@ -313,16 +326,23 @@ def blocks_of(name: str) -> list[Block]:
     return readme_blocks(path.read_text()) if name == "README.md" else man_blocks(path)
 
 
-def run_document(blocks: list[Block], tmp: Path) -> None:
-    """``blocks`` in order: the shell ones (and every block's setup) in one bash, then
-    the Python ones in one interpreter."""
+def run_document(name: str, blocks: list[Block], tmp: Path, env: dict[str, str] | None = None) -> None:
+    """``blocks`` of document ``name`` in order: the shell ones (and every block's setup)
+    in one bash, then the Python ones in one interpreter; ``env`` added to the
+    environment.  Skips, naming it, when the blocks use a program of :data:`TOOLS` that is
+    missing."""
+    used = " ".join(line for b in blocks for line in b.lines + b.setup)
+    path = environment(tmp, {})["PATH"]
+    missing = [tool for tool in TOOLS if re.search(rf"\b{tool}\b", used) and shutil.which(tool, path=path) is None]
+    if missing:
+        pytest.skip(f"{name}: its examples use {', '.join(missing)}, not installed here")
     sh = [c for b in blocks for c in (commands(b) if b.language == "sh" else commands(Block("sh", b.where, [], b.setup)))]
     python = [b for b in blocks if b.language == "python"]
     tmp = workdir(tmp)
     if sh:
-        run_shell(sh, tmp)
+        run_shell(sh, tmp, env or {})
     if python:
-        run_python(python, tmp)
+        run_python(python, tmp, env or {})
 
 
 def runnable(name: str) -> list[Block]:
@@ -332,21 +352,27 @@ def runnable(name: str) -> list[Block]:
 
 @pytest.mark.parametrize("name", sorted(name for name in DOCUMENTS if runnable(name)))  # (the rest: every skip says why)
 def test_every_example_runs_as_documented(name, tmp_path):
-    blocks = runnable(name)
-    used = " ".join(line for b in blocks for line in b.lines + b.setup)
-    missing = [tool for tool in TOOLS if re.search(rf"\b{tool}\b", used) and shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{name}: its examples use {', '.join(missing)}, not installed here")
-    run_document(blocks, tmp_path)
+    run_document(name, runnable(name), tmp_path)
+
+
+def sparks(name: str) -> list[Block]:
+    """The blocks of ``name`` marked as starting Spark (and not skipped)."""
+    return [b for b in blocks_of(name) if b.skip is None and b.spark]
 
 
 @pytest.mark.spark
-def test_spark_examples_run(tmp_path):
-    """The README's Spark blocks (a ``kl load`` run and a DataFrame read): one JVM each.
-    kl-load(1)'s and kl-spark(7)'s examples are marked covered by these."""
-    blocks = [b for b in blocks_of("README.md") if b.spark and b.skip is None]
-    assert len(blocks) == 2
-    run_document(blocks, tmp_path)
+@pytest.mark.parametrize("name", sorted(name for name in DOCUMENTS if sparks(name)))
+def test_spark_examples_run(name, tmp_path, spark_gateway):
+    """The Spark blocks (``kl load`` runs, DataFrame reads), as the others but with every
+    document's ``kl load`` and Python in one Spark JVM, as under ``spark-submit``."""
+    try:
+        run_document(name, sparks(name), tmp_path, spark_gateway.env)
+    finally:
+        spark_gateway.stop_context()
+
+
+def test_the_spark_pages_run_their_examples():
+    assert {name for name in DOCUMENTS if sparks(name)} == {"README.md", "kl-load.1", "kl-spark.7"}
 
 
 def test_every_skip_says_why():
@@ -360,11 +386,13 @@ def test_markers_and_prompts_are_read():
         '.SH EXAMPLES\n.\\" doc-test: setup: kl topics create t\n.EX\n$ kl topics list\nt\n'
         "$ kl topics create t\nError: topic \\(aqt\\(aq ...\n.EE\n"
         '.\\" doc-test: skip needs a second host\n.EX\nkl consume t \\-\\-server logs1:9092\n.EE\n'
+        '.\\" doc-test: spark\n.EX\n*/10 * * * *  kl load t \\e\n    -o /d\nduckdb -c "SELECT\n    1"\n.EE\n'
+        '.\\" doc-test: spark\n.\\" doc-test: python\n.EX\nspark.read.format("kl")\n.EE\n'
     )
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kl-doctest-{os.getpid()}.1"
     path.write_text(page)
     try:
-        first, second = man_blocks(path)
+        first, second, cron, python = man_blocks(path)
     finally:
         path.unlink()
     assert [(c.text, c.shown) for c in commands(first)] == [
@@ -373,6 +401,8 @@ def test_markers_and_prompts_are_read():
         ("kl topics create t", ["Error: topic 't' ..."]),
     ]
     assert second.skip == "needs a second host" and second.lines == ["kl consume t --server logs1:9092"]
+    assert cron.spark and cron.language == "sh" and python.spark and python.language == "python"
+    assert [c.text for c in commands(cron)] == ["kl load t      -o /d", 'duckdb -c "SELECT\n    1"']
     assert matches(["a ... c", "..."], ["a b c", "x", "y"]) and not matches(["a"], ["a", "b"])
     assert moved("kl --root /data/kl x /tmp/kl2 ./data/x") == "kl --root $DOC_TMP/data/kl x /tmp/kl2 ./data/x"
     assert forever("kl consume t -f") and not forever("kl consume t -f > x &") and forever("kl --root r serve # x")
