@@ -11,11 +11,13 @@ from __future__ import annotations
 import errno
 import signal
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 import click
 
 import kl
+from kl import core
 from kl_cli.common import add_root_options, log_warnings
 from kl_cli.consume import consume
 from kl_cli.groups import groups
@@ -46,8 +48,15 @@ class KlGroup(click.Group):
             raise click.ClickException(f"{e.strerror}: {e.filename}") from None
 
 
+def _version(ctx: click.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"kl, version {metadata.version('kl')}, {core.describe()}")
+        ctx.exit()
+
+
 @click.group(cls=KlGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="kl", prog_name="kl")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=lambda ctx, _, value: _version(ctx, value),
+              help="Show kl's version and which core it runs, and exit.")
 def cli() -> None:
     """kl: the classic Kafka log design over a shared filesystem.
 

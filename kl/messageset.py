@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from kl import core
 from kl import message as m
 from kl.config import FORMAT_07, FORMAT_KL
 from kl.errors import CorruptMessage, InvalidMessageSet, UnsupportedCodec
@@ -58,12 +59,9 @@ class Corruption(NamedTuple):
 INCOMPLETE = Kind.INCOMPLETE
 Buffer = bytes | bytearray | memoryview | mmap.mmap
 """What a message can be checked in: read bytes, or a file mapped into memory."""
-_FAST = m.HEADER.unpack_from
 _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
-_FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
-"""Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
 _V1 = struct.Struct(">iBBI")
 """length, magic, attrs and crc of a magic 1 message."""
@@ -83,6 +81,8 @@ class Entry(NamedTuple):
 
 _INCOMPLETE = Corruption(INCOMPLETE, INCOMPLETE.value)
 _CHECKSUM = Corruption(Kind.CHECKSUM, Kind.CHECKSUM.value)
+_KINDS = {core.UNKNOWN_MAGIC: Kind.UNKNOWN_MAGIC, core.BAD_LENGTH: Kind.BAD_LENGTH, core.BAD_KEY_LENGTH: Kind.BAD_KEY_LENGTH}
+"""The problems ``core.check`` finds that name a value (the magic, length or key length)."""
 
 
 def check(buf: Buffer, pos: int, end: int, max_message_bytes: int, shift: int = 0) -> Entry:
@@ -90,65 +90,25 @@ def check(buf: Buffer, pos: int, end: int, max_message_bytes: int, shift: int = 
 
     The entry's position is ``pos + shift`` (a file position when ``buf`` starts at ``shift``).
     """
-    if end - pos < m.LENGTH_SIZE + 1:
-        return Entry(pos + shift, end - pos, -1, 0, _INCOMPLETE)
-    length, magic = m.PREFIX.unpack_from(buf, pos)
-    if magic > m.CURRENT_MAGIC:
-        return Entry(pos + shift, 0, magic, 0, Corruption(Kind.UNKNOWN_MAGIC, f"unknown magic {magic}"))
-    if not m.MIN_LENGTH[magic] <= length <= max_message_bytes - m.LENGTH_SIZE:
-        return Entry(pos + shift, 0, magic, 0, Corruption(Kind.BAD_LENGTH, f"bad length {length}"))
-    nxt = pos + m.LENGTH_SIZE + length
-    if nxt > end:
-        return Entry(pos + shift, nxt - pos, magic, 0, _INCOMPLETE)
-    if magic == 0:
-        attrs, body_at = 0, m.PAYLOAD_OFFSET_V0
-        (stored,) = m.CRC_V0.unpack_from(buf, pos + m.CRC_OFFSET_V0)
-    else:
-        attrs, stored = m.ATTRS_CRC.unpack_from(buf, pos + m.ATTRIBUTES_OFFSET)
-        body_at = m.PAYLOAD_OFFSET_V1
-    size = nxt - pos
-    if m.crc_of(magic, attrs, memoryview(buf)[pos + body_at : nxt]) != stored:
-        return Entry(pos + shift, size, magic, attrs, _CHECKSUM)
-    if magic == m.CURRENT_MAGIC:
-        (key_length,) = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)[1:]
-        if not m.NO_KEY <= key_length <= length - (m.HEADER_SIZE - m.LENGTH_SIZE):
-            return Entry(pos + shift, size, magic, attrs, Corruption(Kind.BAD_KEY_LENGTH, f"bad key length {key_length}"))
-    return Entry(pos + shift, size, magic, attrs, None)
+    problem, size, magic, attrs, value = core.check(buf, pos, end, max_message_bytes)
+    return Entry(pos + shift, size, magic, attrs, None if problem == core.OK else _problem(problem, value))
+
+
+def _problem(problem: int, value: int) -> Corruption:
+    if problem == core.INCOMPLETE:
+        return _INCOMPLETE
+    if problem == core.CHECKSUM:
+        return _CHECKSUM
+    kind = _KINDS[problem]
+    return Corruption(kind, f"{kind.value} {value}")
 
 
 def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int]:
     """Follow valid messages from ``pos``: (where the chain stops, how many it holds).
 
-    It stops at ``end``, at a message that fails its checks or at one cut off by
-    ``end``.  The fast path (uncompressed magic 2) runs at the parse rate.
+    It stops at ``end``, at a message that fails its checks or at one cut off by ``end``.
     """
-    crc32, unpack, seed, header, fields_at = zlib.crc32, _FAST, m.CRC_SEEDS, m.HEADER_SIZE, m.TIMESTAMP_OFFSET
-    limit, max_length, length_size = end - header, max_message_bytes - m.LENGTH_SIZE, m.LENGTH_SIZE
-    magic_now, no_key = m.CURRENT_MAGIC, m.NO_KEY
-    count = 0
-    while pos < end:
-        while pos <= limit:
-            length, magic, attrs, crc, _, klen = unpack(buf, pos)
-            nxt = pos + length_size + length
-            if (
-                magic != magic_now
-                or length > max_length
-                or not pos + header <= nxt <= end
-                or not no_key <= klen <= nxt - pos - header
-            ):
-                break
-            if crc32(buf[pos + fields_at : nxt], seed[attrs]) != crc:
-                return pos, count
-            pos = nxt
-            count += 1
-        if pos >= end:
-            break
-        entry = check(buf, pos, end, max_message_bytes)
-        if entry.problem is not None:
-            return pos, count
-        pos += entry.size
-        count += 1
-    return pos, count
+    return core.walk(buf, pos, end, max_message_bytes)
 
 
 def count_messages(buf: bytes, max_message_bytes: int) -> int:
@@ -180,15 +140,7 @@ def count_messages(buf: bytes, max_message_bytes: int) -> int:
 def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
     """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
     if keys is None:
-        values = values if isinstance(values, list) else list(values)
-        pack, crc32, plain = m.FRAME.pack, zlib.crc32, _PLAIN
-        fields = m.TIMESTAMP_KEY_LENGTH.pack(timestamp, m.NO_KEY)
-        seed = zlib.crc32(fields, _SEED)
-        fixed = m.HEADER_SIZE - m.LENGTH_SIZE
-        parts: list[bytes] = [b""] * (2 * len(values))
-        parts[0::2] = [pack(len(v) + fixed, plain, crc32(v, seed), fields) for v in values]
-        parts[1::2] = values
-        return b"".join(parts)
+        return core.frame(values if isinstance(values, (list, tuple)) else list(values), timestamp)
     return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys, strict=True)])
 
 
@@ -306,30 +258,11 @@ class MessageSet:
         return len(self.buffer)
 
     def __iter__(self) -> Iterator[Message]:
-        buf, base, end, pos = self.buffer, self.offset, len(self.buffer), 0
-        crc32, unpack, seed, header, fields = zlib.crc32, _FAST, _SEED, m.HEADER_SIZE, _FIELDS
-        limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
-        magic_now, no_key, length_size, body_at = m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+        buf, base, limit, pos = self.buffer, self.offset, self.max_message_bytes, 0
+        plain_messages = core.plain_messages
         while True:
-            while pos <= limit:  # fast path: uncompressed magic 2
-                length, magic, attrs, crc, ts, klen = unpack(buf, pos)
-                nxt = pos + length_size + length
-                if (
-                    magic != magic_now
-                    or attrs
-                    or length > max_length
-                    or not pos + header <= nxt <= end
-                    or not no_key <= klen <= nxt - pos - header
-                ):
-                    break
-                body = buf[pos + body_at : nxt]
-                if crc32(body, seed) != crc:
-                    break
-                if klen < 0:
-                    yield Message(base + pos, base + nxt, ts, None, body[fields:])
-                else:
-                    yield Message(base + pos, base + nxt, ts, body[fields : fields + klen], body[fields + klen :])
-                pos = nxt
+            run, pos = plain_messages(buf, pos, base, limit)  # the fast path: uncompressed magic 2
+            yield from run
             step = self.decode_at(pos)
             if step is None:
                 self.next_offset = base + pos
@@ -339,28 +272,17 @@ class MessageSet:
 
     def values(self) -> tuple[list[bytes], int]:
         """All values in one pass, and the offset to read from next: the consumer's fast path."""
-        out: list[bytes] = []
-        buf, end, pos = self.buffer, len(self.buffer), 0
-        append, crc32, unpack, seed, header, fields = out.append, zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE, _FIELDS
-        limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
-        plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+        buf, limit, plain_values = self.buffer, self.max_message_bytes, core.plain_values
+        out, pos = plain_values(buf, 0, limit)  # uncompressed magic 2 without a key
         while True:
-            while pos <= limit:  # fast path: uncompressed magic 2 without a key
-                length, magic_attrs, crc, klen = unpack(buf, pos)
-                nxt = pos + length_size + length
-                if magic_attrs != plain or klen != no_key or length > max_length or not pos + header <= nxt <= end:
-                    break
-                body = buf[pos + body_at : nxt]
-                if crc32(body, seed) != crc:
-                    break
-                append(body[fields:])
-                pos = nxt
             step = self.decode_at(pos)
             if step is None:
                 self.next_offset = self.offset + pos
                 return out, self.next_offset
             pos, messages = step
             out.extend([msg.value for msg in messages])
+            run, pos = plain_values(buf, pos, limit)
+            out += run
 
     def entries(self) -> Iterator[Entry]:
         """Every stored message with its problem, up to the first bad or cut-off one (included)."""

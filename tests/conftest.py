@@ -25,7 +25,7 @@ import nfslab
 import pytest
 
 import kl
-from kl import flusher
+from kl import core, flusher
 
 from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
@@ -80,6 +80,19 @@ def one_kernel_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.
         pytest.skip(reason)
     with nfslab.Lab(tmp_path_factory.mktemp("nfslab"), one_kernel=True) as lab:
         yield lab
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def each_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The test runs once on each core (kl.core): in this process, and through
+    ``KL_PURE`` in the processes it starts."""
+    if request.param == "compiled" and core.compiled() is None:
+        pytest.skip("kl's compiled core was not built here (test_core.py says why that is a failure where it can be)")
+    was = core.NAME
+    monkeypatch.setenv("KL_PURE", "1" if request.param == "pure" else "0")
+    core.use(request.param)
+    yield request.param
+    core.use(was)
 
 
 @pytest.fixture

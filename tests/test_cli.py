@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl import core
 from kl.timespec import TIME_FORMS, parse_time
 from kl_cli.main import cli
 
@@ -914,7 +915,7 @@ except SystemExit as e:
 
 def test_version():
     result = run(None, "--version")
-    assert (result.exit_code, result.stdout) == (0, f"kl, version {kl_version()}\n")
+    assert (result.exit_code, result.stdout) == (0, f"kl, version {kl_version()}, {core.describe()}\n")
 
 
 def kl_version() -> str:

@@ -18,6 +18,8 @@ from kl.recovery import recover
 
 from faultlib import append_bytes, flip_bit, read_log, shrink_to
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 TS = 1_700_000_000_000
 KAFKA07 = Path(__file__).resolve().parent / "data" / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.kafka"
 NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)

@@ -30,6 +30,8 @@ from kl_cli.main import cli
 from conftest import KAFKA07_SEGMENT, partition_dir, read_all, segment_files, v0, v1
 from faultlib import flip_bit, fresh_log
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 V07 = kl.TopicConfig(format="0.7", flush_ms=0)
 SMALL = kl.TopicConfig(format="0.7", flush_ms=0, segment_bytes=100, max_message_bytes=64)
 

@@ -25,6 +25,8 @@ from kl.state import CRC, RECORD_V1, SIZE_V1, PartitionState
 from conftest import KAFKA07_SEGMENT
 from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, wait_flushed, write_at
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 KL = [sys.executable, "-m", "kl_cli"]
 TS = 1_700_000_000_000
 

@@ -17,6 +17,8 @@ from kl.messageset import INCOMPLETE, check
 
 from conftest import MAX, flipped, message_set, v0, v1, values_of, with_length
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 values = st.binary(max_size=300)
 keys = st.none() | st.binary(max_size=40)
 timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)

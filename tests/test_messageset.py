@@ -12,6 +12,8 @@ from kl.messageset import INCOMPLETE, check, frame, wrap
 
 from conftest import MAX, message_set, v0, values_of
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 
 def batch(values, codec=m.CODEC_ZSTD, timestamp=5, keys=None) -> bytes:
     return wrap(frame(values, timestamp, keys), codec, timestamp)

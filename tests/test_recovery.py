@@ -18,6 +18,8 @@ from kl.state import STATE_FILE
 
 from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, snapshot
 
+pytestmark = pytest.mark.usefixtures("each_core")  # the format and corruption rules hold on both cores
+
 TS = 1_700_000_000_000
 NO_FLUSH = kl.TopicConfig(flush_messages=0, flush_ms=0)
 ROLLING = kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, flush_messages=0, flush_ms=0)

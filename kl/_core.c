@@ -1,0 +1,345 @@
+/* kl._core: the per-message loops of the message format in C.
+ *
+ * Each function has a pure-Python twin of the same name in kl/pycore.py, the
+ * reference: for any input both give the same answer (tests/test_core.py).  The bytes
+ * are untrusted (damaged files, the network): nothing is read before the bounds that
+ * cover it are checked, and every length is checked before it is added to a position.
+ * The format is specified in man/kl-format.5.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define LENGTH_SIZE 4
+#define HEADER_SIZE 22     /* magic 2: length magic attrs crc timestamp key_length */
+#define FIELDS_AT 10       /* magic 2 body (checksummed from here): timestamp, key_length */
+#define FIELDS 12          /* bytes of timestamp and key length */
+#define CURRENT_MAGIC 2
+#define NO_KEY (-1)
+
+enum { OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH };
+
+static const int32_t MIN_LENGTH[3] = {5, 6, HEADER_SIZE - LENGTH_SIZE};
+static uLong seeds[256]; /* CRC32 of (magic 2, attrs): where a magic 2 body's checksum starts */
+
+static inline uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static inline int64_t be64(const unsigned char *p) {
+    return (int64_t)((uint64_t)be32(p) << 32 | be32(p + 4));
+}
+
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static uLong crc(uLong seed, const unsigned char *p, Py_ssize_t n) {
+    while (n > 0) { /* zlib takes a uInt length */
+        uInt chunk = n > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)n;
+        seed = crc32(seed, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return seed;
+}
+
+typedef struct {
+    int problem;
+    Py_ssize_t size;
+    int magic, attrs;
+    int64_t value;
+} Checked;
+
+/* The message at pos of buf[0:end]: see check() in kl/pycore.py. */
+static Checked check_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_message_bytes) {
+    Checked c = {OK, 0, -1, 0, 0};
+    if (end - pos < LENGTH_SIZE + 1) {
+        c.problem = INCOMPLETE;
+        c.size = end - pos;
+        return c;
+    }
+    const unsigned char *p = buf + pos;
+    int32_t length = (int32_t)be32(p);
+    c.magic = p[4];
+    if (c.magic > CURRENT_MAGIC) {
+        c.problem = UNKNOWN_MAGIC;
+        c.value = c.magic;
+        return c;
+    }
+    if (length < MIN_LENGTH[c.magic] || (Py_ssize_t)length > max_message_bytes - LENGTH_SIZE) {
+        c.problem = BAD_LENGTH;
+        c.value = length;
+        return c;
+    }
+    Py_ssize_t size = LENGTH_SIZE + (Py_ssize_t)length;
+    if (size > end - pos) {
+        c.problem = INCOMPLETE;
+        c.size = size;
+        return c;
+    }
+    c.size = size;
+    uint32_t stored;
+    uLong sum;
+    if (c.magic == 0) {
+        stored = be32(p + 5);
+        sum = crc(crc32(0L, Z_NULL, 0), p + 9, size - 9);
+    } else {
+        c.attrs = p[5];
+        stored = be32(p + 6);
+        uLong seed = c.magic == CURRENT_MAGIC ? seeds[c.attrs] : crc32(0L, Z_NULL, 0);
+        sum = crc(seed, p + 10, size - 10);
+    }
+    if ((uint32_t)sum != stored) {
+        c.problem = CHECKSUM;
+        return c;
+    }
+    if (c.magic == CURRENT_MAGIC) {
+        int32_t key_length = (int32_t)be32(p + 18);
+        if (key_length < NO_KEY || key_length > length - (HEADER_SIZE - LENGTH_SIZE)) {
+            c.problem = BAD_KEY_LENGTH;
+            c.value = key_length;
+        }
+    }
+    return c;
+}
+
+/* A plain message at pos: uncompressed magic 2 with a valid length (the caller checks
+ * the key length it needs and the checksum).  Its size, or 0. */
+static inline Py_ssize_t plain_size(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_length) {
+    if (end - pos < HEADER_SIZE)
+        return 0;
+    const unsigned char *p = buf + pos;
+    int32_t length = (int32_t)be32(p);
+    if (p[4] != CURRENT_MAGIC || p[5] != 0 || length < HEADER_SIZE - LENGTH_SIZE || (Py_ssize_t)length > max_length)
+        return 0;
+    Py_ssize_t size = LENGTH_SIZE + (Py_ssize_t)length;
+    return size <= end - pos ? size : 0;
+}
+
+static int bounds(Py_ssize_t pos, Py_ssize_t end, Py_ssize_t len) {
+    if (pos < 0 || end < pos || end > len) {
+        PyErr_Format(PyExc_ValueError, "positions %zd to %zd are outside a buffer of %zd bytes", pos, end, len);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *core_check(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, end, max_message_bytes;
+    if (!PyArg_ParseTuple(args, "y*nnn:check", &b, &pos, &end, &max_message_bytes))
+        return NULL;
+    if (!bounds(pos, end, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    Checked c = check_at(b.buf, pos, end, max_message_bytes);
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(iniiL)", c.problem, c.size, c.magic, c.attrs, (long long)c.value);
+}
+
+static PyObject *core_walk(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, end, max_message_bytes, count = 0;
+    if (!PyArg_ParseTuple(args, "y*nnn:walk", &b, &pos, &end, &max_message_bytes))
+        return NULL;
+    if (!bounds(pos, end, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    const unsigned char *buf = b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < end) {
+        Checked c = check_at(buf, pos, end, max_message_bytes);
+        if (c.problem != OK)
+            break;
+        pos += c.size;
+        count++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(nn)", pos, count);
+}
+
+/* One message of a plain run as the caller wants it (a new reference, NULL on error). */
+typedef PyObject *(*make_fn)(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset);
+
+/* The valid uncompressed magic 2 messages of buf from pos on (without a key unless
+ * keyed), each made by make at offset base + position: (list, where the run stops). */
+static PyObject *plain_run(Py_buffer *b, Py_ssize_t pos, long long base, Py_ssize_t max_message_bytes, int keyed, make_fn make) {
+    PyObject *out = NULL;
+    if (!bounds(pos, b->len, b->len) || !(out = PyList_New(0)))
+        goto done;
+    const unsigned char *buf = b->buf;
+    Py_ssize_t end = b->len, max_length = max_message_bytes - LENGTH_SIZE, size;
+    while ((size = plain_size(buf, pos, end, max_length))) {
+        const unsigned char *p = buf + pos;
+        int32_t key_length = (int32_t)be32(p + 18);
+        if (keyed ? key_length < NO_KEY || key_length > size - HEADER_SIZE : key_length != NO_KEY)
+            break;
+        if ((uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
+            break;
+        PyObject *item = make(p, size, key_length, base + pos);
+        if (!item || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_DECREF(item);
+        pos += size;
+    }
+done:
+    PyBuffer_Release(b);
+    if (!out)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, pos);
+}
+
+static PyObject *make_value(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
+    return PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, size - HEADER_SIZE);
+}
+
+static PyObject *core_plain_values(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, max_message_bytes;
+    if (!PyArg_ParseTuple(args, "y*nn:plain_values", &b, &pos, &max_message_bytes))
+        return NULL;
+    return plain_run(&b, pos, 0, max_message_bytes, 0, make_value);
+}
+
+static PyObject *message_type; /* kl.message.Message */
+
+static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
+    PyTypeObject *type = (PyTypeObject *)message_type;
+    Py_ssize_t key = key_length < 0 ? 0 : key_length;
+    PyObject *message = type->tp_alloc(type, 5);
+    if (!message)
+        return NULL;
+    PyTuple_SET_ITEM(message, 0, PyLong_FromLongLong(offset));
+    PyTuple_SET_ITEM(message, 1, PyLong_FromLongLong(offset + size));
+    PyTuple_SET_ITEM(message, 2, PyLong_FromLongLong(be64(p + FIELDS_AT)));
+    if (key_length < 0) {
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(message, 3, Py_None);
+    } else {
+        PyTuple_SET_ITEM(message, 3, PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, key));
+    }
+    PyTuple_SET_ITEM(message, 4, PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE + key, size - HEADER_SIZE - key));
+    for (int i = 0; i < 5; i++) {
+        if (PyTuple_GET_ITEM(message, i) == NULL) {
+            Py_DECREF(message);
+            return NULL;
+        }
+    }
+    return message;
+}
+
+static PyObject *core_plain_messages(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, max_message_bytes;
+    long long base;
+    if (!PyArg_ParseTuple(args, "y*nLn:plain_messages", &b, &pos, &base, &max_message_bytes))
+        return NULL;
+    return plain_run(&b, pos, base, max_message_bytes, 1, make_message);
+}
+
+/* Bytes-like value i of a sequence being framed (a new view into it; released by the caller). */
+static int value_at(PyObject *seq, Py_ssize_t i, Py_buffer *view) {
+    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), view, PyBUF_SIMPLE) == 0)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "frame: value %zd is %.100s, not bytes", i, Py_TYPE(PySequence_Fast_GET_ITEM(seq, i))->tp_name);
+    return 0;
+}
+
+static PyObject *core_frame(PyObject *self, PyObject *args) {
+    PyObject *values, *seq, *out = NULL;
+    long long timestamp;
+    if (!PyArg_ParseTuple(args, "OL:frame", &values, &timestamp))
+        return NULL;
+    if (!(seq = PySequence_Fast(values, "frame: values must be a sequence")))
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 0;
+    Py_buffer view;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!value_at(seq, i, &view))
+            goto done;
+        Py_ssize_t size = view.len;
+        PyBuffer_Release(&view);
+        if (size > INT32_MAX - (HEADER_SIZE - LENGTH_SIZE) || total > PY_SSIZE_T_MAX - HEADER_SIZE - size) {
+            PyErr_Format(PyExc_OverflowError, "frame: value %zd of %zd bytes is too large for a message", i, size);
+            goto done;
+        }
+        total += HEADER_SIZE + size;
+    }
+    if (!(out = PyBytes_FromStringAndSize(NULL, total)))
+        goto done;
+    unsigned char fields[FIELDS];
+    put32(fields, (uint32_t)((uint64_t)timestamp >> 32));
+    put32(fields + 4, (uint32_t)timestamp);
+    put32(fields + 8, (uint32_t)NO_KEY);
+    uLong seed = crc32(seeds[0], fields, FIELDS);
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out), *stop = p + total;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!value_at(seq, i, &view)) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_ssize_t size = view.len;
+        if (size > stop - p - HEADER_SIZE) { /* it grew since it was measured */
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "frame: value %zd changed size while it was framed", i);
+            Py_CLEAR(out);
+            goto done;
+        }
+        put32(p, (uint32_t)(size + HEADER_SIZE - LENGTH_SIZE));
+        p[4] = CURRENT_MAGIC;
+        p[5] = 0;
+        put32(p + 6, (uint32_t)crc(seed, view.buf, size));
+        memcpy(p + FIELDS_AT, fields, FIELDS);
+        memcpy(p + HEADER_SIZE, view.buf, size);
+        p += HEADER_SIZE + size;
+        PyBuffer_Release(&view);
+    }
+    if (p != stop) { /* a value shrank */
+        PyErr_SetString(PyExc_ValueError, "frame: a value changed size while it was framed");
+        Py_CLEAR(out);
+    }
+done:
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.pycore.check"},
+    {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.pycore.walk"},
+    {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
+    {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
+    {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kl._core", "kl's per-message loops in C (twins: kl.pycore).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    for (int attrs = 0; attrs < 256; attrs++) {
+        unsigned char pair[2] = {CURRENT_MAGIC, (unsigned char)attrs};
+        seeds[attrs] = crc32(crc32(0L, Z_NULL, 0), pair, 2);
+    }
+    PyObject *messages = PyImport_ImportModule("kl.message");
+    if (!messages)
+        return NULL;
+    message_type = PyObject_GetAttrString(messages, "Message");
+    Py_DECREF(messages);
+    if (!message_type)
+        return NULL;
+    if (!PyType_Check(message_type) || !PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "kl.message.Message is not a tuple type");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

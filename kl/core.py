@@ -1,0 +1,73 @@
+"""The core kl runs: the compiled one (``kl._core``, C) where it was built, else the
+pure-Python one (``kl.pycore``); ``KL_PURE=1`` in the environment picks the pure one.
+
+Callers look the functions up here at each call (``core.walk(...)``), so ``use``
+switches every caller at once (the tests run both cores through the same tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+
+from kl import pycore
+from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
+
+__all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
+FUNCTIONS = ("check", "walk", "plain_values", "plain_messages", "frame")
+"""What a core provides, with the same answers from both."""
+
+log = logging.getLogger(__name__)
+
+
+def compiled() -> ModuleType | None:
+    """``kl._core``, or None where it was not built (or does not load)."""
+    try:
+        from kl import _core
+    except ImportError:
+        return None
+    return _core
+
+
+NAME = "pure"
+"""The core in use: ``compiled`` or ``pure``."""
+check = pycore.check
+walk = pycore.walk
+plain_values = pycore.plain_values
+plain_messages = pycore.plain_messages
+frame = pycore.frame
+
+
+def use(name: str) -> None:
+    """Run the ``compiled`` or the ``pure`` core from now on.  Raises ``ValueError`` for
+    ``compiled`` where it was not built."""
+    global NAME
+    if name == "compiled":
+        module = compiled()
+        if module is None:
+            raise ValueError("kl's compiled core was not built here (kl._core does not import)")
+    elif name == "pure":
+        module = pycore
+    else:
+        raise ValueError(f"no core named {name!r}: compiled or pure")
+    globals().update({function: getattr(module, function) for function in FUNCTIONS})
+    NAME = name
+
+
+def describe() -> str:
+    """Which core runs, and why, in a few words (``kl --version`` says it)."""
+    if NAME == "compiled":
+        return "compiled core (C)"
+    if forced():
+        return "pure-Python core (KL_PURE is set)"
+    return "pure-Python core (the compiled one was not built)"
+
+
+def forced() -> bool:
+    """Whether ``KL_PURE`` asks for the pure-Python core (set, and not 0)."""
+    return os.environ.get("KL_PURE", "0") not in ("", "0")
+
+
+use("pure" if forced() or compiled() is None else "compiled")
+log.debug("kl runs its %s", describe())

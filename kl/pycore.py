@@ -1,0 +1,160 @@
+"""The pure-Python core: the per-message loops of the message format, as reference.
+
+``kl._core`` (C, built by ``pip install`` where a compiler is found) holds the same
+functions with the same answers for any input; ``kl.core`` picks one of the two.  All
+read untrusted bytes: a message is used only once its length, magic, checksum and key
+length hold (see ``man/kl-format.5``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Sequence
+
+from kl import message as m
+
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+"""What the loops read: the values and keys they return are slices of it (bytes from bytes)."""
+MESSAGE = m.Message
+
+_PREFIX = m.PREFIX.unpack_from
+_FAST = m.HEADER.unpack_from
+_FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
+"""length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
+_PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
+_FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
+"""Bytes of timestamp and key length at the start of a magic 2 body."""
+_SEED = m.CRC_SEEDS[m.CODEC_NONE]
+
+# What check() finds, as numbers (kl.messageset.Kind names them).
+OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH = range(6)
+
+
+def check(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int, int, int, int]:
+    """Validate the message at ``pos`` (``buf`` ends at ``end`` for it): ``(problem, size,
+    magic, attrs, value)``; ``problem`` is ``OK`` or what is wrong, ``size`` what the
+    length claims (0 when the length itself is bad, what is left for ``INCOMPLETE``
+    before the magic), ``value`` the bad magic, length or key length named by a problem."""
+    if end - pos < m.LENGTH_SIZE + 1:
+        return INCOMPLETE, end - pos, -1, 0, 0
+    length, magic = _PREFIX(buf, pos)
+    if magic > m.CURRENT_MAGIC:
+        return UNKNOWN_MAGIC, 0, magic, 0, magic
+    if not m.MIN_LENGTH[magic] <= length <= max_message_bytes - m.LENGTH_SIZE:
+        return BAD_LENGTH, 0, magic, 0, length
+    nxt = pos + m.LENGTH_SIZE + length
+    if nxt > end:
+        return INCOMPLETE, nxt - pos, magic, 0, 0
+    if magic == 0:
+        attrs, body_at = 0, m.PAYLOAD_OFFSET_V0
+        (stored,) = m.CRC_V0.unpack_from(buf, pos + m.CRC_OFFSET_V0)
+    else:
+        attrs, stored = m.ATTRS_CRC.unpack_from(buf, pos + m.ATTRIBUTES_OFFSET)
+        body_at = m.PAYLOAD_OFFSET_V1
+    size = nxt - pos
+    if m.crc_of(magic, attrs, memoryview(buf)[pos + body_at : nxt]) != stored:
+        return CHECKSUM, size, magic, attrs, 0
+    if magic == m.CURRENT_MAGIC:
+        (key_length,) = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)[1:]
+        if not m.NO_KEY <= key_length <= length - (m.HEADER_SIZE - m.LENGTH_SIZE):
+            return BAD_KEY_LENGTH, size, magic, attrs, key_length
+    return OK, size, magic, attrs, 0
+
+
+def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int]:
+    """Follow valid messages from ``pos``: (where the chain stops, how many it holds).
+
+    It stops at ``end``, at a message that fails its checks or at one cut off by ``end``."""
+    crc32, unpack, seed, header, fields_at = zlib.crc32, _FAST, m.CRC_SEEDS, m.HEADER_SIZE, m.TIMESTAMP_OFFSET
+    limit, max_length, length_size = end - header, max_message_bytes - m.LENGTH_SIZE, m.LENGTH_SIZE
+    magic_now, no_key = m.CURRENT_MAGIC, m.NO_KEY
+    count = 0
+    while pos < end:
+        while pos <= limit:  # magic 2 at the parse rate
+            length, magic, attrs, crc, _, klen = unpack(buf, pos)
+            nxt = pos + length_size + length
+            if (
+                magic != magic_now
+                or length > max_length
+                or not pos + header <= nxt <= end
+                or not no_key <= klen <= nxt - pos - header
+            ):
+                break
+            if crc32(buf[pos + fields_at : nxt], seed[attrs]) != crc:
+                return pos, count
+            pos = nxt
+            count += 1
+        if pos >= end:
+            break
+        problem, size, *_ = check(buf, pos, end, max_message_bytes)
+        if problem != OK:
+            return pos, count
+        pos += size
+        count += 1
+    return pos, count
+
+
+def plain_values(buf: bytes, pos: int, max_message_bytes: int) -> tuple[list[bytes], int]:
+    """The values of the valid uncompressed magic 2 messages without a key from ``pos``
+    on, and where that run stops."""
+    out: list[bytes] = []
+    append, crc32, unpack, seed, header, fields = out.append, zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE, _FIELDS
+    end = len(buf)
+    limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
+    plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+    while pos <= limit:
+        length, magic_attrs, crc, klen = unpack(buf, pos)
+        nxt = pos + length_size + length
+        if magic_attrs != plain or klen != no_key or length > max_length or not pos + header <= nxt <= end:
+            break
+        body = buf[pos + body_at : nxt]
+        if crc32(body, seed) != crc:
+            break
+        append(body[fields:])
+        pos = nxt
+    return out, pos
+
+
+def plain_messages(buf: bytes, pos: int, base: int, max_message_bytes: int) -> tuple[list[m.Message], int]:
+    """The valid uncompressed magic 2 messages from ``pos`` on, as ``Message`` objects
+    at offset ``base + position``, and where that run stops."""
+    out: list[m.Message] = []
+    append, message = out.append, MESSAGE
+    crc32, unpack, seed, header, fields = zlib.crc32, _FAST, _SEED, m.HEADER_SIZE, _FIELDS
+    end = len(buf)
+    limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
+    magic_now, no_key, length_size, body_at = m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+    while pos <= limit:
+        length, magic, attrs, crc, ts, klen = unpack(buf, pos)
+        nxt = pos + length_size + length
+        if (
+            magic != magic_now
+            or attrs
+            or length > max_length
+            or not pos + header <= nxt <= end
+            or not no_key <= klen <= nxt - pos - header
+        ):
+            break
+        body = buf[pos + body_at : nxt]
+        if crc32(body, seed) != crc:
+            break
+        if klen < 0:
+            append(message(base + pos, base + nxt, ts, None, body[fields:]))
+        else:
+            append(message(base + pos, base + nxt, ts, body[fields : fields + klen], body[fields + klen :]))
+        pos = nxt
+    return out, pos
+
+
+def frame(values: Sequence[bytes], timestamp: int) -> bytes:
+    """Frame ``values`` as magic 2 messages without a key, all with ``timestamp``; no size checks."""
+    pack, crc32, plain = m.FRAME.pack, zlib.crc32, _PLAIN
+    fields = m.TIMESTAMP_KEY_LENGTH.pack(timestamp, m.NO_KEY)
+    seed = zlib.crc32(fields, _SEED)
+    fixed = m.HEADER_SIZE - m.LENGTH_SIZE
+    parts: list[bytes] = [b""] * (2 * len(values))
+    parts[0::2] = [pack(len(v) + fixed, plain, crc32(v, seed), fields) for v in values]
+    parts[1::2] = values
+    return b"".join(parts)

@@ -1,0 +1,159 @@
+"""The compiled core (kl/_core.c) and its pure-Python twin (kl/pycore.py) give the same
+answers for any input: message sets made valid, then cut short and bit-flipped, and
+arbitrary bytes.  The rest of the suite's format, corruption and recovery tests run on
+each core through the ``each_core`` fixture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kl import core, pycore
+from kl import message as m
+
+compiled = core.compiled()
+needs_compiled = pytest.mark.skipif(compiled is None, reason="kl's compiled core was not built here")
+
+TIMESTAMPS = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.sampled_from([0, -1, -(1 << 63), (1 << 63) - 1]))
+VALUES = st.binary(max_size=300)
+KEYS = st.one_of(st.none(), st.binary(max_size=40))
+
+
+@st.composite
+def stored(draw) -> bytes:
+    """One stored message of any magic: plain, keyed, compressed-looking, padding."""
+    value, kind = draw(VALUES), draw(st.sampled_from(["plain", "keyed", "attrs", "v0", "v1"]))
+    ts = draw(TIMESTAMPS)
+    if kind == "plain":
+        return m.encode(value, None, ts)
+    if kind == "keyed":
+        return m.encode(value, draw(KEYS), ts)
+    if kind == "attrs":
+        return m.encode(value, draw(KEYS), ts, draw(st.integers(0, 255)))
+    if kind == "v1":
+        return m.encode_v1(value, draw(st.integers(0, 255)))
+    return m.PREFIX.pack(len(value) + 5, 0) + m.CRC_V0.pack(zlib.crc32(value)) + value
+
+
+@st.composite
+def damaged_sets(draw) -> bytes:
+    """Valid messages back to back, then maybe cut short, bit-flipped or followed by junk."""
+    data = bytearray(b"".join(draw(st.lists(stored(), max_size=12))))
+    for _ in range(draw(st.integers(0, 3))):
+        if data:
+            bit = draw(st.integers(0, len(data) * 8 - 1))
+            data[bit // 8] ^= 0x80 >> (bit % 8)
+    if data and draw(st.booleans()):
+        del data[draw(st.integers(0, len(data) - 1)) :]
+    data += draw(st.binary(max_size=30))
+    return bytes(data)
+
+
+MESSAGE_SETS = st.one_of(damaged_sets(), st.binary(max_size=400))
+LIMITS = st.sampled_from([1 << 20, 64, 27, 5, 0, -3])
+"""max_message_bytes: the usual one, and ones that cut valid messages or nothing fits."""
+
+
+def same(name: str, *args) -> None:
+    """Both cores answer ``name(*args)`` alike: the same result, or the same exception type."""
+    answers = []
+    for module in (pycore, compiled):
+        try:
+            answers.append(("ok", getattr(module, name)(*args)))
+        except Exception as e:  # noqa: BLE001 - which one is the point
+            answers.append(("raised", type(e)))
+    assert answers[0] == answers[1], (name, args)
+
+
+@needs_compiled
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MESSAGE_SETS, LIMITS, st.data())
+def test_both_cores_check_walk_and_read_any_bytes_alike(data, limit, draw):
+    for pos in range(0, len(data) + 1, max(1, len(data) // 16)):
+        same("check", data, pos, len(data), limit)
+        same("walk", data, pos, len(data), limit)
+        same("plain_values", data, pos, limit)
+        same("plain_messages", data, pos, draw.draw(st.integers(0, 1 << 40)), limit)
+    end = draw.draw(st.integers(0, len(data)))
+    same("walk", data, 0, end, limit)
+    same("check", data, 0, end, limit)
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(st.lists(VALUES, max_size=30), TIMESTAMPS)
+def test_both_cores_frame_alike_and_the_frames_read_back(values, ts):
+    framed = compiled.frame(values, ts)
+    assert framed == pycore.frame(values, ts) == compiled.frame(tuple(bytearray(v) for v in values), ts)
+    assert compiled.walk(framed, 0, len(framed), 1 << 20) == (len(framed), len(values))
+    assert compiled.plain_values(framed, 0, 1 << 20) == (values, len(framed))
+    messages, end = compiled.plain_messages(framed, 0, 100, 1 << 20)
+    assert end == len(framed) and [(msg.timestamp, msg.key, msg.value) for msg in messages] == [(ts, None, v) for v in values]
+    assert type(messages[0]) is m.Message if messages else True
+
+
+@needs_compiled
+def test_positions_outside_the_buffer_are_refused_not_read():
+    data = m.encode(b"x")
+    for args in [(data, -1, len(data), 100), (data, 0, len(data) + 1, 100), (data, 5, 4, 100)]:
+        with pytest.raises(ValueError, match="outside a buffer"):
+            compiled.walk(*args)
+        with pytest.raises(ValueError, match="outside a buffer"):
+            compiled.check(*args)
+    with pytest.raises(ValueError, match="outside a buffer"):
+        compiled.plain_values(data, len(data) + 1, 100)
+    with pytest.raises(TypeError, match="value 1 is int"):
+        compiled.frame([b"a", 3], 0)
+
+
+@needs_compiled
+def test_a_memoryview_and_an_mmap_read_as_bytes_do(tmp_path):
+    import mmap
+
+    data = pycore.frame([b"a", b"bb", b"ccc"], 7) + b"\x00junk"
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        for buffer in (memoryview(data), mapped, bytearray(data)):
+            assert compiled.walk(buffer, 0, len(data), 1 << 20) == pycore.walk(data, 0, len(data), 1 << 20) == (3 * 22 + 6, 3)
+            assert compiled.plain_values(buffer, 0, 1 << 20) == ([b"a", b"bb", b"ccc"], 72)
+
+
+def test_the_compiled_core_is_built_where_a_compiler_and_the_headers_are():
+    """``pip install`` builds it optionally: a compile error would otherwise pass unseen."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    zlib_header = Path("/usr/include/zlib.h")
+    if shutil.which("cc") is None or not headers.exists() or not zlib_header.exists():
+        pytest.skip("no C compiler, Python.h or zlib.h here: kl installs its pure-Python core")
+    assert compiled is not None, "kl._core did not build (or does not import) although cc and the headers are here"
+
+
+@pytest.mark.parametrize("pure, says", [("1", "pure-Python core (KL_PURE is set)"), ("0", None)])
+def test_version_names_the_core_and_kl_pure_forces_the_pure_one(pure, says):
+    env = {**os.environ, "KL_PURE": pure}
+    done = subprocess.run([sys.executable, "-m", "kl_cli", "--version"], env=env, capture_output=True, text=True)
+    expected = says or ("compiled core (C)" if compiled is not None else "pure-Python core (the compiled one was not built)")
+    assert done.returncode == 0 and done.stdout.rstrip().endswith(", " + expected), done
+
+
+def test_use_switches_every_caller_and_refuses_an_unknown_core():
+    was = core.NAME
+    try:
+        core.use("pure")
+        assert core.walk is pycore.walk
+        if compiled is not None:
+            core.use("compiled")
+            assert core.walk is compiled.walk
+    finally:
+        core.use(was)
+    with pytest.raises(ValueError, match="no core named"):
+        core.use("fast")
