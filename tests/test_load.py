@@ -356,11 +356,12 @@ def test_cli_without_a_terminal_prints_only_the_summary_and_no_spark_chatter(roo
     ]
 
 
-def test_cli_on_a_terminal_shows_the_progress_and_no_spark_chatter(root, out):
+def test_cli_on_a_terminal_shows_the_progress_and_no_spark_chatter(root, out, spark_gateway):
+    """(In the tests' shared Spark JVM: the JVM's own start, quiet or not, is the test above's.)"""
     root.create_topic("t", kl.TopicConfig(partitions=2))
     produce(root, "t", 70, partition=0)
     produce(root, "t", 30, partition=1)
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, COLUMNS="160")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, COLUMNS="160", **spark_gateway.env)
     env.pop("CI", None)
     primary, secondary = pty.openpty()
     process = subprocess.Popen(
@@ -378,6 +379,7 @@ def test_cli_on_a_terminal_shows_the_progress_and_no_spark_chatter(root, out):
         chunks.append(chunk)
     os.close(primary)
     assert process.wait(60) == 0
+    spark_gateway.stop_context()
     text = b"".join(chunks).decode(errors="replace")
     assert "2 partitions, 2/2 tasks, 100 messages" in text  # the display's last state, before it is cleared
     assert "committed" in text and "loaded 100 messages" in text

@@ -1,0 +1,64 @@
+"""The fuzz target of scripts/fuzz-core: one input drives one call of a core function on
+both cores (kl._core and kl.pycore), which must answer alike.  Run by atheris
+(libFuzzer): ``python scripts/fuzz_core_target.py CORPUS -runs=N``; ``--replay CORPUS``
+runs the inputs kept there once each, without atheris (under the sanitizers)."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+REPLAY = sys.argv[1:2] == ["--replay"]
+if REPLAY:
+    from kl import pycore
+else:
+    import atheris
+
+    with atheris.instrument_imports():
+        from kl import pycore
+
+from kl import _core  # noqa: E402 - after the instrumented import of its twin
+
+LIMITS = (1 << 20, 4096, 64, 27, 22, 5, 0, -7)
+"""max_message_bytes: the usual size, ones that cut messages short, none that fits."""
+
+
+def answer(function, *args):
+    try:
+        return "ok", function(*args)
+    except Exception as e:  # noqa: BLE001 - the kind of failure is what is compared
+        return "raised", type(e).__name__
+
+
+def one(data: bytes) -> None:
+    if len(data) < 4:
+        return
+    which, limit, where, rest = data[0] % 5, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 4:  # frame: values split at 0xff, a timestamp from the first 8 bytes
+        ts = struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0]
+        values = rest[8:].split(b"\xff")
+        args: tuple = (values, ts)
+        name = "frame"
+    else:
+        pos = where % (len(rest) + 1)
+        name = ("check", "walk", "plain_values", "plain_messages")[which]
+        args = (rest, pos, len(rest), limit) if which < 2 else (rest, pos, limit) if which == 2 else (rest, pos, where, limit)
+    compiled, pure = answer(getattr(_core, name), *args), answer(getattr(pycore, name), *args)
+    if compiled != pure:
+        raise AssertionError(f"{name}{args!r}: compiled {compiled!r}, pure {pure!r}")
+
+
+def main() -> None:
+    if REPLAY:
+        inputs = sorted(Path(sys.argv[2]).iterdir())
+        for path in inputs:
+            one(path.read_bytes())
+        print(f"fuzz-core: replayed {len(inputs)} inputs, no crash, no difference", file=sys.stderr)
+        return
+    atheris.Setup(sys.argv, one)
+    atheris.Fuzz()  # libFuzzer ends the process; its last line says how many inputs ran ("Done N runs")
+
+
+if __name__ == "__main__":
+    main()
