@@ -140,6 +140,23 @@ class Sender:
                     self.next_partition = (appended[-1].partition + 1) % self.partitions
                 self.count += stop - start
 
+    def send_records(self, data: bytes, delim: bytes, keep: bool) -> int:
+        """Append the whole records of ``data`` (``Producer.send_records``): how many bytes
+        of it were taken.  A record too large for the topic is sent alone, and raises."""
+        with self.interrupts.deferred():
+            appended, took = self.producer.send_records(
+                self.topic, data, delim, keep_delimiter=keep, partition=self.partition, first=self.next_partition,
+                max_records=self.batch_size or 0,
+            )
+            self.count += sum(a.count for a in appended)
+            if appended and self.partition is None:
+                self.next_partition = (appended[-1].partition + 1) % self.partitions
+        at = data.find(delim, took)
+        if at < 0:
+            return took
+        self.send([data[took : at + len(delim) if keep else at]])
+        return at + len(delim)
+
     def _pieces(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> Iterator[tuple[int, int]]:
         """(start, stop) ranges of up to one append each; a message too large for the
         topic comes alone, after all before it."""
@@ -313,6 +330,14 @@ def _records(chunks: Iterator[bytes], delim: bytes) -> Iterator[tuple[list[bytes
 
 
 def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool, key: bytes | None) -> None:
+    if key is None:  # split and framed by the core: no Python object per record
+        carry = b""
+        for chunk in chunks:
+            data = carry + chunk if carry else chunk
+            carry = data[sender.send_records(data, delim, binary) :]
+        if carry:
+            sender.send([carry])
+        return
     for records, terminated in _records(chunks, delim):
         if binary and terminated:
             records = [record + delim for record in records]

@@ -6,6 +6,7 @@
  * cover it are checked, and every length is checked before it is added to a position.
  * The format is specified in man/kl-format.5.
  */
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -312,12 +313,119 @@ done:
     return out;
 }
 
+#define MAX_VALUE (INT32_MAX - (HEADER_SIZE - LENGTH_SIZE)) /* a length field is an int32 */
+
+typedef struct {
+    Py_ssize_t at, size; /* a record's value in the data */
+} Record;
+
+/* Frame records[0:count] (values in buf) as one piece: (framed, count, end). */
+static PyObject *piece(const unsigned char *buf, const Record *records, Py_ssize_t count, Py_ssize_t framed,
+                       const unsigned char *fields, uLong seed, Py_ssize_t end) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, framed);
+    if (!out)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *value = buf + records[i].at;
+        Py_ssize_t size = records[i].size;
+        put32(p, (uint32_t)(size + HEADER_SIZE - LENGTH_SIZE));
+        p[4] = CURRENT_MAGIC;
+        p[5] = 0;
+        put32(p + 6, (uint32_t)crc(seed, value, size));
+        memcpy(p + FIELDS_AT, fields, FIELDS);
+        memcpy(p + HEADER_SIZE, value, size);
+        p += HEADER_SIZE + size;
+    }
+    return Py_BuildValue("(Nnn)", out, count, end);
+}
+
+static PyObject *core_frame_records(PyObject *self, PyObject *args) {
+    Py_buffer b, d;
+    Py_ssize_t pos, max_message_bytes, piece_bytes, piece_count;
+    int keep;
+    long long timestamp;
+    if (!PyArg_ParseTuple(args, "y*ny*pLnnn:frame_records", &b, &pos, &d, &keep, &timestamp, &max_message_bytes,
+                          &piece_bytes, &piece_count))
+        return NULL;
+    PyObject *pieces = NULL, *result = NULL;
+    Record *records = NULL;
+    Py_ssize_t capacity = 0, count = 0, framed = 0, piece_end = pos;
+    int blocked = 0;
+    if (d.len == 0) {
+        PyErr_SetString(PyExc_ValueError, "frame_records: an empty delimiter");
+        goto done;
+    }
+    if (!bounds(pos, b.len, b.len) || !(pieces = PyList_New(0)))
+        goto done;
+    const unsigned char *buf = b.buf, *delim = d.buf;
+    Py_ssize_t end = b.len, limit = max_message_bytes - HEADER_SIZE;
+    if (limit > MAX_VALUE)
+        limit = MAX_VALUE;
+    unsigned char fields[FIELDS];
+    put32(fields, (uint32_t)((uint64_t)timestamp >> 32));
+    put32(fields + 4, (uint32_t)timestamp);
+    put32(fields + 8, (uint32_t)NO_KEY);
+    uLong seed = crc32(seeds[0], fields, FIELDS);
+    for (;;) {
+        const unsigned char *hit = d.len == 1 ? memchr(buf + pos, delim[0], end - pos)
+                                              : memmem(buf + pos, end - pos, delim, d.len);
+        if (!hit)
+            break;
+        Py_ssize_t next = hit - buf + d.len, size = (keep ? next : hit - buf) - pos;
+        if (size > limit) {
+            blocked = 1;
+            break;
+        }
+        if (count && (framed + HEADER_SIZE + size > piece_bytes || count == piece_count)) {
+            PyObject *one = piece(buf, records, count, framed, fields, seed, piece_end);
+            if (!one || PyList_Append(pieces, one) < 0) {
+                Py_XDECREF(one);
+                goto done;
+            }
+            Py_DECREF(one);
+            count = framed = 0;
+        }
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 1024;
+            Record *grown = PyMem_Realloc(records, capacity * sizeof(Record));
+            if (!grown) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            records = grown;
+        }
+        records[count].at = pos;
+        records[count].size = size;
+        count++;
+        framed += HEADER_SIZE + size;
+        pos = piece_end = next;
+    }
+    if (count) {
+        PyObject *one = piece(buf, records, count, framed, fields, seed, piece_end);
+        if (!one || PyList_Append(pieces, one) < 0) {
+            Py_XDECREF(one);
+            goto done;
+        }
+        Py_DECREF(one);
+    }
+    result = Py_BuildValue("(OnO)", pieces, piece_end, blocked ? Py_True : Py_False);
+done:
+    Py_XDECREF(pieces);
+    PyMem_Free(records);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&d);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.pycore.check"},
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.pycore.walk"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
+    {"frame_records", core_frame_records, METH_VARARGS,
+     "frame_records(data, pos, delimiter, keep, timestamp, max_message_bytes, piece_bytes, piece_count): see kl.pycore"},
     {NULL, NULL, 0, NULL},
 };
 

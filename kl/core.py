@@ -15,7 +15,7 @@ from kl import pycore
 from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
-FUNCTIONS = ("check", "walk", "plain_values", "plain_messages", "frame")
+FUNCTIONS = ("check", "walk", "plain_values", "plain_messages", "frame", "frame_records")
 """What a core provides, with the same answers from both."""
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ walk = pycore.walk
 plain_values = pycore.plain_values
 plain_messages = pycore.plain_messages
 frame = pycore.frame
+frame_records = pycore.frame_records
 
 
 def use(name: str) -> None:

@@ -51,6 +51,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
+from kl import core
 from kl import message as m
 from kl.config import TopicConfig
 from kl.errors import (
@@ -310,6 +311,70 @@ class Producer:
         else:
             targets = itertools.repeat(partition)
         return self._append(topic, targets, values, keys, ts, partition)
+
+    def send_records(
+        self,
+        topic: str,
+        data: bytes,
+        delimiter: bytes = b"\n",
+        *,
+        keep_delimiter: bool = False,
+        partition: int | None = None,
+        first: int | None = None,
+        max_records: int = 0,
+    ) -> tuple[list[Appended], int]:
+        """Append the records of ``data``, each ended by ``delimiter`` (kept at the end of
+        its value with ``keep_delimiter``), as messages without a key, in appends of up to
+        ``batch_bytes`` and ``max_records`` messages (0: any number): split and framed in
+        one pass of the core, with no Python object per record.
+
+        The appends go to ``partition``, or else in turn to every partition from ``first``
+        (default: the one the partitioner picks).  Returns the appends and how many bytes
+        of ``data`` they took: an unterminated rest is left, and so is a record too large
+        for the topic and everything after it (``send_batch`` of that record alone raises
+        ``MessageTooLarge``).  A topic of format 0.7 has its records framed as magic 1.
+        """
+        config = self.root.config(topic)
+        keep = delimiter if keep_delimiter else b""
+        ts = time.time_ns() // 1_000_000
+        targets: Iterator[int]
+        if partition is None:
+            if first is None or not 0 <= first < config.partitions:
+                first = self._partition(topic, None)
+            count = config.partitions
+            targets = ((first + i) % count for i in itertools.count())
+        else:
+            targets = itertools.repeat(partition)
+        if config.legacy:  # magic 1: split here, and frame as send_batch does
+            _raise(self._mismatch(topic, config, False, False))
+            end = data.rfind(delimiter) + len(delimiter) if delimiter in data else 0
+            values = [value + keep for value in data[:end].split(delimiter)[:-1]]
+            limit = config.max_message_bytes - m.HEADER_SIZE  # as send_batch checks
+            fits = next((i for i, value in enumerate(values) if len(value) > limit), len(values))
+            if fits < len(values):
+                end = sum(len(value) + len(delimiter) - len(keep) for value in values[:fits])
+                values = values[:fits]
+            return (self._append(topic, targets, values, None, ts, partition) if values else []), end
+        pieces, stop, _ = core.frame_records(
+            data, 0, delimiter, keep_delimiter, ts, config.max_message_bytes, self._chunk_limit(config), max_records
+        )
+        out: list[Appended] = []
+        start = 0
+        for framed, n, end in pieces:
+            target = next(targets)
+            try:
+                offset, size, _ = self._put(self.root.log(topic, target), framed, n, ts, config.max_message_bytes)
+            except TopicNotFound:
+                if not self._refreshed(topic):
+                    raise
+                more, took = self.send_records(
+                    topic, data[start:], delimiter, keep_delimiter=keep_delimiter, partition=partition,
+                    first=target, max_records=max_records,
+                )
+                return out + more, start + took
+            out.append(Appended(topic, target, offset, offset + size, n))
+            start = end
+        return out, stop
 
     def flush(self) -> None:
         """fsync every partition this producer wrote to since the last flush.  In async

@@ -158,3 +158,50 @@ def frame(values: Sequence[bytes], timestamp: int) -> bytes:
     parts[0::2] = [pack(len(v) + fixed, plain, crc32(v, seed), fields) for v in values]
     parts[1::2] = values
     return b"".join(parts)
+
+
+MAX_VALUE = (1 << 31) - 1 - (m.HEADER_SIZE - m.LENGTH_SIZE)
+"""The largest value a message without a key can hold (its length field is an int32)."""
+
+
+def frame_records(
+    data: bytes,
+    pos: int,
+    delimiter: bytes,
+    keep: bool,
+    timestamp: int,
+    max_message_bytes: int,
+    piece_bytes: int,
+    piece_count: int,
+) -> tuple[list[tuple[bytes, int, int]], int, bool]:
+    """Frame the records of ``data[pos:]``, each ended by ``delimiter`` (kept at the end of
+    its value with ``keep``), as magic 2 messages without a key, all with ``timestamp``,
+    in pieces of at most ``piece_bytes`` framed bytes and ``piece_count`` messages (0: no
+    limit; a piece holds one message at least): ``(pieces, stop, blocked)``, each piece
+    ``(framed, count, end)`` with ``end`` where its last record ends in ``data``; ``stop``
+    is where the records stop: at an unterminated rest, or at a record whose message would
+    pass ``max_message_bytes`` (``blocked``)."""
+    records = data[pos:].split(delimiter)
+    records.pop()  # the unterminated rest (b"" after a final delimiter)
+    length = len(delimiter)
+    if keep:
+        records = [record + delimiter for record in records]
+    sizes = list(map(len, records))
+    limit = min(max_message_bytes - m.HEADER_SIZE, MAX_VALUE)
+    blocked = bool(sizes) and max(sizes) > limit
+    if blocked:
+        del records[next(i for i, size in enumerate(sizes) if size > limit) :]
+        del sizes[len(records) :]
+    header, extra = m.HEADER_SIZE, 0 if keep else length
+    pieces: list[tuple[bytes, int, int]] = []
+    start, count, framed, end = 0, 0, 0, pos
+    for i, size in enumerate(sizes):
+        if count and (framed + header + size > piece_bytes or count == piece_count):
+            pieces.append((frame(records[start:i], timestamp), count, end))
+            start, count, framed = i, 0, 0
+        count += 1
+        framed += header + size
+        end += size + extra
+    if count:
+        pieces.append((frame(records[start:], timestamp), count, end))
+    return pieces, end, blocked

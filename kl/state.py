@@ -159,8 +159,8 @@ def read_state(path: str, revalidate: Callable[[int], None] | None = None) -> Pa
 class StateFile:
     """A writer's handle on a partition's state record, used under the partition lock.
 
-    On local disks the record is mapped, so reading and publishing it cost no system
-    call.  On NFS (``mapped`` false) it is opened with ``O_DIRECT``: every read and write
+    On local disks the record is mapped, so reading it costs no system call (it is
+    written with ``pwrite``, see ``write``).  On NFS (``mapped`` false) it is opened with ``O_DIRECT``: every read and write
     goes to the server, past this host's page cache, which is what the "append under
     way" mark (``read_marked``, ``write_mark``) needs to fence a writer that lost its
     lock.  An older, shorter record is lengthened on opening so that the current one
@@ -240,11 +240,11 @@ class StateFile:
         self._pwrite(MARK.pack(MARK_TAG, token), MARK_OFFSET)
 
     def write(self, raw: bytes) -> None:
-        """Write an encoded record in place (not durable until ``fsync``)."""
-        if self._map is not None:
-            self._map[:SIZE] = raw
-        else:
-            self._pwrite(raw, 0)
+        """Write an encoded record in place (not durable until ``fsync``), with one
+        ``pwrite`` even where the file is mapped: a write within one page is done whole
+        or not at all when the writer is killed, while a copy into the mapping can be
+        cut off by kill -9 halfway (a torn record, ``CorruptState`` for every reader)."""
+        self._pwrite(raw, 0)
 
     def fsync(self) -> None:
         os.fsync(self.fd)

@@ -34,8 +34,12 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 5, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 4:  # frame: values split at 0xff, a timestamp from the first 8 bytes
+    which, limit, where, rest = data[0] % 6, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 5:  # frame_records: the delimiter, keep and limits from the first bytes
+        delimiter = rest[:1 + data[2] % 2] or b"\n"
+        args = (rest, where % (len(rest) + 1), delimiter, bool(data[3] & 1), 7, limit, data[3] * 4, data[2] % 4)
+        name = "frame_records"
+    elif which == 4:  # frame: values split at 0xff, a timestamp from the first 8 bytes
         ts = struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0]
         values = rest[8:].split(b"\xff")
         args: tuple = (values, ts)

@@ -102,6 +102,31 @@ def test_both_cores_frame_alike_and_the_frames_read_back(values, ts):
 
 
 @needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"\n", b"ab", b"a", b"b", b"\n\n", b"xyz" * 20]), max_size=40).map(b"".join),
+    st.sampled_from([b"\n", b"ab", b"\n\n", b"\x00"]),
+    st.booleans(),
+    TIMESTAMPS,
+    st.sampled_from([1 << 20, 64, 30, 23]),
+    st.integers(0, 300),
+    st.integers(0, 5),
+    st.data(),
+)
+def test_both_cores_split_and_frame_records_alike(data, delimiter, keep, ts, limit, piece_bytes, piece_count, draw):
+    pos = draw.draw(st.integers(0, len(data)))
+    args = (data, pos, delimiter, keep, ts, limit, piece_bytes, piece_count)
+    same("frame_records", *args)
+    pieces, stop, blocked = compiled.frame_records(*args)
+    framed = b"".join(f for f, _, _ in pieces)
+    values, _ = pycore.plain_values(framed, 0, 1 << 20)
+    records = data[pos:stop].split(delimiter)[:-1]
+    assert values == ([r + delimiter for r in records] if keep else records)
+    assert blocked == (delimiter in data[stop:])
+    assert all(n == 1 or (len(f) <= piece_bytes and (not piece_count or n <= piece_count)) for f, n, _ in pieces)
+
+
+@needs_compiled
 def test_positions_outside_the_buffer_are_refused_not_read():
     data = m.encode(b"x")
     for args in [(data, -1, len(data), 100), (data, 0, len(data) + 1, 100), (data, 5, 4, 100)]:

@@ -77,9 +77,10 @@ class Member:
         self.proc.wait()
 
 
-def produce(root: kl.Root, topic: str, count: int, *, batch: int = 100, pause: float = 0.0) -> list[str]:
+def produce(root: kl.Root, topic: str, count: int, *, batch: int = 100, pause: float = 0.0, first: int = 0) -> list[str]:
+    """Values ``first`` to ``first + count`` (as text), in batches to the partitions in turn."""
     producer = kl.Producer(root)
-    values = [str(i) for i in range(count)]
+    values = [str(i) for i in range(first, first + count)]
     for i in range(0, count, batch):
         producer.send_batch(
             topic, [v.encode() for v in values[i : i + batch]], partition=(i // batch) % root.config(topic).partitions
@@ -127,7 +128,13 @@ def out(tmp_path):
 def test_four_members_share_eight_partitions_while_members_join_and_leave(root, out):
     root.create_topic("t", kl.TopicConfig(partitions=8))
     values: list[str] = []
-    producer = threading.Thread(target=lambda: values.extend(produce(root, "t", 20000, pause=0.01)))
+    shared = threading.Event()
+
+    def keep_producing() -> None:  # 20,000 messages, and more until the members below have each had a share
+        while len(values) < 20000 or not shared.is_set():
+            values.extend(produce(root, "t", 1000, pause=0.01, first=len(values)))
+
+    producer = threading.Thread(target=keep_producing)
     first = [Member(root, "g", "t", out(f"m{i}")) for i in range(2)]
     producer.start()
     time.sleep(0.3)
@@ -135,6 +142,8 @@ def test_four_members_share_eight_partitions_while_members_join_and_leave(root, 
     time.sleep(0.3)
     first[0].stop()  # leaves mid-stream
     late = Member(root, "g", "t", out("m4"))
+    wait_for(lambda: all(m.received() for m in [first[1], *more]), timeout=120, what="a share for each member")
+    shared.set()
     producer.join()
     members = [*first, *more, late]
     wait_for(lambda: set(delivered(members)) >= set(values), what="every message to be delivered")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -350,17 +351,33 @@ def test_an_idle_producer_is_flushed_in_the_background_within_flush_ms(root):
 
 
 def test_the_flush_policy_fsyncs_outside_the_lock(root, monkeypatch):
+    """The thread that fsyncs does not hold the partition's lock (the appending thread may
+    still hold it then: the flush runs beside it)."""
     root.create_topic("t", kl.TopicConfig(flush_messages=1, flush_ms=0))
     log = root.log("t", 0)
+    lock = locks.lock_for(log.lock_path)
+    holders: set[int] = set()
     held_during_fsync = []
-    real_fsync = os.fsync
+    real_fsync, real_acquire, real_release = os.fsync, type(lock).acquire, type(lock).release
+
+    def acquire(self, timeout: float) -> None:
+        real_acquire(self, timeout)
+        if self is lock:
+            holders.add(threading.get_ident())
+
+    def release(self) -> None:
+        if self is lock:
+            holders.discard(threading.get_ident())
+        real_release(self)
 
     def fsync(fd: int) -> None:
         path = os.path.realpath(f"/proc/self/fd/{fd}")
         if path.startswith(log.directory) and path.endswith(".kl"):
-            held_during_fsync.append(locks.lock_for(log.lock_path)._thread_lock.locked())
+            held_during_fsync.append(threading.get_ident() in holders)
         real_fsync(fd)
 
+    monkeypatch.setattr(type(lock), "acquire", acquire)
+    monkeypatch.setattr(type(lock), "release", release)
     monkeypatch.setattr(os, "fsync", fsync)
     kl.Producer(root).send("t", b"a", partition=0)
     assert wait_flushed(log)
