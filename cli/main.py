@@ -48,14 +48,14 @@ class KlGroup(click.Group):
             raise click.ClickException(f"{e.strerror}: {e.filename}") from None
 
 
-def _version(ctx: click.Context, value: bool) -> None:
+def _version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
         click.echo(f"kl, version {metadata.version('kl')}, {core.describe()}")
         ctx.exit()
 
 
 @click.group(cls=KlGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=lambda ctx, _, value: _version(ctx, value),
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
               help="Show kl's version and which core it runs, and exit.")
 def cli() -> None:
     """kl: the classic Kafka log design over a shared filesystem.

@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from kl import core
+from kl import core, pycore
 from kl import message as m
 from kl.config import FORMAT_07, FORMAT_KL
 from kl.errors import CorruptMessage, InvalidMessageSet, UnsupportedCodec
@@ -59,10 +59,6 @@ class Corruption(NamedTuple):
 INCOMPLETE = Kind.INCOMPLETE
 Buffer = bytes | bytearray | memoryview | mmap.mmap
 """What a message can be checked in: read bytes, or a file mapped into memory."""
-_FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
-"""length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
-_PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
-_SEED = m.CRC_SEEDS[m.CODEC_NONE]
 _V1 = struct.Struct(">iBBI")
 """length, magic, attrs and crc of a magic 1 message."""
 
@@ -353,28 +349,7 @@ class MessageSet:
     def plain_run(self, pos: int) -> tuple[array, int]:
         """Buffer positions of the valid uncompressed magic 2 messages from ``pos`` on,
         and where that run stops: the columnar readers' fast path (no object per message)."""
-        found = array("q")
-        append = found.append
-        buf, end = self.buffer, len(self.buffer)
-        crc32, unpack, seed, header = zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE
-        limit, max_length = end - header, self.max_message_bytes - m.LENGTH_SIZE
-        plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
-        view = memoryview(buf)
-        while pos <= limit:
-            length, magic_attrs, crc, klen = unpack(buf, pos)
-            nxt = pos + length_size + length
-            if (
-                magic_attrs != plain
-                or length > max_length
-                or not pos + header <= nxt <= end
-                or not no_key <= klen <= nxt - pos - header
-            ):
-                break
-            if crc32(view[pos + body_at : nxt], seed) != crc:
-                break
-            append(pos)
-            pos = nxt
-        return found, pos
+        return pycore.plain_positions(self.buffer, pos, self.max_message_bytes)
 
     def decode_at(self, pos: int) -> tuple[int, list[Message]] | None:
         """Decode the one message at ``pos`` carefully: where the next one starts and

@@ -305,12 +305,7 @@ class Producer:
                 self._check_batch(topic, vals, ks)
             return [a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None)]
         self._check_batch(topic, values, keys)
-        if partition is None:
-            first, count = self._partition(topic, None), self.root.config(topic).partitions
-            targets: Iterator[int] = ((first + i) % count for i in itertools.count())
-        else:
-            targets = itertools.repeat(partition)
-        return self._append(topic, targets, values, keys, ts, partition)
+        return self._append(topic, self._targets(topic, partition), values, keys, ts, partition)
 
     def send_records(
         self,
@@ -337,14 +332,7 @@ class Producer:
         config = self.root.config(topic)
         keep = delimiter if keep_delimiter else b""
         ts = time.time_ns() // 1_000_000
-        targets: Iterator[int]
-        if partition is None:
-            if first is None or not 0 <= first < config.partitions:
-                first = self._partition(topic, None)
-            count = config.partitions
-            targets = ((first + i) % count for i in itertools.count())
-        else:
-            targets = itertools.repeat(partition)
+        targets = self._targets(topic, partition, first)
         if config.legacy:  # magic 1: split here, and frame as send_batch does
             _raise(self._mismatch(topic, config, False, False))
             end = data.rfind(delimiter) + len(delimiter) if delimiter in data else 0
@@ -375,6 +363,16 @@ class Producer:
             out.append(Appended(topic, target, offset, offset + size, n))
             start = end
         return out, stop
+
+    def _targets(self, topic: str, partition: int | None, first: int | None = None) -> Iterator[int]:
+        """The partitions of the appends in turn: ``partition`` each time, or else every
+        partition in turn from ``first`` (when it is one; else the partitioner's pick)."""
+        if partition is not None:
+            return itertools.repeat(partition)
+        count = self.root.config(topic).partitions
+        if first is None or not 0 <= first < count:
+            first = self._partition(topic, None)
+        return ((first + i) % count for i in itertools.count())
 
     def flush(self) -> None:
         """fsync every partition this producer wrote to since the last flush.  In async

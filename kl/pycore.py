@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
+from array import array
 from collections.abc import Sequence
 
 from kl import message as m
@@ -115,6 +116,34 @@ def plain_values(buf: bytes, pos: int, max_message_bytes: int) -> tuple[list[byt
         append(body[fields:])
         pos = nxt
     return out, pos
+
+
+def plain_positions(buf: bytes, pos: int, max_message_bytes: int) -> tuple[array, int]:
+    """The buffer positions of the valid uncompressed magic 2 messages from ``pos`` on,
+    and where that run stops (the Spark source's columns are gathered from them; not in
+    the compiled core yet)."""
+    found = array("q")
+    append = found.append
+    end = len(buf)
+    crc32, unpack, seed, header = zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE
+    limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
+    plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+    view = memoryview(buf)
+    while pos <= limit:
+        length, magic_attrs, crc, klen = unpack(buf, pos)
+        nxt = pos + length_size + length
+        if (
+            magic_attrs != plain
+            or length > max_length
+            or not pos + header <= nxt <= end
+            or not no_key <= klen <= nxt - pos - header
+        ):
+            break
+        if crc32(view[pos + body_at : nxt], seed) != crc:
+            break
+        append(pos)
+        pos = nxt
+    return found, pos
 
 
 def plain_messages(buf: bytes, pos: int, base: int, max_message_bytes: int) -> tuple[list[m.Message], int]:
