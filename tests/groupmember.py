@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import IO
@@ -48,7 +48,9 @@ def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
             if armed[0] and frame is not None:
                 armed[0] = False
                 out.write(f"stopping {op} {topic} {partition}\n")
-                os.kill(os.getpid(), signal.SIGSTOP)
+                # Sent to this thread, the stop takes it before it goes on (os.kill's may be
+                # taken by another thread: this one would run on a moment, releasing the lock).
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
             yield path
 
     Registry._locked = stopping  # type: ignore[method-assign]

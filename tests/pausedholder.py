@@ -41,7 +41,7 @@ def stop():
     if not stopped:
         stopped.append(step)
         print("stopping", step, flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # stops this thread before it goes on
 
 def hook(cls, name, before):
     real = getattr(cls, name)

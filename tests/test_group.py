@@ -23,13 +23,17 @@ from conftest import active_segment, flip_byte, write_each
 MEMBER = os.path.join(os.path.dirname(__file__), "groupmember.py")
 
 
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
+def wait_for(condition, timeout: float = 30.0, what: str = "condition", report: str | None = None):
+    """``condition()`` once true; else AssertionError after ``timeout`` (quoting the file ``report``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = condition()
         if result:
             return result
         time.sleep(0.02)
+    if report is not None:
+        with open(report, encoding="utf-8", errors="replace") as f:
+            what += f"; {report} holds {f.read()!r}"
     raise AssertionError(f"timed out waiting for {what}")
 
 
