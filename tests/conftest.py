@@ -39,6 +39,29 @@ MAX = 1 << 20
 """A max_message_bytes for in-memory message sets."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lab",
+        choices=nfslab.VERSIONS,
+        help="run only the tests of the NFS lab of this NFS version (those of no lab go with 4.2's): "
+        "scripts/test runs each lab's tests in a pytest of its own, beside the others",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    version = config.getoption("--lab")
+    if version is None:
+        return
+    kept, other = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        mine = callspec.params.get("lab", nfslab.VERSIONS[0]) if callspec is not None else nfslab.VERSIONS[0]
+        (kept if mine == version else other).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A suite started in the background by a shell without job control (``bash
     scripts/test &``, nohup) has SIGINT ignored, and an ignored signal stays ignored across
