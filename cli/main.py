@@ -9,9 +9,9 @@ The library's warnings (a lock being waited for, a torn tail cut) print as
 from __future__ import annotations
 
 import errno
+import importlib
 import signal
 from collections.abc import Iterator
-from importlib import metadata
 from typing import Any
 
 import click
@@ -19,20 +19,39 @@ import click
 import kl
 from kl import core
 from kl_cli.common import add_root_options, log_warnings
-from kl_cli.consume import consume
-from kl_cli.groups import groups
-from kl_cli.load import load
-from kl_cli.maintenance import dump_command, recover_command, retain_command
-from kl_cli.manual import help_command
-from kl_cli.mirror import mirror_command
-from kl_cli.produce import produce
-from kl_cli.serve import serve
-from kl_cli.topics import topics
 
 EXIT_INTERRUPTED = 130
 
+COMMANDS = {
+    "consume": "kl_cli.consume:consume",
+    "dump": "kl_cli.maintenance:dump_command",
+    "groups": "kl_cli.groups:groups",
+    "help": "kl_cli.manual:help_command",
+    "load": "kl_cli.load:load",
+    "mirror": "kl_cli.mirror:mirror_command",
+    "produce": "kl_cli.produce:produce",
+    "recover": "kl_cli.maintenance:recover_command",
+    "retain": "kl_cli.maintenance:retain_command",
+    "serve": "kl_cli.serve:serve",
+    "topics": "kl_cli.topics:topics",
+}
+"""Each command's module, imported when the command runs (or is listed): ``kl produce``
+does not pay for the modules of Spark loads, the daemon or the others."""
+
 
 class KlGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, name = COMMANDS[cmd_name].split(":")
+            command = getattr(importlib.import_module(module), name)
+            for each in _commands(command):
+                add_root_options(each, from_env=False)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -50,6 +69,8 @@ class KlGroup(click.Group):
 
 def _version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
+        from importlib import metadata  # here: 20-50 ms at every start otherwise
+
         click.echo(f"kl, version {metadata.version('kl')}, {core.describe()}")
         ctx.exit()
 
@@ -67,17 +88,7 @@ def cli() -> None:
     log_warnings()
 
 
-cli.add_command(topics)
-cli.add_command(produce)
-cli.add_command(consume)
-cli.add_command(groups)
-cli.add_command(recover_command)
-cli.add_command(retain_command)
-cli.add_command(dump_command)
-cli.add_command(load)
-cli.add_command(mirror_command)
-cli.add_command(serve)
-cli.add_command(help_command)
+add_root_options(cli, from_env=True)
 
 
 def _commands(command: click.Command) -> Iterator[click.Command]:
@@ -86,10 +97,6 @@ def _commands(command: click.Command) -> Iterator[click.Command]:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             yield from _commands(sub)
-
-
-for _command in _commands(cli):
-    add_root_options(_command, from_env=_command is cli)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import nfslab
 import pytest
 
@@ -73,6 +74,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # cores, where the optimizing JIT and parallel GC threads cost more than they save
     # (a kl load run: 28-30 s of CPU, 18 s with these).  spark-submit adds them silently.
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+
+def command_paths(group: click.Group | None = None, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path of kl (or under ``group``): (), ("topics",), ("topics", "create"), ..."""
+    if group is None:
+        from kl_cli.main import cli as group
+    found = [path]
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            found += command_paths(command, path + (name,))
+        else:
+            found.append(path + (name,))
+    return found
 
 
 # ----------------------------------------------------------------- fixtures

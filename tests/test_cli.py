@@ -995,3 +995,26 @@ def test_shell_completion_completes_commands_and_options():
 
     assert complete("kl top") == "plain,topics\n"
     assert complete("kl produce t --com") == "plain,--compression\n"
+
+
+# ------------------------------------------------------------------ start-up
+
+
+@pytest.mark.parametrize("argv", [["topics", "list"], ["produce", "t"], ["consume", "t"], ["--version"]])
+def test_a_command_imports_only_its_own_module(tmp_path, argv):
+    """kl starts in ~0.15 s: a command does not import the others' modules (Spark loads,
+    the daemon, ...), nor importlib.metadata unless it shows the version."""
+    kl.Root(str(tmp_path)).create_topic("t")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['kl', '--root', {str(tmp_path)!r}, *{argv!r}]\n"
+        "try:\n    runpy.run_module('kl_cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('kl_cli.', 'kl.spark', 'importlib.metadata')))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], input=b"x\n", capture_output=True, timeout=60, check=True)
+    loaded = set(done.stdout.decode().split("\n")[-2].split())
+    command = {"topics": "kl_cli.topics", "produce": "kl_cli.produce", "consume": "kl_cli.consume"}.get(argv[0])
+    others = loaded - {"kl_cli.main", "kl_cli.common", "kl_cli.output", "kl_cli.complete", command}
+    if argv == ["--version"]:
+        others = {m for m in others if not m.startswith("importlib.metadata")}
+    assert not others

@@ -17,17 +17,7 @@ import kl
 from kl_cli.common import root_option
 from kl_cli.main import cli
 
-
-def command_paths(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every command path under ``group``: (), ("topics",), ("topics", "create"), ..."""
-    found = [path]
-    for name, command in sorted(group.commands.items()):
-        if isinstance(command, click.Group):
-            found += command_paths(command, path + (name,))
-        else:
-            found.append(path + (name,))
-    return found
-
+from conftest import command_paths
 
 PATHS = command_paths()
 

@@ -17,12 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 import kl
 from kl_cli import manual
-from kl_cli.load import load
 from kl_cli.main import cli
 
 from conftest import flip_byte, segment_files, write
@@ -103,6 +103,8 @@ def test_the_spark_slice_example_reads_only_the_slice_of_one_partition(root):
 
 def test_the_load_examples_run_in_order_ask_each_output_for_one_set_of_settings():
     runs = {}
+    load = cli.get_command(click.Context(cli), "load")
+    assert load is not None
     for line in examples(MAN / "kl-load.1"):
         if "kl load " not in line:
             continue
@@ -218,7 +220,7 @@ def test_readme_names_as_missing_only_what_is_missing():
     missing = one_line(readme.split("**Not there yet:**", 1)[1].split("\n- ", 1)[0])
     for exists in ("consumer groups, the TCP daemon", "mirroring", "Spark loads"):
         assert exists not in missing
-    assert {"groups", "serve", "mirror", "load"} <= set(cli.commands)
+    assert {"groups", "serve", "mirror", "load"} <= set(cli.list_commands(click.Context(cli)))
 
 
 def test_readme_says_how_to_reach_kl_after_the_demo():

@@ -12,26 +12,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 
 from kl_cli.common import ROOT_OPTIONS
 from kl_cli.main import cli
 
+from conftest import command_paths
+
 MAN = Path(__file__).resolve().parents[1] / "man"
 PAGES = sorted(MAN.glob("*.[1-9]"))
-
-
-def commands(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every command path under ``group``: (), ("topics",), ("topics", "create"), ..."""
-    found = [path]
-    for name, command in sorted(group.commands.items()):
-        if isinstance(command, click.Group):
-            found += commands(command, path + (name,))
-        else:
-            found.append(path + (name,))
-    return found
 
 
 def page_of(path: tuple[str, ...]) -> Path:
@@ -81,7 +71,7 @@ def test_command_page_sections_in_order(page):
     assert [s for s in SECTION_ORDER if s in found] == found, "unknown or misordered sections"
 
 
-@pytest.mark.parametrize("path", commands(), ids=lambda p: " ".join(("kl",) + p))
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(("kl",) + p))
 def test_every_command_has_a_page_naming_it(path):
     page = page_of(path)
     assert page.exists(), f"no man page for 'kl {' '.join(path)}': expected {page.name}"
@@ -90,7 +80,7 @@ def test_every_command_has_a_page_naming_it(path):
 
 
 @pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
-@pytest.mark.parametrize("path", commands(), ids=lambda p: " ".join(("kl",) + p))
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(("kl",) + p))
 def test_every_long_option_is_documented(path):
     text = plain_text(page_of(path))
     missing = sorted(option for option in long_options(path) if not re.search(rf"{option}(?![\w-])", text))
@@ -99,7 +89,7 @@ def test_every_long_option_is_documented(path):
 
 def test_top_page_lists_every_command():
     text = plain_text(MAN / "kl.1") if shutil.which("man") else (MAN / "kl.1").read_text()
-    for name in cli.commands:
+    for (name,) in [path for path in command_paths() if len(path) == 1]:
         assert f"kl-{name}(1)" in text
 
 
