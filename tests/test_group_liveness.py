@@ -76,6 +76,7 @@ def member(root: kl.Root, name: str, *args: str, ready: str = "joined") -> Membe
 @pytest.mark.parametrize("lock", ["claim", "commit", "release", "owns"])
 def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_session_timeout_at_most(root, lock):
     root.create_topic("t", kl.TopicConfig(partitions=2))
+    registry = Registry(root.path, "g")
     if lock == "claim":  # b owns both; a stops in its first claim, holding a lock b needs to let go
         b = member(root, "b")
         wait_for(lambda: sorted(_owned(root, "g", "t", b)) == [0, 1], what="b to own both")
@@ -93,7 +94,6 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
         else:  # a, stopped past the session timeout, wakes up and stops checking what it still owns
             # Once a committed its partition, nothing but that check can drop it: stopped in the
             # middle of a poll, a would otherwise finish the poll with a first commit, rejected.
-            registry = Registry(root.path, "g")
             wait_for(lambda: registry.committed("t", _owned(root, "g", "t", a)[0]), what="a's first commit")
             a.proc.send_signal(signal.SIGSTOP)
             wait_for(lambda: sorted(_owned(root, "g", "t", b)) == [0, 1], what="b to take a's partition")
@@ -106,7 +106,6 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
         [(b_id,)] = b.lines("joined")
         beats = BeatWatch(root, "g", b_id)
         stopped_at = time.monotonic()
-        registry = Registry(root.path, "g")
         for p in (0, 1):
             write_each(root, "t", [f"after{p}".encode()], partition=p)
         ends = {p: root.log("t", p).log_end_offset for p in (0, 1)}
