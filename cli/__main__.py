@@ -1,5 +1,5 @@
 """``python -m kl_cli``: the same as the ``kl`` command."""
 
-from kl_cli.main import main
+from kl_cli import main
 
 main()

@@ -1018,3 +1018,20 @@ def test_a_command_imports_only_its_own_module(tmp_path, argv):
     if argv == ["--version"]:
         others = {m for m in others if not m.startswith("importlib.metadata")}
     assert not others
+
+
+def test_ctrl_c_while_kl_starts_exits_130_without_a_traceback():
+    """A SIGINT that lands while kl imports its modules (the first ~0.1 s of every
+    command) is a Ctrl-C like any other."""
+    code = (
+        "import sys, kl_cli\n"
+        "class Interrupted:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'kl_cli.main':\n            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupted())\n"
+        "kl_cli.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (130, b"", b"")
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert re.search(r'^kl = "kl_cli:main"$', pyproject, re.M)  # the program's entry point is this guard

@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,9 @@ FOREVER = (r"(?<!\S)(--follow|-f)(?!\S)", r"^tail -F ", r"\bkl\b.* serve\b(?!.*-
 each runs under ``timeout``, and being stopped by it counts as success."""
 
 FOREVER_SECONDS = 1
+
+SCRIPT_SECONDS = 300
+"""How long one document's shell examples may take together."""
 
 TOOLS = ("jq", "xxd", "less", "duckdb")
 """Programs the examples use besides kl and coreutils (a document using one that is
@@ -271,6 +275,7 @@ def environment(tmp: Path, extra: dict[str, str]) -> dict[str, str]:
         PATH=f"{bin_dir}:{env.get('PATH', '')}",
         KL_ROOT=str(tmp / "data" / "kl"),  # the documents' root, moved as PATHS moves it
         LC_ALL="C.UTF-8",
+        PYTHONFAULTHANDLER="1",  # a hung one prints its stacks on SIGABRT
         TZ="UTC",
         COLUMNS="200",
     )
@@ -289,11 +294,14 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
     (out / "script.sh").write_text(script(cmds, out))
     bash = subprocess.Popen(["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp, env), start_new_session=True)
     try:
-        assert bash.wait(timeout=300) == 0
+        bash.wait(timeout=SCRIPT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hung(cmds, out, bash.pid, tmp))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bash.pid, signal.SIGKILL)  # whatever the script left running
         bash.wait()
+    assert bash.returncode == 0
     for n, cmd in enumerate(cmds):
         rc_file = out / f"{n}.rc"
         assert rc_file.exists(), f"{cmd.where}: not run (an earlier command failed)"
@@ -306,6 +314,21 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
             assert matches(cmd.shown, output.splitlines()), (
                 f"{cmd.where}: `{cmd.text}` printed:\n{shown_output}\nthe document shows:\n" + "\n".join(cmd.shown)
             )
+
+
+def hung(cmds: list[Command], out: Path, group: int, tmp: Path) -> str:
+    """What to say of a script that ran out of time: the command it was in (or its
+    background jobs, that outlived it), with its output and the stacks of the Python
+    processes still running (SIGABRT makes them print those: PYTHONFAULTHANDLER)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGABRT)
+    time.sleep(2)
+    running = next((n for n in range(len(cmds)) if not (out / f"{n}.rc").exists()), None)
+    if running is None:
+        outputs = "".join((out / f"{n}.out").read_text(errors="replace") for n in range(len(cmds)))
+        return f"every command ran, but their background jobs did not end on SIGTERM:\n{outputs}".replace(str(tmp), "")
+    cmd, output = cmds[running], (out / f"{running}.out").read_text(errors="replace")
+    return f"{cmd.where}: `{cmd.text}` ran for {SCRIPT_SECONDS} s; it printed:\n{output[-8000:]}".replace(str(tmp), "")
 
 
 def run_python(blocks: list[Block], tmp: Path, env: dict[str, str]) -> None:
@@ -407,3 +430,13 @@ def test_markers_and_prompts_are_read():
     assert moved("kl --root /data/kl x /tmp/kl2 ./data/x") == "kl --root $DOC_TMP/data/kl x /tmp/kl2 ./data/x"
     assert forever("kl consume t -f") and not forever("kl consume t -f > x &") and forever("kl --root r serve # x")
     assert forever("kl serve --bind 0.0.0.0 2>> log") and not forever("kl serve --list") and not forever("kl serve & # x")
+
+
+def test_a_hung_example_is_named_with_what_it_printed_and_its_stacks(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 3)
+    hangs = Command(f"echo started; {sys.executable} -c 'import time; time.sleep(60)'", "kl-x.1:7")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_shell([Command("true", "kl-x.1:6"), hangs], workdir(tmp_path), {})
+    said = str(failed.value)
+    assert said.startswith("kl-x.1:7: `echo started;") and "ran for 3 s; it printed:\nstarted\n" in said
+    assert "Fatal Python error: Aborted" in said and "in <module>" in said
