@@ -298,8 +298,7 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
     except subprocess.TimeoutExpired:
         pytest.fail(hung(cmds, out, bash.pid, tmp))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(bash.pid, signal.SIGKILL)  # whatever the script left running
+        signal_session(bash.pid, signal.SIGKILL)  # whatever the script left running
         bash.wait()
     assert bash.returncode == 0
     for n, cmd in enumerate(cmds):
@@ -316,12 +315,21 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
             )
 
 
-def hung(cmds: list[Command], out: Path, group: int, tmp: Path) -> str:
+def signal_session(session: int, signum: int) -> None:
+    """Send ``signum`` to every process of ``session`` (a ``timeout`` runs its command in a
+    process group of its own, out of reach of ``killpg``)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) == session:
+                os.kill(int(stat.parent.name), signum)
+
+
+def hung(cmds: list[Command], out: Path, session: int, tmp: Path) -> str:
     """What to say of a script that ran out of time: the command it was in (or its
     background jobs, that outlived it), with its output and the stacks of the Python
     processes still running (SIGABRT makes them print those: PYTHONFAULTHANDLER)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGABRT)
+    signal_session(session, signal.SIGABRT)
     time.sleep(2)
     running = next((n for n in range(len(cmds)) if not (out / f"{n}.rc").exists()), None)
     if running is None:
@@ -433,10 +441,21 @@ def test_markers_and_prompts_are_read():
 
 
 def test_a_hung_example_is_named_with_what_it_printed_and_its_stacks(tmp_path, monkeypatch):
+    """Even one deaf to the Ctrl-C of the ``timeout`` a follower runs under; nothing of
+    it is left running."""
     monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 3)
-    hangs = Command(f"echo started; {sys.executable} -c 'import time; time.sleep(60)'", "kl-x.1:7")
+    deaf = f"import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)  # {tmp_path}"
+    hangs = Command(f"echo started; {sys.executable} -c {shlex.quote(deaf)} -f", "kl-x.1:7")
     with pytest.raises(pytest.fail.Exception) as failed:
         run_shell([Command("true", "kl-x.1:6"), hangs], workdir(tmp_path), {})
     said = str(failed.value)
     assert said.startswith("kl-x.1:7: `echo started;") and "ran for 3 s; it printed:\nstarted\n" in said
     assert "Fatal Python error: Aborted" in said and "in <module>" in said
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(tmp_path).encode() in cmdline(p)]
+
+
+def cmdline(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
