@@ -44,8 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--lab",
         choices=nfslab.VERSIONS,
-        help="run only the tests of the NFS lab of this NFS version (those of no lab go with 4.2's): "
-        "scripts/test runs each lab's tests in a pytest of its own, beside the others",
+        help="run only the tests of the NFS lab of this NFS version (those of no versioned lab go with "
+        "NFSv3's, the shorter run): scripts/test runs each lab's tests in a pytest of its own, beside the others",
     )
 
 
@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept, other = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        mine = callspec.params.get("lab", nfslab.VERSIONS[0]) if callspec is not None else nfslab.VERSIONS[0]
+        mine = callspec.params.get("lab", nfslab.VERSIONS[-1]) if callspec is not None else nfslab.VERSIONS[-1]
         (kept if mine == version else other).append(item)
     if other:
         config.hook.pytest_deselected(items=other)
