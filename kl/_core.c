@@ -165,6 +165,80 @@ static PyObject *core_walk(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nn)", pos, count);
 }
 
+/* A valid entry of a chain: where it starts, its size and attributes (0 for magic 0). */
+typedef struct {
+    Py_ssize_t pos, size;
+    int attrs;
+} Kept;
+
+#define PADDING 0x08
+
+/* See recent() in kl/pycore.py.  The entries kept are a ring of cap slots from head,
+ * grown (doubled) while padding keeps more than count of them. */
+static PyObject *core_recent(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, end, max_message_bytes, count;
+    if (!PyArg_ParseTuple(args, "y*nnnn:recent", &b, &pos, &end, &max_message_bytes, &count))
+        return NULL;
+    if (!bounds(pos, end, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    if (count < 1) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "count must be at least 1, not %zd", count);
+    }
+    Py_ssize_t cap = count < 1024 ? count + 1 : 1024, head = 0, n = 0, held = 0;
+    Kept *ring = PyMem_RawMalloc(cap * sizeof(Kept));
+    int failed = ring == NULL;
+    const unsigned char *buf = b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    while (!failed && pos < end) {
+        Checked c = check_at(buf, pos, end, max_message_bytes);
+        if (c.problem != OK)
+            break;
+        if (n == cap) { /* full: unroll into a ring twice the size */
+            Kept *grown = PyMem_RawMalloc(2 * cap * sizeof(Kept));
+            if (grown == NULL) {
+                failed = 1;
+                break;
+            }
+            for (Py_ssize_t i = 0; i < n; i++)
+                grown[i] = ring[(head + i) % cap];
+            PyMem_RawFree(ring);
+            ring = grown;
+            head = 0;
+            cap *= 2;
+        }
+        ring[(head + n) % cap] = (Kept){pos, c.size, c.attrs};
+        n++;
+        if (!(c.attrs & PADDING))
+            held++;
+        while (held > count || (held == count && ring[head].attrs & PADDING)) {
+            if (!(ring[head].attrs & PADDING))
+                held--;
+            head = (head + 1) % cap;
+            n--;
+        }
+        pos += c.size;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *list = failed ? PyErr_NoMemory() : PyList_New(n);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++) {
+        Kept k = ring[(head + i) % cap];
+        PyObject *item = Py_BuildValue("(nni)", k.pos, k.size, k.attrs);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, item);
+    }
+    PyMem_RawFree(ring);
+    if (list == NULL)
+        return NULL;
+    return Py_BuildValue("(nN)", pos, list);
+}
+
 /* One message of a plain run as the caller wants it (a new reference, NULL on error). */
 typedef PyObject *(*make_fn)(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset);
 
@@ -421,6 +495,7 @@ done:
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.pycore.check"},
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.pycore.walk"},
+    {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},

@@ -12,6 +12,7 @@ import mmap
 import struct
 import zlib
 from array import array
+from collections import deque
 from collections.abc import Sequence
 
 from kl import message as m
@@ -95,6 +96,27 @@ def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, 
         pos += size
         count += 1
     return pos, count
+
+
+def recent(buf: Buffer, pos: int, end: int, max_message_bytes: int, count: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """Follow valid messages from ``pos`` as ``walk`` does: (where the chain stops, its
+    last entries as (position, size, attrs) from the ``count``-th last one that is not
+    padding on, or all of them when fewer are not padding).  ``attrs`` is 0 for magic 0."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+    kept: deque[tuple[int, int, int]] = deque()
+    held, padding = 0, m.ATTR_PADDING
+    while pos < end:
+        problem, size, _, attrs, _ = check(buf, pos, end, max_message_bytes)
+        if problem != OK:
+            break
+        kept.append((pos, size, attrs))
+        if not attrs & padding:
+            held += 1
+        while held > count or (held == count and kept[0][2] & padding):
+            held -= not kept.popleft()[2] & padding
+        pos += size
+    return pos, list(kept)
 
 
 def plain_values(buf: bytes, pos: int, max_message_bytes: int) -> tuple[list[bytes], int]:

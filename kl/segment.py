@@ -19,9 +19,10 @@ import mmap
 import os
 import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+from kl import core
 from kl import message as m
 from kl.errors import StorageError
 from kl.fsutil import create_file, pwrite_all, storage_error
@@ -216,15 +217,29 @@ class Segment:
     def chain(self, start: int, end: int) -> tuple[int, int]:
         """(where valid messages from ``start`` stop, how many) within ``[start, end)``;
         the file's end counts as a stop too.  Runs at the parse rate."""
+        count = 0
+
+        def follow(buf: bytes, _: int) -> int:
+            nonlocal count
+            stop, n = walk(buf, 0, len(buf), self.max_message_bytes)
+            count += n
+            return stop
+
+        return self._chained(start, end, follow), count
+
+    def _chained(self, start: int, end: int, follow: Callable[[bytes, int], int]) -> int:
+        """Where valid messages from ``start`` stop within ``[start, end)`` (the file's end
+        counts as a stop too), reading chunks: ``follow(chunk, its position)`` gives where
+        the chain stops in each, from its start; a message cut off by a chunk's end is
+        read again whole with the next."""
         end = min(end, self.size_in_bytes())
-        position, count, need = start, 0, SCAN_CHUNK
+        position, need = start, SCAN_CHUNK
         while position < end:
             want = min(max(SCAN_CHUNK, need), end - position)
             buf = os.pread(self.fd, want, position)
             if not buf:
                 break
-            stop, n = walk(buf, 0, len(buf), self.max_message_bytes)
-            count += n
+            stop = follow(buf, position)
             position += stop
             if stop == len(buf):
                 continue
@@ -233,7 +248,7 @@ class Segment:
                 need = entry.size  # a message longer than what was read: read it whole
                 continue
             break
-        return position, count
+        return position
 
     def boundary(self, position: int) -> tuple[int, int]:
         """The message starts nearest ``position`` from a scan of the file's start:
@@ -255,14 +270,20 @@ class Segment:
         when the last ``count`` begin inside a compressed batch); or None when there are
         fewer, with how many are still wanted before this segment.  A compressed batch
         counts its inner messages; padding counts none."""
-        recent: deque[tuple[int, int, int]] = deque(maxlen=count)
-        for entry in self.scan(0, end):
-            if entry.problem is not None:
-                break
-            attrs = entry.attrs if entry.magic else 0
-            if attrs & m.ATTR_PADDING:
-                recent = deque(recent, maxlen=(recent.maxlen or 0) + 1)  # holds no message
-            recent.append((entry.position, entry.size, attrs))
+        recent: deque[tuple[int, int, int]] = deque()
+        held = 0
+
+        def follow(buf: bytes, at: int) -> int:
+            nonlocal held
+            stop, entries = core.recent(buf, 0, len(buf), self.max_message_bytes, count)
+            for position, size, attrs in entries:
+                recent.append((at + position, size, attrs))
+                held += not attrs & m.ATTR_PADDING
+            while held > count or (held == count and recent[0][2] & m.ATTR_PADDING):
+                held -= not recent.popleft()[2] & m.ATTR_PADDING
+            return stop
+
+        self._chained(0, end, follow)
         for position, size, attrs in reversed(recent):
             if attrs & m.ATTR_PADDING:
                 continue

@@ -86,6 +86,22 @@ def test_both_cores_check_walk_and_read_any_bytes_alike(data, limit, draw):
     end = draw.draw(st.integers(0, len(data)))
     same("walk", data, 0, end, limit)
     same("check", data, 0, end, limit)
+    same("recent", data, 0, end, limit, draw.draw(st.integers(-1, 5)))
+
+
+@needs_compiled
+@pytest.mark.parametrize("count", [1, 3, 1023, 1024, 5000])
+def test_both_cores_keep_the_same_last_entries_across_runs_of_padding(count):
+    """Padding holds no message: the entries kept grow past ``count`` (and past the
+    compiled core's first 1024 slots) until enough that are not padding follow."""
+    pad, plain = m.encode(b"", None, 0, m.ATTR_PADDING), m.encode(b"v")
+    data = (plain * 3 + pad * 3000 + plain + pad * 2 + plain * 2000 + pad) * 2
+    answer = compiled.recent(data, 0, len(data), 1 << 20, count)
+    assert answer == pycore.recent(data, 0, len(data), 1 << 20, count)
+    stop, kept = answer
+    assert stop == len(data) and kept[-1] == (len(data) - len(pad), len(pad), m.ATTR_PADDING)
+    held = [entry for entry in kept if not entry[2] & m.ATTR_PADDING]
+    assert len(held) == min(count, 2 * 2004) and kept[0] == held[0]
 
 
 @needs_compiled
