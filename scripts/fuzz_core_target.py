@@ -34,8 +34,12 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 6, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 5:  # frame_records: the delimiter, keep and limits from the first bytes
+    which, limit, where, rest = data[0] % 7, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 6:  # recent: how many to keep from the third byte (0 and negative refused alike)
+        pos = where % (len(rest) + 1)
+        args = (rest, pos, len(rest), limit, data[2] % 9 - 1)
+        name = "recent"
+    elif which == 5:  # frame_records: the delimiter, keep and limits from the first bytes
         delimiter = rest[:1 + data[2] % 2] or b"\n"
         args = (rest, where % (len(rest) + 1), delimiter, bool(data[3] & 1), 7, limit, data[3] * 4, data[2] % 4)
         name = "frame_records"

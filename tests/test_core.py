@@ -6,6 +6,7 @@ each core through the ``each_core`` fixture."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,21 @@ def test_both_cores_keep_the_same_last_entries_across_runs_of_padding(count):
     assert stop == len(data) and kept[-1] == (len(data) - len(pad), len(pad), m.ATTR_PADDING)
     held = [entry for entry in kept if not entry[2] & m.ATTR_PADDING]
     assert len(held) == min(count, 2 * 2004) and kept[0] == held[0]
+
+
+@needs_compiled
+def test_both_cores_checksum_every_length_alike():
+    """The compiled core folds 16-byte blocks where the CPU can (bodies of 64 bytes and
+    more), zlib does the rest: every length, and every alignment of a body in memory."""
+    data = bytes(random.Random(7).randrange(256) for _ in range(5000))
+    for n in [*range(0, 300), 1 << 12, (1 << 16) + 15, 1 << 20]:
+        value = (data * (1 + n // len(data)))[:n]
+        assert compiled.frame([value], n) == pycore.frame([value], n), n
+    framed = pycore.frame([data[k : k + 200] for k in range(17)], 0)
+    for shift in range(16):
+        buf = bytes(shift) + framed
+        assert compiled.walk(buf, shift, len(buf), 1 << 20) == (len(buf), 17)
+    assert compiled.walk(framed[:-1] + bytes([framed[-1] ^ 1]), 0, len(framed), 1 << 20)[1] == 16
 
 
 @needs_compiled
