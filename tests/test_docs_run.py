@@ -292,7 +292,9 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
     out = tmp / ".doc-test"
     out.mkdir()
     (out / "script.sh").write_text(script(cmds, out))
-    bash = subprocess.Popen(["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp, env), start_new_session=True)
+    bash = subprocess.Popen(
+        ["bash", str(out / "script.sh")], cwd=tmp, env=environment(tmp, env), stdin=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         bash.wait(timeout=SCRIPT_SECONDS)
     except subprocess.TimeoutExpired:
