@@ -25,7 +25,7 @@ from typing import NamedTuple
 from kl import core
 from kl import message as m
 from kl.errors import StorageError
-from kl.fsutil import create_file, pwrite_all, storage_error
+from kl.fsutil import create_file, pwrite_all, start_writeback, storage_error
 from kl.messageset import INCOMPLETE, Corruption, Entry, Kind, MessageSet, check, walk
 
 SUFFIX = ".kl"
@@ -33,6 +33,8 @@ LEGACY_SUFFIX = ".kafka"
 NAME_DIGITS = 20
 """Base offsets are zero-padded to 20 digits so that ``ls`` sorts segments numerically."""
 SCAN_CHUNK = 1 << 20
+WRITEBACK_BYTES = 4 << 20
+"""Bytes appended through one ``Segment`` after which the disk is asked to start writing them."""
 PAD_CHUNK = 4 << 20
 """Bytes of padding messages written at a time."""
 _NONZERO = re.compile(rb"[^\0]")
@@ -123,13 +125,15 @@ class Segment:
     """One open segment file.  Not thread-safe: each reader opens its own; a ``Log``
     keeps one for its active segment and uses it under the partition lock."""
 
-    __slots__ = ("path", "base_offset", "max_message_bytes", "fd")
+    __slots__ = ("path", "base_offset", "max_message_bytes", "fd", "_writeback_from")
 
     def __init__(self, path: str, base_offset: int, max_message_bytes: int, fd: int):
         self.path = path
         self.base_offset = base_offset
         self.max_message_bytes = max_message_bytes
         self.fd = fd
+        self._writeback_from = -1
+        """Where the appended bytes not yet handed to ``start_writeback`` begin (-1: none appended)."""
 
     @classmethod
     def open(cls, path: str, base_offset: int, max_message_bytes: int, *, writable: bool = False) -> Segment:
@@ -420,7 +424,9 @@ class Segment:
     # ----------------------------------------------------------------- writing
 
     def append(self, data: bytes, position: int) -> None:
-        """Write all of ``data`` at ``position``; on failure cut the file back to it."""
+        """Write all of ``data`` at ``position``; on failure cut the file back to it.
+        Every ``WRITEBACK_BYTES`` appended, the disk starts writing them (the fsync that
+        comes later waits for less)."""
         try:
             written = os.pwrite(self.fd, data, position)
             if written != len(data):
@@ -431,6 +437,12 @@ class Segment:
             except OSError:
                 pass  # the state was not published: the next writer cuts it
             raise storage_error(e, f"append {len(data)} bytes to", self.path) from None
+        end = position + len(data)
+        if not 0 <= self._writeback_from <= position:  # the first append here, or the file was cut
+            self._writeback_from = position
+        if end - self._writeback_from >= WRITEBACK_BYTES:
+            start_writeback(self.fd, self._writeback_from, end - self._writeback_from)
+            self._writeback_from = end
 
     def flush(self) -> None:
         """fsync the file; raises ``OSError`` (the caller decides what a failure means)."""

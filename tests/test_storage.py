@@ -559,3 +559,27 @@ def test_producing_on_a_read_only_filesystem_fails_with_one_clear_line_and_consu
     assert [msg.value for msg in consumer.fetch("t", 0, 0)] == [b"m%d" % i for i in range(5)]
     assert [msg.value for msg in consumer.stream("t", 0, 0, idle_timeout=0)] == [b"m%d" % i for i in range(5)]
     assert consumer.latest_offset("t", 0) == writable.log("t", 0).log_end_offset
+
+
+def test_appends_have_the_disk_start_writing_every_few_mib_and_nothing_else_changes(tmp_path, monkeypatch):
+    """Every ``WRITEBACK_BYTES`` appended through a segment, writeback of those bytes is
+    started (the later fsync waits for less); a segment opened again starts counting
+    where it appends; a bad descriptor is not an error (the fsync reports what fails)."""
+    from kl import fsutil, segment
+
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(segment, "start_writeback", lambda fd, position, length: started.append((position, length)))
+    kl.Root(tmp_path).create_topic("t")
+    mib = 1 << 20
+    values = [b"v" * (mib // 4 - 22)] * 4  # one MiB framed per append
+    producer = kl.Producer(tmp_path)
+    for _ in range(9):
+        producer.send_batch("t", values)
+    producer.close()
+    assert started == [(0, 4 * mib), (4 * mib, 4 * mib)] and segment.WRITEBACK_BYTES == 4 * mib
+    with kl.Producer(tmp_path) as again:  # a new process's Segment: from where it appends
+        for _ in range(4):
+            again.send_batch("t", values)
+    assert started[2:] == [(9 * mib, 4 * mib)]
+    assert kl.Consumer(tmp_path).fetch("t", 0, 0, 100).values()[0][:1] == [values[0]]
+    fsutil.start_writeback(-1, 0, 10)  # EBADF: ignored
