@@ -339,6 +339,49 @@ static PyObject *core_plain_values(PyObject *self, PyObject *args) {
     return plain_run(&b, pos, 0, max_message_bytes, 0, make_value);
 }
 
+/* See plain_positions() in kl/pycore.py: the positions as native int64s in a bytes. */
+static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, max_message_bytes;
+    if (!PyArg_ParseTuple(args, "y*nn:plain_positions", &b, &pos, &max_message_bytes))
+        return NULL;
+    if (!bounds(pos, b.len, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    const unsigned char *buf = b.buf;
+    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size, n = 0, cap = 1024;
+    int64_t *found = PyMem_RawMalloc(cap * sizeof(int64_t));
+    int failed = found == NULL;
+    Py_BEGIN_ALLOW_THREADS
+    while (!failed && (size = plain_size(buf, pos, end, max_length))) {
+        const unsigned char *p = buf + pos;
+        int32_t key_length = (int32_t)be32(p + 18);
+        if (key_length < NO_KEY || key_length > size - HEADER_SIZE)
+            break;
+        if ((uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
+            break;
+        if (n == cap) {
+            int64_t *grown = PyMem_RawRealloc(found, 2 * cap * sizeof(int64_t));
+            if (grown == NULL) {
+                failed = 1;
+                break;
+            }
+            found = grown;
+            cap *= 2;
+        }
+        found[n++] = pos;
+        pos += size;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *out = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize((const char *)found, n * (Py_ssize_t)sizeof(int64_t));
+    PyMem_RawFree(found);
+    if (out == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, pos);
+}
+
 static PyObject *message_type; /* kl.message.Message */
 
 static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
@@ -551,6 +594,7 @@ static PyMethodDef methods[] = {
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.pycore.walk"},
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
+    {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
     {"frame_records", core_frame_records, METH_VARARGS,

@@ -15,7 +15,7 @@ from kl import pycore
 from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
-FUNCTIONS = ("check", "walk", "recent", "plain_values", "plain_messages", "frame", "frame_records")
+FUNCTIONS = ("check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_records")
 """What a core provides, with the same answers from both."""
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ check = pycore.check
 walk = pycore.walk
 recent = pycore.recent
 plain_values = pycore.plain_values
+plain_positions = pycore.plain_positions
 plain_messages = pycore.plain_messages
 frame = pycore.frame
 frame_records = pycore.frame_records

@@ -17,11 +17,10 @@ import enum
 import mmap
 import struct
 import zlib
-from array import array
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from kl import core, pycore
+from kl import core
 from kl import message as m
 from kl.config import FORMAT_07, FORMAT_KL
 from kl.errors import CorruptMessage, InvalidMessageSet, UnsupportedCodec
@@ -346,10 +345,11 @@ class MessageSet:
         out[-1] = out[-1]._replace(next_offset=next_offset)
         return out
 
-    def plain_run(self, pos: int) -> tuple[array, int]:
-        """Buffer positions of the valid uncompressed magic 2 messages from ``pos`` on,
-        and where that run stops: the columnar readers' fast path (no object per message)."""
-        return pycore.plain_positions(self.buffer, pos, self.max_message_bytes)
+    def plain_run(self, pos: int) -> tuple[bytes, int]:
+        """Buffer positions of the valid uncompressed magic 2 messages from ``pos`` on (native
+        64-bit integers), and where that run stops: the columnar readers' fast path (no
+        object per message)."""
+        return core.plain_positions(self.buffer, pos, self.max_message_bytes)
 
     def decode_at(self, pos: int) -> tuple[int, list[Message]] | None:
         """Decode the one message at ``pos`` carefully: where the next one starts and

@@ -140,10 +140,10 @@ def plain_values(buf: bytes, pos: int, max_message_bytes: int) -> tuple[list[byt
     return out, pos
 
 
-def plain_positions(buf: bytes, pos: int, max_message_bytes: int) -> tuple[array, int]:
+def plain_positions(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[bytes, int]:
     """The buffer positions of the valid uncompressed magic 2 messages from ``pos`` on,
-    and where that run stops (the Spark source's columns are gathered from them; not in
-    the compiled core yet)."""
+    as native 64-bit integers, and where that run stops (the Spark source's columns are
+    gathered from them)."""
     found = array("q")
     append = found.append
     end = len(buf)
@@ -165,7 +165,7 @@ def plain_positions(buf: bytes, pos: int, max_message_bytes: int) -> tuple[array
             break
         append(pos)
         pos = nxt
-    return found, pos
+    return found.tobytes(), pos
 
 
 def plain_messages(buf: bytes, pos: int, base: int, max_message_bytes: int) -> tuple[list[m.Message], int]:

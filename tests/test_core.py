@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import zlib
+from array import array
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,7 @@ def test_both_cores_check_walk_and_read_any_bytes_alike(data, limit, draw):
         same("check", data, pos, len(data), limit)
         same("walk", data, pos, len(data), limit)
         same("plain_values", data, pos, limit)
+        same("plain_positions", data, pos, limit)
         same("plain_messages", data, pos, draw.draw(st.integers(0, 1 << 40)), limit)
     end = draw.draw(st.integers(0, len(data)))
     same("walk", data, 0, end, limit)
@@ -103,6 +105,19 @@ def test_both_cores_keep_the_same_last_entries_across_runs_of_padding(count):
     assert stop == len(data) and kept[-1] == (len(data) - len(pad), len(pad), m.ATTR_PADDING)
     held = [entry for entry in kept if not entry[2] & m.ATTR_PADDING]
     assert len(held) == min(count, 2 * 2004) and kept[0] == held[0]
+
+
+@needs_compiled
+def test_both_cores_give_the_positions_of_a_long_run_alike():
+    """Past the compiled core's first 1024 slots; keyed messages too; a damaged one ends the run."""
+    data = bytearray(b"".join(m.encode(b"v%d" % i, None if i % 3 else b"k") for i in range(5000)))
+    positions, stop = compiled.plain_positions(data, 0, 1 << 20)
+    assert (positions, stop) == pycore.plain_positions(data, 0, 1 << 20) and stop == len(data)
+    starts = array("q", positions)
+    assert len(starts) == 5000 and starts[0] == 0 and starts[1] == len(m.encode(b"v0", b"k"))
+    data[starts[3000] + 25] ^= 1
+    assert compiled.plain_positions(data, 0, 1 << 20) == pycore.plain_positions(data, 0, 1 << 20)
+    assert compiled.plain_positions(data, 0, 1 << 20)[1] == starts[3000]
 
 
 @needs_compiled
@@ -168,6 +183,8 @@ def test_positions_outside_the_buffer_are_refused_not_read():
             compiled.check(*args)
     with pytest.raises(ValueError, match="outside a buffer"):
         compiled.plain_values(data, len(data) + 1, 100)
+    with pytest.raises(ValueError, match="outside a buffer"):
+        compiled.plain_positions(data, -1, 100)
     with pytest.raises(TypeError, match="value 1 is int"):
         compiled.frame([b"a", 3], 0)
 
