@@ -256,3 +256,26 @@ def frame_records(
     if count:
         pieces.append((frame(records[start:], timestamp), count, end))
     return pieces, end, blocked
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        for _ in range(8):
+            n = n >> 1 ^ (0x82F63B78 if n & 1 else 0)
+        table.append(n)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: Buffer, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli: Kafka's record batches, iSCSI) of ``data``, continuing from
+    ``crc`` (the result for the bytes before it) as ``zlib.crc32`` does."""
+    if not 0 <= crc <= 0xFFFFFFFF:
+        raise ValueError(f"crc must be a 32-bit value, not {crc}")
+    table, crc = _CRC32C, ~crc & 0xFFFFFFFF
+    for byte in memoryview(data).cast("B"):
+        crc = table[(crc ^ byte) & 0xFF] ^ crc >> 8
+    return ~crc & 0xFFFFFFFF

@@ -34,8 +34,11 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 8, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 7:
+    which, limit, where, rest = data[0] % 9, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 8:  # crc32c, continuing from a crc made of the second to fourth bytes
+        args = (rest, data[1] << 24 | where)
+        name = "crc32c"
+    elif which == 7:
         args = (rest, where % (len(rest) + 1), limit)
         name = "plain_positions"
     elif which == 6:  # recent: how many to keep from the third byte (0 and negative refused alike)

@@ -120,6 +120,33 @@ def test_both_cores_give_the_positions_of_a_long_run_alike():
     assert compiled.plain_positions(data, 0, 1 << 20)[1] == starts[3000]
 
 
+@pytest.mark.parametrize("data, expected", [
+    (b"123456789", 0xE3069283),  # the check value of CRC-32C
+    (bytes(32), 0x8A9136AA),  # RFC 3720's test vectors (iSCSI)
+    (b"\xff" * 32, 0x62A8AB43),
+    (bytes(range(32)), 0x46DD794E),
+    (bytes(range(31, -1, -1)), 0x113FDB5C),
+    (b"", 0),
+])
+def test_crc32c_gives_the_published_check_values_in_both_cores(data, expected):
+    assert pycore.crc32c(data) == expected
+    if compiled is not None:
+        assert compiled.crc32c(data) == expected
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 0xFFFFFFFF), st.data())
+def test_both_cores_compute_crc32c_alike_and_continue_from_a_crc(data, seed, draw):
+    assert compiled.crc32c(data, seed) == pycore.crc32c(data, seed)
+    cut = draw.draw(st.integers(0, len(data)))
+    assert compiled.crc32c(data[cut:], compiled.crc32c(data[:cut])) == pycore.crc32c(data)
+    for bad in (1 << 32, -1, 1 << 64):
+        same("crc32c", data, bad)
+        with pytest.raises(ValueError, match="crc must be a 32-bit value"):
+            compiled.crc32c(data, bad)
+
+
 @needs_compiled
 def test_both_cores_checksum_every_length_alike():
     """The compiled core folds 16-byte blocks where the CPU can (bodies of 64 bytes and
