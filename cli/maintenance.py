@@ -20,7 +20,7 @@ from typing import TypeVar
 import click
 
 import kl
-from kl.dump import DumpRecord, dump_file
+from kl.dump import DumpRecord, Lines, dump_file, dump_lines
 from kl.recovery import RecoveryReport, recover
 from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
@@ -402,13 +402,19 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
             out: list[str] = [] if as_json else [f"Dumping {path}\n"]
             options = {"base_offset": base, "deep": deep} | ({"max_message_bytes": limit} if limit else {})
             past_end = False
-            for record in dump_file(path, **options):
+            listing = dump_file(path, **options) if as_json or print_data else dump_lines(path, published=published, **options)
+            for record in listing:
                 if published is not None and record.position >= published and not past_end:
                     past_end = True
                     if not as_json:
                         out.append(
                             f"published end at offset {base + published}; what follows was never published (kl recover cuts it)\n"
                         )
+                if isinstance(record, Lines):  # a run of plain messages, its lines made by the core
+                    write(_encode(out) + record.text)
+                    out.clear()
+                    advance(done + record.end)
+                    continue
                 out.append(_dump_json(record, print_data, partition_, past_end) if as_json else _dump_line(record, print_data))
                 if len(out) >= WRITE_LINES:
                     write(_encode(out))

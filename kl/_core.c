@@ -432,6 +432,89 @@ static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", out, pos);
 }
 
+/* Decimal digits of v at p; returns the end. */
+static char *decimal(char *p, long long v) {
+    char digits[20];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    if (v < 0)
+        *p++ = '-';
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    while (n)
+        *p++ = digits[--n];
+    return p;
+}
+
+static char *text(char *p, const char *s) {
+    size_t n = strlen(s);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+#define DUMP_LINE_MAX 192 /* the longest line: its words and five numbers of up to 20 characters */
+
+/* See dump_lines() in kl/pycore.py. */
+static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, end, max_message_bytes, size;
+    PyObject *offset_obj, *position_obj;
+    if (!PyArg_ParseTuple(args, "y*nnO!O!n:dump_lines", &b, &pos, &end, &PyLong_Type, &offset_obj, &PyLong_Type, &position_obj,
+                          &max_message_bytes))
+        return NULL;
+    if (!bounds(pos, end, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    int overflow_offset = 0, overflow_position = 0;
+    long long base_offset = PyLong_AsLongLongAndOverflow(offset_obj, &overflow_offset);
+    long long base_position = PyLong_AsLongLongAndOverflow(position_obj, &overflow_position);
+    if (overflow_offset || overflow_position || base_offset < 0 || base_position < 0 || base_offset > LLONG_MAX - end ||
+        base_position > LLONG_MAX - end) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "offsets %S and %S do not fit 63 bits", offset_obj, position_obj);
+    }
+    const unsigned char *buf = b.buf;
+    Py_ssize_t max_length = max_message_bytes - LENGTH_SIZE, used = 0, cap = 1 << 16;
+    char *out = PyMem_RawMalloc(cap);
+    int failed = out == NULL;
+    Py_BEGIN_ALLOW_THREADS
+    while (!failed && (size = plain_size(buf, pos, end, max_length))) {
+        const unsigned char *p = buf + pos;
+        if ((int32_t)be32(p + 18) != NO_KEY || (uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
+            break;
+        if (cap - used < DUMP_LINE_MAX) {
+            char *grown = PyMem_RawRealloc(out, 2 * cap);
+            if (grown == NULL) {
+                failed = 1;
+                break;
+            }
+            out = grown;
+            cap *= 2;
+        }
+        char *q = text(out + used, "offset: ");
+        q = decimal(q, base_offset + pos);
+        q = text(q, " position: ");
+        q = decimal(q, base_position + pos);
+        q = text(q, " size: ");
+        q = decimal(q, size);
+        q = text(q, " magic: 2 codec: none timestamp: ");
+        q = decimal(q, be64(p + 10));
+        q = text(q, " valid: yes key: -\n");
+        used = q - out;
+        pos += size;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *lines = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize(out, used);
+    PyMem_RawFree(out);
+    if (lines == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", lines, pos);
+}
+
 static PyObject *message_type; /* kl.message.Message */
 
 static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
@@ -646,6 +729,8 @@ static PyMethodDef methods[] = {
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
     {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.pycore"},
+    {"dump_lines", core_dump_lines, METH_VARARGS,
+     "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes): see kl.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
     {"frame_records", core_frame_records, METH_VARARGS,

@@ -15,7 +15,10 @@ from kl import pycore
 from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
-FUNCTIONS = ("check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_records", "crc32c")
+FUNCTIONS = (
+    "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_records", "crc32c",
+    "dump_lines",
+)
 """What a core provides, with the same answers from both."""
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ plain_messages = pycore.plain_messages
 frame = pycore.frame
 frame_records = pycore.frame_records
 crc32c = pycore.crc32c
+dump_lines = pycore.dump_lines
 
 
 def use(name: str) -> None:

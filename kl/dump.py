@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from kl import core
 from kl import message as m
 from kl.errors import CorruptMessage, UnsupportedCodec
-from kl.messageset import INCOMPLETE, Corruption, Entry, MessageSet
-from kl.segment import SCAN_CHUNK, parse_name, scan
+from kl.messageset import INCOMPLETE, Corruption, Entry, MessageSet, check
+from kl.segment import SCAN_CHUNK, parse_name
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """Largest message believed when dumping a file outside any topic."""
@@ -42,6 +44,16 @@ class DumpRecord:
         return self.problem is None
 
 
+class Lines(NamedTuple):
+    """``kl dump``'s text for a run of valid uncompressed magic 2 messages without a key."""
+
+    position: int
+    """Where the first message starts in the file."""
+    text: bytes
+    end: int
+    """Where the last one ends."""
+
+
 def dump_file(
     path: str, *, base_offset: int | None = None, deep: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 ) -> Iterator[DumpRecord]:
@@ -50,6 +62,27 @@ def dump_file(
     ``base_offset`` defaults to the one the file name encodes (0 for other names).
     Raises ``OSError`` when the file cannot be read.
     """
+    return _listing(path, base_offset, deep, max_message_bytes, None)  # type: ignore[return-value]
+
+
+def dump_lines(
+    path: str,
+    *,
+    published: int | None = None,
+    base_offset: int | None = None,
+    deep: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Iterator[DumpRecord | Lines]:
+    """``dump_file``'s records, but each run of valid uncompressed magic 2 messages without
+    a key as ``Lines``, ``kl dump``'s text for them, made by the core (the common case, at
+    the parse rate).  No run crosses position ``published``: a reader can mark that end."""
+    return _listing(path, base_offset, deep, max_message_bytes, published if published is not None else -1)
+
+
+def _listing(
+    path: str, base_offset: int | None, deep: bool, max_message_bytes: int, published: int | None
+) -> Iterator[DumpRecord | Lines]:
+    """The records (and with ``published`` not None, ``Lines``; -1 for no end) of the file."""
     if base_offset is None:
         base_offset = parse_name(os.path.basename(path)) or 0
     unpack_fields, fields_at, key_at, plain = (
@@ -61,20 +94,32 @@ def dump_file(
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         file_size = os.fstat(fd).st_size
-        buf, start, end = b"", 0, 0  # the bytes of the file from position start to end
-        for entry in scan(fd, 0, file_size, max_message_bytes):
-            position, size, magic, attrs, problem = entry
+        fast = published is not None and 0 <= base_offset < (1 << 63) - file_size
+        buf, start, complete, pos = b"", 0, False, 0  # buf: the file from start; complete: to its end
+        while pos < file_size:
+            if not start <= pos < start + len(buf):
+                want = min(SCAN_CHUNK, file_size - pos)
+                buf, start = os.pread(fd, want, pos), pos
+                complete = len(buf) < want or pos + want >= file_size
+            at = pos - start
+            if fast:
+                assert published is not None
+                run_end = len(buf) if pos >= published else min(len(buf), published - start)
+                text, stop = core.dump_lines(buf, at, run_end, base_offset + start, start, max_message_bytes)
+                if stop > at:
+                    yield Lines(pos, text, start + stop)
+                    pos = start + stop
+                    continue
+            position, size, magic, attrs, problem = check(buf, at, len(buf), max_message_bytes, start)
             offset = base_offset + position
+            if problem is not None and problem.kind is INCOMPLETE and not complete:  # cut by the chunk: read it whole
+                want = min(max(SCAN_CHUNK, size), file_size - pos)
+                buf, start = os.pread(fd, want, pos), pos
+                complete = len(buf) < want or pos + want >= file_size
+                continue
             if problem is not None:
                 yield _bad(offset, position, size, magic, problem)
                 return
-            if position + size > end:
-                buf = os.pread(fd, max(min(SCAN_CHUNK, file_size - position), size), position)
-                start, end = position, position + len(buf)
-                if position + size > end:  # cut since scan read it
-                    yield _bad(offset, position, size, magic, Corruption(INCOMPLETE, INCOMPLETE.value))
-                    return
-            at = position - start
             if magic == plain and not attrs:
                 timestamp, key_length = unpack_fields(buf, at + fields_at)
                 if key_length < 0:
@@ -83,13 +128,16 @@ def dump_file(
                     value_at = at + key_at + key_length
                     key = buf[at + key_at : value_at]
                     yield DumpRecord(offset, position, size, magic, "none", timestamp, key, buf[value_at : at + size], None)
-                continue
-            record = _record(buf, at, offset, position, size, magic, attrs)
-            if deep and record.codec not in ("none", "padding"):
-                _inner(
-                    record, MessageSet(buf, base_offset + start, max_message_bytes=max_message_bytes), entry._replace(position=at)
-                )
-            yield record
+            else:
+                record = _record(buf, at, offset, position, size, magic, attrs)
+                if deep and record.codec not in ("none", "padding"):
+                    _inner(
+                        record,
+                        MessageSet(buf, base_offset + start, max_message_bytes=max_message_bytes),
+                        Entry(at, size, magic, attrs, None),
+                    )
+                yield record
+            pos += size
     finally:
         os.close(fd)
 

@@ -25,7 +25,10 @@ _PREFIX = m.PREFIX.unpack_from
 _FAST = m.HEADER.unpack_from
 _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
+_FAST_DUMP = struct.Struct(">iHIqi").unpack_from
+"""length, magic and attrs (as one number), crc, timestamp and key_length of a magic 2 message."""
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
+_INT64_MAX = (1 << 63) - 1
 _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 """Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
@@ -166,6 +169,34 @@ def plain_positions(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[byte
         append(pos)
         pos = nxt
     return found.tobytes(), pos
+
+
+def dump_lines(
+    buf: Buffer, pos: int, end: int, base_offset: int, base_position: int, max_message_bytes: int
+) -> tuple[bytes, int]:
+    """``kl dump``'s lines for the valid uncompressed magic 2 messages without a key from
+    ``pos`` to at most ``end``, each at offset ``base_offset + position`` and file position
+    ``base_position + position``, and where that run stops.  Raises ``ValueError`` for
+    bases whose sums with the buffer's positions pass 2**63 - 1."""
+    if not (0 <= base_offset <= _INT64_MAX - end and 0 <= base_position <= _INT64_MAX - end):
+        raise ValueError(f"offsets {base_offset} and {base_position} do not fit 63 bits")
+    out: list[str] = []
+    append, crc32, unpack, seed, header = out.append, zlib.crc32, _FAST_DUMP, _SEED, m.HEADER_SIZE
+    limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
+    plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+    while pos <= limit:
+        length, magic_attrs, crc, timestamp, klen = unpack(buf, pos)
+        nxt = pos + length_size + length
+        if magic_attrs != plain or length > max_length or not pos + header <= nxt <= end or klen != no_key:
+            break
+        if crc32(buf[pos + body_at : nxt], seed) != crc:
+            break
+        append(
+            f"offset: {base_offset + pos} position: {base_position + pos} size: {nxt - pos} magic: 2 codec: none "
+            f"timestamp: {timestamp} valid: yes key: -\n"
+        )
+        pos = nxt
+    return "".join(out).encode(), pos
 
 
 def plain_messages(buf: bytes, pos: int, base: int, max_message_bytes: int) -> tuple[list[m.Message], int]:

@@ -34,8 +34,12 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 9, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 8:  # crc32c, continuing from a crc made of the second to fourth bytes
+    which, limit, where, rest = data[0] % 10, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 9:  # dump_lines: bases near the top of the int64 range too
+        pos = where % (len(rest) + 1)
+        args = (rest, pos, len(rest), (1 << 63) - 1 - len(rest) - data[1] % 3, where, limit)
+        name = "dump_lines"
+    elif which == 8:  # crc32c, continuing from a crc made of the second to fourth bytes
         args = (rest, data[1] << 24 | where)
         name = "crc32c"
     elif which == 7:

@@ -689,3 +689,38 @@ def test_topics_import_brings_a_kafka_07_partition_in_and_refuses_it_twice(kl_ro
     result = run(kl_root, "topics", "import", "k", source)
     assert (result.exit_code, result.stderr) == (1, "Error: partition 0 of topic 'k' is not empty (it ends at 10900)\n")
     assert out(kl_root, "recover", "--deep") == ["k/0: ok (10900 bytes checked)"]
+
+
+def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, monkeypatch, each_core):
+    """Runs of plain messages are listed by the core (``kl.dump.dump_lines``): the same
+    text as a listing built record by record, around keyed, compressed and damaged
+    messages and across the published end."""
+    r = kl.Root(kl_root)
+    r.create_topic("t")
+    producer = kl.Producer(r)
+    for n in range(3):
+        producer.send_batch("t", [b"v%d-%d" % (n, i) for i in range(3000)], partition=0, timestamp=TS + n)
+        producer.send_batch("t", [b"kv", b"kv2"], keys=[b"k\n", b"\xff"], partition=0, timestamp=-1)
+    kl.Producer(r, compression="zstd").send_batch("t", [b"a", b"bb"], partition=0)
+    producer.send_batch("t", [b"tail%d" % i for i in range(5)], partition=0, timestamp=253402300799999)
+    with open(Path(kl_root) / "t" / "0" / SEGMENT0, "ab") as f:  # never published, then damage
+        f.write(b"".join(kl.message.encode(b"late%d" % i) for i in range(4)) + GARBAGE)
+    import kl_cli.maintenance
+    from kl.dump import Lines, dump_file, dump_lines
+
+    runs: list[Lines] = []
+
+    def counted(*args, **options):
+        for item in dump_lines(*args, **options):
+            if isinstance(item, Lines):
+                runs.append(item)
+            yield item
+
+    monkeypatch.setattr(kl_cli.maintenance, "dump_lines", counted)
+    fast = out(kl_root, "dump", "t")  # the damage is past the published end: not damage
+    monkeypatch.setattr(kl_cli.maintenance, "dump_lines", lambda path, published=None, **options: dump_file(path, **options))
+    assert fast == out(kl_root, "dump", "t")
+    assert len(runs) >= 5 and sum(run.text.count(b"\n") for run in runs) >= 9000
+    late = fast.index(next(line for line in fast if line.startswith("published end at offset")))
+    assert [line.split(" valid: ")[1] for line in fast[late - 1 : late + 6 : 6]] == ["yes key: -", "no"]
+    assert fast[late + 1].endswith("valid: yes key: -") and "timestamp: 253402300799999" in fast[late - 1]

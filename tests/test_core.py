@@ -85,6 +85,8 @@ def test_both_cores_check_walk_and_read_any_bytes_alike(data, limit, draw):
         same("walk", data, pos, len(data), limit)
         same("plain_values", data, pos, limit)
         same("plain_positions", data, pos, limit)
+        base = draw.draw(st.sampled_from([0, 1, 1 << 40, (1 << 63) - 1 - len(data), (1 << 63) - len(data), -1]))
+        same("dump_lines", data, pos, len(data), base, draw.draw(st.integers(0, 1 << 62)), limit)
         same("plain_messages", data, pos, draw.draw(st.integers(0, 1 << 40)), limit)
     end = draw.draw(st.integers(0, len(data)))
     same("walk", data, 0, end, limit)
