@@ -62,7 +62,9 @@ def dump_file(
     ``base_offset`` defaults to the one the file name encodes (0 for other names).
     Raises ``OSError`` when the file cannot be read.
     """
-    return _listing(path, base_offset, deep, max_message_bytes, None)  # type: ignore[return-value]
+    for record in _listing(path, base_offset, deep, max_message_bytes, lines=False, published=None):
+        assert isinstance(record, DumpRecord)
+        yield record
 
 
 def dump_lines(
@@ -76,13 +78,13 @@ def dump_lines(
     """``dump_file``'s records, but each run of valid uncompressed magic 2 messages without
     a key as ``Lines``, ``kl dump``'s text for them, made by the core (the common case, at
     the parse rate).  No run crosses position ``published``: a reader can mark that end."""
-    return _listing(path, base_offset, deep, max_message_bytes, published if published is not None else -1)
+    return _listing(path, base_offset, deep, max_message_bytes, lines=True, published=published)
 
 
 def _listing(
-    path: str, base_offset: int | None, deep: bool, max_message_bytes: int, published: int | None
+    path: str, base_offset: int | None, deep: bool, max_message_bytes: int, *, lines: bool, published: int | None
 ) -> Iterator[DumpRecord | Lines]:
-    """The records (and with ``published`` not None, ``Lines``; -1 for no end) of the file."""
+    """The records of the file; with ``lines``, its runs of plain messages as ``Lines``."""
     if base_offset is None:
         base_offset = parse_name(os.path.basename(path)) or 0
     unpack_fields, fields_at, key_at, plain = (
@@ -94,7 +96,7 @@ def _listing(
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         file_size = os.fstat(fd).st_size
-        fast = published is not None and 0 <= base_offset < (1 << 63) - file_size
+        fast = lines and 0 <= base_offset < (1 << 63) - file_size  # the core's offsets are int64s
         buf, start, complete, pos = b"", 0, False, 0  # buf: the file from start; complete: to its end
         while pos < file_size:
             if not start <= pos < start + len(buf):
@@ -103,8 +105,7 @@ def _listing(
                 complete = len(buf) < want or pos + want >= file_size
             at = pos - start
             if fast:
-                assert published is not None
-                run_end = len(buf) if pos >= published else min(len(buf), published - start)
+                run_end = len(buf) if published is None or pos >= published else min(len(buf), published - start)
                 text, stop = core.dump_lines(buf, at, run_end, base_offset + start, start, max_message_bytes)
                 if stop > at:
                     yield Lines(pos, text, start + stop)
