@@ -1,4 +1,4 @@
-
+"""The ``kl`` command line (installed as ``kl_cli``): ``main`` is the program's entry point."""
 
 from __future__ import annotations
 

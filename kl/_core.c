@@ -343,6 +343,19 @@ static PyObject *core_recent(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nN)", pos, list);
 }
 
+/* The size of the valid plain message at pos: uncompressed magic 2 with a valid length,
+ * key length (none unless keyed) and checksum; 0 where there is none. */
+static inline Py_ssize_t plain_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_length, int keyed) {
+    Py_ssize_t size = plain_size(buf, pos, end, max_length);
+    if (!size)
+        return 0;
+    const unsigned char *p = buf + pos;
+    int32_t key_length = (int32_t)be32(p + 18);
+    if (keyed ? key_length < NO_KEY || key_length > size - HEADER_SIZE : key_length != NO_KEY)
+        return 0;
+    return (uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) == be32(p + 6) ? size : 0;
+}
+
 /* One message of a plain run as the caller wants it (a new reference, NULL on error). */
 typedef PyObject *(*make_fn)(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset);
 
@@ -354,14 +367,9 @@ static PyObject *plain_run(Py_buffer *b, Py_ssize_t pos, long long base, Py_ssiz
         goto done;
     const unsigned char *buf = b->buf;
     Py_ssize_t end = b->len, max_length = max_message_bytes - LENGTH_SIZE, size;
-    while ((size = plain_size(buf, pos, end, max_length))) {
+    while ((size = plain_at(buf, pos, end, max_length, keyed))) {
         const unsigned char *p = buf + pos;
-        int32_t key_length = (int32_t)be32(p + 18);
-        if (keyed ? key_length < NO_KEY || key_length > size - HEADER_SIZE : key_length != NO_KEY)
-            break;
-        if ((uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
-            break;
-        PyObject *item = make(p, size, key_length, base + pos);
+        PyObject *item = make(p, size, (int32_t)be32(p + 18), base + pos);
         if (!item || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             Py_CLEAR(out);
@@ -404,13 +412,7 @@ static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
     int64_t *found = PyMem_RawMalloc(cap * sizeof(int64_t));
     int failed = found == NULL;
     Py_BEGIN_ALLOW_THREADS
-    while (!failed && (size = plain_size(buf, pos, end, max_length))) {
-        const unsigned char *p = buf + pos;
-        int32_t key_length = (int32_t)be32(p + 18);
-        if (key_length < NO_KEY || key_length > size - HEADER_SIZE)
-            break;
-        if ((uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
-            break;
+    while (!failed && (size = plain_at(buf, pos, end, max_length, 1))) {
         if (n == cap) {
             int64_t *grown = PyMem_RawRealloc(found, 2 * cap * sizeof(int64_t));
             if (grown == NULL) {
@@ -481,10 +483,7 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
     char *out = PyMem_RawMalloc(cap);
     int failed = out == NULL;
     Py_BEGIN_ALLOW_THREADS
-    while (!failed && (size = plain_size(buf, pos, end, max_length))) {
-        const unsigned char *p = buf + pos;
-        if ((int32_t)be32(p + 18) != NO_KEY || (uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT) != be32(p + 6))
-            break;
+    while (!failed && (size = plain_at(buf, pos, end, max_length, 0))) {
         if (cap - used < DUMP_LINE_MAX) {
             char *grown = PyMem_RawRealloc(out, 2 * cap);
             if (grown == NULL) {
@@ -501,7 +500,7 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
         q = text(q, " size: ");
         q = decimal(q, size);
         q = text(q, " magic: 2 codec: none timestamp: ");
-        q = decimal(q, be64(p + 10));
+        q = decimal(q, be64(buf + pos + 10));
         q = text(q, " valid: yes key: -\n");
         used = q - out;
         pos += size;

@@ -25,8 +25,6 @@ _PREFIX = m.PREFIX.unpack_from
 _FAST = m.HEADER.unpack_from
 _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
-_FAST_DUMP = struct.Struct(">iHIqi").unpack_from
-"""length, magic and attrs (as one number), crc, timestamp and key_length of a magic 2 message."""
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
 _INT64_MAX = (1 << 63) - 1
 _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
@@ -181,13 +179,13 @@ def dump_lines(
     if not (0 <= base_offset <= _INT64_MAX - end and 0 <= base_position <= _INT64_MAX - end):
         raise ValueError(f"offsets {base_offset} and {base_position} do not fit 63 bits")
     out: list[str] = []
-    append, crc32, unpack, seed, header = out.append, zlib.crc32, _FAST_DUMP, _SEED, m.HEADER_SIZE
+    append, crc32, unpack, seed, header = out.append, zlib.crc32, _FAST, _SEED, m.HEADER_SIZE
     limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
-    plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
+    magic_now, no_key, length_size, body_at = m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
     while pos <= limit:
-        length, magic_attrs, crc, timestamp, klen = unpack(buf, pos)
+        length, magic, attrs, crc, timestamp, klen = unpack(buf, pos)
         nxt = pos + length_size + length
-        if magic_attrs != plain or length > max_length or not pos + header <= nxt <= end or klen != no_key:
+        if magic != magic_now or attrs or length > max_length or not pos + header <= nxt <= end or klen != no_key:
             break
         if crc32(buf[pos + body_at : nxt], seed) != crc:
             break
