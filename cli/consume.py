@@ -287,7 +287,7 @@ def _consume_group(
             signal.signal(sig, handler)
         member.close()
     if signal.SIGINT in stopped_by:
-        raise SystemExit(130)
+        raise KeyboardInterrupt
 
 
 def _warn_skipped(skipped: kl.Skipped) -> None:

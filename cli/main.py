@@ -1,7 +1,8 @@
 """The ``kl`` command: a thin face on the kl library.
 
 Errors are turned into exit codes here, in one place: a ``kl.KlError`` (or an OS error)
-prints ``Error: <message>`` and exits 1, usage errors exit 2 (click), Ctrl-C exits 130.
+prints ``Error: <message>`` and exits 1, usage errors exit 2 (click), Ctrl-C ends kl by SIGINT
+(``kl_cli.main``; status 130 in a shell).
 The library's warnings (a lock being waited for, a torn tail cut) print as
 ``Warning: <message>`` lines.
 """
@@ -18,9 +19,8 @@ import click
 
 import kl
 from kl import core
+from kl_cli import Interrupted
 from kl_cli.common import add_root_options, log_warnings
-
-EXIT_INTERRUPTED = 130
 
 COMMANDS = {
     "consume": "kl_cli.consume:consume",
@@ -58,7 +58,7 @@ class KlGroup(click.Group):
         except kl.KlError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
-            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+            raise Interrupted from None
         except OSError as e:
             if e.errno == errno.EPIPE:
                 raise

@@ -80,7 +80,7 @@ def mirror_command(
         root.close()
     _summary(copies, as_json)
     if signal.SIGINT in stopped_by:
-        raise SystemExit(130)
+        raise KeyboardInterrupt
 
 
 def _summary(copies: list[mirroring.PartitionCopy], as_json: bool) -> None:

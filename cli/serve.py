@@ -19,7 +19,6 @@ from kl.errors import KlError
 from kl.server import Network, ServeConfig, Server
 from kl_cli.common import get_root
 
-EXIT_INTERRUPTED = 130
 LIST_COLUMNS = ["address", "pid", "since", "topics", "produce"]
 
 
@@ -108,7 +107,7 @@ def serve(
     list_: bool,
 ) -> None:
     """Serve the root's topics to hosts that do not mount it, over Kafka 0.7's wire
-    protocol (kl-protocol(5)), until SIGTERM (exit 0) or Ctrl-C (exit 130).
+    protocol (kl-protocol(5)), until SIGTERM (exit 0) or Ctrl-C (status 130).
 
     Fetches are sent with sendfile straight from the segment files.  The daemon
     registers itself under the root while it runs (kl serve --list shows it).  Log
@@ -155,7 +154,7 @@ def serve(
         if registration is not None:
             registration.close()
     if signal.SIGINT in stopped_by:
-        raise SystemExit(EXIT_INTERRUPTED)
+        raise KeyboardInterrupt
 
 
 class _Lines(logging.Formatter):

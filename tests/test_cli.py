@@ -401,8 +401,29 @@ def test_follow_prints_new_messages(kl_root):
         assert follower.poll() is None
     finally:
         follower.send_signal(signal.SIGINT)
-        assert follower.wait(10) == 130
+        assert follower.wait(10) == -signal.SIGINT
     assert follower.stderr.read() == b""
+
+
+def test_ctrl_c_stops_a_script_running_kl_not_only_the_kl_it_lands_in(kl_root):
+    """Ctrl-C reaches the script's whole process group, and bash goes on after a child
+    that exited by itself (status 130 included): only a kl ended by SIGINT stops the
+    loop.  Each follower says it started; the script is interrupted during the first."""
+    ok(kl_root, "produce", "t", input=b"old\n")
+    loop = 'for i in 1 2 3; do echo "follower $i"; $KL consume t --follow; done; echo "the loop went on"'
+    script = subprocess.Popen(
+        ["bash", "-c", loop], env={**os.environ, "KL_ROOT": kl_root, "KL": " ".join(KL)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        assert script.stdout.readline() == b"follower 1\n"
+        assert script.stdout.readline() == b"old\n"  # kl runs, past its start-up
+        os.killpg(script.pid, signal.SIGINT)  # the terminal's Ctrl-C
+        out, err = script.communicate(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+    assert (script.returncode, out, err) == (-signal.SIGINT, b"", b"")
 
 
 def test_follow_stops_after_count(kl_root):
@@ -453,7 +474,7 @@ def test_ctrl_c_leaves_a_prefix_of_whole_messages(kl_root):
     while consumer.latest_offset("t", 0) < 1_000_000 and time.monotonic() < deadline:
         time.sleep(0.01)
     producer.send_signal(signal.SIGINT)
-    assert producer.wait(20) == 130
+    assert producer.wait(20) == -signal.SIGINT
     feeder.join()
     assert producer.stderr.read() == b""
     out = ok(kl_root, "consume", "t")
@@ -1020,7 +1041,7 @@ def test_a_command_imports_only_its_own_module(tmp_path, argv):
     assert not others
 
 
-def test_ctrl_c_while_kl_starts_exits_130_without_a_traceback():
+def test_ctrl_c_while_kl_starts_ends_it_by_sigint_without_a_traceback():
     """A SIGINT that lands while kl imports its modules (the first ~0.1 s of every
     command) is a Ctrl-C like any other."""
     code = (
@@ -1032,6 +1053,6 @@ def test_ctrl_c_while_kl_starts_exits_130_without_a_traceback():
         "kl_cli.main()\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
-    assert (done.returncode, done.stdout, done.stderr) == (130, b"", b"")
+    assert (done.returncode, done.stdout, done.stderr) == (-signal.SIGINT, b"", b"")
     pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert re.search(r'^kl = "kl_cli:main"$', pyproject, re.M)  # the program's entry point is this guard

@@ -207,9 +207,10 @@ CRON = r"^([*/0-9,-]+\s+){5}(?=\S)"
 
 
 def complete(text: str) -> bool:
-    """Whether ``text`` is a whole command (no quote left open)."""
+    """Whether ``text`` is a whole command (no quote left open; an apostrophe in a
+    comment opens none)."""
     try:
-        shlex.split(text)
+        shlex.split(text, comments=True)
     except ValueError:
         return False
     return True
@@ -436,6 +437,8 @@ def test_markers_and_prompts_are_read():
     assert second.skip == "needs a second host" and second.lines == ["kl consume t --server logs1:9092"]
     assert cron.spark and cron.language == "sh" and python.spark and python.language == "python"
     assert [c.text for c in commands(cron)] == ["kl load t      -o /d", 'duckdb -c "SELECT\n    1"']
+    commented = Block("sh", "x.md:1", ["kl a   # a message's offset", "kl b -f", "echo 'x # y'"])
+    assert [c.text for c in commands(commented)] == ["kl a   # a message's offset", "kl b -f", "echo 'x # y'"]
     assert matches(["a ... c", "..."], ["a b c", "x", "y"]) and not matches(["a"], ["a", "b"])
     assert moved("kl --root /data/kl x /tmp/kl2 ./data/x") == "kl --root $DOC_TMP/data/kl x /tmp/kl2 ./data/x"
     assert forever("kl consume t -f") and not forever("kl consume t -f > x &") and forever("kl --root r serve # x")

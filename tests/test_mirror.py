@@ -382,7 +382,7 @@ def ends(root: kl.Root) -> list[int]:
         return [-1, -1]
 
 
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, -signal.SIGINT)])
 def test_follow_copies_new_data_until_stopped(source, target, processes, sig, status):
     proc = subprocess.Popen(
         [*KL, "mirror", source.path, target.path, "--follow", "--poll", "0.05", "--json"], stdout=subprocess.PIPE

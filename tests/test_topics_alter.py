@@ -286,7 +286,7 @@ def test_producers_and_a_follower_keep_working_while_alter_runs_many_times(root,
 @contextlib.contextmanager
 def following(*args: str) -> Iterator[subprocess.Popen]:
     """``kl ARGS`` (a ``consume --follow``) running, its stdout a pipe: killed if it is
-    still there after 30 s, else interrupted at the end, which it must answer with 130."""
+    still there after 30 s, else interrupted at the end, which must end it by SIGINT."""
     follower = subprocess.Popen(KL + list(args), stdout=subprocess.PIPE)
     timer = threading.Timer(30, follower.kill)
     timer.start()
@@ -295,7 +295,7 @@ def following(*args: str) -> Iterator[subprocess.Popen]:
     finally:
         timer.cancel()
         follower.send_signal(signal.SIGINT)
-        assert follower.wait(10) == 130
+        assert follower.wait(10) == -signal.SIGINT
 
 
 def alter(root: kl.Root, *args: str) -> None:
