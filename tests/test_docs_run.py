@@ -318,22 +318,37 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
             )
 
 
-def signal_session(session: int, signum: int) -> None:
+def signal_session(session: int, signum: int) -> list[int]:
     """Send ``signum`` to every process of ``session`` (a ``timeout`` runs its command in a
-    process group of its own, out of reach of ``killpg``)."""
+    process group of its own, out of reach of ``killpg``); their pids."""
+    signalled = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[3]) == session:
+            if int(fields[3]) == session and fields[0] != "Z":
                 os.kill(int(stat.parent.name), signum)
+                signalled.append(int(stat.parent.name))
+    return signalled
+
+
+def wait_for_death(pids: list[int], seconds: float) -> None:
+    """Wait until none of ``pids`` runs (a zombie has ended), at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
 
 
 def hung(cmds: list[Command], out: Path, session: int, tmp: Path) -> str:
     """What to say of a script that ran out of time: the command it was in (or its
     background jobs, that outlived it), with its output and the stacks of the Python
     processes still running (SIGABRT makes them print those: PYTHONFAULTHANDLER)."""
-    signal_session(session, signal.SIGABRT)
-    time.sleep(2)
+    wait_for_death(signal_session(session, signal.SIGABRT), 20)  # each Python has printed its stacks
     running = next((n for n in range(len(cmds)) if not (out / f"{n}.rc").exists()), None)
     if running is None:
         outputs = "".join((out / f"{n}.out").read_text(errors="replace") for n in range(len(cmds)))
@@ -448,15 +463,16 @@ def test_markers_and_prompts_are_read():
 def test_a_hung_example_is_named_with_what_it_printed_and_its_stacks(tmp_path, monkeypatch):
     """Even one deaf to the Ctrl-C of the ``timeout`` a follower runs under (from its
     start: an ignored signal stays ignored across exec); nothing of it is left running.
-    The script gets 8 s: Python must be running when its stacks are asked for, and on a
-    loaded machine it can take seconds to start."""
-    monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 8)
+    The script gets 15 s: Python (without site, -S, the quickest to start) must be
+    running when its stacks are asked for, and on a loaded machine the script can take
+    seconds to reach it."""
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 15)
     deaf = f"import time; time.sleep(60)  # {tmp_path}"
-    hangs = Command(f"echo started; trap '' INT; exec {sys.executable} -c {shlex.quote(deaf)} -f", "kl-x.1:7")
+    hangs = Command(f"echo started; trap '' INT; exec {sys.executable} -S -c {shlex.quote(deaf)} -f", "kl-x.1:7")
     with pytest.raises(pytest.fail.Exception) as failed:
         run_shell([Command("true", "kl-x.1:6"), hangs], workdir(tmp_path), {})
     said = str(failed.value)
-    assert said.startswith("kl-x.1:7: `echo started;") and "ran for 8 s; it printed:\nstarted\n" in said
+    assert said.startswith("kl-x.1:7: `echo started;") and "ran for 15 s; it printed:\nstarted\n" in said
     assert "Fatal Python error: Aborted" in said and "in <module>" in said
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(tmp_path).encode() in cmdline(p)]
 
