@@ -9,6 +9,7 @@
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -721,6 +722,185 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- the async producer's fast lane */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *queue, *slow, *general;
+    PyObject *topic, *partition; /* topic NULL until the first aim */
+    Py_ssize_t room, wake_at;
+    unsigned long owner;
+    int owned;
+} Lane;
+
+static const char *const SEND_NAMES[] = {"topic", "value", "key", "partition", "timestamp", "callback"};
+#define SEND_ARGS 6
+
+static int lane_traverse(Lane *self, visitproc visit, void *arg) {
+    Py_VISIT(self->queue);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->general);
+    Py_VISIT(self->topic);
+    Py_VISIT(self->partition);
+    return 0;
+}
+
+static int lane_clear(Lane *self) {
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->partition);
+    return 0;
+}
+
+static void lane_dealloc(Lane *self) {
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int lane_init(Lane *self, PyObject *args, PyObject *kwds) {
+    PyObject *queue, *slow, *general;
+    static char *names[] = {"queue", "slow", "general", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO:Lane", names, &PyList_Type, &queue, &slow, &general))
+        return -1;
+    Py_INCREF(queue);
+    Py_INCREF(slow);
+    Py_INCREF(general);
+    Py_XSETREF(self->queue, queue);
+    Py_XSETREF(self->slow, slow);
+    Py_XSETREF(self->general, general);
+    Py_CLEAR(self->topic);
+    Py_INCREF(Py_None);
+    Py_XSETREF(self->partition, Py_None);
+    self->room = self->wake_at = -1;
+    self->owned = 0;
+    return 0;
+}
+
+static PyObject *lane_aim(Lane *self, PyObject *args) {
+    PyObject *topic, *partition;
+    Py_ssize_t room;
+    if (!PyArg_ParseTuple(args, "OOn:aim", &topic, &partition, &room))
+        return NULL;
+    Py_INCREF(topic);
+    Py_INCREF(partition);
+    Py_XSETREF(self->topic, topic);
+    Py_XSETREF(self->partition, partition);
+    self->room = room;
+    Py_RETURN_NONE;
+}
+
+/* send(topic, value, key=None, partition=None, timestamp=None, callback=None): see
+   kl.pycore.Lane.send.  Arguments it cannot place go to general as they came, which
+   raises what Python would. */
+static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *given[SEND_ARGS] = {NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > SEND_ARGS || !self->topic || !self->owned)
+        goto general;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int at = 0;
+        while (at < SEND_ARGS && PyUnicode_CompareWithASCIIString(name, SEND_NAMES[at]) != 0)
+            at++;
+        if (at == SEND_ARGS || given[at])
+            goto general;
+        given[at] = args[nargs + k];
+    }
+    PyObject *value = given[1], *partition = given[3] ? given[3] : Py_None;
+    if (given[0] != self->topic || !value || (given[2] && given[2] != Py_None) || (given[4] && given[4] != Py_None) ||
+        (given[5] && given[5] != Py_None) || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > self->room)
+        goto general;
+    if (partition != self->partition) {
+        if (!PyLong_CheckExact(partition) || !PyLong_CheckExact(self->partition))
+            goto general;
+        int same = PyObject_RichCompareBool(partition, self->partition, Py_EQ);
+        if (same < 0)
+            return NULL;
+        if (!same)
+            goto general;
+    }
+    if (PyThread_get_thread_ident() != self->owner)
+        goto general;
+    if (PyList_Append(self->queue, value) < 0)
+        return NULL;
+    if (PyList_GET_SIZE(self->queue) > self->wake_at) {
+        PyObject *done = PyObject_CallOneArg(self->slow, value);
+        if (!done)
+            return NULL;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+general:
+    return PyObject_Vectorcall(self->general, args, nargs, kwnames);
+}
+
+static PyObject *lane_get_owner(Lane *self, void *closure) {
+    if (!self->owned)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(self->owner);
+}
+
+static int lane_set_owner(Lane *self, PyObject *value, void *closure) {
+    if (!value || value == Py_None) {
+        self->owned = 0;
+        return 0;
+    }
+    unsigned long owner = PyLong_AsUnsignedLong(value);
+    if (owner == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    self->owner = owner;
+    self->owned = 1;
+    return 0;
+}
+
+static PyObject *lane_get_topic(Lane *self, void *closure) {
+    if (!self->topic)
+        Py_RETURN_NONE;
+    Py_INCREF(self->topic);
+    return self->topic;
+}
+
+static PyMethodDef lane_methods[] = {
+    {"aim", (PyCFunction)lane_aim, METH_VARARGS, "aim(topic, partition, room): see kl.pycore.Lane.aim"},
+    {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL | METH_KEYWORDS,
+     "send(topic, value, key=None, partition=None, timestamp=None, callback=None): see kl.pycore.Lane.send"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef lane_members[] = {
+    {"queue", T_OBJECT, offsetof(Lane, queue), READONLY, NULL},
+    {"partition", T_OBJECT, offsetof(Lane, partition), READONLY, NULL},
+    {"room", T_PYSSIZET, offsetof(Lane, room), READONLY, NULL},
+    {"wake_at", T_PYSSIZET, offsetof(Lane, wake_at), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef lane_getset[] = {
+    {"owner", (getter)lane_get_owner, (setter)lane_set_owner, NULL, NULL},
+    {"topic", (getter)lane_get_topic, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kl._core.Lane",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Lane(queue, slow, general): the async producer's fast lane; see kl.pycore.Lane",
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_init = (initproc)lane_init,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = lane_methods,
+    .tp_members = lane_members,
+    .tp_getset = lane_getset,
+};
+
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.pycore.check"},
     {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.pycore.crc32c"},
@@ -768,5 +948,16 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyErr_SetString(PyExc_TypeError, "kl.message.Message is not a tuple type");
         return NULL;
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&LaneType) < 0)
+        return NULL;
+    PyObject *made = PyModule_Create(&module);
+    if (!made)
+        return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(made, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(&LaneType);
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
 }

@@ -17,7 +17,7 @@ from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKN
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
 FUNCTIONS = (
     "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_records", "crc32c",
-    "dump_lines",
+    "dump_lines", "Lane",
 )
 """What a core provides, with the same answers from both."""
 
@@ -45,6 +45,7 @@ frame = pycore.frame
 frame_records = pycore.frame_records
 crc32c = pycore.crc32c
 dump_lines = pycore.dump_lines
+Lane = pycore.Lane
 
 
 def use(name: str) -> None:

@@ -168,20 +168,20 @@ class Producer:
         """Appended to by send() without a lock; cut from the front by the thread under ``_cond``."""
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._wake_at = -1
-        """send() calls ``_slow`` once more than this many messages are queued: -1 before
-        the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers, then
-        ``queue_size`` until it takes the queue."""
+        self._lane = core.Lane(self._queue, self._slow, Producer.send.__get__(self))
+        """send() in async mode, with its state (kl.pycore.Lane): its ``owner`` is the
+        thread that may queue bare values, the first one to send (fixed, so that no other
+        thread's message can come between its header and its values); it is aimed at the
+        topic and partition of the owner's last header, where its next plain sends go as
+        bare values; it calls ``_slow`` once more than ``wake_at`` messages are queued: -1
+        before the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers,
+        then ``queue_size`` until the thread takes the queue."""
+        if self.linger_ms is not None:
+            self.send = self._lane.send  # type: ignore[method-assign]  # the compiled core's: no Python frame
         self._woken = False
         self._closing = False
         self._rounds_started = self._rounds_done = 0
         self._error: BaseException | None = None
-        self._owner: int | None = None
-        """The thread that may queue bare values: the first one to send (fixed, so that no
-        other thread's message can come between its header and its values)."""
-        self._lane: tuple[str, int | None, int] | None = None
-        """(topic, partition, room) of the owner's last header: its next plain sends to the
-        same place queue their bare value, the fast lane."""
         self._header: _Item | None = None
         """The background thread's: the last header taken; bare values go where it went."""
 
@@ -209,34 +209,27 @@ class Producer:
             _check_timestamp(timestamp)
         if self.linger_ms is None:
             return self._send_now(topic, value, key, partition, timestamp, callback)
-        queue = self._queue
-        lane = self._lane
-        plain = key is None and timestamp is None and callback is None
-        if plain and lane is not None and lane[0] is topic and lane[1] == partition:
-            if threading.get_ident() == self._owner:
-                if len(value) > lane[2]:
-                    self._admit(topic, len(value) + m.HEADER_SIZE)
-                queue.append(value)  # the fast lane: a bare value
-                if len(queue) > self._wake_at:
-                    self._slow(value)
-                return None
+        # async mode, past the lane (the plain sends of its owner to where it is aimed)
         if len(value) > self._rooms.get(topic, -1) or key is not None or timestamp is not None:
             size = len(value) + m.HEADER_SIZE + (0 if key is None else len(key))
             self._admit(topic, size, key is not None, timestamp is not None)
-        plain = plain and self._owner in (None, threading.get_ident())
-        if plain and self._owner is None:
+        lane = self._lane
+        me = threading.get_ident()
+        plain = key is None and timestamp is None and callback is None and lane.owner in (None, me)
+        if plain and lane.owner is None:
             with self._cond:
-                if self._owner is None:
-                    self._owner = threading.get_ident()
-            plain = self._owner == threading.get_ident()
+                if lane.owner is None:
+                    lane.owner = me
+            plain = lane.owner == me
         item: _Item = (topic, value, key, partition, timestamp, callback)
         if plain:
             item = _Header(item)
+        queue = self._queue
         queue.append(item)
-        if len(queue) > self._wake_at:
+        if len(queue) > lane.wake_at:
             self._slow(item)
         if plain:
-            self._lane = (topic, partition, self._rooms.get(topic, -1))
+            lane.aim(topic, partition, self._rooms.get(topic, -1))
         return None
 
     def _send_now(
@@ -416,9 +409,9 @@ class Producer:
                 self._thread.start()
             if len(queue) >= self.batch_size:
                 self._woken = True
-                self._wake_at = self.queue_size
-            elif self._wake_at < self.batch_size - 1:
-                self._wake_at = self.batch_size - 1  # the first message after idling: linger from now
+                self._lane.wake_at = self.queue_size
+            elif self._lane.wake_at < self.batch_size - 1:
+                self._lane.wake_at = self.batch_size - 1  # the first message after idling: linger from now
             self._cond.notify_all()
             if len(queue) <= self.queue_size or threading.current_thread() is self._thread:
                 return
@@ -443,14 +436,14 @@ class Producer:
         while True:
             with cond:
                 if not self._queue and not self._woken and not self._closing:
-                    self._wake_at = 0  # idle: the next send wakes us (set before looking: see send)
+                    self._lane.wake_at = 0  # idle: the next send wakes us (set before looking: see send)
                     if not self._queue:
-                        cond.wait_for(lambda: self._woken or self._closing or self._wake_at != 0)
+                        cond.wait_for(lambda: self._woken or self._closing or self._lane.wake_at != 0)
                 if not self._woken and not self._closing:
                     cond.wait_for(lambda: self._woken or self._closing, linger)
                 self._woken = False
-                if self._wake_at > self.batch_size - 1:
-                    self._wake_at = self.batch_size - 1
+                if self._lane.wake_at > self.batch_size - 1:
+                    self._lane.wake_at = self.batch_size - 1
                 closing = self._closing
                 self._rounds_started += 1
             try:
@@ -485,7 +478,7 @@ class Producer:
         self._not_from_a_callback()
         with self._cond:
             self._closing = True
-            self._wake_at = -1
+            self._lane.wake_at = -1
             thread = self._thread
             self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():

@@ -13,7 +13,8 @@ import struct
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from threading import get_ident
 
 from kl import message as m
 
@@ -308,3 +309,55 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
     for byte in memoryview(data).cast("B"):
         crc = table[(crc ^ byte) & 0xFF] ^ crc >> 8
     return ~crc & 0xFFFFFFFF
+
+
+class Lane:
+    """The async producer's fast lane: ``send`` with its signature, queueing a bare value
+    (bytes) when the message is plain (no key, timestamp or callback), goes where the
+    last one ``aim`` named (``topic`` the same object, ``partition`` equal), fits
+    ``room`` and comes from ``owner``'s thread; then ``slow(value)`` once ``queue`` holds
+    more than ``wake_at``.  Anything else is ``general``'s, with the same arguments."""
+
+    __slots__ = ("queue", "slow", "general", "topic", "partition", "room", "owner", "wake_at")
+
+    def __init__(self, queue: list, slow: Callable[[bytes], object], general: Callable[..., None]):
+        self.queue, self.slow, self.general = queue, slow, general
+        self.topic: object = _UNAIMED
+        self.partition: int | None = None
+        self.room = -1
+        self.owner: int | None = None
+        self.wake_at = -1
+
+    def aim(self, topic: str, partition: int | None, room: int) -> None:
+        """Where the owner's next plain sends go, and the largest value that needs no check."""
+        self.topic, self.partition, self.room = topic, partition, room
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        callback: Callable | None = None,
+    ) -> None:
+        if (
+            topic is self.topic
+            and key is None
+            and timestamp is None
+            and callback is None
+            and type(value) is bytes
+            and len(value) <= self.room
+            and (partition is self.partition or (type(partition) is int and partition == self.partition))
+            and get_ident() == self.owner
+        ):
+            queue = self.queue
+            queue.append(value)
+            if len(queue) > self.wake_at:
+                self.slow(value)
+            return None
+        return self.general(topic, value, key, partition, timestamp, callback)
+
+
+_UNAIMED = object()
+"""A lane's topic before its first ``aim``: no topic is this object."""

@@ -16,6 +16,8 @@ import kl
 
 from conftest import partition_locked_elsewhere, read_all, values_of
 
+pytestmark = pytest.mark.usefixtures("each_core")  # send() is the core's lane (kl.pycore.Lane) in async mode
+
 LONG = 600_000
 """A linger (ms) no test waits out: what is sent stays queued until flush() or close()."""
 

@@ -260,3 +260,57 @@ def test_use_switches_every_caller_and_refuses_an_unknown_core():
         core.use(was)
     with pytest.raises(ValueError, match="no core named"):
         core.use("fast")
+
+
+SEND_CALLS = st.lists(
+    st.tuples(
+        st.sampled_from(["events", "other", "copy"]),  # "copy": equal to the lane's topic, another object
+        st.one_of(st.binary(max_size=12), st.just(bytearray(b"ab")), st.just("text")),
+        st.sampled_from([(), (None,), (b"k",)]),  # a key: none, None, one
+        st.dictionaries(
+            st.sampled_from(["partition", "timestamp", "callback", "bogus"]),
+            st.sampled_from([None, 0, 1, 1 << 70, True, print]),
+            max_size=2,
+        ),
+        st.booleans(),  # from another thread
+    ),
+    max_size=25,
+)
+
+
+@needs_compiled
+@settings(max_examples=150, deadline=None)
+@given(SEND_CALLS, st.integers(-1, 10), st.integers(-1, 6), st.sampled_from([None, 0, 1, 1 << 70]))
+def test_both_cores_send_through_the_lane_alike(calls, room, wake_at, partition):
+    """The async producer's lane queues exactly the same bare values, calls ``slow`` at the
+    same moments and hands every other call to ``general`` with the same arguments (or
+    raises the same error for a call ``send``'s signature refuses)."""
+    import threading
+
+    def run(module) -> list:
+        seen: list = []
+        queue: list = []
+
+        def general(topic, value, key=None, partition=None, timestamp=None, callback=None):
+            seen.append(("general", topic, value, key, partition, timestamp, callback))
+
+        def send(lane, args, kwargs):
+            try:
+                lane.send(*args, **kwargs)
+            except TypeError:
+                seen.append("TypeError")
+
+        lane = module.Lane(queue, lambda value: seen.append(("slow", value, len(queue))), general)
+        lane.aim("events", partition, room)
+        lane.owner, lane.wake_at = threading.get_ident(), wake_at
+        for topic, value, key, kwargs, elsewhere in calls:
+            args = ("".join(["eve", "nts"]) if topic == "copy" else topic, value, *key)
+            if elsewhere:
+                thread = threading.Thread(target=send, args=(lane, args, kwargs))
+                thread.start()
+                thread.join()
+            else:
+                send(lane, args, kwargs)
+        return [seen, queue, lane.owner, lane.wake_at, lane.room, lane.partition]
+
+    assert run(compiled) == run(pycore)
