@@ -318,14 +318,15 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
             )
 
 
-def signal_session(session: int, signum: int) -> list[int]:
+def signal_session(session: int, signum: int, *, leader: bool = True) -> list[int]:
     """Send ``signum`` to every process of ``session`` (a ``timeout`` runs its command in a
-    process group of its own, out of reach of ``killpg``); their pids."""
+    process group of its own, out of reach of ``killpg``), the session's leader too unless
+    told otherwise; their pids."""
     signalled = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[3]) == session and fields[0] != "Z":
+            if int(fields[3]) == session and fields[0] != "Z" and (leader or int(stat.parent.name) != session):
                 os.kill(int(stat.parent.name), signum)
                 signalled.append(int(stat.parent.name))
     return signalled
@@ -347,9 +348,13 @@ def wait_for_death(pids: list[int], seconds: float) -> None:
 def hung(cmds: list[Command], out: Path, session: int, tmp: Path) -> str:
     """What to say of a script that ran out of time: the command it was in (or its
     background jobs, that outlived it), with its output and the stacks of the Python
-    processes still running (SIGABRT makes them print those: PYTHONFAULTHANDLER)."""
-    wait_for_death(signal_session(session, signal.SIGABRT), 20)  # each Python has printed its stacks
+    processes still running (SIGABRT makes them print those: PYTHONFAULTHANDLER).  The
+    script (the session's leader) is stopped first: on a fatal signal bash runs its EXIT
+    trap, whose SIGTERM would end them before they print, and once they are gone it
+    would go on to its next command."""
     running = next((n for n in range(len(cmds)) if not (out / f"{n}.rc").exists()), None)
+    os.kill(session, signal.SIGSTOP)
+    wait_for_death(signal_session(session, signal.SIGABRT, leader=False), 20)  # each Python has printed its stacks
     if running is None:
         outputs = "".join((out / f"{n}.out").read_text(errors="replace") for n in range(len(cmds)))
         return f"every command ran, but their background jobs did not end on SIGTERM:\n{outputs}".replace(str(tmp), "")
@@ -463,16 +468,15 @@ def test_markers_and_prompts_are_read():
 def test_a_hung_example_is_named_with_what_it_printed_and_its_stacks(tmp_path, monkeypatch):
     """Even one deaf to the Ctrl-C of the ``timeout`` a follower runs under (from its
     start: an ignored signal stays ignored across exec); nothing of it is left running.
-    The script gets 15 s: Python (without site, -S, the quickest to start) must be
-    running when its stacks are asked for, and on a loaded machine the script can take
-    seconds to reach it."""
-    monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 15)
+    The script gets 8 s: Python must be running when its stacks are asked for, and on a
+    loaded machine it can take seconds to start."""
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT_SECONDS", 8)
     deaf = f"import time; time.sleep(60)  # {tmp_path}"
-    hangs = Command(f"echo started; trap '' INT; exec {sys.executable} -S -c {shlex.quote(deaf)} -f", "kl-x.1:7")
+    hangs = Command(f"echo started; trap '' INT; exec {sys.executable} -c {shlex.quote(deaf)} -f", "kl-x.1:7")
     with pytest.raises(pytest.fail.Exception) as failed:
         run_shell([Command("true", "kl-x.1:6"), hangs], workdir(tmp_path), {})
     said = str(failed.value)
-    assert said.startswith("kl-x.1:7: `echo started;") and "ran for 15 s; it printed:\nstarted\n" in said
+    assert said.startswith("kl-x.1:7: `echo started;") and "ran for 8 s; it printed:\nstarted\n" in said
     assert "Fatal Python error: Aborted" in said and "in <module>" in said
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if str(tmp_path).encode() in cmdline(p)]
 
