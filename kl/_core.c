@@ -559,6 +559,28 @@ static int value_at(PyObject *seq, Py_ssize_t i, Py_buffer *view) {
     return 0;
 }
 
+/* Write one magic 2 message without a key at p (the timestamp and key length in fields,
+   seed their checksum so far); where the next one goes. */
+static inline unsigned char *frame_one(unsigned char *p, const void *value, Py_ssize_t size, uLong seed,
+                                       const unsigned char *fields) {
+    put32(p, (uint32_t)(size + HEADER_SIZE - LENGTH_SIZE));
+    p[4] = CURRENT_MAGIC;
+    p[5] = 0;
+    put32(p + 6, (uint32_t)crc(seed, value, size));
+    memcpy(p + FIELDS_AT, fields, FIELDS);
+    memcpy(p + HEADER_SIZE, value, size);
+    return p + HEADER_SIZE + size;
+}
+
+/* The fields after the checksum of a message without a key stamped timestamp, and the
+   checksum of magic 2, no attributes and them: where each value's checksum starts. */
+static uLong plain_fields(unsigned char *fields, long long timestamp) {
+    put32(fields, (uint32_t)((uint64_t)timestamp >> 32));
+    put32(fields + 4, (uint32_t)timestamp);
+    put32(fields + 8, (uint32_t)NO_KEY);
+    return crc32(seeds[0], fields, FIELDS);
+}
+
 static PyObject *core_frame(PyObject *self, PyObject *args) {
     PyObject *values, *seq, *out = NULL;
     long long timestamp;
@@ -582,10 +604,7 @@ static PyObject *core_frame(PyObject *self, PyObject *args) {
     if (!(out = PyBytes_FromStringAndSize(NULL, total)))
         goto done;
     unsigned char fields[FIELDS];
-    put32(fields, (uint32_t)((uint64_t)timestamp >> 32));
-    put32(fields + 4, (uint32_t)timestamp);
-    put32(fields + 8, (uint32_t)NO_KEY);
-    uLong seed = crc32(seeds[0], fields, FIELDS);
+    uLong seed = plain_fields(fields, timestamp);
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out), *stop = p + total;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!value_at(seq, i, &view)) {
@@ -599,13 +618,7 @@ static PyObject *core_frame(PyObject *self, PyObject *args) {
             Py_CLEAR(out);
             goto done;
         }
-        put32(p, (uint32_t)(size + HEADER_SIZE - LENGTH_SIZE));
-        p[4] = CURRENT_MAGIC;
-        p[5] = 0;
-        put32(p + 6, (uint32_t)crc(seed, view.buf, size));
-        memcpy(p + FIELDS_AT, fields, FIELDS);
-        memcpy(p + HEADER_SIZE, view.buf, size);
-        p += HEADER_SIZE + size;
+        p = frame_one(p, view.buf, size, seed, fields);
         PyBuffer_Release(&view);
     }
     if (p != stop) { /* a value shrank */
@@ -618,6 +631,83 @@ done:
 }
 
 #define MAX_VALUE (INT32_MAX - (HEADER_SIZE - LENGTH_SIZE)) /* a length field is an int32 */
+
+/* frame_values(values, pos, timestamp, max_message_bytes, piece_bytes): see
+   kl.pycore.frame_values.  The values are bytes (immutable) held while the GIL is let go
+   for the checksums and copies. */
+static PyObject *core_frame_values(PyObject *self, PyObject *args) {
+    PyObject *values, *result = NULL, *pieces = NULL;
+    Py_ssize_t pos, max_message_bytes, piece_bytes;
+    long long timestamp;
+    if (!PyArg_ParseTuple(args, "O!nLnn:frame_values", &PyList_Type, &values, &pos, &timestamp, &max_message_bytes,
+                          &piece_bytes))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values), largest = max_message_bytes - HEADER_SIZE;
+    if (pos < 0 || pos > n) {
+        PyErr_Format(PyExc_ValueError, "frame_values: position %zd outside the %zd values", pos, n);
+        return NULL;
+    }
+    if (largest > MAX_VALUE)
+        largest = MAX_VALUE;
+    Py_ssize_t count = 0;
+    while (pos + count < n) {
+        PyObject *item = PyList_GET_ITEM(values, pos + count);
+        if (!PyBytes_CheckExact(item) || PyBytes_GET_SIZE(item) > largest)
+            break;
+        count++;
+    }
+    PyObject **items = PyMem_Malloc((count ? count : 1) * sizeof(PyObject *));
+    Py_ssize_t *ends = PyMem_Malloc((count + 1) * sizeof(Py_ssize_t)); /* each piece's first message, then the end */
+    if (!items || !ends) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t npieces = 0, piece = 0;
+    ends[0] = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        items[i] = PyList_GET_ITEM(values, pos + i);
+        Py_INCREF(items[i]);
+        Py_ssize_t framed = HEADER_SIZE + PyBytes_GET_SIZE(items[i]);
+        if (i > ends[npieces] && piece > piece_bytes - framed) { /* full: a new piece from here */
+            ends[++npieces] = i;
+            piece = 0;
+        }
+        piece += framed;
+    }
+    if (count)
+        ends[++npieces] = count;
+    if (!(pieces = PyList_New(npieces)))
+        goto release;
+    for (Py_ssize_t k = 0; k < npieces; k++) {
+        Py_ssize_t size = 0;
+        for (Py_ssize_t i = ends[k]; i < ends[k + 1]; i++)
+            size += HEADER_SIZE + PyBytes_GET_SIZE(items[i]);
+        PyObject *framed = PyBytes_FromStringAndSize(NULL, size);
+        PyObject *pair = framed ? Py_BuildValue("(Nn)", framed, ends[k + 1] - ends[k]) : NULL;
+        if (!pair) {
+            Py_CLEAR(pieces);
+            goto release;
+        }
+        PyList_SET_ITEM(pieces, k, pair);
+    }
+    unsigned char fields[FIELDS];
+    uLong seed = plain_fields(fields, timestamp);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < npieces; k++) {
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(PyList_GET_ITEM(pieces, k), 0));
+        for (Py_ssize_t i = ends[k]; i < ends[k + 1]; i++)
+            p = frame_one(p, PyBytes_AS_STRING(items[i]), PyBytes_GET_SIZE(items[i]), seed, fields);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(Nn)", pieces, pos + count);
+release:
+    for (Py_ssize_t i = 0; i < count; i++)
+        Py_DECREF(items[i]);
+done:
+    PyMem_Free(items);
+    PyMem_Free(ends);
+    return result;
+}
 
 typedef struct {
     Py_ssize_t at, size; /* a record's value in the data */
@@ -735,6 +825,18 @@ typedef struct {
 
 static const char *const SEND_NAMES[] = {"topic", "value", "key", "partition", "timestamp", "callback"};
 #define SEND_ARGS 6
+static PyObject *send_names[SEND_ARGS]; /* interned: a call's keyword names are these objects, as a rule */
+
+/* Which of send's arguments the keyword name is (SEND_ARGS: none). */
+static int send_argument(PyObject *name) {
+    for (int at = 0; at < SEND_ARGS; at++)
+        if (name == send_names[at])
+            return at;
+    for (int at = 0; at < SEND_ARGS; at++)
+        if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, SEND_NAMES[at]) == 0)
+            return at;
+    return SEND_ARGS;
+}
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->queue);
@@ -803,10 +905,7 @@ static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs, 
     for (Py_ssize_t i = 0; i < nargs; i++)
         given[i] = args[i];
     for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        int at = 0;
-        while (at < SEND_ARGS && PyUnicode_CompareWithASCIIString(name, SEND_NAMES[at]) != 0)
-            at++;
+        int at = send_argument(PyTuple_GET_ITEM(kwnames, k));
         if (at == SEND_ARGS || given[at])
             goto general;
         given[at] = args[nargs + k];
@@ -912,6 +1011,8 @@ static PyMethodDef methods[] = {
      "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes): see kl.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
+    {"frame_values", core_frame_values, METH_VARARGS,
+     "frame_values(values, pos, timestamp, max_message_bytes, piece_bytes): see kl.pycore.frame_values"},
     {"frame_records", core_frame_records, METH_VARARGS,
      "frame_records(data, pos, delimiter, keep, timestamp, max_message_bytes, piece_bytes, piece_count): see kl.pycore"},
     {NULL, NULL, 0, NULL},
@@ -950,6 +1051,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     }
     if (PyType_Ready(&LaneType) < 0)
         return NULL;
+    for (int at = 0; at < SEND_ARGS; at++)
+        if (!(send_names[at] = PyUnicode_InternFromString(SEND_NAMES[at])))
+            return NULL;
     PyObject *made = PyModule_Create(&module);
     if (!made)
         return NULL;

@@ -16,8 +16,8 @@ from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKN
 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
 FUNCTIONS = (
-    "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_records", "crc32c",
-    "dump_lines", "Lane",
+    "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_values", "frame_records",
+    "crc32c", "dump_lines", "Lane",
 )
 """What a core provides, with the same answers from both."""
 
@@ -42,6 +42,7 @@ plain_values = pycore.plain_values
 plain_positions = pycore.plain_positions
 plain_messages = pycore.plain_messages
 frame = pycore.frame
+frame_values = pycore.frame_values
 frame_records = pycore.frame_records
 crc32c = pycore.crc32c
 dump_lines = pycore.dump_lines

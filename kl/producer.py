@@ -38,7 +38,6 @@ header and its values.  This cuts what a send costs by about a fifth, and its ga
 from __future__ import annotations
 
 import atexit
-import bisect
 import itertools
 import logging
 import operator
@@ -48,7 +47,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from kl import core
@@ -65,6 +64,7 @@ from kl.errors import (
 )
 from kl.log import Log
 from kl.messageset import frame, frame_v1, wrap, wrap_v1
+from kl.pycore import chunks
 from kl.topic import Root
 
 Partitioner = Callable[[bytes | None, int], int]
@@ -520,15 +520,14 @@ class Producer:
 
     def _whole(self, taken: list[_Item | bytes], now: int) -> list[_Item]:
         """The messages taken from the queue as items: each bare value goes where the plain
-        message before it went.  When all of them are bare values, appends what it can
-        of them here, without making items of them, and returns the rest."""
+        message before it went.  A run of bare values at the front is appended here as far
+        as it can be, without making items of them."""
         header = self._header
-        kinds = list(map(type, taken))
-        if kinds.count(bytes) == len(taken) and header is not None:
-            written = self._write_plain(header[0], header[3], taken, now)  # type: ignore[arg-type]
-            taken = taken[written:]
+        if header is not None and taken and type(taken[0]) is bytes:
+            taken = taken[self._write_plain(header[0], header[3], taken, now) :]  # type: ignore[arg-type]
         items: list[_Item] = []
-        for thing, kind in zip(taken, kinds[len(kinds) - len(taken) :], strict=True):
+        for thing in taken:
+            kind = type(thing)
             if kind is bytes:
                 assert header is not None
                 items.append((header[0], thing, None, header[3], None, None))  # type: ignore[arg-type]
@@ -540,8 +539,9 @@ class Producer:
         return items
 
     def _write_plain(self, topic: str, partition: int | None, values: list[bytes], now: int) -> int:
-        """Append values without key, timestamp or callback to one place; how many were
-        appended (or failed for good).  Whatever is unusual is left to the general path."""
+        """Append the run of bare values (no key, timestamp or callback) at the front of
+        ``values`` to one place; how many were appended (or failed for good).  Whatever
+        is unusual (a topic of format 0.7, a value too large) is left to the general path."""
         try:
             config = self.root.config(topic)
             if partition is None:
@@ -549,17 +549,19 @@ class Producer:
             log = self.root.log(topic, partition)
         except Exception:
             return 0
-        sizes = list(map(len, values))
-        if max(sizes) + m.HEADER_SIZE > config.max_message_bytes or self._mismatch(topic, config, False):
+        if config.legacy:
             return 0
-        for start, stop in _chunks(sizes, self._chunk_limit(config)):
+        pieces, stop = core.frame_values(values, 0, now, config.max_message_bytes, self._chunk_limit(config))
+        done = 0
+        for framed, count in pieces:
             try:
-                self._put(log, _frame(config, values[start:stop], now), stop - start, now, config.max_message_bytes)
+                self._put(log, framed, count, now, config.max_message_bytes)
             except TopicNotFound:
-                return start
+                return done
             except Exception as e:
-                self._failed([(topic, v, None, partition, None, None) for v in values[start:stop]], e)
-        return len(values)
+                self._failed([(topic, v, None, partition, None, None) for v in values[done : done + count]], e)
+            done += count
+        return stop
 
     def _deliver(self, topic: str, items: list[_Item], now: int, retry: bool) -> None:
         """Append one topic's messages, per partition, in the order they were sent."""
@@ -638,7 +640,7 @@ class Producer:
             stamps = None
         callbacks = list(map(_CALLBACK, items))
         told = callbacks.count(None) != len(callbacks)
-        for start, stop in _chunks(sizes, self._chunk_limit(config)):
+        for start, stop in chunks(sizes, self._chunk_limit(config)):
             ks = None if keys is None else keys[start:stop]
             if stamps is None:
                 data, ts = _frame(config, values[start:stop], now, ks), now
@@ -774,7 +776,7 @@ class Producer:
         what is left when the topic turns out to have been created again goes to the new one."""
         config = self.root.config(topic)
         out: list[Appended] = []
-        for start, stop in _chunks(_sizes(values, keys), self._chunk_limit(config)):
+        for start, stop in chunks(_sizes(values, keys), self._chunk_limit(config)):
             target = next(targets)
             log = self.root.log(topic, target)
             data = _frame(config, values[start:stop], ts, None if keys is None else keys[start:stop])
@@ -887,18 +889,3 @@ def _sizes(values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> list
     if keys is None:
         return list(map(len, values))
     return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
-
-
-def _chunks(sizes: list[int], limit: int) -> Iterable[tuple[int, int]]:
-    """(start, stop) index ranges of messages of ``sizes`` (less their headers) whose
-    framed size stays within ``limit`` (a lone message larger than it is a chunk of its own)."""
-    payload_ends = list(itertools.accumulate(sizes))  # the headers are added only where bisect looks
-
-    def end(i: int) -> int:
-        return payload_ends[i] + (i + 1) * m.HEADER_SIZE
-
-    count, start, consumed = len(payload_ends), 0, 0
-    while start < count:
-        stop = max(bisect.bisect_right(range(count), consumed + limit, lo=start, key=end), start + 1)
-        yield start, stop
-        consumed, start = end(stop - 1), stop

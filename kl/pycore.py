@@ -8,12 +8,14 @@ length hold (see ``man/kl-format.5``).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import mmap
 import struct
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from threading import get_ident
 
 from kl import message as m
@@ -245,6 +247,28 @@ MAX_VALUE = (1 << 31) - 1 - (m.HEADER_SIZE - m.LENGTH_SIZE)
 """The largest value a message without a key can hold (its length field is an int32)."""
 
 
+def frame_values(
+    values: list, pos: int, timestamp: int, max_message_bytes: int, piece_bytes: int
+) -> tuple[list[tuple[bytes, int]], int]:
+    """Frame the run of values from ``values[pos]`` that are bytes and fit a message of
+    ``max_message_bytes`` as messages without a key, all with ``timestamp``, in pieces of
+    at most ``piece_bytes`` (a lone larger message is a piece of its own): the pieces
+    with their message counts, and the index where the run stops (the end, or the first
+    value that is not bytes or too large)."""
+    if not 0 <= pos <= len(values):
+        raise ValueError(f"frame_values: position {pos} outside the {len(values)} values")
+    run = values[pos:]
+    kinds = list(map(type, run))
+    if kinds.count(bytes) != len(kinds):
+        run = run[: next(i for i, kind in enumerate(kinds) if kind is not bytes)]
+    sizes = list(map(len, run))
+    largest = min(max_message_bytes - m.HEADER_SIZE, MAX_VALUE)
+    if sizes and max(sizes) > largest:
+        cut = next(i for i, size in enumerate(sizes) if size > largest)
+        run, sizes = run[:cut], sizes[:cut]
+    return [(frame(run[a:b], timestamp), b - a) for a, b in chunks(sizes, piece_bytes)], pos + len(run)
+
+
 def frame_records(
     data: bytes,
     pos: int,
@@ -361,3 +385,19 @@ class Lane:
 
 _UNAIMED = object()
 """A lane's topic before its first ``aim``: no topic is this object."""
+
+
+def chunks(sizes: list[int], limit: int) -> Iterable[tuple[int, int]]:
+    """(start, stop) index ranges of messages of ``sizes`` (less their headers) whose
+    framed size stays within ``limit`` (a lone message larger than it is a chunk of its
+    own).  A helper of this module's and the producer's, not a core function."""
+    payload_ends = list(itertools.accumulate(sizes))  # the headers are added only where bisect looks
+
+    def end(i: int) -> int:
+        return payload_ends[i] + (i + 1) * m.HEADER_SIZE
+
+    count, start, consumed = len(payload_ends), 0, 0
+    while start < count:
+        stop = max(bisect.bisect_right(range(count), consumed + limit, lo=start, key=end), start + 1)
+        yield start, stop
+        consumed, start = end(stop - 1), stop

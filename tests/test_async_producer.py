@@ -250,6 +250,32 @@ def test_a_topic_created_again_gets_the_rest(root, topic):
     assert appended is None and isinstance(error, kl.MessageTooLarge)
 
 
+def test_a_run_of_plain_sends_cut_by_a_value_over_the_new_limit_lands_around_it(root, topic):
+    """The queued bare values are framed as one run up to the first that no longer fits
+    (the topic was created again with a smaller limit): that one fails alone."""
+    producer = kl.Producer(root, linger_ms=LONG)
+    producer.send(topic, b"old")
+    producer.flush()
+    root.delete_topic(topic)
+    root.create_topic(topic, kl.TopicConfig(max_message_bytes=100))
+    for value in [b"a", b"b", b"y" * 80, b"c", b"d"]:
+        producer.send(topic, value)
+    with pytest.raises(kl.MessageTooLarge):
+        producer.flush()
+    producer.close()
+    assert values_of(read_all(root, topic)) == [b"a", b"b", b"c", b"d"]
+
+
+def test_plain_sends_to_a_topic_of_format_0_7_are_stored_in_its_format(root):
+    root.create_topic("old", kl.TopicConfig(format="0.7"))
+    with kl.Producer(root, linger_ms=LONG) as producer:
+        for i in range(50):
+            producer.send("old", b"m%d" % i)
+    got = read_all(root, "old")
+    assert values_of(got) == [b"m%d" % i for i in range(50)]
+    assert {message.timestamp for message in got} == {None}  # magic 1: no timestamp
+
+
 def test_a_missing_partition_fails_the_flush(root, topic):
     producer = kl.Producer(root, linger_ms=LONG)
     producer.send(topic, b"x", partition=3)

@@ -262,6 +262,28 @@ def test_use_switches_every_caller_and_refuses_an_unknown_core():
         core.use("fast")
 
 
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.one_of(VALUES, st.just(bytearray(b"ab")), st.just(None), st.binary(min_size=90, max_size=120)), max_size=30),
+    TIMESTAMPS,
+    st.sampled_from([1 << 20, 140, 64, 23, 22, 0]),
+    st.integers(-5, 400),
+    st.data(),
+)
+def test_both_cores_frame_runs_of_values_alike_in_the_same_pieces(values, ts, limit, piece_bytes, draw):
+    pos = draw.draw(st.integers(-1, len(values) + 1))
+    same("frame_values", values, pos, ts, limit, piece_bytes)
+    if not 0 <= pos <= len(values):
+        return
+    pieces, stop = compiled.frame_values(values, pos, ts, limit, piece_bytes)
+    run = values[pos:stop]
+    assert all(type(v) is bytes and len(v) + m.HEADER_SIZE <= limit for v in run)
+    assert stop == len(values) or type(values[stop]) is not bytes or len(values[stop]) + m.HEADER_SIZE > limit
+    assert b"".join(framed for framed, _ in pieces) == pycore.frame(run, ts)
+    assert sum(n for _, n in pieces) == len(run) and all(n == 1 or len(f) <= piece_bytes for f, n in pieces)
+
+
 SEND_CALLS = st.lists(
     st.tuples(
         st.sampled_from(["events", "other", "copy"]),  # "copy": equal to the lane's topic, another object
