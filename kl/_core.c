@@ -720,17 +720,8 @@ static PyObject *piece(const unsigned char *buf, const Record *records, Py_ssize
     if (!out)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        const unsigned char *value = buf + records[i].at;
-        Py_ssize_t size = records[i].size;
-        put32(p, (uint32_t)(size + HEADER_SIZE - LENGTH_SIZE));
-        p[4] = CURRENT_MAGIC;
-        p[5] = 0;
-        put32(p + 6, (uint32_t)crc(seed, value, size));
-        memcpy(p + FIELDS_AT, fields, FIELDS);
-        memcpy(p + HEADER_SIZE, value, size);
-        p += HEADER_SIZE + size;
-    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        p = frame_one(p, buf + records[i].at, records[i].size, seed, fields);
     return Py_BuildValue("(Nnn)", out, count, end);
 }
 
@@ -757,10 +748,7 @@ static PyObject *core_frame_records(PyObject *self, PyObject *args) {
     if (limit > MAX_VALUE)
         limit = MAX_VALUE;
     unsigned char fields[FIELDS];
-    put32(fields, (uint32_t)((uint64_t)timestamp >> 32));
-    put32(fields + 4, (uint32_t)timestamp);
-    put32(fields + 8, (uint32_t)NO_KEY);
-    uLong seed = crc32(seeds[0], fields, FIELDS);
+    uLong seed = plain_fields(fields, timestamp);
     for (;;) {
         const unsigned char *hit = d.len == 1 ? memchr(buf + pos, delim[0], end - pos)
                                               : memmem(buf + pos, end - pos, delim, d.len);

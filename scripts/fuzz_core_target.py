@@ -34,8 +34,12 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 10, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 9:  # dump_lines: bases near the top of the int64 range too
+    which, limit, where, rest = data[0] % 11, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 10:  # frame_values: values split at 0xff, those starting 0xfe not bytes, a position maybe outside
+        values: list = [bytearray(v) if v[:1] == b"\xfe" else v for v in rest.split(b"\xff")]
+        args = (values, data[2] % (len(values) + 2) - 1, -data[3], limit, data[3] * 4 - 9)
+        name = "frame_values"
+    elif which == 9:  # dump_lines: bases near the top of the int64 range too
         pos = where % (len(rest) + 1)
         args = (rest, pos, len(rest), (1 << 63) - 1 - len(rest) - data[1] % 3, where, limit)
         name = "dump_lines"
@@ -55,8 +59,7 @@ def one(data: bytes) -> None:
         name = "frame_records"
     elif which == 4:  # frame: values split at 0xff, a timestamp from the first 8 bytes
         ts = struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0]
-        values = rest[8:].split(b"\xff")
-        args: tuple = (values, ts)
+        args: tuple = (rest[8:].split(b"\xff"), ts)
         name = "frame"
     else:
         pos = where % (len(rest) + 1)
