@@ -176,7 +176,7 @@ class Producer:
         bare values; it calls ``_slow`` once more than ``wake_at`` messages are queued: -1
         before the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers,
         then ``queue_size`` until the thread takes the queue."""
-        if self.linger_ms is not None:
+        if self.linger_ms is not None and type(self).send is Producer.send:  # not over a subclass's own send
             self.send = self._lane.send  # type: ignore[method-assign]  # the compiled core's: no Python frame
         self._woken = False
         self._closing = False

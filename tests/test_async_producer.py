@@ -250,6 +250,21 @@ def test_a_topic_created_again_gets_the_rest(root, topic):
     assert appended is None and isinstance(error, kl.MessageTooLarge)
 
 
+def test_a_subclass_that_wraps_send_is_called_in_async_mode_too(root, topic):
+    class Counting(kl.Producer):
+        sent = 0
+
+        def send(self, *args, **kwargs):
+            self.sent += 1
+            return super().send(*args, **kwargs)
+
+    with Counting(root, linger_ms=LONG) as producer:
+        for i in range(5):
+            producer.send(topic, b"m%d" % i)
+    assert producer.sent == 5
+    assert values_of(read_all(root, topic)) == [b"m%d" % i for i in range(5)]
+
+
 def test_a_run_of_plain_sends_cut_by_a_value_over_the_new_limit_lands_around_it(root, topic):
     """The queued bare values are framed as one run up to the first that no longer fits
     (the topic was created again with a smaller limit): that one fails alone."""
