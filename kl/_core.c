@@ -658,7 +658,8 @@ static PyObject *core_frame_values(PyObject *self, PyObject *args) {
     }
     PyObject **items = PyMem_Malloc((count ? count : 1) * sizeof(PyObject *));
     Py_ssize_t *ends = PyMem_Malloc((count + 1) * sizeof(Py_ssize_t)); /* each piece's first message, then the end */
-    if (!items || !ends) {
+    Py_ssize_t *sizes = PyMem_Malloc((count ? count : 1) * sizeof(Py_ssize_t)); /* each piece's framed bytes */
+    if (!items || !ends || !sizes) {
         PyErr_NoMemory();
         goto done;
     }
@@ -669,20 +670,20 @@ static PyObject *core_frame_values(PyObject *self, PyObject *args) {
         Py_INCREF(items[i]);
         Py_ssize_t framed = HEADER_SIZE + PyBytes_GET_SIZE(items[i]);
         if (i > ends[npieces] && piece > piece_bytes - framed) { /* full: a new piece from here */
+            sizes[npieces] = piece;
             ends[++npieces] = i;
             piece = 0;
         }
         piece += framed;
     }
-    if (count)
+    if (count) {
+        sizes[npieces] = piece;
         ends[++npieces] = count;
+    }
     if (!(pieces = PyList_New(npieces)))
         goto release;
     for (Py_ssize_t k = 0; k < npieces; k++) {
-        Py_ssize_t size = 0;
-        for (Py_ssize_t i = ends[k]; i < ends[k + 1]; i++)
-            size += HEADER_SIZE + PyBytes_GET_SIZE(items[i]);
-        PyObject *framed = PyBytes_FromStringAndSize(NULL, size);
+        PyObject *framed = PyBytes_FromStringAndSize(NULL, sizes[k]);
         PyObject *pair = framed ? Py_BuildValue("(Nn)", framed, ends[k + 1] - ends[k]) : NULL;
         if (!pair) {
             Py_CLEAR(pieces);
@@ -706,6 +707,7 @@ release:
 done:
     PyMem_Free(items);
     PyMem_Free(ends);
+    PyMem_Free(sizes);
     return result;
 }
 
@@ -945,13 +947,6 @@ static int lane_set_owner(Lane *self, PyObject *value, void *closure) {
     return 0;
 }
 
-static PyObject *lane_get_topic(Lane *self, void *closure) {
-    if (!self->topic)
-        Py_RETURN_NONE;
-    Py_INCREF(self->topic);
-    return self->topic;
-}
-
 static PyMethodDef lane_methods[] = {
     {"aim", (PyCFunction)lane_aim, METH_VARARGS, "aim(topic, partition, room): see kl.pycore.Lane.aim"},
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL | METH_KEYWORDS,
@@ -960,7 +955,6 @@ static PyMethodDef lane_methods[] = {
 };
 
 static PyMemberDef lane_members[] = {
-    {"queue", T_OBJECT, offsetof(Lane, queue), READONLY, NULL},
     {"partition", T_OBJECT, offsetof(Lane, partition), READONLY, NULL},
     {"room", T_PYSSIZET, offsetof(Lane, room), READONLY, NULL},
     {"wake_at", T_PYSSIZET, offsetof(Lane, wake_at), 0, NULL},
@@ -969,7 +963,6 @@ static PyMemberDef lane_members[] = {
 
 static PyGetSetDef lane_getset[] = {
     {"owner", (getter)lane_get_owner, (setter)lane_set_owner, NULL, NULL},
-    {"topic", (getter)lane_get_topic, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import zlib
 from array import array
 from pathlib import Path
@@ -307,7 +308,6 @@ def test_both_cores_send_through_the_lane_alike(calls, room, wake_at, partition)
     """The async producer's lane queues exactly the same bare values, calls ``slow`` at the
     same moments and hands every other call to ``general`` with the same arguments (or
     raises the same error for a call ``send``'s signature refuses)."""
-    import threading
 
     def run(module) -> list:
         seen: list = []

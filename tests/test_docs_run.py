@@ -325,11 +325,17 @@ def signal_session(session: int, signum: int, *, leader: bool = True) -> list[in
     signalled = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[3]) == session and fields[0] != "Z" and (leader or int(stat.parent.name) != session):
-                os.kill(int(stat.parent.name), signum)
-                signalled.append(int(stat.parent.name))
+            pid, (state, session_of) = int(stat.parent.name), process_state(stat)
+            if session_of == session and state != "Z" and (leader or pid != session):
+                os.kill(pid, signum)
+                signalled.append(pid)
     return signalled
+
+
+def process_state(stat: Path) -> tuple[str, int]:
+    """A process's state letter and session, from its ``/proc/PID/stat`` (OSError once it is gone)."""
+    fields = stat.read_text().rpartition(")")[2].split()  # after the command name, which may hold anything
+    return fields[0], int(fields[3])
 
 
 def wait_for_death(pids: list[int], seconds: float) -> None:
@@ -338,7 +344,7 @@ def wait_for_death(pids: list[int], seconds: float) -> None:
     for pid in pids:
         while time.monotonic() < deadline:
             try:
-                if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                if process_state(Path(f"/proc/{pid}/stat"))[0] == "Z":
                     break
             except OSError:
                 break
