@@ -1,6 +1,6 @@
-"""The compiled core (kl/_core.c): built where a C compiler, Python's headers and zlib's
-are found, else left out (optional) and kl runs its pure-Python twin (kl/pycore.py)."""
+"""The compiled core (kl/log/_core.c): built where a C compiler, Python's headers and zlib's
+are found, else left out (optional) and kl runs its pure-Python twin (kl/log/pycore.py)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kl._core", ["kl/_core.c"], libraries=["z"], optional=True)])
+setup(ext_modules=[Extension("kl.log._core", ["kl/log/_core.c"], libraries=["z"], optional=True)])

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 import kl
-from kl import core
+from kl.log import core
 from kl_cli import Interrupted
 from kl_cli.common import add_root_options, log_warnings
 

@@ -2,7 +2,7 @@
 
 Each prints plain lines when piped (one per partition, or per message), a table on a
 terminal, or JSON lines with ``--json``; each exits 3 when it finds damage it did not
-repair.  The work is the library's (``kl.recovery``, ``kl.retention``, ``kl.dump``).
+repair.  The work is the library's (``kl.log.recovery``, ``kl.log.retention``, ``kl.log.dump``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TypeVar
 import click
 
 import kl
-from kl.dump import DumpRecord, Lines, dump_file, dump_lines
-from kl.recovery import RecoveryReport, recover
-from kl.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
+from kl.log.dump import DumpRecord, Lines, dump_file, dump_lines
+from kl.log.recovery import RecoveryReport, recover
+from kl.log.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
 from kl_cli.output import stdout_writer
 

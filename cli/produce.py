@@ -27,7 +27,7 @@ from typing import IO, Any
 import click
 
 import kl
-from kl.message import HEADER_SIZE, timestamp_problem
+from kl.log.message import HEADER_SIZE, timestamp_problem
 from kl.producer import DEFAULT_BATCH_BYTES
 from kl.remote import RemoteRoot
 from kl_cli import complete

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import click
 
 import kl
-from kl.config import FORMATS
-from kl.importer import import_topic
+from kl.log.config import FORMATS
+from kl.log.importer import import_topic
 from kl.remote import RemoteRoot
 from kl_cli import complete
 from kl_cli.common import F, aligned, get_root, note, print_line, server_option

@@ -8,7 +8,6 @@ for message in kl.Consumer(root).fetch("events", 0, 0):
     print(message.offset, message.value)
 """
 
-from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
 from kl.errors import (
     ConfigNotAlterable,
@@ -36,8 +35,9 @@ from kl.errors import (
 )
 from kl.group import GroupConsumer, MessageStream, Record
 from kl.log import EARLIEST, LATEST, Log, Position
-from kl.message import Message
-from kl.messageset import MessageSet
+from kl.log.config import TopicConfig
+from kl.log.message import Message
+from kl.log.messageset import MessageSet
 from kl.producer import Appended, Producer, hash_partitioner
 from kl.registry import CorruptOffset, GroupActive, GroupNotFound, InvalidImport, NotOwner
 from kl.remote import RemoteConsumer, RemoteProducer

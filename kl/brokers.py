@@ -19,9 +19,9 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from kl import locks
 from kl.errors import KlError, LockTimeout, StorageError
-from kl.fsutil import FILE_MODE, ensure_dir, file_time_ns, fsync_dir, nfs_locking_problem, storage_error
+from kl.log import locks
+from kl.log.fsutil import FILE_MODE, ensure_dir, file_time_ns, fsync_dir, nfs_locking_problem, storage_error
 
 BROKERS_DIR = os.path.join(".brokers", "ids")
 LEFTOVER_AGE = 60.0

@@ -15,9 +15,9 @@ from typing import Any, Literal, NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
 from kl.follow import Watch
-from kl.log import EARLIEST, LATEST, Position
-from kl.message import Message
-from kl.messageset import MessageSet
+from kl.log.log import EARLIEST, LATEST, Position
+from kl.log.message import Message
+from kl.log.messageset import MessageSet
 from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20

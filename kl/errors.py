@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
 
-if TYPE_CHECKING:
-    from kl.messageset import Kind
+
+class Kind(enum.Enum):
+    """What is wrong with a stored message (or a segment file), in a word."""
+
+    INCOMPLETE = "incomplete message"
+    """The buffer or file ends inside the message: torn, or not yet all read."""
+    UNKNOWN_MAGIC = "unknown magic"
+    BAD_LENGTH = "bad length"
+    CHECKSUM = "checksum mismatch"
+    BAD_KEY_LENGTH = "bad key length"
+    BAD_BATCH = "bad compressed batch"
+    SHORT_FILE = "file ends early"
+    """A segment file ends before the offset where its data must go on."""
+    LONG_FILE = "file runs past its end"
+    """A closed segment file holds bytes past the next segment's base offset."""
+    UNKNOWN_SEGMENT = "unknown segment"
+    """A segment file that the partition's state does not account for."""
 
 
 class KlError(Exception):

@@ -43,7 +43,7 @@ of a topic; read in the next one it would skip its first messages, or fail on a 
 that is no message boundary.  Deleted while the follower waits, the topic is gone when it
 reads (``TopicNotFound``); but deleted and created again while the follower is stopped
 or slow, the same paths hold the new topic.  So each ``wait``, before it returns, reads
-the topic id (kl/config.py) of every watched topic and raises ``TopicRecreated`` when it
+the topic id (kl/log/config.py) of every watched topic and raises ``TopicRecreated`` when it
 is not the one the partition's ``Log`` was opened with: a follower never goes on reading
 the new topic from the old position, it fails with one line, as it does when the topic is
 deleted.  (Restarting at the new topic's start instead would splice two topics into one
@@ -70,9 +70,9 @@ import struct
 import sys
 import time
 
-from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidConfig, KlError, TopicRecreated
-from kl.log import Log
+from kl.log.config import CONFIG_FILE, TopicConfig
+from kl.log.log import Log
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeVar, cast
 
-from kl.config import same_creation
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
 from kl.errors import (
     CorruptMessage,
@@ -57,8 +56,9 @@ from kl.errors import (
     TopicNotFound,
 )
 from kl.follow import Watch
-from kl.log import Log, Position
-from kl.message import Message
+from kl.log.config import same_creation
+from kl.log.log import Log, Position
+from kl.log.message import Message
 from kl.registry import CorruptOffset, Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
 

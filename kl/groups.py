@@ -24,8 +24,6 @@ import struct
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from kl import message as m
-from kl.config import same_creation
 from kl.errors import (
     CorruptMessage,
     InvalidConfig,
@@ -35,9 +33,12 @@ from kl.errors import (
     TopicNotFound,
     UnsupportedCodec,
 )
-from kl.fsutil import ensure_dir, file_time_ns
-from kl.log import Log, Position
-from kl.messageset import MessageSet, check
+from kl.log import message as m
+from kl.log.config import same_creation
+from kl.log.fsutil import ensure_dir, file_time_ns
+from kl.log.log import Log, Position
+from kl.log.messageset import MessageSet, check
+from kl.log.segment import SCAN_CHUNK, Segment
 from kl.registry import (
     Committed,
     CorruptOffset,
@@ -49,7 +50,6 @@ from kl.registry import (
     groups,
     parse_position,
 )
-from kl.segment import SCAN_CHUNK, Segment
 from kl.topic import Root, validate_name
 
 __all__ = [

@@ -50,9 +50,6 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from kl import core
-from kl import message as m
-from kl.config import TopicConfig
 from kl.errors import (
     FormatMismatch,
     InvalidConfig,
@@ -62,9 +59,12 @@ from kl.errors import (
     QueueFull,
     TopicNotFound,
 )
-from kl.log import Log
-from kl.messageset import frame, frame_v1, wrap, wrap_v1
-from kl.pycore import chunks
+from kl.log import core
+from kl.log import message as m
+from kl.log.config import TopicConfig
+from kl.log.log import Log
+from kl.log.messageset import frame, frame_v1, wrap, wrap_v1
+from kl.log.pycore import chunks
 from kl.topic import Root
 
 Partitioner = Callable[[bytes | None, int], int]
@@ -169,7 +169,7 @@ class Producer:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lane = core.Lane(self._queue, self._slow, Producer.send.__get__(self))
-        """send() in async mode, with its state (kl.pycore.Lane): its ``owner`` is the
+        """send() in async mode, with its state (kl.log.pycore.Lane): its ``owner`` is the
         thread that may queue bare values, the first one to send (fixed, so that no other
         thread's message can come between its header and its values); it is aimed at the
         topic and partition of the owner's last header, where its next plain sends go as

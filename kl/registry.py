@@ -50,10 +50,10 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from kl import locks
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
-from kl.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
-from kl.log import Position
+from kl.log import locks
+from kl.log.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
+from kl.log.log import Position
 from kl.topic import GROUPS_DIR, validate_name
 
 log = logging.getLogger(__name__)

@@ -40,15 +40,15 @@ from collections.abc import Iterable
 from typing import cast
 
 from kl import wire
-from kl.config import TopicConfig
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
 from kl.errors import InvalidConfig, KlError, TopicNotFound
 from kl.follow import Watch
-from kl.log import EARLIEST, LATEST, Position
-from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
-from kl.messageset import INCOMPLETE, MessageSet
+from kl.log.config import TopicConfig
+from kl.log.log import EARLIEST, LATEST, Position
+from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
+from kl.log.messageset import INCOMPLETE, MessageSet
+from kl.log.segment import Segment
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
-from kl.segment import Segment
 from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
 
 DEFAULT_TIMEOUT = 30.0

@@ -31,11 +31,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kl import wire
-from kl.config import CONFIG_FILE, TopicConfig
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
-from kl.log import DELETED_SUFFIX
-from kl.messageset import validate_set
-from kl.segment import Segment
+from kl.log.config import CONFIG_FILE, TopicConfig
+from kl.log.log import DELETED_SUFFIX
+from kl.log.messageset import validate_set
+from kl.log.segment import Segment
 from kl.topic import Root, validate_name
 from kl.wire import Fetch, ProtocolError, Reader
 

@@ -24,13 +24,13 @@ import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kl import locks
-from kl.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
-from kl.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
-from kl.log import DEFAULT_LOCK_TIMEOUT, Log
-from kl.segment import LEGACY_SUFFIX, SUFFIX, segment_name
-from kl.state import STATE_FILE, PartitionState, deleted_record
+from kl.log import locks
+from kl.log.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
+from kl.log.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
+from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log
+from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
+from kl.log.state import STATE_FILE, PartitionState, deleted_record
 
 GROUPS_DIR = ".groups"
 """Consumer groups' files under the root (kl/registry.py)."""

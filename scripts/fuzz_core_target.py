@@ -1,5 +1,5 @@
 """The fuzz target of scripts/fuzz-core: one input drives one call of a core function on
-both cores (kl._core and kl.pycore), which must answer alike.  Run by atheris
+both cores (kl.log._core and kl.log.pycore), which must answer alike.  Run by atheris
 (libFuzzer): ``python scripts/fuzz_core_target.py CORPUS -runs=N``; ``--replay CORPUS``
 runs the inputs kept there once each, without atheris (under the sanitizers)."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 REPLAY = sys.argv[1:2] == ["--replay"]
 if REPLAY:
-    from kl import pycore
+    from kl.log import pycore
 else:
     import atheris
 
     with atheris.instrument_imports():
-        from kl import pycore
+        from kl.log import pycore
 
-from kl import _core  # noqa: E402 - after the instrumented import of its twin
+from kl.log import _core  # noqa: E402 - after the instrumented import of its twin
 
 LIMITS = (1 << 20, 4096, 64, 27, 22, 5, 0, -7)
 """max_message_bytes: the usual size, ones that cut messages short, none that fits."""

@@ -26,7 +26,7 @@ import nfslab
 import pytest
 
 import kl
-from kl import core, flusher
+from kl.log import core, flusher
 
 from faultlib import flip_bit, shrink_to  # shared with scripts/soak
 
@@ -127,7 +127,7 @@ def one_kernel_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nfslab.
 
 @pytest.fixture(params=["compiled", "pure"])
 def each_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The test runs once on each core (kl.core): in this process, and through
+    """The test runs once on each core (kl.log.core): in this process, and through
     ``KL_PURE`` in the processes it starts."""
     if request.param == "compiled" and core.compiled() is None:
         pytest.skip("kl's compiled core was not built here (test_core.py says why that is a failure where it can be)")

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kl
-from kl.recovery import recover
-from kl.segment import list_segments, segment_name
-from kl.state import STATE_FILE, read_state
+from kl.log.recovery import recover
+from kl.log.segment import list_segments, segment_name
+from kl.log.state import STATE_FILE, read_state
 
 # ----------------------------------------------------------------- damaging files
 

@@ -29,7 +29,7 @@ STEPS = ("lock", "mark", "write", "fsync", "publish")
 FIRST, LATE, B_BATCHES, B_SIZE = 3, 50, 10, 5
 
 PAUSED = r"""
-import os, signal, sys, threading, kl, kl.log, kl.segment
+import os, signal, sys, threading, kl, kl.log, kl.log.segment
 topic, step, late = sys.argv[1], sys.argv[2], int(sys.argv[3])
 producer = kl.Producer(kl.Root(ROOT, lock_timeout=300))
 for b in range(FIRST):
@@ -59,7 +59,7 @@ if step == "lock":
 elif step == "mark":
     hook(kl.log.Log, "_announce", before=False)
 elif step == "write":
-    hook(kl.segment.Segment, "append", before=False)
+    hook(kl.log.segment.Segment, "append", before=False)
 elif step == "publish":
     hook(kl.log.Log, "publish", before=True)
 elif step == "fsync":
@@ -97,7 +97,7 @@ producer.close()
 
 CHECK = r"""
 import json, sys, kl
-from kl.recovery import recover
+from kl.log.recovery import recover
 root = kl.Root(ROOT)
 log = root.log(sys.argv[1], 0)
 values = [m.value.decode() for batch in kl.Consumer(root).consume(sys.argv[1]) for m in batch.messages]

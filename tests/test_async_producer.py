@@ -16,7 +16,7 @@ import kl
 
 from conftest import partition_locked_elsewhere, read_all, values_of
 
-pytestmark = pytest.mark.usefixtures("each_core")  # send() is the core's lane (kl.pycore.Lane) in async mode
+pytestmark = pytest.mark.usefixtures("each_core")  # send() is the core's lane (kl.log.pycore.Lane) in async mode
 
 LONG = 600_000
 """A linger (ms) no test waits out: what is sent stays queued until flush() or close()."""
@@ -120,7 +120,7 @@ def test_compressed_batches_come_back_whole(root, topic):
         for value in values:
             producer.send(topic, value, partition=0)
     assert values_of(read_all(root, topic)) == values
-    assert root.log(topic, 0).log_end_offset < sum(len(v) + kl.message.HEADER_SIZE for v in values) / 4
+    assert root.log(topic, 0).log_end_offset < sum(len(v) + kl.log.message.HEADER_SIZE for v in values) / 4
 
 
 def test_a_normal_exit_sends_what_is_queued(root, topic):

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
-from kl import core
+from kl.log import core
 from kl.timespec import TIME_FORMS, parse_time
 from kl_cli.main import COMMANDS, cli
 

@@ -692,7 +692,7 @@ def test_topics_import_brings_a_kafka_07_partition_in_and_refuses_it_twice(kl_ro
 
 
 def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, monkeypatch, each_core):
-    """Runs of plain messages are listed by the core (``kl.dump.dump_lines``): the same
+    """Runs of plain messages are listed by the core (``kl.log.dump.dump_lines``): the same
     text as a listing built record by record, around keyed, compressed and damaged
     messages and across the published end."""
     r = kl.Root(kl_root)
@@ -704,9 +704,9 @@ def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, mo
     kl.Producer(r, compression="zstd").send_batch("t", [b"a", b"bb"], partition=0)
     producer.send_batch("t", [b"tail%d" % i for i in range(5)], partition=0, timestamp=253402300799999)
     with open(Path(kl_root) / "t" / "0" / SEGMENT0, "ab") as f:  # never published, then damage
-        f.write(b"".join(kl.message.encode(b"late%d" % i) for i in range(4)) + GARBAGE)
+        f.write(b"".join(kl.log.message.encode(b"late%d" % i) for i in range(4)) + GARBAGE)
     import kl_cli.maintenance
-    from kl.dump import Lines, dump_file, dump_lines
+    from kl.log.dump import Lines, dump_file, dump_lines
 
     runs: list[Lines] = []
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kl
-from kl.segment import list_segments, segment_name
-from kl.state import STATE_FILE, PartitionState
+from kl.log.segment import list_segments, segment_name
+from kl.log.state import STATE_FILE, PartitionState
 
 from conftest import KAFKA07_SEGMENT, flipped, partition_dir, read_all, values_of
 
@@ -186,7 +186,7 @@ def test_offsets_before_skips_a_segment_without_timestamps(root, kafka_bytes):
 
 def adopt_with_recover(root: kl.Root, topic: str) -> None:
     """What a user would do: put the Kafka files in an empty partition, run recovery."""
-    from kl.recovery import recover
+    from kl.log.recovery import recover
 
     directory = partition_dir(root, topic)
     for name in os.listdir(directory):

@@ -366,7 +366,7 @@ def _threaded_process(path, first_writer):
 
 
 def _hold_lock(path: str, held, release) -> None:
-    from kl import locks
+    from kl.log import locks
 
     root = kl.Root(path)
     with locks.locked(root._lock_path("locked", 0), 5):
@@ -437,7 +437,7 @@ def test_a_lock_waiter_gets_the_lock_when_its_holder_lets_go(tmp_path, monkeypat
 
 
 def test_a_lock_held_by_another_thread_times_out_with_lock_timeout(tmp_path):
-    from kl import locks
+    from kl.log import locks
 
     root = kl.Root(tmp_path, lock_timeout=0.2)
     root.create_topic("locked")
@@ -461,7 +461,7 @@ def test_a_lock_held_by_another_thread_times_out_with_lock_timeout(tmp_path):
 
 
 def _die_holding_lock(path: str) -> None:
-    from kl import locks
+    from kl.log import locks
 
     root = kl.Root(path)
     locks.locked(root._lock_path("dead", 0), 5).__enter__()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import kl
-from kl import message as m
+from kl.log import message as m
 
 from conftest import flip_byte, values_of
 

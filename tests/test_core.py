@@ -1,4 +1,4 @@
-"""The compiled core (kl/_core.c) and its pure-Python twin (kl/pycore.py) give the same
+"""The compiled core (kl/log/_core.c) and its pure-Python twin (kl/log/pycore.py) give the same
 answers for any input: message sets made valid, then cut short and bit-flipped, and
 arbitrary bytes.  The rest of the suite's format, corruption and recovery tests run on
 each core through the ``each_core`` fixture."""
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kl import core, pycore
-from kl import message as m
+from kl.log import core, pycore
+from kl.log import message as m
 
 compiled = core.compiled()
 needs_compiled = pytest.mark.skipif(compiled is None, reason="kl's compiled core was not built here")
@@ -238,7 +238,7 @@ def test_the_compiled_core_is_built_where_a_compiler_and_the_headers_are():
     zlib_header = Path("/usr/include/zlib.h")
     if shutil.which("cc") is None or not headers.exists() or not zlib_header.exists():
         pytest.skip("no C compiler, Python.h or zlib.h here: kl installs its pure-Python core")
-    assert compiled is not None, "kl._core did not build (or does not import) although cc and the headers are here"
+    assert compiled is not None, "kl.log._core did not build (or does not import) although cc and the headers are here"
 
 
 @pytest.mark.parametrize("pure, says", [("1", "pure-Python core (KL_PURE is set)"), ("0", None)])

@@ -325,8 +325,9 @@ def test_the_demo_says_how_to_reach_kl_and_man_finds_its_pages(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", clone / ".venv"], check=True, timeout=120)
     done = subprocess.run(["bash", "scripts/demo"], cwd=clone, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHON": sys.executable})
-    if done.returncode != 0 and "demo: installing" in done.stderr and "OK:" not in done.stdout:
-        pytest.skip(f"the demo's pip install could not run here: {done.stderr.strip().splitlines()[-1:]}")
+    unreachable = ("Could not find a version", "No matching distribution", "Failed to establish", "name resolution")
+    if done.returncode != 0 and any(reason in done.stderr for reason in unreachable):  # no package index here
+        pytest.skip(f"the demo's pip install could not reach the package index: {done.stderr.strip().splitlines()[-1:]}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-2:] == [
         f"kl is {clone}/.venv/bin/kl: run it by that path, or put it on PATH in this shell",

@@ -1,4 +1,4 @@
-"""``kl.dump.dump_file``: a message-by-message listing of any segment, clean or damaged,
+"""``kl.log.dump.dump_file``: a message-by-message listing of any segment, clean or damaged,
 kl's own or Kafka 0.7's; it stops at the first bad message and says why."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl import message as m
-from kl.dump import dump_file
-from kl.recovery import recover
+from kl.log import message as m
+from kl.log.dump import dump_file
+from kl.log.recovery import recover
 
 from faultlib import append_bytes, flip_bit, read_log, shrink_to
 

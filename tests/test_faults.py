@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl import message as m
-from kl.messageset import MessageSet
-from kl.recovery import recover
-from kl.segment import segment_name
+from kl.log import message as m
+from kl.log.messageset import MessageSet
+from kl.log.recovery import recover
+from kl.log.segment import segment_name
 
 from faultlib import (
     OrderChecker,

@@ -12,11 +12,11 @@ import zlib
 import pytest
 
 import kl
-import kl.log
-from kl.messageset import frame
-from kl.recovery import recover
-from kl.segment import list_segments, segment_name
-from kl.state import CRC, MARK_OFFSET, RECORD_V2, SIZE, STATE_FILE, PartitionState, StateFile
+import kl.log.log
+from kl.log.messageset import frame
+from kl.log.recovery import recover
+from kl.log.segment import list_segments, segment_name
+from kl.log.state import CRC, MARK_OFFSET, RECORD_V2, SIZE, STATE_FILE, PartitionState, StateFile
 
 from faultlib import append_bytes, fresh_log, read_log
 
@@ -26,7 +26,7 @@ TS = 1_700_000_000_000
 @pytest.fixture
 def nfs(monkeypatch):
     """Every ``Log`` made from now on takes the NFS path (marks, fences, fsync before publishing)."""
-    monkeypatch.setattr(kl.log, "mount_of", lambda directory: ("/", "nfs4", "rw,vers=4.2"))
+    monkeypatch.setattr(kl.log.log, "mount_of", lambda directory: ("/", "nfs4", "rw,vers=4.2"))
 
 
 def values(log: kl.Log) -> list[bytes]:
@@ -175,7 +175,7 @@ def test_local_disks_put_up_no_mark(root):
 @pytest.mark.parametrize("on_nfs", [False, True])
 def test_a_version_2_state_record_is_read_and_upgraded_by_the_next_writer(root, monkeypatch, on_nfs):
     if on_nfs:
-        monkeypatch.setattr(kl.log, "mount_of", lambda directory: ("/", "nfs4", "rw"))
+        monkeypatch.setattr(kl.log.log, "mount_of", lambda directory: ("/", "nfs4", "rw"))
     root.create_topic("t")
     send(root, b"a")
     log = fresh_log(root.log("t", 0))

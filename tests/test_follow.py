@@ -17,7 +17,7 @@ import pytest
 import kl
 import kl.follow
 from kl.follow import Watch
-from kl.log import Log
+from kl.log.log import Log
 
 from conftest import segment_files, values_of
 

@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
-from kl.importer import ImportRefused, import_topic
-from kl.log import EARLIEST, LATEST
-from kl.messageset import frame, validate_set, wrap, wrap_v1
-from kl.recovery import recover
-from kl.retention import retain
+from kl.log.importer import ImportRefused, import_topic
+from kl.log.log import EARLIEST, LATEST
+from kl.log.messageset import frame, validate_set, wrap, wrap_v1
+from kl.log.recovery import recover
+from kl.log.retention import retain
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, partition_dir, read_all, segment_files, v0, v1

@@ -1,4 +1,4 @@
-"""man/kl-format.5 states the numbers kl/message.py, kl/state.py and kl/config.py use.
+"""man/kl-format.5 states the numbers kl/log/message.py, kl/log/state.py and kl/log/config.py use.
 
 The page is the spec and the code is the truth; these tests read the numbers, tables
 and worked examples out of the roff source and hold them against the library, so the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from kl import config, segment, state, timeindex
-from kl import message as m
+from kl.log import config, segment, state, timeindex
+from kl.log import message as m
 
 PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-format.5"
 

@@ -392,7 +392,7 @@ def test_a_crash_at_every_step_of_a_commit_leaves_the_old_or_the_new_offset(root
     registry.write_offset("t", 0, 100, "old")
     code = f"""
 import os, signal
-from kl import fsutil
+from kl.log import fsutil
 from kl.registry import Registry
 calls = 0
 def dying(real):

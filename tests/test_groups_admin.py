@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 import kl
 from kl import groups
-from kl import message as m
 from kl.groups import AtTime, OffsetChange, ShiftBy, Status
-from kl.log import Position
+from kl.log import message as m
+from kl.log.log import Position
+from kl.log.retention import retain
 from kl.registry import Registry
-from kl.retention import retain
 from kl.timespec import format_iso
 from kl_cli.main import cli
 

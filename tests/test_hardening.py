@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl import locks
-from kl import message as m
-from kl import segment as segment_module
-from kl.importer import ImportRefused, import_topic
-from kl.messageset import frame
-from kl.recovery import recover
-from kl.segment import segment_name
-from kl.state import CRC, RECORD_V1, SIZE_V1, PartitionState
+from kl.log import locks
+from kl.log import message as m
+from kl.log import segment as segment_module
+from kl.log.importer import ImportRefused, import_topic
+from kl.log.messageset import frame
+from kl.log.recovery import recover
+from kl.log.segment import segment_name
+from kl.log.state import CRC, RECORD_V1, SIZE_V1, PartitionState
 
 from conftest import KAFKA07_SEGMENT
 from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, wait_flushed, write_at
@@ -228,7 +228,7 @@ def test_m3_a_long_lived_producer_follows_a_topic_deleted_and_created_again(root
 
 
 def test_m6_a_writer_notices_a_state_file_rebuilt_by_recover(root, monkeypatch):
-    monkeypatch.setattr("kl.log.RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr("kl.log.log.RECHECK_SECONDS", 0.0)
     root.create_topic("t")
     writer = kl.Producer(root)
     writer.send("t", b"a", partition=0)

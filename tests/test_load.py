@@ -25,9 +25,9 @@ from pyspark.errors import PythonException
 
 import kl
 from kl.errors import TopicRecreated
-from kl.messageset import frame
-from kl.recovery import recover
-from kl.retention import retain
+from kl.log.messageset import frame
+from kl.log.recovery import recover
+from kl.log.retention import retain
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import SparkRunner, load, unwrap
@@ -284,7 +284,7 @@ def test_a_second_run_exits_at_once_or_waits_with_wait(spark, root, out):
     root.create_topic("t")
     produce(root, "t", 3)
     (out / "_kl").mkdir(parents=True)
-    code = f"import time, kl.locks\nwith kl.locks.locked({str(out / '_kl' / 'lock')!r}, 10):\n"
+    code = f"import time, kl.log.locks\nwith kl.log.locks.locked({str(out / '_kl' / 'lock')!r}, 10):\n"
     code += "    print('held', flush=True)\n    time.sleep(2)\n"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl import locks
+from kl.log import locks
 
 FORK = multiprocessing.get_context("fork")
 KL = [sys.executable, "-m", "kl_cli"]
@@ -420,7 +420,7 @@ def test_waiting_is_logged_once_after_about_a_second(path, caplog):
         with pytest.raises(kl.LockTimeout):
             lock.acquire(1.6)
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
-        ("kl.locks", logging.WARNING, f"waiting for the lock on {path} (held by another process)")
+        ("kl.log.locks", logging.WARNING, f"waiting for the lock on {path} (held by another process)")
     ]
 
 

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kl
-from kl import message as m
-from kl import segment as segment_module
-from kl.segment import list_segments, parse_name, segment_name
-from kl.state import STATE_FILE, PartitionState, read_state
+from kl.log import message as m
+from kl.log import segment as segment_module
+from kl.log.segment import list_segments, parse_name, segment_name
+from kl.log.state import STATE_FILE, PartitionState, read_state
 
 from conftest import (
     active_segment,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kl
-from kl import message as m
-from kl.messageset import INCOMPLETE, check
+from kl.log import message as m
+from kl.log.messageset import INCOMPLETE, check
 
 from conftest import MAX, flipped, message_set, v0, v1, values_of, with_length
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kl
-from kl import message as m
-from kl.messageset import INCOMPLETE, check, frame, wrap
+from kl.log import message as m
+from kl.log.messageset import INCOMPLETE, check, frame, wrap
 
 from conftest import MAX, message_set, v0, values_of
 

@@ -39,7 +39,7 @@ print("done", flush=True)
 
 CHECK = r"""
 import json, sys, kl
-from kl.recovery import recover
+from kl.log.recovery import recover
 root = kl.Root(ROOT)
 values = [m.value.decode() for batch in kl.Consumer(root).consume(sys.argv[1]) for m in batch.messages]
 report = recover(root.log(sys.argv[1], 0), deep=True, dry_run=True)
@@ -298,8 +298,8 @@ def test_recover_and_retain_on_one_host_while_the_other_produces(lab):
 
 TAKE_TURNS = r"""
 import fcntl, os, sys, time, kl
-from kl.locks import lock_file
-from kl.state import read_state
+from kl.log.locks import lock_file
+from kl.log.state import read_state
 root = kl.Root(ROOT)
 log = root.log("turns", 0)
 producer, consumer = kl.Producer(root), kl.Consumer(root)

@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 import kl
-from kl import message as m
+from kl.log import message as m
 
 from conftest import flip_byte, read_all, values_of
 

@@ -1,4 +1,4 @@
-"""``kl.recovery.recover``: what it cuts on its own, what it only reports, what
+"""``kl.log.recovery.recover``: what it cuts on its own, what it only reports, what
 ``repair=True`` does, that ``dry_run`` changes nothing and that a second run is clean."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import kl
-import kl.recovery
-from kl.messageset import frame
-from kl.recovery import recover
-from kl.segment import list_segments, segment_name
-from kl.state import STATE_FILE
+import kl.log.recovery
+from kl.log.messageset import frame
+from kl.log.recovery import recover
+from kl.log.segment import list_segments, segment_name
+from kl.log.state import STATE_FILE
 
 from faultlib import append_bytes, as_if_rebooted, flip_bit, fresh_log, read_log, shrink_to, snapshot
 
@@ -264,7 +264,7 @@ def test_repair_keeps_the_original_damaged_segment(root):
 
 
 def test_a_second_repair_does_not_overwrite_the_first_copy_aside(root, monkeypatch):
-    monkeypatch.setattr(kl.recovery.time, "strftime", lambda fmt, *a: "20240101T000000")  # both runs in one second
+    monkeypatch.setattr(kl.log.recovery.time, "strftime", lambda fmt, *a: "20240101T000000")  # both runs in one second
     log = make(root, n=20)
     messages = read_log(log)
     path = active_path(log)
@@ -340,6 +340,6 @@ def test_a_reporter_hears_of_each_finding_as_it_is_made(root):
     path = active_path(log)
     flip_bit(path, (messages[3].offset + 25) * 8)
     flip_bit(path, (messages[12].offset + 25) * 8)
-    heard: list[kl.recovery.Finding] = []
+    heard: list[kl.log.recovery.Finding] = []
     report = recover(fresh_log(log), deep=True, reporter=heard.append)
     assert heard == report.findings and [f.offset for f in heard] == [messages[3].offset, messages[12].offset]

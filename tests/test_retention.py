@@ -1,4 +1,4 @@
-"""``kl.retention.retain``: whole segments by age (from message timestamps) and by size,
+"""``kl.log.retention.retain``: whole segments by age (from message timestamps) and by size,
 oldest first, never the active segment or a lock file; safe beside live readers and
 producers (processes), which finish a deleted segment or get ``OffsetOutOfRange``."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl.retention import DELETED_SUFFIX, retain
-from kl.segment import list_segments
+from kl.log.retention import DELETED_SUFFIX, retain
+from kl.log.segment import list_segments
 from kl.server import ServeConfig, Server
 
 from faultlib import OrderChecker, fresh_log, payload, read_log, snapshot

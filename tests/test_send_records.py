@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import kl
-from kl import message as m
+from kl.log import message as m
 
 from conftest import read_all, values_of
 

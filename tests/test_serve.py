@@ -25,8 +25,8 @@ from click.testing import CliRunner
 
 import kl
 from kl import brokers, server, wire
-from kl.messageset import frame
-from kl.retention import retain
+from kl.log.messageset import frame
+from kl.log.retention import retain
 from kl.server import ServeConfig, Server
 from kl.wire import Fetch
 from kl_cli.main import cli

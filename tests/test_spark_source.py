@@ -14,8 +14,8 @@ import time
 import pytest
 
 import kl
-from kl.importer import import_topic
-from kl.retention import retain
+from kl.log.importer import import_topic
+from kl.log.retention import retain
 from kl.spark import ranges
 from kl.timespec import TIME_FORMS
 
@@ -345,7 +345,7 @@ def test_a_schema_picks_columns(spark, events):
 
 
 def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_clamped(spark, root):
-    from kl.messageset import frame
+    from kl.log.messageset import frame
 
     root.create_topic("far")
     root.log("far", 0).append(frame([b"a"], 1000) + frame([b"b"], 9223372036854775807), 2)
@@ -357,7 +357,7 @@ def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_c
         return [r.ts for r in df.selectExpr("unix_millis(timestamp) as ts").collect()]
 
     assert stamps("null") == [1000, None]
-    assert stamps("clamp") == [1000, kl.message.MAX_TIMESTAMP]
+    assert stamps("clamp") == [1000, kl.log.message.MAX_TIMESTAMP]
     assert "option badTimestamps must be one of fail, clamp, null, not 'wrap'" in error_of(
         lambda: read(spark, root, topics="far", badTimestamps="wrap").collect()
     )

@@ -16,7 +16,7 @@ import pytest
 
 import kl
 from kl.errors import InvalidConfig, TopicRecreated
-from kl.retention import retain
+from kl.log.retention import retain
 from kl.spark import arrow, stream
 from kl.spark.ranges import DataLoss
 from kl.spark.stream import KlStreamReader, stream_options

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl.segment import segment_name
-from kl.state import STATE_FILE, PartitionState, read_state
+from kl.log.segment import segment_name
+from kl.log.state import STATE_FILE, PartitionState, read_state
 
 from faultlib import fresh_log, read_log, run_kill_trials, snapshot, wait_flushed
 
@@ -565,7 +565,7 @@ def test_appends_have_the_disk_start_writing_every_few_mib_and_nothing_else_chan
     """Every ``WRITEBACK_BYTES`` appended through a segment, writeback of those bytes is
     started (the later fsync waits for less); a segment opened again starts counting
     where it appends; a bad descriptor is not an error (the fsync reports what fails)."""
-    from kl import fsutil, segment
+    from kl.log import fsutil, segment
 
     started: list[tuple[int, int]] = []
     monkeypatch.setattr(segment, "start_writeback", lambda fd, position, length: started.append((position, length)))

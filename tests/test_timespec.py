@@ -7,7 +7,7 @@ import time
 import pytest
 
 import kl
-from kl.message import MAX_TIMESTAMP, MIN_TIMESTAMP
+from kl.log.message import MAX_TIMESTAMP, MIN_TIMESTAMP
 from kl.timespec import DURATION_FORMS, TIME_FORMS, format_iso, parse_duration, parse_time
 
 NOW = 1_767_225_600.0

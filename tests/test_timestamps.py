@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
-from kl import timeindex
-from kl.message import MAX_TIMESTAMP, MIN_TIMESTAMP
-from kl.recovery import recover
-from kl.retention import retain
+from kl.log import timeindex
+from kl.log.message import MAX_TIMESTAMP, MIN_TIMESTAMP
+from kl.log.recovery import recover
+from kl.log.retention import retain
 from kl_cli.main import cli
 
 from conftest import partition_locked_elsewhere, write_each
@@ -310,12 +310,12 @@ def test_a_0_7_topic_takes_json_lines_whose_timestamp_is_null(root):
 def with_bad_stamps(root: kl.Root, topic: str, compressed: bool = False) -> None:
     """Messages stamped 1000, year 10000, int64's largest and 2000, appended as older kl
     versions (or other writers) could: past the producer's check."""
-    from kl.messageset import frame, wrap
+    from kl.log.messageset import frame, wrap
 
     stamps = [1000, 253402300800000, 9223372036854775807, 2000]
     data = b"".join(frame([b"m%d" % i], ts) for i, ts in enumerate(stamps))
     if compressed:
-        data = wrap(data, kl.message.CODEC_GZIP, 2000)
+        data = wrap(data, kl.log.message.CODEC_GZIP, 2000)
     root.log(topic, 0).append(data, len(stamps))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl.config import CONFIG_FILE
+from kl.log.config import CONFIG_FILE
 
 from conftest import partition_dir, read_all, values_of, write, write_each
 

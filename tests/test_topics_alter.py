@@ -21,9 +21,9 @@ from test_group import wait_for
 from test_serve import Daemon
 
 import kl
-from kl import retention
-from kl.config import CONFIG_FILE
-from kl.state import STATE_FILE, PartitionState
+from kl.log import retention
+from kl.log.config import CONFIG_FILE
+from kl.log.state import STATE_FILE, PartitionState
 from kl_cli.main import cli
 
 from conftest import partition_dir, read_all, segment_files, write, write_each
@@ -344,7 +344,7 @@ def test_a_delete_waits_for_an_alter_under_way(root):
     """An alter holds the config lock from its read to its write: a delete (and so a
     creation again) in between would get the old topic's id written into the new one."""
     root.create_topic("t")
-    with kl.locks.locked(os.path.join(root.path, ".locks", "t", "config.lock"), 1):  # an alter, between read and write
+    with kl.log.locks.locked(os.path.join(root.path, ".locks", "t", "config.lock"), 1):  # an alter, between read and write
         done = subprocess.run(KL + ["--root", root.path, "--lock-timeout", "0.3", "topics", "delete", "t"],
                               capture_output=True, text=True)
         assert done.returncode == 1 and "lock" in done.stderr, done.stderr

@@ -20,10 +20,10 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from kl import message as m
 from kl.errors import CorruptMessage, InvalidConfig, InvalidTimestamp, KlError, OffsetOutOfRange
-from kl.message import Message
-from kl.messageset import MessageSet
+from kl.log import message as m
+from kl.log.message import Message
+from kl.log.messageset import MessageSet
 from kl.spark.ranges import DataLoss, Range, log_loss
 from kl.topic import Root
 

@@ -5,7 +5,7 @@ An output directory ``DIR`` holds Parquet files under Hive-style directories, an
 journal under ``DIR/_kl/``::
 
     DIR/topic=T/date=YYYY-MM-DD/hour=HH/p<partition>-<start>-<end>-<tag>.parquet
-    DIR/_kl/lock                     the run lock (kl.locks): one run at a time
+    DIR/_kl/lock                     the run lock (kl.log.locks): one run at a time
     DIR/_kl/offsets.json             committed: per partition the offset reached, the topic id, rows, last run
     DIR/_kl/runs/<run>.json          a plan not yet committed: each task's byte range
     DIR/_kl/runs/<run>/<task>.done   a task's files are in place (names, row count)
@@ -43,11 +43,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from kl import locks
-from kl.config import same_creation
 from kl.errors import InvalidConfig, InvalidOffset, KlError, LockTimeout, TopicRecreated
-from kl.fsutil import ensure_dir, fsync_dir, storage_error, write_atomic
-from kl.log import EARLIEST, LATEST
+from kl.log import locks
+from kl.log.config import same_creation
+from kl.log.fsutil import ensure_dir, fsync_dir, storage_error, write_atomic
+from kl.log.log import EARLIEST, LATEST
 from kl.spark import ranges
 from kl.spark.ranges import DataLoss, Range
 from kl.topic import Root

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kl.errors import InvalidConfig, KlError
-from kl.fsutil import ensure_dir, fsync_dir
+from kl.log.fsutil import ensure_dir, fsync_dir
 from kl.spark import arrow
 from kl.spark import journal as j
 from kl.spark.journal import Done, Journal, Limits, Plan, Progress, RunReport, Settings

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from kl import timespec
 from kl.errors import InvalidConfig, InvalidTime, KlError, TopicNotFound
-from kl.log import EARLIEST, LATEST, Log
+from kl.log.log import EARLIEST, LATEST, Log
 from kl.topic import Root
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from kl.config import same_creation
 from kl.errors import InvalidConfig, KlError, TopicRecreated
+from kl.log.config import same_creation
 from kl.spark import ranges
 from kl.spark.ranges import DataLoss, Range
 from kl.spark.source import KlPartition, Options, read_partition

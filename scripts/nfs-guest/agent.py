@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import kl  # noqa: F401  (imported once, here: forked Python finds it loaded)
-import kl.recovery  # noqa: F401
+import kl.log.recovery  # noqa: F401
 import kl_cli  # noqa: F401
 
 DEFAULT_CWD = {"server": "/srv/nfs"}

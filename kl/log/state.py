@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from kl.errors import CorruptState, TopicNotFound
-from kl.fsutil import FILE_MODE, fsync_dir
+from kl.log.fsutil import FILE_MODE, fsync_dir
 
 STATE_FILE = "state"
 TAG = b"klst"

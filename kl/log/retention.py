@@ -2,7 +2,7 @@
 
 A segment's age comes from the data: its newest message, the largest timestamp in it
 (Kafka's rule), whatever order the timestamps came in.  It is kept per closed segment
-in a time summary (``kl.timeindex``), worked out by a scan the first time and believed
+in a time summary (``kl.log.timeindex``), worked out by a scan the first time and believed
 only while it still names the segment as it is.  So ``cp`` or ``rsync`` of a topic
 neither makes old data immortal nor expires young data.  Messages without a timestamp
 (magic 0 and 1) are dated by the segment file's modification time; a topic of format
@@ -30,10 +30,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from kl import timeindex
 from kl.errors import CorruptMessage, OffsetOutOfRange
-from kl.fsutil import file_time_ns
-from kl.log import DELETED_SUFFIX, Log, SegmentInfo
+from kl.log import timeindex
+from kl.log.fsutil import file_time_ns
+from kl.log.log import DELETED_SUFFIX, Log, SegmentInfo
 
 logger = logging.getLogger(__name__)
 

@@ -21,35 +21,42 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kl.errors import KlError, TopicNotFound
 
-if TYPE_CHECKING:
-    from kl.log import Log
+
+class Flushable(Protocol):
+    """What the flusher flushes: a ``Log`` (kl.log.log), which imports this module."""
+
+    directory: str
+    flush_scheduled: bool
+
+    def flush(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
 _cond = threading.Condition()
-_queue: list[tuple[float, int, Log]] = []
+_queue: list[tuple[float, int, Flushable]] = []
 _tie = itertools.count()
 _thread: threading.Thread | None = None
 
 
-def schedule(target: Log, delay: float) -> None:
+def schedule(target: Flushable, delay: float) -> None:
     """Flush ``target`` in ``delay`` seconds (once, however often asked meanwhile)."""
     with _cond:
         if not target.flush_scheduled:
             _push(target, time.monotonic() + max(delay, 0.0))
 
 
-def flush_soon(target: Log) -> None:
+def flush_soon(target: Flushable) -> None:
     """Flush ``target`` now, in the background (the flush policy found it due)."""
     with _cond:
         _push(target, time.monotonic())
 
 
-def _push(target: Log, due: float) -> None:
+def _push(target: Flushable, due: float) -> None:
     global _thread
     target.flush_scheduled = True
     heapq.heappush(_queue, (due, next(_tie), target))
@@ -69,7 +76,7 @@ def _run() -> None:
         _flush(target)
 
 
-def _flush(target: Log) -> None:
+def _flush(target: Flushable) -> None:
     try:
         target.flush()
     except TopicNotFound:

@@ -20,16 +20,15 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from kl.config import FORMAT_07, MiB, TopicConfig
 from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
-from kl.fsutil import FILE_MODE, fsync_dir, storage_error
-from kl.log import IMPORTING_PREFIX, Log, SegmentInfo
-from kl.message import CURRENT_MAGIC
-from kl.segment import SUFFIX, Segment, list_segments
-from kl.state import BOOT_ID, PartitionState
-from kl.topic import Root
+from kl.log.config import FORMAT_07, MiB, TopicConfig
+from kl.log.fsutil import FILE_MODE, fsync_dir, storage_error
+from kl.log.log import IMPORTING_PREFIX, Log, SegmentInfo
+from kl.log.message import CURRENT_MAGIC
+from kl.log.segment import SUFFIX, Segment, list_segments
+from kl.log.state import BOOT_ID, PartitionState
 
 SCAN_LIMIT = 2**31 - 1
 """The largest message believed while checking files that belong to no topic yet."""
@@ -95,7 +94,17 @@ def check_directory(directory: str) -> Checked:
     return Checked(segments, largest, kl_data)
 
 
-def _exists(root: Root, name: str) -> bool:
+class Topics(Protocol):
+    """What an import needs of a root of topics (``kl.Root``, which sits above this layer)."""
+
+    def config(self, name: str) -> TopicConfig: ...
+
+    def create_topic(self, name: str, config: TopicConfig | None = None) -> TopicConfig: ...
+
+    def log(self, name: str, partition: int) -> Log: ...
+
+
+def _exists(root: Topics, name: str) -> bool:
     try:
         root.config(name)
     except (TopicNotFound, RootNotFound):  # a missing root is created with the topic
@@ -103,7 +112,7 @@ def _exists(root: Root, name: str) -> bool:
     return True
 
 
-def import_topic(root: Root, name: str, directories: list[str], config: TopicConfig | None = None) -> list[ImportedPartition]:
+def import_topic(root: Topics, name: str, directories: list[str], config: TopicConfig | None = None) -> list[ImportedPartition]:
     """Adopt each directory's segments as partition 0, 1, ... of topic ``name``.
 
     The topic is created when missing (with ``config``, its partition count raised to the

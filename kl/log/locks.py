@@ -19,7 +19,7 @@ later, could not tell it apart from its own and would release it).  A helper tha
 the lock when no thread waits for it releases it at once.  While a helper exists no
 thread holds the lock, so that release never drops another thread's lock (the helper lets
 it go before it counts as gone: a thread that sees no helper may take the lock at once).  After about
-a second of waiting, ``acquire`` logs one warning on ``kl.locks`` naming the lock file.
+a second of waiting, ``acquire`` logs one warning on ``kl.log.locks`` naming the lock file.
 
 Limits, stated plainly:
 
@@ -60,7 +60,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kl.errors import LockTimeout, StorageError
-from kl.fsutil import FILE_MODE, ensure_dir, storage_error
+from kl.log.fsutil import FILE_MODE, ensure_dir, storage_error
 
 log = logging.getLogger(__name__)
 

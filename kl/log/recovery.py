@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kl import timeindex
 from kl.errors import CorruptMessage, CorruptState
-from kl.fsutil import fsync_dir, storage_error
-from kl.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
-from kl.messageset import Corruption, Kind
-from kl.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
-from kl.state import BOOT_ID, PartitionState
-from kl.state import SIZE as STATE_SIZE
+from kl.log import timeindex
+from kl.log.fsutil import fsync_dir, storage_error
+from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
+from kl.log.messageset import Corruption, Kind
+from kl.log.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
+from kl.log.state import BOOT_ID, PartitionState
+from kl.log.state import SIZE as STATE_SIZE
 
 Progress = Callable[[int], None]
 """Called with the number of bytes just checked."""
@@ -227,7 +227,7 @@ class _Check:
                 self._damaged(segment, damage, active=False)
 
     def _check_time_summaries(self, closed: list[SegmentInfo]) -> None:
-        """A closed segment's time summary (``kl.timeindex``) must name the segment as
+        """A closed segment's time summary (``kl.log.timeindex``) must name the segment as
         it is: a damaged or stale one is rebuilt (a missing one is made when first
         needed), and one of no closed segment is removed."""
         log = self.log

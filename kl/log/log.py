@@ -7,7 +7,7 @@ Readers take no lock: they read the state, then only bytes below its log end.  `
 is the only code that writes the state record; recovery and retention call its verbs.
 
 Flushing follows the topic's policy.  An append that finds a flush due publishes and
-hands the fsync to a background thread (``kl.flusher``), which fsyncs outside the lock
+hands the fsync to a background thread (``kl.log.flusher``), which fsyncs outside the lock
 (one fsync covers every append before it: a group commit) and then publishes the new
 flushed offset; so neither the appender nor other writers wait for the disk.  The same
 thread keeps the time rule for producers that go idle.  An fsync error fails this
@@ -35,8 +35,6 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from kl import flusher, locks, timeindex
-from kl.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -46,11 +44,13 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
-from kl.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
-from kl.messageset import INCOMPLETE, MessageSet
-from kl.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
-from kl.state import BOOT_ID, NO_TOKEN, STATE_FILE, PartitionState, StateFile, read_state, write_state
+from kl.log import flusher, locks, timeindex
+from kl.log.config import CONFIG_FILE, TopicConfig, config_generation
+from kl.log.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
+from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
+from kl.log.messageset import INCOMPLETE, MessageSet
+from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
+from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Log:
         self._record: bytes | None = None
         """On NFS, under the lock: the record this hold read or published last."""
         self.flush_scheduled = False
-        """Set while ``kl.flusher`` holds this log for a timed flush."""
+        """Set while ``kl.log.flusher`` holds this log for a timed flush."""
 
     def __repr__(self) -> str:
         return f"Log({self.directory!r})"
@@ -500,7 +500,7 @@ class Log:
     def time_summary(self, info: SegmentInfo, *, keep: bool = True) -> timeindex.TimeSummary:
         """A closed segment's time summary: the one kept beside it when it still names
         the segment as it is, or else worked out by a scan (and kept, unless ``keep`` is
-        False; see ``kl.timeindex``).
+        False; see ``kl.log.timeindex``).
         Raises ``FileNotFoundError`` when the segment is gone, ``OffsetOutOfRange`` when
         it is below the log start and ``CorruptMessage`` when it is damaged."""
         stat = os.stat(info.path, follow_symlinks=False)

@@ -13,36 +13,17 @@ offset too, so a consumer that stops inside a batch gets the whole batch again.
 
 from __future__ import annotations
 
-import enum
 import mmap
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from kl import core
-from kl import message as m
-from kl.config import FORMAT_07, FORMAT_KL
-from kl.errors import CorruptMessage, InvalidMessageSet, UnsupportedCodec
-from kl.message import Message
-
-
-class Kind(enum.Enum):
-    """What is wrong with a stored message (or a segment file), in a word."""
-
-    INCOMPLETE = "incomplete message"
-    """The buffer or file ends inside the message: torn, or not yet all read."""
-    UNKNOWN_MAGIC = "unknown magic"
-    BAD_LENGTH = "bad length"
-    CHECKSUM = "checksum mismatch"
-    BAD_KEY_LENGTH = "bad key length"
-    BAD_BATCH = "bad compressed batch"
-    SHORT_FILE = "file ends early"
-    """A segment file ends before the offset where its data must go on."""
-    LONG_FILE = "file runs past its end"
-    """A closed segment file holds bytes past the next segment's base offset."""
-    UNKNOWN_SEGMENT = "unknown segment"
-    """A segment file that the partition's state does not account for."""
+from kl.errors import CorruptMessage, InvalidMessageSet, Kind, UnsupportedCodec
+from kl.log import core
+from kl.log import message as m
+from kl.log.config import FORMAT_07, FORMAT_KL
+from kl.log.message import Message
 
 
 class Corruption(NamedTuple):

@@ -1,7 +1,7 @@
 """The pure-Python core: the per-message loops of the message format, as reference.
 
-``kl._core`` (C, built by ``pip install`` where a compiler is found) holds the same
-functions with the same answers for any input; ``kl.core`` picks one of the two.  All
+``kl.log._core`` (C, built by ``pip install`` where a compiler is found) holds the same
+functions with the same answers for any input; ``kl.log.core`` picks one of the two.  All
 read untrusted bytes: a message is used only once its length, magic, checksum and key
 length hold (see ``man/kl-format.5``).
 """
@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from threading import get_ident
 
-from kl import message as m
+from kl.log import message as m
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap
 """What the loops read: the values and keys they return are slices of it (bytes from bytes)."""
@@ -34,7 +34,7 @@ _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 """Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
 
-# What check() finds, as numbers (kl.messageset.Kind names them).
+# What check() finds, as numbers (kl.log.messageset.Kind names them).
 OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH = range(6)
 
 

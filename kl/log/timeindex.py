@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from kl.errors import StorageError
-from kl.fsutil import storage_error, write_atomic
-from kl.message import Message
-from kl.segment import parse_name
+from kl.log.fsutil import storage_error, write_atomic
+from kl.log.message import Message
+from kl.log.segment import parse_name
 
 log = logging.getLogger(__name__)
 

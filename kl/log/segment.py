@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from kl import core
-from kl import message as m
 from kl.errors import StorageError
-from kl.fsutil import create_file, pwrite_all, start_writeback, storage_error
-from kl.messageset import INCOMPLETE, Corruption, Entry, Kind, MessageSet, check, walk
+from kl.log import core
+from kl.log import message as m
+from kl.log.fsutil import create_file, pwrite_all, start_writeback, storage_error
+from kl.log.messageset import INCOMPLETE, Corruption, Entry, Kind, MessageSet, check, walk
 
 SUFFIX = ".kl"
 LEGACY_SUFFIX = ".kafka"

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kl import core
-from kl import message as m
 from kl.errors import CorruptMessage, UnsupportedCodec
-from kl.messageset import INCOMPLETE, Corruption, Entry, MessageSet, check
-from kl.segment import SCAN_CHUNK, parse_name
+from kl.log import core
+from kl.log import message as m
+from kl.log.messageset import INCOMPLETE, Corruption, Entry, MessageSet, check
+from kl.log.segment import SCAN_CHUNK, parse_name
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """Largest message believed when dumping a file outside any topic."""

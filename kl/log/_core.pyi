@@ -1,7 +1,7 @@
 from collections.abc import Callable, Sequence
 
-from kl.message import Message
-from kl.pycore import Buffer
+from kl.log.message import Message
+from kl.log.pycore import Buffer
 
 def check(buf: Buffer, pos: int, end: int, max_message_bytes: int, /) -> tuple[int, int, int, int, int]: ...
 def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int, /) -> tuple[int, int]: ...

@@ -1,6 +1,6 @@
-/* kl._core: the per-message loops of the message format in C.
+/* kl.log._core: the per-message loops of the message format in C.
  *
- * Each function has a pure-Python twin of the same name in kl/pycore.py, the
+ * Each function has a pure-Python twin of the same name in kl/log/pycore.py, the
  * reference: for any input both give the same answer (tests/test_core.py).  The bytes
  * are untrusted (damaged files, the network): nothing is read before the bounds that
  * cover it are checked, and every length is checked before it is added to a position.
@@ -159,7 +159,7 @@ typedef struct {
     int64_t value;
 } Checked;
 
-/* The message at pos of buf[0:end]: see check() in kl/pycore.py. */
+/* The message at pos of buf[0:end]: see check() in kl/log/pycore.py. */
 static Checked check_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_message_bytes) {
     Checked c = {OK, 0, -1, 0, 0};
     if (end - pos < LENGTH_SIZE + 1) {
@@ -278,7 +278,7 @@ typedef struct {
 
 #define PADDING 0x08
 
-/* See recent() in kl/pycore.py.  The entries kept are a ring of cap slots from head,
+/* See recent() in kl/log/pycore.py.  The entries kept are a ring of cap slots from head,
  * grown (doubled) while padding keeps more than count of them. */
 static PyObject *core_recent(PyObject *self, PyObject *args) {
     Py_buffer b;
@@ -398,7 +398,7 @@ static PyObject *core_plain_values(PyObject *self, PyObject *args) {
     return plain_run(&b, pos, 0, max_message_bytes, 0, make_value);
 }
 
-/* See plain_positions() in kl/pycore.py: the positions as native int64s in a bytes. */
+/* See plain_positions() in kl/log/pycore.py: the positions as native int64s in a bytes. */
 static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos, max_message_bytes;
@@ -459,7 +459,7 @@ static char *text(char *p, const char *s) {
 
 #define DUMP_LINE_MAX 192 /* the longest line: its words and five numbers of up to 20 characters */
 
-/* See dump_lines() in kl/pycore.py. */
+/* See dump_lines() in kl/log/pycore.py. */
 static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos, end, max_message_bytes, size;
@@ -515,7 +515,7 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nn)", lines, pos);
 }
 
-static PyObject *message_type; /* kl.message.Message */
+static PyObject *message_type; /* kl.log.message.Message */
 
 static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
     PyTypeObject *type = (PyTypeObject *)message_type;
@@ -633,7 +633,7 @@ done:
 #define MAX_VALUE (INT32_MAX - (HEADER_SIZE - LENGTH_SIZE)) /* a length field is an int32 */
 
 /* frame_values(values, pos, timestamp, max_message_bytes, piece_bytes): see
-   kl.pycore.frame_values.  The values are bytes (immutable) held while the GIL is let go
+   kl.log.pycore.frame_values.  The values are bytes (immutable) held while the GIL is let go
    for the checksums and copies. */
 static PyObject *core_frame_values(PyObject *self, PyObject *args) {
     PyObject *values, *result = NULL, *pieces = NULL;
@@ -885,7 +885,7 @@ static PyObject *lane_aim(Lane *self, PyObject *args) {
 }
 
 /* send(topic, value, key=None, partition=None, timestamp=None, callback=None): see
-   kl.pycore.Lane.send.  Arguments it cannot place go to general as they came, which
+   kl.log.pycore.Lane.send.  Arguments it cannot place go to general as they came, which
    raises what Python would. */
 static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyObject *given[SEND_ARGS] = {NULL};
@@ -948,9 +948,9 @@ static int lane_set_owner(Lane *self, PyObject *value, void *closure) {
 }
 
 static PyMethodDef lane_methods[] = {
-    {"aim", (PyCFunction)lane_aim, METH_VARARGS, "aim(topic, partition, room): see kl.pycore.Lane.aim"},
+    {"aim", (PyCFunction)lane_aim, METH_VARARGS, "aim(topic, partition, room): see kl.log.pycore.Lane.aim"},
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL | METH_KEYWORDS,
-     "send(topic, value, key=None, partition=None, timestamp=None, callback=None): see kl.pycore.Lane.send"},
+     "send(topic, value, key=None, partition=None, timestamp=None, callback=None): see kl.log.pycore.Lane.send"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -967,10 +967,10 @@ static PyGetSetDef lane_getset[] = {
 };
 
 static PyTypeObject LaneType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kl._core.Lane",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kl.log._core.Lane",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Lane(queue, slow, general): the async producer's fast lane; see kl.pycore.Lane",
+    .tp_doc = "Lane(queue, slow, general): the async producer's fast lane; see kl.log.pycore.Lane",
     .tp_traverse = (traverseproc)lane_traverse,
     .tp_clear = (inquiry)lane_clear,
     .tp_dealloc = (destructor)lane_dealloc,
@@ -982,25 +982,25 @@ static PyTypeObject LaneType = {
 };
 
 static PyMethodDef methods[] = {
-    {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.pycore.check"},
-    {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.pycore.crc32c"},
-    {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.pycore.walk"},
-    {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.pycore.recent"},
-    {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.pycore"},
-    {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.pycore"},
+    {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.log.pycore.check"},
+    {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.log.pycore.crc32c"},
+    {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.log.pycore.walk"},
+    {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.log.pycore.recent"},
+    {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.log.pycore"},
+    {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.log.pycore"},
     {"dump_lines", core_dump_lines, METH_VARARGS,
-     "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes): see kl.pycore"},
-    {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.pycore"},
-    {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.pycore.frame"},
+     "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes): see kl.log.pycore"},
+    {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.log.pycore"},
+    {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.log.pycore.frame"},
     {"frame_values", core_frame_values, METH_VARARGS,
-     "frame_values(values, pos, timestamp, max_message_bytes, piece_bytes): see kl.pycore.frame_values"},
+     "frame_values(values, pos, timestamp, max_message_bytes, piece_bytes): see kl.log.pycore.frame_values"},
     {"frame_records", core_frame_records, METH_VARARGS,
-     "frame_records(data, pos, delimiter, keep, timestamp, max_message_bytes, piece_bytes, piece_count): see kl.pycore"},
+     "frame_records(data, pos, delimiter, keep, timestamp, max_message_bytes, piece_bytes, piece_count): see kl.log.pycore"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "kl._core", "kl's per-message loops in C (twins: kl.pycore).", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "kl.log._core", "kl's per-message loops in C (twins: kl.log.pycore).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__core(void) {
@@ -1019,7 +1019,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         unsigned char pair[2] = {CURRENT_MAGIC, (unsigned char)attrs};
         seeds[attrs] = crc32(crc32(0L, Z_NULL, 0), pair, 2);
     }
-    PyObject *messages = PyImport_ImportModule("kl.message");
+    PyObject *messages = PyImport_ImportModule("kl.log.message");
     if (!messages)
         return NULL;
     message_type = PyObject_GetAttrString(messages, "Message");
@@ -1027,7 +1027,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (!message_type)
         return NULL;
     if (!PyType_Check(message_type) || !PyType_IsSubtype((PyTypeObject *)message_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "kl.message.Message is not a tuple type");
+        PyErr_SetString(PyExc_TypeError, "kl.log.message.Message is not a tuple type");
         return NULL;
     }
     if (PyType_Ready(&LaneType) < 0)

@@ -1,5 +1,5 @@
-"""The core kl runs: the compiled one (``kl._core``, C) where it was built, else the
-pure-Python one (``kl.pycore``); ``KL_PURE=1`` in the environment picks the pure one.
+"""The core kl runs: the compiled one (``kl.log._core``, C) where it was built, else the
+pure-Python one (``kl.log.pycore``); ``KL_PURE=1`` in the environment picks the pure one.
 
 Callers look the functions up here at each call (``core.walk(...)``), so ``use``
 switches every caller at once (the tests run both cores through the same tests).
@@ -11,8 +11,8 @@ import logging
 import os
 from types import ModuleType
 
-from kl import pycore
-from kl.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
+from kl.log import pycore
+from kl.log.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
 FUNCTIONS = (
@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def compiled() -> ModuleType | None:
-    """``kl._core``, or None where it was not built (or does not load)."""
+    """``kl.log._core``, or None where it was not built (or does not load)."""
     try:
-        from kl import _core
+        from kl.log import _core
     except ImportError:
         return None
     return _core
@@ -56,7 +56,7 @@ def use(name: str) -> None:
     if name == "compiled":
         module = compiled()
         if module is None:
-            raise ValueError("kl's compiled core was not built here (kl._core does not import)")
+            raise ValueError("kl's compiled core was not built here (kl.log._core does not import)")
     elif name == "pure":
         module = pycore
     else:
