@@ -20,7 +20,7 @@ from typing import TypeVar
 import click
 
 import kl
-from kl.log.dump import DumpRecord, Lines, dump_file, dump_lines
+from kl.log.dump import TEXT_LINE, DumpRecord, Lines, Template, dump_file, dump_lines
 from kl.log.recovery import RecoveryReport, recover
 from kl.log.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
@@ -402,7 +402,11 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
             out: list[str] = [] if as_json else [f"Dumping {path}\n"]
             options = {"base_offset": base, "deep": deep} | ({"max_message_bytes": limit} if limit else {})
             past_end = False
-            listing = dump_file(path, **options) if as_json or print_data else dump_lines(path, published=published, **options)
+            if print_data:
+                listing = dump_file(path, **options)
+            else:
+                templates = (_json_line(partition_, False), _json_line(partition_, True)) if as_json else (TEXT_LINE, TEXT_LINE)
+                listing = dump_lines(path, published=published, templates=templates, **options)
             for record in listing:
                 if published is not None and record.position >= published and not past_end:
                     past_end = True
@@ -532,6 +536,14 @@ def _json_field(obj: dict, name: str, data: bytes | None) -> None:
         obj[name] = None if data is None else data.decode("utf-8")
     except UnicodeDecodeError:
         obj[name + "_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def _json_line(partition: int | None, past_end: bool) -> Template:
+    """``_dump_json``'s line for a valid plain message without a key, around its numbers."""
+    head = "{" if partition is None else f'{{"partition": {partition}, '
+    tail = ', "valid": true, "problem": null, "key": null' + (', "past_log_end": true' if past_end else "") + "}\n"
+    numbers = (b', "position": ', b', "size": ', b', "magic": 2, "codec": "none", "timestamp": ')
+    return (f'{head}"offset": '.encode(), *numbers, tail.encode())
 
 
 def _dump_json(record: DumpRecord, print_data: bool, partition: int | None, past_end: bool) -> str:

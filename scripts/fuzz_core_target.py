@@ -39,9 +39,9 @@ def one(data: bytes) -> None:
         values: list = [bytearray(v) if v[:1] == b"\xfe" else v for v in rest.split(b"\xff")]
         args = (values, data[2] % (len(values) + 2) - 1, -data[3], limit, data[3] * 4 - 9)
         name = "frame_values"
-    elif which == 9:  # dump_lines: bases near the top of the int64 range too
-        pos = where % (len(rest) + 1)
-        args = (rest, pos, len(rest), (1 << 63) - 1 - len(rest) - data[1] % 3, where, limit)
+    elif which == 9:  # dump_lines: bases near the top of the int64 range too; a template of the first bytes
+        pos, template = where % (len(rest) + 1), tuple(rest[i : i + data[1] % 7] for i in range(5))
+        args = (rest, pos, len(rest), (1 << 63) - 1 - len(rest) - data[1] % 3, where, limit, template)
         name = "dump_lines"
     elif which == 8:  # crc32c, continuing from a crc made of the second to fourth bytes
         args = (rest, data[1] << 24 | where)

@@ -691,10 +691,11 @@ def test_topics_import_brings_a_kafka_07_partition_in_and_refuses_it_twice(kl_ro
     assert out(kl_root, "recover", "--deep") == ["k/0: ok (10900 bytes checked)"]
 
 
-def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, monkeypatch, each_core):
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, monkeypatch, each_core, as_json):
     """Runs of plain messages are listed by the core (``kl.log.dump.dump_lines``): the same
-    text as a listing built record by record, around keyed, compressed and damaged
-    messages and across the published end."""
+    text (or JSON) as a listing built record by record, around keyed, compressed and
+    damaged messages and across the published end, of a topic and of a segment file."""
     r = kl.Root(kl_root)
     r.create_topic("t")
     producer = kl.Producer(r)
@@ -716,11 +717,21 @@ def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, mo
                 runs.append(item)
             yield item
 
+    options = ["--json"] if as_json else []
+    segment = str(Path(kl_root) / "t" / "0" / SEGMENT0)
     monkeypatch.setattr(kl_cli.maintenance, "dump_lines", counted)
-    fast = out(kl_root, "dump", "t")  # the damage is past the published end: not damage
-    monkeypatch.setattr(kl_cli.maintenance, "dump_lines", lambda path, published=None, **options: dump_file(path, **options))
-    assert fast == out(kl_root, "dump", "t")
-    assert len(runs) >= 5 and sum(run.text.count(b"\n") for run in runs) >= 9000
+    fast = out(kl_root, "dump", "t", *options)  # the damage is past the published end: not damage
+    fast_file = run(kl_root, "dump", segment, *options).stdout
+    monkeypatch.setattr(
+        kl_cli.maintenance, "dump_lines", lambda path, published=None, templates=None, **options: dump_file(path, **options)
+    )
+    assert fast == out(kl_root, "dump", "t", *options)
+    assert fast_file == run(kl_root, "dump", segment, *options).stdout
+    assert len(runs) >= 9 and sum(run.text.count(b"\n") for run in runs) >= 18000
+    if as_json:
+        rows = [json.loads(line) for line in fast]
+        assert {row["partition"] for row in rows} == {0} and rows[-1]["past_log_end"] and not rows[0].get("past_log_end")
+        return
     late = fast.index(next(line for line in fast if line.startswith("published end at offset")))
     assert [line.split(" valid: ")[1] for line in fast[late - 1 : late + 6 : 6]] == ["yes key: -", "no"]
     assert fast[late + 1].endswith("valid: yes key: -") and "timestamp: 253402300799999" in fast[late - 1]

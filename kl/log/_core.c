@@ -451,41 +451,41 @@ static char *decimal(char *p, long long v) {
     return p;
 }
 
-static char *text(char *p, const char *s) {
-    size_t n = strlen(s);
-    memcpy(p, s, n);
-    return p + n;
+static char *text(char *p, const Py_buffer *s) {
+    memcpy(p, s->buf, (size_t)s->len);
+    return p + s->len;
 }
 
-#define DUMP_LINE_MAX 192 /* the longest line: its words and five numbers of up to 20 characters */
-
-/* See dump_lines() in kl/log/pycore.py. */
+/* See dump_lines() in kl/log/pycore.py: each line is the template's five texts around four
+   numbers (offset, position, size, timestamp) of up to 20 characters. */
 static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
-    Py_buffer b;
+    Py_buffer b, t[5];
     Py_ssize_t pos, end, max_message_bytes, size;
     PyObject *offset_obj, *position_obj;
-    if (!PyArg_ParseTuple(args, "y*nnO!O!n:dump_lines", &b, &pos, &end, &PyLong_Type, &offset_obj, &PyLong_Type, &position_obj,
-                          &max_message_bytes))
+    if (!PyArg_ParseTuple(args, "y*nnO!O!n(y*y*y*y*y*):dump_lines", &b, &pos, &end, &PyLong_Type, &offset_obj, &PyLong_Type,
+                          &position_obj, &max_message_bytes, &t[0], &t[1], &t[2], &t[3], &t[4]))
         return NULL;
-    if (!bounds(pos, end, b.len)) {
-        PyBuffer_Release(&b);
-        return NULL;
-    }
+    PyObject *result = NULL;
+    Py_ssize_t line_max = 4 * 20;
+    for (int i = 0; i < 5; i++)
+        line_max += t[i].len; /* each under PY_SSIZE_T_MAX / 8: they are objects in memory */
+    if (!bounds(pos, end, b.len))
+        goto done;
     int overflow_offset = 0, overflow_position = 0;
     long long base_offset = PyLong_AsLongLongAndOverflow(offset_obj, &overflow_offset);
     long long base_position = PyLong_AsLongLongAndOverflow(position_obj, &overflow_position);
     if (overflow_offset || overflow_position || base_offset < 0 || base_position < 0 || base_offset > LLONG_MAX - end ||
         base_position > LLONG_MAX - end) {
-        PyBuffer_Release(&b);
-        return PyErr_Format(PyExc_ValueError, "offsets %S and %S do not fit 63 bits", offset_obj, position_obj);
+        PyErr_Format(PyExc_ValueError, "offsets %S and %S do not fit 63 bits", offset_obj, position_obj);
+        goto done;
     }
     const unsigned char *buf = b.buf;
-    Py_ssize_t max_length = max_message_bytes - LENGTH_SIZE, used = 0, cap = 1 << 16;
+    Py_ssize_t max_length = max_message_bytes - LENGTH_SIZE, used = 0, cap = (1 << 16) + line_max;
     char *out = PyMem_RawMalloc(cap);
     int failed = out == NULL;
     Py_BEGIN_ALLOW_THREADS
     while (!failed && (size = plain_at(buf, pos, end, max_length, 0))) {
-        if (cap - used < DUMP_LINE_MAX) {
+        if (cap - used < line_max) {
             char *grown = PyMem_RawRealloc(out, 2 * cap);
             if (grown == NULL) {
                 failed = 1;
@@ -494,25 +494,28 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
             out = grown;
             cap *= 2;
         }
-        char *q = text(out + used, "offset: ");
+        char *q = text(out + used, &t[0]);
         q = decimal(q, base_offset + pos);
-        q = text(q, " position: ");
+        q = text(q, &t[1]);
         q = decimal(q, base_position + pos);
-        q = text(q, " size: ");
+        q = text(q, &t[2]);
         q = decimal(q, size);
-        q = text(q, " magic: 2 codec: none timestamp: ");
+        q = text(q, &t[3]);
         q = decimal(q, be64(buf + pos + 10));
-        q = text(q, " valid: yes key: -\n");
+        q = text(q, &t[4]);
         used = q - out;
         pos += size;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b);
     PyObject *lines = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize(out, used);
     PyMem_RawFree(out);
-    if (lines == NULL)
-        return NULL;
-    return Py_BuildValue("(Nn)", lines, pos);
+    if (lines != NULL)
+        result = Py_BuildValue("(Nn)", lines, pos);
+done:
+    PyBuffer_Release(&b);
+    for (int i = 0; i < 5; i++)
+        PyBuffer_Release(&t[i]);
+    return result;
 }
 
 static PyObject *message_type; /* kl.log.message.Message */
@@ -989,7 +992,7 @@ static PyMethodDef methods[] = {
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.log.pycore"},
     {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.log.pycore"},
     {"dump_lines", core_dump_lines, METH_VARARGS,
-     "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes): see kl.log.pycore"},
+     "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes, template): see kl.log.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.log.pycore"},
     {"frame", core_frame, METH_VARARGS, "frame(values, timestamp): see kl.log.pycore.frame"},
     {"frame_values", core_frame_values, METH_VARARGS,

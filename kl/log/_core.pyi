@@ -21,7 +21,14 @@ def frame_records(
 ) -> tuple[list[tuple[bytes, int, int]], int, bool]: ...
 def crc32c(data: Buffer, crc: int = 0, /) -> int: ...
 def dump_lines(
-    buf: Buffer, pos: int, end: int, base_offset: int, base_position: int, max_message_bytes: int, /
+    buf: Buffer,
+    pos: int,
+    end: int,
+    base_offset: int,
+    base_position: int,
+    max_message_bytes: int,
+    template: tuple[bytes, bytes, bytes, bytes, bytes],
+    /,
 ) -> tuple[bytes, int]: ...
 
 class Lane:

@@ -44,8 +44,15 @@ class DumpRecord:
         return self.problem is None
 
 
+Template = tuple[bytes, bytes, bytes, bytes, bytes]
+"""A line for a plain message: the five texts around its offset, position, size and timestamp."""
+
+TEXT_LINE: Template = (b"offset: ", b" position: ", b" size: ", b" magic: 2 codec: none timestamp: ", b" valid: yes key: -\n")
+"""``kl dump``'s line."""
+
+
 class Lines(NamedTuple):
-    """``kl dump``'s text for a run of valid uncompressed magic 2 messages without a key."""
+    """The lines for a run of valid uncompressed magic 2 messages without a key."""
 
     position: int
     """Where the first message starts in the file."""
@@ -62,7 +69,7 @@ def dump_file(
     ``base_offset`` defaults to the one the file name encodes (0 for other names).
     Raises ``OSError`` when the file cannot be read.
     """
-    for record in _listing(path, base_offset, deep, max_message_bytes, lines=False, published=None):
+    for record in _listing(path, base_offset, deep, max_message_bytes, published=None, templates=None):
         assert isinstance(record, DumpRecord)
         yield record
 
@@ -74,17 +81,25 @@ def dump_lines(
     base_offset: int | None = None,
     deep: bool = False,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    templates: tuple[Template, Template] = (TEXT_LINE, TEXT_LINE),
 ) -> Iterator[DumpRecord | Lines]:
     """``dump_file``'s records, but each run of valid uncompressed magic 2 messages without
-    a key as ``Lines``, ``kl dump``'s text for them, made by the core (the common case, at
-    the parse rate).  No run crosses position ``published``: a reader can mark that end."""
-    return _listing(path, base_offset, deep, max_message_bytes, lines=True, published=published)
+    a key as ``Lines``, made by the core from the first of ``templates`` (the second past
+    position ``published``): the common case, at the parse rate.  No run crosses
+    ``published``: a reader can mark that end."""
+    return _listing(path, base_offset, deep, max_message_bytes, published=published, templates=templates)
 
 
 def _listing(
-    path: str, base_offset: int | None, deep: bool, max_message_bytes: int, *, lines: bool, published: int | None
+    path: str,
+    base_offset: int | None,
+    deep: bool,
+    max_message_bytes: int,
+    *,
+    published: int | None,
+    templates: tuple[Template, Template] | None,
 ) -> Iterator[DumpRecord | Lines]:
-    """The records of the file; with ``lines``, its runs of plain messages as ``Lines``."""
+    """The records of the file; with ``templates``, its runs of plain messages as ``Lines``."""
     if base_offset is None:
         base_offset = parse_name(os.path.basename(path)) or 0
     unpack_fields, fields_at, key_at, plain = (
@@ -96,7 +111,7 @@ def _listing(
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         file_size = os.fstat(fd).st_size
-        fast = lines and 0 <= base_offset < (1 << 63) - file_size  # the core's offsets are int64s
+        fast = templates is not None and 0 <= base_offset < (1 << 63) - file_size  # the core's offsets are int64s
         buf, start, complete, pos = b"", 0, False, 0  # buf: the file from start; complete: to its end
         while pos < file_size:
             if not start <= pos < start + len(buf):
@@ -105,8 +120,10 @@ def _listing(
                 complete = len(buf) < want or pos + want >= file_size
             at = pos - start
             if fast:
-                run_end = len(buf) if published is None or pos >= published else min(len(buf), published - start)
-                text, stop = core.dump_lines(buf, at, run_end, base_offset + start, start, max_message_bytes)
+                assert templates is not None
+                past = published is not None and pos >= published
+                run_end = len(buf) if published is None or past else min(len(buf), published - start)
+                text, stop = core.dump_lines(buf, at, run_end, base_offset + start, start, max_message_bytes, templates[past])
                 if stop > at:
                     yield Lines(pos, text, start + stop)
                     pos = start + stop

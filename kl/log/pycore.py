@@ -173,15 +173,23 @@ def plain_positions(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[byte
 
 
 def dump_lines(
-    buf: Buffer, pos: int, end: int, base_offset: int, base_position: int, max_message_bytes: int
+    buf: Buffer,
+    pos: int,
+    end: int,
+    base_offset: int,
+    base_position: int,
+    max_message_bytes: int,
+    template: tuple[bytes, bytes, bytes, bytes, bytes],
 ) -> tuple[bytes, int]:
-    """``kl dump``'s lines for the valid uncompressed magic 2 messages without a key from
-    ``pos`` to at most ``end``, each at offset ``base_offset + position`` and file position
-    ``base_position + position``, and where that run stops.  Raises ``ValueError`` for
-    bases whose sums with the buffer's positions pass 2**63 - 1."""
+    """Lines for the valid uncompressed magic 2 messages without a key from ``pos`` to at
+    most ``end``, and where that run stops: each line is ``template``'s five texts around
+    four numbers, the message's offset (``base_offset + position``), file position
+    (``base_position + position``), size and timestamp.  Raises ``ValueError`` for bases
+    whose sums with the buffer's positions pass 2**63 - 1."""
     if not (0 <= base_offset <= _INT64_MAX - end and 0 <= base_position <= _INT64_MAX - end):
         raise ValueError(f"offsets {base_offset} and {base_position} do not fit 63 bits")
-    out: list[str] = []
+    head, after_offset, after_position, after_size, tail = (bytes(part) for part in template)
+    out: list[bytes] = []
     append, crc32, unpack, seed, header = out.append, zlib.crc32, _FAST, _SEED, m.HEADER_SIZE
     limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
     magic_now, no_key, length_size, body_at = m.CURRENT_MAGIC, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
@@ -193,11 +201,11 @@ def dump_lines(
         if crc32(buf[pos + body_at : nxt], seed) != crc:
             break
         append(
-            f"offset: {base_offset + pos} position: {base_position + pos} size: {nxt - pos} magic: 2 codec: none "
-            f"timestamp: {timestamp} valid: yes key: -\n"
+            b"%b%d%b%d%b%d%b%d%b"
+            % (head, base_offset + pos, after_offset, base_position + pos, after_position, nxt - pos, after_size, timestamp, tail)
         )
         pos = nxt
-    return "".join(out).encode(), pos
+    return b"".join(out), pos
 
 
 def plain_messages(buf: bytes, pos: int, base: int, max_message_bytes: int) -> tuple[list[m.Message], int]:
