@@ -34,8 +34,11 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 11, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 10:  # frame_values: values split at 0xff, those starting 0xfe not bytes, a position maybe outside
+    which, limit, where, rest = data[0] % 12, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 11:  # read_varint at a position maybe outside; varint of the signed 64 bits of the first 8 bytes
+        compare("varint", struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0])
+        name, args = "read_varint", (rest, data[2] - 2)
+    elif which == 10:  # frame_values: values split at 0xff, those starting 0xfe not bytes, a position maybe outside
         values: list = [bytearray(v) if v[:1] == b"\xfe" else v for v in rest.split(b"\xff")]
         args = (values, data[2] % (len(values) + 2) - 1, -data[3], limit, data[3] * 4 - 9)
         name = "frame_values"
@@ -65,6 +68,10 @@ def one(data: bytes) -> None:
         pos = where % (len(rest) + 1)
         name = ("check", "walk", "plain_values", "plain_messages")[which]
         args = (rest, pos, len(rest), limit) if which < 2 else (rest, pos, limit) if which == 2 else (rest, pos, where, limit)
+    compare(name, *args)
+
+
+def compare(name: str, *args) -> None:
     compiled, pure = answer(getattr(_core, name), *args), answer(getattr(pycore, name), *args)
     if compiled != pure:
         raise AssertionError(f"{name}{args!r}: compiled {compiled!r}, pure {pure!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,11 @@ from kl.log import message as m
 
 compiled = core.compiled()
 needs_compiled = pytest.mark.skipif(compiled is None, reason="kl's compiled core was not built here")
+
+
+def cores() -> list:
+    """The pure core, and the compiled one where it was built."""
+    return [pycore] if compiled is None else [pycore, compiled]
 
 TIMESTAMPS = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.sampled_from([0, -1, -(1 << 63), (1 << 63) - 1]))
 VALUES = st.binary(max_size=300)
@@ -122,6 +128,64 @@ def test_both_cores_give_the_positions_of_a_long_run_alike():
     data[starts[3000] + 25] ^= 1
     assert compiled.plain_positions(data, 0, 1 << 20) == pycore.plain_positions(data, 0, 1 << 20)
     assert compiled.plain_positions(data, 0, 1 << 20)[1] == starts[3000]
+
+
+VARINTS = [  # Kafka's ByteUtilsTest: zigzag, then 7 bits a byte, low first
+    (0, "00"), (-1, "01"), (1, "02"), (-2, "03"), (63, "7e"), (-64, "7f"), (64, "8001"), (8191, "fe7f"),
+    (-8192, "ff7f"), (8192, "808001"), (2**31 - 1, "feffffff0f"), (-(2**31), "ffffffff0f"),
+    (2**63 - 1, "feffffffffffffffff01"), (-(2**63), "ffffffffffffffffff01"),
+]
+
+
+@pytest.mark.parametrize(("value", "encoded"), VARINTS)
+def test_varints_are_kafkas_in_both_cores(value, encoded):
+    for module in cores():
+        assert module.varint(value).hex() == encoded
+        assert module.read_varint(b"\xaa" + bytes.fromhex(encoded) + b"\xbb", 1) == (value, 1 + len(encoded) // 2)
+
+
+@pytest.mark.parametrize(
+    ("data", "pos", "problem"),
+    [
+        (b"", 0, "the buffer ends inside the varint at 0"),
+        (b"\x80\x80", 0, "the buffer ends inside the varint at 0"),
+        (b"\x01\xff", 1, "the buffer ends inside the varint at 1"),
+        (b"\xff" * 9 + b"\x02", 0, "the varint at 0 runs past 64 bits"),
+        (b"\xff" * 10 + b"\x01", 0, "the varint at 0 runs past 64 bits"),
+        (b"\x00", 2, "position 2 outside a buffer of 1 bytes"),
+        (b"\x00", -1, "position -1 outside a buffer of 1 bytes"),
+    ],
+)
+def test_a_damaged_varint_is_refused_in_both_cores(data, pos, problem):
+    for module in cores():
+        with pytest.raises(ValueError, match=re.escape(f"read_varint: {problem}")):
+            module.read_varint(data, pos)
+
+
+def test_a_varint_outside_64_bits_is_refused_in_both_cores():
+    for module in cores():
+        for value in (2**63, -(2**63) - 1):
+            with pytest.raises(OverflowError, match="does not fit 64 bits"):
+                module.varint(value)
+
+
+CONTINUED = st.lists(st.one_of(st.integers(0x80, 0xFF), st.integers(0, 3)), max_size=14).map(bytes)
+"""Bytes mostly with the continuation bit: long varints, cut ones, ones past 64 bits."""
+
+
+@needs_compiled
+@given(st.integers(-(2**63), 2**63 - 1), st.one_of(st.binary(max_size=24), CONTINUED), st.integers(-2, 26))
+def test_both_cores_write_and_read_varints_alike(value, data, pos):
+    encoded = pycore.varint(value)
+    assert compiled.varint(value) == encoded and pycore.read_varint(encoded, 0) == (value, len(encoded))
+    answers = []
+    for module in (pycore, compiled):
+        try:
+            answers.append(module.read_varint(data, pos))
+        except ValueError as e:
+            answers.append(str(e))
+    assert answers[0] == answers[1]
+
 
 
 @pytest.mark.parametrize("data, expected", [

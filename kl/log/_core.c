@@ -152,6 +152,58 @@ static PyObject *core_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(sum);
 }
 
+/* See varint() in kl/log/pycore.py. */
+static PyObject *core_varint(PyObject *self, PyObject *arg) {
+    int overflow = 0;
+    long long value = PyLong_Check(arg) ? PyLong_AsLongLongAndOverflow(arg, &overflow) : -1;
+    if (!PyLong_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "varint: %.100s is not an int", Py_TYPE(arg)->tp_name);
+    if (overflow)
+        return PyErr_Format(PyExc_OverflowError, "varint: %S does not fit 64 bits", arg);
+    uint64_t n = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    unsigned char out[10];
+    int used = 0;
+    while (n > 0x7f) {
+        out[used++] = (unsigned char)(n & 0x7f) | 0x80;
+        n >>= 7;
+    }
+    out[used++] = (unsigned char)n;
+    return PyBytes_FromStringAndSize((const char *)out, used);
+}
+
+/* See read_varint() in kl/log/pycore.py. */
+static PyObject *core_read_varint(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n:read_varint", &b, &pos))
+        return NULL;
+    const unsigned char *buf = b.buf;
+    Py_ssize_t len = b.len, at = pos;
+    PyObject *result = NULL;
+    if (pos < 0 || pos > len) {
+        PyErr_Format(PyExc_ValueError, "read_varint: position %zd outside a buffer of %zd bytes", pos, len);
+        goto done;
+    }
+    uint64_t n = 0;
+    for (int shift = 0; at < len && at < pos + 10; at++, shift += 7) {
+        unsigned char byte = buf[at];
+        if (shift == 63 && byte > 1)
+            break;
+        n |= (uint64_t)(byte & 0x7f) << shift;
+        if (byte < 0x80) {
+            result = Py_BuildValue("(Ln)", (long long)(n >> 1) ^ -(long long)(n & 1), at + 1);
+            goto done;
+        }
+    }
+    if (at == len && at < pos + 10)
+        PyErr_Format(PyExc_ValueError, "read_varint: the buffer ends inside the varint at %zd", pos);
+    else
+        PyErr_Format(PyExc_ValueError, "read_varint: the varint at %zd runs past 64 bits", pos);
+done:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 typedef struct {
     int problem;
     Py_ssize_t size;
@@ -987,6 +1039,8 @@ static PyTypeObject LaneType = {
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.log.pycore.check"},
     {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.log.pycore.crc32c"},
+    {"varint", core_varint, METH_O, "varint(value): see kl.log.pycore.varint"},
+    {"read_varint", core_read_varint, METH_VARARGS, "read_varint(buf, pos): see kl.log.pycore.read_varint"},
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.log.pycore.walk"},
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.log.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.log.pycore"},

@@ -17,7 +17,7 @@ from kl.log.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, 
 __all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
 FUNCTIONS = (
     "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_values", "frame_records",
-    "crc32c", "dump_lines", "Lane",
+    "crc32c", "varint", "read_varint", "dump_lines", "Lane",
 )
 """What a core provides, with the same answers from both."""
 
@@ -45,6 +45,8 @@ frame = pycore.frame
 frame_values = pycore.frame_values
 frame_records = pycore.frame_records
 crc32c = pycore.crc32c
+varint = pycore.varint
+read_varint = pycore.read_varint
 dump_lines = pycore.dump_lines
 Lane = pycore.Lane
 

@@ -30,6 +30,7 @@ _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
 _INT64_MAX = (1 << 63) - 1
+_INT64_MIN = -(1 << 63)
 _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 """Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
@@ -341,6 +342,48 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
     for byte in memoryview(data).cast("B"):
         crc = table[(crc ^ byte) & 0xFF] ^ crc >> 8
     return ~crc & 0xFFFFFFFF
+
+
+
+VARINT_MAX_BYTES = 10
+"""The longest varint: 64 bits in groups of 7."""
+
+
+def varint(value: int) -> bytes:
+    """``value`` (a signed 64-bit integer) as Kafka's record batches write it: zigzag
+    (0, -1, 1, -2, ... become 0, 1, 2, 3, ...), then 7 bits a byte, low first, the top bit
+    set on every byte but the last.  Raises ``OverflowError`` outside the int64 range."""
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise OverflowError(f"varint: {value} does not fit 64 bits")
+    n = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos`` of ``buf`` (see ``varint``) and where it ends.  Raises
+    ``ValueError`` when ``pos`` is outside ``buf``, the buffer ends inside the varint, or
+    it runs past 10 bytes or 64 bits (input from the network is hostile)."""
+    view = memoryview(buf).cast("B")
+    if not 0 <= pos <= len(view):
+        raise ValueError(f"read_varint: position {pos} outside a buffer of {len(view)} bytes")
+    n = shift = 0
+    for at in range(pos, min(len(view), pos + VARINT_MAX_BYTES)):
+        byte = view[at]
+        if shift == 63 and byte > 1:
+            break
+        n |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (n >> 1) ^ -(n & 1), at + 1
+        shift += 7
+    else:
+        if len(view) - pos < VARINT_MAX_BYTES:
+            raise ValueError(f"read_varint: the buffer ends inside the varint at {pos}")
+    raise ValueError(f"read_varint: the varint at {pos} runs past 64 bits")
 
 
 class Lane:
