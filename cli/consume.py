@@ -8,16 +8,17 @@ path: values only, joined with the delimiter.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import signal
+import string
 from collections.abc import Callable
 
 import click
 
 import kl
 from kl import timespec
+from kl.log import core
 from kl_cli import complete
 from kl_cli.common import (
     TIME,
@@ -324,8 +325,23 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
         fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=_Timestamp(0), key="", value="")
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
+    parsed = list(string.Formatter().parse(fmt))
+    if all((name, spec) in _CORE_FIELDS or name in ("topic", "partition") for _, name, spec, conversion in parsed
+           if name is not None and conversion is None) and all(conversion is None for *_, conversion in parsed):
 
-    def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
+        def parts(topic: str, partition: int) -> list[bytes | int]:
+            out: list[bytes | int] = []
+            for text, name, spec, _ in parsed:
+                out.append(to_bytes(text))
+                if name in ("topic", "partition"):
+                    out.append(to_bytes(format(topic if name == "topic" else partition, spec or "")))
+                elif name is not None:
+                    out.append(_CORE_FIELDS[name, spec or ""])
+            return [*out, delim]
+
+        return _core_renderer(parts)
+
+    def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:  # specs the core does not write
         out = []
         for m in messages:
             fields = {
@@ -347,37 +363,67 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
     return render
 
 
-def _keyed_renderer(key_delim: bytes, delim: bytes) -> Render:
+_CORE_FIELDS = {
+    ("offset", ""): core.OFFSET,
+    ("next_offset", ""): core.NEXT_OFFSET,
+    ("timestamp", ""): core.TIMESTAMP,
+    ("timestamp", "iso"): core.TIMESTAMP_ISO,
+    ("key", ""): core.KEY,
+    ("value", ""): core.VALUE,
+}
+"""The --format fields the core writes (``core.render``), by name and spec."""
+
+
+def _core_renderer(parts: Callable[[str, int], list[bytes | int]]) -> Render:
+    """A renderer by ``core.render``: ``parts`` gives a batch's texts and fields in order."""
+    programs: dict[tuple[str, int], list[bytes | tuple[int, bytes]]] = {}
+
     def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
-        return delim.join(m.value if m.key is None else m.key + key_delim + m.value for m in messages) + delim
+        program = programs.get((topic, partition))
+        if program is None:
+            program = programs[topic, partition] = _program(parts(topic, partition))
+        return core.render(messages, program)
 
     return render
 
 
-def _json_field(obj: dict[str, object], name: str, data: bytes | None) -> None:
-    if data is None:
-        obj[name] = None
-        return
-    try:
-        obj[name] = data.decode("utf-8")
-    except UnicodeDecodeError:
-        obj[name + "_b64"] = base64.b64encode(data).decode("ascii")
+def _program(parts: list[bytes | int]) -> list[bytes | tuple[int, bytes]]:
+    """``core.render``'s program for texts and fields in order: each field with the text after it."""
+    program: list[bytes | tuple[int, bytes]] = []
+    for part in parts:
+        last = program[-1] if program else None
+        if isinstance(part, int):
+            program.append((part, b""))
+        elif isinstance(last, tuple):
+            program[-1] = (last[0], last[1] + part)
+        elif isinstance(last, bytes):
+            program[-1] = last + part
+        elif part:
+            program.append(part)
+    return program
 
 
-def _render_json(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
-    lines = []
-    for m in messages:
-        obj: dict[str, object] = {
-            "topic": topic,
-            "partition": partition,
-            "offset": m.offset,
-            "next_offset": m.next_offset,
-            "timestamp": m.timestamp,
-        }
-        _json_field(obj, "key", m.key)
-        _json_field(obj, "value", m.value)
-        lines.append(json.dumps(obj, ensure_ascii=False) + "\n")
-    return "".join(lines).encode("utf-8")
+def _keyed_renderer(key_delim: bytes, delim: bytes) -> Render:
+    return _core_renderer(lambda topic, partition: [core.KEYED, key_delim, core.VALUE, delim])
+
+
+_render_json = _core_renderer(
+    lambda topic, partition: [
+        f'{{"topic": {json.dumps(topic, ensure_ascii=False)}, "partition": {partition}, "offset": '.encode(),
+        core.OFFSET,
+        b', "next_offset": ',
+        core.NEXT_OFFSET,
+        b', "timestamp": ',
+        core.TIMESTAMP_JSON,
+        b", ",
+        core.KEY_JSON,
+        b", ",
+        core.VALUE_JSON,
+        b"}\n",
+    ]
+)
+"""--json: one object a line, as json.dumps writes it (UTF-8 keys and values as strings,
+others as key_b64/value_b64)."""
 
 
 def _parse_from_offset(text: str | None) -> tuple[str, int]:

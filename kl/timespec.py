@@ -28,6 +28,7 @@ import re
 import time
 
 from kl.errors import InvalidTime
+from kl.log.message import format_iso
 
 __all__ = ["DURATION_FORMS", "TIME_FORMS", "format_iso", "parse_duration", "parse_time"]
 
@@ -91,15 +92,6 @@ def parse_duration(text: str) -> int:
     if ms is None:
         raise InvalidTime(f"{text!r} is not {DURATION_FORMS}")
     return ms
-
-
-def format_iso(ms: int) -> str:
-    """A time as ISO 8601 in UTC with milliseconds: ``2026-01-31T14:30:05.250Z`` (outside
-    the years 1 to 9999, which ISO 8601 cannot write, the milliseconds as digits)."""
-    try:
-        return (_EPOCH + ms * _MS).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    except OverflowError:
-        return str(ms)
 
 
 def _units(value: str, *, bare_ms: bool = True) -> int | None:

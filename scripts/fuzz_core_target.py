@@ -19,6 +19,7 @@ else:
         from kl.log import pycore
 
 from kl.log import _core  # noqa: E402 - after the instrumented import of its twin
+from kl.log.message import Message  # noqa: E402
 
 LIMITS = (1 << 20, 4096, 64, 27, 22, 5, 0, -7)
 """max_message_bytes: the usual size, ones that cut messages short, none that fits."""
@@ -34,8 +35,16 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 12, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 11:  # read_varint at a position maybe outside; varint of the signed 64 bits of the first 8 bytes
+    which, limit, where, rest = data[0] % 13, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 12:  # render: messages of the pieces between 0xff bytes (0xfe: no key), a program of the first byte's fields
+        pieces = rest.split(b"\xff")
+        stamps = (None, -1, (1 << 63) - 1, -(1 << 63), 253402300799999, -62135596800000, where * 1_000_003)
+        messages = [
+            Message(i, -i, stamps[(where + i) % len(stamps)], None if piece[:1] == b"\xfe" else piece[:3], piece)
+            for i, piece in enumerate(pieces)
+        ]
+        name, args = "render", (messages, [(field, bytes([field])) for field in range(data[2] % 11)] + [b"\n"])
+    elif which == 11:  # read_varint at a position maybe outside; varint of the signed 64 bits of the first 8 bytes
         compare("varint", struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0])
         name, args = "read_varint", (rest, data[2] - 2)
     elif which == 10:  # frame_values: values split at 0xff, those starting 0xfe not bytes, a position maybe outside

@@ -6,6 +6,7 @@ file descriptors or signals run ``python -m kl_cli`` as a subprocess.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -25,7 +26,7 @@ from click.testing import CliRunner, Result
 
 import kl
 from kl.log import core
-from kl.timespec import TIME_FORMS, parse_time
+from kl.timespec import TIME_FORMS, format_iso, parse_time
 from kl_cli.main import COMMANDS, cli
 
 from conftest import partition_locked_elsewhere
@@ -225,6 +226,51 @@ def test_json_output_is_exact(kl_root):
         '"key": null, "value_b64": "/w=="}\n'
     )
 
+
+
+TRICKY = [bytes([b]) for b in range(256)] + [
+    b"", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\xe2\x82", "\u2028 \U0001f600 \"q\" \\ \x7f".encode(), b"\x00\x1f\t"
+]
+"""Every single byte, a surrogate, a code point past U+10FFFF, an overlong, a cut sequence,
+and text JSON escapes: what --json must tell apart as json.dumps does."""
+
+
+def test_consume_renders_json_format_and_keys_as_pythons_json_and_format_do(kl_root, each_core):
+    """--json, --format and -K through the core give what json.dumps and str.format give."""
+    r = kl.Root(kl_root)
+    producer = kl.Producer(r)
+    stamps = [-62135596800000, -1, 0, 1700000000123, 253402300799999]  # the range kl stores
+    for i, value in enumerate(TRICKY):
+        producer.send("t", value, key=None if i % 3 == 0 else TRICKY[-i], partition=0, timestamp=stamps[i % len(stamps)])
+    got = list(kl.Consumer(r).fetch("t", 0, 0, 1 << 20))
+
+    def member(name, data):
+        if data is None:
+            return {name: None}
+        try:
+            return {name: data.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {name + "_b64": base64.b64encode(data).decode()}
+
+    expected = "".join(
+        json.dumps(
+            {"topic": "t", "partition": 0, "offset": m.offset, "next_offset": m.next_offset, "timestamp": m.timestamp}
+            | member("key", m.key) | member("value", m.value),
+            ensure_ascii=False,
+        ) + "\n"
+        for m in got
+    )
+    assert len(got) == len(TRICKY) and ok(kl_root, "consume", "t", "--json") == expected.encode()
+    shown = ok(kl_root, "consume", "t", "--format", "{topic}/{partition:>3}@{offset}+{next_offset} {timestamp:iso} {key}|{value}")
+    assert shown == b"".join(
+        b"t/  0@%d+%d %b %b|%b\n" % (m.offset, m.next_offset, format_iso(m.timestamp).encode(), m.key or b"", m.value)
+        for m in got
+    )
+    padded = ok(kl_root, "consume", "t", "--format", "{offset:>8} {timestamp}", "-d", ";")  # a spec only Python writes
+    assert padded == b"".join(b"%8d %d;" % (m.offset, m.timestamp) for m in got)
+    assert ok(kl_root, "consume", "t", "-K", "=") == b"".join(
+        (m.value if m.key is None else m.key + b"=" + m.value) + b"\n" for m in got
+    )
 
 @pytest.mark.parametrize("codec", ["zstd", "gzip"])
 def test_compressed_round_trip(kl_root, codec):

@@ -5,6 +5,7 @@ each core through the ``each_core`` fixture."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -128,6 +129,68 @@ def test_both_cores_give_the_positions_of_a_long_run_alike():
     data[starts[3000] + 25] ^= 1
     assert compiled.plain_positions(data, 0, 1 << 20) == pycore.plain_positions(data, 0, 1 << 20)
     assert compiled.plain_positions(data, 0, 1 << 20)[1] == starts[3000]
+
+
+ISO_ENDS = [-62135596800001, -62135596800000, 253402300799999, 253402300800000]
+"""Around the first and last milliseconds ISO 8601 can write (years 1 and 9999)."""
+BYTES = st.one_of(
+    st.binary(max_size=30), st.text(max_size=12).map(lambda text: text.encode("utf-8", "surrogatepass"))
+)  # text as UTF-8, and with surrogates: what strict UTF-8 refuses
+RENDERED = st.lists(
+    st.builds(
+        m.Message,
+        st.integers(-(1 << 63), (1 << 63) - 1),
+        st.integers(-(1 << 63), (1 << 63) - 1),
+        st.one_of(st.none(), TIMESTAMPS, st.integers(ISO_ENDS[0], ISO_ENDS[-1]), st.sampled_from(ISO_ENDS)),
+        st.one_of(st.none(), BYTES),
+        st.one_of(st.none(), BYTES),
+    ),
+    max_size=6,
+)
+PROGRAMS = st.lists(st.one_of(st.binary(max_size=4), st.tuples(st.integers(0, 9), st.binary(max_size=4))), max_size=8)
+
+
+@needs_compiled
+@given(RENDERED, PROGRAMS)
+def test_both_cores_render_messages_alike(messages, program):
+    assert compiled.render(messages, program) == pycore.render(messages, program)
+
+
+def test_render_writes_what_the_consumers_output_shows():
+    """The fields as ``kl consume`` writes them: -K, --format and --json (as json.dumps)."""
+    messages = [m.Message(0, 23, 1700000000000, None, b"v"), m.Message(23, 51, -1, b"k\xff", b'a"\\\n\x01\xc3\xa9\x7f')]
+    for module in cores():
+        assert module.render(messages, [(pycore.KEYED, b":"), (pycore.VALUE, b"\n")]) == b"v\nk\xff:" + messages[1].value + b"\n"
+        line = [(pycore.OFFSET, b" "), (pycore.NEXT_OFFSET, b" "), (pycore.TIMESTAMP, b" "), (pycore.TIMESTAMP_ISO, b"|")]
+        assert module.render(messages, line) == b"0 23 1700000000000 2023-11-14T22:13:20.000Z|23 51 -1 1969-12-31T23:59:59.999Z|"
+        json_line = [b'{"timestamp": ', (pycore.TIMESTAMP_JSON, b", "), (pycore.KEY_JSON, b", "), (pycore.VALUE_JSON, b"}\n")]
+        rows = [json.loads(row) for row in module.render(messages, json_line).splitlines()]
+        assert rows == [
+            {"timestamp": 1700000000000, "key": None, "value": "v"},
+            {"timestamp": -1, "key_b64": "a/8=", "value": 'a"\\\n\x01\xe9\x7f'},
+        ]
+        assert module.render([m.Message(0, 1, t, None, b"") for t in ISO_ENDS], [(pycore.TIMESTAMP_ISO, b" ")]) == (
+            b"-62135596800001 0001-01-01T00:00:00.000Z 9999-12-31T23:59:59.999Z 253402300800000 "
+        )
+
+
+@pytest.mark.parametrize(
+    "program", [[b"a", "text"], [(10, b"")], [(-1, b"")], [(2**70, b"")], [(True, b"")], [(0, "text")], [(0,)], 7]
+)
+def test_a_program_that_is_not_one_is_refused_alike(program):
+    same("render", [m.Message(0, 1, 2, None, b"v")], program)
+    with pytest.raises((TypeError, ValueError)):
+        pycore.render([m.Message(0, 1, 2, None, b"v")], program)
+
+
+@needs_compiled
+@pytest.mark.parametrize(
+    "message",
+    [(0, 1, 2, None), (0, 1, 2, None, "v"), (0, 1, 2, 3, b"v"), (0.5, 1, 2, None, b"v"), (2**64, 1, 2, None, b"v"), b"abc", None],
+)
+def test_the_compiled_render_refuses_what_is_not_a_message(message):
+    with pytest.raises((TypeError, OverflowError), match="^render: "):
+        compiled.render([m.Message(0, 1, 2, None, b"v"), message], [(pycore.VALUE, b"\n")])
 
 
 VARINTS = [  # Kafka's ByteUtilsTest: zigzag, then 7 bits a byte, low first

@@ -570,6 +570,283 @@ done:
     return result;
 }
 
+/* A growing output buffer for render(). */
+typedef struct {
+    char *p;
+    Py_ssize_t used, cap;
+} Out;
+
+static int reserve(Out *out, Py_ssize_t n) {
+    if (out->cap - out->used >= n)
+        return 1;
+    if (n > PY_SSIZE_T_MAX / 4 - out->used) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    Py_ssize_t cap = out->cap ? out->cap : 1 << 16;
+    while (cap - out->used < n)
+        cap *= 2;
+    char *grown = PyMem_Realloc(out->p, cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    out->p = grown;
+    out->cap = cap;
+    return 1;
+}
+
+static int put(Out *out, const char *s, Py_ssize_t n) {
+    if (!reserve(out, n))
+        return 0;
+    memcpy(out->p + out->used, s, n);
+    out->used += n;
+    return 1;
+}
+
+static int put_decimal(Out *out, long long v) {
+    if (!reserve(out, 20))
+        return 0;
+    out->used = decimal(out->p + out->used, v) - out->p;
+    return 1;
+}
+
+#define ISO_MIN_MS (-62135596800000LL) /* 0001-01-01T00:00:00.000Z */
+#define ISO_MAX_MS 253402300799999LL   /* 9999-12-31T23:59:59.999Z */
+
+/* See message.format_iso: ISO 8601 in UTC with milliseconds; outside years 1..9999 the digits. */
+static int put_iso(Out *out, long long ms) {
+    if (ms < ISO_MIN_MS || ms > ISO_MAX_MS)
+        return put_decimal(out, ms);
+    long long days = ms >= 0 ? ms / 86400000 : -((-ms + 86399999) / 86400000);
+    long long rest = ms - days * 86400000;
+    long long z = days + 719468; /* H. Hinnant's civil_from_days */
+    long long era = (z >= 0 ? z : z - 146096) / 146097;
+    long long doe = z - era * 146097;
+    long long yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    long long doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    long long mp = (5 * doy + 2) / 153;
+    int day = (int)(doy - (153 * mp + 2) / 5 + 1), month = (int)(mp < 10 ? mp + 3 : mp - 9);
+    int year = (int)(yoe + era * 400 + (month <= 2));
+    char text[32];
+    int n = snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", year, month, day, (int)(rest / 3600000),
+                     (int)(rest / 60000 % 60), (int)(rest / 1000 % 60), (int)(rest % 1000));
+    return put(out, text, n);
+}
+
+/* Whether p[0:n] is UTF-8 as Python's strict decoder takes it (no surrogates, overlongs
+   or code points past U+10FFFF). */
+static int utf8_valid(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        unsigned char low = 0x80, high = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf)
+            more = 1;
+        else if (c >= 0xe0 && c <= 0xef) {
+            more = 2;
+            if (c == 0xe0)
+                low = 0xa0;
+            else if (c == 0xed)
+                high = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3;
+            if (c == 0xf0)
+                low = 0x90;
+            else if (c == 0xf4)
+                high = 0x8f;
+        } else
+            return 0;
+        if (n - i <= more || p[i + 1] < low || p[i + 1] > high)
+            return 0;
+        for (int k = 2; k <= more; k++)
+            if ((p[i + k] & 0xc0) != 0x80)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+static const char base64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* See _json_member in kl/log/pycore.py: "name": "text" (JSON-escaped as json.dumps with
+   ensure_ascii=False), "name_b64": "..." for bytes that are not UTF-8, or "name": null. */
+static int put_json_member(Out *out, const char *name, PyObject *data) {
+    Py_ssize_t name_len = (Py_ssize_t)strlen(name);
+    if (!reserve(out, name_len + 12) || !put(out, "\"", 1) || !put(out, name, name_len))
+        return 0;
+    if (data == Py_None)
+        return put(out, "\": null", 7);
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (!utf8_valid(p, n)) {
+        if (!put(out, "_b64\": \"", 8) || !reserve(out, (n + 2) / 3 * 4 + 1))
+            return 0;
+        char *q = out->p + out->used;
+        Py_ssize_t i = 0;
+        for (; i + 2 < n; i += 3, q += 4) {
+            uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+            q[0] = base64_digits[v >> 18], q[1] = base64_digits[v >> 12 & 63], q[2] = base64_digits[v >> 6 & 63],
+            q[3] = base64_digits[v & 63];
+        }
+        if (i < n) {
+            uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
+            q[0] = base64_digits[v >> 18], q[1] = base64_digits[v >> 12 & 63];
+            q[2] = i + 1 < n ? base64_digits[v >> 6 & 63] : '=', q[3] = '=';
+            q += 4;
+        }
+        *q++ = '"';
+        out->used = q - out->p;
+        return 1;
+    }
+    if (!put(out, "\": \"", 4) || !reserve(out, 6 * n + 1)) /* at most \u00XX for each byte */
+        return 0;
+    char *q = out->p + out->used;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *q++ = (char)c;
+            continue;
+        }
+        *q++ = '\\';
+        switch (c) {
+        case '"': *q++ = '"'; break;
+        case '\\': *q++ = '\\'; break;
+        case '\n': *q++ = 'n'; break;
+        case '\r': *q++ = 'r'; break;
+        case '\t': *q++ = 't'; break;
+        case '\b': *q++ = 'b'; break;
+        case '\f': *q++ = 'f'; break;
+        default:
+            *q++ = 'u', *q++ = '0', *q++ = '0', *q++ = "0123456789abcdef"[c >> 4], *q++ = "0123456789abcdef"[c & 15];
+        }
+    }
+    *q++ = '"';
+    out->used = q - out->p;
+    return 1;
+}
+
+/* The fields, in the order of kl/log/pycore.py's OFFSET ... VALUE_JSON. */
+enum { F_OFFSET, F_NEXT_OFFSET, F_TIMESTAMP, F_TIMESTAMP_ISO, F_TIMESTAMP_JSON, F_KEY, F_VALUE, F_KEYED, F_KEY_JSON, F_VALUE_JSON,
+       F_COUNT, F_TEXT = -1 };
+
+typedef struct {
+    int field;
+    const char *text;
+    Py_ssize_t len;
+} Step;
+
+/* A message's field as rendered, into out (stamp only when has_stamp). */
+static int put_field(Out *out, int field, long long offset, long long next, int has_stamp, long long stamp, PyObject *key,
+                     PyObject *value) {
+    switch (field) {
+    case F_OFFSET: return put_decimal(out, offset);
+    case F_NEXT_OFFSET: return put_decimal(out, next);
+    case F_TIMESTAMP: return !has_stamp || put_decimal(out, stamp);
+    case F_TIMESTAMP_ISO: return !has_stamp || put_iso(out, stamp);
+    case F_TIMESTAMP_JSON: return has_stamp ? put_decimal(out, stamp) : put(out, "null", 4);
+    case F_KEY:
+    case F_KEYED: return key == Py_None || put(out, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+    case F_VALUE: return value == Py_None || put(out, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+    case F_KEY_JSON: return put_json_member(out, "key", key);
+    default: return put_json_member(out, "value", value);
+    }
+}
+
+/* A number of a message: an int of 64 bits (1), else an error set (0). */
+static int int64_of(PyObject *o, long long *v) {
+    if (!PyLong_CheckExact(o)) {
+        PyErr_Format(PyExc_TypeError, "render: a message holds %.100s, not an int", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    int overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "render: a message has a number outside 64 bits");
+        return 0;
+    }
+    return 1;
+}
+
+/* See render() in kl/log/pycore.py. */
+static PyObject *core_render(PyObject *self, PyObject *args) {
+    PyObject *messages_arg, *program_arg;
+    if (!PyArg_ParseTuple(args, "OO:render", &messages_arg, &program_arg))
+        return NULL;
+    PyObject *program = PySequence_Fast(program_arg, "render: the program is not a sequence");
+    if (program == NULL)
+        return NULL;
+    PyObject *messages = NULL, *result = NULL;
+    Out out = {NULL, 0, 0};
+    Py_ssize_t steps_count = PySequence_Fast_GET_SIZE(program);
+    Step *steps = PyMem_Calloc(steps_count ? steps_count : 1, sizeof(Step));
+    if (steps == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < steps_count; i++) { /* the program holds its items: their bytes live until done */
+        PyObject *item = PySequence_Fast_GET_ITEM(program, i), *text = item;
+        steps[i].field = F_TEXT;
+        int is_field = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(item, 0));
+        if (is_field)
+            text = PyTuple_GET_ITEM(item, 1);
+        if (!PyBytes_Check(text)) {
+            PyErr_Format(PyExc_TypeError, "render: an item is bytes or (field, bytes), not %.100R", item);
+            goto done;
+        }
+        if (is_field) {
+            int overflow = 0;
+            long field = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(item, 0), &overflow);
+            if (overflow || field < 0 || field >= F_COUNT) {
+                PyErr_Format(PyExc_ValueError, "render: no field %S", PyTuple_GET_ITEM(item, 0));
+                goto done;
+            }
+            steps[i].field = (int)field;
+        }
+        steps[i].text = PyBytes_AS_STRING(text);
+        steps[i].len = PyBytes_GET_SIZE(text);
+    }
+    messages = PySequence_Fast(messages_arg, "render: the messages are not a sequence");
+    if (messages == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(messages); i++) {
+        PyObject *msg = PySequence_Fast_GET_ITEM(messages, i);
+        long long offset, next, stamp = 0;
+        if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 5) {
+            PyErr_Format(PyExc_TypeError, "render: %.100R is not a message", msg);
+            goto done;
+        }
+        PyObject *ts = PyTuple_GET_ITEM(msg, 2), *key = PyTuple_GET_ITEM(msg, 3), *value = PyTuple_GET_ITEM(msg, 4);
+        if (!int64_of(PyTuple_GET_ITEM(msg, 0), &offset) || !int64_of(PyTuple_GET_ITEM(msg, 1), &next) ||
+            (ts != Py_None && !int64_of(ts, &stamp)))
+            goto done;
+        if ((key != Py_None && !PyBytes_CheckExact(key)) || (value != Py_None && !PyBytes_CheckExact(value))) {
+            PyErr_Format(PyExc_TypeError, "render: %.100R is not a message of bytes", msg);
+            goto done;
+        }
+        for (Py_ssize_t s = 0; s < steps_count; s++) {
+            int field = steps[s].field;
+            if (field == F_KEYED && key == Py_None)
+                continue;
+            if ((field != F_TEXT && !put_field(&out, field, offset, next, ts != Py_None, stamp, key, value)) ||
+                !put(&out, steps[s].text, steps[s].len))
+                goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(out.p ? out.p : "", out.used);
+done:
+    PyMem_Free(out.p);
+    PyMem_Free(steps);
+    Py_XDECREF(messages);
+    Py_DECREF(program);
+    return result;
+}
+
 static PyObject *message_type; /* kl.log.message.Message */
 
 static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
@@ -1040,6 +1317,7 @@ static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.log.pycore.check"},
     {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.log.pycore.crc32c"},
     {"varint", core_varint, METH_O, "varint(value): see kl.log.pycore.varint"},
+    {"render", core_render, METH_VARARGS, "render(messages, program): see kl.log.pycore.render"},
     {"read_varint", core_read_varint, METH_VARARGS, "read_varint(buf, pos): see kl.log.pycore.read_varint"},
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.log.pycore.walk"},
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.log.pycore.recent"},

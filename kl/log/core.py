@@ -12,12 +12,33 @@ import os
 from types import ModuleType
 
 from kl.log import pycore
-from kl.log.pycore import BAD_KEY_LENGTH, BAD_LENGTH, CHECKSUM, INCOMPLETE, OK, UNKNOWN_MAGIC
+from kl.log.pycore import (
+    BAD_KEY_LENGTH,
+    BAD_LENGTH,
+    CHECKSUM,
+    INCOMPLETE,
+    KEY,
+    KEY_JSON,
+    KEYED,
+    NEXT_OFFSET,
+    OFFSET,
+    OK,
+    TIMESTAMP,
+    TIMESTAMP_ISO,
+    TIMESTAMP_JSON,
+    UNKNOWN_MAGIC,
+    VALUE,
+    VALUE_JSON,
+)
 
-__all__ = ["BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC", "describe", "use"]
+__all__ = [
+    "BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC",
+    "KEY", "KEY_JSON", "KEYED", "NEXT_OFFSET", "OFFSET", "TIMESTAMP", "TIMESTAMP_ISO", "TIMESTAMP_JSON", "VALUE", "VALUE_JSON",
+    "describe", "use",
+]
 FUNCTIONS = (
     "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_values", "frame_records",
-    "crc32c", "varint", "read_varint", "dump_lines", "Lane",
+    "crc32c", "varint", "read_varint", "dump_lines", "render", "Lane",
 )
 """What a core provides, with the same answers from both."""
 
@@ -48,6 +69,7 @@ crc32c = pycore.crc32c
 varint = pycore.varint
 read_varint = pycore.read_varint
 dump_lines = pycore.dump_lines
+render = pycore.render
 Lane = pycore.Lane
 
 

@@ -14,6 +14,7 @@ format ``0.7`` (Kafka 0.7's, for its clients).
 
 from __future__ import annotations
 
+import datetime
 import struct
 import zlib
 from typing import NamedTuple
@@ -160,3 +161,15 @@ def decompress(codec: int, data: bytes | memoryview, max_size: int) -> bytes:
     if len(out) > max_size:
         raise ValueError(f"decompresses to more than {max_size} bytes")
     return out
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def format_iso(ms: int) -> str:
+    """A time as ISO 8601 in UTC with milliseconds: ``2026-01-31T14:30:05.250Z`` (outside
+    the years 1 to 9999, which ISO 8601 cannot write, the milliseconds as digits)."""
+    try:
+        return (_EPOCH + datetime.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except OverflowError:
+        return str(ms)

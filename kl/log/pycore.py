@@ -8,8 +8,10 @@ length hold (see ``man/kl-format.5``).
 
 from __future__ import annotations
 
+import base64
 import bisect
 import itertools
+import json
 import mmap
 import struct
 import zlib
@@ -343,6 +345,66 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
         crc = table[(crc ^ byte) & 0xFF] ^ crc >> 8
     return ~crc & 0xFFFFFFFF
 
+
+
+
+OFFSET, NEXT_OFFSET, TIMESTAMP, TIMESTAMP_ISO, TIMESTAMP_JSON, KEY, VALUE, KEYED, KEY_JSON, VALUE_JSON = range(10)
+"""The fields ``render`` writes: offsets and timestamps in decimal (a missing timestamp
+empty, or ``null`` in JSON), the timestamp in ISO 8601 (``message.format_iso``), the key
+and value as they are (missing: empty), the key only when there is one (KEYED: nothing,
+not even its suffix, without), and ``"key": ...`` / ``"value": ...`` as JSON members: a
+string when the bytes are UTF-8, else ``"key_b64": "..."``, or null."""
+
+
+def _json_member(name: bytes, data: bytes | None) -> bytes:
+    if data is None:
+        return b'"%b": null' % name
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return b'"%b_b64": "%b"' % (name, base64.b64encode(data))
+    return b'"%b": %b' % (name, json.dumps(text, ensure_ascii=False).encode("utf-8"))
+
+
+_RENDERED: tuple[Callable[[m.Message], bytes], ...] = (
+    lambda msg: b"%d" % msg.offset,
+    lambda msg: b"%d" % msg.next_offset,
+    lambda msg: b"" if msg.timestamp is None else b"%d" % msg.timestamp,
+    lambda msg: b"" if msg.timestamp is None else m.format_iso(msg.timestamp).encode(),
+    lambda msg: b"null" if msg.timestamp is None else b"%d" % msg.timestamp,
+    lambda msg: msg.key or b"",
+    lambda msg: msg.value or b"",
+    lambda msg: msg.key or b"",  # KEYED: render leaves the field out without a key
+    lambda msg: _json_member(b"key", msg.key),
+    lambda msg: _json_member(b"value", msg.value),
+)
+
+
+def render(messages: Sequence[m.Message], program: Sequence[bytes | tuple[int, bytes]]) -> bytes:
+    """Each message written out by ``program``: its items in turn, each a text (bytes) or a
+    field (one of ``OFFSET`` ... ``VALUE_JSON``) with the text that follows it.  Raises
+    ``ValueError`` for a field that is not one and ``TypeError`` for an item of another
+    kind (the compiled core also for a message that is not a ``Message`` of ints and bytes)."""
+    steps: list[tuple[Callable[[m.Message], bytes] | None, bytes, bool]] = []
+    for item in program:
+        if isinstance(item, bytes):
+            steps.append((None, item, False))
+        elif isinstance(item, tuple) and len(item) == 2 and type(item[0]) is int and isinstance(item[1], bytes):
+            if not 0 <= item[0] < len(_RENDERED):
+                raise ValueError(f"render: no field {item[0]}")
+            steps.append((_RENDERED[item[0]], item[1], item[0] == KEYED))
+        else:
+            raise TypeError(f"render: an item is bytes or (field, bytes), not {item!r:.100}")
+    out: list[bytes] = []
+    append = out.append
+    for msg in messages:
+        for field, text, keyed in steps:
+            if field is None:
+                append(text)
+            elif not (keyed and msg.key is None):
+                append(field(msg))
+                append(text)
+    return b"".join(out)
 
 
 VARINT_MAX_BYTES = 10
