@@ -56,6 +56,21 @@ def test_encode_without_key_stores_key_length_minus_one():
     assert len(data) == m.HEADER_SIZE + 1
 
 
+@given(value=values, timestamp=timestamps, attrs=st.integers(0, 255))
+def test_encode_of_a_keyless_bytes_value_is_the_general_framing(value, timestamp, attrs):
+    # bytes without a key take send()'s short way; a bytearray goes the general one
+    assert m.encode(value, None, timestamp, attrs) == m.encode(bytearray(value), None, timestamp, attrs)
+    data = m.encode(value, None, timestamp, attrs)
+    assert m.HEADER.unpack_from(data)[:3] + m.HEADER.unpack_from(data)[4:] == (len(value) + 18, 2, attrs, timestamp, -1)
+    assert m.HEADER.unpack_from(data)[3] == m.crc_of(2, attrs, data[m.TIMESTAMP_OFFSET :])
+
+
+def test_encode_counts_a_wide_buffer_value_in_bytes():
+    value = memoryview(bytes(range(8))).cast("i")  # 2 items, 8 bytes
+    assert m.encode(value) == m.encode(bytes(value))
+    assert len(m.encode(value)) == m.HEADER_SIZE + 8
+
+
 def test_encode_matches_a_worked_example():
     assert m.encode(b"v", b"k", 1).hex() == "000000140200f3c169d00000000000000001000000016b76"
 
