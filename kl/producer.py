@@ -255,15 +255,22 @@ class Producer:
             partition = self._partition(topic, key)
         log = self.root.log(topic, partition)
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
-        if log.config.legacy:
-            _raise(self._mismatch(topic, log.config, key is not None, timestamp is not None))
+        config = log.config
+        if config.legacy:
+            _raise(self._mismatch(topic, config, key is not None, timestamp is not None))
             data = m.encode_v1(value)
         else:
             data = m.encode(value, key, ts)
-        if len(data) > log.config.max_message_bytes:
-            self._check_size(topic, len(data))
-        offset, size, _ = self._put(log, data, 1, ts, log.config.max_message_bytes)
-        return Appended(topic, partition, offset, offset + size, 1)
+        size = len(data)
+        if size > config.max_message_bytes:
+            self._check_size(topic, size)
+        if self.codec:
+            offset, size, _ = self._put(log, data, 1, ts, config.max_message_bytes)
+        else:  # _put without compression, one call less
+            offset = log.append(data, 1, fsync=self.fsync)
+            if log not in self._written:
+                self._note(log)
+        return tuple.__new__(Appended, (topic, partition, offset, offset + size, 1))  # Appended(...) without its frame
 
     def send_batch(
         self,

@@ -52,13 +52,13 @@ def config_generation(path: str, *, fresh: bool = False) -> int:
     with _watched_lock:
         entry = _watched.get(path)
         kept = -1 if entry is None else entry[0]
-        if kept >= 0 and not fresh:
+        if entry is not None and kept >= 0 and not fresh:
             try:
                 st = os.fstat(kept)
             except OSError:
                 pass
-            else:
-                if st.st_nlink and entry is not None and _signature(st) == entry[1]:
+            else:  # _signature(st), inline: this is every append's check
+                if st.st_nlink and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry[1]:
                     return entry[2]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

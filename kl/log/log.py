@@ -575,12 +575,12 @@ class Log:
             state = self.writable_state()
             active = self._active
             assert active is not None
-            base = state.active_base_offset
-            size = state.log_end_offset - base
+            log_start, base, start, flushed, _, unflushed, flushed_at, _, _ = state
+            size = start - base
             fsync = fsync or bool(self._nfs)
-            if size and (size + len(data) > self.config.segment_bytes or self.foreign(active)):
+            cfg = self.config
+            if size and (size + len(data) > cfg.segment_bytes or not active.path.endswith(self.suffix)):  # foreign(), inline
                 return self._append_rolled(state, data, count, fsync)
-            start = state.log_end_offset
             try:
                 active.append(data, size)
             except StorageError as e:
@@ -589,27 +589,27 @@ class Log:
             now = time.time_ns() // 1_000_000
             if fsync:
                 self.fsync(active)
-                self.publish(PartitionState(state.log_start_offset, base, end, end, start, 0, now, BOOT_ID), durable=True)
+                self.publish(PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID), durable=True)
                 return start
-            unflushed = state.unflushed_messages + count
-            cfg = self.config
+            unflushed += count
+            # the new states are built as tuples (as PartitionState(...) would, without its Python frame)
             if (cfg.flush_messages and unflushed >= cfg.flush_messages) or (
-                cfg.flush_ms and now - state.flushed_at_ms >= cfg.flush_ms
+                cfg.flush_ms and now - flushed_at >= cfg.flush_ms
             ):  # due: the flusher thread fsyncs (one fsync for every append before it)
                 self.publish(
-                    PartitionState(state.log_start_offset, base, end, state.flushed_offset, start, 0, now, BOOT_ID),
+                    tuple.__new__(PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN)),
                     durable=False,
                 )
                 flusher.flush_soon(self)
             else:
                 self.publish(
-                    PartitionState(
-                        state.log_start_offset, base, end, state.flushed_offset, start, unflushed, state.flushed_at_ms, BOOT_ID
+                    tuple.__new__(
+                        PartitionState, (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN)
                     ),
                     durable=False,
                 )
                 if cfg.flush_ms and not self.flush_scheduled:
-                    flusher.schedule(self, (state.flushed_at_ms + cfg.flush_ms - now) / 1000)
+                    flusher.schedule(self, (flushed_at + cfg.flush_ms - now) / 1000)
             return start
         finally:
             if self._nfs:
@@ -696,6 +696,13 @@ class Log:
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
+        state_file = self._state_file
+        raw = None
+        if state_file is not None and self._nfs is False:  # open on a local disk: checked before
+            raw = state_file.read()
+            if raw == self._published_raw and time.monotonic() < self._recheck_at:
+                assert self._published is not None
+                return self._published  # nobody appended since we did: the tail is ours
         if not self._locking_checked:
             problem = nfs_locking_problem(self.directory)
             if problem:
@@ -710,10 +717,9 @@ class Log:
             if nfs:
                 raw, mark = state_file.read_marked()
             else:
-                raw, mark = state_file.read(), None
-                if raw == self._published_raw and time.monotonic() < self._recheck_at:
-                    assert self._published is not None
-                    return self._published  # nobody appended since we did: the tail is ours
+                mark = None
+                if raw is None:
+                    raw = state_file.read()
             state = PartitionState.decode(raw, self.state_path)  # TopicNotFound for kl topics delete's mark
             if self._active is None or state.active_base_offset != self._active.base_offset:
                 if self._active is not None:
@@ -837,7 +843,8 @@ class Log:
         checks that detect one.  True when this log's config changed.  Safe across
         threads (the config is replaced whole)."""
         path = self._config_path
-        generation = config_generation(path, fresh=not keep or self.on_nfs())
+        nfs = self._nfs  # on_nfs(), without a call once it is known
+        generation = config_generation(path, fresh=not keep or (self.on_nfs() if nfs is None else nfs))
         if not generation or generation == self._config_generation:
             return False
         try:
