@@ -49,16 +49,28 @@ def config_generation(path: str, *, fresh: bool = False) -> int:
     linked and unchanged a check is one ``fstat``.  ``fresh`` opens the path instead
     (and keeps nothing new open): on NFS, where another host's rename leaves this host's
     attributes stale, that is what revalidates them (close-to-open).  Safe across threads."""
+    entry = _watched.get(path)
+    if entry is not None and entry[0] >= 0 and not fresh:
+        # Every append's check, first without the lock: another thread may close the
+        # descriptor meanwhile (EBADF: the locked check below decides) or even reuse its
+        # number, but a match of device, inode, size and both times is the same file, unchanged.
+        try:
+            st = os.fstat(entry[0])
+        except OSError:
+            pass
+        else:  # _signature(st), inline
+            if st.st_nlink and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry[1]:
+                return entry[2]
     with _watched_lock:
         entry = _watched.get(path)
         kept = -1 if entry is None else entry[0]
-        if entry is not None and kept >= 0 and not fresh:
+        if kept >= 0 and not fresh:
             try:
                 st = os.fstat(kept)
             except OSError:
                 pass
-            else:  # _signature(st), inline: this is every append's check
-                if st.st_nlink and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry[1]:
+            else:
+                if st.st_nlink and entry is not None and _signature(st) == entry[1]:
                     return entry[2]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
