@@ -97,7 +97,8 @@ class PartitionState(NamedTuple):
         return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, time.time_ns() // 1_000_000, BOOT_ID)
 
     def encode(self) -> bytes:
-        record = RECORD.pack(TAG, VERSION, *self)
+        start, base, end, flushed, last, unflushed, flushed_at, boot, token = self  # (faster than *self)
+        record = RECORD.pack(TAG, VERSION, start, base, end, flushed, last, unflushed, flushed_at, boot, token)
         return record + CRC.pack(zlib.crc32(record))
 
     @classmethod
