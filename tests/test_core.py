@@ -299,6 +299,7 @@ def test_both_cores_checksum_every_length_alike():
 def test_both_cores_frame_alike_and_the_frames_read_back(values, ts):
     framed = compiled.frame(values, ts)
     assert framed == pycore.frame(values, ts) == compiled.frame(tuple(bytearray(v) for v in values), ts)
+    assert framed == b"".join(m.encode(v, None, ts) for v in values)  # send() frames one value so
     assert compiled.walk(framed, 0, len(framed), 1 << 20) == (len(framed), len(values))
     assert compiled.plain_values(framed, 0, 1 << 20) == (values, len(framed))
     messages, end = compiled.plain_messages(framed, 0, 100, 1 << 20)
