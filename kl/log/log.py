@@ -699,10 +699,14 @@ class Log:
         state_file = self._state_file
         raw = None
         if state_file is not None and self._nfs is False:  # open on a local disk: checked before
-            raw = state_file.read()
-            if raw == self._published_raw and time.monotonic() < self._recheck_at:
-                assert self._published is not None
-                return self._published  # nobody appended since we did: the tail is ours
+            try:
+                raw = state_file.read()
+            except OSError:
+                pass  # read again below, which closes the files and says what failed
+            else:
+                if raw == self._published_raw and time.monotonic() < self._recheck_at:
+                    assert self._published is not None
+                    return self._published  # nobody appended since we did: the tail is ours
         if not self._locking_checked:
             problem = nfs_locking_problem(self.directory)
             if problem:
