@@ -60,7 +60,7 @@ def one(data: bytes) -> None:
         name = "crc32c"
     elif which == 7:
         args = (rest, where % (len(rest) + 1), limit)
-        name = "plain_positions"
+        name = "plain_columns"
     elif which == 6:  # recent: how many to keep from the third byte (0 and negative refused alike)
         pos = where % (len(rest) + 1)
         args = (rest, pos, len(rest), limit, data[2] % 9 - 1)

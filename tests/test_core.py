@@ -92,7 +92,7 @@ def test_both_cores_check_walk_and_read_any_bytes_alike(data, limit, draw):
         same("check", data, pos, len(data), limit)
         same("walk", data, pos, len(data), limit)
         same("plain_values", data, pos, limit)
-        same("plain_positions", data, pos, limit)
+        same("plain_columns", data, pos, limit)
         base = draw.draw(st.sampled_from([0, 1, 1 << 40, (1 << 63) - 1 - len(data), (1 << 63) - len(data), -1]))
         template = draw.draw(st.tuples(*[st.binary(max_size=40)] * 5))
         same("dump_lines", data, pos, len(data), base, draw.draw(st.integers(0, 1 << 62)), limit, template)
@@ -119,16 +119,17 @@ def test_both_cores_keep_the_same_last_entries_across_runs_of_padding(count):
 
 
 @needs_compiled
-def test_both_cores_give_the_positions_of_a_long_run_alike():
+def test_both_cores_give_the_columns_of_a_long_run_alike():
     """Past the compiled core's first 1024 slots; keyed messages too; a damaged one ends the run."""
-    data = bytearray(b"".join(m.encode(b"v%d" % i, None if i % 3 else b"k") for i in range(5000)))
-    positions, stop = compiled.plain_positions(data, 0, 1 << 20)
-    assert (positions, stop) == pycore.plain_positions(data, 0, 1 << 20) and stop == len(data)
-    starts = array("q", positions)
+    data = bytearray(b"".join(m.encode(b"v%d" % i, None if i % 3 else b"k", 1000 - i) for i in range(5000)))
+    *columns, stop = compiled.plain_columns(data, 0, 1 << 20)
+    assert (*columns, stop) == pycore.plain_columns(data, 0, 1 << 20) and stop == len(data)
+    starts, stamps, key_lengths = (array("q", column) for column in columns)
     assert len(starts) == 5000 and starts[0] == 0 and starts[1] == len(m.encode(b"v0", b"k"))
+    assert list(stamps[:3]) == [1000, 999, 998] and stamps[-1] == -3999 and list(key_lengths[:4]) == [1, -1, -1, 1]
     data[starts[3000] + 25] ^= 1
-    assert compiled.plain_positions(data, 0, 1 << 20) == pycore.plain_positions(data, 0, 1 << 20)
-    assert compiled.plain_positions(data, 0, 1 << 20)[1] == starts[3000]
+    assert compiled.plain_columns(data, 0, 1 << 20) == pycore.plain_columns(data, 0, 1 << 20)
+    assert compiled.plain_columns(data, 0, 1 << 20)[3] == starts[3000]
 
 
 ISO_ENDS = [-62135596800001, -62135596800000, 253402300799999, 253402300800000]
@@ -343,7 +344,7 @@ def test_positions_outside_the_buffer_are_refused_not_read():
     with pytest.raises(ValueError, match="outside a buffer"):
         compiled.plain_values(data, len(data) + 1, 100)
     with pytest.raises(ValueError, match="outside a buffer"):
-        compiled.plain_positions(data, -1, 100)
+        compiled.plain_columns(data, -1, 100)
     with pytest.raises(TypeError, match="value 1 is int"):
         compiled.frame([b"a", 3], 0)
 

@@ -450,11 +450,11 @@ static PyObject *core_plain_values(PyObject *self, PyObject *args) {
     return plain_run(&b, pos, 0, max_message_bytes, 0, make_value);
 }
 
-/* See plain_positions() in kl/log/pycore.py: the positions as native int64s in a bytes. */
-static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
+/* See plain_columns() in kl/log/pycore.py: positions, timestamps and key lengths as native int64s. */
+static PyObject *core_plain_columns(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos, max_message_bytes;
-    if (!PyArg_ParseTuple(args, "y*nn:plain_positions", &b, &pos, &max_message_bytes))
+    if (!PyArg_ParseTuple(args, "y*nn:plain_columns", &b, &pos, &max_message_bytes))
         return NULL;
     if (!bounds(pos, b.len, b.len)) {
         PyBuffer_Release(&b);
@@ -462,29 +462,41 @@ static PyObject *core_plain_positions(PyObject *self, PyObject *args) {
     }
     const unsigned char *buf = b.buf;
     Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size, n = 0, cap = 1024;
-    int64_t *found = PyMem_RawMalloc(cap * sizeof(int64_t));
-    int failed = found == NULL;
+    int64_t *column[3] = {PyMem_RawMalloc(cap * sizeof(int64_t)), PyMem_RawMalloc(cap * sizeof(int64_t)),
+                          PyMem_RawMalloc(cap * sizeof(int64_t))};
+    int failed = column[0] == NULL || column[1] == NULL || column[2] == NULL;
     Py_BEGIN_ALLOW_THREADS
     while (!failed && (size = plain_at(buf, pos, end, max_length, 1))) {
         if (n == cap) {
-            int64_t *grown = PyMem_RawRealloc(found, 2 * cap * sizeof(int64_t));
-            if (grown == NULL) {
-                failed = 1;
-                break;
+            for (int c = 0; c < 3; c++) {
+                int64_t *grown = PyMem_RawRealloc(column[c], 2 * cap * sizeof(int64_t));
+                if (grown == NULL) {
+                    failed = 1;
+                    break;
+                }
+                column[c] = grown;
             }
-            found = grown;
+            if (failed)
+                break;
             cap *= 2;
         }
-        found[n++] = pos;
+        column[0][n] = pos;
+        column[1][n] = be64(buf + pos + FIELDS_AT);
+        column[2][n] = (int32_t)be32(buf + pos + FIELDS_AT + 8);
+        n++;
         pos += size;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
-    PyObject *out = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize((const char *)found, n * (Py_ssize_t)sizeof(int64_t));
-    PyMem_RawFree(found);
-    if (out == NULL)
-        return NULL;
-    return Py_BuildValue("(Nn)", out, pos);
+    PyObject *out = NULL;
+    if (failed)
+        PyErr_NoMemory();
+    else
+        out = Py_BuildValue("(y#y#y#n)", (const char *)column[0], n * (Py_ssize_t)sizeof(int64_t), (const char *)column[1],
+                            n * (Py_ssize_t)sizeof(int64_t), (const char *)column[2], n * (Py_ssize_t)sizeof(int64_t), pos);
+    for (int c = 0; c < 3; c++)
+        PyMem_RawFree(column[c]);
+    return out;
 }
 
 /* Decimal digits of v at p; returns the end. */
@@ -1322,7 +1334,7 @@ static PyMethodDef methods[] = {
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.log.pycore.walk"},
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.log.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.log.pycore"},
-    {"plain_positions", core_plain_positions, METH_VARARGS, "plain_positions(buf, pos, max_message_bytes): see kl.log.pycore"},
+    {"plain_columns", core_plain_columns, METH_VARARGS, "plain_columns(buf, pos, max_message_bytes): see kl.log.pycore"},
     {"dump_lines", core_dump_lines, METH_VARARGS,
      "dump_lines(buf, pos, end, base_offset, base_position, max_message_bytes, template): see kl.log.pycore"},
     {"plain_messages", core_plain_messages, METH_VARARGS, "plain_messages(buf, pos, base, max_message_bytes): see kl.log.pycore"},

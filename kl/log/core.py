@@ -37,7 +37,7 @@ __all__ = [
     "describe", "use",
 ]
 FUNCTIONS = (
-    "check", "walk", "recent", "plain_values", "plain_positions", "plain_messages", "frame", "frame_values", "frame_records",
+    "check", "walk", "recent", "plain_values", "plain_columns", "plain_messages", "frame", "frame_values", "frame_records",
     "crc32c", "varint", "read_varint", "dump_lines", "render", "Lane",
 )
 """What a core provides, with the same answers from both."""
@@ -60,7 +60,7 @@ check = pycore.check
 walk = pycore.walk
 recent = pycore.recent
 plain_values = pycore.plain_values
-plain_positions = pycore.plain_positions
+plain_columns = pycore.plain_columns
 plain_messages = pycore.plain_messages
 frame = pycore.frame
 frame_values = pycore.frame_values

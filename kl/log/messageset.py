@@ -326,11 +326,11 @@ class MessageSet:
         out[-1] = out[-1]._replace(next_offset=next_offset)
         return out
 
-    def plain_run(self, pos: int) -> tuple[bytes, int]:
-        """Buffer positions of the valid uncompressed magic 2 messages from ``pos`` on (native
-        64-bit integers), and where that run stops: the columnar readers' fast path (no
-        object per message)."""
-        return core.plain_positions(self.buffer, pos, self.max_message_bytes)
+    def plain_run(self, pos: int) -> tuple[bytes, bytes, bytes, int]:
+        """The buffer positions, timestamps and key lengths of the valid uncompressed magic
+        2 messages from ``pos`` on (each as native 64-bit integers), and where that run
+        stops: the columnar readers' fast path (no object per message)."""
+        return core.plain_columns(self.buffer, pos, self.max_message_bytes)
 
     def decode_at(self, pos: int) -> tuple[int, list[Message]] | None:
         """Decode the one message at ``pos`` carefully: where the next one starts and

@@ -30,6 +30,8 @@ _PREFIX = m.PREFIX.unpack_from
 _FAST = m.HEADER.unpack_from
 _FAST_VALUE = struct.Struct(">iHI8xi").unpack_from
 """length, magic and attrs (as one number), crc and key_length of a magic 2 message."""
+_FAST_FIELDS = struct.Struct(">iHIqi").unpack_from
+"""The same with the timestamp before the key length."""
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
 _INT64_MAX = (1 << 63) - 1
 _INT64_MIN = -(1 << 63)
@@ -147,19 +149,19 @@ def plain_values(buf: bytes, pos: int, max_message_bytes: int) -> tuple[list[byt
     return out, pos
 
 
-def plain_positions(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[bytes, int]:
-    """The buffer positions of the valid uncompressed magic 2 messages from ``pos`` on,
-    as native 64-bit integers, and where that run stops (the Spark source's columns are
-    gathered from them)."""
-    found = array("q")
-    append = found.append
+def plain_columns(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[bytes, bytes, bytes, int]:
+    """The buffer positions, timestamps and key lengths (-1: no key) of the valid
+    uncompressed magic 2 messages from ``pos`` on, each column as native 64-bit integers,
+    and where that run stops (the Spark source gathers its columns from them)."""
+    positions, timestamps, key_lengths = array("q"), array("q"), array("q")
+    at, stamp, key = positions.append, timestamps.append, key_lengths.append
     end = len(buf)
-    crc32, unpack, seed, header = zlib.crc32, _FAST_VALUE, _SEED, m.HEADER_SIZE
+    crc32, unpack, seed, header = zlib.crc32, _FAST_FIELDS, _SEED, m.HEADER_SIZE
     limit, max_length = end - header, max_message_bytes - m.LENGTH_SIZE
     plain, no_key, length_size, body_at = _PLAIN, m.NO_KEY, m.LENGTH_SIZE, m.TIMESTAMP_OFFSET
     view = memoryview(buf)
     while pos <= limit:
-        length, magic_attrs, crc, klen = unpack(buf, pos)
+        length, magic_attrs, crc, timestamp, klen = unpack(buf, pos)
         nxt = pos + length_size + length
         if (
             magic_attrs != plain
@@ -170,9 +172,11 @@ def plain_positions(buf: Buffer, pos: int, max_message_bytes: int) -> tuple[byte
             break
         if crc32(view[pos + body_at : nxt], seed) != crc:
             break
-        append(pos)
+        at(pos)
+        stamp(timestamp)
+        key(klen)
         pos = nxt
-    return found.tobytes(), pos
+    return positions.tobytes(), timestamps.tobytes(), key_lengths.tobytes(), pos
 
 
 def dump_lines(

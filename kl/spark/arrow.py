@@ -1,9 +1,10 @@
 """A partition's byte range as Arrow record batches, built in bulk (needs pyarrow and numpy).
 
-Runs of uncompressed messages are located by one parse loop that only records where
-each message starts (``MessageSet.plain_run``); numpy then gathers every column from
-the bytes at once.  Compressed batches, padding and Kafka 0.7 messages go through the
-careful decoder, a message at a time.
+Runs of uncompressed messages are located by one parse loop of the core that records
+where each message starts, its timestamp and its key length (``MessageSet.plain_run``);
+numpy and Arrow build every column from those and the bytes at once.  Compressed
+batches, padding and Kafka 0.7 messages go through the careful decoder, a message at a
+time.
 
 Timestamps become Spark's (microseconds, int64).  One outside the range kl stores
 (``message.MIN_TIMESTAMP`` to ``MAX_TIMESTAMP``, the years 1 to 9999; older data or
@@ -129,12 +130,12 @@ def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.Re
     slow: list[Message] = []
     pos, end = 0, len(messages.buffer)
     while pos < end:
-        positions, stop = messages.plain_run(pos)
+        positions, timestamps, key_lengths, stop = messages.plain_run(pos)
         if len(positions):
             if slow:
                 pieces.append(_from_messages(slow, r, bad_timestamps))
                 slow = []
-            pieces.append(_from_plain(messages, positions, stop, r, bad_timestamps))
+            pieces.append(_from_plain(messages, (positions, timestamps, key_lengths), stop, r, bad_timestamps))
         pos = stop
         if pos >= end:
             break
@@ -153,17 +154,17 @@ def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.Re
     return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0], next_offset
 
 
-def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range, bad_timestamps: str) -> pa.RecordBatch:
-    """Columns of a run of uncompressed magic 2 messages: fixed fields gathered with
-    numpy, keys and values taken out of the bytes by Arrow (``_pieces``)."""
+def _from_plain(
+    messages: MessageSet, run: tuple[bytes, bytes, bytes], stop: int, r: Range, bad_timestamps: str
+) -> pa.RecordBatch:
+    """Columns of a run of uncompressed magic 2 messages (their positions, timestamps and
+    key lengths from the core): keys and values taken out of the bytes by Arrow (``_pieces``)."""
     data = np.frombuffer(messages.buffer, dtype=np.uint8)
-    starts = np.frombuffer(positions, dtype=np.int64)  # type: ignore[call-overload]
+    starts, timestamps, key_lengths = (np.frombuffer(column, dtype=np.int64) for column in run)
     n = len(starts)
     ends = np.empty(n, dtype=np.int64)
     ends[:-1] = starts[1:]
     ends[-1] = stop
-    timestamps = _field(data, starts + m.TIMESTAMP_OFFSET, 8, ">i8")
-    key_lengths = _field(data, starts + m.KEY_LENGTH_OFFSET, 4, ">i4").astype(np.int64)
     key_starts = starts + m.KEY_OFFSET
     value_starts = key_starts + np.maximum(key_lengths, 0)
     pieces = _pieces(data, starts, key_starts, value_starts, stop)
@@ -189,12 +190,6 @@ def _from_plain(messages: MessageSet, positions: object, stop: int, r: Range, ba
         ],
         schema=SCHEMA,
     )
-
-
-def _field(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    """A fixed-width big-endian field read at each of the positions ``at``."""
-    index = at[:, None] + np.arange(width)
-    return data[index].view(dtype).ravel().astype(dtype[1:])
 
 
 def _pieces(data: np.ndarray, starts: np.ndarray, key_starts: np.ndarray, value_starts: np.ndarray, stop: int) -> pa.Array:
