@@ -609,6 +609,8 @@ static int reserve(Out *out, Py_ssize_t n) {
 }
 
 static int put(Out *out, const char *s, Py_ssize_t n) {
+    if (n == 0)
+        return 1; /* out->p may be NULL yet: memcpy must not see it */
     if (!reserve(out, n))
         return 0;
     memcpy(out->p + out->used, s, n);
