@@ -698,12 +698,14 @@ def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, mo
     damaged messages and across the published end, of a topic and of a segment file."""
     r = kl.Root(kl_root)
     r.create_topic("t")
-    producer = kl.Producer(r)
-    for n in range(3):
-        producer.send_batch("t", [b"v%d-%d" % (n, i) for i in range(3000)], partition=0, timestamp=TS + n)
-        producer.send_batch("t", [b"kv", b"kv2"], keys=[b"k\n", b"\xff"], partition=0, timestamp=-1)
-    kl.Producer(r, compression="zstd").send_batch("t", [b"a", b"bb"], partition=0)
-    producer.send_batch("t", [b"tail%d" % i for i in range(5)], partition=0, timestamp=253402300799999)
+    # closed (flushed) before the unpublished bytes go in: a background flush still due
+    # would take the lock and cut them, as a writer cuts a torn tail
+    with kl.Producer(r) as producer, kl.Producer(r, compression="zstd") as zstd:
+        for n in range(3):
+            producer.send_batch("t", [b"v%d-%d" % (n, i) for i in range(3000)], partition=0, timestamp=TS + n)
+            producer.send_batch("t", [b"kv", b"kv2"], keys=[b"k\n", b"\xff"], partition=0, timestamp=-1)
+        zstd.send_batch("t", [b"a", b"bb"], partition=0)
+        producer.send_batch("t", [b"tail%d" % i for i in range(5)], partition=0, timestamp=253402300799999)
     with open(Path(kl_root) / "t" / "0" / SEGMENT0, "ab") as f:  # never published, then damage
         f.write(b"".join(kl.log.message.encode(b"late%d" % i) for i in range(4)) + GARBAGE)
     import kl_cli.maintenance
