@@ -154,10 +154,10 @@ static PyObject *core_crc32c(PyObject *self, PyObject *args) {
 
 /* See varint() in kl/log/pycore.py. */
 static PyObject *core_varint(PyObject *self, PyObject *arg) {
-    int overflow = 0;
-    long long value = PyLong_Check(arg) ? PyLong_AsLongLongAndOverflow(arg, &overflow) : -1;
     if (!PyLong_Check(arg))
         return PyErr_Format(PyExc_TypeError, "varint: %.100s is not an int", Py_TYPE(arg)->tp_name);
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
     if (overflow)
         return PyErr_Format(PyExc_OverflowError, "varint: %S does not fit 64 bits", arg);
     uint64_t n = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
@@ -450,6 +450,47 @@ static PyObject *core_plain_values(PyObject *self, PyObject *args) {
     return plain_run(&b, pos, 0, max_message_bytes, 0, make_value);
 }
 
+/* A growing output buffer.  Its functions take no GIL (they may run with it let go) and
+   return 0 when memory runs out, setting no exception: the caller raises MemoryError. */
+typedef struct {
+    char *p;
+    Py_ssize_t used, cap;
+} Out;
+
+static int reserve(Out *out, Py_ssize_t n) {
+    if (out->cap - out->used >= n)
+        return 1;
+    if (n > PY_SSIZE_T_MAX / 4 - out->used)
+        return 0;
+    Py_ssize_t cap = out->cap ? out->cap : 1 << 16;
+    while (cap - out->used < n)
+        cap *= 2;
+    char *grown = PyMem_RawRealloc(out->p, cap);
+    if (grown == NULL)
+        return 0;
+    out->p = grown;
+    out->cap = cap;
+    return 1;
+}
+
+static int put(Out *out, const void *s, Py_ssize_t n) {
+    if (n == 0)
+        return 1; /* out->p may be NULL yet: memcpy must not see it */
+    if (!reserve(out, n))
+        return 0;
+    memcpy(out->p + out->used, s, n);
+    out->used += n;
+    return 1;
+}
+
+/* What out holds, as a bytes; frees out. */
+static PyObject *out_bytes(Out *out) {
+    PyObject *bytes = PyBytes_FromStringAndSize(out->p ? out->p : "", out->used);
+    PyMem_RawFree(out->p);
+    *out = (Out){NULL, 0, 0};
+    return bytes;
+}
+
 /* See plain_columns() in kl/log/pycore.py: positions, timestamps and key lengths as native int64s. */
 static PyObject *core_plain_columns(PyObject *self, PyObject *args) {
     Py_buffer b;
@@ -461,42 +502,25 @@ static PyObject *core_plain_columns(PyObject *self, PyObject *args) {
         return NULL;
     }
     const unsigned char *buf = b.buf;
-    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size, n = 0, cap = 1024;
-    int64_t *column[3] = {PyMem_RawMalloc(cap * sizeof(int64_t)), PyMem_RawMalloc(cap * sizeof(int64_t)),
-                          PyMem_RawMalloc(cap * sizeof(int64_t))};
-    int failed = column[0] == NULL || column[1] == NULL || column[2] == NULL;
+    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size;
+    Out column[3] = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+    int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     while (!failed && (size = plain_at(buf, pos, end, max_length, 1))) {
-        if (n == cap) {
-            for (int c = 0; c < 3; c++) {
-                int64_t *grown = PyMem_RawRealloc(column[c], 2 * cap * sizeof(int64_t));
-                if (grown == NULL) {
-                    failed = 1;
-                    break;
-                }
-                column[c] = grown;
-            }
-            if (failed)
-                break;
-            cap *= 2;
-        }
-        column[0][n] = pos;
-        column[1][n] = be64(buf + pos + FIELDS_AT);
-        column[2][n] = (int32_t)be32(buf + pos + FIELDS_AT + 8);
-        n++;
-        pos += size;
+        int64_t row[3] = {pos, be64(buf + pos + FIELDS_AT), (int32_t)be32(buf + pos + FIELDS_AT + 8)};
+        for (int c = 0; c < 3 && !failed; c++)
+            failed = !put(&column[c], &row[c], sizeof row[c]);
+        if (!failed)
+            pos += size;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
-    PyObject *out = NULL;
-    if (failed)
-        PyErr_NoMemory();
-    else
-        out = Py_BuildValue("(y#y#y#n)", (const char *)column[0], n * (Py_ssize_t)sizeof(int64_t), (const char *)column[1],
-                            n * (Py_ssize_t)sizeof(int64_t), (const char *)column[2], n * (Py_ssize_t)sizeof(int64_t), pos);
-    for (int c = 0; c < 3; c++)
-        PyMem_RawFree(column[c]);
-    return out;
+    if (failed) {
+        for (int c = 0; c < 3; c++)
+            PyMem_RawFree(column[c].p);
+        return PyErr_NoMemory();
+    }
+    return Py_BuildValue("(NNNn)", out_bytes(&column[0]), out_bytes(&column[1]), out_bytes(&column[2]), pos);
 }
 
 /* Decimal digits of v at p; returns the end. */
@@ -544,21 +568,16 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
         goto done;
     }
     const unsigned char *buf = b.buf;
-    Py_ssize_t max_length = max_message_bytes - LENGTH_SIZE, used = 0, cap = (1 << 16) + line_max;
-    char *out = PyMem_RawMalloc(cap);
-    int failed = out == NULL;
+    Py_ssize_t max_length = max_message_bytes - LENGTH_SIZE;
+    Out out = {NULL, 0, 0};
+    int failed = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (!failed && (size = plain_at(buf, pos, end, max_length, 0))) {
-        if (cap - used < line_max) {
-            char *grown = PyMem_RawRealloc(out, 2 * cap);
-            if (grown == NULL) {
-                failed = 1;
-                break;
-            }
-            out = grown;
-            cap *= 2;
+    while ((size = plain_at(buf, pos, end, max_length, 0))) {
+        if (!reserve(&out, line_max)) {
+            failed = 1;
+            break;
         }
-        char *q = text(out + used, &t[0]);
+        char *q = text(out.p + out.used, &t[0]);
         q = decimal(q, base_offset + pos);
         q = text(q, &t[1]);
         q = decimal(q, base_position + pos);
@@ -567,55 +586,21 @@ static PyObject *core_dump_lines(PyObject *self, PyObject *args) {
         q = text(q, &t[3]);
         q = decimal(q, be64(buf + pos + 10));
         q = text(q, &t[4]);
-        used = q - out;
+        out.used = q - out.p;
         pos += size;
     }
     Py_END_ALLOW_THREADS
-    PyObject *lines = failed ? PyErr_NoMemory() : PyBytes_FromStringAndSize(out, used);
-    PyMem_RawFree(out);
-    if (lines != NULL)
-        result = Py_BuildValue("(Nn)", lines, pos);
+    if (failed) {
+        PyMem_RawFree(out.p);
+        PyErr_NoMemory();
+    } else {
+        result = Py_BuildValue("(Nn)", out_bytes(&out), pos);
+    }
 done:
     PyBuffer_Release(&b);
     for (int i = 0; i < 5; i++)
         PyBuffer_Release(&t[i]);
     return result;
-}
-
-/* A growing output buffer for render(). */
-typedef struct {
-    char *p;
-    Py_ssize_t used, cap;
-} Out;
-
-static int reserve(Out *out, Py_ssize_t n) {
-    if (out->cap - out->used >= n)
-        return 1;
-    if (n > PY_SSIZE_T_MAX / 4 - out->used) {
-        PyErr_NoMemory();
-        return 0;
-    }
-    Py_ssize_t cap = out->cap ? out->cap : 1 << 16;
-    while (cap - out->used < n)
-        cap *= 2;
-    char *grown = PyMem_Realloc(out->p, cap);
-    if (grown == NULL) {
-        PyErr_NoMemory();
-        return 0;
-    }
-    out->p = grown;
-    out->cap = cap;
-    return 1;
-}
-
-static int put(Out *out, const char *s, Py_ssize_t n) {
-    if (n == 0)
-        return 1; /* out->p may be NULL yet: memcpy must not see it */
-    if (!reserve(out, n))
-        return 0;
-    memcpy(out->p + out->used, s, n);
-    out->used += n;
-    return 1;
 }
 
 static int put_decimal(Out *out, long long v) {
@@ -642,10 +627,10 @@ static int put_iso(Out *out, long long ms) {
     long long mp = (5 * doy + 2) / 153;
     int day = (int)(doy - (153 * mp + 2) / 5 + 1), month = (int)(mp < 10 ? mp + 3 : mp - 9);
     int year = (int)(yoe + era * 400 + (month <= 2));
-    char text[32];
-    int n = snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", year, month, day, (int)(rest / 3600000),
+    char iso[32];
+    int n = snprintf(iso, sizeof iso, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", year, month, day, (int)(rest / 3600000),
                      (int)(rest / 60000 % 60), (int)(rest / 1000 % 60), (int)(rest % 1000));
-    return put(out, text, n);
+    return put(out, iso, n);
 }
 
 /* Whether p[0:n] is UTF-8 as Python's strict decoder takes it (no surrogates, overlongs
@@ -799,10 +784,8 @@ static PyObject *core_render(PyObject *self, PyObject *args) {
     Out out = {NULL, 0, 0};
     Py_ssize_t steps_count = PySequence_Fast_GET_SIZE(program);
     Step *steps = PyMem_Calloc(steps_count ? steps_count : 1, sizeof(Step));
-    if (steps == NULL) {
-        PyErr_NoMemory();
+    if (steps == NULL)
         goto done;
-    }
     for (Py_ssize_t i = 0; i < steps_count; i++) { /* the program holds its items: their bytes live until done */
         PyObject *item = PySequence_Fast_GET_ITEM(program, i), *text = item;
         steps[i].field = F_TEXT;
@@ -852,9 +835,11 @@ static PyObject *core_render(PyObject *self, PyObject *args) {
                 goto done;
         }
     }
-    result = PyBytes_FromStringAndSize(out.p ? out.p : "", out.used);
+    result = out_bytes(&out);
 done:
-    PyMem_Free(out.p);
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_NoMemory(); /* a put ran out */
+    PyMem_RawFree(out.p);
     PyMem_Free(steps);
     Py_XDECREF(messages);
     Py_DECREF(program);
