@@ -326,8 +326,10 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
     parsed = list(string.Formatter().parse(fmt))
-    if all((name, spec) in _CORE_FIELDS or name in ("topic", "partition") for _, name, spec, conversion in parsed
-           if name is not None and conversion is None) and all(conversion is None for *_, conversion in parsed):
+    if all(
+        name is None or (conversion is None and (name in ("topic", "partition") or (name, spec) in _CORE_FIELDS))
+        for _, name, spec, conversion in parsed
+    ):  # every field one the core writes, or the batch's topic and partition (texts of their own)
 
         def parts(topic: str, partition: int) -> list[bytes | int]:
             out: list[bytes | int] = []

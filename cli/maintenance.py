@@ -20,7 +20,7 @@ from typing import TypeVar
 import click
 
 import kl
-from kl.log.dump import TEXT_LINE, DumpRecord, Lines, Template, dump_file, dump_lines
+from kl.log.dump import DumpRecord, Lines, Template, dump_file, dump_lines
 from kl.log.recovery import RecoveryReport, recover
 from kl.log.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
@@ -405,7 +405,7 @@ def dump_command(ctx: click.Context, target: str, partition: int | None, deep: b
             if print_data:
                 listing = dump_file(path, **options)
             else:
-                templates = (_json_line(partition_, False), _json_line(partition_, True)) if as_json else (TEXT_LINE, TEXT_LINE)
+                templates = (_json_line(partition_, False), _json_line(partition_, True)) if as_json else (_TEXT_LINE, _TEXT_LINE)
                 listing = dump_lines(path, published=published, templates=templates, **options)
             for record in listing:
                 if published is not None and record.position >= published and not past_end:
@@ -495,6 +495,10 @@ def _show(data: bytes | None) -> str:
         return "-"
     text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 becomes U+DC80..U+DCFF
     return _UNPRINTABLE.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()) & 0xFF:02x}"), text)
+
+
+_TEXT_LINE: Template = (b"offset: ", b" position: ", b" size: ", b" magic: 2 codec: none timestamp: ", b" valid: yes key: -\n")
+"""``_dump_line``'s line for a valid plain message without a key, around its numbers."""
 
 
 def _dump_line(record: DumpRecord, print_data: bool) -> str:

@@ -47,9 +47,6 @@ class DumpRecord:
 Template = tuple[bytes, bytes, bytes, bytes, bytes]
 """A line for a plain message: the five texts around its offset, position, size and timestamp."""
 
-TEXT_LINE: Template = (b"offset: ", b" position: ", b" size: ", b" magic: 2 codec: none timestamp: ", b" valid: yes key: -\n")
-"""``kl dump``'s line."""
-
 
 class Lines(NamedTuple):
     """The lines for a run of valid uncompressed magic 2 messages without a key."""
@@ -77,11 +74,11 @@ def dump_file(
 def dump_lines(
     path: str,
     *,
+    templates: tuple[Template, Template],
     published: int | None = None,
     base_offset: int | None = None,
     deep: bool = False,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    templates: tuple[Template, Template] = (TEXT_LINE, TEXT_LINE),
 ) -> Iterator[DumpRecord | Lines]:
     """``dump_file``'s records, but each run of valid uncompressed magic 2 messages without
     a key as ``Lines``, made by the core from the first of ``templates`` (the second past

@@ -352,8 +352,6 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
     return ~crc & 0xFFFFFFFF
 
 
-
-
 OFFSET, NEXT_OFFSET, TIMESTAMP, TIMESTAMP_ISO, TIMESTAMP_JSON, KEY, VALUE, KEYED, KEY_JSON, VALUE_JSON = range(10)
 """The fields ``render`` writes: offsets and timestamps in decimal (a missing timestamp
 empty, or ``null`` in JSON), the timestamp in ISO 8601 (``message.format_iso``), the key
