@@ -1,5 +1,5 @@
-"""``kl serve``: the root's topics over Kafka 0.7's wire protocol (``kl.server``), and
-``kl serve --list``: the daemons registered under the root (``kl.brokers``)."""
+"""``kl serve``: the root's topics over Kafka 0.7's wire protocol (``kl.net.server``), and
+``kl serve --list``: the daemons registered under the root (``kl.net.brokers``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import sys
 
 import click
 
-from kl import brokers
 from kl.errors import KlError
-from kl.server import Network, ServeConfig, Server
+from kl.net import brokers
+from kl.net.server import Network, ServeConfig, Server
 from kl_cli.common import get_root
 
 LIST_COLUMNS = ["address", "pid", "since", "topics", "produce"]

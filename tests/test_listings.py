@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 from test_serve import KL, Daemon, Running, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
 
 import kl
-from kl import server, wire
-from kl.remote import RemoteRoot
+from kl.net import server, wire
+from kl.net.remote import RemoteRoot
 from kl_cli.main import cli
 
 from conftest import write

@@ -30,14 +30,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kl import wire
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.log.config import CONFIG_FILE, TopicConfig
 from kl.log.log import DELETED_SUFFIX
 from kl.log.messageset import validate_set
 from kl.log.segment import Segment
+from kl.net import wire
+from kl.net.wire import Fetch, ProtocolError, Reader
 from kl.topic import Root, validate_name
-from kl.wire import Fetch, ProtocolError, Reader
 
 log = logging.getLogger("kl.serve")
 
