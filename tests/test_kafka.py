@@ -424,14 +424,11 @@ def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(s
 
 
 def test_a_batch_kl_writes_is_read_back_by_kafka_pythons_reader(root):
-    data = records.batch([(100, 5, b"k", b"v"), (130, 9, None, b""), (170, 7, b"", None)], 200)
-    batch = DefaultRecordBatch(data)
+    rows = [(100, 5, b"k", b"v", ()), (130, 9, None, b"", [("trace", b"1"), ("trace", None)]), (170, 7, b"", None, ())]
+    batch = DefaultRecordBatch(records.batch(rows, 200))
     batch.validate_crc()
-    assert [(r.offset, r.timestamp, r.key, r.value) for r in batch] == [
-        (100, 5, b"k", b"v"),
-        (130, 9, None, b""),
-        (170, 7, b"", None),
-    ]
+    got = [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+    assert got == [(*row[:4], list(row[4])) for row in rows]
     assert batch.next_offset == 200
 
 

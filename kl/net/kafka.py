@@ -45,6 +45,7 @@ from kl.log import core
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log
+from kl.log.message import Message
 from kl.net import records
 from kl.net.records import InvalidRecords
 from kl.net.server import Connection, Drop, FrontEnd, Wait
@@ -435,7 +436,7 @@ class Kafka(FrontEnd):
                     f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
                     "each a Kafka offset inside it; read it with kl consume",
                 )
-            rows = [(base + i, msg.timestamp, msg.key, msg.value) for i, msg in enumerate(group) if i >= skip]
+            rows = [(base + i, msg.timestamp, msg.key, msg.value, _headers(msg)) for i, msg in enumerate(group) if i >= skip]
             if rows:
                 parts.append(records.batch(rows, start + after))
                 last = rows[-1][0]
@@ -565,6 +566,11 @@ def _messages(found: list[records.Batch], config: TopicConfig) -> tuple[bytes, i
             parts.append(data)
             count += 1
     return b"".join(parts), count
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
+    """A message's headers (none before kl's format held them)."""
+    return getattr(msg, "headers", ())
 
 
 def _code(error: KlError) -> int:
