@@ -93,8 +93,9 @@ def served(root):
         running.stop()
 
 
-def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0):
-    response = client.call(FetchRequest, version, **fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms))
+def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0, topic_id=None):
+    fields = fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms, topic_id=topic_id)
+    response = client.call(FetchRequest, version, **fields)
     (answer,) = response.responses[0].partitions
     return answer
 
@@ -239,6 +240,21 @@ def test_a_fetch_inside_a_message_answers_from_the_next_one(served, root, topic,
         assert [o for o, *_ in decoded(fetch(client, topic, inside, version=version))] == offsets[1:]
 
 
+@pytest.mark.parametrize("version", [13, 16])
+def test_a_fetch_by_topic_id_reads_that_topic_and_not_one_created_again_under_its_name(served, root, topic, version):
+    offsets = write_each(root, topic, [b"old"])
+    old_id = kafka._uuid(root.config(topic).topic_id)
+    _, client = served()
+    answer = fetch(client, "", 0, version=version, topic_id=old_id)
+    assert [(o, v) for o, _, v, _ in decoded(answer)] == [(offsets[0], b"old")]
+    root.delete_topic(topic)
+    root.create_topic(topic)
+    write_each(root, topic, [b"new"])
+    assert fetch(client, "", 0, version=version, topic_id=old_id).error_code == kafka.UNKNOWN_TOPIC_ID
+    new_id = kafka._uuid(root.config(topic).topic_id)
+    assert [v for _, _, v, _ in decoded(fetch(client, "", 0, version=version, topic_id=new_id))] == [b"new"]
+
+
 def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic):
     write_each(root, topic, [b"x"])
     end = read_all(root, topic)[-1].next_offset
@@ -302,7 +318,7 @@ def test_stopping_answers_parked_fetches_at_once(root, topic):
     assert response.responses[0].partitions[0].error_code == 0
 
 
-def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: int = 0) -> dict:
+def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: int = 0, topic_id=None) -> dict:
     part = FetchRequest.FetchTopic.FetchPartition(
         partition=partition,
         fetch_offset=offset,
@@ -319,7 +335,7 @@ def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: in
         isolation_level=0,
         session_id=0,
         session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[part])],
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=topic_id, partitions=[part])],
         forgotten_topics_data=[],
         rack_id="",
     )

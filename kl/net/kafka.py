@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import functools
 import importlib
 import logging
@@ -68,6 +69,7 @@ INVALID_REQUEST = 42
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 KAFKA_STORAGE_ERROR = 56
 FETCH_SESSION_ID_NOT_FOUND = 70
+UNKNOWN_TOPIC_ID = 100
 INVALID_RECORD = 87
 UNKNOWN_SERVER_ERROR = -1
 
@@ -114,6 +116,8 @@ class Kafka(FrontEnd):
     def __init__(self, server: Any):
         super().__init__(server)
         self._resume: collections.OrderedDict[tuple[str, int, int], int] = collections.OrderedDict()
+        self._names: dict[uuid.UUID, str] = {}
+        """Topic id -> name, as last found."""
         self._resume_lock = threading.Lock()
         self._producers: dict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = {}
         """(producer id, topic, partition) -> the last batches appended: (first sequence,
@@ -341,17 +345,19 @@ class Kafka(FrontEnd):
         total = 0
         for topic in request.topics:
             parts = []
+            topic_id = topic.topic_id if version >= 13 else None
+            name = topic.topic if topic_id is None else self._name_of(topic_id)
             for p in topic.partitions:
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
                 limit = min(p.partition_max_bytes, MAX_FETCH_BYTES) if not total else min(room, p.partition_max_bytes)
-                answer, target = self._fetch_partition(conn, topic.topic, p.partition, p.fetch_offset, limit)
+                answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit)
                 parts.append(answer)
                 size = len(answer.records or b"")
                 room = max(0, room - size)
                 total += size
                 if target is not None:
                     waits.append(target)
-            topics.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=parts))
+            topics.append(FetchResponse.FetchableTopicResponse(topic=name, topic_id=topic_id, partitions=parts))
         if wait is None and total < max(1, request.min_bytes) and request.max_wait_ms > 0 and waits:
             deadline = time.monotonic() + request.max_wait_ms / 1000
             self.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
@@ -359,12 +365,18 @@ class Kafka(FrontEnd):
         return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
 
     def _fetch_partition(
-        self, conn: Connection, topic: str, partition: int, offset: int, max_bytes: int
+        self, conn: Connection, topic: str | None, topic_id: uuid.UUID | None, partition: int, offset: int, max_bytes: int
     ) -> tuple[Any, tuple[Log, int] | None]:
-        """A partition's answer, and what a wait for more would watch (None after an error)."""
+        """A partition's answer, and what a wait for more would watch (None after an error).
+        A fetch by topic id (version 13 on) must name the topic as it is now: one deleted
+        and created again has another id, and its old offsets mean nothing in it."""
         data = FetchResponse.FetchableTopicResponse.PartitionData
         try:
-            self._config(topic, partition)
+            if topic is None:
+                raise _Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
+            config = self._config(topic, partition)
+            if topic_id is not None and _uuid(config.topic_id) != topic_id:
+                raise _Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")
             target = self.server.root.log(topic, partition)
             state = target.state()
             start, end = state.log_start_offset, state.log_end_offset
@@ -372,10 +384,11 @@ class Kafka(FrontEnd):
                 raise _Refused(
                     OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}"
                 )
-            batch = self._records(target, topic, partition, offset, max_bytes, end) if offset < end and max_bytes > 0 else b""
+            key = (config.topic_id or topic, partition)
+            batch = self._records(target, key, offset, max_bytes, end) if offset < end and max_bytes > 0 else b""
         except (_Refused, KlError) as e:
             code = e.code if isinstance(e, _Refused) else _code(e)
-            if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION):
+            if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID):
                 log.warning("%s: fetch of %s/%d at %d: %s", conn.peer, topic, partition, offset, e)
             hw = -1
             if code == OFFSET_OUT_OF_RANGE:
@@ -401,11 +414,11 @@ class Kafka(FrontEnd):
         )
         return answer, (target, end if offset >= end else offset + len(batch))
 
-    def _records(self, target: Log, topic: str, partition: int, offset: int, max_bytes: int, end: int) -> bytes:
+    def _records(self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, end: int) -> bytes:
         """Record batches of the messages from the first one at or after ``offset``: runs
         of plain messages converted by ``core.kafka_batch``, each other message (a
         compressed batch's, Kafka 0.7's) through ``records.batch``."""
-        start, skip = self._start(target, topic, partition, offset)
+        start, skip = self._start(target, key, offset)
         if start >= end:
             return b""
         messages = target.read(start, max_bytes)
@@ -444,15 +457,15 @@ class Kafka(FrontEnd):
             pos = after
         if not parts:
             return b""
-        self._remember_resume(topic, partition, last + 1, start + pos)  # where clients resume: last + 1,
-        self._remember_resume(topic, partition, start + pos, start + pos)  # or the batch's end
+        self._remember_resume(key, last + 1, start + pos)  # where clients resume: last + 1,
+        self._remember_resume(key, start + pos, start + pos)  # or the batch's end
         return b"".join(parts)
 
-    def _start(self, target: Log, topic: str, partition: int, offset: int) -> tuple[int, int]:
+    def _start(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]:
         """Where the first message at or after ``offset`` starts, and how many messages of
         the compressed batch there come before it."""
         with self._resume_lock:
-            known = self._resume.get((topic, partition, offset))
+            known = self._resume.get((key[0], key[1], offset))
         if known is not None:
             return known, 0
         before, after = target.boundary(offset)
@@ -463,11 +476,27 @@ class Kafka(FrontEnd):
             return before, offset - before
         return after, 0
 
-    def _remember_resume(self, topic: str, partition: int, offset: int, start: int) -> None:
+    def _remember_resume(self, key: tuple[str, int], offset: int, start: int) -> None:
+        """Remember that a fetch at ``offset`` of the partition ``key`` (its topic's id, or
+        name, and number) starts at ``start``."""
         with self._resume_lock:
-            self._resume[(topic, partition, offset)] = start
+            self._resume[key[0], key[1], offset] = start
             if len(self._resume) > RESUME_CACHE:
                 self._resume.popitem(last=False)
+
+    def _name_of(self, topic_id: uuid.UUID) -> str | None:
+        """The name of the served topic with this id (None: none has it)."""
+        name = self._names.get(topic_id)
+        if name is not None:
+            with contextlib.suppress(KlError):
+                if _uuid(self.server.topic_config(name).topic_id) == topic_id:
+                    return name
+        self._names = {}
+        for name in self.server.root.topics():
+            with contextlib.suppress(KlError):
+                if self.server.served(name):
+                    self._names[_uuid(self.server.topic_config(name).topic_id)] = name
+        return self._names.get(topic_id)
 
     # ----------------------------------------------------------------- ListOffsets
 
@@ -646,7 +675,7 @@ def _api_keys() -> list[Any]:
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 APIS = {
     PRODUCE: _Api(ProduceRequest, ProduceResponse, 3, 9, Kafka._produce),
-    FETCH: _Api(FetchRequest, FetchResponse, 4, 12, Kafka._fetch),
+    FETCH: _Api(FetchRequest, FetchResponse, 4, 16, Kafka._fetch),
     LIST_OFFSETS: _Api(ListOffsetsRequest, ListOffsetsResponse, 1, 6, Kafka._list_offsets),
     METADATA: _Api(MetadataRequest, MetadataResponse, 0, 12, Kafka._metadata),
     API_VERSIONS: _Api(ApiVersionsRequest, ApiVersionsResponse, 0, 3, Kafka._api_versions),
