@@ -4,8 +4,12 @@ on 127.0.0.1, with requests and answers built by kafka-python's schema-generated
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -24,6 +28,8 @@ from kl.net import kafka, records
 from kl.net.server import ServeConfig, Server
 
 from conftest import read_all, write, write_each
+
+KL = [sys.executable, "-m", "kl_cli"]
 
 
 class Running:
@@ -461,3 +467,35 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated(root):
     assert len(bomb) < 20_000
     with pytest.raises(records.InvalidRecords, match="more than"):
         records.batches(bomb, 10, 1 << 20)
+
+
+# ----------------------------------------------------------------- the command
+
+
+def test_kl_serve_kafka_alone_logs_its_port_registers_it_and_serves_it(root, topic, tmp_path):
+    log = tmp_path / "log"
+    with open(log, "wb") as err:
+        daemon = subprocess.Popen([*KL, "--root", root.path, "serve", "--kafka", "127.0.0.1:0"], stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(rb"serving \S+ to Kafka clients on 127\.0\.0\.1:(\d+)", log.read_bytes())):
+            assert daemon.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        port = int(found.group(1))
+        client = Client(("127.0.0.1", port))
+        assert [t.name for t in client.call(MetadataRequest, 1, topics=None).topics] == [topic]
+        client.close()
+        listed = subprocess.run([*KL, "--root", root.path, "serve", "--list", "--json"], capture_output=True, check=True)
+        (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert (entry["kafka"], entry["port"], entry["address"], entry["pid"]) == (f"127.0.0.1:{port}", None, None, daemon.pid)
+        plain = subprocess.run([*KL, "--root", root.path, "serve", "--list"], capture_output=True, check=True)
+        assert plain.stdout == b""  # no address kl's own clients could use
+        assert b"Kafka 0.7" not in log.read_bytes() and b"serving %s on" % root.path.encode() not in log.read_bytes()
+    finally:
+        daemon.terminate()
+        assert daemon.wait(30) == 0
+
+
+def test_kl_serve_refuses_a_kafka_address_that_is_not_one(root):
+    done = subprocess.run([*KL, "--root", root.path, "serve", "--kafka", "nowhere:x"], capture_output=True, timeout=30)
+    assert done.returncode == 2 and b"is not [HOST:]PORT" in done.stderr
