@@ -349,7 +349,7 @@ class Kafka(FrontEnd):
                     waits.append(target)
             topics.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=parts))
         if wait is None and total < max(1, request.min_bytes) and request.max_wait_ms > 0 and waits:
-            deadline = time.monotonic() + request.max_wait_ms / 1000
+            deadline = time.monotonic() + min(request.max_wait_ms / 1000, self.server.config.request_timeout)
             self.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
             return None
         return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)

@@ -1,0 +1,161 @@
+"""``kl serve --kafka`` against hostile input (built by kafkafuzz.py): random bytes, huge
+and negative sizes, every request type and version with random bodies, real requests
+flipped, cut and extended, record batches with a correct CRC and hostile content, and
+decompression bombs.  The daemon, a subprocess, keeps serving; its memory stays
+bounded; its log holds no bug; what its topics held is still there, whole; a produce it
+refused appended nothing.  ``scripts/fuzz-kafka`` runs the same attacks for longer."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kafkafuzz as fz
+import pytest
+from click.testing import CliRunner
+from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.producer.produce import ProduceResponse
+
+import kl
+from kl.net import kafka
+from kl_cli.main import cli
+
+from conftest import write
+
+KL = [sys.executable, "-m", "kl_cli"]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\dT\S+Z (info|warning) ")
+BUG = re.compile(r": unexpected [A-Z]\w*: |Traceback")
+"""What the daemon logs when a request meets a bug (it closes that connection and goes on)."""
+
+
+class Daemon:
+    """``kl serve --kafka`` as a subprocess, its log lines in a file."""
+
+    def __init__(self, root: kl.Root, log: Path, *args: str):
+        self.log = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [*KL, "--root", root.path, "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args], stderr=err
+            )
+        deadline = time.monotonic() + 120  # a process start: slow on a busy machine
+        while not (found := re.search(r"to Kafka clients on 127\.0\.0\.1:(\d+)", log.read_text())):
+            assert self.proc.poll() is None, f"kl serve exited with {self.proc.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, "kl serve did not start"
+            time.sleep(0.02)
+        self.address = ("127.0.0.1", int(found[1]))
+
+    def memory_kb(self, field: str = "VmRSS") -> int:
+        """The process's resident memory now (VmRSS), or at its peak (VmHWM)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(field + r":\s+(\d+) kB", status)[1])
+
+    def bugs(self) -> list[str]:
+        """Log lines that are not the daemon's own, or that report a bug it caught."""
+        lines = self.log.read_text().splitlines()
+        return [line for line in lines if not LOG_LINE.match(line) or BUG.search(line)]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        assert self.proc.wait(30) == 0
+
+
+@pytest.fixture
+def daemon(root, tmp_path):
+    started: list[Daemon] = []
+
+    def start(*args: str) -> Daemon:
+        started.append(Daemon(root, tmp_path / f"log{len(started)}", *args))
+        return started[-1]
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def consumed(root: kl.Root, topic: str) -> list[dict]:
+    result = CliRunner().invoke(cli, ["--root", root.path, "consume", topic, "--json"])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def ends(root: kl.Root, topic: str) -> list[int]:
+    consumer = kl.Consumer(root)
+    return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
+
+
+def call(address, request: bytes):
+    """The decoded answer to one of kafkafuzz's well-formed requests."""
+    key, version, correlation = struct.unpack_from(">hhi", request, 4)
+    ((got, body),) = fz.answers(fz.attack(address, request))
+    assert got == correlation
+    response = kafka._responses()[key]
+    flexible = response.flexible_version_q(version) and key != kafka.API_VERSIONS
+    return response.decode(body[int(flexible) :], version=version)
+
+
+def healthy(address, values: list[bytes]) -> None:
+    """A fresh client is answered as ever: Metadata lists the topics, and a fetch of t/0
+    returns what it holds."""
+    topics = {t.name for t in call(address, fz.metadata(None)).topics}
+    assert {"t", "f"} <= topics
+    answer = call(address, fz.fetch("t", 0)).responses[0].partitions[0]
+    assert answer.error_code == 0
+    assert fz.values_in(bytes(answer.records)) == values
+
+
+@pytest.fixture
+def filled(root) -> list[bytes]:
+    """Topic t (2 partitions, one compressed batch among plain ones) and f (the produce
+    target, empty); what t/0 holds."""
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    root.create_topic("f", kl.TopicConfig(partitions=2))
+    vals = fz.values(60, 30, b"t")
+    write(root, "t", vals[:20])
+    write(root, "t", vals[20:40], compression="gzip")
+    write(root, "t", vals[40:])
+    write(root, "t", vals, partition=1)
+    return vals
+
+
+def refused_whole(request: bytes, answer: bytes) -> bool:
+    """Whether ``answer`` says the produce ``request`` was refused for every partition."""
+    got = list(fz.answers(answer))
+    if len(request) < 8 or not got:
+        return False
+    key, version = struct.unpack_from(">hh", request, 4)
+    if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
+        return False
+    body = got[0][1][int(ProduceResponse.flexible_version_q(version)) :]
+    response = ProduceResponse.decode(body, version=version)
+    return all(p.error_code != 0 for t in response.responses for p in t.partition_responses)
+
+
+def served(address) -> bool:
+    """Whether a new connection is answered (not closed at once for --max-connections)."""
+    try:
+        return bool(list(fz.answers(fz.attack(address, fz.metadata(None), timeout=10))))
+    except OSError:
+        return False
+
+
+def test_long_polls_of_clients_gone_free_their_connections_within_the_request_timeout(root, daemon, filled):
+    d = daemon("--max-connections", "3", "--request-timeout", "1")
+    poll = fz.fetch("t", ends(root, "t")[0], max_wait_ms=(1 << 31) - 1)  # at the end: wait 24 days for more
+    for _ in range(3):  # clients that ask for it, then go
+        with socket.create_connection(d.address, timeout=10) as s:
+            s.sendall(poll)
+    deadline = time.monotonic() + 15
+    while not served(d.address):
+        assert time.monotonic() < deadline, "the long polls of clients gone still hold every connection"
+        time.sleep(0.05)
+    ((_, body),) = fz.answers(fz.attack(d.address, poll, timeout=10))  # one that stays is answered by then
+    assert FetchResponse.decode(body[1:], version=12).responses[0].partitions[0].records in (None, b"")
+    assert d.bugs() == []
