@@ -8,6 +8,7 @@ refused appended nothing.  ``scripts/fuzz-kafka`` runs the same attacks for long
 from __future__ import annotations
 
 import json
+import random
 import re
 import socket
 import struct
@@ -19,8 +20,9 @@ from pathlib import Path
 import kafkafuzz as fz
 import pytest
 from click.testing import CliRunner
-from kafka.protocol.consumer.fetch import FetchResponse
-from kafka.protocol.producer.produce import ProduceResponse
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.offsets import ListOffsetsRequest
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 import kl
 from kl.net import kafka
@@ -138,6 +140,41 @@ def refused_whole(request: bytes, answer: bytes) -> bool:
     return all(p.error_code != 0 for t in response.responses for p in t.partition_responses)
 
 
+def test_hostile_requests_leave_it_serving_in_bounded_memory_with_its_data_whole(root, daemon, filled):
+    d = daemon("--workers", "4", "--request-timeout", "2")
+    real = fz.requests("f")
+    appended = 0
+    for label, request in real:  # every real request is answered; each produce appends (headers: not yet)
+        answer = call(d.address, request)
+        if label.startswith("Produce"):
+            (part,) = answer.responses[0].partition_responses
+            assert part.error_code == (kafka.INVALID_RECORD if "headers" in label else 0), (label, part)
+            appended += 30 * (part.error_code == 0)
+    before, held = consumed(root, "t"), consumed(root, "f")
+    assert len(held) == appended
+    healthy(d.address, filled)
+    start = d.memory_kb()
+    rng = random.Random(20)
+    for i, (kind, data) in enumerate(fz.attacks(rng, real, "f", 2400)):
+        was = ends(root, "f")
+        answer = fz.attack(d.address, data)
+        if refused_whole(data, answer):
+            assert ends(root, "f") == was, (kind, answer)
+        if i % 400 == 399:
+            healthy(d.address, filled)
+    for key in range(-1, 82):  # every request type and version, a random body each
+        for version in range(-1, 21):
+            head = struct.pack(">hhih", key, version, 7, 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
+            fz.attack(d.address, struct.pack(">i", len(head)) + head)
+    healthy(d.address, filled)
+    assert d.memory_kb() - start < 40_000
+    assert d.bugs() == []
+    assert consumed(root, "t") == before
+    now = consumed(root, "f")  # whole: every message reads back, the ones there before unchanged
+    assert now[: len(held)] == held
+    d.stop()
+
+
 def served(address) -> bool:
     """Whether a new connection is answered (not closed at once for --max-connections)."""
     try:
@@ -159,3 +196,24 @@ def test_long_polls_of_clients_gone_free_their_connections_within_the_request_ti
     ((_, body),) = fz.answers(fz.attack(d.address, poll, timeout=10))  # one that stays is answered by then
     assert FetchResponse.decode(body[1:], version=12).responses[0].partitions[0].records in (None, b"")
     assert d.bugs() == []
+
+
+def test_arrays_sent_null_where_the_protocol_never_has_them_close_the_connection(root, daemon, filled):
+    d = daemon()
+    fetch_topic = FetchRequest.FetchTopic(topic="t", partitions=None)
+    offsets_topic = ListOffsetsRequest.ListOffsetsTopic(name="t", partitions=None)
+    produce_topic = ProduceRequest.TopicProduceData(name="f", partition_data=None)
+    nulls = [
+        fz.fetch("t", 0, topics=None),
+        fz.fetch("t", 0, topics=[fetch_topic]),
+        fz.framed(ListOffsetsRequest, 1, replica_id=-1, topics=None),
+        fz.framed(ListOffsetsRequest, 1, replica_id=-1, topics=[offsets_topic]),
+        fz.framed(ProduceRequest, 3, transactional_id=None, acks=1, timeout_ms=1000, topic_data=None),
+        fz.framed(ProduceRequest, 9, transactional_id=None, acks=1, timeout_ms=1000, topic_data=[produce_topic]),
+    ]
+    for request in nulls:
+        assert fz.attack(d.address, request) == b""
+    healthy(d.address, filled)
+    assert d.bugs() == []
+    nulls_logged = re.findall(r"malformed \w+ v\d+: its (\w+) array is null", d.log.read_text())
+    assert nulls_logged == ["topics", "partitions", "topics", "partitions", "topic_data", "partition_data"]

@@ -140,6 +140,8 @@ class Kafka(FrontEnd):
             body = api.request.decode(request[pos:], version=version)
         except Exception as e:  # kafka-python's decoders raise what the bytes make them raise
             raise Drop(f"malformed {api.request.name} v{version}: {type(e).__name__}: {e}") from None
+        if (null := _null_array(api.request._struct, body, version)) is not None:
+            raise Drop(f"malformed {api.request.name} v{version}: its {null} array is null")
         self._answer(conn, api, version, correlation, body, None)
 
     def resume(self, conn: Connection, wait: Wait) -> None:
@@ -571,6 +573,23 @@ def _skip_header(request: memoryview, flexible: bool) -> int:
     if pos > len(request):
         raise Drop("a request's header runs past its end")
     return pos
+
+
+def _null_array(struct: Any, data: Any, version: int) -> str | None:
+    """The name of an array in ``data`` that is null where its schema says it never is
+    (kafka-python decodes a length of -1 as null whatever the schema says), else None."""
+    for field in struct.fields.values():
+        if not field.is_array() or not field.for_version_q(version) or field.tagged_field_q(version):
+            continue
+        items = getattr(data, field.name)
+        if items is None:
+            if not field.nullable_for_version_q(version):
+                return str(field.name)
+        elif field.is_struct_array():
+            for item in items:
+                if (found := _null_array(field.array_of, item, version)) is not None:
+                    return found
+    return None
 
 
 def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
