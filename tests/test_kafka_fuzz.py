@@ -14,6 +14,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 import kl
 from kl.net import kafka
+from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
 
 from conftest import write
@@ -217,3 +219,37 @@ def test_arrays_sent_null_where_the_protocol_never_has_them_close_the_connection
     assert d.bugs() == []
     nulls_logged = re.findall(r"malformed \w+ v\d+: its (\w+) array is null", d.log.read_text())
     assert nulls_logged == ["topics", "partitions", "topics", "partitions", "topic_data", "partition_data"]
+
+
+@pytest.fixture
+def in_process(root):
+    """Start a ``Server`` of the Kafka protocol in a thread of the test process (where a
+    test can change its constants); returns its address."""
+    started: list[tuple[Server, threading.Thread]] = []
+
+    def start(**config) -> tuple[str, int]:
+        server = Server(root, ServeConfig(port=None, kafka_port=0, allow_produce=True, **config))
+        thread = threading.Thread(target=server.serve_forever)
+        thread.start()
+        started.append((server, thread))
+        return ("127.0.0.1", server.kafka_port)
+
+    yield start
+    for server, thread in started:
+        server.stop()
+        thread.join(10)
+
+
+def test_a_fetch_answer_is_bounded_whatever_the_client_asks(root, in_process, monkeypatch):
+    monkeypatch.setattr(kafka, "MAX_FETCH_BYTES", 64 << 10)
+    root.create_topic("big")
+    write(root, "big", fz.values(2000, 200, b"big"))
+    address = in_process()
+    part = FetchRequest.FetchTopic.FetchPartition
+    greedy = [part(partition=0, fetch_offset=0, partition_max_bytes=(1 << 31) - 1, log_start_offset=-1)] * 20
+    request = fz.fetch("big", 0, max_bytes=(1 << 31) - 1, topics=[FetchRequest.FetchTopic(topic="big", partitions=greedy)])
+    ((_, body),) = fz.answers(fz.attack(address, request))
+    parts = FetchResponse.decode(body[1:], version=12).responses[0].partitions
+    sizes = [len(p.records or b"") for p in parts]
+    assert 0 < sum(sizes) <= (64 << 10) + 300  # the bound, and the batch header past it
+    assert fz.values_in(bytes(parts[0].records)) == fz.values(2000, 200, b"big")[: len(fz.values_in(bytes(parts[0].records)))]

@@ -76,6 +76,10 @@ NODE_ID = 0
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
+MAX_FETCH_BYTES = 16 << 20
+"""The most bytes of messages one fetch answer reads, whatever the client asks (Kafka's
+brokers cap it too, with fetch.max.bytes): answers are built in memory, several times
+that size while they are."""
 RECENT_BATCHES = 5
 """Per producer and partition: the batches remembered to answer a retry (Kafka's 5)."""
 HEADER = struct.Struct(">hhi")
@@ -333,7 +337,7 @@ class Kafka(FrontEnd):
     def _fetch(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if version >= 7 and (request.session_id != 0 or request.session_epoch > 0):
             return FetchResponse(throttle_time_ms=0, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
-        room = max(0, request.max_bytes)
+        room = min(max(0, request.max_bytes), MAX_FETCH_BYTES)
         waits: list[tuple[Log, int]] = []
         topics = []
         total = 0
@@ -341,7 +345,7 @@ class Kafka(FrontEnd):
             parts = []
             for p in topic.partitions:
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
-                limit = p.partition_max_bytes if not total else min(room, p.partition_max_bytes)
+                limit = min(p.partition_max_bytes, MAX_FETCH_BYTES if not total else room)
                 answer, target = self._fetch_partition(conn, topic.topic, p.partition, p.fetch_offset, limit)
                 parts.append(answer)
                 size = len(answer.records or b"")
