@@ -224,15 +224,15 @@ def test_arrays_sent_null_where_the_protocol_never_has_them_close_the_connection
 @pytest.fixture
 def in_process(root):
     """Start a ``Server`` of the Kafka protocol in a thread of the test process (where a
-    test can change its constants); returns its address."""
+    test can change its constants and look at its state)."""
     started: list[tuple[Server, threading.Thread]] = []
 
-    def start(**config) -> tuple[str, int]:
+    def start(**config) -> Server:
         server = Server(root, ServeConfig(port=None, kafka_port=0, allow_produce=True, **config))
         thread = threading.Thread(target=server.serve_forever)
         thread.start()
         started.append((server, thread))
-        return ("127.0.0.1", server.kafka_port)
+        return server
 
     yield start
     for server, thread in started:
@@ -244,7 +244,7 @@ def test_a_fetch_answer_is_bounded_whatever_the_client_asks(root, in_process, mo
     monkeypatch.setattr(kafka, "MAX_FETCH_BYTES", 64 << 10)
     root.create_topic("big")
     write(root, "big", fz.values(2000, 200, b"big"))
-    address = in_process()
+    address = ("127.0.0.1", in_process().kafka_port)
     part = FetchRequest.FetchTopic.FetchPartition
     greedy = [part(partition=0, fetch_offset=0, partition_max_bytes=(1 << 31) - 1, log_start_offset=-1)] * 20
     request = fz.fetch("big", 0, max_bytes=(1 << 31) - 1, topics=[FetchRequest.FetchTopic(topic="big", partitions=greedy)])
@@ -253,3 +253,18 @@ def test_a_fetch_answer_is_bounded_whatever_the_client_asks(root, in_process, mo
     sizes = [len(p.records or b"") for p in parts]
     assert 0 < sum(sizes) <= (64 << 10) + 300  # the bound, and the batch header past it
     assert fz.values_in(bytes(parts[0].records)) == fz.values(2000, 200, b"big")[: len(fz.values_in(bytes(parts[0].records)))]
+
+
+def test_the_producers_remembered_for_retries_are_bounded(root, in_process, monkeypatch):
+    monkeypatch.setattr(kafka, "PRODUCERS", 3)
+    root.create_topic("f")
+    server = in_process()
+    address = ("127.0.0.1", server.kafka_port)
+    front = server.listeners[0][1]
+    sent = {pid: fz.produce("f", [fz.batch(fz.plain([b"%d" % pid]), 1, producer=(pid, 0, 0))]) for pid in range(1, 6)}
+    first = {pid: call(address, request).responses[0].partition_responses[0] for pid, request in sent.items()}
+    assert all(p.error_code == 0 for p in first.values())
+    assert len(front._producers) == 3
+    retried = call(address, sent[5]).responses[0].partition_responses[0]  # one of the last 3: known
+    assert (retried.error_code, retried.base_offset) == (0, first[5].base_offset)
+    assert [m["value"] for m in consumed(root, "f")] == ["1", "2", "3", "4", "5"]

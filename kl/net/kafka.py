@@ -82,6 +82,9 @@ brokers cap it too, with fetch.max.bytes): answers are built in memory, several 
 that size while they are."""
 RECENT_BATCHES = 5
 """Per producer and partition: the batches remembered to answer a retry (Kafka's 5)."""
+PRODUCERS = 10_000
+"""The (producer, partition) pairs whose last batches are remembered; beyond, the least
+recently used is forgotten (a batch it retries then is appended again)."""
 HEADER = struct.Struct(">hhi")
 """api_key, api_version, correlation_id: the start of every request."""
 
@@ -115,7 +118,9 @@ class Kafka(FrontEnd):
         super().__init__(server)
         self._resume: collections.OrderedDict[tuple[str, int, int], int] = collections.OrderedDict()
         self._resume_lock = threading.Lock()
-        self._producers: dict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = {}
+        self._producers: collections.OrderedDict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = (
+            collections.OrderedDict()
+        )
         """(producer id, topic, partition) -> the last batches appended: (first sequence,
         last sequence, base offset)."""
         self._producer_lock = threading.Lock()
@@ -322,6 +327,9 @@ class Kafka(FrontEnd):
         last = found[-1]
         recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
         recent.append((first.base_sequence, (last.base_sequence + len(last.records) - 1) & 0x7FFFFFFF, offset))
+        self._producers.move_to_end((first.producer_id, topic, partition))
+        if len(self._producers) > PRODUCERS:
+            self._producers.popitem(last=False)
 
     def _init_producer_id(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if request.transactional_id is not None:
