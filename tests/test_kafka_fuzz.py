@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import kafkafuzz as fz
@@ -268,3 +269,24 @@ def test_the_producers_remembered_for_retries_are_bounded(root, in_process, monk
     retried = call(address, sent[5]).responses[0].partition_responses[0]  # one of the last 3: known
     assert (retried.error_code, retried.base_offset) == (0, first[5].base_offset)
     assert [m["value"] for m in consumed(root, "f")] == ["1", "2", "3", "4", "5"]
+
+
+def produce_error(address, request: bytes) -> int:
+    ((_, body),) = fz.answers(fz.attack(address, request))
+    return ProduceResponse.decode(body[1:], version=9).responses[0].partition_responses[0].error_code
+
+
+def test_decompression_bombs_are_refused_without_the_memory(root, daemon, filled):
+    d = daemon("--workers", "4", "--max-request-bytes", str(2 << 20))  # batches inflate to 8 MiB at most
+    start = d.memory_kb()
+    inflated = {"gzip": 1 << 30, "zstd": 4 << 30, "lz4": 256 << 20, "snappy": 32 << 20, "xerial": 32 << 20}
+    for codec, size in inflated.items():
+        request = fz.produce("f", [fz.bomb(codec, size)])
+        assert len(request) < 2 << 20
+        with ThreadPoolExecutor(4) as pool:  # one for each worker at once
+            errors = list(pool.map(produce_error, [d.address] * 4, [request] * 4))
+        assert errors == [kafka.CORRUPT_MESSAGE] * 4, codec
+    assert d.memory_kb("VmHWM") - start < 100_000  # each of 4 workers stopped at 8 MiB
+    assert ends(root, "f") == [0, 0]
+    healthy(d.address, filled)
+    assert d.bugs() == []
