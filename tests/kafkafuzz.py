@@ -7,18 +7,24 @@ in each codec, idempotent or not), Fetch, ListOffsets and InitProducerId, in eve
 version kl serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
 (kind, bytes to send) pair; ``bomb`` is a batch that inflates far past any limit.
 ``attack`` sends one on a connection of its own and returns what came back before the
-daemon closed it.  This module imports nothing from pytest, so scripts can use it
-(``sys.path`` the tests dir).
+daemon closed it.  ``Daemon`` runs ``kl serve --kafka`` as a subprocess over a root that
+``fill`` sets up; ``healthy`` checks it still answers as it should.  This module imports
+nothing from pytest, so scripts can use it (``sys.path`` the tests dir).
 """
 
 from __future__ import annotations
 
 import gzip
 import random
+import re
 import socket
 import struct
+import subprocess
+import sys
+import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import cramjam
 import zstandard
@@ -26,10 +32,11 @@ from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
-from kafka.protocol.producer.produce import ProduceRequest
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 from kafka.record.default_records import DefaultRecordBatch
 
+import kl
 from kl.log import core
 from kl.net import kafka, records
 
@@ -41,6 +48,10 @@ SIZES = (0, 1, -1, -(1 << 31), (1 << 31) - 1, (64 << 10) + 1, (8 << 20) + 1, 1 <
 INTS = (0, -1, 1, -(1 << 31), (1 << 31) - 1, 0x7FFF, -0x8000, 0xFFFF, 0x8000)
 """What an overwritten field is set to."""
 TIMESTAMP = 1_700_000_000_000
+KL = [sys.executable, "-m", "kl_cli"]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\dT\S+Z (info|warning) ")
+BUG = re.compile(r": unexpected [A-Z]\w*: |Traceback")
+"""What the daemon logs when a request meets a bug (it closes that connection and goes on)."""
 
 
 # ----------------------------------------------------------------------------- batches
@@ -384,7 +395,89 @@ def values_in(data: bytes) -> list[bytes | None]:
     return out
 
 
-# ----------------------------------------------------------------------------- sending
+# ----------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """``kl serve --kafka`` as a subprocess, its log lines in a file."""
+
+    def __init__(self, root: str, log: Path, *args: str):
+        self.log = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [*KL, "--root", root, "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args], stderr=err
+            )
+        deadline = time.monotonic() + 120  # a process start: slow on a busy machine
+        while not (found := re.search(r"to Kafka clients on 127\.0\.0\.1:(\d+)", log.read_text())):
+            assert self.proc.poll() is None, f"kl serve exited with {self.proc.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, "kl serve did not start"
+            time.sleep(0.02)
+        self.address = ("127.0.0.1", int(found[1]))
+
+    def memory_kb(self, field: str = "VmRSS") -> int:
+        """The process's resident memory now (VmRSS), or at its peak (VmHWM)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(field + r":\s+(\d+) kB", status)[1])
+
+    def bugs(self) -> list[str]:
+        """Log lines that are not the daemon's own, or that report a bug it caught."""
+        lines = self.log.read_text().splitlines()
+        return [line for line in lines if not LOG_LINE.match(line) or BUG.search(line)]
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(30)
+
+
+def fill(root: kl.Root) -> list[bytes]:
+    """Topic t (2 partitions, a compressed batch among plain ones) and f (the produce
+    target, empty, 2 partitions); returns what t/0 holds."""
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    root.create_topic("f", kl.TopicConfig(partitions=2))
+    vals = values(60, 30, b"t")
+    kl.Producer(root).send_batch("t", vals[:20], partition=0)
+    kl.Producer(root, compression="gzip").send_batch("t", vals[20:40], partition=0)
+    kl.Producer(root).send_batch("t", vals[40:], partition=0)
+    kl.Producer(root).send_batch("t", vals, partition=1)
+    return vals
+
+
+def ends(root: kl.Root, topic: str) -> list[int]:
+    consumer = kl.Consumer(root)
+    return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
+
+
+def call(address, request: bytes):
+    """The decoded answer to one of kafkafuzz's well-formed requests."""
+    key, version, correlation = struct.unpack_from(">hhi", request, 4)
+    ((got, body),) = answers(attack(address, request))
+    assert got == correlation
+    response = kafka._responses()[key]
+    flexible = response.flexible_version_q(version) and key != kafka.API_VERSIONS
+    return response.decode(body[int(flexible) :], version=version)
+
+
+def healthy(address, values: list[bytes]) -> None:
+    """A fresh client is answered as ever: Metadata lists the topics, and a fetch of t/0
+    returns what it holds."""
+    topics = {t.name for t in call(address, metadata(None)).topics}
+    assert {"t", "f"} <= topics
+    answer = call(address, fetch("t", 0)).responses[0].partitions[0]
+    assert answer.error_code == 0
+    assert values_in(bytes(answer.records)) == values
+
+
+def refused_whole(request: bytes, answer: bytes) -> bool:
+    """Whether ``answer`` says the produce ``request`` was refused for every partition."""
+    got = list(answers(answer))
+    if len(request) < 8 or not got:
+        return False
+    key, version = struct.unpack_from(">hh", request, 4)
+    if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
+        return False
+    body = got[0][1][int(ProduceResponse.flexible_version_q(version)) :]
+    response = ProduceResponse.decode(body, version=version)
+    return all(p.error_code != 0 for t in response.responses for p in t.partition_responses)
 
 
 def attack(address: tuple[str, int], data: bytes, timeout: float = 30) -> bytes:

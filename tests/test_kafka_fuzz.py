@@ -12,12 +12,9 @@ import random
 import re
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import kafkafuzz as fz
 import pytest
@@ -33,49 +30,13 @@ from kl_cli.main import cli
 
 from conftest import write
 
-KL = [sys.executable, "-m", "kl_cli"]
-LOG_LINE = re.compile(r"\d{4}-\d\d-\d\dT\S+Z (info|warning) ")
-BUG = re.compile(r": unexpected [A-Z]\w*: |Traceback")
-"""What the daemon logs when a request meets a bug (it closes that connection and goes on)."""
-
-
-class Daemon:
-    """``kl serve --kafka`` as a subprocess, its log lines in a file."""
-
-    def __init__(self, root: kl.Root, log: Path, *args: str):
-        self.log = log
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [*KL, "--root", root.path, "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args], stderr=err
-            )
-        deadline = time.monotonic() + 120  # a process start: slow on a busy machine
-        while not (found := re.search(r"to Kafka clients on 127\.0\.0\.1:(\d+)", log.read_text())):
-            assert self.proc.poll() is None, f"kl serve exited with {self.proc.returncode}: {log.read_text()}"
-            assert time.monotonic() < deadline, "kl serve did not start"
-            time.sleep(0.02)
-        self.address = ("127.0.0.1", int(found[1]))
-
-    def memory_kb(self, field: str = "VmRSS") -> int:
-        """The process's resident memory now (VmRSS), or at its peak (VmHWM)."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(field + r":\s+(\d+) kB", status)[1])
-
-    def bugs(self) -> list[str]:
-        """Log lines that are not the daemon's own, or that report a bug it caught."""
-        lines = self.log.read_text().splitlines()
-        return [line for line in lines if not LOG_LINE.match(line) or BUG.search(line)]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        assert self.proc.wait(30) == 0
-
 
 @pytest.fixture
 def daemon(root, tmp_path):
-    started: list[Daemon] = []
+    started: list[fz.Daemon] = []
 
-    def start(*args: str) -> Daemon:
-        started.append(Daemon(root, tmp_path / f"log{len(started)}", *args))
+    def start(*args: str) -> fz.Daemon:
+        started.append(fz.Daemon(root.path, tmp_path / f"log{len(started)}", *args))
         return started[-1]
 
     yield start
@@ -91,56 +52,10 @@ def consumed(root: kl.Root, topic: str) -> list[dict]:
     return [json.loads(line) for line in result.output.splitlines()]
 
 
-def ends(root: kl.Root, topic: str) -> list[int]:
-    consumer = kl.Consumer(root)
-    return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
-
-
-def call(address, request: bytes):
-    """The decoded answer to one of kafkafuzz's well-formed requests."""
-    key, version, correlation = struct.unpack_from(">hhi", request, 4)
-    ((got, body),) = fz.answers(fz.attack(address, request))
-    assert got == correlation
-    response = kafka._responses()[key]
-    flexible = response.flexible_version_q(version) and key != kafka.API_VERSIONS
-    return response.decode(body[int(flexible) :], version=version)
-
-
-def healthy(address, values: list[bytes]) -> None:
-    """A fresh client is answered as ever: Metadata lists the topics, and a fetch of t/0
-    returns what it holds."""
-    topics = {t.name for t in call(address, fz.metadata(None)).topics}
-    assert {"t", "f"} <= topics
-    answer = call(address, fz.fetch("t", 0)).responses[0].partitions[0]
-    assert answer.error_code == 0
-    assert fz.values_in(bytes(answer.records)) == values
-
-
 @pytest.fixture
 def filled(root) -> list[bytes]:
-    """Topic t (2 partitions, one compressed batch among plain ones) and f (the produce
-    target, empty); what t/0 holds."""
-    root.create_topic("t", kl.TopicConfig(partitions=2))
-    root.create_topic("f", kl.TopicConfig(partitions=2))
-    vals = fz.values(60, 30, b"t")
-    write(root, "t", vals[:20])
-    write(root, "t", vals[20:40], compression="gzip")
-    write(root, "t", vals[40:])
-    write(root, "t", vals, partition=1)
-    return vals
-
-
-def refused_whole(request: bytes, answer: bytes) -> bool:
-    """Whether ``answer`` says the produce ``request`` was refused for every partition."""
-    got = list(fz.answers(answer))
-    if len(request) < 8 or not got:
-        return False
-    key, version = struct.unpack_from(">hh", request, 4)
-    if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
-        return False
-    body = got[0][1][int(ProduceResponse.flexible_version_q(version)) :]
-    response = ProduceResponse.decode(body, version=version)
-    return all(p.error_code != 0 for t in response.responses for p in t.partition_responses)
+    """kafkafuzz's topics t and f; what t/0 holds."""
+    return fz.fill(root)
 
 
 def test_hostile_requests_leave_it_serving_in_bounded_memory_with_its_data_whole(root, daemon, filled):
@@ -148,28 +63,28 @@ def test_hostile_requests_leave_it_serving_in_bounded_memory_with_its_data_whole
     real = fz.requests("f")
     appended = 0
     for label, request in real:  # every real request is answered; each produce appends (headers: not yet)
-        answer = call(d.address, request)
+        answer = fz.call(d.address, request)
         if label.startswith("Produce"):
             (part,) = answer.responses[0].partition_responses
             assert part.error_code == (kafka.INVALID_RECORD if "headers" in label else 0), (label, part)
             appended += 30 * (part.error_code == 0)
     before, held = consumed(root, "t"), consumed(root, "f")
     assert len(held) == appended
-    healthy(d.address, filled)
+    fz.healthy(d.address, filled)
     start = d.memory_kb()
     rng = random.Random(20)
     for i, (kind, data) in enumerate(fz.attacks(rng, real, "f", 2400)):
-        was = ends(root, "f")
+        was = fz.ends(root, "f")
         answer = fz.attack(d.address, data)
-        if refused_whole(data, answer):
-            assert ends(root, "f") == was, (kind, answer)
+        if fz.refused_whole(data, answer):
+            assert fz.ends(root, "f") == was, (kind, answer)
         if i % 400 == 399:
-            healthy(d.address, filled)
+            fz.healthy(d.address, filled)
     for key in range(-1, 82):  # every request type and version, a random body each
         for version in range(-1, 21):
             head = struct.pack(">hhih", key, version, 7, 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
             fz.attack(d.address, struct.pack(">i", len(head)) + head)
-    healthy(d.address, filled)
+    fz.healthy(d.address, filled)
     assert d.memory_kb() - start < 40_000
     assert d.bugs() == []
     assert consumed(root, "t") == before
@@ -188,7 +103,7 @@ def served(address) -> bool:
 
 def test_long_polls_of_clients_gone_free_their_connections_within_the_request_timeout(root, daemon, filled):
     d = daemon("--max-connections", "3", "--request-timeout", "1")
-    poll = fz.fetch("t", ends(root, "t")[0], max_wait_ms=(1 << 31) - 1)  # at the end: wait 24 days for more
+    poll = fz.fetch("t", fz.ends(root, "t")[0], max_wait_ms=(1 << 31) - 1)  # at the end: wait 24 days for more
     for _ in range(3):  # clients that ask for it, then go
         with socket.create_connection(d.address, timeout=10) as s:
             s.sendall(poll)
@@ -216,7 +131,7 @@ def test_arrays_sent_null_where_the_protocol_never_has_them_close_the_connection
     ]
     for request in nulls:
         assert fz.attack(d.address, request) == b""
-    healthy(d.address, filled)
+    fz.healthy(d.address, filled)
     assert d.bugs() == []
     nulls_logged = re.findall(r"malformed \w+ v\d+: its (\w+) array is null", d.log.read_text())
     assert nulls_logged == ["topics", "partitions", "topics", "partitions", "topic_data", "partition_data"]
@@ -263,10 +178,10 @@ def test_the_producers_remembered_for_retries_are_bounded(root, in_process, monk
     address = ("127.0.0.1", server.kafka_port)
     front = server.listeners[0][1]
     sent = {pid: fz.produce("f", [fz.batch(fz.plain([b"%d" % pid]), 1, producer=(pid, 0, 0))]) for pid in range(1, 6)}
-    first = {pid: call(address, request).responses[0].partition_responses[0] for pid, request in sent.items()}
+    first = {pid: fz.call(address, request).responses[0].partition_responses[0] for pid, request in sent.items()}
     assert all(p.error_code == 0 for p in first.values())
     assert len(front._producers) == 3
-    retried = call(address, sent[5]).responses[0].partition_responses[0]  # one of the last 3: known
+    retried = fz.call(address, sent[5]).responses[0].partition_responses[0]  # one of the last 3: known
     assert (retried.error_code, retried.base_offset) == (0, first[5].base_offset)
     assert [m["value"] for m in consumed(root, "f")] == ["1", "2", "3", "4", "5"]
 
@@ -287,6 +202,6 @@ def test_decompression_bombs_are_refused_without_the_memory(root, daemon, filled
             errors = list(pool.map(produce_error, [d.address] * 4, [request] * 4))
         assert errors == [kafka.CORRUPT_MESSAGE] * 4, codec
     assert d.memory_kb("VmHWM") - start < 100_000  # each of 4 workers stopped at 8 MiB
-    assert ends(root, "f") == [0, 0]
-    healthy(d.address, filled)
+    assert fz.ends(root, "f") == [0, 0]
+    fz.healthy(d.address, filled)
     assert d.bugs() == []
