@@ -447,6 +447,17 @@ def ends(root: kl.Root, topic: str) -> list[int]:
     return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
 
 
+def read_all(root: kl.Root, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every message of the partition, read to its end."""
+    consumer = kl.Consumer(root)
+    offset, end, out = consumer.earliest_offset(topic, partition), consumer.latest_offset(topic, partition), []
+    while offset < end:
+        found = list(consumer.fetch(topic, partition, offset, 1 << 20))
+        out.extend((m.offset, m.key, m.value) for m in found)
+        offset = found[-1].next_offset
+    return out
+
+
 def call(address, request: bytes):
     """The decoded answer to one of kafkafuzz's well-formed requests."""
     key, version, correlation = struct.unpack_from(">hhi", request, 4)
