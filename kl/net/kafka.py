@@ -76,14 +76,18 @@ UNKNOWN_SERVER_ERROR = -1
 LATEST, EARLIEST = -1, -2
 """ListOffsets' special timestamps."""
 NODE_ID = 0
-MAX_FETCH_BYTES = 16 << 20
-"""The most record bytes one fetch answer holds, whatever the client asks: answers are built in
-memory (records are converted, not sent from the files), so this bounds each worker's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
+MAX_FETCH_BYTES = 16 << 20
+"""The most bytes of messages one fetch answer reads, whatever the client asks (Kafka's
+brokers cap it too, with fetch.max.bytes): answers are built in memory, several times
+that size while they are."""
 RECENT_BATCHES = 5
 """Per producer and partition: the batches remembered to answer a retry (Kafka's 5)."""
+PRODUCERS = 10_000
+"""The (producer, partition) pairs whose last batches are remembered; beyond, the least
+recently used is forgotten (a batch it retries then is appended again)."""
 HEADER = struct.Struct(">hhi")
 """api_key, api_version, correlation_id: the start of every request."""
 
@@ -119,7 +123,9 @@ class Kafka(FrontEnd):
         self._names: dict[uuid.UUID, str] = {}
         """Topic id -> name, as last found."""
         self._resume_lock = threading.Lock()
-        self._producers: dict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = {}
+        self._producers: collections.OrderedDict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = (
+            collections.OrderedDict()
+        )
         """(producer id, topic, partition) -> the last batches appended: (first sequence,
         last sequence, base offset)."""
         self._producer_lock = threading.Lock()
@@ -148,6 +154,8 @@ class Kafka(FrontEnd):
             body = api.request.decode(request[pos:], version=version)
         except Exception as e:  # kafka-python's decoders raise what the bytes make them raise
             raise Drop(f"malformed {api.request.name} v{version}: {type(e).__name__}: {e}") from None
+        if (null := _null_array(api.request._struct, body, version)) is not None:
+            raise Drop(f"malformed {api.request.name} v{version}: its {null} array is null")
         self._answer(conn, api, version, correlation, body, None)
 
     def resume(self, conn: Connection, wait: Wait) -> None:
@@ -324,6 +332,9 @@ class Kafka(FrontEnd):
         last = found[-1]
         recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
         recent.append((first.base_sequence, (last.base_sequence + last.size - 1) & 0x7FFFFFFF, offset))
+        self._producers.move_to_end((first.producer_id, topic, partition))
+        if len(self._producers) > PRODUCERS:
+            self._producers.popitem(last=False)
 
     def _init_producer_id(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if request.transactional_id is not None:
@@ -349,7 +360,7 @@ class Kafka(FrontEnd):
             name = topic.topic if topic_id is None else self._name_of(topic_id)
             for p in topic.partitions:
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
-                limit = min(p.partition_max_bytes, MAX_FETCH_BYTES) if not total else min(room, p.partition_max_bytes)
+                limit = min(p.partition_max_bytes, MAX_FETCH_BYTES if not total else room)
                 answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit)
                 parts.append(answer)
                 size = len(answer.records or b"")
@@ -359,7 +370,7 @@ class Kafka(FrontEnd):
                     waits.append(target)
             topics.append(FetchResponse.FetchableTopicResponse(topic=name, topic_id=topic_id, partitions=parts))
         if wait is None and total < max(1, request.min_bytes) and request.max_wait_ms > 0 and waits:
-            deadline = time.monotonic() + request.max_wait_ms / 1000
+            deadline = time.monotonic() + min(request.max_wait_ms / 1000, self.server.config.request_timeout)
             self.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
             return None
         return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
@@ -635,6 +646,23 @@ def _skip_header(request: memoryview, flexible: bool) -> int:
     if pos > len(request):
         raise Drop("a request's header runs past its end")
     return pos
+
+
+def _null_array(struct: Any, data: Any, version: int) -> str | None:
+    """The name of an array in ``data`` that is null where its schema says it never is
+    (kafka-python decodes a length of -1 as null whatever the schema says), else None."""
+    for field in struct.fields.values():
+        if not field.is_array() or not field.for_version_q(version) or field.tagged_field_q(version):
+            continue
+        items = getattr(data, field.name)
+        if items is None:
+            if not field.nullable_for_version_q(version):
+                return str(field.name)
+        elif field.is_struct_array():
+            for item in items:
+                if (found := _null_array(field.array_of, item, version)) is not None:
+                    return found
+    return None
 
 
 def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
