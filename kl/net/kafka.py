@@ -129,6 +129,10 @@ class Kafka(FrontEnd):
         """(producer id, topic, partition) -> the last batches appended: (first sequence,
         last sequence, base offset)."""
         self._producer_lock = threading.Lock()
+        """Guards ``_producers``."""
+        self._sequences = [threading.Lock() for _ in range(64)]
+        """Held by producer id (striped): an idempotent producer's check for a retry and its
+        append go together, while other producers' appends go on."""
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
 
     def listening(self, address: str, port: int) -> None:
@@ -285,14 +289,19 @@ class Kafka(FrontEnd):
                 raise _Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
             found = records.batches(data, max_records=limit // 7, max_bytes=4 * limit)
+            messages, count = _messages(found, config)
             target = self.server.root.log(topic, partition)
-            with self._producer_lock:
-                duplicate = self._duplicate(found, topic, partition)
+            producer = found[0].producer_id
+            if producer < 0:  # not idempotent: nothing to remember
+                return partition, NONE, target.append(messages, count, fsync=acks == -1), None
+            with self._sequences[producer % len(self._sequences)]:  # a producer's batches in turn
+                with self._producer_lock:
+                    duplicate = self._duplicate(found, topic, partition)
                 if duplicate is not None:
                     return partition, NONE, duplicate, None
-                messages, count = _messages(found, config)
                 offset = target.append(messages, count, fsync=acks == -1)
-                self._remember(found, topic, partition, offset)
+                with self._producer_lock:
+                    self._remember(found, topic, partition, offset)
             return partition, NONE, offset, None
         except _Refused as e:
             return self._refused(conn, topic, partition, e.code, str(e))
