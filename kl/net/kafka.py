@@ -2,7 +2,12 @@
 
 Requests and responses are encoded by kafka-python's protocol classes, generated from
 Kafka's own message schemas (``kafka.protocol``); the records inside them by
-``kl.net.records``.  The daemon is the one broker of a one-node cluster and the leader
+``kl.net.records`` and the core.  Why kafka-python's: it covers every version of every
+request from the schemas (no hand-written structs), compiles an encoder and a decoder per
+version, is pure Python with no dependencies and runs on Python 3.10 (``kio``, the other
+schema-generated codec, needs 3.11).  Measured here: decoding a 1 MiB Produce request
+takes 0.2 ms and encoding a 1 MiB Fetch answer about as long, against 1.5 ms to convert
+its records; the records fields are opaque bytes to it, so the per-message work is kl's.  The daemon is the one broker of a one-node cluster and the leader
 of every partition.  Offsets are kl's byte offsets (see ``records``): a fetch at an
 offset inside a message answers from the next message, so a client that resumes at the
 last offset it saw plus one goes on where it stopped.  Specified in ``man/kl-protocol.5``
