@@ -13,9 +13,12 @@ from types import ModuleType
 
 from kl.log import pycore
 from kl.log.pycore import (
+    BAD_FIELD,
     BAD_KEY_LENGTH,
     BAD_LENGTH,
     CHECKSUM,
+    HEADERS,
+    HEADERS_JSON,
     INCOMPLETE,
     KEY,
     KEY_JSON,
@@ -32,7 +35,8 @@ from kl.log.pycore import (
 )
 
 __all__ = [
-    "BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC",
+    "BAD_FIELD", "BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC",
+    "HEADERS", "HEADERS_JSON",
     "KEY", "KEY_JSON", "KEYED", "NEXT_OFFSET", "OFFSET", "TIMESTAMP", "TIMESTAMP_ISO", "TIMESTAMP_JSON", "VALUE", "VALUE_JSON",
     "describe", "use",
 ]
