@@ -161,7 +161,7 @@ class TopicConfig:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidConfig(f"format must be kl or 0.7, not {self.format!r}")
-        if self.headers not in (None, True, False):
+        if self.headers is not None and type(self.headers) is not bool:
             raise InvalidConfig(f"headers must be true or false, not {self.headers!r}")
         if self.headers and self.format == FORMAT_07:
             raise InvalidConfig(NO_HEADERS_07)
