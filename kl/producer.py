@@ -785,11 +785,14 @@ class Producer:
                 hs.append(headers[i])
         return groups
 
-    def check_format(self, topic: str, *, keyed: bool = False, timed: bool = False) -> None:
+    def check_format(self, topic: str, *, keyed: bool = False, timed: bool = False, headers: bool = False) -> None:
         """Raise ``FormatMismatch`` when ``topic`` cannot store what this producer would
         send it: keys (when ``keyed``), timestamps (when ``timed``) or zstd in a topic of
-        format 0.7."""
-        _raise(self._mismatch(topic, self.root.config(topic), keyed, timed))
+        format 0.7, headers or null values (when ``headers``) in a topic without them."""
+        config = self.root.config(topic)
+        if headers:
+            self._check_headers(topic, config)
+        _raise(self._mismatch(topic, config, keyed, timed))
 
     def _mismatch(self, topic: str, config: TopicConfig, keyed: bool, timed: bool = False) -> FormatMismatch | None:
         """What a topic of format 0.7 cannot store of these messages: a key, a timestamp, zstd."""

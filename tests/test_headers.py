@@ -18,6 +18,8 @@ from kl.log.messageset import validate_set
 from kl.log.recovery import recover
 from kl.registry import Registry
 
+from test_cli import fails, kl_root, ok  # noqa: F401 - kl_root is a fixture
+
 from conftest import active_segment, flip_byte, read_all
 
 HEADERS = (("trace", b"t-1"), ("trace", b"t-2"), ("schema", None), ("bin", bytes(range(256))))
@@ -233,3 +235,91 @@ def test_time_lookups_and_group_lag_see_magic_3_timestamps(root, topic):
     Registry(root.path, "g").write_offset(topic, 0, 0, "test")
     (row,) = groups.describe(root, "g").partitions
     assert (row.lag_messages, row.lag_ms is not None) == (3, True)
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def test_produce_H_gives_every_message_the_headers_and_consume_json_shows_them(kl_root):
+    ok(kl_root, "produce", "t", "-H", "trace=1", "-H", "gone", "-H", "trace=", "-k", "k", input=b"a\nb\n")
+    lines = [json.loads(line) for line in ok(kl_root, "consume", "t", "--json").splitlines()]
+    shown = [{"key": "trace", "value": "1"}, {"key": "gone", "value": None}, {"key": "trace", "value": ""}]
+    assert [(line["key"], line["value"], line["headers"]) for line in lines] == [("k", "a", shown), ("k", "b", shown)]
+
+
+def test_consume_json_leaves_headers_out_of_a_message_without_them(kl_root):
+    ok(kl_root, "produce", "t", input=b"a\n")
+    assert b"headers" not in ok(kl_root, "consume", "t", "--json")
+
+
+def test_consume_format_headers_writes_them_as_kcats_h(kl_root):
+    ok(kl_root, "produce", "t", "-H", "a=1", "-H", "b", "-H", "c=", input=b"v\n")
+    ok(kl_root, "produce", "t", input=b"w\n")
+    assert ok(kl_root, "consume", "t", "--format", "[{headers}] {value}") == b"[a=1,b,c=] v\n[] w\n"
+    assert ok(kl_root, "consume", "t", "--format", "{headers!s:>12}|") == b"    a=1,b,c=|\n" + b" " * 12 + b"|\n"
+
+
+def test_a_null_value_is_null_in_json_and_empty_in_plain_output(kl_root):
+    ok(kl_root, "produce", "t", "--json", input=b'{"value": null, "key": "k"}\n{"value": ""}\n')
+    lines = [json.loads(line) for line in ok(kl_root, "consume", "t", "--json").splitlines()]
+    assert [line["value"] for line in lines] == [None, ""]
+    assert ok(kl_root, "consume", "t") == b"\n\n"
+    assert ok(kl_root, "consume", "t", "--binary") == b""
+
+
+def test_json_round_trips_every_byte_value_of_values_and_headers(kl_root, tmp_path):
+    every = [bytes([b]) for b in range(256)] + [bytes(range(256)), b"", None]
+    kl.Producer(kl.Root(kl_root)).send_batch(
+        "t", every, headers=[[("k\u00e9", v), ("n", None), ("e", b"")] for v in every]
+    )
+    printed = ok(kl_root, "consume", "t", "--json")
+    kl.Root(kl_root).create_topic("copy")
+    ok(kl_root, "produce", "copy", "--json", input=printed)
+    original, copied = read_all(kl.Root(kl_root), "t"), read_all(kl.Root(kl_root), "copy")
+    assert [(msg.key, msg.value, msg.headers, msg.timestamp) for msg in copied] == [
+        (msg.key, msg.value, msg.headers, msg.timestamp) for msg in original
+    ]
+    assert [msg.value for msg in copied] == every
+    assert ok(kl_root, "consume", "copy", "--json").replace(b'"topic": "copy"', b'"topic": "t"') == printed
+
+
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (b'{"value": "v", "headers": {"a": "b"}}', "'headers' must be a list of"),
+        (b'{"value": "v", "headers": [["a", "b"]]}', "a header must be an object with a string 'key'"),
+        (b'{"value": "v", "headers": [{"key": 1, "value": "b"}]}', "a header must be an object with a string 'key'"),
+        (b'{"value": "v", "headers": [{"key": "a"}]}', "header 'a': no 'value' or 'value_b64'"),
+        (b'{"value": "v", "headers": [{"key": "a", "value": "b", "extra": 1}]}', "a header must be an object"),
+        (b'{"value": "v", "headers": [{"key": "a", "value": "b", "value_b64": "Yg=="}]}', "both 'value' and 'value_b64'"),
+        (b'{"value": "v", "headers": [{"key": "a", "value_b64": "!"}]}', "'value_b64' is not valid base64"),
+        (b'{"value": "v", "headers": [{"key": "\\udc80", "value": "b"}]}', "is not valid Unicode"),
+    ],
+)
+def test_produce_json_refuses_headers_that_are_not_what_consume_writes(kl_root, line, problem):
+    assert problem in fails(kl_root, "produce", "t", "--json", input=line + b"\n")
+
+
+def test_headers_to_a_topic_without_them_fail_naming_the_fix(kl_root):
+    ok(kl_root, "topics", "create", "old", "--no-headers")
+    fix = "allow them with kl topics alter old --headers (kl versions before headers then refuse the topic)"
+    assert fails(kl_root, "produce", "old", "-H", "a=b", input=b"v\n") == (
+        f"Error: topic 'old' was created without headers and cannot hold headers or null values: {fix}"
+    )
+    assert fails(kl_root, "produce", "old", "--json", input=b'{"value": null}\n').endswith(f"{fix}; 0 lines before it were committed")
+    ok(kl_root, "topics", "alter", "old", "--headers")
+    ok(kl_root, "produce", "old", "-H", "a=b", input=b"v\n")
+    assert ok(kl_root, "consume", "old", "--format", "{headers}") == b"a=b\n"
+
+
+def test_a_0_7_topic_refuses_the_headers_option(kl_root):
+    assert fails(kl_root, "topics", "create", "legacy", "--format", "0.7", "--headers") == (
+        "Error: a topic of format 0.7 cannot hold headers or null values (Kafka 0.7 messages have neither)"
+    )
+    ok(kl_root, "topics", "create", "legacy", "--format", "0.7")
+    assert "cannot hold headers or null values" in fails(kl_root, "topics", "alter", "legacy", "--headers")
+    assert "which cannot hold headers" in fails(kl_root, "produce", "legacy", "-H", "a", input=b"v\n")
+
+
+def test_json_and_H_do_not_mix(kl_root):
+    assert "--json" in fails(kl_root, "produce", "t", "--json", "-H", "a=b", input=b"", code=2)
