@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+import test_cli
+from test_cli import fails, ok
 
 import kl
 from kl import groups
@@ -18,10 +20,10 @@ from kl.log.messageset import validate_set
 from kl.log.recovery import recover
 from kl.registry import Registry
 
-from test_cli import fails, kl_root, ok  # noqa: F401 - kl_root is a fixture
-
 from conftest import active_segment, flip_byte, read_all
 
+kl_root = test_cli.kl_root
+"""A root holding one-partition topic ``t`` (as a path), the CLI tests' fixture."""
 HEADERS = (("trace", b"t-1"), ("trace", b"t-2"), ("schema", None), ("bin", bytes(range(256))))
 
 
@@ -306,7 +308,8 @@ def test_headers_to_a_topic_without_them_fail_naming_the_fix(kl_root):
     assert fails(kl_root, "produce", "old", "-H", "a=b", input=b"v\n") == (
         f"Error: topic 'old' was created without headers and cannot hold headers or null values: {fix}"
     )
-    assert fails(kl_root, "produce", "old", "--json", input=b'{"value": null}\n').endswith(f"{fix}; 0 lines before it were committed")
+    failed = fails(kl_root, "produce", "old", "--json", input=b'{"value": null}\n')
+    assert failed.endswith(f"{fix}; 0 lines before it were committed")
     ok(kl_root, "topics", "alter", "old", "--headers")
     ok(kl_root, "produce", "old", "-H", "a=b", input=b"v\n")
     assert ok(kl_root, "consume", "old", "--format", "{headers}") == b"a=b\n"

@@ -512,5 +512,6 @@ def test_a_compressed_batch_holds_magic_3_messages(codec):
     inner = m.encode(b"a", headers=[("h", b"1")]) + m.encode(None, b"k") + m.encode(b"c")
     data = m.encode(m.compress(m.CODECS[codec], inner), None, 5, m.CODECS[codec])
     got = list(message_set(data))
-    assert [(msg.value, msg.key, msg.headers) for msg in got] == [(b"a", None, (("h", b"1"),)), (None, b"k", ()), (b"c", None, ())]
+    expected = [(b"a", None, (("h", b"1"),)), (None, b"k", ()), (b"c", None, ())]
+    assert [(msg.value, msg.key, msg.headers) for msg in got] == expected
     assert message_set(data).values()[0] == [b"a", None, b"c"]
