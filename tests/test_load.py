@@ -768,7 +768,8 @@ def test_headers_are_loaded_with_headers_and_null_values_are_null(spark, root, t
     settings = Settings(value_format="json", schema="user string", headers=True)
     load(root, tmp_path / "json", ["h"], settings=settings, spark=spark)
     table = ds.dataset(tmp_path / "json", format="parquet", partitioning="hive").to_table().sort_by("offset")
-    assert table["user"].to_pylist() == [None, None, "ann"] and table["headers"].to_pylist()[2] == [{"key": "t", "value": b"\xff"}]
+    assert table["user"].to_pylist() == [None, None, "ann"]
+    assert table["headers"].to_pylist()[2] == [{"key": "t", "value": b"\xff"}]
     with pytest.raises(kl.InvalidConfig, match="collides with kl's column 'headers'"):
         load(root, tmp_path / "bad", ["h"], settings=Settings(value_format="json", schema="headers string", headers=True),
              spark=spark)
