@@ -27,8 +27,8 @@ from typing import IO, Any
 import click
 
 import kl
-from kl.log.message import HEADER_SIZE, Headers, framed_size, timestamp_problem
-from kl.producer import DEFAULT_BATCH_BYTES
+from kl.log.message import HEADER_SIZE, Headers, timestamp_problem
+from kl.producer import DEFAULT_BATCH_BYTES, message_sizes
 from kl.remote import RemoteRoot
 from kl_cli import complete
 from kl_cli.common import (
@@ -165,14 +165,7 @@ class Sender:
     ) -> Iterator[tuple[int, int]]:
         """(start, stop) ranges of up to one append each; a message too large for the
         topic comes alone, after all before it."""
-        if headers is not None or None in values:
-            hs = headers or [()] * len(values)
-            ks = keys or [None] * len(values)
-            sizes = [framed_size(v, k, h) - HEADER_SIZE for v, k, h in zip(values, ks, hs, strict=True)]
-        elif keys is None:
-            sizes = list(map(len, values))  # type: ignore[arg-type]
-        else:
-            sizes = [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]  # type: ignore[arg-type]
+        sizes = message_sizes(values, keys, headers)
         end = len(values)
         if max(sizes) + HEADER_SIZE > self.max_message_bytes:
             end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)

@@ -326,8 +326,10 @@ class Producer:
             hs = None
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         config = self.root.config(topic)
-        if hs is not None or None in values:
+        sizes, special = _measure(values, keys, hs)
+        if special:  # headers, or a null value
             self._check_headers(topic, config)
+            hs = hs or [()] * len(values)  # framed one by one (message.encode)
         if config.legacy:
             _raise(self._mismatch(topic, config, keys is not None and keys.count(None) != len(keys), timestamp is not None))
         if keys is not None and partition is None:
@@ -337,7 +339,7 @@ class Producer:
             return [
                 a for p, (vals, ks, h) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None, h)
             ]
-        self._check_batch(topic, values, keys, hs)
+        self._check_size(topic, max(sizes) + m.HEADER_SIZE)
         return self._append(topic, self._targets(topic, partition), values, keys, ts, partition, hs)
 
     def send_records(
@@ -670,10 +672,9 @@ class Producer:
         limit = config.max_message_bytes
         if keys.count(None) == len(keys):
             keys = None
-        headers: list[m.Headers] | None = list(map(_HEADERS, items))
-        assert headers is not None
-        if not any(headers) and None not in values:
-            headers = None
+        given: list[m.Headers] = list(map(_HEADERS, items))
+        sizes, magic_3 = _measure(values, keys, given if any(given) else None)
+        headers = given if magic_3 else None
         mismatch = self._mismatch(topic, config, keys is not None) if config.legacy else None
         if headers is not None and not config.holds_headers:
             mismatch = self._no_headers(topic, config)
@@ -685,7 +686,6 @@ class Producer:
         if mismatch is not None:
             self._failed(items, mismatch)
             return [], None
-        sizes = _sizes(values, keys, headers)
         if max(sizes) + m.HEADER_SIZE > limit:
             return self._write_fitting(topic, partition, items, now, limit)
         stamps: list[int | None] | None = list(map(_TIMESTAMP, items))
@@ -833,7 +833,7 @@ class Producer:
     def _check_batch(
         self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: list[m.Headers] | None
     ) -> None:
-        self._check_size(topic, max(_sizes(values, keys, headers)) + m.HEADER_SIZE)
+        self._check_size(topic, max(message_sizes(values, keys, headers)) + m.HEADER_SIZE)
 
     def _refreshed(self, topic: str) -> bool:
         """Forget what is cached of ``topic``; True if it exists (again)."""
@@ -858,7 +858,7 @@ class Producer:
         what is left when the topic turns out to have been created again goes to the new one."""
         config = self.root.config(topic)
         out: list[Appended] = []
-        for start, stop in chunks(_sizes(values, keys, headers), self._chunk_limit(config)):
+        for start, stop in chunks(message_sizes(values, keys, headers), self._chunk_limit(config)):
             target = next(targets)
             log = self.root.log(topic, target)
             hs = None if headers is None else headers[start:stop]
@@ -977,14 +977,26 @@ os.register_at_fork(after_in_child=_forked)
 atexit.register(_send_queued)
 
 
-def _sizes(
+def message_sizes(
     values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[m.Headers] | None = None
 ) -> list[int]:
     """Each message's framed size less the magic 2 header (value and key bytes, and a
     magic 3 message's headers and lengths)."""
-    if headers is not None or None in values:
-        hs = headers or [()] * len(values)
-        return [m.framed_size(v, k, h) - m.HEADER_SIZE for v, k, h in zip(values, keys or [None] * len(values), hs, strict=True)]
-    if keys is None:
-        return list(map(len, values))  # type: ignore[arg-type]
-    return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]  # type: ignore[arg-type]
+    return _measure(values, keys, headers)[0]
+
+
+def _measure(
+    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[m.Headers] | None
+) -> tuple[list[int], bool]:
+    """``_sizes``, and whether a message is magic 3 (it has headers or a null value):
+    no look at each value beyond its ``len`` unless one is None."""
+    if headers is None:
+        try:
+            if keys is None:
+                return list(map(len, values)), False  # type: ignore[arg-type]
+            return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)], False  # type: ignore[arg-type]
+        except TypeError:  # len(None): a null value
+            pass
+    hs = headers or [()] * len(values)
+    ks = keys or [None] * len(values)
+    return [m.framed_size(v, k, h) - m.HEADER_SIZE for v, k, h in zip(values, ks, hs, strict=True)], True
