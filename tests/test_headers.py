@@ -5,6 +5,9 @@ checks of a received set, recovery, dump, time lookups and group lag."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -326,3 +329,30 @@ def test_a_0_7_topic_refuses_the_headers_option(kl_root):
 
 def test_json_and_H_do_not_mix(kl_root):
     assert "--json" in fails(kl_root, "produce", "t", "--json", "-H", "a=b", input=b"", code=2)
+
+
+def test_a_producer_of_magic_3_killed_mid_write_leaves_whole_messages_only(root, topic):
+    script = (
+        "import sys, kl\n"
+        "p = kl.Producer(kl.Root(sys.argv[1]))\n"
+        "i = 0\n"
+        "while True:\n"
+        "    p.send_batch('t', [None, b'v%d' % i], headers=[[('i', b'%d' % i)], [('n', None), ('i', b'%d' % i)]])\n"
+        "    i += 1\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, root.path])
+    consumer = kl.Consumer(root)
+    try:
+        while consumer.latest_offset(topic, 0) < 200_000 and child.poll() is None:
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()
+    fresh = kl.Root(root.path)
+    recover(fresh.log(topic, 0), deep=True)  # cuts a torn tail, if the kill left one
+    assert recover(kl.Root(root.path).log(topic, 0), deep=True, dry_run=True).findings == []
+    got = read_all(kl.Root(root.path), topic, max_bytes=1 << 20)
+    assert len(got) > 1000 and len(got) % 2 == 0
+    for i, (null, value) in enumerate(zip(got[::2], got[1::2], strict=True)):
+        assert (null.value, null.headers) == (None, (("i", b"%d" % i),))
+        assert (value.value, value.headers) == (b"v%d" % i, (("n", None), ("i", b"%d" % i)))
