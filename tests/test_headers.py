@@ -356,3 +356,17 @@ def test_a_producer_of_magic_3_killed_mid_write_leaves_whole_messages_only(root,
     for i, (null, value) in enumerate(zip(got[::2], got[1::2], strict=True)):
         assert (null.value, null.headers) == (None, (("i", b"%d" % i),))
         assert (value.value, value.headers) == (b"v%d" % i, (("n", None), ("i", b"%d" % i)))
+
+
+def test_dump_shows_headers_and_null_values_in_text_and_json(kl_root):
+    ok(kl_root, "produce", "t", "--json", input=(
+        b'{"value": "v", "timestamp": 5, "headers": [{"key": "a", "value": "1"}, {"key": "b", "value": null},'
+        b' {"key": "c", "value_b64": "/w=="}]}\n{"value": null, "key": "k", "timestamp": 6}\n'
+    ))
+    assert ok(kl_root, "dump", "t", "--print-data").decode().splitlines()[1:] == [
+        r"offset: 0 position: 0 size: 60 magic: 3 codec: none timestamp: 5 valid: yes key: - headers: a=1,b,c=\xff value: v",
+        "offset: 60 position: 60 size: 31 magic: 3 codec: none timestamp: 6 valid: yes key: k value: (null)",
+    ]
+    first, second = map(json.loads, ok(kl_root, "dump", "t", "--print-data", "--json").splitlines())
+    assert first["headers"] == [{"key": "a", "value": "1"}, {"key": "b", "value": None}, {"key": "c", "value_b64": "/w=="}]
+    assert (second["value"], "headers" in second) == (None, False)
