@@ -450,6 +450,7 @@ def test_header_keys_are_utf8_strings():
     "headers, problem",
     [
         ([("k",)], "a header is a"),
+        ([5], "a header is a"),
         ([(b"k", b"v")], "a header is a"),
         ([("k", "text")], "its value is bytes or None"),
         ([("\udc80", b"v")], "cannot be written as UTF-8"),
@@ -515,3 +516,8 @@ def test_a_compressed_batch_holds_magic_3_messages(codec):
     expected = [(b"a", None, (("h", b"1"),)), (None, b"k", ()), (b"c", None, ())]
     assert [(msg.value, msg.key, msg.headers) for msg in got] == expected
     assert message_set(data).values()[0] == [b"a", None, b"c"]
+
+
+def test_a_magic_3_value_of_a_wide_buffer_counts_its_bytes():
+    value = memoryview(bytes(range(8))).cast("i")
+    assert m.encode(value, headers=[("h", b"")]) == m.encode(bytes(value), headers=[("h", b"")])

@@ -163,6 +163,8 @@ def encode_v3(
     headers: Headers | Sequence[tuple[str, bytes | None]],
 ) -> bytes:
     """One magic 3 message (see ``encode``)."""
+    if value is not None and type(value) is not bytes:
+        value = bytes(value)  # a wide buffer's length in bytes
     pack = INT32.pack
     parts = [TIMESTAMP_KEY_LENGTH.pack(timestamp, NO_KEY if key is None else len(key)), key or b""]
     parts += [pack(NULL), b""] if value is None else [pack(len(value)), value]
@@ -182,7 +184,8 @@ def as_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Headers:
     out = []
     for header in headers or ():
         pair = tuple(header) if isinstance(header, list) else header
-        out.append((pair[0], _header(pair)[1]))
+        data = _header(pair)[1]  # checks it first
+        out.append((pair[0], data))
     return tuple(out)
 
 
