@@ -34,7 +34,7 @@ from kl_cli.common import (
 )
 from kl_cli.output import stdout_writer
 
-FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value")
+FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value", "headers")
 
 Render = Callable[[str, int, list[kl.Message]], bytes]
 
@@ -89,7 +89,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     metavar="FMT",
     help="Write each message with the Python format string FMT, then the delimiter; fields: "
     + " ".join(f"{{{field}}}" for field in FORMAT_FIELDS)
-    + "; {timestamp:iso} is ISO 8601 in UTC.",
+    + "; {timestamp:iso} is ISO 8601 in UTC; {headers} is kcat's %h, k1=v1,k2=v2 (a null value without its =).",
 )
 @click.option("--json", "json_output", is_flag=True, help="Write one JSON object per message.")
 @click.option("--binary", is_flag=True, help="Write the values exactly as stored, nothing added.")
@@ -246,12 +246,20 @@ def _emitter(write: Callable[[bytes], None], render: Render | None, binary: bool
         if render is not None:
             write(render(batch.topic, batch.partition, batch.messages))  # type: ignore[arg-type]
         elif binary:
-            write(b"".join(batch.messages))  # type: ignore[arg-type]
+            write(_joined(b"", batch.messages))  # type: ignore[arg-type]
         else:
             batch.messages.append(b"")  # type: ignore[arg-type]  # a delimiter after the last value too, without another copy
-            write(delim.join(batch.messages))  # type: ignore[arg-type]
+            write(_joined(delim, batch.messages))  # type: ignore[arg-type]
 
     return emit
+
+
+def _joined(delim: bytes, values: list[bytes | None]) -> bytes:
+    """``values`` joined with ``delim``, a null value written as an empty one."""
+    try:
+        return delim.join(values)  # type: ignore[arg-type]
+    except TypeError:  # a null value (rare: not worth a look at every value first)
+        return delim.join([b"" if value is None else value for value in values])
 
 
 def _consume_group(
@@ -322,7 +330,7 @@ class _Timestamp:
 def _format_renderer(fmt: str, delim: bytes) -> Render:
     try:
         fmt = unescape(fmt)
-        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=_Timestamp(0), key="", value="")
+        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=_Timestamp(0), key="", value="", headers="")
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
     parsed = list(string.Formatter().parse(fmt))
@@ -354,6 +362,7 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
                 "timestamp": _Timestamp(m.timestamp),
                 "key": _text(m.key),
                 "value": _text(m.value),
+                "headers": _text(core.render([m], [(core.HEADERS, b"")])),
             }
             try:
                 out.append(to_bytes(fmt.format_map(fields)))
@@ -372,6 +381,7 @@ _CORE_FIELDS = {
     ("timestamp", "iso"): core.TIMESTAMP_ISO,
     ("key", ""): core.KEY,
     ("value", ""): core.VALUE,
+    ("headers", ""): core.HEADERS,
 }
 """The --format fields the core writes (``core.render``), by name and spec."""
 
@@ -421,11 +431,12 @@ _render_json = _core_renderer(
         core.KEY_JSON,
         b", ",
         core.VALUE_JSON,
+        core.HEADERS_JSON,
         b"}\n",
     ]
 )
 """--json: one object a line, as json.dumps writes it (UTF-8 keys and values as strings,
-others as key_b64/value_b64)."""
+others as key_b64/value_b64; ``"headers"`` only for a message that has them)."""
 
 
 def _parse_from_offset(text: str | None) -> tuple[str, int]:

@@ -74,6 +74,11 @@ from kl_cli.common import aligned, get_root, print_line
 )
 @click.option("--schema", metavar="DDL", help="The columns of JSON values, as Spark DDL: 'user string, n int'.")
 @click.option(
+    "--headers",
+    is_flag=True,
+    help="Write each message's headers as a column 'headers' (a list of key/value structs; null without any).",
+)
+@click.option(
     "--bad-timestamps",
     type=click.Choice(("fail", "clamp", "null")),  # kl.spark.arrow.BAD_TIMESTAMPS, not imported before Spark is needed
     default="fail",
@@ -99,6 +104,7 @@ def load(
     granularity: str,
     value_format: str,
     schema: str | None,
+    headers: bool,
     bad_timestamps: str,
     dry_run: bool,
     as_json: bool,
@@ -128,7 +134,7 @@ def load(
         raise click.UsageError("--schema applies to --value-format json only", ctx)
     root = get_root(ctx)
     limits = Limits(start, on_data_loss, max_bytes, max_messages, on_recreated)
-    settings = Settings(granularity, value_format, schema)
+    settings = Settings(granularity, value_format, schema, headers)
     if dry_run:
         reports = journal.run(root, output, list(topics), limits, settings, execute=None, dry_run=True)
     else:

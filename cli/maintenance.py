@@ -21,6 +21,7 @@ import click
 
 import kl
 from kl.log.dump import DumpRecord, Lines, Template, dump_file, dump_lines
+from kl.log.message import Headers
 from kl.log.recovery import RecoveryReport, recover
 from kl.log.retention import DEFAULT_DELETE_DELAY, RetentionReport, retain
 from kl_cli.common import DURATION, Progress, exclusive, get_root, print_line
@@ -510,18 +511,26 @@ def _dump_line(record: DumpRecord, print_data: bool) -> str:
         f"offset: {record.offset} position: {record.position} size: {record.size} magic: {record.magic} "
         f"codec: {record.codec} timestamp: {timestamp} valid: yes key: {key}"
     )
+    if record.headers:
+        line += f" headers: {_show_headers(record.headers)}"
     if print_data:
         line += f" value: {_value(record)}"
     if record.problem is None and not record.inner:  # most lines
         return line + "\n"
     inner = [
         f"  inner: {i} timestamp: {_timestamp(msg)} key: {_show(msg.key)} value_size: {msg.size}"
-        + (f" value: {_show(msg.value)}" if print_data else "")
+        + (f" headers: {_show_headers(msg.headers)}" if msg.headers else "")
+        + (f" value: {_value(msg)}" if print_data else "")
         for i, msg in enumerate(record.inner)
     ]
     if not record.valid:  # the batch's checksum holds, but what it holds cannot be read
         inner.append(f"  inner: cannot be read: {record.problem}")
     return "\n".join([line, *inner]) + "\n"
+
+
+def _show_headers(headers: Headers) -> str:
+    """Headers as ``kl consume --format {headers}`` shows them: ``k1=v1,k2`` (k2's value null)."""
+    return ",".join(_show(name.encode()) if data is None else f"{_show(name.encode())}={_show(data)}" for name, data in headers)
 
 
 def _timestamp(record: DumpRecord) -> str:
@@ -530,7 +539,7 @@ def _timestamp(record: DumpRecord) -> str:
 
 def _value(record: DumpRecord) -> str:
     if record.codec == "none":
-        return _show(record.value)
+        return "(null)" if record.value is None else _show(record.value)
     return "(padding)" if record.codec == "padding" else "(compressed)"
 
 
@@ -540,6 +549,16 @@ def _json_field(obj: dict, name: str, data: bytes | None) -> None:
         obj[name] = None if data is None else data.decode("utf-8")
     except UnicodeDecodeError:
         obj[name + "_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def _json_headers(headers: Headers) -> list[dict]:
+    """Headers as ``kl consume --json`` writes them: one object per header, in order."""
+    out: list[dict] = []
+    for name, data in headers:
+        header = {"key": name}
+        _json_field(header, "value", data)
+        out.append(header)
+    return out
 
 
 def _json_line(partition: int | None, past_end: bool) -> Template:
@@ -555,6 +574,8 @@ def _dump_json(record: DumpRecord, print_data: bool, partition: int | None, past
     obj |= {k: getattr(record, k) for k in ("offset", "position", "size", "magic", "codec", "timestamp")}
     obj |= {"valid": record.valid, "problem": record.problem}
     _json_field(obj, "key", record.key)
+    if record.headers:
+        obj["headers"] = _json_headers(record.headers)
     if print_data and record.codec == "none":
         _json_field(obj, "value", record.value)
     if past_end:
@@ -565,6 +586,8 @@ def _dump_json(record: DumpRecord, print_data: bool, partition: int | None, past
             inner = {"timestamp": msg.timestamp}
             _json_field(inner, "key", msg.key)
             inner["value_size"] = msg.size
+            if msg.headers:
+                inner["headers"] = _json_headers(msg.headers)
             if print_data:
                 _json_field(inner, "value", msg.value)
             obj["inner"].append(inner)

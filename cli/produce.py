@@ -27,9 +27,9 @@ from typing import IO, Any
 import click
 
 import kl
-from kl.log.message import HEADER_SIZE, timestamp_problem
+from kl.log.message import HEADER_SIZE, Headers, timestamp_problem
 from kl.net.remote import RemoteRoot
-from kl.producer import DEFAULT_BATCH_BYTES
+from kl.producer import DEFAULT_BATCH_BYTES, message_sizes
 from kl_cli import complete
 from kl_cli.common import (
     Progress,
@@ -44,9 +44,10 @@ from kl_cli.common import (
     to_bytes,
 )
 
-JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64"}
-Record = tuple[bytes | None, bytes, int | None, int | None]
-"""key, value, timestamp, partition of a JSON-lines record."""
+JSON_FIELDS = {"topic", "partition", "offset", "next_offset", "timestamp", "key", "key_b64", "value", "value_b64", "headers"}
+HEADER_FIELDS = {"key", "value", "value_b64"}
+Record = tuple[bytes | None, bytes | None, int | None, int | None, Headers]
+"""key, value, timestamp, partition, headers of a JSON-lines record."""
 PROGRESS_MIN_BYTES = 4 << 20
 """A file at least this big gets a progress bar (when stderr is a terminal)."""
 
@@ -116,10 +117,11 @@ class Sender:
 
     def send(
         self,
-        values: list[bytes],
+        values: list[bytes | None],
         keys: list[bytes | None] | None = None,
         timestamp: int | None = None,
         partition: int | None = None,
+        headers: list[Headers] | None = None,
     ) -> None:
         """Append ``values`` (to ``partition`` unless the sender has one of its own)."""
         if not values:
@@ -127,7 +129,7 @@ class Sender:
         if self.partition is not None:
             partition = self.partition
         with self.interrupts.deferred():
-            for start, stop in self._pieces(values, keys):
+            for start, stop in self._pieces(values, keys, headers):
                 target = partition if partition is not None or keys is not None else self.next_partition
                 appended = self.producer.send_batch(
                     self.topic,
@@ -135,6 +137,7 @@ class Sender:
                     None if keys is None else keys[start:stop],
                     partition=target,
                     timestamp=timestamp,
+                    headers=None if headers is None else headers[start:stop],
                 )
                 if partition is None and keys is None:
                     self.next_partition = (appended[-1].partition + 1) % self.partitions
@@ -145,7 +148,12 @@ class Sender:
         of it were taken.  A record too large for the topic is sent alone, and raises."""
         with self.interrupts.deferred():
             appended, took = self.producer.send_records(
-                self.topic, data, delim, keep_delimiter=keep, partition=self.partition, first=self.next_partition,
+                self.topic,
+                data,
+                delim,
+                keep_delimiter=keep,
+                partition=self.partition,
+                first=self.next_partition,
                 max_records=self.batch_size or 0,
             )
             self.count += sum(a.count for a in appended)
@@ -157,10 +165,12 @@ class Sender:
         self.send([data[took : at + len(delim) if keep else at]])
         return at + len(delim)
 
-    def _pieces(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> Iterator[tuple[int, int]]:
+    def _pieces(
+        self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[Headers] | None
+    ) -> Iterator[tuple[int, int]]:
         """(start, stop) ranges of up to one append each; a message too large for the
         topic comes alone, after all before it."""
-        sizes = list(map(len, values)) if keys is None else [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
+        sizes = message_sizes(values, keys, headers)
         end = len(values)
         if max(sizes) + HEADER_SIZE > self.max_message_bytes:
             end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)
@@ -194,6 +204,14 @@ class InputFile(click.File):
 @delimiter_options("Read")
 @key_delimiter_option("Split each record at the first TEXT into key and value; a record without TEXT has no key (null).")
 @click.option("-k", "--key", metavar="KEY", help="Give every message the key KEY (so all go to KEY's partition).")
+@click.option(
+    "-H",
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Give every message the header NAME with VALUE (NAME alone: a null value); repeat for more, in order.",
+)
 @click.option(
     "-p",
     "--partition",
@@ -229,6 +247,7 @@ def produce(
     null: bool,
     key_delimiter: bytes | None,
     key: str | None,
+    headers: tuple[str, ...],
     partition: int | None,
     compression: str,
     batch_size: int | None,
@@ -249,6 +268,8 @@ def produce(
     exclusive(json=json_input, delimiter=delimiter, null=null)
     exclusive(json=json_input, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_input, key_delimiter=key_delimiter, key=key)
+    exclusive(json=json_input, header=bool(headers))
+    given = _headers(headers)
     delim = resolve_delimiter(delimiter, null)
     root = RemoteRoot(server) if server is not None else get_root(ctx)
     root.log(topic, partition if partition is not None else 0)  # fail before reading input
@@ -258,7 +279,7 @@ def produce(
         producer: kl.Producer = kl.RemoteProducer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
     else:
         producer = kl.Producer(root, compression=codec, fsync=fsync, batch_bytes=batch_bytes)
-    producer.check_format(topic, keyed=key_delimiter is not None or key is not None)
+    producer.check_format(topic, keyed=key_delimiter is not None or key is not None, headers=bool(given))
     interrupts = Interrupts()
     sender = Sender(producer, topic, partition, batch_size, interrupts)
     record = "line" if json_input or delim == b"\n" else "record"
@@ -271,9 +292,9 @@ def produce(
             if json_input:
                 _produce_json(chunks, sender, None if partition is not None else sender.partitions)
             elif key_delimiter is not None:
-                _produce_keyed(chunks, sender, delim, key_delimiter)
+                _produce_keyed(chunks, sender, delim, key_delimiter, given)
             else:
-                _produce_values(chunks, sender, delim, binary, None if key is None else to_bytes(key))
+                _produce_values(chunks, sender, delim, binary, None if key is None else to_bytes(key), given)
         except (kl.KlError, OSError, BadRecord) as e:
             raise click.ClickException(_failure(e, record, sender.count)) from None
         finally:
@@ -329,8 +350,19 @@ def _records(chunks: Iterator[bytes], delim: bytes) -> Iterator[tuple[list[bytes
         yield [carry], False
 
 
-def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool, key: bytes | None) -> None:
-    if key is None:  # split and framed by the core: no Python object per record
+def _headers(given: tuple[str, ...]) -> Headers:
+    """``-H`` options as headers: NAME=VALUE, or NAME alone for a null value."""
+    out = []
+    for header in given:
+        name, found, value = header.partition("=")
+        out.append((name, to_bytes(value) if found else None))
+    return tuple(out)
+
+
+def _produce_values(
+    chunks: Iterator[bytes], sender: Sender, delim: bytes, binary: bool, key: bytes | None, headers: Headers
+) -> None:
+    if key is None and not headers:  # split and framed by the core: no Python object per record
         carry = b""
         for chunk in chunks:
             data = carry + chunk if carry else chunk
@@ -341,10 +373,10 @@ def _produce_values(chunks: Iterator[bytes], sender: Sender, delim: bytes, binar
     for records, terminated in _records(chunks, delim):
         if binary and terminated:
             records = [record + delim for record in records]
-        sender.send(records, None if key is None else [key] * len(records))
+        sender.send(records, None if key is None else [key] * len(records), headers=[headers] * len(records) if headers else None)
 
 
-def _produce_keyed(chunks: Iterator[bytes], sender: Sender, delim: bytes, key_delim: bytes) -> None:
+def _produce_keyed(chunks: Iterator[bytes], sender: Sender, delim: bytes, key_delim: bytes, headers: Headers) -> None:
     for records, _ in _records(chunks, delim):
         keys: list[bytes | None] = []
         values = []
@@ -356,7 +388,7 @@ def _produce_keyed(chunks: Iterator[bytes], sender: Sender, delim: bytes, key_de
             else:
                 keys.append(None)
                 values.append(record)
-        sender.send(values, keys)
+        sender.send(values, keys, headers=[headers] * len(values) if headers else None)
 
 
 def _produce_json(chunks: Iterator[bytes], sender: Sender, partitions: int | None) -> None:
@@ -376,9 +408,16 @@ def _produce_json(chunks: Iterator[bytes], sender: Sender, partitions: int | Non
 def _send_json(sender: Sender, batch: list[Record]) -> None:
     for (timestamp, partition), run in itertools.groupby(batch, key=lambda record: (record[2], record[3])):
         records = list(run)
-        keys = [key for key, _, _, _ in records]
-        values = [value for _, value, _, _ in records]
-        sender.send(values, keys if any(key is not None for key in keys) else None, timestamp, partition)
+        keys = [record[0] for record in records]
+        values = [record[1] for record in records]
+        headers = [record[4] for record in records]
+        sender.send(
+            values,
+            keys if any(key is not None for key in keys) else None,
+            timestamp,
+            partition,
+            headers if any(headers) else None,
+        )
 
 
 def _parse_json(line: bytes, topic: str, partitions: int | None) -> Record:
@@ -399,8 +438,6 @@ def _parse_json(line: bytes, topic: str, partitions: int | None) -> Record:
     if "value" not in obj and "value_b64" not in obj:
         raise BadRecord("no 'value' or 'value_b64'")
     value = _field(obj, "value")
-    if value is None:
-        raise BadRecord("'value' must not be null")
     if obj.get("topic") is not None and not isinstance(obj["topic"], str):
         raise BadRecord(f"'topic' must be a string, not {obj['topic']!r}")
     for name in ("offset", "next_offset"):
@@ -421,7 +458,28 @@ def _parse_json(line: bytes, topic: str, partitions: int | None) -> Record:
             f"'partition' {partition} is out of range: topic {topic!r} has partitions 0 to {partitions - 1} "
             "(give -p N to choose one)"
         )
-    return _field(obj, "key"), value, timestamp, partition
+    return _field(obj, "key"), value, timestamp, partition, _json_headers(obj.get("headers"))
+
+
+def _json_headers(headers: object) -> Headers:
+    """``"headers"`` as ``kl consume --json`` writes it: a list of objects, each with a
+    ``"key"`` (a string) and a ``"value"`` (a string or null) or ``"value_b64"``."""
+    if headers is None:
+        return ()
+    if not isinstance(headers, list):
+        raise BadRecord(f'\'headers\' must be a list of {{"key": ..., "value": ...}} objects, not {headers!r:.60}')
+    out = []
+    for header in headers:
+        if not isinstance(header, dict) or not isinstance(header.get("key"), str) or set(header) - HEADER_FIELDS:
+            raise BadRecord(f"a header must be an object with a string 'key' and a 'value' or 'value_b64', not {header!r:.60}")
+        if "value" not in header and "value_b64" not in header:
+            raise BadRecord(f"header {header['key']!r}: no 'value' or 'value_b64'")
+        try:
+            header["key"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRecord(f"header key {header['key']!r:.60} is not valid Unicode") from None
+        out.append((header["key"], _field(header, "value")))
+    return tuple(out)
 
 
 def _field(obj: dict[str, Any], name: str) -> bytes | None:

@@ -32,6 +32,13 @@ DEFAULTS = kl.TopicConfig()
 def config_options(f: F) -> F:
     """One option per ``TopicConfig`` setting, each None unless given."""
     f = click.option(
+        "--headers/--no-headers",
+        "headers",
+        default=None,
+        help="Let the topic hold headers and null values (magic 3), which kl before them cannot read  "
+        "[default: on for format kl, refused for 0.7].",
+    )(f)
+    f = click.option(
         "--format",
         "format",
         type=click.Choice(FORMATS),
@@ -68,6 +75,13 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
 @click.option("--flush-ms", "flush_ms", type=int, metavar="N", help="fsync after this many milliseconds (0: off).")
 @click.option("--retention-ms", "retention_ms", type=int, metavar="N", help="Keep segments this long.")
 @click.option("--retention-bytes", "retention_bytes", type=int, metavar="N", help="Keep at most this many bytes per partition.")
+@click.option(
+    "--headers",
+    "headers",
+    is_flag=True,
+    default=None,
+    help="Let the topic hold headers and null values from now on (never undone; kl before them then refuses the topic).",
+)
 @click.pass_context
 def alter(ctx: click.Context, topic: str, **settings: int | None) -> None:
     """Change settings of TOPIC; it keeps its data and its topic id.
@@ -76,7 +90,8 @@ def alter(ctx: click.Context, topic: str, **settings: int | None) -> None:
     Added partitions start empty; keyed messages then hash over the new number of
     partitions, so a key's later messages may go to another partition than its
     earlier ones (their order across the change is not kept).  The format cannot
-    change, nor can partitions or --max-message-bytes go down.
+    change, nor can partitions or --max-message-bytes go down, nor --headers be
+    turned off.
     """
     changes = {name: value for name, value in settings.items() if value is not None}
     if not changes:
@@ -144,7 +159,8 @@ def describe(ctx: click.Context, topic: str, as_json: bool, server: str | None) 
     if as_json:
         sys.stdout.write(json.dumps(_info_json(info)) + "\n")
         return
-    config = dataclasses.asdict(info.config)
+    config: dict[str, object] = _config(info.config)
+    config["headers"] = str(config["headers"]).lower()
     width = max(map(len, config))
     lines = [f"{'topic':<{width}}  {info.name}"]
     lines += [f"{name:<{width}}  {value}" for name, value in config.items()]
@@ -172,11 +188,16 @@ def _described(
         remote.close()
 
 
+def _config(config: kl.TopicConfig) -> dict[str, object]:
+    """A topic's settings, ``headers`` true or false."""
+    return dataclasses.asdict(config) | {"headers": config.holds_headers}
+
+
 def _info_json(info: kl.TopicInfo) -> dict[str, object]:
     """``topics describe --json``'s object: topic, config, partitions."""
     return {
         "topic": info.name,
-        "config": dataclasses.asdict(info.config),
+        "config": _config(info.config),
         "partitions": [dataclasses.asdict(p) for p in info.partitions],
     }
 

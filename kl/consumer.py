@@ -45,7 +45,7 @@ class Batch(NamedTuple):
     """Where the fetch started."""
     next_offset: int
     """Where the partition's next fetch starts (inside a compressed batch: at the batch)."""
-    messages: list[Message] | list[bytes]
+    messages: list[Message] | list[bytes | None]
     """``Message`` objects, or with ``values_only`` their values alone."""
 
 
@@ -299,7 +299,7 @@ class Consumer:
 
     def _read(
         self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None, skip: int = 0
-    ) -> tuple[list[Message] | list[bytes], int, CorruptMessage | None]:
+    ) -> tuple[list[Message] | list[bytes | None], int, CorruptMessage | None]:
         """The valid messages (at most ``limit``) of one fetch, where to read next, and
         the damage that ended them early (its offset is where to read next then).
         ``skip`` leaves out the first messages read: a ``Position``'s inside a compressed
@@ -375,7 +375,7 @@ def _stops(
     return stops
 
 
-def _before(messages: list[Message], time_ms: int, values_only: bool) -> tuple[list[Message] | list[bytes], int | None]:
+def _before(messages: list[Message], time_ms: int, values_only: bool) -> tuple[list[Message] | list[bytes | None], int | None]:
     """The messages before the first stamped at or after ``time_ms`` (their values, with
     ``values_only``), and that message's offset (None when there is none)."""
     at = None
@@ -386,7 +386,7 @@ def _before(messages: list[Message], time_ms: int, values_only: bool) -> tuple[l
     return ([msg.value for msg in messages] if values_only else messages), at
 
 
-def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes], int]:
+def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes | None], int]:
     """Up to ``limit`` messages (or values) of a set, and the offset after the last one."""
     if values_only:
         values, next_offset = messages.values()

@@ -14,6 +14,9 @@ class Kind(enum.Enum):
     BAD_LENGTH = "bad length"
     CHECKSUM = "checksum mismatch"
     BAD_KEY_LENGTH = "bad key length"
+    BAD_FIELD = "bad field at byte"
+    """A magic 3 message whose value, header or header count length does not fit it, a
+    header key that is not UTF-8, or bytes left over (named by its position in the message)."""
     BAD_BATCH = "bad compressed batch"
     SHORT_FILE = "file ends early"
     """A segment file ends before the offset where its data must go on."""
@@ -97,6 +100,10 @@ class MessageTooLarge(KlError):
 
 class FormatMismatch(KlError):
     """A message the topic's format cannot store: a key or zstd for a Kafka 0.7 topic."""
+
+
+class InvalidHeaders(KlError):
+    """A message's headers are not (str, bytes or None) pairs, or a key cannot be UTF-8."""
 
 
 class InvalidTimestamp(KlError):

@@ -58,7 +58,7 @@ from kl.errors import (
 from kl.follow import Watch
 from kl.log.config import same_creation
 from kl.log.log import Log, Position
-from kl.log.message import Message
+from kl.log.message import Headers, Message
 from kl.registry import CorruptOffset, Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
 
@@ -87,7 +87,8 @@ class Record(NamedTuple):
     next_offset: int
     timestamp: int | None
     key: bytes | None
-    value: bytes
+    value: bytes | None
+    headers: Headers = ()
 
 
 @dataclass(eq=False)
@@ -857,7 +858,7 @@ def advance(position: Position, message: Message) -> Position:
 
 def read_from(
     reader: Consumer, topic: str, partition: int, start: Position, max_bytes: int, values_only: bool, limit: int | None
-) -> tuple[list[Message] | list[bytes], Position, CorruptMessage | None]:
+) -> tuple[list[Message] | list[bytes | None], Position, CorruptMessage | None]:
     """``Consumer._read`` from a position: the messages of one fetch (at most ``limit``)
     after the ``start.skip`` first ones of the batch at ``start.offset``, where to go on,
     and the damage that ended them early."""

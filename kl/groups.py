@@ -556,7 +556,7 @@ def _count_segment(segment: Segment, position: int, last: int) -> tuple[int | No
         while at + _HEAD.size <= size:
             length, magic, attrs = _HEAD.unpack_from(buf, at)
             whole = m.LENGTH_SIZE + length
-            if magic > m.CURRENT_MAGIC or not m.MIN_LENGTH[magic] <= length <= limit - m.LENGTH_SIZE:
+            if magic >= len(m.MIN_LENGTH) or not m.MIN_LENGTH[magic] <= length <= limit - m.LENGTH_SIZE:
                 return None, first
             if position + at + whole > last:
                 return None, first
@@ -582,7 +582,7 @@ def _count_segment(segment: Segment, position: int, last: int) -> tuple[int | No
 def _timestamp(segment: Segment, position: int) -> int | None:
     """The timestamp of the message at ``position`` (None for magic 0 and 1)."""
     head = segment.read(position, m.KEY_OFFSET)
-    if len(head) < m.KEY_OFFSET or head[m.MAGIC_OFFSET] != m.CURRENT_MAGIC:
+    if len(head) < m.KEY_OFFSET or head[m.MAGIC_OFFSET] < m.CURRENT_MAGIC:
         return None
     (stamp,) = _STAMP.unpack_from(head, m.TIMESTAMP_OFFSET)
     return int(stamp)

@@ -341,7 +341,8 @@ class Mirror:
 
     def _target_config(self, topic: str, *, lock: bool) -> TopicConfig:
         """The target topic's config, after checking it against the source's: created when
-        missing, its partitions grown to the source's count (never shrunk).  With ``lock``,
+        missing, its partitions grown to the source's count (never shrunk), its headers
+        setting turned on when the source's is.  With ``lock``,
         takes the topic's mirror lock first (after creating the topic)."""
         wanted = self.source.config(topic)
         try:
@@ -354,6 +355,9 @@ class Mirror:
         if config.partitions < wanted.partitions:
             config = self.target.alter_topic(topic, partitions=wanted.partitions)
             log.info("topic %s of %s grown to %d partitions", topic, self.target.path, wanted.partitions)
+        if wanted.holds_headers and not config.holds_headers:  # the source may hold magic 3: so may the copy
+            config = self.target.alter_topic(topic, headers=True)
+            log.info("topic %s of %s now holds headers, as in %s", topic, self.target.path, self.source.name)
         if config.partitions != wanted.partitions:
             raise Diverged(
                 f"topic {topic!r} has {wanted.partitions} partitions in {self.source.name}"

@@ -101,9 +101,9 @@ class Appended(NamedTuple):
 Callback = Callable[[Appended | None, BaseException | None], object]
 """Async mode: called with (where the message landed, None) or (None, the error)."""
 
-_Item = tuple[str, bytes, bytes | None, int | None, int | None, Callback | None]
-"""A queued message: topic, value, key, partition, timestamp, callback."""
-_TOPIC, _VALUE, _KEY, _PARTITION, _TIMESTAMP, _CALLBACK = (operator.itemgetter(i) for i in range(6))
+_Item = tuple[str, bytes | None, bytes | None, int | None, int | None, Callback | None, m.Headers]
+"""A queued message: topic, value, key, partition, timestamp, callback, headers."""
+_TOPIC, _VALUE, _KEY, _PARTITION, _TIMESTAMP, _CALLBACK, _HEADERS = (operator.itemgetter(i) for i in range(7))
 _NONE = {None}
 
 
@@ -177,7 +177,7 @@ class Producer:
         before the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers,
         then ``queue_size`` until the thread takes the queue."""
         if self.linger_ms is not None and type(self).send is Producer.send:  # not over a subclass's own send
-            self.send = self._lane.send  # type: ignore[method-assign]  # the compiled core's: no Python frame
+            self.send = self._lane.send  # type: ignore[method-assign,assignment]  # the compiled core's: no Python frame
         self._woken = False
         self._closing = False
         self._rounds_started = self._rounds_done = 0
@@ -188,16 +188,22 @@ class Producer:
     def send(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None = None,
         partition: int | None = None,
         timestamp: int | None = None,
         callback: Callback | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = (),
     ) -> Appended | None:
         """Append one message; returns where it landed (None in async mode, which only
         queues it).  ``callback``, if given, is called with (where it landed, None) or
         (None, the error) once it is appended or has failed; in sync mode before this
         returns (and the error is raised too).
+
+        ``headers`` are (key, value) pairs, keys ``str`` (stored as UTF-8) and values
+        bytes or None; a ``value`` of None is a null value (a tombstone).  Either needs a
+        topic with the ``headers`` setting (``FormatMismatch`` names the fix), and bad
+        headers raise ``InvalidHeaders``.
 
         A topic deleted and created again while this producer lives is looked up afresh
         (its partitions and limits may have changed): the send goes to the new topic.
@@ -207,21 +213,22 @@ class Producer:
         """
         if timestamp is not None:
             _check_timestamp(timestamp)
+        headers = _headers(headers) if headers else ()
         if self.linger_ms is None:
-            return self._send_now(topic, value, key, partition, timestamp, callback)
+            return self._send_now(topic, value, key, partition, timestamp, callback, headers)
         # async mode, past the lane (the plain sends of its owner to where it is aimed)
-        if len(value) > self._rooms.get(topic, -1) or key is not None or timestamp is not None:
-            size = len(value) + m.HEADER_SIZE + (0 if key is None else len(key))
-            self._admit(topic, size, key is not None, timestamp is not None)
+        special = bool(headers) or value is None
+        if special or len(value) > self._rooms.get(topic, -1) or key is not None or timestamp is not None:  # type: ignore[arg-type]
+            self._admit(topic, m.framed_size(value, key, headers), key is not None, timestamp is not None, special)
         lane = self._lane
         me = threading.get_ident()
-        plain = key is None and timestamp is None and callback is None and lane.owner in (None, me)
+        plain = key is None and timestamp is None and callback is None and not special and lane.owner in (None, me)
         if plain and lane.owner is None:
             with self._cond:
                 if lane.owner is None:
                     lane.owner = me
             plain = lane.owner == me
-        item: _Item = (topic, value, key, partition, timestamp, callback)
+        item: _Item = (topic, value, key, partition, timestamp, callback, headers)
         if plain:
             item = _Header(item)
         queue = self._queue
@@ -233,15 +240,22 @@ class Producer:
         return None
 
     def _send_now(
-        self, topic: str, value: bytes, key: bytes | None, partition: int | None, timestamp: int | None, callback: Callback | None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        timestamp: int | None,
+        callback: Callback | None,
+        headers: m.Headers,
     ) -> Appended:
         try:
             try:
-                appended = self._send(topic, value, key, partition, timestamp)
+                appended = self._send(topic, value, key, partition, timestamp, headers)
             except TopicNotFound:
                 if not self._refreshed(topic):
                     raise
-                appended = self._send(topic, value, key, partition, timestamp)
+                appended = self._send(topic, value, key, partition, timestamp, headers)
         except Exception as e:
             if callback is not None:
                 _call(callback, None, e)
@@ -250,13 +264,18 @@ class Producer:
             _call(callback, appended, None)
         return appended
 
-    def _send(self, topic: str, value: bytes, key: bytes | None, partition: int | None, timestamp: int | None) -> Appended:
+    def _send(
+        self, topic: str, value: bytes | None, key: bytes | None, partition: int | None, timestamp: int | None, headers: m.Headers
+    ) -> Appended:
         if partition is None:
             partition = self._partition(topic, key)
         log = self.root.log(topic, partition)
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         config = log.config
-        if config.legacy:
+        if headers or value is None:
+            self._check_headers(topic, config)
+            data = m.encode(value, key, ts, m.CODEC_NONE, headers)
+        elif config.legacy:
             _raise(self._mismatch(topic, config, key is not None, timestamp is not None))
             data = m.encode_v1(value)
         elif key is None and type(value) is bytes and len(value) <= config.max_message_bytes and core.NAME == "compiled":
@@ -277,10 +296,11 @@ class Producer:
     def send_batch(
         self,
         topic: str,
-        values: Sequence[bytes],
+        values: Sequence[bytes | None],
         keys: Sequence[bytes | None] | None = None,
         partition: int | None = None,
         timestamp: int | None = None,
+        headers: Sequence[Sequence[tuple[str, bytes | None]] | None] | None = None,
     ) -> list[Appended]:
         """Append many messages, in appends of up to ``batch_bytes``.
 
@@ -290,24 +310,37 @@ class Producer:
         the topic's size limit before any is written.  A topic of format 0.7 takes no
         keys, no timestamp and no zstd (``FormatMismatch``).  A timestamp outside the
         years 1 to 9999 raises ``InvalidTimestamp`` (see ``message.MIN_TIMESTAMP``).
+        ``headers``, one entry per message as ``keys``, and null values (None) need a
+        topic with the ``headers`` setting (see ``send``).
         """
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"{len(values)} values but {len(keys)} keys")
+        if headers is not None and len(headers) != len(values):
+            raise ValueError(f"{len(values)} values but {len(headers)} headers")
         if not values:
             return []
         if timestamp is not None:
             _check_timestamp(timestamp)
+        hs = None if headers is None else [_headers(h) for h in headers]
+        if hs is not None and not any(hs):
+            hs = None
         ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
         config = self.root.config(topic)
+        sizes, special = _measure(values, keys, hs)
+        if special:  # headers, or a null value
+            self._check_headers(topic, config)
+            hs = hs or [()] * len(values)  # framed one by one (message.encode)
         if config.legacy:
             _raise(self._mismatch(topic, config, keys is not None and keys.count(None) != len(keys), timestamp is not None))
         if keys is not None and partition is None:
-            groups = self._group(topic, values, keys)
-            for vals, ks in groups.values():
-                self._check_batch(topic, vals, ks)
-            return [a for p, (vals, ks) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None)]
-        self._check_batch(topic, values, keys)
-        return self._append(topic, self._targets(topic, partition), values, keys, ts, partition)
+            groups = self._group(topic, values, keys, hs)
+            for vals, ks, h in groups.values():
+                self._check_batch(topic, vals, ks, h)
+            return [
+                a for p, (vals, ks, h) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None, h)
+            ]
+        self._check_size(topic, max(sizes) + m.HEADER_SIZE)
+        return self._append(topic, self._targets(topic, partition), values, keys, ts, partition, hs)
 
     def send_records(
         self,
@@ -429,10 +462,13 @@ class Producer:
                 if _discard(self._queue, item):
                     raise QueueFull(f"the queue held {self.queue_size} messages for {timeout} s (queue_timeout)")
 
-    def _admit(self, topic: str, size: int, keyed: bool = False, timed: bool = False) -> None:
-        """send()'s size and format checks, and ``TopicNotFound`` for a topic it has not seen."""
+    def _admit(self, topic: str, size: int, keyed: bool = False, timed: bool = False, special: bool = False) -> None:
+        """send()'s size and format checks, and ``TopicNotFound`` for a topic it has not
+        seen; ``special``: the message has headers or a null value."""
         config = self.root.config(topic)
         limit = config.max_message_bytes
+        if special:
+            self._check_headers(topic, config)
         if config.legacy:
             _raise(self._mismatch(topic, config, keyed, timed))
         if size > limit:
@@ -539,7 +575,7 @@ class Producer:
             kind = type(thing)
             if kind is bytes:
                 assert header is not None
-                items.append((header[0], thing, None, header[3], None, None))  # type: ignore[arg-type]
+                items.append((header[0], thing, None, header[3], None, None, ()))  # type: ignore[arg-type]
             else:
                 if kind is _Header:
                     header = thing  # type: ignore[assignment]
@@ -568,7 +604,7 @@ class Producer:
             except TopicNotFound:
                 return done
             except Exception as e:
-                self._failed([(topic, v, None, partition, None, None) for v in values[done : done + count]], e)
+                self._failed([(topic, v, None, partition, None, None, ()) for v in values[done : done + count]], e)
             done += count
         return stop
 
@@ -636,11 +672,20 @@ class Producer:
         limit = config.max_message_bytes
         if keys.count(None) == len(keys):
             keys = None
+        given: list[m.Headers] = list(map(_HEADERS, items))
+        sizes, magic_3 = _measure(values, keys, given if any(given) else None)
+        headers = given if magic_3 else None
         mismatch = self._mismatch(topic, config, keys is not None) if config.legacy else None
+        if headers is not None and not config.holds_headers:
+            mismatch = self._no_headers(topic, config)
+            if mismatch is not None:  # only the messages with headers or a null value fail
+                special = [item for item in items if item[6] or item[1] is None]
+                self._failed(special, mismatch)
+                rest = [item for item in items if not (item[6] or item[1] is None)]
+                return self._write(topic, partition, rest, now) if rest else ([], None)
         if mismatch is not None:
             self._failed(items, mismatch)
             return [], None
-        sizes = _sizes(values, keys)
         if max(sizes) + m.HEADER_SIZE > limit:
             return self._write_fitting(topic, partition, items, now, limit)
         stamps: list[int | None] | None = list(map(_TIMESTAMP, items))
@@ -651,11 +696,15 @@ class Producer:
         told = callbacks.count(None) != len(callbacks)
         for start, stop in chunks(sizes, self._chunk_limit(config)):
             ks = None if keys is None else keys[start:stop]
+            hs = None if headers is None else headers[start:stop]
             if stamps is None:
-                data, ts = _frame(config, values[start:stop], now, ks), now
+                data, ts = _frame(config, values[start:stop], now, ks, hs), now
             else:
                 ts_list = [now if t is None else t for t in stamps[start:stop]]
-                data, ts = b"".join(map(m.encode, values[start:stop], ks or [None] * (stop - start), ts_list)), ts_list[0]
+                count = stop - start
+                codecs = [m.CODEC_NONE] * count
+                data = b"".join(map(m.encode, values[start:stop], ks or [None] * count, ts_list, codecs, hs or [()] * count))
+                ts = ts_list[0]
             try:
                 offset, size, wrapped = self._put(log, data, stop - start, ts, limit)
             except TopicNotFound as e:
@@ -665,7 +714,7 @@ class Producer:
                 continue
             if told:
                 header = m.LEGACY_HEADER_SIZE if config.legacy else m.HEADER_SIZE
-                self._tell(topic, partition, offset, size, items[start:stop], wrapped, header)
+                self._tell(topic, partition, offset, size, items[start:stop], wrapped, header, sizes[start:stop])
         return [], None
 
     def _write_fitting(
@@ -674,7 +723,7 @@ class Producer:
         """``_write`` for the messages that fit the topic's limit; the others fail."""
         fitting = []
         for item in items:
-            size = len(item[1]) + len(item[2] or b"") + m.HEADER_SIZE
+            size = m.framed_size(item[1], item[2], item[6])
             if size > limit:
                 too_large = f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}"
                 self._failed([item], MessageTooLarge(too_large))
@@ -682,17 +731,20 @@ class Producer:
                 fitting.append(item)
         return self._write(topic, partition, fitting, now) if fitting else ([], None)
 
-    def _tell(self, topic: str, partition: int, offset: int, size: int, items: list[_Item], wrapped: bool, header: int) -> None:
-        """Call the callbacks of one append: each message's own offsets (``header``: the
-        bytes each has before its key and value), or the compressed batch's that holds it."""
+    def _tell(
+        self, topic: str, partition: int, offset: int, size: int, items: list[_Item], wrapped: bool, header: int, sizes: list[int]
+    ) -> None:
+        """Call the callbacks of one append: each message's own offsets (``header`` plus
+        ``sizes``: the bytes each has before its key and value, and the rest), or the
+        compressed batch's that holds it."""
         if wrapped:
             appended = Appended(topic, partition, offset, offset + size, len(items))
             for item in items:
                 if item[5] is not None:
                     _call(item[5], appended, None)
             return
-        for item in items:
-            end = offset + header + len(item[1]) + len(item[2] or b"")
+        for item, rest in zip(items, sizes, strict=True):
+            end = offset + header + rest
             if item[5] is not None:
                 _call(item[5], Appended(topic, partition, offset, end, 1), None)
             offset = end
@@ -722,20 +774,25 @@ class Producer:
         return p
 
     def _group(
-        self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None]
-    ) -> dict[int, tuple[list[bytes], list[bytes | None]]]:
-        groups: dict[int, tuple[list[bytes], list[bytes | None]]] = {}
-        for value, key in zip(values, keys, strict=True):
-            vals, ks = groups.setdefault(self._partition(topic, key), ([], []))
+        self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None], headers: list[m.Headers] | None
+    ) -> dict[int, tuple[list[bytes | None], list[bytes | None], list[m.Headers] | None]]:
+        groups: dict[int, tuple[list[bytes | None], list[bytes | None], list[m.Headers] | None]] = {}
+        for i, (value, key) in enumerate(zip(values, keys, strict=True)):
+            vals, ks, hs = groups.setdefault(self._partition(topic, key), ([], [], None if headers is None else []))
             vals.append(value)
             ks.append(key)
+            if hs is not None and headers is not None:
+                hs.append(headers[i])
         return groups
 
-    def check_format(self, topic: str, *, keyed: bool = False, timed: bool = False) -> None:
+    def check_format(self, topic: str, *, keyed: bool = False, timed: bool = False, headers: bool = False) -> None:
         """Raise ``FormatMismatch`` when ``topic`` cannot store what this producer would
         send it: keys (when ``keyed``), timestamps (when ``timed``) or zstd in a topic of
-        format 0.7."""
-        _raise(self._mismatch(topic, self.root.config(topic), keyed, timed))
+        format 0.7, headers or null values (when ``headers``) in a topic without them."""
+        config = self.root.config(topic)
+        if headers:
+            self._check_headers(topic, config)
+        _raise(self._mismatch(topic, config, keyed, timed))
 
     def _mismatch(self, topic: str, config: TopicConfig, keyed: bool, timed: bool = False) -> FormatMismatch | None:
         """What a topic of format 0.7 cannot store of these messages: a key, a timestamp, zstd."""
@@ -749,6 +806,23 @@ class Producer:
             return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which cannot be compressed with zstd (use gzip)")
         return None
 
+    def _check_headers(self, topic: str, config: TopicConfig) -> None:
+        """Raise ``FormatMismatch`` when ``topic`` cannot hold headers or null values (a
+        config cached from before ``kl topics alter --headers`` is read again first)."""
+        if not config.holds_headers and not config.legacy:
+            config = self.root.refresh_config(topic)
+        _raise(self._no_headers(topic, config))
+
+    def _no_headers(self, topic: str, config: TopicConfig) -> FormatMismatch | None:
+        if config.legacy:
+            return FormatMismatch(f"topic {topic!r} stores Kafka 0.7 messages, which cannot hold headers or null values")
+        if not config.holds_headers:
+            return FormatMismatch(
+                f"topic {topic!r} was created without headers and cannot hold headers or null values: "
+                f"allow them with kl topics alter {topic} --headers (kl versions before headers then refuse the topic)"
+            )
+        return None
+
     def _check_size(self, topic: str, size: int) -> None:
         limit = self.root.config(topic).max_message_bytes
         if size > limit:  # raised by kl topics alter since the config was read?
@@ -756,12 +830,10 @@ class Producer:
         if size > limit:
             raise MessageTooLarge(f"a message of {size} bytes exceeds max_message_bytes {limit} of topic {topic!r}")
 
-    def _check_batch(self, topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> None:
-        if keys is None:
-            largest = max(map(len, values))
-        else:
-            largest = max(len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
-        self._check_size(topic, largest + m.HEADER_SIZE)
+    def _check_batch(
+        self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: list[m.Headers] | None
+    ) -> None:
+        self._check_size(topic, max(message_sizes(values, keys, headers)) + m.HEADER_SIZE)
 
     def _refreshed(self, topic: str) -> bool:
         """Forget what is cached of ``topic``; True if it exists (again)."""
@@ -776,19 +848,21 @@ class Producer:
         self,
         topic: str,
         targets: Iterator[int],
-        values: Sequence[bytes],
+        values: Sequence[bytes | None],
         keys: Sequence[bytes | None] | None,
         ts: int,
         partition: int | None,
+        headers: list[m.Headers] | None = None,
     ) -> list[Appended]:
         """Frame, compress and append ``values`` chunk by chunk, each to the next target;
         what is left when the topic turns out to have been created again goes to the new one."""
         config = self.root.config(topic)
         out: list[Appended] = []
-        for start, stop in chunks(_sizes(values, keys), self._chunk_limit(config)):
+        for start, stop in chunks(message_sizes(values, keys, headers), self._chunk_limit(config)):
             target = next(targets)
             log = self.root.log(topic, target)
-            data = _frame(config, values[start:stop], ts, None if keys is None else keys[start:stop])
+            hs = None if headers is None else headers[start:stop]
+            data = _frame(config, values[start:stop], ts, None if keys is None else keys[start:stop], hs)
             try:
                 offset, size, _ = self._put(log, data, stop - start, ts, config.max_message_bytes)
             except TopicNotFound:
@@ -796,7 +870,8 @@ class Producer:
                     raise
                 rest = None if keys is None else keys[start:]
                 again = None if config.legacy else ts  # a 0.7 topic's messages have none to keep
-                return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=again)
+                more = None if headers is None else headers[start:]
+                return out + self.send_batch(topic, values[start:], rest, partition=partition, timestamp=again, headers=more)
             out.append(Appended(topic, target, offset, offset + size, stop - start))
         return out
 
@@ -829,12 +904,21 @@ class Producer:
                 self._written.add(log)
 
 
-def _frame(config: TopicConfig, values: Sequence[bytes], ts: int, keys: Sequence[bytes | None] | None = None) -> bytes:
-    """Messages framed as the topic stores them: magic 2, or magic 1 (no key, no timestamp)
-    in a topic of format 0.7."""
+def _frame(
+    config: TopicConfig,
+    values: Sequence[bytes | None],
+    ts: int,
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[m.Headers] | None = None,
+) -> bytes:
+    """Messages framed as the topic stores them: magic 2 (3 with headers or a null value),
+    or magic 1 (no key, no timestamp) in a topic of format 0.7."""
     if config.legacy:
-        return frame_v1(values)
-    return frame(values, ts, keys)
+        return frame_v1(values)  # type: ignore[arg-type]  # the callers refused None (_no_headers)
+    return frame(values, ts, keys, headers)
+
+
+_headers = m.as_headers
 
 
 def _check_timestamp(timestamp: int) -> None:
@@ -893,8 +977,26 @@ os.register_at_fork(after_in_child=_forked)
 atexit.register(_send_queued)
 
 
-def _sizes(values: Sequence[bytes], keys: Sequence[bytes | None] | None) -> list[int]:
-    """Each message's value and key bytes (its framed size less the header)."""
-    if keys is None:
-        return list(map(len, values))
-    return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)]
+def message_sizes(
+    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[m.Headers] | None = None
+) -> list[int]:
+    """Each message's framed size less the magic 2 header (value and key bytes, and a
+    magic 3 message's headers and lengths)."""
+    return _measure(values, keys, headers)[0]
+
+
+def _measure(
+    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[m.Headers] | None
+) -> tuple[list[int], bool]:
+    """``_sizes``, and whether a message is magic 3 (it has headers or a null value):
+    no look at each value beyond its ``len`` unless one is None."""
+    if headers is None:
+        try:
+            if keys is None:
+                return list(map(len, values)), False  # type: ignore[arg-type]
+            return [len(v) + len(k or b"") for v, k in zip(values, keys, strict=True)], False  # type: ignore[arg-type]
+        except TypeError:  # len(None): a null value
+            pass
+    hs = headers or [()] * len(values)
+    ks = keys or [None] * len(values)
+    return [m.framed_size(v, k, h) - m.HEADER_SIZE for v, k, h in zip(values, ks, hs, strict=True)], True

@@ -136,6 +136,8 @@ class Root:
         config = config or TopicConfig()
         if not config.topic_id:
             config = dataclasses.replace(config, topic_id=new_topic_id())
+        if config.headers is None:
+            config = dataclasses.replace(config, headers=not config.legacy)
         path = self.topic_path(name)
         if os.path.lexists(path):
             raise TopicExists(f"topic {name!r} already exists in {self.path}")

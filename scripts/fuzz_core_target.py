@@ -43,14 +43,22 @@ def one(data: bytes) -> None:
     elif which == 13:  # kafka_batch: offsets near the top of the int64 range too
         args = (rest, where % (len(rest) + 1), (0, where, (1 << 62) + where)[data[1] % 3], limit)
         name = "kafka_batch"
-    elif which == 12:  # render: messages of the pieces between 0xff bytes (0xfe: no key), a program of the first byte's fields
+    elif which == 12:  # render: messages of the pieces between 0xff bytes (0xfe: no key, 0xfd: a null value and
+        # null header value), a header of bytes 1 to 5 when there are more, a program of the first byte's fields
         pieces = rest.split(b"\xff")
         stamps = (None, -1, (1 << 63) - 1, -(1 << 63), 253402300799999, -62135596800000, where * 1_000_003)
         messages = [
-            Message(i, -i, stamps[(where + i) % len(stamps)], None if piece[:1] == b"\xfe" else piece[:3], piece)
+            Message(
+                i,
+                -i,
+                stamps[(where + i) % len(stamps)],
+                None if piece[:1] == b"\xfe" else piece[:3],
+                None if piece[:1] == b"\xfd" else piece,
+                ((piece[1:3].decode("latin-1"), None if piece[:1] == b"\xfd" else piece[3:6]),) if len(piece) > 5 else (),
+            )
             for i, piece in enumerate(pieces)
         ]
-        name, args = "render", (messages, [(field, bytes([field])) for field in range(data[2] % 11)] + [b"\n"])
+        name, args = "render", (messages, [(field, bytes([field])) for field in range(data[2] % 13)] + [b"\n"])
     elif which == 11:  # read_varint at a position maybe outside; varint of the signed 64 bits of the first 8 bytes
         compare("varint", struct.unpack(">q", rest[:8].ljust(8, b"\0"))[0])
         name, args = "read_varint", (rest, data[2] - 2)

@@ -37,13 +37,27 @@ def cores() -> list:
 TIMESTAMPS = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.sampled_from([0, -1, -(1 << 63), (1 << 63) - 1]))
 VALUES = st.binary(max_size=300)
 KEYS = st.one_of(st.none(), st.binary(max_size=40))
+HEADER_KEYS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+HEADERS = st.lists(st.tuples(HEADER_KEYS, st.one_of(st.none(), st.binary(max_size=20))), max_size=4).map(tuple)
 
 
 @st.composite
 def stored(draw) -> bytes:
-    """One stored message of any magic: plain, keyed, compressed-looking, padding."""
-    value, kind = draw(VALUES), draw(st.sampled_from(["plain", "keyed", "attrs", "v0", "v1"]))
+    """One stored message of any magic: plain, keyed, compressed-looking, padding, with
+    headers or a null value (magic 3), and magic 3 whose checksum holds over any body."""
+    value, kind = draw(VALUES), draw(st.sampled_from(["plain", "keyed", "attrs", "v0", "v1", "v3", "v3attrs", "v3any"]))
     ts = draw(TIMESTAMPS)
+    if kind == "v3":
+        return m.encode(draw(st.one_of(st.none(), VALUES)), draw(KEYS), ts, 0, draw(HEADERS))
+    if kind == "v3attrs":
+        return m.encode_v3(draw(st.one_of(st.none(), VALUES)), draw(KEYS), ts, draw(st.integers(0, 255)), draw(HEADERS))
+    if kind == "v3any":  # fields that do not fit, keys that are not UTF-8, bytes left over
+        body = bytearray(m.encode_v3(draw(st.one_of(st.none(), VALUES)), draw(KEYS), ts, 0, draw(HEADERS))[m.TIMESTAMP_OFFSET :])
+        for _ in range(draw(st.integers(0, 3))):
+            body[draw(st.integers(0, len(body) - 1))] = draw(st.sampled_from([0x00, 0x7F, 0x80, 0xC0, 0xFF, 0xED]))
+        body += draw(st.sampled_from([b"", b"\0", b"\xff" * 4]))
+        crc = zlib.crc32(body, m.CRC_SEEDS_V3[0])
+        return m.PREFIX.pack(len(body) + 6, m.HEADERS_MAGIC) + m.ATTRS_CRC.pack(0, crc) + bytes(body)
     if kind == "plain":
         return m.encode(value, None, ts)
     if kind == "keyed":
@@ -146,10 +160,11 @@ RENDERED = st.lists(
         st.one_of(st.none(), TIMESTAMPS, st.integers(ISO_ENDS[0], ISO_ENDS[-1]), st.sampled_from(ISO_ENDS)),
         st.one_of(st.none(), BYTES),
         st.one_of(st.none(), BYTES),
+        st.lists(st.tuples(st.text(max_size=6), st.one_of(st.none(), BYTES)), max_size=3).map(tuple),
     ),
     max_size=6,
 )
-PROGRAMS = st.lists(st.one_of(st.binary(max_size=4), st.tuples(st.integers(0, 9), st.binary(max_size=4))), max_size=8)
+PROGRAMS = st.lists(st.one_of(st.binary(max_size=4), st.tuples(st.integers(0, 11), st.binary(max_size=4))), max_size=8)
 
 
 @needs_compiled
@@ -177,7 +192,7 @@ def test_render_writes_what_the_consumers_output_shows():
 
 
 @pytest.mark.parametrize(
-    "program", [[b"a", "text"], [(10, b"")], [(-1, b"")], [(2**70, b"")], [(True, b"")], [(0, "text")], [(0,)], 7]
+    "program", [[b"a", "text"], [(12, b"")], [(-1, b"")], [(2**70, b"")], [(True, b"")], [(0, "text")], [(0,)], 7]
 )
 def test_a_program_that_is_not_one_is_refused_alike(program):
     same("render", [m.Message(0, 1, 2, None, b"v")], program)
@@ -435,8 +450,8 @@ SEND_CALLS = st.lists(
         st.one_of(st.binary(max_size=12), st.just(bytearray(b"ab")), st.just("text")),
         st.sampled_from([(), (None,), (b"k",)]),  # a key: none, None, one
         st.dictionaries(
-            st.sampled_from(["partition", "timestamp", "callback", "bogus"]),
-            st.sampled_from([None, 0, 1, 1 << 70, True, print]),
+            st.sampled_from(["partition", "timestamp", "callback", "headers", "bogus"]),
+            st.sampled_from([None, 0, 1, 1 << 70, True, print, (), [], (("h", b"v"),)]),
             max_size=2,
         ),
         st.booleans(),  # from another thread
@@ -457,8 +472,8 @@ def test_both_cores_send_through_the_lane_alike(calls, room, wake_at, partition)
         seen: list = []
         queue: list = []
 
-        def general(topic, value, key=None, partition=None, timestamp=None, callback=None):
-            seen.append(("general", topic, value, key, partition, timestamp, callback))
+        def general(topic, value, key=None, partition=None, timestamp=None, callback=None, headers=()):
+            seen.append(("general", topic, value, key, partition, timestamp, callback, headers))
 
         def send(lane, args, kwargs):
             try:

@@ -29,7 +29,10 @@ PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-format.5"
 MESSAGE_CONSTANTS = [
     "LENGTH_SIZE", "MAGIC_OFFSET", "ATTRIBUTES_OFFSET", "CRC_OFFSET_V0", "PAYLOAD_OFFSET_V0", "CRC_OFFSET",
     "PAYLOAD_OFFSET_V1", "TIMESTAMP_OFFSET", "KEY_LENGTH_OFFSET", "KEY_OFFSET", "HEADER_SIZE", "MIN_LENGTH",
+    "HEADERS_MAGIC", "HEADERS_HEADER_SIZE", "HEADER_FIELD_SIZE",
 ]
+HEADERS_CALL = 'headers=[("trace", b"42"), ("gone", None)]))'
+HEADERS_EXAMPLE = m.encode(b"hello", b"k", 1700000000000, headers=[("trace", b"42"), ("gone", None)])
 EXAMPLE_CALL = 'm.encode(b"hello", b"k", 1700000000000)'
 STATE_CALL = "s.PartitionState(0, 0, 28, 0, 0, 1,"
 STATE_EXAMPLE = state.PartitionState(0, 0, 28, 0, 0, 1, 1700000000000)
@@ -150,6 +153,16 @@ def test_magic_2_table_matches_the_header_struct():
     assert [r[2] for r in rows] == ["length", "magic", "attrs", "crc", "timestamp", "key_length", "key", "value"]
 
 
+def test_magic_3_table_is_magic_2s_then_the_value_length_count_and_headers():
+    rows = table("Magic 3 (kl, headers and null values)")
+    assert [r[2] for r in rows[:10]] == [
+        "length", "magic", "attrs", "crc", "timestamp", "key_length", "key", "value_length", "value", "header_count",
+    ]
+    assert [r[:2] for r in rows[:6]] == [r[:2] for r in table("Magic 2 (kl)")[:6]]
+    assert [r[:2] for r in rows[6:10]] == [["22", "k"], ["22+k", "4"], ["26+k", "n"], ["26+k+n", "4"]]
+    assert m.HEADERS_HEADER_SIZE == m.HEADER_SIZE + 4 + 4 == m.MIN_LENGTH[3] + m.LENGTH_SIZE
+
+
 def test_codec_table_matches_code():
     lines = section("Attributes and codecs")
     assert f"(mask 0x{m.CODEC_MASK:02x})" in " ".join(lines)
@@ -173,6 +186,15 @@ def test_field_by_field_breakdown_adds_up_to_the_example():
     assert [line[25:].split()[0] for line in breakdown] == [
         "length", "magic", "attrs", "crc", "timestamp", "key_length", "key", "value",
     ]
+
+
+def test_magic_3_example_is_what_encode_writes_field_by_field():
+    assert xxd_after(HEADERS_CALL) == HEADERS_EXAMPLE
+    breakdown = blocks(section("EXAMPLES"))[3]
+    assert b"".join(bytes.fromhex(line[:25]) for line in breakdown) == HEADERS_EXAMPLE
+    covered = HEADERS_EXAMPLE[m.MAGIC_OFFSET : m.CRC_OFFSET] + HEADERS_EXAMPLE[m.TIMESTAMP_OFFSET :]
+    assert struct.unpack_from(">I", HEADERS_EXAMPLE, m.CRC_OFFSET)[0] == zlib.crc32(covered)
+    assert len(m.encode(None, b"k", 1700000000000)) == 31
 
 
 def test_example_crc_covers_magic_attrs_and_everything_after_the_crc():
@@ -226,14 +248,15 @@ def test_topic_config_defaults_match_code():
     settings = [r for r in rows if len(r) > 1 and (r[1].isdigit() or r[1] in config.FORMATS)]
     stated = {r[0]: int(r[1]) if r[1].isdigit() else r[1] for r in settings}
     defaults = {f.name: f.default for f in dataclasses.fields(config.TopicConfig)}
-    assert ["topic_id", "(new)"] in [r[:2] for r in rows]
-    assert stated == {name: value for name, value in defaults.items() if name != "topic_id"}
+    assert ["topic_id", "(new)"] in [r[:2] for r in rows] and ["headers", "(new)"] in [r[:2] for r in rows]
+    assert stated == {name: value for name, value in defaults.items() if name not in ("topic_id", "headers")}
 
 
 def test_topic_json_example_is_what_the_code_writes():
     example = next(b for b in blocks(section("EXAMPLES")) if b[0].startswith("$ cat "))
     shown = config.TopicConfig.from_json("\n".join(example[1:]).encode(), "the page")
-    assert json.loads("\n".join(example[1:])) == json.loads(config.TopicConfig(partitions=2, topic_id=shown.topic_id).to_json())
+    written = config.TopicConfig(partitions=2, headers=True, topic_id=shown.topic_id).to_json()  # as create_topic makes it
+    assert json.loads("\n".join(example[1:])) == json.loads(written)
 
 
 def test_segment_names_on_the_page_parse():

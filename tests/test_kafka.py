@@ -106,17 +106,21 @@ def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, versio
     return answer
 
 
-def decoded(answer) -> list[tuple[int, bytes | None, bytes | None, int]]:
-    """(offset, key, value, timestamp) of each record, read by kafka-python's reader."""
+def batches_of(answer) -> list[DefaultRecordBatch]:
+    """The record batches of a fetch answer, each checked, read by kafka-python's reader."""
     out = []
     data = bytes(answer.records or b"")
     while data:
         length = struct.unpack_from(">i", data, 8)[0] + 12
-        batch = DefaultRecordBatch(data[:length])
-        batch.validate_crc()
-        out.extend((r.offset, r.key, r.value, r.timestamp) for r in batch)
+        out.append(DefaultRecordBatch(data[:length]))
+        out[-1].validate_crc()
         data = data[length:]
     return out
+
+
+def decoded(answer) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    """(offset, key, value, timestamp) of each record."""
+    return [(r.offset, r.key, r.value, r.timestamp) for batch in batches_of(answer) for r in batch]
 
 
 def next_offset(answer) -> int:
@@ -267,6 +271,7 @@ def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic)
     _, client = served()
     answer = fetch(client, topic, end + 1)
     assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE
+    assert answer.records == b""  # empty, not null: librdkafka cannot read a null set
     assert fetch(client, topic, -5).error_code == kafka.OFFSET_OUT_OF_RANGE
     assert fetch(client, "missing", 0).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
     assert fetch(client, topic, 0, partition=3).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
@@ -404,6 +409,44 @@ def test_refused_produces_append_nothing_and_say_why(served, root, topic):
     assert late.error_code == kafka.INVALID_TIMESTAMP
     assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka.INVALID_REQUIRED_ACKS
     assert read_all(root, topic) == []
+
+
+def test_headers_and_null_values_are_stored_and_served_back(served, root, topic):
+    _, client = served(allow_produce=True)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    builder.append(0, timestamp=5, key=b"k", value=None, headers=[("trace", b"1"), ("trace", None)])
+    builder.append(1, timestamp=6, key=None, value=b"", headers=[])
+    assert produce(client, topic, bytes(builder.build())).error_code == 0
+    stored = read_all(root, topic)
+    assert [(m.key, m.value, m.headers) for m in stored] == [(b"k", None, (("trace", b"1"), ("trace", None))), (None, b"", ())]
+    got = [(r.key, r.value, list(r.headers)) for batch in batches_of(fetch(client, topic, 0)) for r in batch]
+    assert got == [(b"k", None, [("trace", b"1"), ("trace", None)]), (None, b"", [])]
+
+
+def test_a_topic_without_headers_refuses_them_and_says_how_to_allow_them(served, root):
+    root.create_topic("old", kl.TopicConfig(headers=False))
+    _, client = served(allow_produce=True)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    builder.append(0, timestamp=5, key=None, value=b"v", headers=[("h", b"x")])
+    answer = produce(client, "old", bytes(builder.build()))
+    assert answer.error_code == kafka.INVALID_RECORD and "kl topics alter old --headers" in answer.error_message
+    assert read_all(root, "old") == []
 
 
 def test_produce_with_acks_0_gets_no_answer_and_appends(served, root, topic):

@@ -743,3 +743,33 @@ def test_a_task_error_comes_back_from_spark_as_the_error_it_was():
     assert isinstance(error, LoadDataLoss) and (error.loss.partition, error.loss.start, error.loss.end) == (3, 0, 1024)
     full = PythonException(message=worker + "OSError: [Errno 28] No space left on device")
     assert str(unwrap(full)) == "the Spark job failed: OSError: [Errno 28] No space left on device"
+
+
+# ----------------------------------------------------------------- headers and null values
+
+
+def test_headers_are_loaded_with_headers_and_null_values_are_null(spark, root, tmp_path):
+    root.create_topic("h")
+    with kl.Producer(root) as producer:
+        producer.send("h", b"plain", timestamp=TS)
+        producer.send("h", None, key=b"k", headers=[("trace", b"1"), ("gone", None)], timestamp=TS)
+        producer.send("h", b'{"user": "ann"}', headers=[("t", b"\xff")], timestamp=TS)
+    load(root, tmp_path / "with", ["h"], settings=Settings(headers=True), spark=spark)
+    table = ds.dataset(tmp_path / "with", format="parquet", partitioning="hive").to_table().sort_by("offset")
+    assert table["value"].to_pylist() == [b"plain", None, b'{"user": "ann"}']
+    assert table["headers"].to_pylist() == [
+        None, [{"key": "trace", "value": b"1"}, {"key": "gone", "value": None}], [{"key": "t", "value": b"\xff"}],
+    ]
+    load(root, tmp_path / "without", ["h"], spark=spark)
+    assert "headers" not in ds.dataset(tmp_path / "without", format="parquet", partitioning="hive").schema.names
+    with pytest.raises(kl.InvalidConfig, match="written with --granularity hour --value-format binary; .* --headers"):
+        load(root, tmp_path / "without", ["h"], settings=Settings(headers=True), spark=spark)
+
+    settings = Settings(value_format="json", schema="user string", headers=True)
+    load(root, tmp_path / "json", ["h"], settings=settings, spark=spark)
+    table = ds.dataset(tmp_path / "json", format="parquet", partitioning="hive").to_table().sort_by("offset")
+    assert table["user"].to_pylist() == [None, None, "ann"]
+    assert table["headers"].to_pylist()[2] == [{"key": "t", "value": b"\xff"}]
+    with pytest.raises(kl.InvalidConfig, match="collides with kl's column 'headers'"):
+        load(root, tmp_path / "bad", ["h"], settings=Settings(value_format="json", schema="headers string", headers=True),
+             spark=spark)

@@ -38,7 +38,8 @@ def test_header_constants_match_the_documented_layout():
     assert (m.CRC_OFFSET_V0, m.PAYLOAD_OFFSET_V0, m.PAYLOAD_OFFSET_V1) == (5, 9, 10)
     assert m.HEADER.size == m.HEADER_SIZE
     assert m.CURRENT_MAGIC == 2
-    assert m.MIN_LENGTH == (5, 6, 18)
+    assert m.MIN_LENGTH == (5, 6, 18, 26)
+    assert (m.HEADERS_MAGIC, m.HEADERS_HEADER_SIZE, m.HEADER_FIELD_SIZE, m.NULL) == (3, 30, 8, -1)
 
 
 def test_encode_lays_out_every_field_big_endian():
@@ -204,8 +205,8 @@ def test_magic_1_snappy_wrapper_raises_unsupported_codec():
 
 def test_unknown_magic_is_a_problem():
     data = bytearray(m.encode(b"x"))
-    data[m.MAGIC_OFFSET] = 3
-    assert check(bytes(data), 0, len(data), MAX).problem.reason == "unknown magic 3"
+    data[m.MAGIC_OFFSET] = 4
+    assert check(bytes(data), 0, len(data), MAX).problem.reason == "unknown magic 4"
 
 
 # ----------------------------------------------------------------- lengths
@@ -402,3 +403,121 @@ def test_unsupported_codecs_raise(codec):
 def test_codec_names_and_numbers_agree():
     assert m.CODECS == {"none": 0, "gzip": 1, "zstd": 4}
     assert all(m.CODEC_NAMES[number] == name for name, number in m.CODECS.items())
+
+
+# ----------------------------------------------------------------- magic 3: headers and null values
+
+header_lists = st.lists(
+    st.tuples(st.text(st.characters(blacklist_categories=("Cs",)), max_size=10), st.none() | st.binary(max_size=30)), max_size=5
+).map(tuple)
+
+
+def v3(body_after_crc: bytes, attrs: int = 0) -> bytes:
+    """A magic 3 message around ``body_after_crc`` whose checksum holds, whatever the body says."""
+    return struct.pack(">iBBI", 6 + len(body_after_crc), 3, attrs, m.crc_of(3, attrs, body_after_crc)) + body_after_crc
+
+
+def test_a_message_with_headers_or_a_null_value_is_magic_3_and_any_other_magic_2():
+    assert m.encode(b"v")[m.MAGIC_OFFSET] == 2
+    assert m.encode(b"v", headers=[("h", b"1")])[m.MAGIC_OFFSET] == 3
+    assert m.encode(None)[m.MAGIC_OFFSET] == 3
+    assert m.encode(b"v", headers=()) == m.encode(b"v")
+
+
+@given(value=st.none() | values, key=keys, timestamp=timestamps, headers=header_lists)
+def test_magic_3_round_trips_headers_in_order_and_null_values(value, key, timestamp, headers):
+    data = m.encode(value, key, timestamp, headers=headers)
+    assert len(data) == m.framed_size(value, key, headers)
+    (msg,) = list(message_set(data, 100))
+    assert msg == kl.Message(100, 100 + len(data), timestamp, key, value, headers)
+
+
+def test_a_null_value_an_empty_value_and_a_null_header_value_stay_distinct():
+    data = m.encode(None) + m.encode(b"") + m.encode(b"", headers=[("a", None), ("a", b""), ("a", b"x")])
+    got = list(message_set(data))
+    assert [msg.value for msg in got] == [None, b"", b""]
+    assert got[2].headers == (("a", None), ("a", b""), ("a", b"x"))
+    assert message_set(data).values()[0] == [None, b"", b""]
+
+
+def test_header_keys_are_utf8_strings():
+    (msg,) = list(message_set(m.encode(b"v", headers=[("größe", b"\xff")])))
+    assert msg.headers == (("größe", b"\xff"),)
+    assert b"gr\xc3\xb6\xc3\x9fe" in m.encode(b"v", headers=[("größe", b"\xff")])
+
+
+@pytest.mark.parametrize(
+    "headers, problem",
+    [
+        ([("k",)], "a header is a"),
+        ([5], "a header is a"),
+        ([(b"k", b"v")], "a header is a"),
+        ([("k", "text")], "its value is bytes or None"),
+        ([("\udc80", b"v")], "cannot be written as UTF-8"),
+    ],
+)
+def test_bad_headers_are_refused_when_encoding(headers, problem):
+    with pytest.raises(kl.InvalidHeaders, match=problem):
+        m.encode(b"v", headers=headers)
+
+
+def test_a_magic_3_message_checksums_its_magic_attributes_and_everything_after_the_crc():
+    data = m.encode(b"v", b"k", 7, headers=[("h", b"1")])
+    assert struct.unpack_from(">I", data, m.CRC_OFFSET)[0] == zlib.crc32(data[4:6] + data[10:])
+
+
+@pytest.mark.parametrize(
+    "body, position",
+    [
+        (struct.pack(">qiii", 0, -1, 9, 0), 22),  # a value length past the end
+        (struct.pack(">qiii", 0, -1, -2, 0), 22),  # below -1
+        (struct.pack(">qiii", 0, -1, -1, 1), 26),  # a header count with no room for it
+        (struct.pack(">qiii", 0, -1, -1, -1), 26),
+        (struct.pack(">qiiiiBi", 0, -1, -1, 1, 1, 0xFF, -1), 30),  # a header key that is not UTF-8
+        (struct.pack(">qiiiii", 0, -1, -1, 1, 5, -1), 30),  # a header key longer than what is left
+        (struct.pack(">qiiiiBi", 0, -1, -1, 1, 1, 0x61, 5), 35),  # a header value past the end
+        (struct.pack(">qiiiiBi", 0, -1, -1, 1, 1, 0x61, -2), 35),
+        (struct.pack(">qiii", 0, -1, -1, 0) + b"x", 30),  # a byte left over
+    ],
+)
+def test_magic_3_fields_that_do_not_fit_are_a_problem_even_with_a_matching_crc(body, position):
+    data = v3(body)
+    assert check(data, 0, len(data), MAX).problem.reason == f"bad field at byte {position}"
+    with pytest.raises(kl.CorruptMessage, match=f"bad field at byte {position}"):
+        list(message_set(data))
+
+
+def test_a_compressed_magic_3_message_is_a_problem():
+    data = m.encode_v3(b"v", None, 0, m.CODEC_ZSTD, ())
+    assert check(data, 0, len(data), MAX).problem.reason == "bad field at byte 5"
+
+
+def test_a_magic_3_key_length_must_leave_room_for_the_value_length_and_header_count():
+    data = v3(struct.pack(">qi", 0, 4) + b"kkkk" + struct.pack(">i", -1))  # no room for the count
+    assert check(data, 0, len(data), MAX).problem.reason == "bad key length 4"
+    assert check(b"\x00\x00\x00\x19\x03" + bytes(25), 0, 29, MAX).problem.reason == "bad length 25"
+
+
+@pytest.mark.parametrize("value, headers", [(None, ()), (b"value", [("h", b"1"), ("n", None)])])
+def test_every_bit_of_a_small_magic_3_message_is_covered(value, headers):
+    original = m.encode(value, b"k", 1234, headers=headers)
+    for bit in range(len(original) * 8):
+        damaged = flipped(original, bit)
+        assert check(damaged, 0, len(damaged), MAX).problem is not None, f"bit {bit}"
+        assert yielded(damaged) == [], f"bit {bit}"
+        assert fast_values(damaged) == [], f"bit {bit}"
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_a_compressed_batch_holds_magic_3_messages(codec):
+    inner = m.encode(b"a", headers=[("h", b"1")]) + m.encode(None, b"k") + m.encode(b"c")
+    data = m.encode(m.compress(m.CODECS[codec], inner), None, 5, m.CODECS[codec])
+    got = list(message_set(data))
+    expected = [(b"a", None, (("h", b"1"),)), (None, b"k", ()), (b"c", None, ())]
+    assert [(msg.value, msg.key, msg.headers) for msg in got] == expected
+    assert message_set(data).values()[0] == [b"a", None, b"c"]
+
+
+def test_a_magic_3_value_of_a_wide_buffer_counts_its_bytes():
+    value = memoryview(bytes(range(8))).cast("i")
+    assert m.encode(value, headers=[("h", b"")]) == m.encode(bytes(value), headers=[("h", b"")])

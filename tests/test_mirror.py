@@ -4,6 +4,7 @@ from the target's end, refusing a target that is not a copy."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -112,6 +113,15 @@ def test_local_copy_has_identical_offsets_bytes_and_settings(source, target):
     ]
     assert sum(c.messages for c in copies) == 300
     assert len(list(Path(target.path, "t", "0").glob("*.kl"))) > 1  # segments rolled in the target too
+
+
+def test_headers_and_null_values_are_copied_and_a_target_without_headers_gets_them(source, target):
+    kl.Producer(source).send_batch("t", [b"v", None], headers=[[("h", b"1")], None], partition=0)
+    target.create_topic("t", dataclasses.replace(source.config("t"), headers=False))
+    run(source, target)
+    assert_same(source, target)
+    assert target.config("t").holds_headers
+    assert [(msg.value, msg.headers) for msg in read_all(target, "t", 0)[-2:]] == [(b"v", (("h", b"1"),)), (None, ())]
 
 
 def test_server_copy_has_identical_offsets_and_bytes(source, target, server):

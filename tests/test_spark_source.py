@@ -361,3 +361,25 @@ def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_c
     assert "option badTimestamps must be one of fail, clamp, null, not 'wrap'" in error_of(
         lambda: read(spark, root, topics="far", badTimestamps="wrap").collect()
     )
+
+
+# ----------------------------------------------------------------- headers and null values
+
+
+def test_include_headers_gives_sparks_kafka_headers_column_and_null_values_are_null(spark, root):
+    root.create_topic("h", kl.TopicConfig(partitions=1))
+    with kl.Producer(root) as plain, kl.Producer(root, compression="zstd") as zs:
+        plain.send("h", b"plain", timestamp=T0)
+        plain.send("h", None, key=b"k", headers=[("trace", b"1"), ("trace", b"\xff"), ("gone", None)], timestamp=T0)
+        zs.send_batch("h", [b"", None], headers=[[("in", b"batch")], None], timestamp=T0)
+    df = read(spark, root, topics="h", includeHeaders="true")
+    assert df.schema.simpleString().endswith(",timestamp:timestamp,headers:array<struct<key:string,value:binary>>>")
+    got = [(r.value, r.headers) for r in df.orderBy("nextOffset").collect()]
+    assert [value for value, _ in got] == [b"plain", None, b"", None]
+    assert [None if h is None else [(x.key, x.value) for x in h] for _, h in got] == [
+        None, [("trace", b"1"), ("trace", b"\xff"), ("gone", None)], [("in", b"batch")], None,
+    ]
+    assert "headers" not in read(spark, root, topics="h").columns
+    picked = spark.read.format("kl").option("root", root.path).option("topics", "h").option("includeHeaders", "true")
+    assert picked.schema("offset long, headers array<struct<key:string,value:binary>>").load().count() == 4
+    assert "includeHeaders must be true or false" in error_of(lambda: read(spark, root, topics="h", includeHeaders="yes").count())

@@ -76,7 +76,7 @@ def output_rows(spark, output: Path) -> list[tuple]:
     if not output.exists():
         return []
     rows = spark.read.schema(arrow.DDL).parquet(str(output)).select("topic", "partition", "offset", "value").collect()
-    return [(r.topic, r.partition, r.offset, bytes(r.value)) for r in rows]
+    return [(r.topic, r.partition, r.offset, None if r.value is None else bytes(r.value)) for r in rows]
 
 
 def offsets_log(checkpoint: Path) -> list[dict]:
@@ -480,3 +480,13 @@ def test_available_now_fixed_before_the_topic_was_created_again_fails_or_takes_t
         else:
             end = source.latestOffset(start, stream.ReadAllAvailable())
             assert end == {"ev": {"id": root.topic_id("ev"), "0": ends(root, "ev")[-1]}}
+
+
+def test_a_stream_with_include_headers_writes_the_headers_column(spark, root, tmp_path):
+    root.create_topic("h")
+    kl.Producer(root).send_batch("h", [b"a", None], headers=[[("k", b"v"), ("n", None)], None], partition=0)
+    run(spark, root, tmp_path / "cp", topics="h", startingOffsets="earliest", includeHeaders="true")
+    written = spark.read.parquet(str(tmp_path / "cp-out")).orderBy("offset").collect()
+    assert [(r.value, None if r.headers is None else [(h.key, h.value) for h in r.headers]) for r in written] == [
+        (b"a", [("k", b"v"), ("n", None)]), (None, None),
+    ]

@@ -139,9 +139,9 @@ def test_create_makes_every_partition(root):
     assert sorted(p.name for p in (partition_dir(root, "t").parent).iterdir()) == ["0", "1", "2", CONFIG_FILE]
 
 
-def test_create_returns_the_default_config_with_a_new_topic_id(root):
+def test_create_returns_the_default_config_with_a_new_topic_id_and_headers(root):
     config = root.create_topic("t")
-    assert dataclasses.replace(config, topic_id="") == kl.TopicConfig()
+    assert dataclasses.replace(config, topic_id="") == kl.TopicConfig(headers=True)
     assert len(config.topic_id) == 22
     assert root.config("t") == config
 
@@ -152,8 +152,9 @@ def test_create_writes_the_config_file(root):
     assert fields["partitions"] == 2
     assert fields["segment_bytes"] == 1 << 20
     assert fields["max_message_bytes"] == 1 << 16
+    assert fields["headers"] is True
     assert kl.Root(root.path).config("t") == kl.TopicConfig(
-        partitions=2, segment_bytes=1 << 20, max_message_bytes=1 << 16, topic_id=fields["topic_id"]
+        partitions=2, segment_bytes=1 << 20, max_message_bytes=1 << 16, headers=True, topic_id=fields["topic_id"]
     )
 
 

@@ -19,12 +19,18 @@
 #define FIELDS_AT 10       /* magic 2 body (checksummed from here): timestamp, key_length */
 #define FIELDS 12          /* bytes of timestamp and key length */
 #define CURRENT_MAGIC 2
+#define HEADERS_MAGIC 3
+#define HEADERS_HEADER_SIZE (HEADER_SIZE + 8) /* magic 3: magic 2's, value_length, header_count */
+#define HEADER_FIELD_SIZE 8                    /* one header's key and value lengths */
 #define NO_KEY (-1)
+#define NULL_LENGTH (-1)
+#define CODEC_MASK 0x07
 
-enum { OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH };
+enum { OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH, BAD_FIELD };
 
-static const int32_t MIN_LENGTH[3] = {5, 6, HEADER_SIZE - LENGTH_SIZE};
-static uLong seeds[256]; /* CRC32 of (magic 2, attrs): where a magic 2 body's checksum starts */
+static const int32_t MIN_LENGTH[4] = {5, 6, HEADER_SIZE - LENGTH_SIZE, HEADERS_HEADER_SIZE - LENGTH_SIZE};
+static uLong seeds[256];    /* CRC32 of (magic 2, attrs): where a magic 2 body's checksum starts */
+static uLong seeds_v3[256]; /* the same for magic 3 */
 
 static inline uint32_t be32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
@@ -216,6 +222,34 @@ typedef struct {
     int64_t value;
 } Checked;
 
+static int utf8_valid(const unsigned char *p, Py_ssize_t n);
+
+/* See _bad_field in kl/log/pycore.py: where the magic 3 message p[0:size] (its key ending
+   at at, valid) goes wrong after its key, or 0. */
+static Py_ssize_t bad_field(const unsigned char *p, Py_ssize_t size, Py_ssize_t at, int attrs) {
+    if (attrs & CODEC_MASK)
+        return 5;
+    int32_t value_length = (int32_t)be32(p + at);
+    if (value_length < NULL_LENGTH || value_length > size - at - 8)
+        return at;
+    at += 4 + (value_length < 0 ? 0 : value_length);
+    int32_t count = (int32_t)be32(p + at);
+    if (count < 0 || count > (size - at - 4) / HEADER_FIELD_SIZE)
+        return at;
+    at += 4;
+    for (int32_t i = 0; i < count; i++) {
+        int32_t name_length = size - at >= HEADER_FIELD_SIZE ? (int32_t)be32(p + at) : -1;
+        if (name_length < 0 || name_length > size - at - HEADER_FIELD_SIZE || !utf8_valid(p + at + 4, name_length))
+            return at;
+        at += 4 + name_length;
+        int32_t data_length = (int32_t)be32(p + at);
+        if (data_length < NULL_LENGTH || data_length > size - at - 4)
+            return at;
+        at += 4 + (data_length < 0 ? 0 : data_length);
+    }
+    return at != size ? at : 0;
+}
+
 /* The message at pos of buf[0:end]: see check() in kl/log/pycore.py. */
 static Checked check_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_message_bytes) {
     Checked c = {OK, 0, -1, 0, 0};
@@ -227,7 +261,7 @@ static Checked check_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end
     const unsigned char *p = buf + pos;
     int32_t length = (int32_t)be32(p);
     c.magic = p[4];
-    if (c.magic > CURRENT_MAGIC) {
+    if (c.magic > HEADERS_MAGIC) {
         c.problem = UNKNOWN_MAGIC;
         c.value = c.magic;
         return c;
@@ -252,18 +286,24 @@ static Checked check_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end
     } else {
         c.attrs = p[5];
         stored = be32(p + 6);
-        uLong seed = c.magic == CURRENT_MAGIC ? seeds[c.attrs] : crc32(0L, Z_NULL, 0);
+        uLong seed = c.magic == CURRENT_MAGIC ? seeds[c.attrs] : c.magic == HEADERS_MAGIC ? seeds_v3[c.attrs] : crc32(0L, Z_NULL, 0);
         sum = crc(seed, p + 10, size - 10);
     }
     if ((uint32_t)sum != stored) {
         c.problem = CHECKSUM;
         return c;
     }
-    if (c.magic == CURRENT_MAGIC) {
+    if (c.magic >= CURRENT_MAGIC) {
         int32_t key_length = (int32_t)be32(p + 18);
-        if (key_length < NO_KEY || key_length > length - (HEADER_SIZE - LENGTH_SIZE)) {
+        if (key_length < NO_KEY || key_length > length - MIN_LENGTH[c.magic]) {
             c.problem = BAD_KEY_LENGTH;
             c.value = key_length;
+        } else if (c.magic == HEADERS_MAGIC) {
+            Py_ssize_t bad = bad_field(p, size, HEADER_SIZE + (key_length < 0 ? 0 : key_length), c.attrs);
+            if (bad) {
+                c.problem = BAD_FIELD;
+                c.value = bad;
+            }
         }
     }
     return c;
@@ -680,14 +720,21 @@ static const char base64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopq
 
 /* See _json_member in kl/log/pycore.py: "name": "text" (JSON-escaped as json.dumps with
    ensure_ascii=False), "name_b64": "..." for bytes that are not UTF-8, or "name": null. */
+static int put_json_text(Out *out, const char *name, const unsigned char *p, Py_ssize_t n);
+
 static int put_json_member(Out *out, const char *name, PyObject *data) {
+    if (data == Py_None) {
+        Py_ssize_t name_len = (Py_ssize_t)strlen(name);
+        return put(out, "\"", 1) && put(out, name, name_len) && put(out, "\": null", 7);
+    }
+    return put_json_text(out, name, (const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+}
+
+/* put_json_member for the bytes p[0:n]. */
+static int put_json_text(Out *out, const char *name, const unsigned char *p, Py_ssize_t n) {
     Py_ssize_t name_len = (Py_ssize_t)strlen(name);
     if (!reserve(out, name_len + 12) || !put(out, "\"", 1) || !put(out, name, name_len))
         return 0;
-    if (data == Py_None)
-        return put(out, "\": null", 7);
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t n = PyBytes_GET_SIZE(data);
     if (!utf8_valid(p, n)) {
         if (!put(out, "_b64\": \"", 8) || !reserve(out, (n + 2) / 3 * 4 + 1))
             return 0;
@@ -735,9 +782,51 @@ static int put_json_member(Out *out, const char *name, PyObject *data) {
     return 1;
 }
 
-/* The fields, in the order of kl/log/pycore.py's OFFSET ... VALUE_JSON. */
+/* The fields, in the order of kl/log/pycore.py's OFFSET ... HEADERS_JSON. */
 enum { F_OFFSET, F_NEXT_OFFSET, F_TIMESTAMP, F_TIMESTAMP_ISO, F_TIMESTAMP_JSON, F_KEY, F_VALUE, F_KEYED, F_KEY_JSON, F_VALUE_JSON,
-       F_COUNT, F_TEXT = -1 };
+       F_HEADERS, F_HEADERS_JSON, F_COUNT, F_TEXT = -1 };
+
+/* A message's headers, checked by render: a tuple of (str, bytes or None) pairs whose
+   keys have their UTF-8 (a new reference, or NULL with an error set). */
+static PyObject *checked_headers(PyObject *msg, PyObject *headers) {
+    if (!PyTuple_Check(headers))
+        goto bad;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(headers); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(headers, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)))
+            goto bad;
+        PyObject *data = PyTuple_GET_ITEM(pair, 1);
+        if (data != Py_None && !PyBytes_CheckExact(data))
+            goto bad;
+        if (!PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), NULL))
+            return NULL;
+    }
+    Py_INCREF(headers);
+    return headers;
+bad:
+    PyErr_Format(PyExc_TypeError, "render: %.100R has headers that are not (str, bytes or None) pairs", msg);
+    return NULL;
+}
+
+/* The headers as HEADERS or HEADERS_JSON write them (see kl/log/pycore.py). */
+static int put_headers(Out *out, PyObject *headers, int json) {
+    Py_ssize_t count = PyTuple_GET_SIZE(headers);
+    if (json && count && !put(out, ", \"headers\": [", 14))
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(headers, i), *data = PyTuple_GET_ITEM(pair, 1);
+        Py_ssize_t n;
+        const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &n); /* checked: cannot fail */
+        if (json) {
+            if ((i && !put(out, ", ", 2)) || !put(out, "{", 1) || !put_json_text(out, "key", (const unsigned char *)name, n) ||
+                !put(out, ", ", 2) || !put_json_member(out, "value", data) || !put(out, "}", 1))
+                return 0;
+        } else if ((i && !put(out, ",", 1)) || !put(out, name, n) ||
+                   (data != Py_None && (!put(out, "=", 1) || !put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)))))
+            return 0;
+    }
+    return !(json && count) || put(out, "]", 1);
+}
 
 typedef struct {
     int field;
@@ -747,7 +836,7 @@ typedef struct {
 
 /* A message's field as rendered, into out (stamp only when has_stamp). */
 static int put_field(Out *out, int field, long long offset, long long next, int has_stamp, long long stamp, PyObject *key,
-                     PyObject *value) {
+                     PyObject *value, PyObject *headers) {
     switch (field) {
     case F_OFFSET: return put_decimal(out, offset);
     case F_NEXT_OFFSET: return put_decimal(out, next);
@@ -758,7 +847,8 @@ static int put_field(Out *out, int field, long long offset, long long next, int 
     case F_KEYED: return key == Py_None || put(out, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
     case F_VALUE: return value == Py_None || put(out, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
     case F_KEY_JSON: return put_json_member(out, "key", key);
-    default: return put_json_member(out, "value", value);
+    case F_VALUE_JSON: return put_json_member(out, "value", value);
+    default: return put_headers(out, headers, field == F_HEADERS_JSON);
     }
 }
 
@@ -819,7 +909,7 @@ static PyObject *core_render(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(messages); i++) {
         PyObject *msg = PySequence_Fast_GET_ITEM(messages, i);
         long long offset, next, stamp = 0;
-        if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 5) {
+        if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 6) {
             PyErr_Format(PyExc_TypeError, "render: %.100R is not a message", msg);
             goto done;
         }
@@ -831,14 +921,20 @@ static PyObject *core_render(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_TypeError, "render: %.100R is not a message of bytes", msg);
             goto done;
         }
+        PyObject *headers = checked_headers(msg, PyTuple_GET_ITEM(msg, 5));
+        if (!headers)
+            goto done;
         for (Py_ssize_t s = 0; s < steps_count; s++) {
             int field = steps[s].field;
             if (field == F_KEYED && key == Py_None)
                 continue;
-            if ((field != F_TEXT && !put_field(&out, field, offset, next, ts != Py_None, stamp, key, value)) ||
-                !put(&out, steps[s].text, steps[s].len))
+            if ((field != F_TEXT && !put_field(&out, field, offset, next, ts != Py_None, stamp, key, value, headers)) ||
+                !put(&out, steps[s].text, steps[s].len)) {
+                Py_DECREF(headers);
                 goto done;
+            }
         }
+        Py_DECREF(headers);
     }
     result = out_bytes(&out);
 done:
@@ -856,9 +952,10 @@ static PyObject *message_type; /* kl.log.message.Message */
 static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t key_length, long long offset) {
     PyTypeObject *type = (PyTypeObject *)message_type;
     Py_ssize_t key = key_length < 0 ? 0 : key_length;
-    PyObject *message = type->tp_alloc(type, 5);
+    PyObject *message = type->tp_alloc(type, 6);
     if (!message)
         return NULL;
+    PyTuple_SET_ITEM(message, 5, PyTuple_New(0)); /* no headers */
     PyTuple_SET_ITEM(message, 0, PyLong_FromLongLong(offset));
     PyTuple_SET_ITEM(message, 1, PyLong_FromLongLong(offset + size));
     PyTuple_SET_ITEM(message, 2, PyLong_FromLongLong(be64(p + FIELDS_AT)));
@@ -869,7 +966,7 @@ static PyObject *make_message(const unsigned char *p, Py_ssize_t size, int32_t k
         PyTuple_SET_ITEM(message, 3, PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE, key));
     }
     PyTuple_SET_ITEM(message, 4, PyBytes_FromStringAndSize((const char *)p + HEADER_SIZE + key, size - HEADER_SIZE - key));
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (PyTuple_GET_ITEM(message, i) == NULL) {
             Py_DECREF(message);
             return NULL;
@@ -1149,8 +1246,8 @@ typedef struct {
     int owned;
 } Lane;
 
-static const char *const SEND_NAMES[] = {"topic", "value", "key", "partition", "timestamp", "callback"};
-#define SEND_ARGS 6
+static const char *const SEND_NAMES[] = {"topic", "value", "key", "partition", "timestamp", "callback", "headers"};
+#define SEND_ARGS 7
 static PyObject *send_names[SEND_ARGS]; /* interned: a call's keyword names are these objects, as a rule */
 
 /* Which of send's arguments the keyword name is (SEND_ARGS: none). */
@@ -1220,7 +1317,7 @@ static PyObject *lane_aim(Lane *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* send(topic, value, key=None, partition=None, timestamp=None, callback=None): see
+/* send(topic, value, key=None, partition=None, timestamp=None, callback=None, headers=()): see
    kl.log.pycore.Lane.send.  Arguments it cannot place go to general as they came, which
    raises what Python would. */
 static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1238,7 +1335,9 @@ static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs, 
     }
     PyObject *value = given[1], *partition = given[3] ? given[3] : Py_None;
     if (given[0] != self->topic || !value || (given[2] && given[2] != Py_None) || (given[4] && given[4] != Py_None) ||
-        (given[5] && given[5] != Py_None) || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > self->room)
+        (given[5] && given[5] != Py_None) ||
+        (given[6] && given[6] != Py_None && !(PyTuple_CheckExact(given[6]) && PyTuple_GET_SIZE(given[6]) == 0)) ||
+        !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > self->room)
         goto general;
     if (partition != self->partition) {
         if (!PyLong_CheckExact(partition) || !PyLong_CheckExact(self->partition))
@@ -1616,6 +1715,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     for (int attrs = 0; attrs < 256; attrs++) {
         unsigned char pair[2] = {CURRENT_MAGIC, (unsigned char)attrs};
         seeds[attrs] = crc32(crc32(0L, Z_NULL, 0), pair, 2);
+        pair[0] = HEADERS_MAGIC;
+        seeds_v3[attrs] = crc32(crc32(0L, Z_NULL, 0), pair, 2);
     }
     PyObject *messages = PyImport_ImportModule("kl.log.message");
     if (!messages)

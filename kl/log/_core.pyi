@@ -49,5 +49,5 @@ class Lane:
     def aim(self, topic: str, partition: int | None, room: int, /) -> None: ...
     def send(
         self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
-        timestamp: int | None = None, callback: Callable | None = None,
+        timestamp: int | None = None, callback: Callable | None = None, headers: object = (),
     ) -> None: ...

@@ -31,8 +31,10 @@ ALTERABLE = (
     "flush_ms",
     "retention_ms",
     "retention_bytes",
+    "headers",
 )
 """The settings ``Root.alter_topic`` changes; ``format`` and ``topic_id`` are fixed at creation."""
+NO_HEADERS_07 = "a topic of format 0.7 cannot hold headers or null values (Kafka 0.7 messages have neither)"
 _TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 
 
@@ -144,6 +146,12 @@ class TopicConfig:
     """0 keeps every byte (retention by age only)."""
     format: str = FORMAT_KL
     """``"kl"`` or ``"0.7"`` (see ``FORMATS``); files written before it existed read as kl."""
+    headers: bool | None = None
+    """Whether the topic may hold magic 3 messages (headers, null values).  Written to
+    ``topic.json`` only when true, so that kl versions before magic 3, which refuse a
+    config with a setting they do not know, refuse such a topic instead of misreading it
+    (or cutting its messages as damage).  None (not written): ``Root.create_topic``
+    turns it on for a topic of format kl; read from a file, the topic has no headers."""
     topic_id: str = ""
     """Which creation of the topic this is: written once when the topic is created
     (``new_topic_id``), kept by every edit of the file, by ``kl mirror`` and by import;
@@ -153,6 +161,10 @@ class TopicConfig:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidConfig(f"format must be kl or 0.7, not {self.format!r}")
+        if self.headers is not None and type(self.headers) is not bool:
+            raise InvalidConfig(f"headers must be true or false, not {self.headers!r}")
+        if self.headers and self.format == FORMAT_07:
+            raise InvalidConfig(NO_HEADERS_07)
         if not isinstance(self.topic_id, str) or (self.topic_id and not _TOPIC_ID.fullmatch(self.topic_id)):
             raise InvalidConfig(f"topic_id must be 22 characters of A-Z a-z 0-9 _ -, not {self.topic_id!r}")
         partitions = self.partitions
@@ -174,7 +186,10 @@ class TopicConfig:
             )
 
     def to_json(self) -> bytes:
-        return (json.dumps(dataclasses.asdict(self), indent=2) + "\n").encode()
+        fields = dataclasses.asdict(self)
+        if not self.headers:  # a topic without headers stays readable by kl before them
+            del fields["headers"]
+        return (json.dumps(fields, indent=2) + "\n").encode()
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> TopicConfig:
@@ -217,7 +232,14 @@ class TopicConfig:
             old, wanted = getattr(self, name), getattr(new, name)
             if wanted < old:
                 raise ConfigNotAlterable(f"{name} can only grow: the topic has {old}, not {wanted}")
+        if self.headers and not new.headers:
+            raise ConfigNotAlterable("headers cannot be turned off: the topic may hold messages with headers or null values")
         return new
+
+    @property
+    def holds_headers(self) -> bool:
+        """The topic may hold messages with headers or a null value (magic 3)."""
+        return self.headers is True
 
     @property
     def legacy(self) -> bool:

@@ -13,9 +13,12 @@ from types import ModuleType
 
 from kl.log import pycore
 from kl.log.pycore import (
+    BAD_FIELD,
     BAD_KEY_LENGTH,
     BAD_LENGTH,
     CHECKSUM,
+    HEADERS,
+    HEADERS_JSON,
     INCOMPLETE,
     KEY,
     KEY_JSON,
@@ -32,12 +35,15 @@ from kl.log.pycore import (
 )
 
 __all__ = [
+    "BAD_FIELD",
     "BAD_KEY_LENGTH",
     "BAD_LENGTH",
     "CHECKSUM",
     "INCOMPLETE",
     "OK",
     "UNKNOWN_MAGIC",
+    "HEADERS",
+    "HEADERS_JSON",
     "KEY",
     "KEY_JSON",
     "KEYED",

@@ -38,6 +38,8 @@ class DumpRecord:
     problem: str | None
     inner: list[DumpRecord] = field(default_factory=list)
     """With ``deep``, the messages inside a compressed batch."""
+    headers: m.Headers = ()
+    """A magic 3 message's headers (its ``value`` None for a null value)."""
 
     @property
     def valid(self) -> bool:
@@ -181,6 +183,9 @@ def _record(buf: bytes, at: int, offset: int, position: int, size: int, magic: i
         return DumpRecord(offset, position, size, magic, codec, None, None, None, None)
     if magic == 1:
         return DumpRecord(offset, position, size, magic, codec, None, None, buf[at + m.PAYLOAD_OFFSET_V1 : at + size], None)
+    if magic == m.HEADERS_MAGIC:
+        timestamp, key, value, headers = m.decode_v3(buf, at)
+        return DumpRecord(offset, position, size, magic, codec, timestamp, key, value, None, headers=headers)
     timestamp, key_length = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, at + m.TIMESTAMP_OFFSET)
     value_at = at + m.KEY_OFFSET + max(key_length, 0)
     key = None if key_length < 0 else buf[at + m.KEY_OFFSET : value_at]
@@ -192,7 +197,16 @@ def _inner(record: DumpRecord, messages: MessageSet, entry: Entry) -> None:
     try:
         record.inner = [
             DumpRecord(
-                msg.offset, record.position, len(msg.value), m.CURRENT_MAGIC, "none", msg.timestamp, msg.key, msg.value, None
+                msg.offset,
+                record.position,
+                len(msg.value or b""),
+                m.HEADERS_MAGIC if msg.headers or msg.value is None else m.CURRENT_MAGIC,
+                "none",
+                msg.timestamp,
+                msg.key,
+                msg.value,
+                None,
+                headers=msg.headers,
             )
             for msg in messages.decode(entry)
         ]

@@ -88,8 +88,8 @@ def check_directory(directory: str) -> Checked:
                 raise ImportRefused(f"{path}: {damage.problem.reason} at offset {base + damage.start}; see 'kl dump {path}'")
             for entry in segment.scan(0, size):
                 largest = max(largest, entry.size)
-                if kl_data is None and entry.magic == CURRENT_MAGIC:
-                    kl_data = f"{path} holds magic 2 messages (kl's), at offset {base + entry.position}"
+                if kl_data is None and entry.magic >= CURRENT_MAGIC:
+                    kl_data = f"{path} holds magic {entry.magic} messages (kl's), at offset {base + entry.position}"
         segments.append(SegmentInfo(base, path, size))
     return Checked(segments, largest, kl_data)
 

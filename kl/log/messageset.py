@@ -17,7 +17,7 @@ import mmap
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from kl.errors import CorruptMessage, InvalidMessageSet, Kind, UnsupportedCodec
 from kl.log import core
@@ -57,8 +57,13 @@ class Entry(NamedTuple):
 
 _INCOMPLETE = Corruption(INCOMPLETE, INCOMPLETE.value)
 _CHECKSUM = Corruption(Kind.CHECKSUM, Kind.CHECKSUM.value)
-_KINDS = {core.UNKNOWN_MAGIC: Kind.UNKNOWN_MAGIC, core.BAD_LENGTH: Kind.BAD_LENGTH, core.BAD_KEY_LENGTH: Kind.BAD_KEY_LENGTH}
-"""The problems ``core.check`` finds that name a value (the magic, length or key length)."""
+_KINDS = {
+    core.UNKNOWN_MAGIC: Kind.UNKNOWN_MAGIC,
+    core.BAD_LENGTH: Kind.BAD_LENGTH,
+    core.BAD_KEY_LENGTH: Kind.BAD_KEY_LENGTH,
+    core.BAD_FIELD: Kind.BAD_FIELD,
+}
+"""The problems ``core.check`` finds that name a value (the magic, a length, a field's position)."""
 
 
 def check(buf: Buffer, pos: int, end: int, max_message_bytes: int, shift: int = 0) -> Entry:
@@ -113,10 +118,21 @@ def count_messages(buf: bytes, max_message_bytes: int) -> int:
     return count
 
 
-def frame(values: Iterable[bytes], timestamp: int, keys: Iterable[bytes | None] | None = None) -> bytes:
-    """Frame values (and keys) as magic 2 messages, all with ``timestamp``; no size checks."""
+def frame(
+    values: Iterable[bytes | None],
+    timestamp: int,
+    keys: Iterable[bytes | None] | None = None,
+    headers: Iterable[m.Headers] | None = None,
+) -> bytes:
+    """Frame values (and keys, and headers) as messages, all with ``timestamp``: magic 2,
+    or magic 3 for a message with headers or a null value (see ``message.encode``); no
+    size checks."""
+    if headers is not None:
+        values = values if isinstance(values, (list, tuple)) else list(values)
+        keys = [None] * len(values) if keys is None else keys
+        return b"".join([m.encode(v, k, timestamp, m.CODEC_NONE, h) for v, k, h in zip(values, keys, headers, strict=True)])
     if keys is None:
-        return core.frame(values if isinstance(values, (list, tuple)) else list(values), timestamp)
+        return core.frame(values if isinstance(values, (list, tuple)) else list(values), timestamp)  # type: ignore[arg-type]
     return b"".join([m.encode(v, k, timestamp) for v, k in zip(values, keys, strict=True)])
 
 
@@ -147,19 +163,23 @@ _READABLE = {
 """Per topic format: the magics and codecs a received message may have."""
 
 
-def validate_set(data: Buffer, format: str, max_message_bytes: int) -> int:
+def validate_set(data: Buffer, format: str, max_message_bytes: int, headers: bool = False) -> int:
     """Check a message set received for appending, before any of it is written; returns
     how many messages it holds (a compressed batch counts its inner messages).
 
     Every message must be complete, within ``max_message_bytes``, pass its checksum and
     have a magic and codec the topic's ``format`` stores: magic 0 or 1 and gzip for
-    ``"0.7"``, magic 2 and gzip or zstd for ``"kl"``.  A compressed batch's inner
-    messages are checked too.  Raises ``InvalidMessageSet`` naming the position and the
-    problem (an empty set, a partial message at the end included).
+    ``"0.7"``, magic 2 and gzip or zstd for ``"kl"``, and magic 3 (headers or a null
+    value, never compressed itself) too where the topic has the ``headers`` setting.  A
+    compressed batch's inner messages are checked too.  Raises ``InvalidMessageSet``
+    naming the position and the problem (an empty set, a partial message at the end
+    included).
     """
     if not data:
         raise InvalidMessageSet(0, "empty message set")
     magics, codecs = _READABLE[format]
+    if headers and format == FORMAT_KL:
+        magics = (m.CURRENT_MAGIC, m.HEADERS_MAGIC)
     messages = MessageSet(bytes(data), max_message_bytes=max_message_bytes, stable_offset=len(data), ends_at_eof=True)
     count = 0
     for entry in messages.entries():
@@ -167,6 +187,8 @@ def validate_set(data: Buffer, format: str, max_message_bytes: int) -> int:
             raise InvalidMessageSet(entry.position, _what(messages.buffer, entry, max_message_bytes))
         codec = entry.attrs & m.CODEC_MASK
         if entry.magic not in magics:
+            if entry.magic == m.HEADERS_MAGIC and format == FORMAT_KL:
+                raise InvalidMessageSet(entry.position, f"magic 3 (headers or a null value) in a topic {_NO_HEADERS}")
             raise InvalidMessageSet(entry.position, f"magic {entry.magic} in a topic of format {format}")
         if entry.attrs & ~m.CODEC_MASK or codec not in codecs:
             what = f"attributes {entry.attrs:#04x} (codec {m.CODEC_NAMES.get(codec, codec)})"
@@ -179,10 +201,15 @@ def validate_set(data: Buffer, format: str, max_message_bytes: int) -> int:
         except CorruptMessage as e:
             raise InvalidMessageSet(entry.position, e.reason) from None
         legacy = format == FORMAT_07
-        if any((msg.timestamp is None) != legacy for msg in inner):  # only magic 2 has timestamps
+        if any((msg.timestamp is None) != legacy for msg in inner):  # only magic 2 and 3 have timestamps
             raise InvalidMessageSet(entry.position, f"compressed batch: an inner message's magic is not for format {format}")
+        if not headers and any(msg.headers or msg.value is None for msg in inner):
+            raise InvalidMessageSet(entry.position, f"compressed batch: an inner message of magic 3 in a topic {_NO_HEADERS}")
         count += len(inner)
     return count
+
+
+_NO_HEADERS = "without the headers setting (kl topics alter TOPIC --headers)"
 
 
 def _what(buf: bytes, entry: Entry, max_message_bytes: int) -> str:
@@ -246,10 +273,12 @@ class MessageSet:
             pos, messages = step
             yield from messages
 
-    def values(self) -> tuple[list[bytes], int]:
-        """All values in one pass, and the offset to read from next: the consumer's fast path."""
+    def values(self) -> tuple[list[bytes | None], int]:
+        """All values in one pass, and the offset to read from next: the consumer's fast
+        path.  A null value (magic 3) is None in the list."""
         buf, limit, plain_values = self.buffer, self.max_message_bytes, core.plain_values
-        out, pos = plain_values(buf, 0, limit)  # uncompressed magic 2 without a key
+        first, pos = plain_values(buf, 0, limit)  # uncompressed magic 2 without a key
+        out = cast("list[bytes | None]", first)
         while True:
             step = self.decode_at(pos)
             if step is None:
@@ -289,6 +318,8 @@ class MessageSet:
         if entry.attrs & m.ATTR_PADDING:
             return []
         codec = entry.attrs & m.CODEC_MASK
+        if entry.magic == m.HEADERS_MAGIC:  # never compressed (check refuses a codec)
+            return [Message(offset, next_offset, *m.decode_v3(buf, pos))]
         if entry.magic == 1:
             ts, key, value = None, None, buf[pos + m.PAYLOAD_OFFSET_V1 : nxt]
         else:
@@ -320,7 +351,7 @@ class MessageSet:
             if item.magic and item.attrs & m.CODEC_MASK:
                 raise corrupt(f"inner message at +{item.position} is itself compressed")
             (msg,) = inner_set.decode(item)
-            out.append(Message(offset, offset, msg.timestamp, msg.key, msg.value))
+            out.append(Message(offset, offset, msg.timestamp, msg.key, msg.value, msg.headers))
         if not out:
             raise corrupt("empty")
         out[-1] = out[-1]._replace(next_offset=next_offset)

@@ -41,18 +41,19 @@ _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
 
 # What check() finds, as numbers (kl.log.messageset.Kind names them).
-OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH = range(6)
+OK, INCOMPLETE, UNKNOWN_MAGIC, BAD_LENGTH, CHECKSUM, BAD_KEY_LENGTH, BAD_FIELD = range(7)
 
 
 def check(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int, int, int, int]:
     """Validate the message at ``pos`` (``buf`` ends at ``end`` for it): ``(problem, size,
     magic, attrs, value)``; ``problem`` is ``OK`` or what is wrong, ``size`` what the
     length claims (0 when the length itself is bad, what is left for ``INCOMPLETE``
-    before the magic), ``value`` the bad magic, length or key length named by a problem."""
+    before the magic), ``value`` the bad magic, length or key length named by a problem
+    (for ``BAD_FIELD``, the position in the message of the magic 3 field that is wrong)."""
     if end - pos < m.LENGTH_SIZE + 1:
         return INCOMPLETE, end - pos, -1, 0, 0
     length, magic = _PREFIX(buf, pos)
-    if magic > m.CURRENT_MAGIC:
+    if magic > m.HEADERS_MAGIC:
         return UNKNOWN_MAGIC, 0, magic, 0, magic
     if not m.MIN_LENGTH[magic] <= length <= max_message_bytes - m.LENGTH_SIZE:
         return BAD_LENGTH, 0, magic, 0, length
@@ -68,11 +69,47 @@ def check(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int,
     size = nxt - pos
     if m.crc_of(magic, attrs, memoryview(buf)[pos + body_at : nxt]) != stored:
         return CHECKSUM, size, magic, attrs, 0
-    if magic == m.CURRENT_MAGIC:
+    if magic >= m.CURRENT_MAGIC:
         (key_length,) = m.TIMESTAMP_KEY_LENGTH.unpack_from(buf, pos + m.TIMESTAMP_OFFSET)[1:]
-        if not m.NO_KEY <= key_length <= length - (m.HEADER_SIZE - m.LENGTH_SIZE):
+        if not m.NO_KEY <= key_length <= length - m.MIN_LENGTH[magic]:
             return BAD_KEY_LENGTH, size, magic, attrs, key_length
+        if magic == m.HEADERS_MAGIC:
+            bad = _bad_field(buf, pos, size, m.KEY_OFFSET + max(key_length, 0), attrs)
+            if bad:
+                return BAD_FIELD, size, magic, attrs, bad
     return OK, size, magic, attrs, 0
+
+
+def _bad_field(buf: Buffer, pos: int, size: int, at: int, attrs: int) -> int:
+    """Where (from ``pos``) the magic 3 message of ``size`` bytes at ``pos`` whose key
+    ends at ``at`` goes wrong after its key: a codec (its attrs, 5: magic 3 is never
+    compressed), a value length, header count or header length that does not fit, a
+    header key that is not UTF-8, bytes past the last header; 0 when all is well."""
+    if attrs & m.CODEC_MASK:
+        return m.ATTRIBUTES_OFFSET
+    unpack = m.INT32.unpack_from
+    (value_length,) = unpack(buf, pos + at)
+    if not m.NULL <= value_length <= size - at - 8:
+        return at
+    at += 4 + max(value_length, 0)
+    (count,) = unpack(buf, pos + at)
+    if not 0 <= count <= (size - at - 4) // m.HEADER_FIELD_SIZE:
+        return at
+    at += 4
+    for _ in range(count):
+        (name_length,) = unpack(buf, pos + at) if size - at >= m.HEADER_FIELD_SIZE else (-1,)
+        if not 0 <= name_length <= size - at - m.HEADER_FIELD_SIZE:
+            return at
+        try:
+            bytes(buf[pos + at + 4 : pos + at + 4 + name_length]).decode("utf-8")
+        except UnicodeDecodeError:
+            return at
+        at += 4 + name_length
+        (data_length,) = unpack(buf, pos + at)
+        if not m.NULL <= data_length <= size - at - 4:
+            return at
+        at += 4 + max(data_length, 0)
+    return at if at != size else 0
 
 
 def walk(buf: Buffer, pos: int, end: int, max_message_bytes: int) -> tuple[int, int]:
@@ -354,11 +391,15 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
 
 
 OFFSET, NEXT_OFFSET, TIMESTAMP, TIMESTAMP_ISO, TIMESTAMP_JSON, KEY, VALUE, KEYED, KEY_JSON, VALUE_JSON = range(10)
+HEADERS, HEADERS_JSON = 10, 11
 """The fields ``render`` writes: offsets and timestamps in decimal (a missing timestamp
 empty, or ``null`` in JSON), the timestamp in ISO 8601 (``message.format_iso``), the key
 and value as they are (missing: empty), the key only when there is one (KEYED: nothing,
 not even its suffix, without), and ``"key": ...`` / ``"value": ...`` as JSON members: a
-string when the bytes are UTF-8, else ``"key_b64": "..."``, or null."""
+string when the bytes are UTF-8, else ``"key_b64": "..."``, or null.  HEADERS is kcat's
+``%h``: ``k1=v1,k2=v2`` (a null value without its ``=``), HEADERS_JSON ``, "headers":
+[{"key": "k1", "value": "v1"}, ...]`` (each value a JSON member as above), or nothing
+when the message has no headers."""
 
 
 def _json_member(name: bytes, data: bytes | None) -> bytes:
@@ -369,6 +410,19 @@ def _json_member(name: bytes, data: bytes | None) -> bytes:
     except UnicodeDecodeError:
         return b'"%b_b64": "%b"' % (name, base64.b64encode(data))
     return b'"%b": %b' % (name, json.dumps(text, ensure_ascii=False).encode("utf-8"))
+
+
+def _headers_text(headers: m.Headers) -> bytes:
+    return b",".join(
+        name.encode("utf-8") if data is None else b"%b=%b" % (name.encode("utf-8"), data) for name, data in headers
+    )
+
+
+def _headers_json(headers: m.Headers) -> bytes:
+    if not headers:
+        return b""
+    members = [b"{%b, %b}" % (_json_member(b"key", name.encode("utf-8")), _json_member(b"value", data)) for name, data in headers]
+    return b', "headers": [%b]' % b", ".join(members)
 
 
 _RENDERED: tuple[Callable[[m.Message], bytes], ...] = (
@@ -382,6 +436,8 @@ _RENDERED: tuple[Callable[[m.Message], bytes], ...] = (
     lambda msg: msg.key or b"",  # KEYED: render leaves the field out without a key
     lambda msg: _json_member(b"key", msg.key),
     lambda msg: _json_member(b"value", msg.value),
+    lambda msg: _headers_text(msg.headers),
+    lambda msg: _headers_json(msg.headers),
 )
 
 
@@ -573,7 +629,7 @@ def kafka_records(
 
 class Lane:
     """The async producer's fast lane: ``send`` with its signature, queueing a bare value
-    (bytes) when the message is plain (no key, timestamp or callback), goes where the
+    (bytes) when the message is plain (no key, timestamp, callback or headers), goes where the
     last one ``aim`` named (``topic`` the same object, ``partition`` equal), fits
     ``room`` and comes from ``owner``'s thread; then ``slow(value)`` once ``queue`` holds
     more than ``wake_at``.  Anything else is ``general``'s, with the same arguments."""
@@ -600,12 +656,14 @@ class Lane:
         partition: int | None = None,
         timestamp: int | None = None,
         callback: Callable | None = None,
+        headers: object = (),
     ) -> None:
         if (
             topic is self.topic
             and key is None
             and timestamp is None
             and callback is None
+            and (headers is None or (type(headers) is tuple and not headers))
             and type(value) is bytes
             and len(value) <= self.room
             and (partition is self.partition or (type(partition) is int and partition == self.partition))
@@ -616,7 +674,7 @@ class Lane:
             if len(queue) > self.wake_at:
                 self.slow(value)
             return None
-        return self.general(topic, value, key, partition, timestamp, callback)
+        return self.general(topic, value, key, partition, timestamp, callback, headers)
 
 
 _UNAIMED = object()

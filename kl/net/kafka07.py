@@ -147,7 +147,7 @@ class Kafka07(FrontEnd):
             partition = random.randrange(config.partitions)
         config = self._topic(conn, topic, partition, strict=True)
         assert config is not None
-        found = validate_set(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes)
+        found = validate_set(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes, headers=config.holds_headers)
         if count is not None and count != found:
             raise _Refused(wire.INVALID_MESSAGE, KlError(f"the set holds {found} messages, not {count}"))
         return partition, found

@@ -49,6 +49,12 @@ SCHEMA = pa.schema(
 )
 DDL = "key binary, value binary, topic string, partition int, offset long, nextOffset long, timestamp timestamp"
 """``SCHEMA`` as Spark's DDL: what the ``kl`` source gives."""
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+"""A message's headers as Spark's Kafka source types them: array<struct<key:string,value:binary>>."""
+SCHEMA_HEADERS = SCHEMA.append(pa.field("headers", HEADERS_TYPE))
+DDL_HEADERS = DDL + ", headers array<struct<key:string,value:binary>>"
+"""With ``includeHeaders``: the columns and a last one, ``headers`` (null for a message
+without headers, as Spark's Kafka source gives it)."""
 
 
 class Skip(NamedTuple):
@@ -71,8 +77,10 @@ def read_range(
     on_loss: Callable[[DataLoss], None] | None = None,
     read_bytes: int = READ_BYTES,
     bad_timestamps: str = "fail",
+    headers: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """The messages of ``r`` as record batches of ``SCHEMA``, in offset order.
+    """The messages of ``r`` as record batches of ``SCHEMA`` (``SCHEMA_HEADERS`` with
+    ``headers``), in offset order.  A null value is a null.
 
     Damage raises ``CorruptMessage`` naming the topic, partition and offset, or with
     ``skip_corrupt`` is stepped over and reported to ``on_skip`` (default: a logged
@@ -98,14 +106,14 @@ def read_range(
             offset = e.log_start_offset
             continue
         try:
-            batch, offset = _columns(messages, r, bad_timestamps)
+            batch, offset = _columns(messages, r, bad_timestamps, headers)
         except CorruptMessage as e:
             if not skip_corrupt or e.offset is None:
                 raise CorruptMessage(
                     e.path, e.position, f"{e.reason} (topic {r.topic!r} partition {r.partition})", offset=e.offset, kind=e.kind
                 ) from None
             before = partition_log.read(offset, e.offset - offset) if e.offset > offset else None
-            batch, offset = _columns(before, r, bad_timestamps) if before is not None else (None, offset)
+            batch, offset = _columns(before, r, bad_timestamps, headers) if before is not None else (None, offset)
             resume = partition_log.skip_corrupt(e.offset)
             (on_skip or _log_skip)(Skip(r.topic, r.partition, e.offset, resume, e.reason))
             offset = resume
@@ -124,8 +132,9 @@ def check_bad_timestamps(policy: str) -> str:
     return policy
 
 
-def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.RecordBatch | None, int]:
-    """The set's messages as one record batch, and the offset after the last one."""
+def _columns(messages: MessageSet, r: Range, bad_timestamps: str, headers: bool) -> tuple[pa.RecordBatch | None, int]:
+    """The set's messages as one record batch (with ``headers``, their column last), and
+    the offset after the last one."""
     pieces: list[pa.RecordBatch] = []
     slow: list[Message] = []
     pos, end = 0, len(messages.buffer)
@@ -133,9 +142,9 @@ def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.Re
         positions, timestamps, key_lengths, stop = messages.plain_run(pos)
         if len(positions):
             if slow:
-                pieces.append(_from_messages(slow, r, bad_timestamps))
+                pieces.append(_from_messages(slow, r, bad_timestamps, headers))
                 slow = []
-            pieces.append(_from_plain(messages, (positions, timestamps, key_lengths), stop, r, bad_timestamps))
+            pieces.append(_from_plain(messages, (positions, timestamps, key_lengths), stop, r, bad_timestamps, headers))
         pos = stop
         if pos >= end:
             break
@@ -145,7 +154,7 @@ def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.Re
         pos, decoded = step
         slow.extend(decoded)
     if slow:
-        pieces.append(_from_messages(slow, r, bad_timestamps))
+        pieces.append(_from_messages(slow, r, bad_timestamps, headers))
     next_offset = messages.offset + pos
     if not pieces:
         return None, next_offset
@@ -155,7 +164,7 @@ def _columns(messages: MessageSet, r: Range, bad_timestamps: str) -> tuple[pa.Re
 
 
 def _from_plain(
-    messages: MessageSet, run: tuple[bytes, bytes, bytes], stop: int, r: Range, bad_timestamps: str
+    messages: MessageSet, run: tuple[bytes, bytes, bytes], stop: int, r: Range, bad_timestamps: str, headers: bool
 ) -> pa.RecordBatch:
     """Columns of a run of uncompressed magic 2 messages (their positions, timestamps and
     key lengths from the core): keys and values taken out of the bytes by Arrow (``_pieces``)."""
@@ -187,8 +196,9 @@ def _from_plain(
             pa.array(starts + base),
             pa.array(ends + base),
             _timestamps(timestamps, None, starts + base, r, bad_timestamps),
+            *([pa.nulls(n, HEADERS_TYPE)] if headers else []),  # magic 2: none
         ],
-        schema=SCHEMA,
+        schema=SCHEMA_HEADERS if headers else SCHEMA,
     )
 
 
@@ -205,8 +215,9 @@ def _pieces(data: np.ndarray, starts: np.ndarray, key_starts: np.ndarray, value_
     return pa.Array.from_buffers(pa.binary(), 3 * n, [None, pa.py_buffer(offsets), pa.py_buffer(data[lo:stop])])
 
 
-def _from_messages(messages: list[Message], r: Range, bad_timestamps: str) -> pa.RecordBatch:
-    """Columns of messages decoded one at a time (compressed batches, Kafka 0.7 messages)."""
+def _from_messages(messages: list[Message], r: Range, bad_timestamps: str, headers: bool) -> pa.RecordBatch:
+    """Columns of messages decoded one at a time (compressed batches, Kafka 0.7 messages,
+    magic 3)."""
     n = len(messages)
     missing = np.array([msg.timestamp is None for msg in messages], dtype=bool)
     stamps = np.array([msg.timestamp or 0 for msg in messages], dtype=np.int64)
@@ -220,8 +231,16 @@ def _from_messages(messages: list[Message], r: Range, bad_timestamps: str) -> pa
             pa.array([msg.offset for msg in messages], pa.int64()),
             pa.array([msg.next_offset for msg in messages], pa.int64()),
             _timestamps(stamps, missing if missing.any() else None, offsets, r, bad_timestamps),
+            *([_headers(messages)] if headers else []),
         ],
-        schema=SCHEMA,
+        schema=SCHEMA_HEADERS if headers else SCHEMA,
+    )
+
+
+def _headers(messages: list[Message]) -> pa.Array:
+    """The messages' headers as a list of (key, value) structs each, null without any."""
+    return pa.array(
+        [[{"key": k, "value": v} for k, v in msg.headers] if msg.headers else None for msg in messages], HEADERS_TYPE
     )
 
 

@@ -118,6 +118,8 @@ class Settings:
     granularity: str = "hour"
     value_format: str = "binary"
     schema: str | None = None
+    headers: bool = False
+    """Write each message's headers as a column ``headers`` (``kl load --headers``)."""
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -129,7 +131,8 @@ class Settings:
 
     def describe(self) -> str:
         schema = "" if self.schema is None else f" --schema {self.schema!r}"
-        return f"--granularity {self.granularity} --value-format {self.value_format}{schema}"
+        headers = " --headers" if self.headers else ""
+        return f"--granularity {self.granularity} --value-format {self.value_format}{schema}{headers}"
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ class Plan:
             run=obj["run"],
             created=obj["created"],
             tasks=[Range(**t) for t in obj["tasks"]],
-            settings=Settings(obj["granularity"], obj["value_format"], obj["schema"]),
+            settings=Settings(obj["granularity"], obj["value_format"], obj["schema"], obj.get("headers", False)),
             lost=[Range(**t) for t in obj.get("lost", [])],
             topic_ids={str(topic): _topic_id(i) for topic, i in obj.get("topic_ids", {}).items()},
         )

@@ -77,20 +77,20 @@ def load(
     runner = SparkRunner(root, spark, master, progress, arrow.check_bad_timestamps(bad_timestamps), quiet=quiet)
     try:
         if settings.value_format == "json" and not dry_run:
-            check_schema(runner.session(), settings.schema or "")
+            check_schema(runner.session(), settings.schema or "", settings.headers)
         return j.run(root, output, topics, limits, settings, execute=runner, dry_run=dry_run, wait=wait, progress=progress)
     finally:
         runner.close()
 
 
-def check_schema(spark: SparkSession, ddl: str) -> list[str]:
+def check_schema(spark: SparkSession, ddl: str, headers: bool = False) -> list[str]:
     """The field names of a DDL schema; raises ``InvalidConfig`` for a bad one or a
-    field named like a column kl writes."""
+    field named like a column kl writes (``headers`` too, with ``headers``)."""
     try:
         fields = spark.createDataFrame([], ddl).schema.names
     except PySparkException as e:
         raise InvalidConfig(f"schema {ddl!r} is not a DDL schema such as 'user string, n int': {_first_line(e)}") from None
-    reserved = {name.lower(): name for name in j.RESERVED}
+    reserved = {name.lower(): name for name in (*j.RESERVED, *(["headers"] if headers else []))}
     for name in fields:
         if name.lower() in reserved:
             raise InvalidConfig(
@@ -159,6 +159,7 @@ class SparkRunner:
                 .option("ranges", json.dumps([list(r) for r in tasks]))
                 .option("failOnDataLoss", str(fail_on_data_loss).lower())
                 .option("badTimestamps", self.bad_timestamps)
+                .option("includeHeaders", str(plan.settings.headers).lower())
                 .load(),
                 plan.settings.schema or "",
             )
@@ -247,6 +248,7 @@ class TaskWriter:
         self.unit = HOUR_US if settings.granularity == "hour" else DAY_US
         self.text = settings.value_format != "binary"
         self.read = settings.value_format != "json"
+        self.headers = settings.headers
         self.root = os.path.abspath(root)
         self.fail_on_data_loss = fail_on_data_loss
         self.bad_timestamps = bad_timestamps
@@ -260,7 +262,11 @@ class TaskWriter:
             for _ in batches:  # the task's number, from spark.range
                 pass
             batches = arrow.read_range(
-                Root(self.root), r, fail_on_data_loss=self.fail_on_data_loss, bad_timestamps=self.bad_timestamps
+                Root(self.root),
+                r,
+                fail_on_data_loss=self.fail_on_data_loss,
+                bad_timestamps=self.bad_timestamps,
+                headers=self.headers,
             )
         buckets: dict[int, _Bucket] = {}
         rows = 0

@@ -51,6 +51,8 @@ class Options:
     """What a timestamp outside the years 1 to 9999 does (``arrow.BAD_TIMESTAMPS``)."""
     on_recreated: str = "fail"
     """A stream whose topic was deleted and created again: ``fail``, or ``restart`` at its start."""
+    include_headers: bool = False
+    """Give the ``headers`` column too (``includeHeaders``, as Spark's Kafka source)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -81,6 +83,7 @@ class Options:
             max_bytes_per_trigger=_count(get("maxbytespertrigger"), "maxBytesPerTrigger"),
             bad_timestamps=_bad_timestamps(get("badtimestamps")),
             on_recreated=_on_recreated(get("onrecreated")),
+            include_headers=_flag(get("includeheaders"), "includeHeaders", False),
         )
 
     def plan(self) -> list[Range]:
@@ -118,6 +121,7 @@ KNOWN_OPTIONS = (
     "maxBytesPerTrigger",
     "badTimestamps",
     "onRecreated",
+    "includeHeaders",
 )
 
 
@@ -182,34 +186,45 @@ class KlDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return arrow.DDL
+        return arrow.DDL_HEADERS if _flag(_option(self.options, "includeHeaders"), "includeHeaders", False) else arrow.DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KlReader(dataclasses.replace(Options.parse(self.options), columns=columns_of(schema)))
+        options = Options.parse(self.options)
+        return KlReader(dataclasses.replace(options, columns=columns_of(schema, options.include_headers)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from kl.spark.stream import KlStreamReader, stream_options
 
-        return KlStreamReader(dataclasses.replace(stream_options(self.options), columns=columns_of(schema)))
+        options = stream_options(self.options)
+        return KlStreamReader(dataclasses.replace(options, columns=columns_of(schema, options.include_headers)))
 
 
-def columns_of(schema: StructType) -> tuple[str, ...] | None:
+def _option(options: Mapping[str, str], name: str) -> str | None:
+    """An option's value, its name in any case (as Spark's options are)."""
+    return {key.lower(): value for key, value in options.items()}.get(name.lower())
+
+
+def columns_of(schema: StructType, headers: bool = False) -> tuple[str, ...] | None:
     """The columns a schema given with ``.schema(...)`` picks (None: all of them, in
-    order).  Fewer columns are less for Spark to take in."""
+    order; ``headers``: the ``headers`` column too).  Fewer columns are less for Spark
+    to take in."""
+    full = arrow.SCHEMA_HEADERS if headers else arrow.SCHEMA
     names = tuple(schema.fieldNames())
-    if names == tuple(arrow.SCHEMA.names):
+    if names == tuple(full.names):
         return None
-    types = {field.name: field.type for field in arrow.SCHEMA}
+    types = {field.name: field.type for field in full}
     for field in schema.fields:
         if field.name not in types or _spark_type(types[field.name]) != field.dataType.simpleString():
             raise InvalidConfig(
                 f"the kl source has no column {field.name} {field.dataType.simpleString()}; "
-                f"a schema may pick some of: {arrow.DDL}"
+                f"a schema may pick some of: {arrow.DDL_HEADERS if headers else arrow.DDL}"
             )
     return names
 
 
 def _spark_type(arrow_type: pa.DataType) -> str:
+    if arrow_type == arrow.HEADERS_TYPE:
+        return "array<struct<key:string,value:binary>>"
     return {"int32": "int", "int64": "bigint"}.get(
         str(arrow_type), "timestamp" if pa.types.is_timestamp(arrow_type) else str(arrow_type)
     )
@@ -239,6 +254,7 @@ def read_partition(options: Options, partition: InputPartition) -> Iterator[pa.R
         skip_corrupt=options.skip_corrupt,
         fail_on_data_loss=options.fail_on_data_loss,
         bad_timestamps=options.bad_timestamps,
+        headers=options.include_headers,
     )
     if options.columns is None:
         return batches
