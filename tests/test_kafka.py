@@ -146,7 +146,16 @@ def produce(client: Client, topic: str, batch: bytes, *, partition: int = 0, ack
     return response.responses[0].partition_responses[0]
 
 
-def built(values, *, keys=None, timestamp: int = 1_700_000_000_000, codec: int = 0, producer: tuple[int, int, int] | None = None):
+def built(
+    values,
+    *,
+    keys=None,
+    headers=None,
+    timestamp: int = 1_700_000_000_000,
+    codec: int = 0,
+    producer: tuple[int, int, int] | None = None,
+):
+    """A record batch as kafka-python's producer builds it (headers: a list per record)."""
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=codec,
@@ -159,7 +168,8 @@ def built(values, *, keys=None, timestamp: int = 1_700_000_000_000, codec: int =
     if producer is not None:
         builder.set_producer_state(*producer, is_transactional=False)
     for i, value in enumerate(values):
-        builder.append(i, timestamp=timestamp + i, key=None if keys is None else keys[i], value=value, headers=[])
+        key, header = None if keys is None else keys[i], [] if headers is None else headers[i]
+        builder.append(i, timestamp=timestamp + i, key=key, value=value, headers=header)
     return bytes(builder.build())
 
 
@@ -413,38 +423,18 @@ def test_refused_produces_append_nothing_and_say_why(served, root, topic):
 
 def test_headers_and_null_values_are_stored_and_served_back(served, root, topic):
     _, client = served(allow_produce=True)
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    builder.append(0, timestamp=5, key=b"k", value=None, headers=[("trace", b"1"), ("trace", None)])
-    builder.append(1, timestamp=6, key=None, value=b"", headers=[])
-    assert produce(client, topic, bytes(builder.build())).error_code == 0
+    headers = [[("trace", b"1"), ("trace", None)], []]
+    assert produce(client, topic, built([None, b""], keys=[b"k", None], headers=headers, timestamp=5)).error_code == 0
     stored = read_all(root, topic)
     assert [(m.key, m.value, m.headers) for m in stored] == [(b"k", None, (("trace", b"1"), ("trace", None))), (None, b"", ())]
     got = [(r.key, r.value, list(r.headers)) for batch in batches_of(fetch(client, topic, 0)) for r in batch]
-    assert got == [(b"k", None, [("trace", b"1"), ("trace", None)]), (None, b"", [])]
+    assert got == [(b"k", None, headers[0]), (None, b"", [])]
 
 
 def test_a_topic_without_headers_refuses_them_and_says_how_to_allow_them(served, root):
     root.create_topic("old", kl.TopicConfig(headers=False))
     _, client = served(allow_produce=True)
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    builder.append(0, timestamp=5, key=None, value=b"v", headers=[("h", b"x")])
-    answer = produce(client, "old", bytes(builder.build()))
+    answer = produce(client, "old", built([b"v"], headers=[[("h", b"x")]]))
     assert answer.error_code == kafka.INVALID_RECORD and "kl topics alter old --headers" in answer.error_message
     assert read_all(root, "old") == []
 
