@@ -1,0 +1,440 @@
+"""Today's Kafka clients, unmodified, against a real ``kl serve --kafka`` (issue 20, point 5).
+
+The clients: confluent-kafka (librdkafka), kafka-python 3 and aiokafka from PyPI (the
+``test`` extra), KafkaJS from npm (``tests/kafkajs``'s lock, installed by ``npm ci`` into a
+gitignored cache), and Debian's kcat (``scripts/test`` installs it as root).  Each runs in a
+process of its own with a deadline (tests/kafka_clients.py); a client that cannot be
+installed here skips, saying why.  One daemon serves the whole module.
+
+kl's offsets are byte offsets: nothing here assumes that they are dense.  What a client
+got is compared with what ``kl consume --json`` prints, offsets included, and what a
+client wrote with the same; where a client starts reading "at an offset", that is the
+offset of a message as kl reports it (or one byte into it: the next message comes).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+import kl
+
+from kafka_clients import DRIVER, KAFKAJS, KCAT, KL, NODE, Client, Daemon, Unavailable, install_kafkajs
+
+PYTHON_CLIENTS = ("confluent", "kafka-python", "aiokafka")
+MODULES = {"confluent": "confluent_kafka", "kafka-python": "kafka", "aiokafka": "aiokafka"}
+CODECS = (None, "gzip", "snappy", "lz4", "zstd")
+KAFKAJS_CODECS = (None, "gzip", "snappy", "lz4")  # no zstd codec for KafkaJS installs without a native build
+T0 = 1_700_000_000_000
+HEADERS_PENDING = pytest.mark.xfail(strict=True, reason="headers: not merged yet")
+
+
+class Stored(NamedTuple):
+    """One message as kl or a client shows it; key and value as bytes (None: null)."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kl.Root]:
+    r = kl.Root(tmp_path_factory.mktemp("kafka-clients") / "root")
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(root: kl.Root, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One ``kl serve --kafka`` for the module; it must stop cleanly on SIGTERM."""
+    d = Daemon(root.path, tmp_path_factory.mktemp("serve") / "stderr")
+    yield d
+    code = d.stop()
+    assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {d.text()}"
+
+
+@pytest.fixture(scope="module")
+def kafkajs() -> Path:
+    try:
+        return install_kafkajs()
+    except Unavailable as e:
+        pytest.skip(f"KafkaJS: {e}")
+
+
+@pytest.fixture(autouse=True)
+def no_client_left() -> Iterator[None]:
+    yield
+    while Client.started:
+        Client.started.pop().kill()
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def start(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: Any) -> Client:
+    """``client`` (a Python client, or ``kafkajs``) started for one operation of its driver."""
+    spec = {"bootstrap": daemon.bootstrap, "timeout": 20, **spec}
+    if client == "kafkajs":
+        modules = request.getfixturevalue("kafkajs")
+        env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
+        return Client([str(NODE), str(KAFKAJS / "driver.js"), json.dumps(spec)], env=env)
+    if find_spec(MODULES[client]) is None:
+        pytest.skip(f"{client}: Python module {MODULES[client]} is not installed (pip install -e '.[test]')")
+    return Client([sys.executable, str(DRIVER), client, json.dumps(spec)])
+
+
+def run(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: Any) -> Any:
+    """The one JSON line ``client`` prints for an operation, once it exited 0."""
+    c = start(request, daemon, client, **spec)
+    answer = c.line()
+    assert c.finish() == b"", c.report("printed more than one line")
+    return answer
+
+
+def kcat(daemon: Daemon, *args: str, stdin: bytes = b"") -> bytes:
+    """kcat's stdout for ``args`` against the daemon, once it exited 0."""
+    if KCAT is None:
+        pytest.skip("kcat is not installed (scripts/test installs Debian's kcat as root)")
+    return Client([KCAT, "-b", daemon.bootstrap, "-X", "socket.timeout.ms=10000", *args], stdin=stdin).finish()
+
+
+KCAT_FORMAT = "%o %T %K %S:%k%s"
+"""kcat -f: offset, timestamp, key and value lengths (-1: null), then the bytes of each."""
+
+
+def kcat_records(out: bytes) -> list[Stored]:
+    """What kcat printed with -f KCAT_FORMAT."""
+    records, at = [], 0
+    while at < len(out):
+        found = re.compile(rb"(\d+) (-?\d+) (-?\d+) (-?\d+):").match(out, at)
+        assert found, f"kcat printed {out[at : at + 80]!r} at byte {at}"
+        offset, timestamp, key_length, value_length = map(int, found.groups())
+        at = found.end()
+        key = None if key_length < 0 else out[at : at + key_length]
+        at += max(key_length, 0)
+        value = None if value_length < 0 else out[at : at + value_length]
+        at += max(value_length, 0)
+        records.append(Stored(offset, timestamp, key, value))
+    return records
+
+
+def b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def from_client(records: list[dict]) -> list[Stored]:
+    """A driver's records (base64) as Stored."""
+    return [Stored(r["offset"], r["timestamp"], unb64(r["key"]), unb64(r["value"])) for r in records]
+
+
+def field(message: dict, name: str) -> bytes | None:
+    """kl consume --json's key or value: text, base64 (``NAME_b64``) or null."""
+    if f"{name}_b64" in message:
+        return base64.b64decode(message[f"{name}_b64"])
+    return None if message[name] is None else message[name].encode()
+
+
+def kl_json(root: kl.Root, topic: str, partition: int = 0) -> list[dict]:
+    """``kl consume --json`` of one partition, one dict a message."""
+    done = subprocess.run(
+        [*KL, "--root", str(root.path), "consume", "--json", "-p", str(partition), topic],
+        capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def kl_stored(root: kl.Root, topic: str, partition: int = 0) -> list[Stored]:
+    """What ``kl consume --json`` shows of one partition."""
+    return [Stored(m["offset"], m["timestamp"], field(m, "key"), field(m, "value")) for m in kl_json(root, topic, partition)]
+
+
+def kl_produce(root: kl.Root, topic: str, records: list[tuple[bytes | None, bytes, int]], partition: int = 0) -> None:
+    """Append (key, value, timestamp) records with ``kl produce --json``."""
+    lines = [json.dumps({"key_b64": b64(k), "value_b64": b64(v), "timestamp": t}) for k, v, t in records]
+    lines = [line.replace('"key_b64": null', '"key": null') for line in lines]
+    done = subprocess.run(
+        [*KL, "--root", str(root.path), "produce", "--json", "-p", str(partition), topic],
+        input="\n".join(lines).encode() + b"\n", capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def create(root: kl.Root, topic: str, partitions: int = 1) -> None:
+    root.create_topic(topic, kl.TopicConfig(partitions=partitions))
+
+
+def sample(count: int = 10, at: int = T0) -> list[tuple[bytes | None, bytes, int]]:
+    """``count`` (key, value, timestamp) records: binary and empty values, null and binary keys,
+    one compressible value, timestamps a second apart from ``at``."""
+    values = [bytes(range(256)), b"", "ünïcode ✓".encode(), b"x" * 3000, b"\n\r\0 line breaks\n"]
+    keys = [b"key-%d" % i if i % 3 else None for i in range(count)]
+    keys[1] = b"\x00\xff binary key"
+    return [(keys[i], values[i % len(values)] + b"#%d" % i, at + 1000 * i) for i in range(count)]
+
+
+def as_sent(records: list[tuple[bytes | None, bytes, int]]) -> list[dict]:
+    """Records in the drivers' spec form."""
+    return [{"key": b64(k), "value": b64(v), "timestamp": t} for k, v, t in records]
+
+
+def without_offsets(stored: list[Stored]) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(s.timestamp, s.key, s.value) for s in stored]
+
+
+@pytest.fixture(scope="module")
+def written_by_kl(root: kl.Root) -> list[Stored]:
+    """Topic ``from-kl``: ten records written by ``kl produce --json``, as kl shows them."""
+    create(root, "from-kl")
+    records = sample()
+    kl_produce(root, "from-kl", records)
+    stored = kl_stored(root, "from-kl")
+    assert without_offsets(stored) == records
+    return stored
+
+
+def python_and_js(codecs: tuple[str | None, ...] = CODECS) -> list[Any]:
+    """(client, codec) cases: every Python client with ``codecs``, KafkaJS with those it has."""
+    cases = [pytest.param(c, z, id=f"{c}-{z or 'none'}") for c in PYTHON_CLIENTS for z in codecs]
+    return cases + [pytest.param("kafkajs", z, id=f"kafkajs-{z or 'none'}") for z in codecs if z in KAFKAJS_CODECS]
+
+
+# ----------------------------------------------------------------- produce
+
+
+@pytest.mark.parametrize(("client", "codec"), python_and_js())
+def test_produce_is_stored_as_sent(request, daemon, root, client, codec) -> None:
+    topic = f"produced-{client}-{codec or 'none'}"
+    create(root, topic)
+    records = sample(6)
+    answer = run(request, daemon, client, op="produce", topic=topic, partition=0, compression=codec, records=as_sent(records))
+    stored = kl_stored(root, topic)
+    assert without_offsets(stored) == records
+    # The answer's base offset is the byte offset of the first message appended (clients
+    # number the rest of a batch base + 1, base + 2, ...: only the first is kl's).
+    assert answer["offsets"][0] == stored[0].offset == 0
+    again = run(request, daemon, client, op="produce", topic=topic, partition=0, compression=codec, records=as_sent(records[:1]))
+    assert answer["offsets"][0] != again["offsets"][0] == kl_stored(root, topic)[-1].offset
+
+
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_produce_with_each_acks_setting_appends(request, daemon, root, client, acks) -> None:
+    topic = f"acks-{client}-{acks}"
+    create(root, topic)
+    records = sample(3)
+    run(request, daemon, client, op="produce", topic=topic, partition=0, acks=acks, records=as_sent(records))
+    # acks=0 has no answer to wait for: the messages come when the daemon has appended them.
+    deadline = time.monotonic() + 10
+    while len(stored := kl_stored(root, topic)) < len(records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert without_offsets(stored) == records
+
+
+@HEADERS_PENDING
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
+def test_produce_with_headers_is_stored_with_them(request, daemon, root, client) -> None:
+    topic = f"headers-{client}"
+    create(root, topic)
+    headers = [["trace", b64(b"abc-123")], ["schema", b64(b"7")]]
+    records = [{"key": b64(b"k"), "value": b64(b"with headers"), "headers": headers}, {"key": None, "value": b64(b"none")}]
+    run(request, daemon, client, op="produce", topic=topic, partition=0, records=records)
+    shown = kl_json(root, topic)
+    assert [m["value"] for m in shown] == ["with headers", "none"]
+    assert [m.get("headers") for m in shown] == [[["trace", "abc-123"], ["schema", "7"]], []]
+
+
+@HEADERS_PENDING
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
+def test_produce_of_a_null_value_is_stored_as_null(request, daemon, root, client) -> None:
+    topic = f"tombstone-{client}"
+    create(root, topic)
+    records = [{"key": b64(b"gone"), "value": None}, {"key": b64(b"empty"), "value": b64(b"")}]
+    run(request, daemon, client, op="produce", topic=topic, partition=0, records=records)
+    assert [(m["key"], m["value"]) for m in kl_json(root, topic)] == [("gone", None), ("empty", "")]
+
+
+# ----------------------------------------------------------------- consume with assign()
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+@pytest.mark.parametrize("start_at", ["earliest", "offset", "inside", "timestamp"])
+def test_consume_from(request, daemon, written_by_kl, client, start_at) -> None:
+    """From the first message, a message's offset, one byte into a message (the next one
+    comes), and the first message stamped at or after a time; byte for byte as kl wrote."""
+    starts = {
+        "earliest": ("earliest", 0),
+        "offset": ({"offset": written_by_kl[4].offset}, 4),
+        "inside": ({"offset": written_by_kl[4].offset + 1}, 5),
+        "timestamp": ({"timestamp": written_by_kl[6].timestamp - 500}, 6),
+    }
+    start_spec, first = starts[start_at]
+    c = start(request, daemon, client, op="consume", topic="from-kl", partition=0, start=start_spec, count=10 - first)
+    assert c.line() == {"position": written_by_kl[first].offset}
+    got = from_client(c.line()["records"])
+    c.finish()
+    assert got == written_by_kl[first:]
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+def test_consume_from_latest_gets_only_what_comes_after(request, daemon, root, client) -> None:
+    topic = f"latest-{client}"
+    create(root, topic)
+    kl_produce(root, topic, sample(3))
+    end = kl_json(root, topic)[-1]["next_offset"]
+    c = start(request, daemon, client, op="consume", topic=topic, partition=0, start="latest", count=2)
+    assert c.line() == {"position": end}  # the high watermark: the log's end
+    kl_produce(root, topic, sample(2, at=T0 + 10**6))
+    got = from_client(c.line()["records"])
+    c.finish()
+    assert got == kl_stored(root, topic)[3:]
+
+
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS])
+def test_fifty_consumers_at_once_read_every_message(request, daemon, written_by_kl, client) -> None:
+    c = start(request, daemon, client, op="consumers", n=50, topic="from-kl", partition=0, count=10, timeout=40)
+    results = c.line(timeout=60)["records"]
+    c.finish()
+    assert len(results) == 50
+    for got in results:
+        assert from_client(got) == written_by_kl
+
+
+def test_kafkajs_admin_finds_earliest_latest_and_a_timestamps_offset(request, daemon, root, written_by_kl) -> None:
+    when = written_by_kl[6].timestamp - 500
+    answer = run(request, daemon, "kafkajs", op="offsets", topic="from-kl", partition=0, timestamp=when)
+    end = kl_json(root, "from-kl")[-1]["next_offset"]
+    assert answer == {"earliest": 0, "latest": end, "timestamp": written_by_kl[6].offset}
+
+
+@HEADERS_PENDING
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+def test_consume_gets_the_headers_kl_wrote(request, daemon, root, client) -> None:
+    topic = f"kl-headers-{client}"
+    create(root, topic)
+    line = {"key": "k", "value": "v", "headers": [["trace", "abc-123"], ["trace", "again"]]}
+    command = [*KL, "--root", str(root.path), "produce", "--json", topic]
+    done = subprocess.run(command, input=json.dumps(line).encode(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    (got,) = run(request, daemon, client, op="consume", topic=topic, partition=0, start="earliest", count=1)["records"]
+    assert got["headers"] == [["trace", b64(b"abc-123")], ["trace", b64(b"again")]]
+
+
+# ----------------------------------------------------------------- kcat
+
+
+def test_kcat_lists_brokers_topics_and_partitions(daemon, root) -> None:
+    create(root, "kcat-listed", partitions=3)
+    listing = json.loads(kcat(daemon, "-L", "-J"))
+    (broker,) = listing["brokers"]
+    assert f"{broker['name'].rsplit('/', 1)[0]}" == daemon.bootstrap
+    topics = {t["topic"]: t for t in listing["topics"]}
+    assert sorted(topics) == sorted(root.topics())
+    listed = topics["kcat-listed"]
+    assert [p["partition"] for p in listed["partitions"]] == [0, 1, 2]
+    assert {p["leader"] for p in listed["partitions"]} == {broker["id"]}
+
+
+def test_kcat_reads_what_kl_wrote_byte_for_byte_and_exits_at_the_end(daemon, written_by_kl) -> None:
+    out = kcat(daemon, "-C", "-t", "from-kl", "-p", "0", "-o", "beginning", "-e", "-f", KCAT_FORMAT)
+    assert kcat_records(out) == written_by_kl
+
+
+@pytest.mark.parametrize("where", ["end", "offset", "inside", "tail", "timestamp"])
+def test_kcat_starts_at(daemon, root, written_by_kl, where) -> None:
+    """kcat -o: ``end`` (nothing, then -e exits), an offset as kl reports it, one byte into a
+    message, ``-N`` (librdkafka starts N *bytes* before the end: the messages starting in the
+    last N bytes) and ``s@TIME``."""
+    end = kl_json(root, "from-kl")[-1]["next_offset"]
+    starts = {
+        "end": ("end", 10),
+        "offset": (str(written_by_kl[3].offset), 3),
+        "inside": (str(written_by_kl[3].offset + 1), 4),
+        "tail": (f"-{end - written_by_kl[7].offset}", 7),
+        "timestamp": (f"s@{written_by_kl[8].timestamp - 1}", 8),
+    }
+    offset, first = starts[where]
+    out = kcat(daemon, "-C", "-t", "from-kl", "-p", "0", "-o", offset, "-e", "-f", KCAT_FORMAT)
+    assert kcat_records(out) == written_by_kl[first:]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kcat_produces_keyed_lines(daemon, root, codec) -> None:
+    topic = f"kcat-produced-{codec or 'none'}"
+    create(root, topic)
+    lines = b"k1:first\n:no key? an empty one\nno delimiter: the whole line is the value\nk4:" + b"y" * 2000 + b"\n"
+    kcat(daemon, "-P", "-t", topic, "-p", "0", "-K", ":", "-z", codec or "none", stdin=lines)
+    stored = kl_stored(root, topic)
+    assert [(s.key, s.value) for s in stored] == [
+        (b"k1", b"first"),
+        (b"", b"no key? an empty one"),
+        (b"no delimiter", b" the whole line is the value"),
+        (b"k4", b"y" * 2000),
+    ]
+    out = kcat(daemon, "-C", "-t", topic, "-p", "0", "-e", "-f", KCAT_FORMAT)
+    assert [(r.offset, r.key, r.value) for r in kcat_records(out)] == [(s.offset, s.key, s.value) for s in stored]
+
+
+@HEADERS_PENDING
+def test_kcat_produces_and_reads_headers(daemon, root) -> None:
+    create(root, "kcat-headers")
+    kcat(daemon, "-P", "-t", "kcat-headers", "-p", "0", "-H", "trace=abc", "-H", "schema=7", stdin=b"with headers\n")
+    assert [m.get("headers") for m in kl_json(root, "kcat-headers")] == [[["trace", "abc"], ["schema", "7"]]]
+    out = kcat(daemon, "-C", "-t", "kcat-headers", "-p", "0", "-e", "-f", "%h\\n")
+    assert out == b"trace=abc,schema=7\n"
+
+
+# ----------------------------------------------------------------- failures and changes while running
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+def test_producer_killed_mid_produce_then_restarted_stores_each_message_once(request, daemon, root, client) -> None:
+    """An idempotent producer sends 40 records of 32 KiB, one acknowledged at a time, and is
+    SIGKILLed after the sixth acknowledgement (a request may be on the wire): kl holds a
+    prefix of them, each whole and once.  A new idempotent producer sends the rest."""
+    topic = f"killed-{client}"
+    create(root, topic)
+    records = [(b"id-%02d" % i, b"%02d:" % i + os.urandom(16) * 2048, T0 + i) for i in range(40)]
+    spec = {"topic": topic, "partition": 0, "idempotent": True}
+    c = start(request, daemon, client, op="produce", each=True, records=as_sent(records), **spec)
+    while c.line()["acked"] < 5:
+        pass
+    c.kill()
+    stored = kl_stored(root, topic)
+    assert 6 <= len(stored) <= len(records)
+    assert without_offsets(stored) == records[: len(stored)]
+    rest = records[len(stored) :]
+    run(request, daemon, client, op="produce", records=as_sent(rest), **spec)
+    assert without_offsets(kl_stored(root, topic)) == records
+
+
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
+def test_topic_created_while_a_client_runs_is_found_through_metadata(request, daemon, root, client) -> None:
+    topic = f"born-{client}"
+    c = start(request, daemon, client, op="watch", topic=topic)
+    seen = c.line()["topics"]
+    assert topic not in seen
+    done = subprocess.run([*KL, "--root", str(root.path), "topics", "create", topic, "--partitions", "3"], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    c.send("created")
+    assert c.line() == {"partitions": 3}
+    c.finish()
