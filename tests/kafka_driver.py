@@ -1,9 +1,9 @@
 """Drives one of today's Python Kafka clients, unmodified, for one operation; JSON lines on stdout.
 
-    python tests/kafka_driver.py CLIENT SPEC_JSON
+    python tests/kafka_driver.py CLIENT SPEC_FILE
 
 CLIENT is ``confluent`` (confluent-kafka, librdkafka), ``kafka-python`` or ``aiokafka``.
-SPEC_JSON names the operation (``op``) and its arguments; keys, values and header values
+SPEC_FILE holds a JSON object that names the operation (``op``) and its arguments; keys, values and header values
 travel as base64 (``null`` for a null one) so that every byte survives.  Operations:
 
 - ``produce``: send ``records`` to ``topic``/``partition`` in one flush (``compression``,
@@ -31,6 +31,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
@@ -133,10 +134,12 @@ def confluent(spec: dict[str, Any]) -> None:
 
         def stats(text: str) -> None:
             part = json.loads(text).get("topics", {}).get(spec["topic"], {}).get("partitions", {}).get(str(spec["partition"]))
-            if part and part.get("fetch_state") == "active" and not position:
+            # Positioned once a fetch has come back (hi_offset known): "active" alone may be
+            # reported before next_offset is set.
+            if part and part.get("fetch_state") == "active" and part.get("hi_offset", -1) >= 0 and not position:
                 position.append(part["next_offset"])
 
-        consumer = ck.Consumer({**consumer_config, "statistics.interval.ms": 50, "stats_cb": stats})
+        consumer = ck.Consumer({**consumer_config, "statistics.interval.ms": 50, "stats_cb": stats, "fetch.wait.max.ms": 100})
         start = spec["start"]
         tp = ck.TopicPartition(spec["topic"], spec["partition"])
         if start == "earliest":
@@ -267,7 +270,7 @@ def kafka_python(spec: dict[str, Any]) -> None:
         consumer = kafka.KafkaConsumer(**common, group_id=None)
         out(topics=sorted(consumer.topics()))
         sys.stdin.readline()
-        while (partitions := consumer.partitions_for_topic(spec["topic"])) is None:
+        while not (partitions := consumer.partitions_for_topic(spec["topic"])):
             deadline.left("partitions_for_topic")
             time.sleep(0.05)
         out(partitions=len(partitions))
@@ -311,7 +314,7 @@ async def aiokafka_(spec: dict[str, Any]) -> None:
                 if spec.get("each"):
                     out(acked=i, offset=(await asyncio.wait_for(futures[-1], deadline.left(f"record {i}"))).offset)
             done = await asyncio.wait_for(asyncio.gather(*futures), deadline.left("acknowledgements"))
-            out(offsets=[m.offset for m in done])
+            out(offsets=[None if m is None else m.offset for m in done])  # None: acks=0
         finally:
             await producer.stop()
         return
@@ -329,12 +332,13 @@ async def aiokafka_(spec: dict[str, Any]) -> None:
         await admin.close()
         return
     tp = aiokafka.TopicPartition(spec["topic"], spec["partition"])
-    n = spec.get("n", 1)
-    consumers = [
-        aiokafka.AIOKafkaConsumer(bootstrap_servers=spec["bootstrap"], group_id=None, enable_auto_commit=False) for _ in range(n)
-    ]
+    # An assigned partition is reset at once with auto_offset_reset, racing a seek_to_*(): the
+    # reset is the same as the seek that follows.
+    reset = "latest" if spec.get("start") == "latest" else "earliest"
+    config = {"group_id": None, "enable_auto_commit": False, "fetch_max_wait_ms": 100, "auto_offset_reset": reset}
+    consumers = [aiokafka.AIOKafkaConsumer(bootstrap_servers=spec["bootstrap"], **config) for _ in range(spec.get("n", 1))]
+    await asyncio.wait_for(asyncio.gather(*(c.start() for c in consumers)), deadline.left("start"))
     for c in consumers:
-        await asyncio.wait_for(c.start(), deadline.left("start"))
         c.assign([tp])
     try:
         if op == "consume":
@@ -358,8 +362,7 @@ async def aiokafka_(spec: dict[str, Any]) -> None:
         else:
             raise SystemExit(f"unknown op {op}")
     finally:
-        for c in consumers:
-            await c.stop()
+        await asyncio.gather(*(c.stop() for c in consumers))
 
 
 async def read_aiokafka(consumer: Any, count: int, deadline: Deadline) -> list[Record]:
@@ -372,7 +375,7 @@ async def read_aiokafka(consumer: Any, count: int, deadline: Deadline) -> list[R
 
 
 def main() -> None:
-    client, spec = sys.argv[1], json.loads(sys.argv[2])
+    client, spec = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     # A client stuck where no deadline of ours reaches (a constructor, a close): every
     # thread's stack on stderr, then exit 1.
     faulthandler.dump_traceback_later(spec["timeout"] + 2, exit=True)

@@ -1,6 +1,6 @@
 // Drives KafkaJS, unmodified, for one operation against kl serve --kafka; JSON lines on stdout.
 //
-//   node driver.js SPEC_JSON      (NODE_PATH: the node_modules npm ci made from the lock beside)
+//   node driver.js SPEC_FILE      (NODE_PATH: the node_modules npm ci made from the lock beside)
 //
 // The operations and their JSON are tests/kafka_driver.py's (keys, values and header values
 // as base64): produce (its offsets: KafkaJS reports one base offset per partition, so every
@@ -11,6 +11,7 @@
 // without a native build.  Fails (exit 1, the reason on stderr) after spec.timeout seconds.
 'use strict'
 
+const fs = require('fs')
 const readline = require('readline')
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs')
 const SnappyCodec = require('kafkajs-snappy')
@@ -24,12 +25,13 @@ CompressionCodecs[CompressionTypes.LZ4] = () => ({
 
 const CODECS = { gzip: CompressionTypes.GZIP, snappy: CompressionTypes.Snappy, lz4: CompressionTypes.LZ4 }
 
-const spec = JSON.parse(process.argv[2])
+const spec = JSON.parse(fs.readFileSync(process.argv[2]))
 const out = (fields) => process.stdout.write(JSON.stringify(fields) + '\n')
 const raw = (text) => (text === null || text === undefined ? null : Buffer.from(text, 'base64'))
 
+let lastError = null
 const timer = setTimeout(() => {
-  process.stderr.write(`kafkajs ${spec.op}: timed out after ${spec.timeout} s\n`)
+  process.stderr.write(`kafkajs ${spec.op}: timed out after ${spec.timeout} s; last error: ${lastError && (lastError.stack || lastError)}\n`)
   process.exit(1)
 }, spec.timeout * 1000)
 
@@ -57,7 +59,7 @@ async function produce () {
   const compression = spec.compression ? CODECS[spec.compression] : CompressionTypes.None
   if (compression === undefined) throw new Error(`no codec ${spec.compression}`)
   const answer = await producer.send({ topic: spec.topic, acks, compression, messages })
-  out({ offsets: messages.map(() => Number(answer[0].baseOffset)) })
+  out({ offsets: messages.map(() => (answer.length ? Number(answer[0].baseOffset) : null)) })  // none with acks=0
   await producer.disconnect()
 }
 
@@ -85,7 +87,7 @@ async function watch () {
       out({ partitions: topics[0].partitions.length })
       break
     } catch (e) {
-      if (e.type !== 'UNKNOWN_TOPIC_OR_PARTITION') throw e
+      lastError = e
       await new Promise((resolve) => setTimeout(resolve, 50))
     }
   }
