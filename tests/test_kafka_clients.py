@@ -269,7 +269,7 @@ def test_produce_with_headers_is_stored_with_them(request, daemon, root, client)
     run(request, daemon, client, op="produce", topic=topic, partition=0, records=records)
     shown = kl_json(root, topic)
     assert [m["value"] for m in shown] == ["with headers", "none"]
-    assert [m.get("headers") for m in shown] == [[["trace", "abc-123"], ["schema", "7"]], []]
+    assert [m.get("headers") for m in shown] == [[{"key": "trace", "value": "abc-123"}, {"key": "schema", "value": "7"}], None]
 
 
 @HEADERS_PENDING
@@ -340,7 +340,7 @@ def test_kafkajs_admin_finds_earliest_latest_and_a_timestamps_offset(request, da
 def test_consume_gets_the_headers_kl_wrote(request, daemon, root, client) -> None:
     topic = f"kl-headers-{client}"
     create(root, topic)
-    line = {"key": "k", "value": "v", "headers": [["trace", "abc-123"], ["trace", "again"]]}
+    line = {"key": "k", "value": "v", "headers": [{"key": "trace", "value": "abc-123"}, {"key": "trace", "value": "again"}]}
     kl_cli(root, "produce", "--json", topic, input=json.dumps(line).encode())
     (got,) = run(request, daemon, client, op="consume", topic=topic, partition=0, start="earliest", count=1)["records"]
     assert got["headers"] == [["trace", b64(b"abc-123")], ["trace", b64(b"again")]]
@@ -405,7 +405,8 @@ def test_kcat_produces_keyed_lines(daemon, root, codec) -> None:
 def test_kcat_produces_and_reads_headers(daemon, root) -> None:
     create(root, "kcat-headers")
     kcat(daemon, "-P", "-t", "kcat-headers", "-p", "0", "-H", "trace=abc", "-H", "schema=7", stdin=b"with headers\n")
-    assert [m.get("headers") for m in kl_json(root, "kcat-headers")] == [[["trace", "abc"], ["schema", "7"]]]
+    (shown,) = kl_json(root, "kcat-headers")
+    assert shown.get("headers") == [{"key": "trace", "value": "abc"}, {"key": "schema", "value": "7"}]
     out = kcat(daemon, "-C", "-t", "kcat-headers", "-p", "0", "-e", "-f", "%h\\n")
     assert out == b"trace=abc,schema=7\n"
 
