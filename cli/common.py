@@ -21,7 +21,7 @@ import click
 
 import kl
 from kl import timespec
-from kl.wire import parse_address
+from kl.net.wire import parse_address
 
 if TYPE_CHECKING:
     from rich.console import Console

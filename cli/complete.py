@@ -18,7 +18,7 @@ from click.shell_completion import CompletionItem
 
 import kl
 from kl import groups as admin
-from kl.remote import RemoteRoot
+from kl.net.remote import RemoteRoot
 from kl_cli.common import get_root
 
 Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]

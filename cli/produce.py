@@ -28,8 +28,8 @@ import click
 
 import kl
 from kl.log.message import HEADER_SIZE, timestamp_problem
+from kl.net.remote import RemoteRoot
 from kl.producer import DEFAULT_BATCH_BYTES
-from kl.remote import RemoteRoot
 from kl_cli import complete
 from kl_cli.common import (
     Progress,

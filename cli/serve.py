@@ -1,5 +1,6 @@
-"""``kl serve``: the root's topics over Kafka 0.7's wire protocol (``kl.server``), and
-``kl serve --list``: the daemons registered under the root (``kl.brokers``)."""
+"""``kl serve``: the root's topics over Kafka 0.7's wire protocol and today's Kafka
+protocol (``kl.net.server``), and ``kl serve --list``: the daemons registered under the
+root (``kl.net.brokers``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import sys
 
 import click
 
-from kl import brokers
 from kl.errors import KlError
-from kl.server import Network, ServeConfig, Server
+from kl.net import brokers
+from kl.net.server import Network, ServeConfig, Server
 from kl_cli.common import get_root
 
 LIST_COLUMNS = ["address", "pid", "since", "topics", "produce"]
+DEFAULT_PORT = 9092
 
 
 def _networks(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Network, ...]:
@@ -31,6 +33,17 @@ def _networks(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(e), ctx, param) from None
 
 
+def _kafka_address(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str | None, int] | None:
+    """``--kafka [HOST:]PORT`` as (host or None for --bind, port)."""
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]") if sep else ""
+    if not port.isdigit() or not 0 <= int(port) < 65536 or (sep and not host):
+        raise click.BadParameter(f"{value!r} is not [HOST:]PORT (PORT 0 to 65535)", ctx, param)
+    return host or None, int(port)
+
+
 def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
     if value is None:
         return None
@@ -40,10 +53,23 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
         raise click.BadParameter(f"{value!r} is not a regular expression: {e}", ctx, param) from None
 
 
-@click.command(short_help="Serve the root's topics over Kafka 0.7's wire protocol.")
+@click.command(short_help="Serve the root's topics to Kafka clients, today's and 0.7's.")
 @click.option("--bind", metavar="ADDRESS", default="127.0.0.1", show_default=True, help="Listen on this IP address.")
 @click.option(
-    "--port", metavar="PORT", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Listen on this port (0: any)."
+    "--port",
+    metavar="PORT",
+    type=click.IntRange(0, 65535),
+    help="Serve Kafka 0.7's protocol on this port (0: any; default 9092 unless --kafka is given alone).",
+)
+@click.option(
+    "--kafka",
+    "kafka",
+    metavar="[HOST:]PORT",
+    callback=_kafka_address,
+    help="Serve today's Kafka protocol on this port (0: any), at HOST or --bind.",
+)
+@click.option(
+    "--advertise", metavar="HOST", help="The host name Kafka clients are told to connect to (default: the address bound)."
 )
 @click.option(
     "--allow",
@@ -94,7 +120,9 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
 def serve(
     ctx: click.Context,
     bind: str,
-    port: int,
+    port: int | None,
+    kafka: tuple[str | None, int] | None,
+    advertise: str | None,
     allow: tuple[Network, ...],
     allow_produce: bool,
     topics: re.Pattern[str] | None,
@@ -106,20 +134,27 @@ def serve(
     as_json: bool,
     list_: bool,
 ) -> None:
-    """Serve the root's topics to hosts that do not mount it, over Kafka 0.7's wire
-    protocol (kl-protocol(5)), until SIGTERM (exit 0) or Ctrl-C (status 130).
+    """Serve the root's topics to hosts that do not mount it, until SIGTERM (exit 0) or
+    Ctrl-C: over Kafka 0.7's wire protocol (--port; kl's own remote clients use it),
+    today's Kafka protocol (--kafka; librdkafka, the Java client, kcat...), or both
+    (kl-protocol(5)).
 
-    Fetches are sent with sendfile straight from the segment files.  The daemon
-    registers itself under the root while it runs (kl serve --list shows it).  Log
-    lines go to stderr.
+    Kafka 0.7's fetches are sent with sendfile straight from the segment files.  A
+    daemon serving Kafka 0.7's protocol registers itself under the root while it runs
+    (kl serve --list shows it).  Log lines go to stderr.
     """
     root = get_root(ctx)
     if list_:
         _list(root.path, as_json)
         return
+    if port is None and kafka is None:
+        port = DEFAULT_PORT
     config = ServeConfig(
         bind=bind,
         port=port,
+        kafka_bind=None if kafka is None else kafka[0],
+        kafka_port=None if kafka is None else kafka[1],
+        advertised=advertise,
         allow=allow,
         allow_produce=allow_produce,
         topics=topics,
@@ -133,12 +168,13 @@ def serve(
     root.topics()  # a missing root is an error now, not on every request
     server = Server(root, config)
     logger = logging.getLogger("kl.serve")
-    info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce)
-    try:
-        registration: brokers.Registration | None = brokers.register(root.path, info)
-    except KlError as e:
-        logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
-        registration = None
+    registration: brokers.Registration | None = None
+    if server.port is not None:  # the registry is for kl's clients, which speak Kafka 0.7's protocol
+        info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce)
+        try:
+            registration = brokers.register(root.path, info)
+        except KlError as e:
+            logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
     stopped_by: list[int] = []
 
     def stop(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ import click
 import kl
 from kl.log.config import FORMATS
 from kl.log.importer import import_topic
-from kl.remote import RemoteRoot
+from kl.net.remote import RemoteRoot
 from kl_cli import complete
 from kl_cli.common import F, aligned, get_root, note, print_line, server_option
 

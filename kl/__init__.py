@@ -38,9 +38,9 @@ from kl.log import EARLIEST, LATEST, Log, Position
 from kl.log.config import TopicConfig
 from kl.log.message import Message
 from kl.log.messageset import MessageSet
+from kl.net.remote import RemoteConsumer, RemoteProducer
 from kl.producer import Appended, Producer, hash_partitioner
 from kl.registry import CorruptOffset, GroupActive, GroupNotFound, InvalidImport, NotOwner
-from kl.remote import RemoteConsumer, RemoteProducer
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [

@@ -38,13 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from kl import wire
 from kl.errors import InvalidConfig, KlError, LockTimeout, OffsetOutOfRange, RootNotFound, TopicNotFound
 from kl.follow import Watch
 from kl.log import locks
 from kl.log.config import FORMAT_07, TopicConfig
 from kl.log.log import EARLIEST, LATEST, Log
 from kl.log.messageset import INCOMPLETE, check, count_messages, walk
+from kl.net import wire
 from kl.topic import LOCKS_DIR, Root, validate_name
 
 log = logging.getLogger(__name__)

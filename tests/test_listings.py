@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 from test_serve import KL, Daemon, Running, _no_daemon_outlives_its_test  # noqa: F401 - a fixture
 
 import kl
-from kl import server, wire
-from kl.remote import RemoteRoot
+from kl.net import kafka07, wire
+from kl.net.remote import RemoteRoot
 from kl_cli.main import cli
 
 from conftest import write
@@ -148,7 +148,7 @@ def test_remote_root_describes_as_root_does(two, daemon):
 
 def test_a_daemon_of_an_earlier_kl_is_named_as_the_likely_cause(two, monkeypatch):
     """A server without DESCRIBE closes the connection on it."""
-    monkeypatch.delitem(server.HANDLERS, wire.DESCRIBE)
+    monkeypatch.delitem(kafka07.HANDLERS, wire.DESCRIBE)
     running = Running(two)
     remote = RemoteRoot(f"127.0.0.1:{running.address[1]}")
     try:

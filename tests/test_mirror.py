@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import kl
 from kl import mirror
-from kl.server import ServeConfig, Server
+from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
 
 from conftest import flip_byte, read_all

@@ -1,7 +1,7 @@
-"""man/kl-protocol.5 states kl/wire.py's numbers, and its byte dumps are what kl serve answers.
+"""man/kl-protocol.5 states kl/net/wire.py's numbers, and its byte dumps are what kl serve answers.
 
 The request types and error codes are read out of the page's tables and held against
-``kl.wire``; the example requests are sent, as the page shows their bytes, to a real
+``kl.net.wire``; the example requests are sent, as the page shows their bytes, to a real
 server (in a thread, on 127.0.0.1) and its answers compared with the page's bytes.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import kl
-from kl import wire
-from kl.server import ServeConfig, Server
+from kl.net import wire
+from kl.net.server import ServeConfig, Server
 
 PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-protocol.5"
 TEXT = PAGE.read_text()

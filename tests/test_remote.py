@@ -1,6 +1,6 @@
 """kl's network client: RemoteConsumer, RemoteProducer and ``--server`` against their local forms.
 
-A ``kl.server.Server`` over the test's root runs in a thread on 127.0.0.1 (a port of the
+A ``kl.net.server.Server`` over the test's root runs in a thread on 127.0.0.1 (a port of the
 kernel's choosing); each case compares what the remote form gives with what the local
 one gives on the same root: the same messages, offsets, errors and output bytes.
 """
@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
-from kl.remote import RemoteRoot
-from kl.server import ServeConfig, Server
+from kl.net.remote import RemoteRoot
+from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
 
 from conftest import flip_byte
@@ -220,7 +220,7 @@ def test_an_unreachable_server_is_a_network_error(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(kl.wire.NetworkError, match=f"cannot connect to 127.0.0.1:{port}"):
+    with pytest.raises(kl.net.wire.NetworkError, match=f"cannot connect to 127.0.0.1:{port}"):
         kl.RemoteConsumer(f"127.0.0.1:{port}").latest_offset("t", 0)
 
 
@@ -347,10 +347,10 @@ def test_remote_root_lists_what_is_served(root, two, address):
     ],
 )
 def test_server_addresses_are_parsed(address, expected):
-    assert kl.wire.parse_address(address) == expected
+    assert kl.net.wire.parse_address(address) == expected
 
 
 @pytest.mark.parametrize("address", ["", ":9000", "host:0", "host:65536", "host:x"])
 def test_bad_server_addresses_are_refused(address):
     with pytest.raises(kl.InvalidConfig, match="is not HOST:PORT"):
-        kl.wire.parse_address(address)
+        kl.net.wire.parse_address(address)

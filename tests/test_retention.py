@@ -19,7 +19,7 @@ import pytest
 import kl
 from kl.log.retention import DELETED_SUFFIX, retain
 from kl.log.segment import list_segments
-from kl.server import ServeConfig, Server
+from kl.net.server import ServeConfig, Server
 
 from faultlib import OrderChecker, fresh_log, payload, read_log, snapshot
 

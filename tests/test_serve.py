@@ -24,11 +24,11 @@ import pytest
 from click.testing import CliRunner
 
 import kl
-from kl import brokers, server, wire
 from kl.log.messageset import frame
 from kl.log.retention import retain
-from kl.server import ServeConfig, Server
-from kl.wire import Fetch
+from kl.net import brokers, server, wire
+from kl.net.server import ServeConfig, Server
+from kl.net.wire import Fetch
 from kl_cli.main import cli
 
 from conftest import read_all, write

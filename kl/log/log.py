@@ -332,6 +332,17 @@ class Log:
         with found[0] as segment:
             self._check_boundary(segment, offset)
 
+    def boundary(self, offset: int) -> tuple[int, int]:
+        """Where the messages nearest ``offset`` start, by a scan of its segment from the
+        start: (at or before it, after it), equal when a message starts there; the log end
+        twice at the end.  Raises ``OffsetOutOfRange``."""
+        found = self._open_at(offset)
+        if found is None:
+            return offset, offset
+        with found[0] as segment:
+            before, after = segment.boundary(offset - segment.base_offset)
+            return segment.base_offset + before, segment.base_offset + after
+
     def _check_boundary(self, segment: Segment, offset: int) -> None:
         """Raise ``InvalidOffset`` when a scan from the segment's start steps over ``offset``."""
         before, after = segment.boundary(offset - segment.base_offset)

@@ -1,4 +1,8 @@
-"""``kl serve``: a root's topics over Kafka 0.7's wire protocol, fetches sent with sendfile.
+"""``kl serve``'s core: connections, limits and workers, shared by its protocols' front ends.
+
+A front end (``FrontEnd``) answers one protocol: Kafka 0.7's (``kafka07``) or today's
+Kafka protocol (``kafka``); the daemon listens on one port per protocol.  Both frame a
+request as an int32 size and the bytes it counts.
 
 The seed's broker: one thread accepts connections and reads requests (a selector
 over non-blocking sockets), N worker threads answer them.  A connection has at most
@@ -10,6 +14,11 @@ waits, parked with the loop, until the socket takes more (a worker then goes on)
 client that does not read holds no worker.  A parked answer holds at most
 ``FILES_PER_CONNECTION`` segment files open (the others are opened again when their
 turn comes) and no file bytes in memory.  Specified in ``man/kl-protocol.5``.
+
+A request that has to wait for data (a Kafka fetch with ``max_wait_ms``) holds no worker
+either: its connection is parked with one waiter thread, which watches the partitions
+it waits on (``kl.follow.Watch``) and hands it back to a worker once one of them grew
+by enough or its time is up.
 """
 
 from __future__ import annotations
@@ -20,24 +29,21 @@ import ipaddress
 import logging
 import os
 import queue
-import random
 import re
 import selectors
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kl import wire
-from kl.errors import InvalidTopicName, KlError, TopicNotFound
+from kl.errors import KlError
+from kl.follow import Watch
 from kl.log.config import CONFIG_FILE, TopicConfig
-from kl.log.log import DELETED_SUFFIX
-from kl.log.messageset import validate_set
+from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
-from kl.topic import Root, validate_name
-from kl.wire import Fetch, ProtocolError, Reader
+from kl.net.wire import SIZE, ProtocolError
+from kl.topic import Root
 
 log = logging.getLogger("kl.serve")
 
@@ -46,20 +52,20 @@ LOOPBACK: tuple[Network, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.
 SMALL_REQUEST = 64 << 10
 """The largest request when produce is off: fetches, offsets and kl's lookups are tiny."""
 RECV_CHUNK = 256 << 10
-KL_FORMAT = "kl"
-MAX_FETCHES = 1000
-"""The most fetches one MULTIFETCH may hold."""
 FILES_PER_CONNECTION = 16
 """The most segment files an answer holds open while it waits to be sent: the spans past
 them are closed and opened again (the same file, checked) when their turn comes."""
-MAX_PAYLOAD = (1 << 31) - 1 - 2
-"""A response's size field is an int32 and counts the error code: longer fetches are cut short."""
 SWEEP_INTERVAL = 0.25
 """How often connections are checked against the idle and request timeouts."""
 ACCEPT_PAUSE = 0.5
 """How long accepting stops when the process is out of file descriptors."""
 STOP_GRACE = 5.0
 """After the request timeout at shutdown: how long workers still get to give connections back."""
+WAIT_CHECK = 0.1
+"""How often the waiter reads the ends of the partitions parked requests wait on, whatever
+inotify says (it sees nothing that another NFS client writes)."""
+WAIT_PICKUP = 0.01
+"""The longest a newly parked request waits before the waiter watches it (and reads its ends)."""
 
 
 class ServerError(KlError):
@@ -71,7 +77,14 @@ class ServeConfig:
     """What ``kl serve`` serves, to whom, and within which bounds."""
 
     bind: str = "127.0.0.1"
-    port: int = 9092
+    port: int | None = 9092
+    """Kafka 0.7's port (None: not served; 0: any free port)."""
+    kafka_bind: str | None = None
+    """The address of today's Kafka protocol (None: ``bind``)."""
+    kafka_port: int | None = None
+    """Today's Kafka protocol's port (None: not served; 0: any free port)."""
+    advertised: str | None = None
+    """The host Kafka clients are told to connect to (Metadata); None: the bound address."""
     allow: tuple[Network, ...] = ()
     """The only networks connections may come from (default: loopback); needed to bind elsewhere."""
     allow_produce: bool = False
@@ -89,14 +102,17 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.networks = tuple(self.allow) or LOOPBACK
-        try:
-            address = ipaddress.ip_address(self.bind)
-        except ValueError:
-            raise ServerError(f"--bind needs an IP address, not {self.bind!r}") from None
-        if not address.is_loopback and not self.allow:
-            raise ServerError(f"binding to {self.bind} needs --allow CIDR naming who may connect")
-        if not 0 <= self.port < 65536:
-            raise ServerError(f"port {self.port} is not between 0 and 65535")
+        if self.port is None and self.kafka_port is None:
+            raise ServerError("nothing to serve: give a port for Kafka 0.7's protocol, today's Kafka protocol, or both")
+        for bind, port in self.addresses():
+            try:
+                address = ipaddress.ip_address(bind)
+            except ValueError:
+                raise ServerError(f"a listening address must be an IP address, not {bind!r}") from None
+            if not address.is_loopback and not self.allow:
+                raise ServerError(f"binding to {bind} needs --allow CIDR naming who may connect")
+            if not 0 <= port < 65536:
+                raise ServerError(f"port {port} is not between 0 and 65535")
         for name in ("workers", "max_connections", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
@@ -115,6 +131,13 @@ class ServeConfig:
             address = address.ipv4_mapped
         return any(address in net for net in self.networks)
 
+    def addresses(self) -> list[tuple[str, int]]:
+        """(address, port) of each protocol served: Kafka 0.7's first, then today's."""
+        found = [] if self.port is None else [(self.bind, self.port)]
+        if self.kafka_port is not None:
+            found.append((self.kafka_bind or self.bind, self.kafka_port))
+        return found
+
     @property
     def request_limit(self) -> int:
         return self.max_request_bytes if self.allow_produce else SMALL_REQUEST
@@ -123,19 +146,70 @@ class ServeConfig:
 class Connection:
     """A client's socket and what has been read of its next request."""
 
-    __slots__ = ("sock", "peer", "kl", "buffer", "last_active", "started", "out")
+    __slots__ = ("sock", "peer", "front", "kl", "buffer", "last_active", "started", "out", "wait")
 
-    def __init__(self, sock: socket.socket, peer: str):
+    def __init__(self, sock: socket.socket, peer: str, front: FrontEnd):
         self.sock = sock
         self.peer = peer
+        self.front = front
         self.kl = False
+        """A kl client (it said HELLO), not a Kafka 0.7 one."""
         self.buffer = bytearray()
         """The request being received; never more than one (reads stop at its end)."""
         self.last_active = time.monotonic()
         self.started: float | None = None
         """When the request being received began (None between requests)."""
-        self.out: _Response | None = None
+        self.out: Response | None = None
         """The answer not yet sent (None between requests)."""
+        self.wait: Wait | None = None
+        """What a parked request waits for (None unless parked)."""
+
+
+class Wait:
+    """A request waiting for data: until the partitions in ``logs`` (each with the offset
+    read from) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
+    first; ``request`` is whatever the front end needs to answer it then."""
+
+    __slots__ = ("logs", "min_bytes", "deadline", "request", "expired")
+
+    def __init__(self, logs: list[tuple[Log, int]], min_bytes: int, deadline: float, request: object):
+        self.logs = logs
+        self.min_bytes = max(1, min_bytes)
+        self.deadline = deadline
+        self.request = request
+        self.expired = False
+
+    def ready(self, now: float) -> bool:
+        if now >= self.deadline:
+            self.expired = True
+            return True
+        grown = 0
+        for log, offset in self.logs:
+            try:
+                grown += max(0, log.log_end_offset - offset)
+            except KlError:
+                return True  # the answer says what is wrong
+        return grown >= self.min_bytes
+
+
+class FrontEnd:
+    """One protocol's side of the daemon: ``handle`` answers a request (the bytes after
+    its size) by adding to ``server.answer(conn)``, or parks it (``server.park``) to be
+    ``resume``d once its wait is over."""
+
+    name = ""
+
+    def __init__(self, server: Server):
+        self.server = server
+
+    def handle(self, conn: Connection, request: memoryview) -> None:
+        raise NotImplementedError
+
+    def resume(self, conn: Connection, wait: Wait) -> None:
+        raise NotImplementedError
+
+    def listening(self, address: str, port: int) -> None:
+        """Log where this protocol is served."""
 
 
 class Drop(Exception):
@@ -146,10 +220,27 @@ class Server:
     """Serves ``root`` as configured; ``serve_forever`` until ``stop``."""
 
     def __init__(self, root: Root | str | os.PathLike[str], config: ServeConfig | None = None):
+        from kl.net.kafka07 import Kafka07
+
         self.root = root if isinstance(root, Root) else Root(root)
         self.config = config or ServeConfig()
-        self.listener = self._listen()
-        self.port: int = self.listener.getsockname()[1]
+        self.listeners: list[tuple[socket.socket, FrontEnd]] = []
+        """Each protocol's listening socket and front end."""
+        self.port: int | None = None
+        """Kafka 0.7's port (the one bound, when 0 was asked)."""
+        self.kafka_port: int | None = None
+        """Today's Kafka protocol's port."""
+        try:
+            if self.config.port is not None:
+                self.port = self._listen(self.config.bind, self.config.port, Kafka07(self))
+            if self.config.kafka_port is not None:
+                from kl.net.kafka import Kafka  # kafka-python's classes: loaded only for the Kafka protocol
+
+                self.kafka_port = self._listen(self.config.kafka_bind or self.config.bind, self.config.kafka_port, Kafka(self))
+        except BaseException:
+            for sock, _ in self.listeners:
+                sock.close()
+            raise
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         """Wakes the loop; socket objects, so a wake after they are closed fails cleanly
@@ -167,35 +258,41 @@ class Server:
         self._stopping = threading.Event()
         self._identities: dict[str, tuple[int, int]] = {}
         """topic -> (device, inode) of the topic.json its cached config was read from."""
+        self._parked: queue.SimpleQueue[Connection | str] = queue.SimpleQueue()
+        """Connections handed to the waiter, or STOP_WAITING (answer everything at once
+        from now on) or EXIT."""
 
-    def _listen(self) -> socket.socket:
-        c = self.config
-        family = socket.AF_INET6 if ":" in c.bind else socket.AF_INET
+    def _listen(self, bind: str, port: int, front: FrontEnd) -> int:
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         try:
-            sock = socket.create_server((c.bind, c.port), family=family, backlog=1024)
+            sock = socket.create_server((bind, port), family=family, backlog=1024)
         except OSError as e:
-            raise ServerError(f"cannot listen on {c.bind}:{c.port}: {os.strerror(e.errno) if e.errno else e}") from None
+            raise ServerError(f"cannot listen on {bind}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
         sock.setblocking(False)
-        return sock
+        self.listeners.append((sock, front))
+        return int(sock.getsockname()[1])
 
     # ----------------------------------------------------------------- the loop
 
     def serve_forever(self) -> None:
         """Accept and answer until ``stop``; then finish the responses under way and close."""
         sel = self._selector
-        sel.register(self.listener, selectors.EVENT_READ, "accept")
+        for sock, front in self.listeners:
+            sel.register(sock, selectors.EVENT_READ, front)
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         workers = [threading.Thread(target=self._worker, name=f"kl-serve-{i}", daemon=True) for i in range(self.config.workers)]
+        workers.append(threading.Thread(target=self._waiter, name="kl-serve-waiter", daemon=True))
         for w in workers:
             w.start()
-        log.info("serving %s on %s:%d", self.root.path, self.config.bind, self.port)
+        for sock, front in self.listeners:
+            front.listening(sock.getsockname()[0], sock.getsockname()[1])
         next_sweep = 0.0
         finished = False
         try:
             while not self._stopping.is_set():
                 for key, _ in sel.select(timeout=SWEEP_INTERVAL):
-                    if key.data == "accept":
-                        self._accept()
+                    if isinstance(key.data, FrontEnd):
+                        self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
                     elif key.data == "wake":
                         self._drain_wake()
                     elif key.data.out is not None:
@@ -208,12 +305,14 @@ class Server:
                     self._sweep(now)
                     next_sweep = now + SWEEP_INTERVAL
                 if not self._accepting and now >= self._resume_at:
-                    sel.register(self.listener, selectors.EVENT_READ, "accept")
+                    for sock, front in self.listeners:
+                        sel.register(sock, selectors.EVENT_READ, front)
                     self._accepting = True
             finished = self._shutdown(workers)
         finally:
             sel.close()
-            self.listener.close()
+            for sock, _ in self.listeners:
+                sock.close()
             for conn in self._connections:
                 _discard(conn)
             if finished:  # else a stuck worker may still wake it
@@ -228,9 +327,11 @@ class Server:
     def _shutdown(self, workers: list[threading.Thread]) -> bool:
         """Close the listener and idle connections, finish the answers under way (a request
         timeout, then cut them short), stop the workers; whether they all stopped."""
-        if self._accepting:
-            self._selector.unregister(self.listener)
-        self.listener.close()
+        for sock, _ in self.listeners:
+            if self._accepting:
+                self._selector.unregister(sock)
+            sock.close()
+        self._parked.put(STOP_WAITING)  # parked requests are answered now
         for conn in [c for c in self._connections if self._registered(c) and c.out is None]:
             self._close(conn, None)
         deadline = time.monotonic() + self.config.request_timeout
@@ -255,8 +356,9 @@ class Server:
                 else:
                     self._send_more(key.data)
             self._take_back(stopping=True)
-        for _ in workers:
+        for _ in workers[1:]:
             self._work.put(None)
+        self._parked.put(EXIT)
         for w in workers:
             w.join()
         log.info("stopped")
@@ -273,16 +375,17 @@ class Server:
             while self._wake_r.recv(4096):
                 pass
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, front: FrontEnd) -> None:
         for _ in range(64):
             try:
-                sock, address = self.listener.accept()
+                sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     log.warning("not accepting for %g s: %s", ACCEPT_PAUSE, e.strerror or e)
-                    self._selector.unregister(self.listener)
+                    for listening, _ in self.listeners:
+                        self._selector.unregister(listening)
                     self._accepting = False
                     self._resume_at = time.monotonic() + ACCEPT_PAUSE
                     return
@@ -298,7 +401,7 @@ class Server:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, peer)
+            conn = Connection(sock, peer, front)
             self._connections.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -341,12 +444,12 @@ class Server:
 
     def _needed(self, conn: Connection) -> int:
         """Bytes still missing from the request being received (its size checked first)."""
-        if len(conn.buffer) < wire.SIZE.size:
-            return wire.SIZE.size - len(conn.buffer)
-        (size,) = wire.SIZE.unpack_from(conn.buffer)
+        if len(conn.buffer) < SIZE.size:
+            return SIZE.size - len(conn.buffer)
+        (size,) = SIZE.unpack_from(conn.buffer)
         if not 2 <= size <= self.config.request_limit:
             raise Drop(f"request of {size} bytes refused (limit {self.config.request_limit})")
-        return wire.SIZE.size + size - len(conn.buffer)
+        return SIZE.size + size - len(conn.buffer)
 
     def _take_back(self, stopping: bool = False) -> None:
         """Connections a worker is done with: read their next request (unless
@@ -404,7 +507,13 @@ class Server:
             then = READ
             try:
                 if request is not None:
-                    self._handle(conn, memoryview(request)[wire.SIZE.size :])
+                    conn.front.handle(conn, memoryview(request)[SIZE.size :])
+                elif conn.wait is not None:
+                    wait, conn.wait = conn.wait, None
+                    conn.front.resume(conn, wait)
+                if conn.wait is not None:
+                    self._parked.put(conn)  # the waiter hands it back
+                    continue
                 if conn.out is not None and not self._flush(conn):
                     then = WRITE
             except Drop as e:
@@ -435,7 +544,7 @@ class Server:
         while pieces:
             piece = pieces[0]
             try:
-                if isinstance(piece, _Span):
+                if isinstance(piece, Span):
                     if not piece.send(sock):
                         return False
                 else:
@@ -451,219 +560,25 @@ class Server:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
         return True
 
-    def _handle(self, conn: Connection, request: memoryview) -> None:
-        reader = Reader(request)
-        kind = reader.int16()
-        handler = HANDLERS.get(kind)
-        if handler is None:
-            raise Drop(f"unknown request type {kind}")
-        if kind >= wire.HELLO:
-            conn.kl = True
-        handler(self, conn, reader)
+    # ----------------------------------------------------------------- for front ends
 
-    # ----------------------------------------------------------------- requests
+    def answer(self, conn: Connection) -> Response:
+        """The connection's answer being put together (sent by ``_flush``)."""
+        if conn.out is None:
+            conn.out = Response(time.monotonic() + self.config.request_timeout)
+        return conn.out
 
-    def _fetch(self, conn: Connection, reader: Reader) -> None:
-        fetch = reader.fetch()
-        reader.done()
-        self._respond(conn, [self._part(conn, fetch)], None)
+    def park(self, conn: Connection, wait: Wait) -> None:
+        """Answer the request later: once ``wait`` is over, a worker calls the front end's
+        ``resume`` (at once when the daemon is stopping)."""
+        conn.wait = wait
 
-    def _multifetch(self, conn: Connection, reader: Reader) -> None:
-        count = reader.int16()
-        if not 0 <= count <= MAX_FETCHES:
-            raise ProtocolError(f"MULTIFETCH of {count} fetches (at most {MAX_FETCHES})")
-        fetches = [reader.fetch() for _ in range(count)]
-        reader.done()
-        parts: list[_Part] = []
-        held = 0
-        try:
-            for fetch in fetches:
-                part = self._part(conn, fetch)
-                parts.append(part)
-                if isinstance(part, _Span):
-                    if held < FILES_PER_CONNECTION:
-                        held += 1
-                    else:
-                        part.close()  # opened again when its turn comes
-        except BaseException:
-            for part in parts:
-                if isinstance(part, _Span):
-                    part.close()
-            raise
-        self._respond(conn, parts, wire.NO_ERROR)
-
-    def _part(self, conn: Connection, fetch: Fetch) -> _Part:
-        """One fetch's answer: an error code and bytes, or a span of a segment file."""
-        if fetch.max_bytes < 0:
-            return self._error(conn, wire.INVALID_FETCH_SIZE, KlError(f"fetch size {fetch.max_bytes} is negative"))
-        try:
-            config = self._topic(conn, fetch.topic, fetch.partition)
-            if config is None:
-                return (wire.NO_ERROR, b"")  # Kafka 0.7: an unknown topic is an empty set
-            if not conn.kl and getattr(config, "format", KL_FORMAT) == KL_FORMAT:
-                return self._error(conn, wire.FORMAT_NOT_UNDERSTOOD, KlError(f"topic {fetch.topic} is in kl's format"))
-            span = self.root.log(fetch.topic, fetch.partition).span(fetch.offset, fetch.max_bytes)
-        except (_Refused, KlError) as e:
-            return self._error(conn, *_coded(e))
-        if span is None:
-            return (wire.NO_ERROR, b"")
-        return _Span(*span)
-
-    def _offsets(self, conn: Connection, reader: Reader) -> None:
-        topic = reader.string()
-        partition, time_ms, max_offsets = reader.unpack(wire.PARTITION_TIME_COUNT)
-        reader.done()
-        try:
-            if self._topic(conn, topic, partition) is None:
-                offsets = [0] if time_ms in (-1, -2) else []  # Kafka 0.7's getEmptyOffsets
-            else:
-                offsets = self.root.log(topic, partition).offsets_before(time_ms, max(0, max_offsets))
-        except (_Refused, KlError) as e:
-            self._reply_error(conn, *_coded(e), b"\0\0\0\0")
-            return
-        body = wire.INT32.pack(len(offsets)) + b"".join(wire.INT64.pack(o) for o in offsets)
-        self._reply(conn, wire.NO_ERROR, body)
-
-    def _produce(self, conn: Connection, reader: Reader) -> None:
-        produce = reader.produce()
-        reader.done()
-        self._append_all(conn, [produce])
-
-    def _multiproduce(self, conn: Connection, reader: Reader) -> None:
-        count = reader.int16()
-        if count < 0:
-            raise ProtocolError(f"MULTIPRODUCE of {count} sets")
-        produces = [reader.produce() for _ in range(count)]
-        reader.done()
-        self._append_all(conn, produces)
-
-    def _append_all(self, conn: Connection, produces: Iterable[wire.Produce]) -> None:
-        """Kafka 0.7's produce has no answer: a refused set closes the connection, logged.
-        Every set is checked before any is appended, so a request is refused whole."""
-        checked = []
-        for p in produces:
-            try:
-                checked.append((p, *self._checked(conn, p.topic, p.partition, p.data, None)))
-            except (_Refused, KlError) as e:
-                raise Drop(f"produce to {p.topic}/{p.partition} refused: {_coded(e)[1]}") from None
-        for p, partition, count in checked:
-            self.root.log(p.topic, partition).append(p.data, count)
-
-    def _checked(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None) -> tuple[int, int]:
-        """The partition a set goes to (Kafka 0.7's -1: a random one) and its message count,
-        once produce is allowed there and every message checked."""
-        if not self.config.allow_produce:
-            raise _Refused(wire.NOT_ALLOWED, KlError("produce is off on this server (kl serve --allow-produce)"))
-        if partition == -1:
-            config = self._topic(conn, topic, 0, strict=True)
-            assert config is not None
-            partition = random.randrange(config.partitions)
-        config = self._topic(conn, topic, partition, strict=True)
-        assert config is not None
-        found = validate_set(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes)
-        if count is not None and count != found:
-            raise _Refused(wire.INVALID_MESSAGE, KlError(f"the set holds {found} messages, not {count}"))
-        return partition, found
-
-    def _hello(self, conn: Connection, reader: Reader) -> None:
-        reader.int16()
-        reader.string()
-        self._reply(conn, wire.NO_ERROR, wire.INT16.pack(wire.VERSION) + wire.string("kl"))
-
-    def _topics(self, conn: Connection, reader: Reader) -> None:
-        reader.done()
-        parts = []
-        try:
-            names = [n for n in self.root.topics() if self._served(n)]
-        except KlError as e:
-            self._reply_error(conn, *_coded(e))
-            return
-        for name in names:
-            try:
-                config = self.root.config(name)
-            except KlError:
-                continue
-            parts.append(wire.string(name) + wire.string(config.to_json().decode()))
-        self._reply(conn, wire.NO_ERROR, wire.INT32.pack(len(parts)) + b"".join(parts))
-
-    def _describe(self, conn: Connection, reader: Reader) -> None:
-        topic = reader.string()
-        reader.done()
-        try:
-            self._topic(conn, topic, 0, strict=True)
-            info = self.root.describe(topic)
-        except (_Refused, KlError) as e:
-            self._reply_error(conn, *_coded(e))
-            return
-        parts = [
-            wire.PARTITION_INFO.pack(p.segments, p.log_start_offset, p.log_end_offset, p.size_in_bytes) for p in info.partitions
-        ]
-        body = wire.string(info.config.to_json().decode()) + wire.INT32.pack(len(parts)) + b"".join(parts)
-        self._reply(conn, wire.NO_ERROR, body)
-
-    def _offset_for_time(self, conn: Connection, reader: Reader) -> None:
-        self._lookup(conn, reader, lambda log, value: log.offset_for_time(value))
-
-    def _offset_back(self, conn: Connection, reader: Reader) -> None:
-        self._lookup(conn, reader, lambda log, value: wire.OFFSET_SKIP.pack(*log.position_back(value)))
-
-    def _check_offset(self, conn: Connection, reader: Reader) -> None:
-        self._lookup(conn, reader, lambda log, value: log.check_offset(value))
-
-    def _lookup(self, conn: Connection, reader: Reader, call) -> None:  # type: ignore[no-untyped-def]
-        topic = reader.string()
-        partition, value = reader.unpack(wire.PARTITION_INT64)
-        reader.done()
-        try:
-            self._topic(conn, topic, partition, strict=True)
-            result = call(self.root.log(topic, partition), value)
-        except (_Refused, KlError) as e:
-            self._reply_error(conn, *_coded(e))
-            return
-        if isinstance(result, int):
-            result = wire.INT64.pack(result)
-        self._reply(conn, wire.NO_ERROR, b"" if result is None else result)
-
-    def _append_request(self, conn: Connection, reader: Reader) -> None:
-        topic = reader.string()
-        partition, fsync, count, size = reader.unpack(wire.APPEND_HEAD)
-        data = bytes(reader.take(size))
-        reader.done()
-        try:
-            partition, count = self._checked(conn, topic, partition, data, count)
-            offset = self.root.log(topic, partition).append(data, count, fsync=bool(fsync))
-        except (_Refused, KlError) as e:
-            self._reply_error(conn, *_coded(e))
-            return
-        self._reply(conn, wire.NO_ERROR, wire.INT64.pack(offset))
-
-    # ----------------------------------------------------------------- helpers
-
-    def _served(self, topic: str) -> bool:
+    def served(self, topic: str) -> bool:
+        """Whether ``--topics`` lets this daemon serve ``topic``."""
         pattern = self.config.topics
         return pattern is None or pattern.fullmatch(topic) is not None
 
-    def _topic(self, conn: Connection, topic: str, partition: int, *, strict: bool = False) -> TopicConfig | None:
-        """The topic's config after the checks every request gets; None for an unknown
-        topic asked by a Kafka 0.7 client, which gets Kafka 0.7's answer to it."""
-        try:
-            validate_name(topic)
-        except InvalidTopicName as e:
-            raise _Refused(wire.UNKNOWN if not conn.kl else wire.KL_ERROR, e) from None
-        if not self._served(topic):
-            raise _Refused(wire.NOT_ALLOWED, KlError(f"topic {topic} is not served here (kl serve --topics)"))
-        try:
-            config = self._config(topic)
-        except TopicNotFound as e:
-            if conn.kl or strict:
-                raise _Refused(wire.TOPIC_NOT_FOUND, e) from None
-            return None
-        if not 0 <= partition < config.partitions:
-            error = TopicNotFound(f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {partition}")
-            raise _Refused(wire.WRONG_PARTITION if not conn.kl else wire.TOPIC_NOT_FOUND, error)
-        return config
-
-    def _config(self, topic: str) -> TopicConfig:
+    def topic_config(self, topic: str) -> TopicConfig:
         """The topic's config, read again when its ``topic.json`` is another file than the
         one cached (the topic was deleted and created again, maybe in another format)."""
         try:
@@ -678,53 +593,63 @@ class Server:
                 self._identities[topic] = identity
         return self.root.config(topic)
 
-    @staticmethod
-    def _code(conn: Connection, code: int) -> int:
-        """kl's catch-all code is Kafka 0.7's unknown error on a Kafka 0.7 connection."""
-        return wire.UNKNOWN if code == wire.KL_ERROR and not conn.kl else code
+    # ----------------------------------------------------------------- the waiter
 
-    def _error(self, conn: Connection, code: int, error: BaseException) -> _Part:
-        return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
+    def _waiter(self) -> None:
+        """Hand parked connections back to the workers once their wait is over: when one of
+        their partitions grew (inotify wakes the check, which also runs every ``WAIT_CHECK``
+        seconds for what inotify cannot see), or their time is up, or the daemon stops."""
+        waiting: list[Connection] = []
+        watched: dict[Log, int] = {}  # log -> how many parked requests wait on it
+        stopping = False
+        next_check = 0.0
+        with Watch(poll_interval=WAIT_PICKUP, detect_recreation=False) as watch:
+            while True:
+                try:
+                    conn = self._parked.get(timeout=SWEEP_INTERVAL) if not waiting else self._parked.get_nowait()
+                    while True:
+                        if conn == EXIT:
+                            return
+                        if conn == STOP_WAITING:
+                            stopping = True
+                        else:
+                            assert isinstance(conn, Connection)
+                            waiting.append(conn)
+                            for log_, _ in conn.wait.logs:  # type: ignore[union-attr]
+                                if watched.get(log_, 0) == 0:
+                                    watch.add(log_)
+                                watched[log_] = watched.get(log_, 0) + 1
+                        next_check = 0.0
+                        conn = self._parked.get_nowait()
+                except queue.Empty:
+                    pass
+                now = time.monotonic()
+                if stopping or now >= next_check:
+                    next_check = now + WAIT_CHECK
+                    still = []
+                    for conn in waiting:
+                        wait = conn.wait
+                        assert wait is not None
+                        if stopping or wait.ready(now):
+                            wait.expired = wait.expired or stopping
+                            for log_, _ in wait.logs:
+                                watched[log_] -= 1
+                                if not watched[log_]:
+                                    del watched[log_]
+                                    watch.remove(log_)
+                            self._work.put((conn, None))
+                        else:
+                            still.append(conn)
+                    waiting = still
+                if waiting:
+                    deadline = min(c.wait.deadline for c in waiting)  # type: ignore[union-attr]
+                    if watch.wait(max(0.0, min(deadline - now, WAIT_PICKUP))):
+                        next_check = 0.0
+                    elif time.monotonic() >= deadline:
+                        next_check = 0.0
 
-    def _reply(self, conn: Connection, code: int, body: bytes) -> None:
-        self._answer(conn).pieces.append(memoryview(wire.HEAD.pack(2 + len(body), code) + body))
 
-    def _answer(self, conn: Connection) -> _Response:
-        """The connection's answer being put together (sent by ``_flush``)."""
-        if conn.out is None:
-            conn.out = _Response(time.monotonic() + self.config.request_timeout)
-        return conn.out
-
-    def _reply_error(self, conn: Connection, code: int, error: BaseException, plain: bytes = b"") -> None:
-        """An error answer: the JSON on a kl connection, Kafka 0.7's ``plain`` bytes on another."""
-        self._reply(conn, self._code(conn, code), wire.error_payload(error)[1] if conn.kl else plain)
-
-    def _respond(self, conn: Connection, parts: list[_Part], outer: int | None) -> None:
-        """Answer with parts as ``size error payload`` each (under one more header when
-        ``outer`` is a code: MULTIFETCH); segment spans go by ``os.sendfile``.  Spans are
-        cut short where the response would pass an int32's size."""
-        room = MAX_PAYLOAD
-        pieces: list[memoryview | _Span] = []
-        for part in parts:
-            room -= 0 if outer is None else wire.HEAD.size
-            if isinstance(part, _Span):
-                part.count = max(0, min(part.count, room))
-                pieces.append(memoryview(wire.HEAD.pack(2 + part.count, wire.NO_ERROR)))
-                if part.count:
-                    pieces.append(part)
-                else:
-                    part.close()
-                room -= part.count
-            else:
-                pieces.append(memoryview(wire.HEAD.pack(2 + len(part[1]), part[0]) + part[1]))
-                room -= len(part[1])
-        out = self._answer(conn)
-        if outer is not None:
-            out.pieces.append(memoryview(wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer)))
-        out.pieces.extend(pieces)
-
-
-class _Span:
+class Span:
     """Bytes of a segment file an answer sends: held open, or closed (past a connection's
     ``FILES_PER_CONNECTION``) and opened again when their turn comes, by its name or the
     name retention sets it aside under, only if it is still the same file."""
@@ -777,38 +702,28 @@ class _Span:
         raise Drop(f"{path} was deleted before the answer that reads it was sent")
 
 
-class _Response:
+class Response:
     """What is left to send of a connection's answer: bytes and segment spans, in order."""
 
     __slots__ = ("pieces", "deadline", "corked")
 
     def __init__(self, deadline: float):
-        self.pieces: deque[memoryview | _Span] = deque()
+        self.pieces: deque[memoryview | Span] = deque()
         self.deadline = deadline
         """When the client must have taken all of it (the request timeout)."""
         self.corked = False
 
     def close(self) -> None:
         for piece in self.pieces:
-            if isinstance(piece, _Span):
+            if isinstance(piece, Span):
                 piece.segment.close()
         self.pieces.clear()
 
 
 READ, WRITE, CLOSE = "read", "write", "close"
+STOP_WAITING, EXIT = "stop waiting", "exit"
+"""What the waiter is told besides connections."""
 """What the loop does with a connection a worker gives back."""
-_Part = tuple[int, bytes] | _Span
-
-
-class _Refused(Exception):
-    def __init__(self, code: int, error: BaseException):
-        self.code = code
-        self.error = error
-
-
-def _coded(error: KlError | _Refused) -> tuple[int, BaseException]:
-    """The code and error to answer with: a refusal's own, or the one ``wire`` gives a ``KlError``."""
-    return (error.code, error.error) if isinstance(error, _Refused) else (wire.error_payload(error)[0], error)
 
 
 def _discard(conn: Connection) -> None:
@@ -823,19 +738,3 @@ def _reason(error: OSError) -> str:
     if error.errno in (errno.EPIPE, errno.ECONNRESET):
         return "the peer went away"
     return error.strerror or str(error)
-
-
-HANDLERS = {
-    wire.PRODUCE: Server._produce,
-    wire.FETCH: Server._fetch,
-    wire.MULTIFETCH: Server._multifetch,
-    wire.MULTIPRODUCE: Server._multiproduce,
-    wire.OFFSETS: Server._offsets,
-    wire.HELLO: Server._hello,
-    wire.TOPICS: Server._topics,
-    wire.OFFSET_FOR_TIME: Server._offset_for_time,
-    wire.APPEND: Server._append_request,
-    wire.OFFSET_BACK: Server._offset_back,
-    wire.CHECK_OFFSET: Server._check_offset,
-    wire.DESCRIBE: Server._describe,
-}

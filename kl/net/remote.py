@@ -2,7 +2,7 @@
 
 They are ``Consumer`` and ``Producer`` over a ``RemoteRoot``: the part of ``Root`` and
 ``Log`` those use (topic configs, offsets, reads, appends), answered by a server over
-Kafka 0.7's wire protocol with kl's additions (``kl.wire``).  So they have the same API,
+Kafka 0.7's wire protocol with kl's additions (``kl.net.wire``).  So they have the same API,
 the same reading and sending logic, and raise the same exception classes with the same
 messages (the server's, re-raised), with these differences:
 
@@ -39,7 +39,6 @@ import weakref
 from collections.abc import Iterable
 from typing import cast
 
-from kl import wire
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
 from kl.errors import InvalidConfig, KlError, TopicNotFound
 from kl.follow import Watch
@@ -48,6 +47,7 @@ from kl.log.log import EARLIEST, LATEST, Position
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.log.messageset import INCOMPLETE, MessageSet
 from kl.log.segment import Segment
+from kl.net import wire
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
 from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
 

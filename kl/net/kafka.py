@@ -1,0 +1,620 @@
+"""Today's Kafka protocol, the front end of ``kl serve --kafka``.
+
+Requests and responses are encoded by kafka-python's protocol classes, generated from
+Kafka's own message schemas (``kafka.protocol``); the records inside them by
+``kl.net.records``.  The daemon is the one broker of a one-node cluster and the leader
+of every partition.  Offsets are kl's byte offsets (see ``records``): a fetch at an
+offset inside a message answers from the next message, so a client that resumes at the
+last offset it saw plus one goes on where it stopped.  Specified in ``man/kl-protocol.5``
+and ``man/kl-serve.1`` (the versions advertised, and why).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import functools
+import importlib
+import logging
+import pkgutil
+import random
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+from kl.errors import (
+    CorruptMessage,
+    InvalidTopicName,
+    KlError,
+    OffsetOutOfRange,
+    StorageError,
+    TopicNotFound,
+)
+from kl.log import message as m
+from kl.log.config import TopicConfig
+from kl.log.log import Log
+from kl.log.message import Message
+from kl.net import records
+from kl.net.records import InvalidRecords
+from kl.net.server import Connection, Drop, FrontEnd, Wait
+from kl.topic import validate_name
+
+log = logging.getLogger("kl.serve")
+
+# The protocol's error codes kl answers with (Kafka's Errors.java).
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+MESSAGE_TOO_LARGE = 10
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REQUIRED_ACKS = 21
+TOPIC_AUTHORIZATION_FAILED = 29
+INVALID_TIMESTAMP = 32
+UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+KAFKA_STORAGE_ERROR = 56
+FETCH_SESSION_ID_NOT_FOUND = 70
+INVALID_RECORD = 87
+UNKNOWN_SERVER_ERROR = -1
+
+LATEST, EARLIEST = -1, -2
+"""ListOffsets' special timestamps."""
+NODE_ID = 0
+RESUME_CACHE = 100_000
+"""Fetch offsets remembered (where the last record of an answer ends plus one -> where
+the next message starts), so that a client resuming there needs no scan."""
+RECENT_BATCHES = 5
+"""Per producer and partition: the batches remembered to answer a retry (Kafka's 5)."""
+HEADER = struct.Struct(">hhi")
+"""api_key, api_version, correlation_id: the start of every request."""
+
+
+class _Api:
+    """One request kind: its classes, the versions advertised, its handler."""
+
+    def __init__(self, request: Any, response: Any, low: int, high: int, handler: Callable[..., Any]):
+        self.request = request
+        self.response = response
+        self.low = low
+        self.high = high
+        self.handler = handler
+
+
+class _Refused(Exception):
+    """A partition's answer is this error code (the message goes to the log and, where the
+    response has a field for it, to the client)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Kafka(FrontEnd):
+    """Answers today's Kafka clients (``kl serve --kafka``)."""
+
+    name = "Kafka"
+
+    def __init__(self, server: Any):
+        super().__init__(server)
+        self._resume: collections.OrderedDict[tuple[str, int, int], int] = collections.OrderedDict()
+        self._resume_lock = threading.Lock()
+        self._producers: dict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = {}
+        """(producer id, topic, partition) -> the last batches appended: (first sequence,
+        last sequence, base offset)."""
+        self._producer_lock = threading.Lock()
+        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
+
+    def listening(self, address: str, port: int) -> None:
+        self.address = (self.server.config.advertised or address, port)
+        log.info("serving %s to Kafka clients on %s:%d", self.server.root.path, address, port)
+
+    # ----------------------------------------------------------------- requests
+
+    def handle(self, conn: Connection, request: memoryview) -> None:
+        if len(request) < HEADER.size + 2:
+            raise Drop(f"a request of {len(request)} bytes is shorter than its header")
+        key, version, correlation = HEADER.unpack_from(request)
+        api = APIS.get(key)
+        if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
+            self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
+            return
+        if api is None or not api.low <= version <= api.high:
+            self._unsupported(conn, key, version, correlation)
+            return
+        flexible = api.request.flexible_version_q(version)
+        pos = _skip_header(request, flexible)
+        try:
+            body = api.request.decode(request[pos:], version=version)
+        except Exception as e:  # kafka-python's decoders raise what the bytes make them raise
+            raise Drop(f"malformed {api.request.name} v{version}: {type(e).__name__}: {e}") from None
+        self._answer(conn, api, version, correlation, body, None)
+
+    def resume(self, conn: Connection, wait: Wait) -> None:
+        api, version, correlation, body = wait.request  # type: ignore[misc]
+        self._answer(conn, api, version, correlation, body, wait)  # type: ignore[has-type]
+
+    def _answer(self, conn: Connection, api: _Api, version: int, correlation: int, body: Any, wait: Wait | None) -> None:
+        response = api.handler(self, conn, version, body, wait)
+        if conn.wait is not None:  # parked: answered by resume
+            conn.wait.request = (api, version, correlation, body)
+            return
+        if response is None:
+            return  # produce with acks 0: no answer
+        flexible = api.response.flexible_version_q(version) and api.request is not ApiVersionsRequest
+        self._send(conn, correlation, response, version, flexible)
+
+    def _unsupported(self, conn: Connection, key: int, version: int, correlation: int) -> None:
+        """Answer a request kl does not serve with UNSUPPORTED_VERSION where the response
+        has an error code (its other fields empty); close the connection when kafka-python
+        knows no such response to encode."""
+        response = _responses().get(key)
+        if response is None or not 0 <= version <= response.max_version:
+            raise Drop(f"request type {key} version {version} is not one kl or kafka-python knows")
+        log.warning("%s: %s v%d is not served here: answered UNSUPPORTED_VERSION", conn.peer, response.name, version)
+        answer = response()
+        if hasattr(answer, "error_code"):
+            answer.error_code = UNSUPPORTED_VERSION
+        self._send(conn, correlation, answer, version, response.flexible_version_q(version))
+
+    def _send(self, conn: Connection, correlation: int, response: ApiMessage, version: int, flexible: bool) -> None:
+        data = response.encode(version=version)
+        head = struct.pack(">ii", 4 + int(flexible) + len(data), correlation) + (b"\0" if flexible else b"")
+        self.server.answer(conn).pieces.append(memoryview(head + bytes(data)))
+
+    # ----------------------------------------------------------------- ApiVersions, Metadata
+
+    def _api_versions(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        return ApiVersionsResponse(error_code=NONE, api_keys=_api_keys(), throttle_time_ms=0)
+
+    def _metadata(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        root = self.server.root
+        if request.topics is None:
+            names = [n for n in root.topics() if self.server.served(n)]
+        else:
+            names = [t.name for t in request.topics if t.name is not None]
+        topics = []
+        for name in names:
+            try:
+                config = self._config(name)
+            except _Refused as e:
+                topics.append(MetadataResponse.MetadataResponseTopic(error_code=e.code, name=name, partitions=[]))
+                continue
+            partitions = [
+                MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
+                    error_code=NONE,
+                    partition_index=p,
+                    leader_id=NODE_ID,
+                    leader_epoch=0,
+                    replica_nodes=[NODE_ID],
+                    isr_nodes=[NODE_ID],
+                    offline_replicas=[],
+                )
+                for p in range(config.partitions)
+            ]
+            topics.append(
+                MetadataResponse.MetadataResponseTopic(
+                    error_code=NONE, name=name, topic_id=_uuid(config.topic_id), is_internal=False, partitions=partitions
+                )
+            )
+        host, port = self.address
+        broker = MetadataResponse.MetadataResponseBroker(node_id=NODE_ID, host=host, port=port, rack=None)
+        return MetadataResponse(
+            throttle_time_ms=0, brokers=[broker], cluster_id=self.cluster_id, controller_id=NODE_ID, topics=topics
+        )
+
+    # ----------------------------------------------------------------- Produce
+
+    def _produce(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        answers: list[tuple[str, list[tuple[int, int, int, str | None]]]]
+        refusal = None
+        if request.acks not in (0, 1, -1):
+            refusal = INVALID_REQUIRED_ACKS, f"acks must be 0, 1 or -1, not {request.acks}"
+        elif request.transactional_id is not None:
+            refusal = INVALID_REQUEST, "kl has no transactions"
+        if refusal is not None:
+            code, text = refusal
+            answers = [(t.name, [(p.index, code, -1, text) for p in t.partition_data]) for t in request.topic_data]
+        else:
+            answers = [
+                (t.name, [self._produce_partition(conn, t.name, p.index, p.records, request.acks) for p in t.partition_data])
+                for t in request.topic_data
+            ]
+        if request.acks == 0:
+            return None
+        return ProduceResponse(
+            responses=[
+                ProduceResponse.TopicProduceResponse(
+                    name=name,
+                    partition_responses=[
+                        ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+                            index=index,
+                            error_code=code,
+                            base_offset=offset,
+                            log_append_time_ms=-1,
+                            log_start_offset=-1,
+                            record_errors=[],
+                            error_message=text,
+                        )
+                        for index, code, offset, text in parts
+                    ],
+                )
+                for name, parts in answers
+            ],
+            throttle_time_ms=0,
+        )
+
+    def _produce_partition(
+        self, conn: Connection, topic: str, partition: int, data: Any, acks: int
+    ) -> tuple[int, int, int, str | None]:
+        """(partition, error code, base offset, error message) once the partition's batches
+        are appended (all of them, or none)."""
+        try:
+            if not self.server.config.allow_produce:
+                raise _Refused(TOPIC_AUTHORIZATION_FAILED, "produce is off on this server (kl serve --allow-produce)")
+            config = self._config(topic, partition)
+            if data is None:
+                raise _Refused(INVALID_RECORD, "the partition's records are null")
+            limit = self.server.config.max_request_bytes
+            found = records.batches(data, max_records=limit // 7, max_bytes=4 * limit)
+            target = self.server.root.log(topic, partition)
+            with self._producer_lock:
+                duplicate = self._duplicate(found, topic, partition)
+                if duplicate is not None:
+                    return partition, NONE, duplicate, None
+                messages, count = _messages(found, config)
+                offset = target.append(messages, count, fsync=acks == -1)
+                self._remember(found, topic, partition, offset)
+            return partition, NONE, offset, None
+        except _Refused as e:
+            return self._refused(conn, topic, partition, e.code, str(e))
+        except InvalidRecords as e:
+            return self._refused(conn, topic, partition, CORRUPT_MESSAGE, str(e))
+        except KlError as e:
+            return self._refused(conn, topic, partition, _code(e), str(e))
+
+    def _refused(self, conn: Connection, topic: str, partition: int, code: int, text: str) -> tuple[int, int, int, str | None]:
+        log.warning("%s: produce to %s/%d refused: %s", conn.peer, topic, partition, text)
+        return partition, code, -1, text
+
+    def _duplicate(self, found: list[records.Batch], topic: str, partition: int) -> int | None:
+        """The base offset a retried batch was appended at (None: not a retry).  Raises
+        ``_Refused`` for a sequence that skips ahead of the last one appended."""
+        first = found[0]
+        if first.producer_id < 0:
+            return None
+        recent = self._producers.get((first.producer_id, topic, partition))
+        if not recent:
+            return None  # a producer new to this daemon (or to this partition): its sequence starts here
+        for low, _, offset in recent:
+            if low == first.base_sequence:
+                return offset
+        expected = (recent[-1][1] + 1) & 0x7FFFFFFF
+        if first.base_sequence != expected:
+            raise _Refused(
+                OUT_OF_ORDER_SEQUENCE_NUMBER,
+                f"producer {first.producer_id} sent sequence {first.base_sequence}, expected {expected}",
+            )
+        return None
+
+    def _remember(self, found: list[records.Batch], topic: str, partition: int, offset: int) -> None:
+        first = found[0]
+        if first.producer_id < 0:
+            return
+        last = found[-1]
+        recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
+        recent.append((first.base_sequence, (last.base_sequence + len(last.records) - 1) & 0x7FFFFFFF, offset))
+
+    def _init_producer_id(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        if request.transactional_id is not None:
+            log.warning(
+                "%s: InitProducerId for transactional id %r refused: kl has no transactions", conn.peer, request.transactional_id
+            )
+            return InitProducerIdResponse(throttle_time_ms=0, error_code=INVALID_REQUEST, producer_id=-1, producer_epoch=-1)
+        # A random id: two daemons over one root, or one restarted, never hand out the same.
+        return InitProducerIdResponse(throttle_time_ms=0, error_code=NONE, producer_id=random.getrandbits(62), producer_epoch=0)
+
+    # ----------------------------------------------------------------- Fetch
+
+    def _fetch(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        if version >= 7 and (request.session_id != 0 or request.session_epoch > 0):
+            return FetchResponse(throttle_time_ms=0, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
+        room = max(0, request.max_bytes)
+        waits: list[tuple[Log, int]] = []
+        topics = []
+        total = 0
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
+                limit = p.partition_max_bytes if not total else min(room, p.partition_max_bytes)
+                answer, target = self._fetch_partition(conn, topic.topic, p.partition, p.fetch_offset, limit)
+                parts.append(answer)
+                size = len(answer.records or b"")
+                room = max(0, room - size)
+                total += size
+                if target is not None:
+                    waits.append(target)
+            topics.append(FetchResponse.FetchableTopicResponse(topic=topic.topic, partitions=parts))
+        if wait is None and total < max(1, request.min_bytes) and request.max_wait_ms > 0 and waits:
+            deadline = time.monotonic() + request.max_wait_ms / 1000
+            self.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
+            return None
+        return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
+
+    def _fetch_partition(
+        self, conn: Connection, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[Any, tuple[Log, int] | None]:
+        """A partition's answer, and what a wait for more would watch (None after an error)."""
+        data = FetchResponse.FetchableTopicResponse.PartitionData
+        try:
+            self._config(topic, partition)
+            target = self.server.root.log(topic, partition)
+            state = target.state()
+            start, end = state.log_start_offset, state.log_end_offset
+            if not start <= offset <= end:
+                raise _Refused(
+                    OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}"
+                )
+            batch = self._records(target, topic, partition, offset, max_bytes, end) if offset < end and max_bytes > 0 else b""
+        except (_Refused, KlError) as e:
+            code = e.code if isinstance(e, _Refused) else _code(e)
+            if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION):
+                log.warning("%s: fetch of %s/%d at %d: %s", conn.peer, topic, partition, offset, e)
+            hw = -1
+            if code == OFFSET_OUT_OF_RANGE:
+                hw = end
+            answer = data(
+                partition_index=partition,
+                error_code=code,
+                high_watermark=hw,
+                last_stable_offset=hw,
+                log_start_offset=-1,
+                records=None,
+            )
+            return answer, None
+        answer = data(
+            partition_index=partition,
+            error_code=NONE,
+            high_watermark=end,
+            last_stable_offset=end,
+            log_start_offset=start,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=batch,
+        )
+        return answer, (target, end if offset >= end else offset + len(batch))
+
+    def _records(self, target: Log, topic: str, partition: int, offset: int, max_bytes: int, end: int) -> bytes:
+        """Record batches of the messages from the first one at or after ``offset``."""
+        start, skip = self._start(target, topic, partition, offset)
+        if start >= end:
+            return b""
+        rows: list[tuple[int, int | None, bytes | None, bytes | None]] = []
+        next_offset = start
+        group: list[Message] = []  # a compressed batch's messages so far
+        try:
+            for msg in target.read(start, max_bytes):
+                group.append(msg)
+                if msg.next_offset == msg.offset:
+                    continue  # inside a compressed batch: its last message carries its end
+                base, size = group[0].offset, msg.next_offset - group[0].offset
+                if len(group) > size:
+                    if rows:
+                        break  # answered next time, alone
+                    raise _Refused(
+                        KAFKA_STORAGE_ERROR,
+                        f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
+                        "each a Kafka offset inside it; read it with kl consume",
+                    )
+                first = skip if base == start else 0
+                rows.extend((base + i, g.timestamp, g.key, g.value) for i, g in enumerate(group) if i >= first)
+                next_offset = msg.next_offset
+                group = []
+        except CorruptMessage:
+            if not rows:
+                raise
+        if not rows:
+            return b""
+        last = rows[-1][0]
+        self._remember_resume(topic, partition, last + 1, next_offset)
+        return records.batch(rows, next_offset)
+
+    def _start(self, target: Log, topic: str, partition: int, offset: int) -> tuple[int, int]:
+        """Where the first message at or after ``offset`` starts, and how many messages of
+        the compressed batch there come before it."""
+        with self._resume_lock:
+            known = self._resume.get((topic, partition, offset))
+        if known is not None:
+            return known, 0
+        before, after = target.boundary(offset)
+        if before == offset:
+            return offset, 0
+        inner = [msg for msg in target.read(before, 1) if msg.offset == before]
+        if offset - before < len(inner):
+            return before, offset - before
+        return after, 0
+
+    def _remember_resume(self, topic: str, partition: int, offset: int, start: int) -> None:
+        with self._resume_lock:
+            self._resume[(topic, partition, offset)] = start
+            if len(self._resume) > RESUME_CACHE:
+                self._resume.popitem(last=False)
+
+    # ----------------------------------------------------------------- ListOffsets
+
+    def _list_offsets(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+        answer = ListOffsetsResponse.ListOffsetsTopicResponse
+        part = answer.ListOffsetsPartitionResponse
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                try:
+                    offset, timestamp = self._offset(topic.name, p.partition_index, p.timestamp)
+                    parts.append(
+                        part(
+                            partition_index=p.partition_index, error_code=NONE, timestamp=timestamp, offset=offset, leader_epoch=0
+                        )
+                    )
+                except (_Refused, KlError) as e:
+                    code = e.code if isinstance(e, _Refused) else _code(e)
+                    parts.append(part(partition_index=p.partition_index, error_code=code, timestamp=-1, offset=-1))
+            topics.append(answer(name=topic.name, partitions=parts))
+        return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
+
+    def _offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp) ListOffsets answers for ``timestamp``."""
+        self._config(topic, partition)
+        target = self.server.root.log(topic, partition)
+        state = target.state()
+        if timestamp == LATEST:
+            return state.log_end_offset, -1
+        if timestamp == EARLIEST:
+            return state.log_start_offset, -1
+        if timestamp < 0:
+            raise _Refused(UNSUPPORTED_VERSION, f"ListOffsets timestamp {timestamp} is not one kl answers")
+        offset = target.offset_for_time(timestamp)
+        for msg in target.read(offset, 1) if offset < target.log_end_offset else ():
+            return offset, -1 if msg.timestamp is None else msg.timestamp
+        return -1, -1  # no message that new: Kafka's answer
+
+    # ----------------------------------------------------------------- helpers
+
+    def _config(self, topic: str, partition: int | None = None) -> TopicConfig:
+        """The topic's config after the checks every request gets."""
+        try:
+            validate_name(topic)
+        except InvalidTopicName as e:
+            raise _Refused(INVALID_TOPIC_EXCEPTION, str(e)) from None
+        if not self.server.served(topic):
+            raise _Refused(TOPIC_AUTHORIZATION_FAILED, f"topic {topic} is not served here (kl serve --topics)")
+        try:
+            config = self.server.topic_config(topic)
+        except TopicNotFound as e:
+            raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, str(e)) from None
+        if partition is not None and not 0 <= partition < config.partitions:
+            raise _Refused(
+                UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic} has partitions 0 to {config.partitions - 1}, not {partition}"
+            )
+        return config
+
+
+def _messages(found: list[records.Batch], config: TopicConfig) -> tuple[bytes, int]:
+    """kl's messages for the records, all checked against the topic (one append)."""
+    if config.legacy:
+        raise _Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
+    now = int(time.time() * 1000)
+    parts = []
+    for batch in found:
+        for record in batch.records:
+            if record.value is None:
+                raise _Refused(INVALID_RECORD, "a record has a null value, which kl cannot store yet")
+            if record.headers:
+                raise _Refused(INVALID_RECORD, "a record has headers, which kl cannot store yet")
+            timestamp = now if record.timestamp == records.NO_TIMESTAMP else record.timestamp
+            problem = m.timestamp_problem(timestamp)
+            if problem is not None:
+                raise _Refused(INVALID_TIMESTAMP, problem)
+            data = m.encode(record.value, record.key, timestamp)
+            if len(data) > config.max_message_bytes:
+                raise _Refused(
+                    MESSAGE_TOO_LARGE,
+                    f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}",
+                )
+            parts.append(data)
+    return b"".join(parts), len(parts)
+
+
+def _code(error: KlError) -> int:
+    if isinstance(error, OffsetOutOfRange):
+        return OFFSET_OUT_OF_RANGE
+    if isinstance(error, TopicNotFound):
+        return UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(error, CorruptMessage):
+        return CORRUPT_MESSAGE
+    if isinstance(error, StorageError):
+        return KAFKA_STORAGE_ERROR
+    return UNKNOWN_SERVER_ERROR
+
+
+def _uuid(topic_id: str | None) -> uuid.UUID:
+    """kl's topic id (22 characters of base64url, as Kafka writes its ids) as a UUID."""
+    if not topic_id:
+        return uuid.UUID(int=0)
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(topic_id + "=="))
+
+
+def _skip_header(request: memoryview, flexible: bool) -> int:
+    """Where the body starts: after the client id and, in flexible versions, the tagged fields."""
+    pos = HEADER.size
+    (length,) = struct.unpack_from(">h", request, pos)
+    pos += 2 + max(0, length)
+    if flexible:
+        count, pos = _uvarint(request, pos)
+        for _ in range(count):
+            _, pos = _uvarint(request, pos)
+            size, pos = _uvarint(request, pos)
+            pos += size
+    if pos > len(request):
+        raise Drop("a request's header runs past its end")
+    return pos
+
+
+def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 28:
+            raise Drop("a request's header holds a bad varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+@functools.cache
+def _responses() -> dict[int, Any]:
+    """Every response class kafka-python has, by API key."""
+    for group in ("admin", "consumer", "metadata", "producer"):
+        package = importlib.import_module(f"kafka.protocol.{group}")
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    found = {}
+    pending = [ApiMessage]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls is not ApiMessage and getattr(cls, "_class_version", None) is None and cls.type == "response":
+            found[cls.API_KEY] = cls
+    return found
+
+
+def _api_keys() -> list[Any]:
+    key = ApiVersionsResponse.ApiVersion
+    return [key(api_key=k, min_version=a.low, max_version=a.high) for k, a in sorted(APIS.items())]
+
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+APIS = {
+    PRODUCE: _Api(ProduceRequest, ProduceResponse, 3, 9, Kafka._produce),
+    FETCH: _Api(FetchRequest, FetchResponse, 4, 12, Kafka._fetch),
+    LIST_OFFSETS: _Api(ListOffsetsRequest, ListOffsetsResponse, 1, 6, Kafka._list_offsets),
+    METADATA: _Api(MetadataRequest, MetadataResponse, 0, 12, Kafka._metadata),
+    API_VERSIONS: _Api(ApiVersionsRequest, ApiVersionsResponse, 0, 3, Kafka._api_versions),
+    INIT_PRODUCER_ID: _Api(InitProducerIdRequest, InitProducerIdResponse, 0, 4, Kafka._init_producer_id),
+}
+"""What kl answers, and the versions it advertises (see kl-serve(1))."""

@@ -1,0 +1,259 @@
+"""Kafka's record batches (magic 2), the unit today's Kafka protocol carries messages in.
+
+A batch is a 61-byte header, then its records::
+
+    base_offset:8 batch_length:4 leader_epoch:4 magic:1 crc:4 attributes:2
+    last_offset_delta:4 base_timestamp:8 max_timestamp:8 producer_id:8 producer_epoch:2
+    base_sequence:4 record_count:4 records
+
+    record: length:varint attributes:1 timestamp_delta:varlong offset_delta:varint
+            key_length:varint key value_length:varint value header_count:varint
+            {key_length:varint key value_length:varint value}*
+
+``crc`` is CRC-32C of everything after it; lengths of -1 are null; the records of a batch
+whose attributes name a codec (1 gzip, 2 snappy, 3 lz4, 4 zstd) are compressed together.
+
+kl's offsets are byte offsets, and they fit: a record's offset is its kl message's, the
+batch's ``last_offset_delta`` puts ``base + last_offset_delta + 1`` at the next message,
+so a client that resumes after a batch lands exactly on the next message.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kl.errors import KlError
+from kl.log import core
+
+BATCH = struct.Struct(">qiiBIhiqqqhii")
+"""base_offset, batch_length, leader_epoch, magic, crc, attributes, last_offset_delta,
+base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, record_count."""
+LENGTH_END = 12
+"""Bytes up to and including ``batch_length``: it counts the bytes after it."""
+CRC_END = 21
+"""Where the bytes the crc covers begin (the attributes)."""
+MAGIC = 2
+NO_TIMESTAMP = -1
+CODEC_MASK = 0x07
+LOG_APPEND_TIME = 0x08
+TRANSACTIONAL = 0x10
+CONTROL = 0x20
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+XERIAL = b"\x82SNAPPY\x00"
+"""The header of snappy-java's framing (the Java client's snappy), which wraps raw snappy blocks."""
+
+
+class InvalidRecords(KlError):
+    """Record batches a client sent are malformed, corrupt or of a kind kl does not store."""
+
+
+class Record(NamedTuple):
+    """One record as a producer sent it; ``timestamp`` is the batch's (absolute) time."""
+
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+class Batch(NamedTuple):
+    """A batch's idempotence fields and its records."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: list[Record]
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def batch(records: Sequence[tuple[int, int | None, bytes | None, bytes | None]], next_offset: int) -> bytes:
+    """One uncompressed batch of ``records`` given as (offset, timestamp, key, value), offsets
+    rising; ``next_offset`` is where the next message starts (``last_offset_delta`` points
+    just before it).  A timestamp of None (Kafka 0.7's messages) is sent as -1."""
+    base = records[0][0]
+    stamps = [NO_TIMESTAMP if t is None else t for _, t, _, _ in records]
+    base_ts = stamps[0]
+    varint = core.varint
+    parts = []
+    for (offset, _, key, value), ts in zip(records, stamps, strict=True):
+        body = b"".join(
+            (
+                b"\0",
+                varint(ts - base_ts),
+                varint(offset - base),
+                b"\x01" if key is None else varint(len(key)) + key,
+                b"\x01" if value is None else varint(len(value)) + value,
+                b"\0",
+            )
+        )
+        parts.append(varint(len(body)))
+        parts.append(body)
+    data = b"".join(parts)
+    header = BATCH.pack(
+        base,
+        BATCH.size - LENGTH_END + len(data),
+        0,
+        MAGIC,
+        0,
+        0,
+        next_offset - 1 - base,
+        base_ts,
+        max(stamps),
+        -1,
+        -1,
+        -1,
+        len(records),
+    )
+    crc = core.crc32c(data, core.crc32c(header[CRC_END:]))
+    return header[:17] + crc.to_bytes(4, "big") + header[CRC_END:] + data
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[Batch]:
+    """The batches in a produce request's records, each checked (sizes, magic, crc,
+    varints) and decompressed: at most ``max_records`` records and ``max_bytes``
+    decompressed in all.  Raises ``InvalidRecords`` naming the problem."""
+    view = memoryview(data)
+    out: list[Batch] = []
+    pos = 0
+    while pos < len(view):
+        if len(view) - pos < BATCH.size:
+            raise InvalidRecords(f"a record batch is cut short at byte {pos}: {len(view) - pos} bytes left")
+        (_, length, _, magic, crc, attrs, _, base_ts, _, pid, epoch, seq, count) = BATCH.unpack_from(view, pos)
+        end = pos + LENGTH_END + length
+        if length < BATCH.size - LENGTH_END or end > len(view):
+            raise InvalidRecords(f"record batch at byte {pos} claims {length} bytes, {len(view) - pos - LENGTH_END} are there")
+        if magic != MAGIC:
+            raise InvalidRecords(f"record batch at byte {pos} has magic {magic}: kl takes magic 2 (produce v3 or newer)")
+        if core.crc32c(view[pos + CRC_END : end]) != crc:
+            raise InvalidRecords(f"record batch at byte {pos} fails its CRC-32C check")
+        if attrs & (TRANSACTIONAL | CONTROL):
+            raise InvalidRecords("kl has no transactions: transactional and control batches are refused")
+        if not 0 < count <= max_records:
+            raise InvalidRecords(f"record batch at byte {pos} holds {count} records (1 to {max_records} taken)")
+        body = view[pos + BATCH.size : end]
+        codec = attrs & CODEC_MASK
+        if codec:
+            body = memoryview(decompress(codec, body, max_bytes))
+            max_bytes -= len(body)
+        records = _records(body, count, base_ts, None if not attrs & LOG_APPEND_TIME else NO_TIMESTAMP)
+        out.append(Batch(pid, epoch, seq, records))
+        max_records -= count
+        pos = end
+    if not out:
+        raise InvalidRecords("the request holds no record batch")
+    return out
+
+
+def _records(body: memoryview, count: int, base_ts: int, append_time: int | None) -> list[Record]:
+    read = core.read_varint
+    out = []
+    pos = 0
+    try:
+        for _ in range(count):
+            length, pos = read(body, pos)
+            end = pos + length
+            if length < 6 or end > len(body):
+                raise InvalidRecords(f"a record claims {length} bytes, {len(body) - pos} are left")
+            pos += 1  # attributes: unused
+            ts_delta, pos = read(body, pos)
+            _, pos = read(body, pos)  # offset delta: kl gives each message its own offset
+            key, pos = _bytes(body, pos, end)
+            value, pos = _bytes(body, pos, end)
+            n, pos = read(body, pos)
+            if not 0 <= n <= length:
+                raise InvalidRecords(f"a record claims {n} headers")
+            headers = []
+            for _ in range(n):
+                name, pos = _bytes(body, pos, end)
+                if name is None:
+                    raise InvalidRecords("a header's key is null")
+                try:
+                    text = name.decode()
+                except UnicodeDecodeError:
+                    raise InvalidRecords(f"a header's key is not UTF-8: {name[:40]!r}") from None
+                hvalue, pos = _bytes(body, pos, end)
+                headers.append((text, hvalue))
+            if pos != end:
+                raise InvalidRecords(f"a record's fields take {pos - end + length} of its {length} bytes")
+            ts = base_ts + ts_delta if append_time is None else append_time
+            out.append(Record(ts, key, value, tuple(headers)))
+    except ValueError as e:  # a cut or overlong varint
+        raise InvalidRecords(f"a record is malformed: {e}") from None
+    if pos != len(body):
+        raise InvalidRecords(f"{len(body) - pos} bytes follow the batch's {count} records")
+    return out
+
+
+def _bytes(body: memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    length, pos = core.read_varint(body, pos)
+    if length < 0:
+        if length != -1:
+            raise InvalidRecords(f"a length of {length}")
+        return None, pos
+    if pos + length > end:
+        raise InvalidRecords(f"a field of {length} bytes runs past its record")
+    return bytes(body[pos : pos + length]), pos + length
+
+
+def decompress(codec: int, data: memoryview, limit: int) -> bytes:
+    """A batch's records, decompressed (gzip, snappy raw or xerial-framed, lz4 frame,
+    zstd); more than ``limit`` bytes is refused before they are all made."""
+    try:
+        if codec == 1:
+            inflater = zlib.decompressobj(47)
+            out = inflater.decompress(data, limit + 1)
+            if not inflater.eof and len(out) <= limit:
+                raise InvalidRecords("gzip data is cut short")
+        elif codec == 4:
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+                out = reader.read(limit + 1)
+        elif codec == 2:
+            out = _xerial(data, limit) if bytes(data[:8]) == XERIAL else _snappy(data, limit)
+        elif codec == 3:
+            import cramjam
+
+            buffer = bytearray(min(limit, 256 * len(data)) + 1)  # lz4 expands at most ~255 times
+            out = bytes(memoryview(buffer)[: cramjam.lz4.decompress_into(data, buffer)])
+        else:
+            raise InvalidRecords(f"unknown compression codec {codec}")
+    except InvalidRecords:
+        raise
+    except Exception as e:  # each codec's library has its own error types
+        raise InvalidRecords(f"{CODECS.get(codec, codec)} data does not decompress: {e}") from None
+    if len(out) > limit:
+        raise InvalidRecords(f"a {CODECS[codec]} batch decompresses to more than {limit} bytes")
+    return out
+
+
+def _snappy(data: memoryview, limit: int) -> bytes:
+    import cramjam
+
+    if cramjam.snappy.decompress_raw_len(data) > limit:
+        raise InvalidRecords(f"a snappy batch decompresses to more than {limit} bytes")
+    return bytes(cramjam.snappy.decompress_raw(data))
+
+
+def _xerial(data: memoryview, limit: int) -> bytes:
+    """snappy-java's framing: a 16-byte header, then blocks each led by its int32 size."""
+    out = []
+    pos = 16
+    total = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        pos += 4
+        if pos > len(data) or pos + size > len(data):
+            raise InvalidRecords("snappy-java block cut short")
+        out.append(_snappy(data[pos : pos + size], limit - total))
+        total += len(out[-1])
+        pos += size
+    return b"".join(out)

@@ -1,0 +1,450 @@
+"""``kl serve --kafka``: today's Kafka protocol, request by request, through a real server
+on 127.0.0.1, with requests and answers built by kafka-python's schema-generated classes
+(the real clients' own tests are in test_kafka_clients.py)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.consumer.offsets import ListOffsetsRequest
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+from kafka.protocol.metadata.metadata import MetadataRequest
+from kafka.protocol.producer.produce import ProduceRequest
+from kafka.protocol.producer.transaction import InitProducerIdRequest
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+import kl
+from kl.net import kafka, records
+from kl.net.server import ServeConfig, Server
+
+from conftest import read_all, write, write_each
+
+
+class Running:
+    """A ``Server`` serving only the Kafka protocol, in a thread of the test process."""
+
+    def __init__(self, root: kl.Root, **config):
+        self.server = Server(root, ServeConfig(port=None, kafka_port=0, **config))
+        self.address = ("127.0.0.1", self.server.kafka_port)
+        self.thread = threading.Thread(target=self.server.serve_forever)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+class Client:
+    """One connection speaking the protocol with kafka-python's message classes."""
+
+    def __init__(self, address):
+        self.sock = socket.create_connection(address, timeout=10)
+        self.correlation = 0
+
+    def send(self, request, version: int, **fields) -> None:
+        self.correlation += 1
+        message = request[version](**fields)
+        message.with_header(correlation_id=self.correlation, client_id="test")
+        self.sock.sendall(message.encode(header=True, framed=True))
+
+    def receive(self, request, version: int):
+        """The answer to the last request sent (an ApiVersions answer's header is never flexible)."""
+        response = kafka._responses()[request.API_KEY]
+        size = struct.unpack(">i", self._exactly(4))[0]
+        data = self._exactly(size)
+        assert struct.unpack_from(">i", data)[0] == self.correlation
+        flexible = response.flexible_version_q(version) and request is not ApiVersionsRequest
+        return response.decode(data[5 if flexible else 4 :], version=version)
+
+    def call(self, request, version: int, **fields):
+        self.send(request, version, **fields)
+        return self.receive(request, version)
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            assert chunk, "the server closed the connection"
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def served(root):
+    started: list[Running] = []
+
+    def start(**config) -> tuple[Running, Client]:
+        running = Running(root, **config)
+        started.append(running)
+        return running, Client(running.address)
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0):
+    response = client.call(FetchRequest, version, **fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms))
+    (answer,) = response.responses[0].partitions
+    return answer
+
+
+def decoded(answer) -> list[tuple[int, bytes | None, bytes | None, int]]:
+    """(offset, key, value, timestamp) of each record, read by kafka-python's reader."""
+    out = []
+    data = bytes(answer.records or b"")
+    while data:
+        length = struct.unpack_from(">i", data, 8)[0] + 12
+        batch = DefaultRecordBatch(data[:length])
+        batch.validate_crc()
+        out.extend((r.offset, r.key, r.value, r.timestamp) for r in batch)
+        data = data[length:]
+    return out
+
+
+def next_offset(answer) -> int:
+    """Where a client resumes after the answer's last batch: base + last offset delta + 1."""
+    data = bytes(answer.records)
+    base, length = struct.unpack_from(">qi", data)
+    last = 0
+    while data:
+        base, length = struct.unpack_from(">qi", data)
+        last = base + struct.unpack_from(">i", data, 23)[0] + 1
+        data = data[length + 12 :]
+    return last
+
+
+def produce(client: Client, topic: str, batch: bytes, *, partition: int = 0, acks: int = 1, version: int = 9):
+    data = ProduceRequest.TopicProduceData(
+        name=topic, partition_data=[ProduceRequest.TopicProduceData.PartitionProduceData(index=partition, records=batch)]
+    )
+    client.send(ProduceRequest, version, transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[data])
+    if acks == 0:
+        return None
+    response = client.receive(ProduceRequest, version)
+    return response.responses[0].partition_responses[0]
+
+
+def built(values, *, keys=None, timestamp: int = 1_700_000_000_000, codec: int = 0, producer: tuple[int, int, int] | None = None):
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 24,
+    )
+    if producer is not None:
+        builder.set_producer_state(*producer, is_transactional=False)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=timestamp + i, key=None if keys is None else keys[i], value=value, headers=[])
+    return bytes(builder.build())
+
+
+# ----------------------------------------------------------------- ApiVersions, Metadata
+
+
+def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_version_0(served):
+    _, client = served()
+    answer = client.call(ApiVersionsRequest, 3, client_software_name="test", client_software_version="1")
+    assert answer.error_code == 0
+    got = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
+    assert got == {key: (api.low, api.high) for key, api in kafka.APIS.items()}
+    # A version the daemon does not serve: the protocol's answer is version 0 with the list.
+    client.correlation += 1
+    header = struct.pack(">hhih", 18, 99, client.correlation, 4) + b"test" + b"\0\0"  # v99: a flexible header
+    client.sock.sendall(struct.pack(">i", len(header)) + header)
+    answer = client.receive(ApiVersionsRequest, 0)
+    assert answer.error_code == kafka.UNSUPPORTED_VERSION
+    assert {k.api_key for k in answer.api_keys} == set(kafka.APIS)
+
+
+def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_connection(served, root, topic):
+    _, client = served()
+    answer = client.call(FindCoordinatorRequest, 2, key="g", key_type=0)
+    assert answer.error_code == kafka.UNSUPPORTED_VERSION
+    assert client.call(
+        MetadataRequest,
+        9,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    ).topics
+
+
+def test_metadata_names_this_daemon_the_leader_of_every_partition_with_each_topics_id(served, root):
+    root.create_topic("a", kl.TopicConfig(partitions=3))
+    root.create_topic("b")
+    running, client = served()
+    answer = client.call(
+        MetadataRequest, 12, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    (broker,) = answer.brokers
+    assert (broker.host, broker.port) == running.address
+    topics = {t.name: t for t in answer.topics}
+    assert set(topics) == {"a", "b"}
+    assert [p.partition_index for p in topics["a"].partitions] == [0, 1, 2]
+    assert all(p.leader_id == broker.node_id for p in topics["a"].partitions)
+    assert kafka._uuid(root.config("a").topic_id) == topics["a"].topic_id
+    assert str(topics["a"].topic_id) != str(topics["b"].topic_id)
+    root.create_topic("c")  # created while the daemon runs: found by the next Metadata
+    answer = client.call(
+        MetadataRequest,
+        1,
+        topics=[MetadataRequest.MetadataRequestTopic(name="c"), MetadataRequest.MetadataRequestTopic(name="nope")],
+    )
+    assert [(t.name, t.error_code) for t in answer.topics] == [("c", 0), ("nope", kafka.UNKNOWN_TOPIC_OR_PARTITION)]
+
+
+def test_topics_outside_the_pattern_are_not_listed_and_are_refused(served, root):
+    root.create_topic("open")
+    root.create_topic("secret")
+    _, client = served(topics=__import__("re").compile("open"))
+    answer = client.call(MetadataRequest, 4, topics=None, allow_auto_topic_creation=False)
+    assert [t.name for t in answer.topics] == ["open"]
+    assert fetch(client, "secret", 0).error_code == kafka.TOPIC_AUTHORIZATION_FAILED
+
+
+# ----------------------------------------------------------------- Fetch
+
+
+def test_fetch_gives_each_record_its_kl_offset_and_ends_each_batch_at_the_next_message(served, root, topic):
+    offsets = write_each(root, topic, [b"a", b"bb", b"ccc"], timestamp=1_700_000_000_000)
+    end = read_all(root, topic)[-1].next_offset
+    _, client = served()
+    answer = fetch(client, topic, 0)
+    assert answer.error_code == 0 and answer.high_watermark == end
+    assert [(o, v) for o, _, v, _ in decoded(answer)] == list(zip(offsets, [b"a", b"bb", b"ccc"], strict=True))
+    assert next_offset(answer) == end
+    assert not decoded(fetch(client, topic, end))  # at the high watermark: nothing, and no error
+
+
+@pytest.mark.parametrize("version", [4, 7, 11, 12])
+def test_a_fetch_inside_a_message_answers_from_the_next_one(served, root, topic, version):
+    offsets = write_each(root, topic, [b"first", b"second", b"third"])
+    _, client = served()
+    for inside in (offsets[0] + 1, offsets[1] - 1):  # just after the start (a client's last + 1), and anywhere inside
+        assert [o for o, *_ in decoded(fetch(client, topic, inside, version=version))] == offsets[1:]
+
+
+def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic):
+    write_each(root, topic, [b"x"])
+    end = read_all(root, topic)[-1].next_offset
+    _, client = served()
+    answer = fetch(client, topic, end + 1)
+    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE
+    assert fetch(client, topic, -5).error_code == kafka.OFFSET_OUT_OF_RANGE
+    assert fetch(client, "missing", 0).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    assert fetch(client, topic, 0, partition=3).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_compressed_kl_batch_is_served_expanded_and_a_client_can_resume_inside_it(served, root, topic):
+    values = [b"m%d" % i for i in range(20)]
+    (appended,) = write(root, topic, values, compression="zstd")
+    after = write_each(root, topic, [b"after"])[0]
+    _, client = served()
+    answer = fetch(client, topic, 0)
+    got = decoded(answer)
+    assert [v for _, _, v, _ in got] == [*values, b"after"]
+    assert [o for o, *_ in got] == [appended.offset + i for i in range(20)] + [after]
+    resumed = decoded(fetch(client, topic, appended.offset + 5))  # the client stopped after its 5th message
+    assert [v for _, _, v, _ in resumed] == [*values[5:], b"after"]
+
+
+def test_a_fetch_with_max_wait_waits_for_data_without_holding_a_worker(served, root, topic):
+    running, client = served(workers=1)
+    others = [Client(running.address) for _ in range(5)]
+    try:
+        for other in others:  # five long polls park; the one worker stays free
+            other.send(FetchRequest, 12, **fetch_fields(topic, 0, max_wait_ms=5000))
+        started = time.monotonic()
+        assert client.call(MetadataRequest, 1, topics=None).topics  # answered while they wait
+        assert time.monotonic() - started < 2
+        offset = write_each(root, topic, [b"news"])[0]
+        for other in others:
+            response = other.receive(FetchRequest, 12)
+            assert [(o, v) for o, _, v, _ in decoded(response.responses[0].partitions[0])] == [(offset, b"news")]
+        assert time.monotonic() - started < 4  # woken by the append, not by max_wait_ms
+    finally:
+        for other in others:
+            other.close()
+
+
+def test_a_long_poll_with_nothing_new_answers_empty_after_max_wait(served, root, topic):
+    _, client = served()
+    started = time.monotonic()
+    answer = fetch(client, topic, 0, max_wait_ms=300)
+    assert answer.error_code == 0 and not answer.records
+    assert time.monotonic() - started >= 0.29
+
+
+def test_stopping_answers_parked_fetches_at_once(root, topic):
+    running = Running(root)
+    client = Client(running.address)
+    client.send(FetchRequest, 12, **fetch_fields(topic, 0, max_wait_ms=60_000))
+    time.sleep(0.2)
+    started = time.monotonic()
+    running.stop()
+    assert time.monotonic() - started < 5
+    response = client.receive(FetchRequest, 12)
+    assert response.responses[0].partitions[0].error_code == 0
+
+
+def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: int = 0) -> dict:
+    part = FetchRequest.FetchTopic.FetchPartition(
+        partition=partition,
+        fetch_offset=offset,
+        partition_max_bytes=1 << 20,
+        log_start_offset=-1,
+        current_leader_epoch=-1,
+        last_fetched_epoch=-1,
+    )
+    return dict(
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[part])],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+# ----------------------------------------------------------------- Produce
+
+
+def test_produce_appends_each_record_as_a_kl_message_and_answers_the_first_offset(served, root, topic):
+    write_each(root, topic, [b"before"])
+    _, client = served(allow_produce=True)
+    answer = produce(client, topic, built([b"one", b"two"], keys=[b"k", None]))
+    assert answer.error_code == 0
+    got = read_all(root, topic)
+    assert answer.base_offset == got[1].offset
+    assert [(m.key, m.value, m.timestamp) for m in got[1:]] == [
+        (b"k", b"one", 1_700_000_000_000),
+        (None, b"two", 1_700_000_000_001),
+    ]
+
+
+@pytest.mark.parametrize("codec", [1, 4], ids=["gzip", "zstd"])
+def test_produce_takes_compressed_batches(served, root, topic, codec):
+    _, client = served(allow_produce=True)
+    values = [b"v%d" % i * 10 for i in range(100)]
+    assert produce(client, topic, built(values, codec=codec)).error_code == 0
+    assert [m.value for m in read_all(root, topic)] == values
+
+
+def test_a_retried_idempotent_batch_is_appended_once_and_answered_with_its_offset(served, root, topic):
+    _, client = served(allow_produce=True)
+    pid = client.call(
+        InitProducerIdRequest, 4, transactional_id=None, transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1
+    )
+    assert pid.error_code == 0 and pid.producer_id >= 0
+    first = built([b"a", b"b"], producer=(pid.producer_id, 0, 0))
+    answer = produce(client, topic, first)
+    again = produce(client, topic, first)
+    assert again.error_code == 0 and again.base_offset == answer.base_offset
+    assert [m.value for m in read_all(root, topic)] == [b"a", b"b"]
+    assert produce(client, topic, built([b"c"], producer=(pid.producer_id, 0, 2))).error_code == 0
+    skipped = produce(client, topic, built([b"e"], producer=(pid.producer_id, 0, 9)))
+    assert skipped.error_code == kafka.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert [m.value for m in read_all(root, topic)] == [b"a", b"b", b"c"]
+
+
+def test_refused_produces_append_nothing_and_say_why(served, root, topic):
+    _, client = served()
+    off = produce(client, topic, built([b"x"]))
+    assert off.error_code == kafka.TOPIC_AUTHORIZATION_FAILED and "--allow-produce" in off.error_message
+    _, client = served(allow_produce=True)
+    assert produce(client, "missing", built([b"x"])).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    batch = bytearray(built([b"x", b"y"]))
+    batch[-1] ^= 0xFF
+    bad = produce(client, topic, bytes(batch))
+    assert bad.error_code == kafka.CORRUPT_MESSAGE and "CRC" in bad.error_message
+    both = built([b"good"]) + bytes(batch)  # one good batch, one bad: neither is appended
+    assert produce(client, topic, both).error_code == kafka.CORRUPT_MESSAGE
+    late = produce(client, topic, built([b"x"], timestamp=kl.log.message.MAX_TIMESTAMP + 1))
+    assert late.error_code == kafka.INVALID_TIMESTAMP
+    assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka.INVALID_REQUIRED_ACKS
+    assert read_all(root, topic) == []
+
+
+def test_produce_with_acks_0_gets_no_answer_and_appends(served, root, topic):
+    _, client = served(allow_produce=True)
+    assert produce(client, topic, built([b"quiet"]), acks=0) is None
+    assert client.call(MetadataRequest, 1, topics=None).topics  # the next answer is the next request's
+    assert [m.value for m in read_all(root, topic)] == [b"quiet"]
+
+
+# ----------------------------------------------------------------- ListOffsets
+
+
+def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(served, root, topic):
+    offsets = [write_each(root, topic, [b"x"], timestamp=ts)[0] for ts in (1000, 5000, 3000, 7000)]
+    end = read_all(root, topic)[-1].next_offset
+    _, client = served()
+
+    def at(timestamp: int):
+        part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=0, timestamp=timestamp, current_leader_epoch=-1
+        )
+        answer = client.call(
+            ListOffsetsRequest,
+            6,
+            replica_id=-1,
+            isolation_level=0,
+            topics=[ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[part])],
+        )
+        (p,) = answer.topics[0].partitions
+        return p.error_code, p.offset, p.timestamp
+
+    assert at(-2) == (0, 0, -1)
+    assert at(-1) == (0, end, -1)
+    assert at(4000) == (0, offsets[1], 5000)  # the first message, in log order, at or after the time
+    assert at(6000) == (0, offsets[3], 7000)
+    assert at(8000) == (0, -1, -1)  # none that new
+
+
+# ----------------------------------------------------------------- records
+
+
+def test_a_batch_kl_writes_is_read_back_by_kafka_pythons_reader(root):
+    data = records.batch([(100, 5, b"k", b"v"), (130, 9, None, b""), (170, 7, b"", None)], 200)
+    batch = DefaultRecordBatch(data)
+    batch.validate_crc()
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in batch] == [
+        (100, 5, b"k", b"v"),
+        (130, 9, None, b""),
+        (170, 7, b"", None),
+    ]
+    assert batch.next_offset == 200
+
+
+def test_batches_reads_what_kafka_python_builds(root):
+    (batch,) = records.batches(built([b"a", b"b"], keys=[b"x", None]), 10, 1 << 20)
+    assert [(r.key, r.value, r.timestamp) for r in batch.records] == [
+        (b"x", b"a", 1_700_000_000_000),
+        (None, b"b", 1_700_000_000_001),
+    ]
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_inflated(root):
+    bomb = built([b"\0" * (8 << 20)], codec=1)
+    assert len(bomb) < 20_000
+    with pytest.raises(records.InvalidRecords, match="more than"):
+        records.batches(bomb, 10, 1 << 20)
