@@ -174,11 +174,13 @@ def kl_stored(root: kl.Root, topic: str, partition: int = 0) -> list[Stored]:
     return [Stored(m["offset"], m["timestamp"], field(m, "key"), field(m, "value")) for m in kl_json(root, topic, partition)]
 
 
-def kl_produce(root: kl.Root, topic: str, records: list[tuple[bytes | None, bytes, int]], partition: int = 0) -> None:
-    """Append (key, value, timestamp) records with ``kl produce --json``."""
+def kl_produce(
+    root: kl.Root, topic: str, records: list[tuple[bytes | None, bytes, int]], partition: int = 0, compression: str = "none"
+) -> None:
+    """Append (key, value, timestamp) records with ``kl produce --json`` (one batch, compressed or not)."""
     lines = [json.dumps({"key_b64": b64(k), "value_b64": b64(v), "timestamp": t}) for k, v, t in records]
     lines = [line.replace('"key_b64": null', '"key": null') for line in lines]
-    kl_cli(root, "produce", "--json", "-p", str(partition), topic, input="\n".join(lines).encode() + b"\n")
+    kl_cli(root, "produce", "--json", "-p", str(partition), "-z", compression, topic, input="\n".join(lines).encode() + b"\n")
 
 
 def read_all(root: kl.Root, topic: str) -> list[kl.Message]:
@@ -218,6 +220,23 @@ def written_by_kl(root: kl.Root) -> list[Stored]:
     stored = kl_stored(root, "from-kl")
     assert without_offsets(stored) == records
     return stored
+
+
+@pytest.fixture(scope="module")
+def compressed_by_kl(root: kl.Root) -> list[Stored]:
+    """Topic ``zipped-by-kl``: a gzip batch of four records, a zstd batch of four, two plain,
+    written by ``kl produce -z``; each as a client sees it: kl serves a compressed batch
+    expanded, its messages at the batch's offset plus their index (kl shows them all at
+    the batch's offset).  A batch has one timestamp (its messages', kl splits the others)."""
+    create(root, "zipped-by-kl")
+    records = [(k, v, T0 + 1000 * max(i // 4, i - 6)) for i, (k, v, _) in enumerate(sample())]
+    kl_produce(root, "zipped-by-kl", records[:4], compression="gzip")
+    kl_produce(root, "zipped-by-kl", records[4:8], compression="zstd")
+    kl_produce(root, "zipped-by-kl", records[8:])
+    stored = kl_stored(root, "zipped-by-kl")
+    assert without_offsets(stored) == records
+    assert len({s.offset for s in stored}) == 4  # two batches, two plain messages
+    return [s._replace(offset=s.offset + [t.offset for t in stored[:i]].count(s.offset)) for i, s in enumerate(stored)]
 
 
 def python_and_js(codecs: tuple[str | None, ...] = CODECS) -> list[Any]:
@@ -305,6 +324,20 @@ def test_consume_from(request, daemon, written_by_kl, client, start_at) -> None:
 
 
 @pytest.mark.parametrize("client", PYTHON_CLIENTS)
+@pytest.mark.parametrize("start_at", ["earliest", "inside-a-batch"])
+def test_consume_what_kl_compressed(request, daemon, compressed_by_kl, client, start_at) -> None:
+    """kl's gzip and zstd batches come expanded, byte for byte; a client can start at a
+    message inside a batch (the third of the zstd one)."""
+    first = 0 if start_at == "earliest" else 6
+    start_spec = "earliest" if start_at == "earliest" else {"offset": compressed_by_kl[6].offset}
+    c = start(request, daemon, client, op="consume", topic="zipped-by-kl", partition=0, start=start_spec, count=10 - first)
+    assert "position" in c.line()
+    got = from_client(c.line()["records"])
+    c.finish()
+    assert got == compressed_by_kl[first:]
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
 def test_consume_from_latest_gets_only_what_comes_after(request, daemon, root, client) -> None:
     topic = f"latest-{client}"
     create(root, topic)
@@ -364,6 +397,14 @@ def test_kcat_lists_brokers_topics_and_partitions(daemon, root) -> None:
 def test_kcat_reads_what_kl_wrote_byte_for_byte_and_exits_at_the_end(daemon, written_by_kl) -> None:
     out = kcat(daemon, "-C", "-t", "from-kl", "-p", "0", "-o", "beginning", "-e", "-f", KCAT_FORMAT)
     assert kcat_records(out) == written_by_kl
+
+
+@pytest.mark.parametrize("start_at", ["beginning", "inside-a-batch"])
+def test_kcat_reads_what_kl_compressed(daemon, compressed_by_kl, start_at) -> None:
+    first = 0 if start_at == "beginning" else 6
+    offset = "beginning" if start_at == "beginning" else str(compressed_by_kl[6].offset)
+    out = kcat(daemon, "-C", "-t", "zipped-by-kl", "-p", "0", "-o", offset, "-e", "-f", KCAT_FORMAT)
+    assert kcat_records(out) == compressed_by_kl[first:]
 
 
 @pytest.mark.parametrize("where", ["end", "offset", "inside", "tail", "timestamp"])
