@@ -38,6 +38,7 @@ NODE, NPM, KCAT = shutil.which("node"), shutil.which("npm"), shutil.which("kcat"
 NPM_TIMEOUT = 90.0
 NPM_RETRIES = ("--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000", "--fetch-timeout=30000")
 NETWORK_ERRORS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "network")
+SERVER_LOG_LINES = 20
 CLIENT_TIMEOUT = 30.0
 """Seconds a client process may take for one operation before it is killed (its own deadline is shorter)."""
 
@@ -124,8 +125,11 @@ class Client:
     started: list[Client] = []
     """Every client started, for a fixture to kill those a failing test left running."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None, server_log: Path | None = None
+    ) -> None:
         self.argv = argv
+        self.server_log = server_log
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env, start_new_session=True
@@ -145,11 +149,15 @@ class Client:
         self.lines.put(None)
 
     def report(self, why: str) -> str:
-        """``why``, the command, and what it printed on stdout and stderr."""
+        """``why``, the command, what it printed on stdout and stderr, and the end of the server's log."""
         self.stderr.seek(0)
         printed = b"".join(self.printed).decode(errors="replace")
         command = " ".join(self.argv)
-        return f"{why}\ncommand: {command}\nstdout:\n{printed}\nstderr:\n{self.stderr.read().decode(errors='replace')}"
+        report = f"{why}\ncommand: {command}\nstdout:\n{printed}\nstderr:\n{self.stderr.read().decode(errors='replace')}"
+        if self.server_log is not None:
+            lines = self.server_log.read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:]
+            report += f"\nthe server's log, last {SERVER_LOG_LINES} lines:\n" + "\n".join(lines)
+        return report
 
     def raw_line(self, timeout: float = CLIENT_TIMEOUT) -> bytes | None:
         """The next line it prints (None at its end); a client silent for ``timeout`` s is killed."""

@@ -10,6 +10,8 @@ kl's offsets are byte offsets: nothing here assumes that they are dense.  What a
 got is compared with what ``kl consume --json`` prints, offsets included, and what a
 client wrote with the same; where a client starts reading "at an offset", that is the
 offset of a message as kl reports it (or one byte into it: the next message comes).
+KafkaJS has no ``assign()`` (its consumer always joins a group, and ``kl serve`` does not
+coordinate groups): it produces, and finds offsets through its admin client.
 """
 
 from __future__ import annotations
@@ -96,10 +98,10 @@ def start(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: A
     if client == "kafkajs":
         modules = request.getfixturevalue("kafkajs")
         env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
-        return Client([str(NODE), str(KAFKAJS / "driver.js"), str(spec_file)], env=env)
+        return Client([str(NODE), str(KAFKAJS / "driver.js"), str(spec_file)], env=env, server_log=daemon.log)
     if find_spec(MODULES[client]) is None:
         pytest.skip(f"{client}: Python module {MODULES[client]} is not installed (pip install -e '.[test]')")
-    return Client([sys.executable, str(DRIVER), client, str(spec_file)])
+    return Client([sys.executable, str(DRIVER), client, str(spec_file)], server_log=daemon.log)
 
 
 def run(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: Any) -> Any:
@@ -114,7 +116,8 @@ def kcat(daemon: Daemon, *args: str, stdin: bytes = b"") -> bytes:
     """kcat's stdout for ``args`` against the daemon, once it exited 0."""
     if KCAT is None:
         pytest.skip("kcat is not installed (scripts/test installs Debian's kcat as root)")
-    return Client([KCAT, "-b", daemon.bootstrap, "-X", "socket.timeout.ms=10000", *args], stdin=stdin).finish()
+    argv = [KCAT, "-b", daemon.bootstrap, "-X", "socket.timeout.ms=10000", *args]
+    return Client(argv, stdin=stdin, server_log=daemon.log).finish()
 
 
 KCAT_FORMAT = "%o %T %K %S:%k%s"
