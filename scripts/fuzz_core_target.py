@@ -35,8 +35,15 @@ def answer(function, *args):
 def one(data: bytes) -> None:
     if len(data) < 4:
         return
-    which, limit, where, rest = data[0] % 13, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
-    if which == 12:  # render: messages of the pieces between 0xff bytes (0xfe: no key), a program of the first byte's fields
+    which, limit, where, rest = data[0] % 15, LIMITS[data[1] % len(LIMITS)], data[2] | data[3] << 8, data[4:]
+    if which == 14:  # kafka_records: a record count and timestamps from the first bytes, base timestamps near the int64 ends
+        stamps = (-1, 0, 1_700_000_000_000, (1 << 63) - 1 - where, -(1 << 63) + where, 253402300799999)
+        args = (rest, data[2] % 9 - 1, stamps[data[3] % len(stamps)], (-1, 5)[data[3] >> 7], 42, limit)
+        name = "kafka_records"
+    elif which == 13:  # kafka_batch: offsets near the top of the int64 range too
+        args = (rest, where % (len(rest) + 1), (0, where, (1 << 62) + where)[data[1] % 3], limit)
+        name = "kafka_batch"
+    elif which == 12:  # render: messages of the pieces between 0xff bytes (0xfe: no key), a program of the first byte's fields
         pieces = rest.split(b"\xff")
         stamps = (None, -1, (1 << 63) - 1, -(1 << 63), 253402300799999, -62135596800000, where * 1_000_003)
         messages = [

@@ -33,6 +33,7 @@ def cores() -> list:
     """The pure core, and the compiled one where it was built."""
     return [pycore] if compiled is None else [pycore, compiled]
 
+
 TIMESTAMPS = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1), st.sampled_from([0, -1, -(1 << 63), (1 << 63) - 1]))
 VALUES = st.binary(max_size=300)
 KEYS = st.one_of(st.none(), st.binary(max_size=40))
@@ -195,9 +196,20 @@ def test_the_compiled_render_refuses_what_is_not_a_message(message):
 
 
 VARINTS = [  # Kafka's ByteUtilsTest: zigzag, then 7 bits a byte, low first
-    (0, "00"), (-1, "01"), (1, "02"), (-2, "03"), (63, "7e"), (-64, "7f"), (64, "8001"), (8191, "fe7f"),
-    (-8192, "ff7f"), (8192, "808001"), (2**31 - 1, "feffffff0f"), (-(2**31), "ffffffff0f"),
-    (2**63 - 1, "feffffffffffffffff01"), (-(2**63), "ffffffffffffffffff01"),
+    (0, "00"),
+    (-1, "01"),
+    (1, "02"),
+    (-2, "03"),
+    (63, "7e"),
+    (-64, "7f"),
+    (64, "8001"),
+    (8191, "fe7f"),
+    (-8192, "ff7f"),
+    (8192, "808001"),
+    (2**31 - 1, "feffffff0f"),
+    (-(2**31), "ffffffff0f"),
+    (2**63 - 1, "feffffffffffffffff01"),
+    (-(2**63), "ffffffffffffffffff01"),
 ]
 
 
@@ -251,15 +263,17 @@ def test_both_cores_write_and_read_varints_alike(value, data, pos):
     assert answers[0] == answers[1]
 
 
-
-@pytest.mark.parametrize("data, expected", [
-    (b"123456789", 0xE3069283),  # the check value of CRC-32C
-    (bytes(32), 0x8A9136AA),  # RFC 3720's test vectors (iSCSI)
-    (b"\xff" * 32, 0x62A8AB43),
-    (bytes(range(32)), 0x46DD794E),
-    (bytes(range(31, -1, -1)), 0x113FDB5C),
-    (b"", 0),
-])
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"123456789", 0xE3069283),  # the check value of CRC-32C
+        (bytes(32), 0x8A9136AA),  # RFC 3720's test vectors (iSCSI)
+        (b"\xff" * 32, 0x62A8AB43),
+        (bytes(range(32)), 0x46DD794E),
+        (bytes(range(31, -1, -1)), 0x113FDB5C),
+        (b"", 0),
+    ],
+)
 def test_crc32c_gives_the_published_check_values_in_both_cores(data, expected):
     assert pycore.crc32c(data) == expected
     if compiled is not None:
@@ -466,3 +480,91 @@ def test_both_cores_send_through_the_lane_alike(calls, room, wake_at, partition)
         return [seen, queue, lane.owner, lane.wake_at, lane.room, lane.partition]
 
     assert run(compiled) == run(pycore)
+
+
+# ----------------------------------------------------------------- Kafka record batches
+
+STAMPS = st.one_of(st.integers(m.MIN_TIMESTAMP, m.MAX_TIMESTAMP), st.sampled_from([-1, 0, -(2**63), 2**63 - 1]))
+MESSAGES = st.lists(
+    st.tuples(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=8)), STAMPS, st.sampled_from([0, 0, 0, 1])),
+    max_size=12,
+)
+"""Messages as (value, key, timestamp, attrs): mostly plain, some marked gzip (the run ends there)."""
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES, st.integers(0, 2**40), st.data())
+def test_both_cores_make_the_same_record_batch_from_a_run_of_messages(messages, base, draw):
+    buf = bytearray(b"".join(m.encode(v, k, t, attrs) for v, k, t, attrs in messages))
+    if buf and draw.draw(st.booleans()):
+        buf[draw.draw(st.integers(0, len(buf) - 1))] ^= 1 << draw.draw(st.integers(0, 7))
+    pos = draw.draw(st.integers(0, len(buf)))
+    assert compiled.kafka_batch(bytes(buf), pos, base, 1 << 20) == pycore.kafka_batch(bytes(buf), pos, base, 1 << 20)
+
+
+def test_a_record_batch_of_a_run_gives_each_record_its_offset_and_ends_at_the_run(each_core):
+    from kafka.record.default_records import DefaultRecordBatch
+
+    buf = m.encode(b"", b"k", 5) + m.encode(b"v" * 300, None, 3) + m.encode(b"x", None, 9, 1)  # gzip-marked: not plain
+    batch, last, stop = core.kafka_batch(b"pad" + buf, 3, 1000, 1 << 20)
+    first = len(m.encode(b"", b"k", 5))
+    assert (last, stop) == (3 + first, 3 + first + len(m.encode(b"v" * 300, None, 3)))
+    read = DefaultRecordBatch(batch)
+    read.validate_crc()
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in read] == [(1003, 5, b"k", b""), (1003 + first, 3, None, b"v" * 300)]
+    assert read.next_offset == 1000 + stop
+    assert core.kafka_batch(buf, stop - 3, 0, 1 << 20) == (b"", stop - 3, stop - 3)
+
+
+RECORD_FIELDS = st.one_of(st.none(), st.binary(max_size=12))
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(RECORD_FIELDS, RECORD_FIELDS, st.integers(-(2**40), 2**40), st.booleans()), min_size=1, max_size=8),
+    st.sampled_from([-1, 0, 1_700_000_000_000, m.MAX_TIMESTAMP, 2**63 - 1]),
+    st.sampled_from([-1, 1_700_000_000_000]),
+    st.integers(30, 200),
+    st.data(),
+)
+def test_both_cores_read_a_batchs_records_alike(records, base_ts, append_ts, max_message_bytes, draw):
+    from kl.net import records as kafka_records
+
+    rows = [(i, None if ts is None else ts, k, v) for i, (k, v, ts, _) in enumerate(records)]
+    body = bytearray(kafka_records.batch(rows, len(rows))[61:])
+    if any(h for *_, h in records):  # headers: not simply a message
+        body = bytearray(body[:-1]) + b"\x02\x02h\x02v"
+        body[0] += 4  # the record grew
+    cut = draw.draw(st.sampled_from(["whole", "flip", "cut", "extend"]))
+    if cut == "flip" and body:
+        body[draw.draw(st.integers(0, len(body) - 1))] = draw.draw(st.integers(0, 255))
+    elif cut == "cut":
+        body = body[: draw.draw(st.integers(0, len(body)))]
+    elif cut == "extend":
+        body += b"\x00"
+    answers = []
+    for module in (pycore, compiled):
+        try:
+            answers.append(module.kafka_records(bytes(body), len(rows), base_ts, append_ts, 42, max_message_bytes))
+        except ValueError as e:
+            answers.append(str(e))
+    assert answers[0] == answers[1]
+
+
+def test_records_become_kl_messages_unless_kl_must_look_closer(each_core):
+    from kl.net import records as kafka_records
+
+    body = kafka_records.batch([(0, 7, b"k", b"v"), (1, -1, None, b"")], 2)[61:]
+    data, count = core.kafka_records(body, 2, 7, -1, 99, 1 << 20)  # 7: the batch's base timestamp
+    assert count == 2 and data == m.encode(b"v", b"k", 7) + m.encode(b"", None, 99)  # -1, no timestamp: now
+    assert core.kafka_records(body, 2, 7, 5, 99, 1 << 20)[0] == m.encode(b"v", b"k", 5) + m.encode(b"", None, 5)
+    null = kafka_records.batch([(0, 7, None, None)], 1)[61:]
+    assert core.kafka_records(null, 1, 0, -1, 99, 1 << 20) is None  # a null value
+    assert core.kafka_records(body, 2, m.MAX_TIMESTAMP + 1, -1, 99, 1 << 20) is None  # past the years kl stores
+    assert core.kafka_records(body, 2, 0, -1, 99, 23) is None  # larger than max_message_bytes
+    with pytest.raises(ValueError, match="bytes follow the batch's 1 records"):
+        core.kafka_records(body, 1, 0, -1, 99, 1 << 20)
+    with pytest.raises(ValueError, match="record 1 claims"):
+        core.kafka_records(body[:-2], 2, 0, -1, 99, 1 << 20)

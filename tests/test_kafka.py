@@ -437,7 +437,7 @@ def test_a_batch_kl_writes_is_read_back_by_kafka_pythons_reader(root):
 
 def test_batches_reads_what_kafka_python_builds(root):
     (batch,) = records.batches(built([b"a", b"b"], keys=[b"x", None]), 10, 1 << 20)
-    assert [(r.key, r.value, r.timestamp) for r in batch.records] == [
+    assert [(r.key, r.value, r.timestamp) for r in batch.records()] == [
         (b"x", b"a", 1_700_000_000_000),
         (None, b"b", 1_700_000_000_001),
     ]

@@ -152,6 +152,18 @@ static PyObject *core_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(sum);
 }
 
+/* v as a zigzag varint at p; its length. */
+static inline int zigzag(unsigned char *p, long long v) {
+    uint64_t n = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int used = 0;
+    while (n > 0x7f) {
+        p[used++] = (unsigned char)(n & 0x7f) | 0x80;
+        n >>= 7;
+    }
+    p[used++] = (unsigned char)n;
+    return used;
+}
+
 /* See varint() in kl/log/pycore.py. */
 static PyObject *core_varint(PyObject *self, PyObject *arg) {
     if (!PyLong_Check(arg))
@@ -160,15 +172,8 @@ static PyObject *core_varint(PyObject *self, PyObject *arg) {
     long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
     if (overflow)
         return PyErr_Format(PyExc_OverflowError, "varint: %S does not fit 64 bits", arg);
-    uint64_t n = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
     unsigned char out[10];
-    int used = 0;
-    while (n > 0x7f) {
-        out[used++] = (unsigned char)(n & 0x7f) | 0x80;
-        n >>= 7;
-    }
-    out[used++] = (unsigned char)n;
-    return PyBytes_FromStringAndSize((const char *)out, used);
+    return PyBytes_FromStringAndSize((const char *)out, zigzag(out, value));
 }
 
 /* See read_varint() in kl/log/pycore.py. */
@@ -1312,12 +1317,233 @@ static PyTypeObject LaneType = {
     .tp_getset = lane_getset,
 };
 
+/* ------------------------------------------------------------ Kafka record batches */
+
+#define KAFKA_HEADER 61  /* a record batch's header: see KAFKA_BATCH in kl/log/pycore.py */
+#define KAFKA_CRC_AT 21  /* where the bytes its CRC-32C covers begin */
+#define MIN_TIMESTAMP (-62135596800000LL)
+#define MAX_TIMESTAMP 253402300799999LL
+
+static inline void put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+/* See kafka_batch() in kl/log/pycore.py. */
+static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, max_message_bytes;
+    long long base;
+    if (!PyArg_ParseTuple(args, "y*nLn:kafka_batch", &b, &pos, &base, &max_message_bytes))
+        return NULL;
+    if (!bounds(pos, b.len, b.len)) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    const unsigned char *buf = b.buf;
+    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size, first = pos, last = pos;
+    long long base_ts = 0, max_ts = 0, count = 0;
+    Out out = {NULL, 0, 0};
+    int failed = !reserve(&out, KAFKA_HEADER);
+    out.used = KAFKA_HEADER;
+    Py_BEGIN_ALLOW_THREADS
+    while (!failed && (size = plain_at(buf, pos, end, max_length, 1))) {
+        const unsigned char *p = buf + pos;
+        long long ts = be64(p + FIELDS_AT), delta;
+        int32_t key_length = (int32_t)be32(p + 18);
+        if (count == 0)
+            base_ts = max_ts = ts;
+        if (__builtin_sub_overflow(ts, base_ts, &delta) || pos + size - first > INT32_MAX)
+            break; /* not one batch's: the next answer's */
+        Py_ssize_t key_size = key_length < 0 ? 0 : key_length, value_size = size - HEADER_SIZE - key_size;
+        unsigned char head[31], tail[11];
+        int h = 0, t = 0;
+        head[h++] = 0;
+        h += zigzag(head + h, delta);
+        h += zigzag(head + h, pos - first);
+        h += zigzag(head + h, key_length < 0 ? -1 : key_length);
+        t += zigzag(tail, value_size);
+        unsigned char length[10];
+        int l = zigzag(length, h + key_size + t + value_size + 1);
+        failed = !reserve(&out, l + h + key_size + t + value_size + 1);
+        if (failed)
+            break;
+        put(&out, length, l);
+        put(&out, head, h);
+        put(&out, p + HEADER_SIZE, key_size);
+        put(&out, tail, t);
+        put(&out, p + HEADER_SIZE + key_size, value_size);
+        out.p[out.used++] = 0; /* no headers */
+        if (ts > max_ts)
+            max_ts = ts;
+        count++;
+        last = pos;
+        pos += size;
+    }
+    if (!failed && count) {
+        unsigned char *h = (unsigned char *)out.p;
+        put64(h, (uint64_t)(base + first));
+        put32(h + 8, (uint32_t)(out.used - 12));
+        put32(h + 12, 0);
+        h[16] = 2;
+        h[21] = h[22] = 0;
+        put32(h + 23, (uint32_t)(pos - first - 1));
+        put64(h + 27, (uint64_t)base_ts);
+        put64(h + 35, (uint64_t)max_ts);
+        put64(h + 43, (uint64_t)-1);
+        h[51] = h[52] = 0xff;
+        put32(h + 53, (uint32_t)-1);
+        put32(h + 57, (uint32_t)count);
+        put32(h + 17, crc32c_of(0, h + KAFKA_CRC_AT, out.used - KAFKA_CRC_AT));
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (failed) {
+        PyMem_RawFree(out.p);
+        return PyErr_NoMemory();
+    }
+    if (!count)
+        out.used = 0;
+    return Py_BuildValue("(Nnn)", out_bytes(&out), last, pos);
+}
+
+/* The zigzag varint at *pos of buf[0:len], as read_varint() reads it: 0 and *pos past it,
+   else -1 with ValueError set (the same messages). */
+static int get_varint(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos, long long *value) {
+    Py_ssize_t start = *pos, at = start;
+    uint64_t n = 0;
+    for (int shift = 0; at < len && at < start + 10; at++, shift += 7) {
+        unsigned char byte = buf[at];
+        if (shift == 63 && byte > 1)
+            break;
+        n |= (uint64_t)(byte & 0x7f) << shift;
+        if (byte < 0x80) {
+            *value = (long long)(n >> 1) ^ -(long long)(n & 1);
+            *pos = at + 1;
+            return 0;
+        }
+    }
+    if (at == len && at < start + 10)
+        PyErr_Format(PyExc_ValueError, "read_varint: the buffer ends inside the varint at %zd", start);
+    else
+        PyErr_Format(PyExc_ValueError, "read_varint: the varint at %zd runs past 64 bits", start);
+    return -1;
+}
+
+/* A record's key, value or header field at *pos: its length (-1: null), where its bytes
+   start (*data) and *pos past them; -2 with ValueError set when it does not fit the record
+   (see _record_field in pycore). */
+static long long get_field(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t i,
+                           Py_ssize_t *data) {
+    long long length;
+    if (get_varint(buf, len, pos, &length) < 0)
+        return -2;
+    *data = *pos;
+    if (length == -1)
+        return -1;
+    if (length < 0 || length > end - *pos) {
+        PyErr_Format(PyExc_ValueError, "record %zd has a field of length %lld with %zd bytes left", i, length, end - *pos);
+        return -2;
+    }
+    *pos += length;
+    return length;
+}
+
+/* See kafka_records() in kl/log/pycore.py: every record is checked before the answer. */
+static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t count, max_message_bytes;
+    long long base_ts, append_ts, now;
+    if (!PyArg_ParseTuple(args, "y*nLLLn:kafka_records", &b, &count, &base_ts, &append_ts, &now, &max_message_bytes))
+        return NULL;
+    const unsigned char *buf = b.buf;
+    Py_ssize_t len = b.len, pos = 0, i;
+    Out out = {NULL, 0, 0};
+    int simple = 1;
+    PyObject *result = NULL;
+    for (i = 0; i < count; i++) {
+        long long length, delta, offset_delta, headers;
+        if (get_varint(buf, len, &pos, &length) < 0)
+            goto done;
+        if (length < 6 || length > len - pos) {
+            PyErr_Format(PyExc_ValueError, "record %zd claims %lld bytes, %zd are left", i, length, len - pos);
+            goto done;
+        }
+        Py_ssize_t end = pos + (Py_ssize_t)length, at = pos + 1;
+        if (get_varint(buf, len, &at, &delta) < 0 || get_varint(buf, len, &at, &offset_delta) < 0)
+            goto done;
+        Py_ssize_t key_at, value_at, header_at;
+        long long key_length = get_field(buf, len, &at, end, i, &key_at);
+        if (key_length == -2)
+            goto done;
+        long long value_length = get_field(buf, len, &at, end, i, &value_at);
+        if (value_length == -2 || get_varint(buf, len, &at, &headers) < 0)
+            goto done;
+        if (headers < 0 || headers > end - at) {
+            PyErr_Format(PyExc_ValueError, "record %zd claims %lld headers", i, headers);
+            goto done;
+        }
+        for (long long h = 0; h < 2 * headers; h++)
+            if (get_field(buf, len, &at, end, i, &header_at) == -2)
+                goto done;
+        if (at != end) {
+            PyErr_Format(PyExc_ValueError, "record %zd holds %zd bytes past its fields", i, end - at);
+            goto done;
+        }
+        pos = end;
+        if (!simple)
+            continue;
+        long long ts = append_ts;
+        if (ts == -1 && __builtin_add_overflow(base_ts, delta, &ts)) {
+            simple = 0;
+            continue;
+        }
+        if (ts == -1)
+            ts = now;
+        Py_ssize_t key_size = key_length < 0 ? 0 : (Py_ssize_t)key_length;
+        Py_ssize_t size = HEADER_SIZE + key_size + (Py_ssize_t)value_length;
+        if (value_length < 0 || headers || ts < MIN_TIMESTAMP || ts > MAX_TIMESTAMP || size > max_message_bytes) {
+            simple = 0;
+            continue;
+        }
+        if (!reserve(&out, size)) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        unsigned char *p = (unsigned char *)out.p + out.used;
+        put32(p, (uint32_t)(size - LENGTH_SIZE));
+        p[4] = CURRENT_MAGIC;
+        p[5] = 0;
+        put64(p + FIELDS_AT, (uint64_t)ts);
+        put32(p + 18, (uint32_t)(key_length < 0 ? NO_KEY : (int32_t)key_length));
+        memcpy(p + HEADER_SIZE, buf + key_at, key_size);
+        memcpy(p + HEADER_SIZE + key_size, buf + value_at, (size_t)value_length);
+        put32(p + 6, (uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT));
+        out.used += size;
+    }
+    if (pos != len) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes follow the batch's %zd records", len - pos, count);
+        goto done;
+    }
+    if (simple)
+        result = Py_BuildValue("(Nn)", out_bytes(&out), count < 0 ? 0 : count);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(out.p);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.log.pycore.check"},
     {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.log.pycore.crc32c"},
     {"varint", core_varint, METH_O, "varint(value): see kl.log.pycore.varint"},
     {"render", core_render, METH_VARARGS, "render(messages, program): see kl.log.pycore.render"},
     {"read_varint", core_read_varint, METH_VARARGS, "read_varint(buf, pos): see kl.log.pycore.read_varint"},
+    {"kafka_batch", core_kafka_batch, METH_VARARGS, "kafka_batch(buf, pos, base, max_message_bytes): see kl.log.pycore"},
+    {"kafka_records", core_kafka_records, METH_VARARGS,
+     "kafka_records(body, count, base_ts, append_ts, now, max_message_bytes): see kl.log.pycore"},
     {"walk", core_walk, METH_VARARGS, "walk(buf, pos, end, max_message_bytes): see kl.log.pycore.walk"},
     {"recent", core_recent, METH_VARARGS, "recent(buf, pos, end, max_message_bytes, count): see kl.log.pycore.recent"},
     {"plain_values", core_plain_values, METH_VARARGS, "plain_values(buf, pos, max_message_bytes): see kl.log.pycore"},

@@ -32,13 +32,43 @@ from kl.log.pycore import (
 )
 
 __all__ = [
-    "BAD_KEY_LENGTH", "BAD_LENGTH", "CHECKSUM", "INCOMPLETE", "OK", "UNKNOWN_MAGIC",
-    "KEY", "KEY_JSON", "KEYED", "NEXT_OFFSET", "OFFSET", "TIMESTAMP", "TIMESTAMP_ISO", "TIMESTAMP_JSON", "VALUE", "VALUE_JSON",
-    "describe", "use",
+    "BAD_KEY_LENGTH",
+    "BAD_LENGTH",
+    "CHECKSUM",
+    "INCOMPLETE",
+    "OK",
+    "UNKNOWN_MAGIC",
+    "KEY",
+    "KEY_JSON",
+    "KEYED",
+    "NEXT_OFFSET",
+    "OFFSET",
+    "TIMESTAMP",
+    "TIMESTAMP_ISO",
+    "TIMESTAMP_JSON",
+    "VALUE",
+    "VALUE_JSON",
+    "describe",
+    "use",
 ]
 FUNCTIONS = (
-    "check", "walk", "recent", "plain_values", "plain_columns", "plain_messages", "frame", "frame_values", "frame_records",
-    "crc32c", "varint", "read_varint", "dump_lines", "render", "Lane",
+    "check",
+    "walk",
+    "recent",
+    "plain_values",
+    "plain_columns",
+    "plain_messages",
+    "frame",
+    "frame_values",
+    "frame_records",
+    "crc32c",
+    "varint",
+    "read_varint",
+    "dump_lines",
+    "render",
+    "kafka_batch",
+    "kafka_records",
+    "Lane",
 )
 """What a core provides, with the same answers from both."""
 
@@ -70,6 +100,8 @@ varint = pycore.varint
 read_varint = pycore.read_varint
 dump_lines = pycore.dump_lines
 render = pycore.render
+kafka_batch = pycore.kafka_batch
+kafka_records = pycore.kafka_records
 Lane = pycore.Lane
 
 

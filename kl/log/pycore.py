@@ -35,6 +35,7 @@ _FAST_FIELDS = struct.Struct(">iHIqi").unpack_from
 _PLAIN = m.CURRENT_MAGIC << 8 | m.CODEC_NONE
 _INT64_MAX = (1 << 63) - 1
 _INT64_MIN = -(1 << 63)
+_INT32_MAX = (1 << 31) - 1
 _FIELDS = m.KEY_OFFSET - m.TIMESTAMP_OFFSET
 """Bytes of timestamp and key length at the start of a magic 2 body."""
 _SEED = m.CRC_SEEDS[m.CODEC_NONE]
@@ -450,6 +451,124 @@ def read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
         if len(view) - pos < VARINT_MAX_BYTES:
             raise ValueError(f"read_varint: the buffer ends inside the varint at {pos}")
     raise ValueError(f"read_varint: the varint at {pos} runs past 64 bits")
+
+
+KAFKA_BATCH = struct.Struct(">qiiBIhiqqqhii")
+"""A Kafka record batch's header: base_offset, batch_length, leader_epoch, magic, crc,
+attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
+base_sequence, record_count (kl.net.records describes the format)."""
+_KAFKA_CRC_AT = 21
+"""Where the bytes a batch's CRC-32C covers begin (its attributes)."""
+
+
+def kafka_header(base: int, records: bytes, count: int, last_delta: int, base_ts: int, max_ts: int) -> bytes:
+    """The header of an uncompressed Kafka record batch of ``count`` records (their bytes),
+    its checksum included: no producer id, leader epoch 0, create time."""
+    header = KAFKA_BATCH.pack(
+        base, KAFKA_BATCH.size - 12 + len(records), 0, 2, 0, 0, last_delta, base_ts, max_ts, -1, -1, -1, count
+    )
+    checksum = crc32c(records, crc32c(memoryview(header)[_KAFKA_CRC_AT:]))
+    return header[:17] + checksum.to_bytes(4, "big") + header[_KAFKA_CRC_AT:]
+
+
+def kafka_batch(buf: Buffer, pos: int, base: int, max_message_bytes: int) -> tuple[bytes, int, int]:
+    """The valid uncompressed magic 2 messages from ``pos`` on (the run ``plain_columns``
+    finds) as one Kafka record batch, each record at offset ``base`` plus its message's
+    position, the batch's last offset delta just before where the run stops: (the batch,
+    or b"" when no message at ``pos`` is plain, where its last message starts, and where
+    the run stops).  The run stops
+    early where the batch would span more than 2 GiB of the log or a timestamp is more
+    than int64 away from the first's (fields a batch cannot hold: the next batch's)."""
+    columns = plain_columns(buf, pos, max_message_bytes)
+    positions, stamps, key_lengths = (array("q", column) for column in columns[:3])
+    stop = columns[3]
+    if not positions:
+        return b"", pos, stop
+    first, base_ts = positions[0], stamps[0]
+    parts = []
+    for at, stamp, klen in zip(positions, stamps, key_lengths, strict=True):
+        length = int.from_bytes(buf[at : at + 4], "big") + m.LENGTH_SIZE
+        if not _INT64_MIN <= stamp - base_ts <= _INT64_MAX or at + length - first > _INT32_MAX:
+            stop = at
+            break
+        value_at = at + m.HEADER_SIZE + max(klen, 0)
+        key = b"\x01" if klen < 0 else varint(klen) + bytes(buf[at + m.HEADER_SIZE : value_at])
+        value = bytes(buf[value_at : at + length])
+        body = b"\0" + varint(stamp - base_ts) + varint(at - first) + key + varint(len(value)) + value + b"\0"
+        parts.append(varint(len(body)) + body)
+    records = b"".join(parts)
+    max_ts = max(stamps[: len(parts)])
+    batch = kafka_header(base + first, records, len(parts), stop - first - 1, base_ts, max_ts) + records
+    return batch, positions[len(parts) - 1], stop
+
+
+RawRecord = tuple[int, bytes | None, bytes | None, list[tuple[bytes | None, bytes | None]]]
+"""A Kafka record as ``read_records`` finds it: timestamp delta, key, value, headers."""
+
+
+def read_records(body: Buffer, count: int) -> list[RawRecord]:
+    """The ``count`` records of a Kafka record batch's (decompressed) body, which they
+    must fill exactly: (timestamp delta, key, value, headers), null fields None.  Raises
+    ``ValueError`` naming what is malformed (varints, lengths)."""
+    view = memoryview(body).cast("B")
+    out = []
+    pos = 0
+    for i in range(count):
+        length, pos = read_varint(view, pos)
+        end = pos + length
+        if length < 6 or end > len(view):
+            raise ValueError(f"record {i} claims {length} bytes, {len(view) - pos} are left")
+        ts_delta, at = read_varint(view, pos + 1)  # after the attributes, unused
+        _, at = read_varint(view, at)  # the offset delta: kl gives each message its own offset
+        key, at = _record_field(view, at, end, i)
+        value, at = _record_field(view, at, end, i)
+        n, at = read_varint(view, at)
+        if not 0 <= n <= end - at:
+            raise ValueError(f"record {i} claims {n} headers")
+        headers = []
+        for _ in range(n):
+            name, at = _record_field(view, at, end, i)
+            header_value, at = _record_field(view, at, end, i)
+            headers.append((name, header_value))
+        if at != end:
+            raise ValueError(f"record {i} holds {end - at} bytes past its fields")
+        out.append((ts_delta, key, value, headers))
+        pos = end
+    if pos != len(view):
+        raise ValueError(f"{len(view) - pos} bytes follow the batch's {count} records")
+    return out
+
+
+def _record_field(view: memoryview, pos: int, end: int, i: int) -> tuple[bytes | None, int]:
+    length, pos = read_varint(view, pos)
+    if length == -1:
+        return None, pos
+    if not 0 <= length <= end - pos:
+        raise ValueError(f"record {i} has a field of length {length} with {end - pos} bytes left")
+    return bytes(view[pos : pos + length]), pos + length
+
+
+def kafka_records(
+    body: Buffer, count: int, base_ts: int, append_ts: int, now: int, max_message_bytes: int
+) -> tuple[bytes, int] | None:
+    """The records of a batch's body (see ``read_records``) as kl's magic 2 messages, and
+    how many: each stamped ``append_ts`` when that is not -1, else ``base_ts`` plus its
+    delta, and ``now`` when that is -1 (no timestamp).  None when a record is not simply a
+    message kl writes (headers, a null value, a timestamp kl does not store, more than
+    ``max_message_bytes``): the caller looks closer.  Raises ``ValueError`` as
+    ``read_records`` does."""
+    out = []
+    for delta, key, value, headers in read_records(body, count):
+        timestamp = append_ts if append_ts != -1 else base_ts + delta
+        if timestamp == -1:
+            timestamp = now
+        if value is None or headers or not m.MIN_TIMESTAMP <= timestamp <= m.MAX_TIMESTAMP:
+            return None
+        message = m.encode(value, key, timestamp)
+        if len(message) > max_message_bytes:
+            return None
+        out.append(message)
+    return b"".join(out), len(out)
 
 
 class Lane:

@@ -41,10 +41,10 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
+from kl.log import core
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log
-from kl.log.message import Message
 from kl.net import records
 from kl.net.records import InvalidRecords
 from kl.net.server import Connection, Drop, FrontEnd, Wait
@@ -315,7 +315,7 @@ class Kafka(FrontEnd):
             return
         last = found[-1]
         recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
-        recent.append((first.base_sequence, (last.base_sequence + len(last.records) - 1) & 0x7FFFFFFF, offset))
+        recent.append((first.base_sequence, (last.base_sequence + last.size - 1) & 0x7FFFFFFF, offset))
 
     def _init_producer_id(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if request.transactional_id is not None:
@@ -398,39 +398,51 @@ class Kafka(FrontEnd):
         return answer, (target, end if offset >= end else offset + len(batch))
 
     def _records(self, target: Log, topic: str, partition: int, offset: int, max_bytes: int, end: int) -> bytes:
-        """Record batches of the messages from the first one at or after ``offset``."""
+        """Record batches of the messages from the first one at or after ``offset``: runs
+        of plain messages converted by ``core.kafka_batch``, each other message (a
+        compressed batch's, Kafka 0.7's) through ``records.batch``."""
         start, skip = self._start(target, topic, partition, offset)
         if start >= end:
             return b""
-        rows: list[tuple[int, int | None, bytes | None, bytes | None]] = []
-        next_offset = start
-        group: list[Message] = []  # a compressed batch's messages so far
-        try:
-            for msg in target.read(start, max_bytes):
-                group.append(msg)
-                if msg.next_offset == msg.offset:
-                    continue  # inside a compressed batch: its last message carries its end
-                base, size = group[0].offset, msg.next_offset - group[0].offset
-                if len(group) > size:
-                    if rows:
-                        break  # answered next time, alone
-                    raise _Refused(
-                        KAFKA_STORAGE_ERROR,
-                        f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
-                        "each a Kafka offset inside it; read it with kl consume",
-                    )
-                first = skip if base == start else 0
-                rows.extend((base + i, g.timestamp, g.key, g.value) for i, g in enumerate(group) if i >= first)
-                next_offset = msg.next_offset
-                group = []
-        except CorruptMessage:
-            if not rows:
+        messages = target.read(start, max_bytes)
+        buf, limit = messages.buffer, messages.max_message_bytes
+        parts: list[bytes] = []
+        pos = last = 0
+        while True:
+            if not skip:
+                batch, at, stop = core.kafka_batch(buf, pos, start, limit)
+                if batch:
+                    parts.append(batch)
+                    pos, last = stop, start + at
+            try:
+                step = messages.decode_at(pos)
+            except CorruptMessage:
+                if parts:
+                    break  # the next fetch says what is wrong
                 raise
-        if not rows:
+            if step is None:
+                break
+            after, group = step
+            base, size = start + pos, after - pos
+            if len(group) > size:  # a compressed batch of more messages than bytes: no offsets for them
+                if parts:
+                    break  # answered alone, next time
+                raise _Refused(
+                    KAFKA_STORAGE_ERROR,
+                    f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
+                    "each a Kafka offset inside it; read it with kl consume",
+                )
+            rows = [(base + i, msg.timestamp, msg.key, msg.value) for i, msg in enumerate(group) if i >= skip]
+            if rows:
+                parts.append(records.batch(rows, start + after))
+                last = rows[-1][0]
+            skip = 0
+            pos = after
+        if not parts:
             return b""
-        last = rows[-1][0]
-        self._remember_resume(topic, partition, last + 1, next_offset)
-        return records.batch(rows, next_offset)
+        self._remember_resume(topic, partition, last + 1, start + pos)  # where clients resume: last + 1,
+        self._remember_resume(topic, partition, start + pos, start + pos)  # or the batch's end
+        return b"".join(parts)
 
     def _start(self, target: Log, topic: str, partition: int, offset: int) -> tuple[int, int]:
         """Where the first message at or after ``offset`` starts, and how many messages of
@@ -513,13 +525,26 @@ class Kafka(FrontEnd):
 
 
 def _messages(found: list[records.Batch], config: TopicConfig) -> tuple[bytes, int]:
-    """kl's messages for the records, all checked against the topic (one append)."""
+    """kl's messages for the batches' records, every one checked against the topic (one
+    append): most through ``core.kafka_records``, the rest record by record, which says
+    what is wrong."""
     if config.legacy:
         raise _Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
     now = int(time.time() * 1000)
     parts = []
+    count = 0
     for batch in found:
-        for record in batch.records:
+        try:
+            fast = core.kafka_records(
+                batch.body, batch.size, batch.base_timestamp, now if batch.append_time else -1, now, config.max_message_bytes
+            )
+        except ValueError as e:
+            raise InvalidRecords(f"a record batch is malformed: {e}") from None
+        if fast is not None:
+            parts.append(fast[0])
+            count += fast[1]
+            continue
+        for record in batch.records():
             if record.value is None:
                 raise _Refused(INVALID_RECORD, "a record has a null value, which kl cannot store yet")
             if record.headers:
@@ -535,7 +560,8 @@ def _messages(found: list[records.Batch], config: TopicConfig) -> tuple[bytes, i
                     f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}",
                 )
             parts.append(data)
-    return b"".join(parts), len(parts)
+            count += 1
+    return b"".join(parts), count
 
 
 def _code(error: KlError) -> int:

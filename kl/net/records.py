@@ -20,17 +20,14 @@ so a client that resumes after a batch lands exactly on the next message.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from kl.errors import KlError
-from kl.log import core
+from kl.log import core, pycore
 
-BATCH = struct.Struct(">qiiBIhiqqqhii")
-"""base_offset, batch_length, leader_epoch, magic, crc, attributes, last_offset_delta,
-base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, record_count."""
+BATCH = pycore.KAFKA_BATCH
 LENGTH_END = 12
 """Bytes up to and including ``batch_length``: it counts the bytes after it."""
 CRC_END = 21
@@ -51,7 +48,8 @@ class InvalidRecords(KlError):
 
 
 class Record(NamedTuple):
-    """One record as a producer sent it; ``timestamp`` is the batch's (absolute) time."""
+    """One record as a producer sent it; ``timestamp`` is absolute (-1: none, the log's
+    append time is its)."""
 
     timestamp: int
     key: bytes | None
@@ -60,12 +58,37 @@ class Record(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """A batch's idempotence fields and its records."""
+    """A checked batch: its idempotence fields, how many records, their timestamps' base
+    (or that the log's append time is theirs) and its body, decompressed."""
 
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    records: list[Record]
+    size: int
+    """How many records."""
+    base_timestamp: int
+    append_time: bool
+    body: memoryview
+
+    def records(self) -> list[Record]:
+        """The records, each checked.  Raises ``InvalidRecords``."""
+        try:
+            found = pycore.read_records(self.body, self.size)
+        except ValueError as e:  # a cut or overlong varint, a length past the record
+            raise InvalidRecords(f"a record batch is malformed: {e}") from None
+        out = []
+        for ts_delta, key, value, fields in found:
+            headers = []
+            for name, header_value in fields:
+                if name is None:
+                    raise InvalidRecords("a header's key is null")
+                try:
+                    headers.append((name.decode(), header_value))
+                except UnicodeDecodeError:
+                    raise InvalidRecords(f"a header's key is not UTF-8: {name[:40]!r}") from None
+            timestamp = NO_TIMESTAMP if self.append_time else self.base_timestamp + ts_delta
+            out.append(Record(timestamp, key, value, tuple(headers)))
+        return out
 
 
 # ----------------------------------------------------------------------------- writing
@@ -74,43 +97,20 @@ class Batch(NamedTuple):
 def batch(records: Sequence[tuple[int, int | None, bytes | None, bytes | None]], next_offset: int) -> bytes:
     """One uncompressed batch of ``records`` given as (offset, timestamp, key, value), offsets
     rising; ``next_offset`` is where the next message starts (``last_offset_delta`` points
-    just before it).  A timestamp of None (Kafka 0.7's messages) is sent as -1."""
+    just before it).  A timestamp of None (Kafka 0.7's messages) is sent as -1.  The
+    messages a fetch finds in runs of plain ones go by ``core.kafka_batch`` instead."""
     base = records[0][0]
     stamps = [NO_TIMESTAMP if t is None else t for _, t, _, _ in records]
     base_ts = stamps[0]
     varint = core.varint
     parts = []
     for (offset, _, key, value), ts in zip(records, stamps, strict=True):
-        body = b"".join(
-            (
-                b"\0",
-                varint(ts - base_ts),
-                varint(offset - base),
-                b"\x01" if key is None else varint(len(key)) + key,
-                b"\x01" if value is None else varint(len(value)) + value,
-                b"\0",
-            )
-        )
-        parts.append(varint(len(body)))
-        parts.append(body)
+        key_field = b"\x01" if key is None else varint(len(key)) + key
+        value_field = b"\x01" if value is None else varint(len(value)) + value
+        body = b"\0" + varint(ts - base_ts) + varint(offset - base) + key_field + value_field + b"\0"
+        parts.append(varint(len(body)) + body)
     data = b"".join(parts)
-    header = BATCH.pack(
-        base,
-        BATCH.size - LENGTH_END + len(data),
-        0,
-        MAGIC,
-        0,
-        0,
-        next_offset - 1 - base,
-        base_ts,
-        max(stamps),
-        -1,
-        -1,
-        -1,
-        len(records),
-    )
-    crc = core.crc32c(data, core.crc32c(header[CRC_END:]))
-    return header[:17] + crc.to_bytes(4, "big") + header[CRC_END:] + data
+    return pycore.kafka_header(base, data, len(records), next_offset - 1 - base, base_ts, max(stamps)) + data
 
 
 # ----------------------------------------------------------------------------- reading
@@ -143,64 +143,12 @@ def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[
         if codec:
             body = memoryview(decompress(codec, body, max_bytes))
             max_bytes -= len(body)
-        records = _records(body, count, base_ts, None if not attrs & LOG_APPEND_TIME else NO_TIMESTAMP)
-        out.append(Batch(pid, epoch, seq, records))
+        out.append(Batch(pid, epoch, seq, count, base_ts, bool(attrs & LOG_APPEND_TIME), body))
         max_records -= count
         pos = end
     if not out:
         raise InvalidRecords("the request holds no record batch")
     return out
-
-
-def _records(body: memoryview, count: int, base_ts: int, append_time: int | None) -> list[Record]:
-    read = core.read_varint
-    out = []
-    pos = 0
-    try:
-        for _ in range(count):
-            length, pos = read(body, pos)
-            end = pos + length
-            if length < 6 or end > len(body):
-                raise InvalidRecords(f"a record claims {length} bytes, {len(body) - pos} are left")
-            pos += 1  # attributes: unused
-            ts_delta, pos = read(body, pos)
-            _, pos = read(body, pos)  # offset delta: kl gives each message its own offset
-            key, pos = _bytes(body, pos, end)
-            value, pos = _bytes(body, pos, end)
-            n, pos = read(body, pos)
-            if not 0 <= n <= length:
-                raise InvalidRecords(f"a record claims {n} headers")
-            headers = []
-            for _ in range(n):
-                name, pos = _bytes(body, pos, end)
-                if name is None:
-                    raise InvalidRecords("a header's key is null")
-                try:
-                    text = name.decode()
-                except UnicodeDecodeError:
-                    raise InvalidRecords(f"a header's key is not UTF-8: {name[:40]!r}") from None
-                hvalue, pos = _bytes(body, pos, end)
-                headers.append((text, hvalue))
-            if pos != end:
-                raise InvalidRecords(f"a record's fields take {pos - end + length} of its {length} bytes")
-            ts = base_ts + ts_delta if append_time is None else append_time
-            out.append(Record(ts, key, value, tuple(headers)))
-    except ValueError as e:  # a cut or overlong varint
-        raise InvalidRecords(f"a record is malformed: {e}") from None
-    if pos != len(body):
-        raise InvalidRecords(f"{len(body) - pos} bytes follow the batch's {count} records")
-    return out
-
-
-def _bytes(body: memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
-    length, pos = core.read_varint(body, pos)
-    if length < 0:
-        if length != -1:
-            raise InvalidRecords(f"a length of {length}")
-        return None, pos
-    if pos + length > end:
-        raise InvalidRecords(f"a field of {length} bytes runs past its record")
-    return bytes(body[pos : pos + length]), pos + length
 
 
 def decompress(codec: int, data: memoryview, limit: int) -> bytes:
