@@ -39,6 +39,8 @@ NPM_TIMEOUT = 90.0
 NPM_RETRIES = ("--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000", "--fetch-timeout=30000")
 NETWORK_ERRORS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "network")
 SERVER_LOG_LINES = 20
+TCP_CLOSE_WAIT = "08"
+"""The state of a socket whose peer has closed its end, in /proc/net/tcp."""
 CLIENT_TIMEOUT = 30.0
 """Seconds a client process may take for one operation before it is killed (its own deadline is shorter)."""
 
@@ -105,6 +107,29 @@ class Daemon:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def hung_up(self) -> list[str]:
+        """The daemon's connections whose client has closed its end (sockets on its port in
+        CLOSE_WAIT, from /proc/net/tcp*), as ``local -> remote`` in hex."""
+        port = f":{int(self.bootstrap.rsplit(':', 1)[1]):04X}"
+        found = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as lines:
+                for line in list(lines)[1:]:
+                    local, remote, state = line.split()[1:4]
+                    if local.endswith(port) and state == TCP_CLOSE_WAIT:
+                        found.append(f"{local} -> {remote}")
+        return found
+
+    def settle(self, timeout: float = 20) -> None:
+        """Wait until the daemon has closed every connection its clients closed: it reads a
+        connection's end only after answering the request it took from it, so whatever a
+        killed client had sent whole is appended by then, and a request it cut short dropped."""
+        deadline = time.monotonic() + timeout
+        while hung_up := self.hung_up():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"kl serve --kafka kept {hung_up} open for {timeout:g} s: {self.text()}")
+            time.sleep(0.02)
 
     def stop(self) -> int:
         """Stop it with SIGTERM (SIGKILL after 20 s); its exit status."""

@@ -461,8 +461,9 @@ def test_kcat_produces_and_reads_headers(daemon, root) -> None:
 @pytest.mark.parametrize("client", PYTHON_CLIENTS)
 def test_producer_killed_mid_produce_then_restarted_stores_each_message_once(request, daemon, root, client) -> None:
     """An idempotent producer sends 40 records of 32 KiB, one acknowledged at a time, and is
-    SIGKILLed after the sixth acknowledgement (a request may be on the wire): kl holds a
-    prefix of them, each whole and once.  A new idempotent producer sends the rest."""
+    SIGKILLed after the sixth acknowledgement (a request may be on the wire): once the
+    daemon is done with its connections, kl holds a prefix of them, each whole and once.
+    A new idempotent producer sends the rest."""
     topic = f"killed-{client}"
     create(root, topic)
     records = [(b"id-%02d" % i, b"%02d:" % i + os.urandom(16) * 2048, T0 + i) for i in range(40)]
@@ -471,6 +472,7 @@ def test_producer_killed_mid_produce_then_restarted_stores_each_message_once(req
     while c.line()["acked"] < 5:
         pass
     c.kill()
+    daemon.settle()
     stored = kl_stored(root, topic)
     assert 6 <= len(stored) <= len(records)
     assert without_offsets(stored) == records[: len(stored)]
