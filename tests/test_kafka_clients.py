@@ -112,6 +112,15 @@ def run(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: Any
     return answer
 
 
+def run_consume(request: pytest.FixtureRequest, daemon: Daemon, client: str, **spec: Any) -> list[Stored]:
+    """What ``client`` reads with ``assign()`` from ``start`` until ``count`` records came."""
+    c = start(request, daemon, client, op="consume", **spec)
+    assert "position" in c.line()
+    got = from_client(c.line()["records"])
+    c.finish()
+    return got
+
+
 def kcat(daemon: Daemon, *args: str, stdin: bytes = b"") -> bytes:
     """kcat's stdout for ``args`` against the daemon, once it exited 0."""
     if KCAT is None:
@@ -267,6 +276,30 @@ def test_produce_is_stored_as_sent(request, daemon, root, client, codec) -> None
 
 
 @pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
+def test_idempotent_producer_stores_each_record_once(request, daemon, root, client) -> None:
+    """With idempotence on (InitProducerId, sequence numbers), as kafka-python 3 has it by default."""
+    topic = f"idempotent-{client}"
+    create(root, topic)
+    records = sample(6)
+    run(request, daemon, client, op="produce", topic=topic, partition=0, idempotent=True, records=as_sent(records))
+    run(request, daemon, client, op="produce", topic=topic, partition=0, idempotent=True, records=as_sent(records[:2]))
+    assert without_offsets(kl_stored(root, topic)) == records + records[:2]
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
+def test_produce_and_consume_one_partition_of_several(request, daemon, root, client) -> None:
+    topic = f"partitions-{client}"
+    create(root, topic, partitions=3)
+    records = sample(3)
+    run(request, daemon, client, op="produce", topic=topic, partition=2, records=as_sent(records))
+    assert (kl_json(root, topic, 0), kl_json(root, topic, 1)) == ([], [])
+    stored = kl_stored(root, topic, 2)
+    assert without_offsets(stored) == records
+    got = run_consume(request, daemon, client, topic=topic, partition=2, start="earliest", count=3)
+    assert got == stored
+
+
+@pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
 @pytest.mark.parametrize("acks", [0, 1, -1])
 def test_produce_with_each_acks_setting_appends(request, daemon, root, client, acks) -> None:
     topic = f"acks-{client}-{acks}"
@@ -319,10 +352,7 @@ def test_consume_from(request, daemon, written_by_kl, client, start_at) -> None:
         "timestamp": ({"timestamp": written_by_kl[6].timestamp - 500}, 6),
     }
     start_spec, first = starts[start_at]
-    c = start(request, daemon, client, op="consume", topic="from-kl", partition=0, start=start_spec, count=10 - first)
-    assert "position" in c.line()
-    got = from_client(c.line()["records"])
-    c.finish()
+    got = run_consume(request, daemon, client, topic="from-kl", partition=0, start=start_spec, count=10 - first)
     assert got == written_by_kl[first:]
 
 
@@ -333,10 +363,7 @@ def test_consume_what_kl_compressed(request, daemon, compressed_by_kl, client, s
     message inside a batch (the third of the zstd one)."""
     first = 0 if start_at == "earliest" else 6
     start_spec = "earliest" if start_at == "earliest" else {"offset": compressed_by_kl[6].offset}
-    c = start(request, daemon, client, op="consume", topic="zipped-by-kl", partition=0, start=start_spec, count=10 - first)
-    assert "position" in c.line()
-    got = from_client(c.line()["records"])
-    c.finish()
+    got = run_consume(request, daemon, client, topic="zipped-by-kl", partition=0, start=start_spec, count=10 - first)
     assert got == compressed_by_kl[first:]
 
 
