@@ -64,13 +64,13 @@ FOREVER_SECONDS = 1
 SCRIPT_SECONDS = 300
 """How long one document's shell examples may take together."""
 
-TOOLS = ("jq", "xxd", "less", "duckdb")
+TOOLS = ("jq", "xxd", "less", "duckdb", "kcat")
 """Programs the examples use besides kl and coreutils (a document using one that is
 missing is skipped, naming it)."""
 
 DAEMON = r"\bserve\b[^|]*&\s*(#.*)?$"
 """A daemon started in the background: the next command waits until it listens, as a
-reader typing the next line would (its ``--port``, or 9092)."""
+reader typing the next line would (its ``--port`` and ``--kafka`` ports, or 9092)."""
 
 
 @dataclass
@@ -244,8 +244,8 @@ def script(cmds: list[Command], out: Path) -> str:
         if forever(text):
             text = f"timeout -s INT {FOREVER_SECONDS} bash -c {shlex.quote(text)}; s=$?; [ $s = 124 ] || (exit $s)"
         if re.search(DAEMON, text):
-            port = re.search(r"--port[ =](\d+)", text)
-            text += f"\nwait_for_port {port.group(1) if port else 9092}"
+            ports = re.findall(r"--(?:port|kafka)[ =](?:\S+:)?(\d+)", text) or ["9092"]
+            text += "".join(f"\nwait_for_port {port}" for port in ports)
         fails = bool(cmd.shown) and cmd.shown[0].startswith("Error:")
         check = "[ $s = 1 ] || [ $s = 2 ]" if fails else "[ $s = 0 ]"
         parts.append(

@@ -73,6 +73,9 @@ UNKNOWN_SERVER_ERROR = -1
 LATEST, EARLIEST = -1, -2
 """ListOffsets' special timestamps."""
 NODE_ID = 0
+MAX_FETCH_BYTES = 16 << 20
+"""The most record bytes one fetch answer holds, whatever the client asks: answers are built in
+memory (records are converted, not sent from the files), so this bounds each worker's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
@@ -172,7 +175,7 @@ class Kafka(FrontEnd):
     def _send(self, conn: Connection, correlation: int, response: ApiMessage, version: int, flexible: bool) -> None:
         data = response.encode(version=version)
         head = struct.pack(">ii", 4 + int(flexible) + len(data), correlation) + (b"\0" if flexible else b"")
-        self.server.answer(conn).pieces.append(memoryview(head + bytes(data)))
+        self.server.answer(conn).pieces.extend((memoryview(head), memoryview(data)))  # TCP_CORK makes one stream
 
     # ----------------------------------------------------------------- ApiVersions, Metadata
 
@@ -331,7 +334,7 @@ class Kafka(FrontEnd):
     def _fetch(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if version >= 7 and (request.session_id != 0 or request.session_epoch > 0):
             return FetchResponse(throttle_time_ms=0, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
-        room = max(0, request.max_bytes)
+        room = min(max(0, request.max_bytes), MAX_FETCH_BYTES)
         waits: list[tuple[Log, int]] = []
         topics = []
         total = 0
@@ -339,7 +342,7 @@ class Kafka(FrontEnd):
             parts = []
             for p in topic.partitions:
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
-                limit = p.partition_max_bytes if not total else min(room, p.partition_max_bytes)
+                limit = min(p.partition_max_bytes, MAX_FETCH_BYTES) if not total else min(room, p.partition_max_bytes)
                 answer, target = self._fetch_partition(conn, topic.topic, p.partition, p.fetch_offset, limit)
                 parts.append(answer)
                 size = len(answer.records or b"")
