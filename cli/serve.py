@@ -20,7 +20,7 @@ from kl.net import brokers
 from kl.net.server import Network, ServeConfig, Server
 from kl_cli.common import get_root
 
-LIST_COLUMNS = ["address", "pid", "since", "topics", "produce"]
+LIST_COLUMNS = ["address", "kafka", "pid", "since", "topics", "produce"]
 DEFAULT_PORT = 9092
 
 
@@ -168,13 +168,13 @@ def serve(
     root.topics()  # a missing root is an error now, not on every request
     server = Server(root, config)
     logger = logging.getLogger("kl.serve")
-    registration: brokers.Registration | None = None
-    if server.port is not None:  # the registry is for kl's clients, which speak Kafka 0.7's protocol
-        info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce)
-        try:
-            registration = brokers.register(root.path, info)
-        except KlError as e:
-            logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
+    kafka_address = None if server.kafka_port is None else (config.kafka_bind or bind, server.kafka_port)
+    info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce, kafka_address)
+    try:
+        registration: brokers.Registration | None = brokers.register(root.path, info)
+    except KlError as e:
+        logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
+        registration = None
     stopped_by: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
@@ -223,10 +223,13 @@ def _list(root_path: str, as_json: bool) -> None:
     if as_json:
         sys.stdout.write("".join(json.dumps({"address": b.address, **dataclasses.asdict(b)}) + "\n" for b in found))
         return
-    if not sys.stdout.isatty():
-        sys.stdout.write("".join(b.address + "\n" for b in found))
+    if not sys.stdout.isatty():  # the addresses kl's own clients connect to (--server)
+        sys.stdout.write("".join(b.address + "\n" for b in found if b.address))
         return
-    rows = [[b.address, str(b.pid), _since(b.since_ms), b.topics or "(all)", "yes" if b.produce else "no"] for b in found]
+    rows = [
+        [b.address or "-", b.kafka or "-", str(b.pid), _since(b.since_ms), b.topics or "(all)", "yes" if b.produce else "no"]
+        for b in found
+    ]
     from rich.console import Console
     from rich.table import Column, Table
 

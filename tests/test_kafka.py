@@ -4,8 +4,12 @@ on 127.0.0.1, with requests and answers built by kafka-python's schema-generated
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -24,6 +28,8 @@ from kl.net import kafka, records
 from kl.net.server import ServeConfig, Server
 
 from conftest import read_all, write, write_each
+
+KL = [sys.executable, "-m", "kl_cli"]
 
 
 class Running:
@@ -93,8 +99,9 @@ def served(root):
         running.stop()
 
 
-def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0):
-    response = client.call(FetchRequest, version, **fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms))
+def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0, topic_id=None):
+    fields = fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms, topic_id=topic_id)
+    response = client.call(FetchRequest, version, **fields)
     (answer,) = response.responses[0].partitions
     return answer
 
@@ -239,6 +246,21 @@ def test_a_fetch_inside_a_message_answers_from_the_next_one(served, root, topic,
         assert [o for o, *_ in decoded(fetch(client, topic, inside, version=version))] == offsets[1:]
 
 
+@pytest.mark.parametrize("version", [13, 16])
+def test_a_fetch_by_topic_id_reads_that_topic_and_not_one_created_again_under_its_name(served, root, topic, version):
+    offsets = write_each(root, topic, [b"old"])
+    old_id = kafka._uuid(root.config(topic).topic_id)
+    _, client = served()
+    answer = fetch(client, "", 0, version=version, topic_id=old_id)
+    assert [(o, v) for o, _, v, _ in decoded(answer)] == [(offsets[0], b"old")]
+    root.delete_topic(topic)
+    root.create_topic(topic)
+    write_each(root, topic, [b"new"])
+    assert fetch(client, "", 0, version=version, topic_id=old_id).error_code == kafka.UNKNOWN_TOPIC_ID
+    new_id = kafka._uuid(root.config(topic).topic_id)
+    assert [v for _, _, v, _ in decoded(fetch(client, "", 0, version=version, topic_id=new_id))] == [b"new"]
+
+
 def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic):
     write_each(root, topic, [b"x"])
     end = read_all(root, topic)[-1].next_offset
@@ -302,7 +324,7 @@ def test_stopping_answers_parked_fetches_at_once(root, topic):
     assert response.responses[0].partitions[0].error_code == 0
 
 
-def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: int = 0) -> dict:
+def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: int = 0, topic_id=None) -> dict:
     part = FetchRequest.FetchTopic.FetchPartition(
         partition=partition,
         fetch_offset=offset,
@@ -319,7 +341,7 @@ def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: in
         isolation_level=0,
         session_id=0,
         session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[part])],
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=topic_id, partitions=[part])],
         forgotten_topics_data=[],
         rack_id="",
     )
@@ -424,14 +446,11 @@ def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(s
 
 
 def test_a_batch_kl_writes_is_read_back_by_kafka_pythons_reader(root):
-    data = records.batch([(100, 5, b"k", b"v"), (130, 9, None, b""), (170, 7, b"", None)], 200)
-    batch = DefaultRecordBatch(data)
+    rows = [(100, 5, b"k", b"v", ()), (130, 9, None, b"", [("trace", b"1"), ("trace", None)]), (170, 7, b"", None, ())]
+    batch = DefaultRecordBatch(records.batch(rows, 200))
     batch.validate_crc()
-    assert [(r.offset, r.timestamp, r.key, r.value) for r in batch] == [
-        (100, 5, b"k", b"v"),
-        (130, 9, None, b""),
-        (170, 7, b"", None),
-    ]
+    got = [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+    assert got == [(*row[:4], list(row[4])) for row in rows]
     assert batch.next_offset == 200
 
 
@@ -448,3 +467,35 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated(root):
     assert len(bomb) < 20_000
     with pytest.raises(records.InvalidRecords, match="more than"):
         records.batches(bomb, 10, 1 << 20)
+
+
+# ----------------------------------------------------------------- the command
+
+
+def test_kl_serve_kafka_alone_logs_its_port_registers_it_and_serves_it(root, topic, tmp_path):
+    log = tmp_path / "log"
+    with open(log, "wb") as err:
+        daemon = subprocess.Popen([*KL, "--root", root.path, "serve", "--kafka", "127.0.0.1:0"], stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := re.search(rb"serving \S+ to Kafka clients on 127\.0\.0\.1:(\d+)", log.read_bytes())):
+            assert daemon.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        port = int(found.group(1))
+        client = Client(("127.0.0.1", port))
+        assert [t.name for t in client.call(MetadataRequest, 1, topics=None).topics] == [topic]
+        client.close()
+        listed = subprocess.run([*KL, "--root", root.path, "serve", "--list", "--json"], capture_output=True, check=True)
+        (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert (entry["kafka"], entry["port"], entry["address"], entry["pid"]) == (f"127.0.0.1:{port}", None, None, daemon.pid)
+        plain = subprocess.run([*KL, "--root", root.path, "serve", "--list"], capture_output=True, check=True)
+        assert plain.stdout == b""  # no address kl's own clients could use
+        assert b"Kafka 0.7" not in log.read_bytes() and b"serving %s on" % root.path.encode() not in log.read_bytes()
+    finally:
+        daemon.terminate()
+        assert daemon.wait(30) == 0
+
+
+def test_kl_serve_refuses_a_kafka_address_that_is_not_one(root):
+    done = subprocess.run([*KL, "--root", root.path, "serve", "--kafka", "nowhere:x"], capture_output=True, timeout=30)
+    assert done.returncode == 2 and b"is not [HOST:]PORT" in done.stderr

@@ -1407,9 +1407,38 @@ static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nnn)", out_bytes(&out), last, pos);
 }
 
+/* What is wrong with a batch's records, found without the GIL, raised with it. */
+typedef struct {
+    enum { FINE, CUT_VARINT, LONG_VARINT, FIELD, CLAIM_BYTES, CLAIM_HEADERS, PAST_FIELDS, TRAILING, NO_MEMORY } kind;
+    Py_ssize_t at, record, left;
+    long long value;
+} Fault;
+
+static PyObject *raise_fault(const Fault *f, Py_ssize_t count) {
+    switch (f->kind) {
+    case CUT_VARINT:
+        return PyErr_Format(PyExc_ValueError, "read_varint: the buffer ends inside the varint at %zd", f->at);
+    case LONG_VARINT:
+        return PyErr_Format(PyExc_ValueError, "read_varint: the varint at %zd runs past 64 bits", f->at);
+    case FIELD:
+        return PyErr_Format(PyExc_ValueError, "record %zd has a field of length %lld with %zd bytes left", f->record, f->value,
+                            f->left);
+    case CLAIM_BYTES:
+        return PyErr_Format(PyExc_ValueError, "record %zd claims %lld bytes, %zd are left", f->record, f->value, f->left);
+    case CLAIM_HEADERS:
+        return PyErr_Format(PyExc_ValueError, "record %zd claims %lld headers", f->record, f->value);
+    case PAST_FIELDS:
+        return PyErr_Format(PyExc_ValueError, "record %zd holds %zd bytes past its fields", f->record, f->left);
+    case TRAILING:
+        return PyErr_Format(PyExc_ValueError, "%zd bytes follow the batch's %zd records", f->left, count);
+    default:
+        return PyErr_NoMemory();
+    }
+}
+
 /* The zigzag varint at *pos of buf[0:len], as read_varint() reads it: 0 and *pos past it,
-   else -1 with ValueError set (the same messages). */
-static int get_varint(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos, long long *value) {
+   else -1 with the fault set. */
+static int get_varint(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos, long long *value, Fault *fault) {
     Py_ssize_t start = *pos, at = start;
     uint64_t n = 0;
     for (int shift = 0; at < len && at < start + 10; at++, shift += 7) {
@@ -1423,72 +1452,63 @@ static int get_varint(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos,
             return 0;
         }
     }
-    if (at == len && at < start + 10)
-        PyErr_Format(PyExc_ValueError, "read_varint: the buffer ends inside the varint at %zd", start);
-    else
-        PyErr_Format(PyExc_ValueError, "read_varint: the varint at %zd runs past 64 bits", start);
+    fault->kind = at == len && at < start + 10 ? CUT_VARINT : LONG_VARINT;
+    fault->at = start;
     return -1;
 }
 
 /* A record's key, value or header field at *pos: its length (-1: null), where its bytes
-   start (*data) and *pos past them; -2 with ValueError set when it does not fit the record
+   start (*data) and *pos past them; -2 with the fault set when it does not fit the record
    (see _record_field in pycore). */
 static long long get_field(const unsigned char *buf, Py_ssize_t len, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t i,
-                           Py_ssize_t *data) {
+                           Py_ssize_t *data, Fault *fault) {
     long long length;
-    if (get_varint(buf, len, pos, &length) < 0)
+    if (get_varint(buf, len, pos, &length, fault) < 0)
         return -2;
     *data = *pos;
     if (length == -1)
         return -1;
     if (length < 0 || length > end - *pos) {
-        PyErr_Format(PyExc_ValueError, "record %zd has a field of length %lld with %zd bytes left", i, length, end - *pos);
+        *fault = (Fault){FIELD, 0, i, end - *pos, length};
         return -2;
     }
     *pos += length;
     return length;
 }
 
-/* See kafka_records() in kl/log/pycore.py: every record is checked before the answer. */
-static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    Py_ssize_t count, max_message_bytes;
-    long long base_ts, append_ts, now;
-    if (!PyArg_ParseTuple(args, "y*nLLLn:kafka_records", &b, &count, &base_ts, &append_ts, &now, &max_message_bytes))
-        return NULL;
-    const unsigned char *buf = b.buf;
-    Py_ssize_t len = b.len, pos = 0, i;
-    Out out = {NULL, 0, 0};
+/* The records of a batch's body as kl messages into out, every record checked: 1 when all
+   were simple (see kafka_records in pycore), 0 when one was not, -1 with the fault set. */
+static int records_to_messages(const unsigned char *buf, Py_ssize_t len, Py_ssize_t count, long long base_ts,
+                               long long append_ts, long long now, Py_ssize_t max_message_bytes, Out *out, Fault *fault) {
+    Py_ssize_t pos = 0;
     int simple = 1;
-    PyObject *result = NULL;
-    for (i = 0; i < count; i++) {
+    for (Py_ssize_t i = 0; i < count; i++) {
         long long length, delta, offset_delta, headers;
-        if (get_varint(buf, len, &pos, &length) < 0)
-            goto done;
+        if (get_varint(buf, len, &pos, &length, fault) < 0)
+            return -1;
         if (length < 6 || length > len - pos) {
-            PyErr_Format(PyExc_ValueError, "record %zd claims %lld bytes, %zd are left", i, length, len - pos);
-            goto done;
+            *fault = (Fault){CLAIM_BYTES, 0, i, len - pos, length};
+            return -1;
         }
-        Py_ssize_t end = pos + (Py_ssize_t)length, at = pos + 1;
-        if (get_varint(buf, len, &at, &delta) < 0 || get_varint(buf, len, &at, &offset_delta) < 0)
-            goto done;
-        Py_ssize_t key_at, value_at, header_at;
-        long long key_length = get_field(buf, len, &at, end, i, &key_at);
+        Py_ssize_t end = pos + (Py_ssize_t)length, at = pos + 1, key_at, value_at, header_at;
+        if (get_varint(buf, len, &at, &delta, fault) < 0 || get_varint(buf, len, &at, &offset_delta, fault) < 0)
+            return -1;
+        long long key_length = get_field(buf, len, &at, end, i, &key_at, fault);
         if (key_length == -2)
-            goto done;
-        long long value_length = get_field(buf, len, &at, end, i, &value_at);
-        if (value_length == -2 || get_varint(buf, len, &at, &headers) < 0)
-            goto done;
+            return -1;
+        long long value_length = get_field(buf, len, &at, end, i, &value_at, fault);
+        if (value_length == -2 || get_varint(buf, len, &at, &headers, fault) < 0)
+            return -1;
         if (headers < 0 || headers > end - at) {
-            PyErr_Format(PyExc_ValueError, "record %zd claims %lld headers", i, headers);
-            goto done;
+            *fault = (Fault){CLAIM_HEADERS, 0, i, 0, headers};
+            return -1;
         }
         for (long long h = 0; h < 2 * headers; h++)
-            if (get_field(buf, len, &at, end, i, &header_at) == -2)
-                goto done;
+            if (get_field(buf, len, &at, end, i, &header_at, fault) == -2)
+                return -1;
         if (at != end) {
-            PyErr_Format(PyExc_ValueError, "record %zd holds %zd bytes past its fields", i, end - at);
-            goto done;
+            *fault = (Fault){PAST_FIELDS, 0, i, end - at, 0};
+            return -1;
         }
         pos = end;
         if (!simple)
@@ -1506,11 +1526,11 @@ static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
             simple = 0;
             continue;
         }
-        if (!reserve(&out, size)) {
-            PyErr_NoMemory();
-            goto done;
+        if (!reserve(out, size)) {
+            fault->kind = NO_MEMORY;
+            return -1;
         }
-        unsigned char *p = (unsigned char *)out.p + out.used;
+        unsigned char *p = (unsigned char *)out->p + out->used;
         put32(p, (uint32_t)(size - LENGTH_SIZE));
         p[4] = CURRENT_MAGIC;
         p[5] = 0;
@@ -1519,19 +1539,37 @@ static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
         memcpy(p + HEADER_SIZE, buf + key_at, key_size);
         memcpy(p + HEADER_SIZE + key_size, buf + value_at, (size_t)value_length);
         put32(p + 6, (uint32_t)crc(seeds[0], p + FIELDS_AT, size - FIELDS_AT));
-        out.used += size;
+        out->used += size;
     }
     if (pos != len) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes follow the batch's %zd records", len - pos, count);
-        goto done;
+        *fault = (Fault){TRAILING, 0, 0, len - pos, 0};
+        return -1;
     }
-    if (simple)
+    return simple;
+}
+
+/* See kafka_records() in kl/log/pycore.py; the records are read without the GIL. */
+static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t count, max_message_bytes;
+    long long base_ts, append_ts, now;
+    if (!PyArg_ParseTuple(args, "y*nLLLn:kafka_records", &b, &count, &base_ts, &append_ts, &now, &max_message_bytes))
+        return NULL;
+    Out out = {NULL, 0, 0};
+    Fault fault = {FINE, 0, 0, 0, 0};
+    int simple;
+    Py_BEGIN_ALLOW_THREADS
+    simple = records_to_messages(b.buf, b.len, count, base_ts, append_ts, now, max_message_bytes, &out, &fault);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *result;
+    if (simple < 0)
+        result = raise_fault(&fault, count);
+    else if (simple)
         result = Py_BuildValue("(Nn)", out_bytes(&out), count < 0 ? 0 : count);
     else
         result = Py_NewRef(Py_None);
-done:
     PyMem_RawFree(out.p);
-    PyBuffer_Release(&b);
     return result;
 }
 

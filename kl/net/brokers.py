@@ -34,23 +34,36 @@ class BrokerInfo:
 
     host: str
     """The name to connect to: the bind address, or this host's name when bound to all."""
-    port: int
+    port: int | None
+    """Kafka 0.7's port, which kl's own clients use (None: not served)."""
     bind: str
     pid: int
     since_ms: int
     topics: str | None
     """The ``--topics`` regex, or None for every topic."""
     produce: bool
+    kafka: str | None = None
+    """``HOST:PORT`` of today's Kafka protocol (None: not served)."""
 
     @property
-    def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+    def address(self) -> str | None:
+        """Where kl's clients connect (Kafka 0.7's protocol), or None."""
+        return None if self.port is None else _address(self.host, self.port)
 
 
-def info_for(bind: str, port: int, topics: str | None, produce: bool) -> BrokerInfo:
-    """This process's ``BrokerInfo`` for a daemon listening on ``bind``:``port``."""
-    host = socket.getfqdn() if bind in ("0.0.0.0", "::") else bind
-    return BrokerInfo(host, port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce)
+def info_for(bind: str, port: int | None, topics: str | None, produce: bool, kafka: tuple[str, int] | None = None) -> BrokerInfo:
+    """This process's ``BrokerInfo`` for a daemon listening on ``bind``:``port`` and, for
+    today's Kafka protocol, on ``kafka`` (an address and port)."""
+    kafka_address = None if kafka is None else _address(_host(kafka[0]), kafka[1])
+    return BrokerInfo(_host(bind), port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce, kafka_address)
+
+
+def _host(bind: str) -> str:
+    return socket.getfqdn() if bind in ("0.0.0.0", "::") else bind
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Registration:
@@ -80,7 +93,8 @@ def register(root_path: str, info: BrokerInfo) -> Registration:
     problem = nfs_locking_problem(directory)
     if problem is not None:
         raise StorageError(problem)
-    name = f"{socket.gethostname()}:{info.port}:{info.pid}"
+    port = info.port if info.port is not None else (info.kafka or "").rpartition(":")[2]
+    name = f"{socket.gethostname()}:{port}:{info.pid}"
     path, tmp = os.path.join(directory, name), os.path.join(directory, f".{name}.tmp")
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
@@ -120,7 +134,7 @@ def live(root_path: str) -> list[BrokerInfo]:
         info = _read_if_live(path)
         if info is not None:
             found.append(info)
-    return sorted(found, key=lambda b: (b.host, b.port, b.pid))
+    return sorted(found, key=lambda b: (b.host, b.port or 0, b.kafka or "", b.pid))
 
 
 def _read_if_live(path: str, changed_before: float = float("inf")) -> BrokerInfo | None:
@@ -151,12 +165,13 @@ def _parse(data: bytes) -> BrokerInfo | None:
         body = json.loads(data)
         return BrokerInfo(
             str(body["host"]),
-            int(body["port"]),
+            None if body["port"] is None else int(body["port"]),
             str(body["bind"]),
             int(body["pid"]),
             int(body["since_ms"]),
             None if body["topics"] is None else str(body["topics"]),
             bool(body["produce"]),
+            None if body.get("kafka") is None else str(body["kafka"]),
         )
     except (ValueError, KeyError, TypeError):
         return None  # still being written, or not a registration

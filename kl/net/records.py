@@ -94,23 +94,33 @@ class Batch(NamedTuple):
 # ----------------------------------------------------------------------------- writing
 
 
-def batch(records: Sequence[tuple[int, int | None, bytes | None, bytes | None]], next_offset: int) -> bytes:
-    """One uncompressed batch of ``records`` given as (offset, timestamp, key, value), offsets
-    rising; ``next_offset`` is where the next message starts (``last_offset_delta`` points
-    just before it).  A timestamp of None (Kafka 0.7's messages) is sent as -1.  The
-    messages a fetch finds in runs of plain ones go by ``core.kafka_batch`` instead."""
+Row = tuple[int, "int | None", "bytes | None", "bytes | None", "Sequence[tuple[str, bytes | None]]"]
+"""A record to send: offset, timestamp, key, value, headers."""
+
+
+def batch(records: Sequence[Row], next_offset: int) -> bytes:
+    """One uncompressed batch of ``records``, offsets rising; ``next_offset`` is where the
+    next message starts (``last_offset_delta`` points just before it).  A timestamp of
+    None (Kafka 0.7's messages) is sent as -1.  The messages a fetch finds in runs of
+    plain ones go by ``core.kafka_batch`` instead."""
     base = records[0][0]
-    stamps = [NO_TIMESTAMP if t is None else t for _, t, _, _ in records]
+    stamps = [NO_TIMESTAMP if row[1] is None else row[1] for row in records]
     base_ts = stamps[0]
-    varint = core.varint
     parts = []
-    for (offset, _, key, value), ts in zip(records, stamps, strict=True):
-        key_field = b"\x01" if key is None else varint(len(key)) + key
-        value_field = b"\x01" if value is None else varint(len(value)) + value
-        body = b"\0" + varint(ts - base_ts) + varint(offset - base) + key_field + value_field + b"\0"
-        parts.append(varint(len(body)) + body)
+    for (offset, _, key, value, headers), ts in zip(records, stamps, strict=True):
+        fields = [b"\0", core.varint(ts - base_ts), core.varint(offset - base), _field(key), _field(value)]
+        fields.append(core.varint(len(headers)))
+        for name, header_value in headers:
+            fields.append(_field(name.encode()))
+            fields.append(_field(header_value))
+        body = b"".join(fields)
+        parts.append(core.varint(len(body)) + body)
     data = b"".join(parts)
     return pycore.kafka_header(base, data, len(records), next_offset - 1 - base, base_ts, max(stamps)) + data
+
+
+def _field(data: bytes | None) -> bytes:
+    return b"\x01" if data is None else core.varint(len(data)) + data
 
 
 # ----------------------------------------------------------------------------- reading
