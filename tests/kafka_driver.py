@@ -12,7 +12,8 @@ travel as base64 (``null`` for a null one) so that every byte survives.  Operati
   ``{"acked": i, "offset": o}`` printed as it is (a test kills the process mid-way).
 - ``consume``: ``assign()`` the partition, start at ``start`` (``earliest``, ``latest``,
   ``{"offset": N}`` or ``{"timestamp": MS}``), print ``{"position": N}`` once there, then
-  ``{"records": [...]}`` once ``count`` records have come.
+  ``{"records": [...]}`` once ``count`` records have come; ``reset`` is where an offset out
+  of range sends the client (``earliest`` or ``latest``, the clients' auto.offset.reset).
 - ``consumers``: ``n`` consumers at once, each reading the partition from the start until
   ``count`` records; prints ``{"records": [[...] per consumer]}``.
 - ``watch``: print the topics the client sees (``{"topics": [...]}``), wait for a line on
@@ -127,7 +128,13 @@ def confluent(spec: dict[str, Any]) -> None:
             raise SystemExit("delivery failed: " + "; ".join(errors))
         out(offsets=offsets)
         return
-    consumer_config = {**common, "group.id": "kl-tests", "enable.auto.commit": False, "enable.auto.offset.store": False}
+    consumer_config = {
+        **common,
+        "group.id": "kl-tests",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": spec.get("reset", "latest"),
+    }
     if op == "consume":
         got: list[Record] = []
         position: list[int] = []
@@ -234,7 +241,8 @@ def kafka_python(spec: dict[str, Any]) -> None:
         return
     tp = kafka.TopicPartition(spec["topic"], spec.get("partition", 0))
     if op == "consume":
-        consumer = kafka.KafkaConsumer(**common, group_id=None, enable_auto_commit=False)
+        reset = spec.get("reset", "latest")
+        consumer = kafka.KafkaConsumer(**common, group_id=None, enable_auto_commit=False, auto_offset_reset=reset)
         consumer.assign([tp])
         start = spec["start"]
         if start == "earliest":
@@ -334,7 +342,7 @@ async def aiokafka_(spec: dict[str, Any]) -> None:
     tp = aiokafka.TopicPartition(spec["topic"], spec["partition"])
     # An assigned partition is reset at once with auto_offset_reset, racing a seek_to_*(): the
     # reset is the same as the seek that follows.
-    reset = "latest" if spec.get("start") == "latest" else "earliest"
+    reset = spec.get("reset", "latest" if spec.get("start") == "latest" else "earliest")
     config = {"group_id": None, "enable_auto_commit": False, "fetch_max_wait_ms": 100, "auto_offset_reset": reset}
     consumers = [aiokafka.AIOKafkaConsumer(bootstrap_servers=spec["bootstrap"], **config) for _ in range(spec.get("n", 1))]
     await asyncio.wait_for(asyncio.gather(*(c.start() for c in consumers)), deadline.left("start"))
