@@ -368,6 +368,18 @@ def test_consume_from(request, daemon, written_by_kl, client, start_at) -> None:
 
 
 @pytest.mark.parametrize("client", PYTHON_CLIENTS)
+def test_consume_past_the_end_is_out_of_range_and_resets(request, daemon, root, written_by_kl, client) -> None:
+    """A fetch past the end gets OFFSET_OUT_OF_RANGE, and the client resets as configured (to
+    the start here), as after retention deleted its position.  Kafka answers the error with
+    empty records (size 0): librdkafka cannot parse null ones (size -1; "Protocol parse
+    failure for Fetch ... invalid MessageSetSize -1") and fetches again and again."""
+    past = kl_json(root, "from-kl")[-1]["next_offset"] + 1000
+    spec = {"topic": "from-kl", "partition": 0, "start": {"offset": past}, "reset": "earliest", "timeout": 10}
+    got = run_consume(request, daemon, client, count=10, **spec)
+    assert got == written_by_kl
+
+
+@pytest.mark.parametrize("client", PYTHON_CLIENTS)
 @pytest.mark.parametrize("start_at", ["earliest", "inside-a-batch"])
 def test_consume_what_kl_compressed(request, daemon, compressed_by_kl, client, start_at) -> None:
     """kl's gzip and zstd batches come expanded, byte for byte; a client can start at a
