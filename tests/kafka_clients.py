@@ -4,10 +4,11 @@ The clients run unmodified, each in a process of its own that prints JSON lines:
 ones through ``tests/kafka_driver.py``, KafkaJS through ``tests/kafkajs/driver.js``, kcat as
 it is.  Everything has a deadline: a client that hangs is killed and the test fails with
 what it printed.  Standard library only, so that ``scripts/test`` can run this file with
-any python3 to install KafkaJS in the background (``python3 tests/kafka_clients.py``)::
+any python3 to install KafkaJS in the background (``python3 tests/kafka_clients.py``: silent
+unless it cannot)::
 
     daemon = Daemon(root_path, log_path)        # kl serve --kafka 127.0.0.1:0 --allow-produce
-    client = Client(["python", DRIVER, "confluent", spec])
+    client = Client([sys.executable, DRIVER, "confluent", spec_file])
     client.line()                               # the next JSON line, or the test fails
     client.finish()                             # the rest, once it exited 0
 """
@@ -235,6 +236,6 @@ class Client:
 
 if __name__ == "__main__":
     try:
-        print(f"KafkaJS is installed in {install_kafkajs()}", file=sys.stderr)
+        install_kafkajs()
     except (Unavailable, RuntimeError) as e:
         sys.exit(f"scripts/test: the KafkaJS tests will be skipped or fail: {e}")
