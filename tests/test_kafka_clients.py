@@ -34,7 +34,7 @@ from click.testing import CliRunner
 import kl
 from kl_cli.main import cli
 
-from kafka_clients import DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, Unavailable, install_kafkajs
+from kafka_clients import CLIENT_TIMEOUT, DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, Unavailable, install_kafkajs
 
 PYTHON_CLIENTS = ("confluent", "kafka-python", "aiokafka")
 MODULES = {"confluent": "confluent_kafka", "kafka-python": "kafka", "aiokafka": "aiokafka"}
@@ -122,12 +122,12 @@ def run_consume(request: pytest.FixtureRequest, daemon: Daemon, client: str, **s
     return got
 
 
-def kcat(daemon: Daemon, *args: str, stdin: bytes = b"") -> bytes:
-    """kcat's stdout for ``args`` against the daemon, once it exited 0."""
+def kcat(daemon: Daemon, *args: str, stdin: bytes = b"", timeout: float = CLIENT_TIMEOUT) -> bytes:
+    """kcat's stdout for ``args`` against the daemon, once it exited 0 (killed after ``timeout`` s)."""
     if KCAT is None:
         pytest.skip("kcat is not installed (scripts/test installs Debian's kcat as root)")
     argv = [KCAT, "-b", daemon.bootstrap, "-X", "socket.timeout.ms=10000", *args]
-    return Client(argv, stdin=stdin, server_log=daemon.log).finish()
+    return Client(argv, stdin=stdin, server_log=daemon.log).finish(timeout)
 
 
 KCAT_FORMAT = "%o %T %K %S:%k%s"
@@ -463,11 +463,13 @@ def test_kcat_reads_what_kl_compressed(daemon, compressed_by_kl, start_at) -> No
     assert kcat_records(out) == compressed_by_kl[first:]
 
 
-@pytest.mark.parametrize("where", ["end", "offset", "inside", "tail", "timestamp"])
+@pytest.mark.parametrize("where", ["end", "offset", "inside", "tail", "timestamp", "past-the-end"])
 def test_kcat_starts_at(daemon, root, written_by_kl, where) -> None:
     """kcat -o: ``end`` (nothing, then -e exits), an offset as kl reports it, one byte into a
     message, ``-N`` (librdkafka starts N *bytes* before the end: the messages starting in the
-    last N bytes) and ``s@TIME``."""
+    last N bytes), ``s@TIME``, and an offset past the end (OFFSET_OUT_OF_RANGE: librdkafka
+    resets to the end, its default, and -e exits; with null records in the error's answer it
+    cannot parse it, and fetches again until killed)."""
     end = kl_json(root, "from-kl")[-1]["next_offset"]
     starts = {
         "end": ("end", 10),
@@ -475,9 +477,10 @@ def test_kcat_starts_at(daemon, root, written_by_kl, where) -> None:
         "inside": (str(written_by_kl[3].offset + 1), 4),
         "tail": (f"-{end - written_by_kl[7].offset}", 7),
         "timestamp": (f"s@{written_by_kl[8].timestamp - 1}", 8),
+        "past-the-end": (str(end + 1000), 10),
     }
     offset, first = starts[where]
-    out = kcat(daemon, "-C", "-t", "from-kl", "-p", "0", "-o", offset, "-e", "-f", KCAT_FORMAT)
+    out = kcat(daemon, "-C", "-t", "from-kl", "-p", "0", "-o", offset, "-e", "-f", KCAT_FORMAT, timeout=10)
     assert kcat_records(out) == written_by_kl[first:]
 
 
