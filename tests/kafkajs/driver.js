@@ -1,0 +1,111 @@
+// Drives KafkaJS, unmodified, for one operation against kl serve --kafka; JSON lines on stdout.
+//
+//   node driver.js SPEC_FILE      (NODE_PATH: the node_modules npm ci made from the lock beside)
+//
+// The operations and their JSON are tests/kafka_driver.py's (keys, values and header values
+// as base64): produce (its offsets: KafkaJS reports one base offset per partition, so every
+// record of a send gets that base), offsets ({"earliest", "latest"} or the offset of
+// "timestamp", through the admin client), watch.  KafkaJS has no assign(): its consumer
+// always joins a group, so it has no consume here.  Snappy is the kafkajs-snappy codec;
+// LZ4 is lz4js (pure JavaScript) registered as KafkaJS asks; zstd has no codec that installs
+// without a native build.  Fails (exit 1, the reason on stderr) after spec.timeout seconds.
+'use strict'
+
+const fs = require('fs')
+const readline = require('readline')
+const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs')
+const SnappyCodec = require('kafkajs-snappy')
+const lz4js = require('lz4js')
+
+CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec
+CompressionCodecs[CompressionTypes.LZ4] = () => ({
+  compress: async (encoder) => Buffer.from(lz4js.compress(encoder.buffer)),
+  decompress: async (buffer) => Buffer.from(lz4js.decompress(buffer)),
+})
+
+const CODECS = { gzip: CompressionTypes.GZIP, snappy: CompressionTypes.Snappy, lz4: CompressionTypes.LZ4 }
+
+const spec = JSON.parse(fs.readFileSync(process.argv[2]))
+const out = (fields) => process.stdout.write(JSON.stringify(fields) + '\n')
+const raw = (text) => (text === null || text === undefined ? null : Buffer.from(text, 'base64'))
+
+let lastError = null
+const timer = setTimeout(() => {
+  process.stderr.write(`kafkajs ${spec.op}: timed out after ${spec.timeout} s; last error: ${lastError && (lastError.stack || lastError)}\n`)
+  process.exit(1)
+}, spec.timeout * 1000)
+
+const kafka = new Kafka({
+  clientId: 'kl-tests',
+  brokers: [spec.bootstrap],
+  logLevel: logLevel.ERROR,
+  retry: { retries: 2, initialRetryTime: 50 },
+  requestTimeout: spec.timeout * 1000,
+})
+
+async function produce () {
+  const producer = kafka.producer({ idempotent: !!spec.idempotent, allowAutoTopicCreation: false, maxInFlightRequests: spec.idempotent ? 1 : undefined })
+  await producer.connect()
+  const messages = spec.records.map((r) => {
+    const message = { key: raw(r.key), value: raw(r.value), partition: spec.partition }
+    if (r.timestamp) message.timestamp = String(r.timestamp)
+    if (r.headers && r.headers.length) {
+      message.headers = {}
+      for (const [key, value] of r.headers) message.headers[key] = raw(value)
+    }
+    return message
+  })
+  const acks = spec.acks === undefined ? -1 : spec.acks
+  const compression = spec.compression ? CODECS[spec.compression] : CompressionTypes.None
+  if (compression === undefined) throw new Error(`no codec ${spec.compression}`)
+  const answer = await producer.send({ topic: spec.topic, acks, compression, messages })
+  out({ offsets: messages.map(() => (answer.length ? Number(answer[0].baseOffset) : null)) })  // none with acks=0
+  await producer.disconnect()
+}
+
+async function offsets () {
+  const admin = kafka.admin()
+  await admin.connect()
+  const [earliestLatest] = (await admin.fetchTopicOffsets(spec.topic)).filter((p) => p.partition === spec.partition)
+  const answer = { earliest: Number(earliestLatest.low), latest: Number(earliestLatest.high) }
+  if (spec.timestamp !== undefined) {
+    const [found] = (await admin.fetchTopicOffsetsByTimestamp(spec.topic, spec.timestamp)).filter((p) => p.partition === spec.partition)
+    answer.timestamp = Number(found.offset)
+  }
+  out(answer)
+  await admin.disconnect()
+}
+
+async function watch () {
+  const admin = kafka.admin()
+  await admin.connect()
+  out({ topics: (await admin.listTopics()).sort() })
+  await new Promise((resolve) => readline.createInterface({ input: process.stdin }).once('line', resolve))
+  for (;;) {
+    try {
+      const { topics } = await admin.fetchTopicMetadata({ topics: [spec.topic] })
+      out({ partitions: topics[0].partitions.length })
+      break
+    } catch (e) {
+      lastError = e
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+  }
+  await admin.disconnect()
+}
+
+const ops = { produce, offsets, watch }
+if (!ops[spec.op]) {
+  process.stderr.write(`unknown op ${spec.op}\n`)
+  process.exit(1)
+}
+ops[spec.op]().then(
+  () => {
+    clearTimeout(timer)
+    process.exit(0)
+  },
+  (e) => {
+    process.stderr.write(`kafkajs ${spec.op}: ${e.stack || e}\n`)
+    process.exit(1)
+  }
+)
