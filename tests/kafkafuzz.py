@@ -14,6 +14,7 @@ nothing from pytest, so scripts can use it (``sys.path`` the tests dir).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import random
 import re
@@ -21,6 +22,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -261,6 +263,78 @@ def requests(topic: str) -> list[tuple[str, bytes]]:
             out.append((f"Produce v{v} {codec}", produce(topic, [batch(plain(vals), 30, codec, producer)], v)))
         out.append((f"Produce {codec} headers", produce(topic, [batch(body, 30, codec)])))
     return out
+
+
+def captured(port: int, topic: str) -> list[tuple[str, bytes]]:
+    """(label, request) of what confluent-kafka (librdkafka) sends to produce to ``topic``
+    in each codec (idempotent) and to read it back from an offset, the end and a time,
+    caught by a proxy on 127.0.0.2:``port`` that forwards to 127.0.0.1:``port`` (the
+    daemon must advertise 127.0.0.2).  Empty when confluent-kafka is not installed."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        return []
+    streams: list[bytearray] = []
+    listener = socket.create_server(("127.0.0.2", port))
+    threading.Thread(target=_proxy, args=(listener, port, streams), daemon=True).start()
+    config = {"bootstrap.servers": f"127.0.0.2:{port}", "socket.timeout.ms": 10000}
+    try:
+        for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+            producer = confluent_kafka.Producer(
+                config | {"compression.type": codec, "enable.idempotence": True, "message.timeout.ms": 10000}
+            )
+            for i in range(20):
+                producer.produce(topic, value=values(1, 30, codec.encode())[0] * (i + 1), key=b"k%d" % i, partition=0)
+            assert producer.flush(10) == 0
+        partition = confluent_kafka.TopicPartition
+        for start in (partition(topic, 0, 0), partition(topic, 0, confluent_kafka.OFFSET_END)):
+            consumer = confluent_kafka.Consumer(config | {"group.id": "fuzz", "enable.auto.commit": False})
+            consumer.offsets_for_times([partition(topic, 0, TIMESTAMP)], 10)
+            consumer.assign([start])
+            consumer.consume(5, 1)
+            consumer.close()
+    finally:
+        listener.close()
+    out = []
+    for stream in streams:
+        out.extend((f"confluent-kafka {key} v{version}", data) for key, version, data in _frames(bytes(stream)))
+    return out
+
+
+def _proxy(listener: socket.socket, port: int, streams: list[bytearray]) -> None:
+    """Forward each connection to 127.0.0.1:``port``, keeping what clients send."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed
+        server = socket.create_connection(("127.0.0.1", port))
+        streams.append(bytearray())
+        threading.Thread(target=_pump, args=(client, server, streams[-1]), daemon=True).start()
+        threading.Thread(target=_pump, args=(server, client, None), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket, kept: bytearray | None) -> None:
+    try:
+        while data := source.recv(1 << 16):
+            if kept is not None:
+                kept += data
+            sink.sendall(data)
+    except OSError:
+        pass
+    for s in (source, sink):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+
+
+def _frames(stream: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(api key, version, framed request) of each request in a client's stream."""
+    pos = 0
+    while pos + 8 <= len(stream):
+        (size,) = struct.unpack_from(">i", stream, pos)
+        key, version = struct.unpack_from(">hh", stream, pos + 4)
+        yield key, version, stream[pos : pos + 4 + size]
+        pos += 4 + size
 
 
 # ----------------------------------------------------------------------------- attacks
