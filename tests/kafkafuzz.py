@@ -398,9 +398,10 @@ def hostile_batch(rng: random.Random) -> bytes:
 
 
 def attacks(rng: random.Random, real: list[tuple[str, bytes]], topic: str, count: int) -> Iterator[tuple[str, bytes]]:
-    """``count`` hostile requests of every kind, drawn from ``rng``."""
+    """``count`` hostile requests of every kind, drawn from ``rng`` (``real`` the requests
+    to mutate)."""
     for i in range(count):
-        kind = i % 8
+        kind = i % 9
         if kind == 0:
             yield "random bytes", rng.randbytes(rng.randrange(1, 300))
         elif kind == 1:
@@ -417,8 +418,14 @@ def attacks(rng: random.Random, real: list[tuple[str, bytes]], topic: str, count
         elif kind == 6:
             batches = [hostile_batch(rng) for _ in range(rng.choice([1, 1, 1, 2]))]
             yield "hostile batch", produce(topic, batches, rng.randrange(3, 10))
-        else:
+        elif kind == 7:
             yield "hostile fields", hostile_fields(rng, topic)
+        else:  # several at once, as clients pipeline them, one maybe damaged
+            sent = [data for _, data in rng.choices(real, k=rng.randint(2, 6))]
+            if rng.random() < 0.5:
+                at = rng.randrange(len(sent))
+                sent[at] = mutate(rng, sent[at])
+            yield "pipelined", b"".join(sent)
 
 
 def hostile_fields(rng: random.Random, topic: str) -> bytes:
@@ -553,9 +560,10 @@ def healthy(address, values: list[bytes]) -> None:
 
 
 def refused_whole(request: bytes, answer: bytes) -> bool:
-    """Whether ``answer`` says the produce ``request`` was refused for every partition."""
+    """Whether ``answer`` says the produce ``request`` (one, whole) was refused for every
+    partition."""
     got = list(answers(answer))
-    if len(request) < 8 or not got:
+    if len(request) < 8 or struct.unpack_from(">i", request)[0] != len(request) - 4 or not got:
         return False
     key, version = struct.unpack_from(">hh", request, 4)
     if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
