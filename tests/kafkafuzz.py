@@ -281,11 +281,11 @@ def captured(port: int, topic: str) -> list[tuple[str, bytes]]:
     try:
         for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
             producer = confluent_kafka.Producer(
-                config | {"compression.type": codec, "enable.idempotence": True, "message.timeout.ms": 10000}
+                config | {"compression.type": codec, "enable.idempotence": True, "message.timeout.ms": 60000}
             )
             for i in range(20):
                 producer.produce(topic, value=values(1, 30, codec.encode())[0] * (i + 1), key=b"k%d" % i, partition=0)
-            assert producer.flush(10) == 0
+            assert producer.flush(90) == 0
         partition = confluent_kafka.TopicPartition
         for start in (partition(topic, 0, 0), partition(topic, 0, confluent_kafka.OFFSET_END)):
             consumer = confluent_kafka.Consumer(config | {"group.id": "fuzz", "enable.auto.commit": False})
