@@ -372,7 +372,22 @@ def hostile_batch(rng: random.Random) -> bytes:
     range, a compressed body damaged, random bytes as records."""
     vals = values(rng.randint(1, 20), rng.randint(0, 50))
     codec = rng.choice(list(CODECS))
-    how = rng.randrange(5)
+    how = rng.randrange(6)
+    if how == 5:  # headers: many, empty, null, not UTF-8, names alike; null values and keys
+        names = [b"", b"h", b"\xff\xfe", "é".encode(), b"h" * 300, b"\0"]
+        body = b"".join(
+            record(
+                i,
+                rng.choice([None, b"", v]),
+                key=rng.choice([None, b"", b"k"]),
+                headers=[
+                    (rng.choice(names), rng.choice([None, b"", b"x" * rng.randrange(0, 300)]))
+                    for _ in range(rng.choice([0, 1, 3, 200]))
+                ],
+            )
+            for i, v in enumerate(vals)
+        )
+        return batch(body, len(vals), codec)
     if how == 0:  # random records
         return batch(rng.randbytes(rng.randrange(0, 200)), rng.choice([1, 2, 5, 100, 1 << 20, -1, 0]), codec)
     if how == 1:  # one record's varints hostile
@@ -528,13 +543,13 @@ def ends(root: kl.Root, topic: str) -> list[int]:
     return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
 
 
-def read_all(root: kl.Root, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    """(offset, key, value) of every message of the partition, read to its end."""
+def read_all(root: kl.Root, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None, tuple]]:
+    """(offset, key, value, headers) of every message of the partition, read to its end."""
     consumer = kl.Consumer(root)
     offset, end, out = consumer.earliest_offset(topic, partition), consumer.latest_offset(topic, partition), []
     while offset < end:
         found = list(consumer.fetch(topic, partition, offset, 1 << 20))
-        out.extend((m.offset, m.key, m.value) for m in found)
+        out.extend((m.offset, m.key, m.value, tuple(m.headers or ())) for m in found)
         offset = found[-1].next_offset
     return out
 
