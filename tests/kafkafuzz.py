@@ -14,6 +14,7 @@ nothing from pytest, so scripts can use it (``sys.path`` the tests dir).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import random
 import re
@@ -21,6 +22,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -263,6 +265,78 @@ def requests(topic: str) -> list[tuple[str, bytes]]:
     return out
 
 
+def captured(port: int, topic: str) -> list[tuple[str, bytes]]:
+    """(label, request) of what confluent-kafka (librdkafka) sends to produce to ``topic``
+    in each codec (idempotent) and to read it back from an offset, the end and a time,
+    caught by a proxy on 127.0.0.2:``port`` that forwards to 127.0.0.1:``port`` (the
+    daemon must advertise 127.0.0.2).  Empty when confluent-kafka is not installed."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        return []
+    streams: list[bytearray] = []
+    listener = socket.create_server(("127.0.0.2", port))
+    threading.Thread(target=_proxy, args=(listener, port, streams), daemon=True).start()
+    config = {"bootstrap.servers": f"127.0.0.2:{port}", "socket.timeout.ms": 10000}
+    try:
+        for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+            producer = confluent_kafka.Producer(
+                config | {"compression.type": codec, "enable.idempotence": True, "message.timeout.ms": 60000}
+            )
+            for i in range(20):
+                producer.produce(topic, value=values(1, 30, codec.encode())[0] * (i + 1), key=b"k%d" % i, partition=0)
+            assert producer.flush(90) == 0
+        partition = confluent_kafka.TopicPartition
+        for start in (partition(topic, 0, 0), partition(topic, 0, confluent_kafka.OFFSET_END)):
+            consumer = confluent_kafka.Consumer(config | {"group.id": "fuzz", "enable.auto.commit": False})
+            consumer.offsets_for_times([partition(topic, 0, TIMESTAMP)], 10)
+            consumer.assign([start])
+            consumer.consume(5, 1)
+            consumer.close()
+    finally:
+        listener.close()
+    out = []
+    for stream in streams:
+        out.extend((f"confluent-kafka {key} v{version}", data) for key, version, data in _frames(bytes(stream)))
+    return out
+
+
+def _proxy(listener: socket.socket, port: int, streams: list[bytearray]) -> None:
+    """Forward each connection to 127.0.0.1:``port``, keeping what clients send."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed
+        server = socket.create_connection(("127.0.0.1", port))
+        streams.append(bytearray())
+        threading.Thread(target=_pump, args=(client, server, streams[-1]), daemon=True).start()
+        threading.Thread(target=_pump, args=(server, client, None), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket, kept: bytearray | None) -> None:
+    try:
+        while data := source.recv(1 << 16):
+            if kept is not None:
+                kept += data
+            sink.sendall(data)
+    except OSError:
+        pass
+    for s in (source, sink):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+
+
+def _frames(stream: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(api key, version, framed request) of each request in a client's stream."""
+    pos = 0
+    while pos + 8 <= len(stream):
+        (size,) = struct.unpack_from(">i", stream, pos)
+        key, version = struct.unpack_from(">hh", stream, pos + 4)
+        yield key, version, stream[pos : pos + 4 + size]
+        pos += 4 + size
+
+
 # ----------------------------------------------------------------------------- attacks
 
 
@@ -298,7 +372,22 @@ def hostile_batch(rng: random.Random) -> bytes:
     range, a compressed body damaged, random bytes as records."""
     vals = values(rng.randint(1, 20), rng.randint(0, 50))
     codec = rng.choice(list(CODECS))
-    how = rng.randrange(5)
+    how = rng.randrange(6)
+    if how == 5:  # headers: many, empty, null, not UTF-8, names alike; null values and keys
+        names = [b"", b"h", b"\xff\xfe", "é".encode(), b"h" * 300, b"\0"]
+        body = b"".join(
+            record(
+                i,
+                rng.choice([None, b"", v]),
+                key=rng.choice([None, b"", b"k"]),
+                headers=[
+                    (rng.choice(names), rng.choice([None, b"", b"x" * rng.randrange(0, 300)]))
+                    for _ in range(rng.choice([0, 1, 3, 200]))
+                ],
+            )
+            for i, v in enumerate(vals)
+        )
+        return batch(body, len(vals), codec)
     if how == 0:  # random records
         return batch(rng.randbytes(rng.randrange(0, 200)), rng.choice([1, 2, 5, 100, 1 << 20, -1, 0]), codec)
     if how == 1:  # one record's varints hostile
@@ -324,9 +413,10 @@ def hostile_batch(rng: random.Random) -> bytes:
 
 
 def attacks(rng: random.Random, real: list[tuple[str, bytes]], topic: str, count: int) -> Iterator[tuple[str, bytes]]:
-    """``count`` hostile requests of every kind, drawn from ``rng``."""
+    """``count`` hostile requests of every kind, drawn from ``rng`` (``real`` the requests
+    to mutate)."""
     for i in range(count):
-        kind = i % 8
+        kind = i % 9
         if kind == 0:
             yield "random bytes", rng.randbytes(rng.randrange(1, 300))
         elif kind == 1:
@@ -343,8 +433,14 @@ def attacks(rng: random.Random, real: list[tuple[str, bytes]], topic: str, count
         elif kind == 6:
             batches = [hostile_batch(rng) for _ in range(rng.choice([1, 1, 1, 2]))]
             yield "hostile batch", produce(topic, batches, rng.randrange(3, 10))
-        else:
+        elif kind == 7:
             yield "hostile fields", hostile_fields(rng, topic)
+        else:  # several at once, as clients pipeline them, one maybe damaged
+            sent = [data for _, data in rng.choices(real, k=rng.randint(2, 6))]
+            if rng.random() < 0.5:
+                at = rng.randrange(len(sent))
+                sent[at] = mutate(rng, sent[at])
+            yield "pipelined", b"".join(sent)
 
 
 def hostile_fields(rng: random.Random, topic: str) -> bytes:
@@ -447,13 +543,13 @@ def ends(root: kl.Root, topic: str) -> list[int]:
     return [consumer.latest_offset(topic, p) for p in range(root.config(topic).partitions)]
 
 
-def read_all(root: kl.Root, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    """(offset, key, value) of every message of the partition, read to its end."""
+def read_all(root: kl.Root, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None, tuple]]:
+    """(offset, key, value, headers) of every message of the partition, read to its end."""
     consumer = kl.Consumer(root)
     offset, end, out = consumer.earliest_offset(topic, partition), consumer.latest_offset(topic, partition), []
     while offset < end:
         found = list(consumer.fetch(topic, partition, offset, 1 << 20))
-        out.extend((m.offset, m.key, m.value) for m in found)
+        out.extend((m.offset, m.key, m.value, tuple(m.headers or ())) for m in found)
         offset = found[-1].next_offset
     return out
 
@@ -479,9 +575,10 @@ def healthy(address, values: list[bytes]) -> None:
 
 
 def refused_whole(request: bytes, answer: bytes) -> bool:
-    """Whether ``answer`` says the produce ``request`` was refused for every partition."""
+    """Whether ``answer`` says the produce ``request`` (one, whole) was refused for every
+    partition."""
     got = list(answers(answer))
-    if len(request) < 8 or not got:
+    if len(request) < 8 or struct.unpack_from(">i", request)[0] != len(request) - 4 or not got:
         return False
     key, version = struct.unpack_from(">hh", request, 4)
     if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
