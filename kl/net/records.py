@@ -161,6 +161,10 @@ def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[
     return out
 
 
+class _TooLarge(Exception):
+    """Decompressing would pass the limit."""
+
+
 def decompress(codec: int, data: memoryview, limit: int) -> bytes:
     """A batch's records, decompressed (gzip, snappy raw or xerial-framed, lz4 frame,
     zstd); more than ``limit`` bytes is refused before they are all made."""
@@ -178,26 +182,37 @@ def decompress(codec: int, data: memoryview, limit: int) -> bytes:
         elif codec == 2:
             out = _xerial(data, limit) if bytes(data[:8]) == XERIAL else _snappy(data, limit)
         elif codec == 3:
-            import cramjam
-
-            buffer = bytearray(min(limit, 256 * len(data)) + 1)  # lz4 expands at most ~255 times
-            out = bytes(memoryview(buffer)[: cramjam.lz4.decompress_into(data, buffer)])
+            out = _lz4(data, limit)
         else:
             raise InvalidRecords(f"unknown compression codec {codec}")
+        if len(out) > limit:
+            raise _TooLarge
     except InvalidRecords:
         raise
+    except _TooLarge:
+        raise InvalidRecords(f"a {CODECS[codec]} batch decompresses to more than {limit} bytes") from None
     except Exception as e:  # each codec's library has its own error types
         raise InvalidRecords(f"{CODECS.get(codec, codec)} data does not decompress: {e}") from None
-    if len(out) > limit:
-        raise InvalidRecords(f"a {CODECS[codec]} batch decompresses to more than {limit} bytes")
     return out
 
 
-def _snappy(data: memoryview, limit: int) -> bytes:
+def _lz4(data: memoryview, limit: int) -> bytes:
     import cramjam
 
-    if cramjam.snappy.decompress_raw_len(data) > limit:
-        raise InvalidRecords(f"a snappy batch decompresses to more than {limit} bytes")
+    buffer = bytearray(min(limit, 256 * len(data)) + 1)  # lz4 expands at most ~255 times
+    try:
+        return bytes(memoryview(buffer)[: cramjam.lz4.decompress_into(data, buffer)])
+    except cramjam.DecompressionError as e:
+        if len(buffer) > limit and "whole buffer" in str(e):  # cramjam's words for "out of room"
+            raise _TooLarge from None
+        raise
+
+
+def _snappy(data: memoryview, room: int) -> bytes:
+    import cramjam
+
+    if cramjam.snappy.decompress_raw_len(data) > room:
+        raise _TooLarge
     return bytes(cramjam.snappy.decompress_raw(data))
 
 
