@@ -413,9 +413,7 @@ def _json_member(name: bytes, data: bytes | None) -> bytes:
 
 
 def _headers_text(headers: m.Headers) -> bytes:
-    return b",".join(
-        name.encode("utf-8") if data is None else b"%b=%b" % (name.encode("utf-8"), data) for name, data in headers
-    )
+    return b",".join(name.encode("utf-8") if data is None else b"%b=%b" % (name.encode("utf-8"), data) for name, data in headers)
 
 
 def _headers_json(headers: m.Headers) -> bytes:
@@ -513,7 +511,9 @@ KAFKA_BATCH = struct.Struct(">qiiBIhiqqqhii")
 """A Kafka record batch's header: base_offset, batch_length, leader_epoch, magic, crc,
 attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
 base_sequence, record_count (kl.net.records describes the format)."""
-_KAFKA_CRC_AT = 21
+KAFKA_LENGTH_END = 12
+"""Bytes of a batch up to and including its batch_length, which counts the bytes after it."""
+KAFKA_CRC_AT = 21
 """Where the bytes a batch's CRC-32C covers begin (its attributes)."""
 
 
@@ -521,10 +521,26 @@ def kafka_header(base: int, records: bytes, count: int, last_delta: int, base_ts
     """The header of an uncompressed Kafka record batch of ``count`` records (their bytes),
     its checksum included: no producer id, leader epoch 0, create time."""
     header = KAFKA_BATCH.pack(
-        base, KAFKA_BATCH.size - 12 + len(records), 0, 2, 0, 0, last_delta, base_ts, max_ts, -1, -1, -1, count
+        base, KAFKA_BATCH.size - KAFKA_LENGTH_END + len(records), 0, 2, 0, 0, last_delta, base_ts, max_ts, -1, -1, -1, count
     )
-    checksum = crc32c(records, crc32c(memoryview(header)[_KAFKA_CRC_AT:]))
-    return header[:17] + checksum.to_bytes(4, "big") + header[_KAFKA_CRC_AT:]
+    checksum = crc32c(records, crc32c(memoryview(header)[KAFKA_CRC_AT:]))
+    return header[: KAFKA_CRC_AT - 4] + checksum.to_bytes(4, "big") + header[KAFKA_CRC_AT:]
+
+
+def kafka_record(
+    ts_delta: int, offset_delta: int, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] = ()
+) -> bytes:
+    """One record of a Kafka record batch, its length first (no attributes; None: null)."""
+    fields = [b"\0", varint(ts_delta), varint(offset_delta), _kafka_field(key), _kafka_field(value), varint(len(headers))]
+    for name, header_value in headers:
+        fields.append(_kafka_field(name.encode()))
+        fields.append(_kafka_field(header_value))
+    body = b"".join(fields)
+    return varint(len(body)) + body
+
+
+def _kafka_field(data: bytes | None) -> bytes:
+    return b"\x01" if data is None else varint(len(data)) + data
 
 
 def kafka_batch(buf: Buffer, pos: int, base: int, max_message_bytes: int) -> tuple[bytes, int, int]:
@@ -532,9 +548,9 @@ def kafka_batch(buf: Buffer, pos: int, base: int, max_message_bytes: int) -> tup
     finds) as one Kafka record batch, each record at offset ``base`` plus its message's
     position, the batch's last offset delta just before where the run stops: (the batch,
     or b"" when no message at ``pos`` is plain, where its last message starts, and where
-    the run stops).  The run stops
-    early where the batch would span more than 2 GiB of the log or a timestamp is more
-    than int64 away from the first's (fields a batch cannot hold: the next batch's)."""
+    the run stops).  The run stops early where the batch would span more than 2 GiB of
+    the log or a timestamp is more than int64 away from the first's (fields a batch
+    cannot hold: the next batch's)."""
     columns = plain_columns(buf, pos, max_message_bytes)
     positions, stamps, key_lengths = (array("q", column) for column in columns[:3])
     stop = columns[3]
@@ -548,10 +564,8 @@ def kafka_batch(buf: Buffer, pos: int, base: int, max_message_bytes: int) -> tup
             stop = at
             break
         value_at = at + m.HEADER_SIZE + max(klen, 0)
-        key = b"\x01" if klen < 0 else varint(klen) + bytes(buf[at + m.HEADER_SIZE : value_at])
-        value = bytes(buf[value_at : at + length])
-        body = b"\0" + varint(stamp - base_ts) + varint(at - first) + key + varint(len(value)) + value + b"\0"
-        parts.append(varint(len(body)) + body)
+        key = None if klen < 0 else bytes(buf[at + m.HEADER_SIZE : value_at])
+        parts.append(kafka_record(stamp - base_ts, at - first, key, bytes(buf[value_at : at + length])))
     records = b"".join(parts)
     max_ts = max(stamps[: len(parts)])
     batch = kafka_header(base + first, records, len(parts), stop - first - 1, base_ts, max_ts) + records

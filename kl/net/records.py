@@ -28,10 +28,8 @@ from kl.errors import KlError
 from kl.log import core, pycore
 
 BATCH = pycore.KAFKA_BATCH
-LENGTH_END = 12
-"""Bytes up to and including ``batch_length``: it counts the bytes after it."""
-CRC_END = 21
-"""Where the bytes the crc covers begin (the attributes)."""
+LENGTH_END = pycore.KAFKA_LENGTH_END
+CRC_END = pycore.KAFKA_CRC_AT
 MAGIC = 2
 NO_TIMESTAMP = -1
 CODEC_MASK = 0x07
@@ -106,21 +104,11 @@ def batch(records: Sequence[Row], next_offset: int) -> bytes:
     base = records[0][0]
     stamps = [NO_TIMESTAMP if row[1] is None else row[1] for row in records]
     base_ts = stamps[0]
-    parts = []
-    for (offset, _, key, value, headers), ts in zip(records, stamps, strict=True):
-        fields = [b"\0", core.varint(ts - base_ts), core.varint(offset - base), _field(key), _field(value)]
-        fields.append(core.varint(len(headers)))
-        for name, header_value in headers:
-            fields.append(_field(name.encode()))
-            fields.append(_field(header_value))
-        body = b"".join(fields)
-        parts.append(core.varint(len(body)) + body)
-    data = b"".join(parts)
+    data = b"".join(
+        pycore.kafka_record(ts - base_ts, offset - base, key, value, headers)
+        for (offset, _, key, value, headers), ts in zip(records, stamps, strict=True)
+    )
     return pycore.kafka_header(base, data, len(records), next_offset - 1 - base, base_ts, max(stamps)) + data
-
-
-def _field(data: bytes | None) -> bytes:
-    return b"\x01" if data is None else core.varint(len(data)) + data
 
 
 # ----------------------------------------------------------------------------- reading
