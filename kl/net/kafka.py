@@ -53,7 +53,6 @@ from kl.log import core
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log
-from kl.log.message import Message
 from kl.net import records
 from kl.net.records import InvalidRecords
 from kl.net.server import Connection, Drop, FrontEnd, Wait
@@ -121,8 +120,6 @@ class _Refused(Exception):
 
 class Kafka(FrontEnd):
     """Answers today's Kafka clients (``kl serve --kafka``)."""
-
-    name = "Kafka"
 
     def __init__(self, server: Any):
         super().__init__(server)
@@ -325,8 +322,6 @@ class Kafka(FrontEnd):
         """The base offset a retried batch was appended at (None: not a retry).  Raises
         ``_Refused`` for a sequence that skips ahead of the last one appended."""
         first = found[0]
-        if first.producer_id < 0:
-            return None
         recent = self._producers.get((first.producer_id, topic, partition))
         if not recent:
             return None  # a producer new to this daemon (or to this partition): its sequence starts here
@@ -342,10 +337,7 @@ class Kafka(FrontEnd):
         return None
 
     def _remember(self, found: list[records.Batch], topic: str, partition: int, offset: int) -> None:
-        first = found[0]
-        if first.producer_id < 0:
-            return
-        last = found[-1]
+        first, last = found[0], found[-1]
         recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
         recent.append((first.base_sequence, (last.base_sequence + last.size - 1) & 0x7FFFFFFF, offset))
         self._producers.move_to_end((first.producer_id, topic, partition))
@@ -439,7 +431,7 @@ class Kafka(FrontEnd):
             preferred_read_replica=-1,
             records=batch,
         )
-        return answer, (target, end if offset >= end else offset + len(batch))
+        return answer, (target, end)  # a wait is for what comes past the end
 
     def _records(self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, end: int) -> bytes:
         """Record batches of the messages from the first one at or after ``offset``: runs
@@ -476,7 +468,7 @@ class Kafka(FrontEnd):
                     f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
                     "each a Kafka offset inside it; read it with kl consume",
                 )
-            rows = [(base + i, msg.timestamp, msg.key, msg.value, _headers(msg)) for i, msg in enumerate(group) if i >= skip]
+            rows = [(base + i, msg.timestamp, msg.key, msg.value, msg.headers) for i, msg in enumerate(group) if i >= skip]
             if rows:
                 parts.append(records.batch(rows, start + after))
                 last = rows[-1][0]
@@ -624,11 +616,6 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
             parts.append(data)
             count += 1
     return b"".join(parts), count
-
-
-def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
-    """A message's headers (none before kl's format held them)."""
-    return getattr(msg, "headers", ())
 
 
 def _code(error: KlError) -> int:

@@ -32,8 +32,6 @@ MAX_PAYLOAD = (1 << 31) - 1 - 2
 class Kafka07(FrontEnd):
     """Answers Kafka 0.7's requests and kl's own."""
 
-    name = "Kafka 0.7"
-
     def listening(self, address: str, port: int) -> None:
         log.info("serving %s on %s:%d", self.server.root.path, address, port)
 

@@ -166,22 +166,20 @@ class Connection:
 
 
 class Wait:
-    """A request waiting for data: until the partitions in ``logs`` (each with the offset
-    read from) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
+    """A request waiting for data: until the partitions in ``logs`` (each with the end it
+    had) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
     first; ``request`` is whatever the front end needs to answer it then."""
 
-    __slots__ = ("logs", "min_bytes", "deadline", "request", "expired")
+    __slots__ = ("logs", "min_bytes", "deadline", "request")
 
     def __init__(self, logs: list[tuple[Log, int]], min_bytes: int, deadline: float, request: object):
         self.logs = logs
         self.min_bytes = max(1, min_bytes)
         self.deadline = deadline
         self.request = request
-        self.expired = False
 
     def ready(self, now: float) -> bool:
         if now >= self.deadline:
-            self.expired = True
             return True
         grown = 0
         for log, offset in self.logs:
@@ -196,8 +194,6 @@ class FrontEnd:
     """One protocol's side of the daemon: ``handle`` answers a request (the bytes after
     its size) by adding to ``server.answer(conn)``, or parks it (``server.park``) to be
     ``resume``d once its wait is over."""
-
-    name = ""
 
     def __init__(self, server: Server):
         self.server = server
@@ -631,7 +627,6 @@ class Server:
                         wait = conn.wait
                         assert wait is not None
                         if stopping or wait.ready(now):
-                            wait.expired = wait.expired or stopping
                             for log_, _ in wait.logs:
                                 watched[log_] -= 1
                                 if not watched[log_]:
