@@ -139,9 +139,9 @@ def serve(
     today's Kafka protocol (--kafka; librdkafka, the Java client, kcat...), or both
     (kl-protocol(5)).
 
-    Kafka 0.7's fetches are sent with sendfile straight from the segment files.  A
-    daemon serving Kafka 0.7's protocol registers itself under the root while it runs
-    (kl serve --list shows it).  Log lines go to stderr.
+    Kafka 0.7's fetches are sent with sendfile straight from the segment files.  The
+    daemon registers itself under the root while it runs (kl serve --list shows it).
+    Log lines go to stderr.
     """
     root = get_root(ctx)
     if list_:
