@@ -163,17 +163,29 @@ def add_root_options(command: click.Command, *, from_env: bool) -> None:
     Only the top command (``from_env``) reads ``KL_ROOT`` and ``KL_LOCK_TIMEOUT``, so an
     option given on the command line, at any depth, wins over the environment."""
     env = {"envvar": "KL_ROOT", "show_envvar": True} if from_env else {}
-    command.params.append(click.Option(
-        ["--root"], metavar="DIR", expose_value=False, callback=_remember,
-        help="The directory holding the topics" + ("." if from_env else " (default: KL_ROOT)."), **env,
-    ))
+    command.params.append(
+        click.Option(
+            ["--root"],
+            metavar="DIR",
+            expose_value=False,
+            callback=_remember,
+            help="The directory holding the topics" + ("." if from_env else " (default: KL_ROOT)."),
+            **env,
+        )
+    )
     env = {"envvar": "KL_LOCK_TIMEOUT", "show_envvar": True} if from_env else {}
-    command.params.append(click.Option(
-        ["--lock-timeout"], metavar="SECONDS", type=click.FloatRange(min=0), expose_value=False, callback=_remember,
-        help="Give up waiting for a partition's lock after SECONDS (default: "
-        + ("120)." if from_env else "KL_LOCK_TIMEOUT, or 120)."),
-        **env,
-    ))
+    command.params.append(
+        click.Option(
+            ["--lock-timeout"],
+            metavar="SECONDS",
+            type=click.FloatRange(min=0),
+            expose_value=False,
+            callback=_remember,
+            help="Give up waiting for a partition's lock after SECONDS (default: "
+            + ("120)." if from_env else "KL_LOCK_TIMEOUT, or 120)."),
+            **env,
+        )
+    )
 
 
 def root_option(ctx: click.Context, name: str) -> object:

@@ -76,8 +76,14 @@ def _version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
 
 
 @click.group(cls=KlGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
-              help="Show kl's version and which core it runs, and exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_version,
+    help="Show kl's version and which core it runs, and exit.",
+)
 def cli() -> None:
     """kl: the classic Kafka log design over a shared filesystem.
 

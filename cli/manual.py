@@ -23,8 +23,17 @@ INDENT = 7
 """Where man puts a page's text: its paragraphs, and the tags of its tagged paragraphs."""
 
 _GLYPHS = {
-    "aq": "'", "dq": '"', "lq": "\u201c", "rq": "\u201d", "bu": "\u2022", "em": "\u2014", "en": "\u2013",
-    "<=": "\u2264", ">=": "\u2265", "co": "\u00a9", "rs": "\\",
+    "aq": "'",
+    "dq": '"',
+    "lq": "\u201c",
+    "rq": "\u201d",
+    "bu": "\u2022",
+    "em": "\u2014",
+    "en": "\u2013",
+    "<=": "\u2264",
+    ">=": "\u2265",
+    "co": "\u00a9",
+    "rs": "\\",
 }
 _ESCAPE = re.compile(r"\\(\((..)|\[([^]]*)\]|f(?:\(..|\[[^]]*\]|.)|[-e&~ 0|^,/c%]|.)")
 _JOIN = "\x01"
@@ -94,10 +103,17 @@ def render(source: str, width: int = WIDTH) -> str:
         nonlocal lead
         if words:
             text = " ".join(words).replace(_JOIN, "")
-            out.extend(line.replace("\u00a0", " ") for line in textwrap.wrap(
-                text, max(width, indent + 20), initial_indent=lead or " " * indent, subsequent_indent=" " * indent,
-                break_on_hyphens=False, break_long_words=False,
-            ))
+            out.extend(
+                line.replace("\u00a0", " ")
+                for line in textwrap.wrap(
+                    text,
+                    max(width, indent + 20),
+                    initial_indent=lead or " " * indent,
+                    subsequent_indent=" " * indent,
+                    break_on_hyphens=False,
+                    break_long_words=False,
+                )
+            )
             words.clear()
             lead = ""
 
@@ -119,7 +135,7 @@ def render(source: str, width: int = WIDTH) -> str:
             words.extend(text.split(" "))
 
     for raw in source.splitlines():
-        if raw.startswith((".\\\"", "'\\\"")):
+        if raw.startswith(('.\\"', "'\\\"")):
             continue
         if table is not None:
             if raw.startswith(".TE"):

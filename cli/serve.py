@@ -168,7 +168,7 @@ def serve(
     root.topics()  # a missing root is an error now, not on every request
     server = Server(root, config)
     logger = logging.getLogger("kl.serve")
-    kafka_address = None if server.kafka_port is None else (config.kafka_bind or bind, server.kafka_port)
+    kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
     info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce, kafka_address)
     try:
         registration: brokers.Registration | None = brokers.register(root.path, info)
@@ -182,6 +182,9 @@ def serve(
         server.stop()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A client gone while its answer is sent is that connection's error (EPIPE), not the
+    # daemon's death: kl's main() lets SIGPIPE end a pipeline quietly.
+    previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         server.serve_forever()
     finally:

@@ -231,7 +231,8 @@ def import_(ctx: click.Context, topic: str, directories: tuple[str, ...], **sett
     if isinstance(partitions, int) and partitions < len(directories):
         raise click.BadParameter(
             f"{partitions} partition{'s' if partitions != 1 else ''} cannot hold {len(directories)} DIRs (one partition each)",
-            ctx, param_hint="'--partitions'",
+            ctx,
+            param_hint="'--partitions'",
         )
     root = get_root(ctx)
     for done in import_topic(root, topic, list(directories), kl.TopicConfig.with_overrides(**settings)):

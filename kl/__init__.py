@@ -41,7 +41,7 @@ from kl.log.message import Message
 from kl.log.messageset import MessageSet
 from kl.net.remote import RemoteConsumer, RemoteProducer
 from kl.producer import Appended, Producer, hash_partitioner
-from kl.registry import CorruptOffset, GroupActive, GroupNotFound, InvalidImport, NotOwner
+from kl.registry import CorruptOffset, GroupActive, GroupNotFound, GroupTaken, InvalidImport, NotOwner
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "EARLIEST",
     "FormatMismatch",
     "GroupActive",
+    "GroupTaken",
     "GroupConsumer",
     "GroupNotFound",
     "InvalidConfig",

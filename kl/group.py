@@ -59,7 +59,7 @@ from kl.follow import Watch
 from kl.log.config import same_creation
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
-from kl.registry import CorruptOffset, Member, NotOwner, Registration, Registry, subscribes
+from kl.registry import CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, subscribes
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -513,7 +513,15 @@ class GroupConsumer:
             raise InvalidConfig("this consumer is closed")
         self._subscription = subscription
         self._streams = streams
-        self._registration = self.registry.register(subscription)
+        self._registration = registration = self.registry.register(subscription)
+        kafka = [m for m in self.registry.members() if "kafka" in m.subscription]
+        if kafka:
+            self._registration = None
+            registration.close()
+            raise GroupTaken(
+                f"group {self.group!r} has Kafka clients as members (coordinated by kl serve at"
+                f" {kafka[0].subscription['kafka']}): a kl member cannot join it while they are in it"
+            )
 
     def _start(self) -> None:
         """The first rebalance, here (so a member owns its share once this returns), then the thread."""

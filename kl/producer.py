@@ -391,8 +391,13 @@ class Producer:
                 if not self._refreshed(topic):
                     raise
                 more, took = self.send_records(
-                    topic, data[start:], delimiter, keep_delimiter=keep_delimiter, partition=partition,
-                    first=target, max_records=max_records,
+                    topic,
+                    data[start:],
+                    delimiter,
+                    keep_delimiter=keep_delimiter,
+                    partition=partition,
+                    first=target,
+                    max_records=max_records,
                 )
                 return out + more, start + took
             out.append(Appended(topic, target, offset, offset + size, n))

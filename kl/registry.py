@@ -47,7 +47,7 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
@@ -79,6 +79,11 @@ class GroupNotFound(KlError):
     """No group of that name under the root."""
 
 
+class GroupTaken(KlError):
+    """A kl member cannot join a group whose members are Kafka clients (through ``kl serve
+    --kafka``), nor they one with kl members: a group is either kind's at a time."""
+
+
 class GroupActive(KlError):
     """An admin change (reset, delete, import) refused while the group has live members."""
 
@@ -106,7 +111,8 @@ class Member:
     pid: int
     since_ms: int
     subscription: dict[str, object]
-    """``{"topics": [...]}`` or ``{"pattern": REGEX, "exclude": REGEX|None}``."""
+    """``{"topics": [...]}`` or ``{"pattern": REGEX, "exclude": REGEX|None}``; or, for a
+    group's Kafka clients (registered by their coordinator), ``{"kafka": "HOST:PORT"}``."""
     beat: int
 
     def subscribes(self, topic: str) -> bool:
@@ -339,12 +345,23 @@ class Registry:
         with self._owned(topic, partition, member, generation, action, force):
             self.write_offset(topic, partition, position, member, topic_id)
 
-    def write_offset(self, topic: str, partition: int, position: Position | int, member: str, topic_id: str = "") -> None:
-        """Store ``position`` without asking who owns the partition (admin tools)."""
+    def write_offset(
+        self,
+        topic: str,
+        partition: int,
+        position: Position | int,
+        member: str,
+        topic_id: str = "",
+        *,
+        before_rename: Callable[[], None] | None = None,
+    ) -> None:
+        """Store ``position`` without asking who owns the partition (admin tools, and the
+        Kafka clients' coordinator, which asked itself; ``before_rename`` as for ``write_atomic``)."""
         path = self._partition_path("offsets", topic, partition)
         ensure_dir(os.path.dirname(path))
         at = position if isinstance(position, Position) else Position(position)
-        write_atomic(path, encode_offset(Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id)))
+        committed = Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id)
+        write_atomic(path, encode_offset(committed), before_rename=before_rename)
 
     def set_aside(self, topic: str, partition: int) -> str:
         """Rename a damaged offset file to ``P.damaged`` (replacing an older one); its new path."""
@@ -480,7 +497,7 @@ def _parse_member(data: bytes) -> Member | None:
     beat = BEAT.match(data)
     try:
         body = json.loads(data[BEAT_AT + BEAT_WIDTH + 1 :])
-        subscription = {k: body[k] for k in ("topics", "pattern", "exclude") if k in body}
+        subscription = {k: body[k] for k in ("topics", "pattern", "exclude", "kafka") if k in body}
         return Member(
             body["id"], body["host"], int(body["pid"]), int(body["since_ms"]), subscription, int(beat[1]) if beat else -1
         )

@@ -15,10 +15,10 @@ import time
 
 import kafkafuzz
 import pytest
+from kafka.protocol.admin.cluster import DescribeClusterRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
-from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
@@ -194,7 +194,7 @@ def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_vers
 
 def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_connection(served, root, topic):
     _, client = served()
-    answer = client.call(FindCoordinatorRequest, 2, key="g", key_type=0)
+    answer = client.call(DescribeClusterRequest, 0, include_cluster_authorized_operations=False)
     assert answer.error_code == kafka.UNSUPPORTED_VERSION
     assert client.call(
         MetadataRequest,

@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 from kl.errors import KlError, LockTimeout, StorageError
@@ -48,22 +49,30 @@ class BrokerInfo:
     @property
     def address(self) -> str | None:
         """Where kl's clients connect (Kafka 0.7's protocol), or None."""
-        return None if self.port is None else _address(self.host, self.port)
+        return None if self.port is None else address_of(self.host, self.port)
 
 
 def info_for(bind: str, port: int | None, topics: str | None, produce: bool, kafka: tuple[str, int] | None = None) -> BrokerInfo:
     """This process's ``BrokerInfo`` for a daemon listening on ``bind``:``port`` and, for
-    today's Kafka protocol, on ``kafka`` (an address and port)."""
-    kafka_address = None if kafka is None else _address(_host(kafka[0]), kafka[1])
-    return BrokerInfo(_host(bind), port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce, kafka_address)
+    today's Kafka protocol, on ``kafka`` (the address it is bound to or advertises, and port)."""
+    kafka_address = None if kafka is None else address_of(host_of(kafka[0]), kafka[1])
+    return BrokerInfo(host_of(bind), port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce, kafka_address)
 
 
-def _host(bind: str) -> str:
+def host_of(bind: str) -> str:
+    """The name to reach a daemon bound to ``bind`` by: this host's, for all addresses."""
     return socket.getfqdn() if bind in ("0.0.0.0", "::") else bind
 
 
-def _address(host: str, port: int) -> str:
+def address_of(host: str, port: int) -> str:
+    """``HOST:PORT`` (``[HOST]:PORT`` for an IPv6 address)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def node_id(kafka_address: str) -> int:
+    """The node id Kafka clients know the daemon at ``kafka_address`` by: the same on every
+    daemon, and different for different addresses (a CRC-32 of it)."""
+    return zlib.crc32(kafka_address.encode()) & 0x7FFFFFFF
 
 
 class Registration:

@@ -33,10 +33,26 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kafka.protocol.admin.groups import DescribeGroupsRequest, DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.group import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
@@ -53,35 +69,36 @@ from kl.log import core
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log
-from kl.net import records
+from kl.net import brokers, kafka_groups, records
+from kl.net.coordinator import Coordinator
+from kl.net.kafka_errors import (
+    CORRUPT_MESSAGE,
+    FETCH_SESSION_ID_NOT_FOUND,
+    INVALID_RECORD,
+    INVALID_REQUEST,
+    INVALID_REQUIRED_ACKS,
+    INVALID_TIMESTAMP,
+    INVALID_TOPIC_EXCEPTION,
+    KAFKA_STORAGE_ERROR,
+    MESSAGE_TOO_LARGE,
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_VERSION,
+    Refused,
+)
 from kl.net.records import InvalidRecords
 from kl.net.server import Connection, Drop, FrontEnd, Wait
 from kl.topic import validate_name
 
 log = logging.getLogger("kl.serve")
 
-# The protocol's error codes kl answers with (Kafka's Errors.java).
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-MESSAGE_TOO_LARGE = 10
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REQUIRED_ACKS = 21
-TOPIC_AUTHORIZATION_FAILED = 29
-INVALID_TIMESTAMP = 32
-UNSUPPORTED_VERSION = 35
-INVALID_REQUEST = 42
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-KAFKA_STORAGE_ERROR = 56
-FETCH_SESSION_ID_NOT_FOUND = 70
-UNKNOWN_TOPIC_ID = 100
-INVALID_RECORD = 87
-UNKNOWN_SERVER_ERROR = -1
-
 LATEST, EARLIEST = -1, -2
 """ListOffsets' special timestamps."""
-NODE_ID = 0
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
@@ -109,15 +126,6 @@ class _Api:
         self.handler = handler
 
 
-class _Refused(Exception):
-    """A partition's answer is this error code (the message goes to the log and, where the
-    response has a field for it, to the client)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 class Kafka(FrontEnd):
     """Answers today's Kafka clients (``kl serve --kafka``)."""
 
@@ -137,11 +145,18 @@ class Kafka(FrontEnd):
         self._sequences = [threading.Lock() for _ in range(64)]
         """Held by producer id (striped): an idempotent producer's check for a retry and its
         append go together, while other producers' appends go on."""
+        self.groups = Coordinator(server.root, server.recheck)
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
 
     def listening(self, address: str, port: int) -> None:
-        self.address = (self.server.config.advertised or address, port)
+        host = self.server.config.advertised or brokers.host_of(address)
+        self.address = (host, port)
+        self.node_id = brokers.node_id(brokers.address_of(host, port))
+        self.groups.start(brokers.address_of(host, port))
         log.info("serving %s to Kafka clients on %s:%d", self.server.root.path, address, port)
+
+    def close(self) -> None:
+        self.groups.close()
 
     # ----------------------------------------------------------------- requests
 
@@ -157,7 +172,7 @@ class Kafka(FrontEnd):
             self._unsupported(conn, key, version, correlation)
             return
         flexible = api.request.flexible_version_q(version)
-        pos = _skip_header(request, flexible)
+        pos, conn.client = _header(request, flexible)
         try:
             body = api.request.decode(request[pos:], version=version)
         except Exception as e:  # kafka-python's decoders raise what the bytes make them raise
@@ -212,18 +227,18 @@ class Kafka(FrontEnd):
         topics = []
         for name in names:
             try:
-                config = self._config(name)
-            except _Refused as e:
+                config = self.checked_config(name)
+            except Refused as e:
                 topics.append(MetadataResponse.MetadataResponseTopic(error_code=e.code, name=name, partitions=[]))
                 continue
             partitions = [
                 MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
                     error_code=NONE,
                     partition_index=p,
-                    leader_id=NODE_ID,
+                    leader_id=self.node_id,
                     leader_epoch=0,
-                    replica_nodes=[NODE_ID],
-                    isr_nodes=[NODE_ID],
+                    replica_nodes=[self.node_id],
+                    isr_nodes=[self.node_id],
                     offline_replicas=[],
                 )
                 for p in range(config.partitions)
@@ -233,11 +248,26 @@ class Kafka(FrontEnd):
                     error_code=NONE, name=name, topic_id=_uuid(config.topic_id), is_internal=False, partitions=partitions
                 )
             )
-        host, port = self.address
-        broker = MetadataResponse.MetadataResponseBroker(node_id=NODE_ID, host=host, port=port, rack=None)
         return MetadataResponse(
-            throttle_time_ms=0, brokers=[broker], cluster_id=self.cluster_id, controller_id=NODE_ID, topics=topics
+            throttle_time_ms=0, brokers=self._brokers(), cluster_id=self.cluster_id, controller_id=self.node_id, topics=topics
         )
+
+    def _brokers(self) -> list[Any]:
+        """This daemon, and the other live ones serving the Kafka protocol over the root
+        (a group's coordinator may be one of them)."""
+        broker = MetadataResponse.MetadataResponseBroker
+        host, port = self.address
+        found = [broker(node_id=self.node_id, host=host, port=port, rack=None)]
+        mine = brokers.address_of(host, port)
+        try:
+            others = {b.kafka for b in brokers.live(self.server.root.path) if b.kafka and b.kafka != mine}
+        except KlError as e:
+            log.warning("cannot list the other daemons: %s", e)
+            others = set()
+        for address in sorted(others):
+            other_host, _, other_port = address.rpartition(":")
+            found.append(broker(node_id=brokers.node_id(address), host=other_host.strip("[]"), port=int(other_port), rack=None))
+        return found
 
     # ----------------------------------------------------------------- Produce
 
@@ -287,10 +317,10 @@ class Kafka(FrontEnd):
         are appended (all of them, or none)."""
         try:
             if not self.server.config.allow_produce:
-                raise _Refused(TOPIC_AUTHORIZATION_FAILED, "produce is off on this server (kl serve --allow-produce)")
-            config = self._config(topic, partition)
+                raise Refused(TOPIC_AUTHORIZATION_FAILED, "produce is off on this server (kl serve --allow-produce)")
+            config = self.checked_config(topic, partition)
             if data is None:
-                raise _Refused(INVALID_RECORD, "the partition's records are null")
+                raise Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
             found = records.batches(data, max_records=limit // 7, max_bytes=4 * limit)
             messages, count = _messages(found, topic, config)
@@ -307,7 +337,7 @@ class Kafka(FrontEnd):
                 with self._producer_lock:
                     self._remember(found, topic, partition, offset)
             return partition, NONE, offset, None
-        except _Refused as e:
+        except Refused as e:
             return self._refused(conn, topic, partition, e.code, str(e))
         except InvalidRecords as e:
             return self._refused(conn, topic, partition, CORRUPT_MESSAGE, str(e))
@@ -320,7 +350,7 @@ class Kafka(FrontEnd):
 
     def _duplicate(self, found: list[records.Batch], topic: str, partition: int) -> int | None:
         """The base offset a retried batch was appended at (None: not a retry).  Raises
-        ``_Refused`` for a sequence that skips ahead of the last one appended."""
+        ``Refused`` for a sequence that skips ahead of the last one appended."""
         first = found[0]
         recent = self._producers.get((first.producer_id, topic, partition))
         if not recent:
@@ -330,7 +360,7 @@ class Kafka(FrontEnd):
                 return offset
         expected = (recent[-1][1] + 1) & 0x7FFFFFFF
         if first.base_sequence != expected:
-            raise _Refused(
+            raise Refused(
                 OUT_OF_ORDER_SEQUENCE_NUMBER,
                 f"producer {first.producer_id} sent sequence {first.base_sequence}, expected {expected}",
             )
@@ -392,21 +422,19 @@ class Kafka(FrontEnd):
         data = FetchResponse.FetchableTopicResponse.PartitionData
         try:
             if topic is None:
-                raise _Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
-            config = self._config(topic, partition)
+                raise Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
+            config = self.checked_config(topic, partition)
             if topic_id is not None and _uuid(config.topic_id) != topic_id:
-                raise _Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")
+                raise Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")
             target = self.server.root.log(topic, partition)
             state = target.state()
             start, end = state.log_start_offset, state.log_end_offset
             if not start <= offset <= end:
-                raise _Refused(
-                    OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}"
-                )
+                raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}")
             key = (config.topic_id or topic, partition)
             batch = self._records(target, key, offset, max_bytes, end) if offset < end and max_bytes > 0 else b""
-        except (_Refused, KlError) as e:
-            code = e.code if isinstance(e, _Refused) else _code(e)
+        except (Refused, KlError) as e:
+            code = e.code if isinstance(e, Refused) else _code(e)
             if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID):
                 log.warning("%s: fetch of %s/%d at %d: %s", conn.peer, topic, partition, offset, e)
             hw = -1
@@ -437,7 +465,7 @@ class Kafka(FrontEnd):
         """Record batches of the messages from the first one at or after ``offset``: runs
         of plain messages converted by ``core.kafka_batch``, each other message (a
         compressed batch's, Kafka 0.7's) through ``records.batch``."""
-        start, skip = self._start(target, key, offset)
+        start, skip = self.message_at(target, key, offset)
         if start >= end:
             return b""
         messages = target.read(start, max_bytes)
@@ -463,7 +491,7 @@ class Kafka(FrontEnd):
             if len(group) > size:  # a compressed batch of more messages than bytes: no offsets for them
                 if parts:
                     break  # answered alone, next time
-                raise _Refused(
+                raise Refused(
                     KAFKA_STORAGE_ERROR,
                     f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
                     "each a Kafka offset inside it; read it with kl consume",
@@ -480,7 +508,7 @@ class Kafka(FrontEnd):
         self._remember_resume(key, start + pos, start + pos)  # or the batch's end
         return b"".join(parts)
 
-    def _start(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]:
+    def message_at(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]:
         """Where the first message at or after ``offset`` starts, and how many messages of
         the compressed batch there come before it."""
         with self._resume_lock:
@@ -533,15 +561,15 @@ class Kafka(FrontEnd):
                             partition_index=p.partition_index, error_code=NONE, timestamp=timestamp, offset=offset, leader_epoch=0
                         )
                     )
-                except (_Refused, KlError) as e:
-                    code = e.code if isinstance(e, _Refused) else _code(e)
+                except (Refused, KlError) as e:
+                    code = e.code if isinstance(e, Refused) else _code(e)
                     parts.append(part(partition_index=p.partition_index, error_code=code, timestamp=-1, offset=-1))
             topics.append(answer(name=topic.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
     def _offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
         """(offset, timestamp) ListOffsets answers for ``timestamp``."""
-        self._config(topic, partition)
+        self.checked_config(topic, partition)
         target = self.server.root.log(topic, partition)
         state = target.state()
         if timestamp == LATEST:
@@ -549,7 +577,7 @@ class Kafka(FrontEnd):
         if timestamp == EARLIEST:
             return state.log_start_offset, -1
         if timestamp < 0:
-            raise _Refused(UNSUPPORTED_VERSION, f"ListOffsets timestamp {timestamp} is not one kl answers")
+            raise Refused(UNSUPPORTED_VERSION, f"ListOffsets timestamp {timestamp} is not one kl answers")
         offset = target.offset_for_time(timestamp)
         for msg in target.read(offset, 1) if offset < target.log_end_offset else ():
             return offset, -1 if msg.timestamp is None else msg.timestamp
@@ -557,20 +585,20 @@ class Kafka(FrontEnd):
 
     # ----------------------------------------------------------------- helpers
 
-    def _config(self, topic: str, partition: int | None = None) -> TopicConfig:
+    def checked_config(self, topic: str, partition: int | None = None) -> TopicConfig:
         """The topic's config after the checks every request gets."""
         try:
             validate_name(topic)
         except InvalidTopicName as e:
-            raise _Refused(INVALID_TOPIC_EXCEPTION, str(e)) from None
+            raise Refused(INVALID_TOPIC_EXCEPTION, str(e)) from None
         if not self.server.served(topic):
-            raise _Refused(TOPIC_AUTHORIZATION_FAILED, f"topic {topic} is not served here (kl serve --topics)")
+            raise Refused(TOPIC_AUTHORIZATION_FAILED, f"topic {topic} is not served here (kl serve --topics)")
         try:
             config = self.server.topic_config(topic)
         except TopicNotFound as e:
-            raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, str(e)) from None
+            raise Refused(UNKNOWN_TOPIC_OR_PARTITION, str(e)) from None
         if partition is not None and not 0 <= partition < config.partitions:
-            raise _Refused(
+            raise Refused(
                 UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic} has partitions 0 to {config.partitions - 1}, not {partition}"
             )
         return config
@@ -581,7 +609,7 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
     append): most through ``core.kafka_records``, the rest record by record, which says
     what is wrong."""
     if config.legacy:
-        raise _Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
+        raise Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
     now = int(time.time() * 1000)
     parts = []
     count = 0
@@ -598,7 +626,7 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
             continue
         for record in batch.records():
             if (record.value is None or record.headers) and not config.holds_headers:
-                raise _Refused(
+                raise Refused(
                     INVALID_RECORD,
                     f"topic {topic} was created without headers and cannot hold headers or null values: allow them "
                     f"with kl topics alter {topic} --headers (kl versions before headers then refuse the topic)",
@@ -606,10 +634,10 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
             timestamp = now if record.timestamp == records.NO_TIMESTAMP else record.timestamp
             problem = m.timestamp_problem(timestamp)
             if problem is not None:
-                raise _Refused(INVALID_TIMESTAMP, problem)
+                raise Refused(INVALID_TIMESTAMP, problem)
             data = m.encode(record.value, record.key, timestamp, m.CODEC_NONE, record.headers)
             if len(data) > config.max_message_bytes:
-                raise _Refused(
+                raise Refused(
                     MESSAGE_TOO_LARGE,
                     f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}",
                 )
@@ -637,10 +665,12 @@ def _uuid(topic_id: str | None) -> uuid.UUID:
     return uuid.UUID(bytes=base64.urlsafe_b64decode(topic_id + "=="))
 
 
-def _skip_header(request: memoryview, flexible: bool) -> int:
-    """Where the body starts: after the client id and, in flexible versions, the tagged fields."""
+def _header(request: memoryview, flexible: bool) -> tuple[int, str | None]:
+    """Where the body starts (after the client id and, in flexible versions, the tagged
+    fields), and the client id."""
     pos = HEADER.size
     (length,) = struct.unpack_from(">h", request, pos)
+    client = None if length < 0 else bytes(request[pos + 2 : pos + 2 + length]).decode("utf-8", "replace")
     pos += 2 + max(0, length)
     if flexible:
         count, pos = _uvarint(request, pos)
@@ -650,7 +680,7 @@ def _skip_header(request: memoryview, flexible: bool) -> int:
             pos += size
     if pos > len(request):
         raise Drop("a request's header runs past its end")
-    return pos
+    return pos, client
 
 
 def _null_array(struct: Any, data: Any, version: int) -> str | None:
@@ -706,6 +736,8 @@ def _api_keys() -> list[Any]:
 
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
 APIS = {
     PRODUCE: _Api(ProduceRequest, ProduceResponse, 3, 9, Kafka._produce),
     FETCH: _Api(FetchRequest, FetchResponse, 4, 16, Kafka._fetch),
@@ -713,5 +745,14 @@ APIS = {
     METADATA: _Api(MetadataRequest, MetadataResponse, 0, 12, Kafka._metadata),
     API_VERSIONS: _Api(ApiVersionsRequest, ApiVersionsResponse, 0, 3, Kafka._api_versions),
     INIT_PRODUCER_ID: _Api(InitProducerIdRequest, InitProducerIdResponse, 0, 4, Kafka._init_producer_id),
+    OFFSET_COMMIT: _Api(OffsetCommitRequest, OffsetCommitResponse, 2, 9, kafka_groups.offset_commit),
+    OFFSET_FETCH: _Api(OffsetFetchRequest, OffsetFetchResponse, 1, 8, kafka_groups.offset_fetch),
+    FIND_COORDINATOR: _Api(FindCoordinatorRequest, FindCoordinatorResponse, 0, 4, kafka_groups.find_coordinator),
+    JOIN_GROUP: _Api(JoinGroupRequest, JoinGroupResponse, 0, 9, kafka_groups.join_group),
+    HEARTBEAT: _Api(HeartbeatRequest, HeartbeatResponse, 0, 4, kafka_groups.heartbeat),
+    LEAVE_GROUP: _Api(LeaveGroupRequest, LeaveGroupResponse, 0, 5, kafka_groups.leave_group),
+    SYNC_GROUP: _Api(SyncGroupRequest, SyncGroupResponse, 0, 5, kafka_groups.sync_group),
+    DESCRIBE_GROUPS: _Api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5, kafka_groups.describe_groups),
+    LIST_GROUPS: _Api(ListGroupsRequest, ListGroupsResponse, 0, 5, kafka_groups.list_groups),
 }
 """What kl answers, and the versions it advertises (see kl-serve(1))."""

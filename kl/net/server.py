@@ -146,7 +146,7 @@ class ServeConfig:
 class Connection:
     """A client's socket and what has been read of its next request."""
 
-    __slots__ = ("sock", "peer", "front", "kl", "buffer", "last_active", "started", "out", "wait")
+    __slots__ = ("sock", "peer", "front", "kl", "client", "buffer", "last_active", "started", "out", "wait")
 
     def __init__(self, sock: socket.socket, peer: str, front: FrontEnd):
         self.sock = sock
@@ -154,6 +154,8 @@ class Connection:
         self.front = front
         self.kl = False
         """A kl client (it said HELLO), not a Kafka 0.7 one."""
+        self.client: str | None = None
+        """The client id its last request gave (today's Kafka protocol)."""
         self.buffer = bytearray()
         """The request being received; never more than one (reads stop at its end)."""
         self.last_active = time.monotonic()
@@ -168,7 +170,8 @@ class Connection:
 class Wait:
     """A request waiting for data: until the partitions in ``logs`` (each with the end it
     had) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
-    first; ``request`` is whatever the front end needs to answer it then."""
+    first; ``request`` is whatever the front end needs to answer it then.  (A subclass
+    waits for something else: ``kl.net.coordinator.GroupWait``, for the rest of a group.)"""
 
     __slots__ = ("logs", "min_bytes", "deadline", "request")
 
@@ -203,6 +206,9 @@ class FrontEnd:
 
     def resume(self, conn: Connection, wait: Wait) -> None:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """The daemon stopped: let go of what the front end holds."""
 
     def listening(self, address: str, port: int) -> None:
         """Log where this protocol is served."""
@@ -256,7 +262,7 @@ class Server:
         """topic -> (device, inode) of the topic.json its cached config was read from."""
         self._parked: queue.SimpleQueue[Connection | str] = queue.SimpleQueue()
         """Connections handed to the waiter, or STOP_WAITING (answer everything at once
-        from now on) or EXIT."""
+        from now on), CHECK (look at the waits now) or EXIT."""
 
     def _listen(self, bind: str, port: int, front: FrontEnd) -> int:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -311,6 +317,8 @@ class Server:
                 sock.close()
             for conn in self._connections:
                 _discard(conn)
+            for _, front in self.listeners:
+                front.close()
             if finished:  # else a stuck worker may still wake it
                 self._wake_r.close()
                 self._wake_w.close()
@@ -569,6 +577,10 @@ class Server:
         ``resume`` (at once when the daemon is stopping)."""
         conn.wait = wait
 
+    def recheck(self) -> None:
+        """Have the waiter look at the parked requests now (one's wait was ended)."""
+        self._parked.put(CHECK)
+
     def served(self, topic: str) -> bool:
         """Whether ``--topics`` lets this daemon serve ``topic``."""
         pattern = self.config.topics
@@ -608,7 +620,7 @@ class Server:
                             return
                         if conn == STOP_WAITING:
                             stopping = True
-                        else:
+                        elif conn != CHECK:
                             assert isinstance(conn, Connection)
                             waiting.append(conn)
                             for log_, _ in conn.wait.logs:  # type: ignore[union-attr]
@@ -716,7 +728,7 @@ class Response:
 
 
 READ, WRITE, CLOSE = "read", "write", "close"
-STOP_WAITING, EXIT = "stop waiting", "exit"
+STOP_WAITING, EXIT, CHECK = "stop waiting", "exit", "check"
 """What the waiter is told besides connections."""
 """What the loop does with a connection a worker gives back."""
 

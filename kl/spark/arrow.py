@@ -239,9 +239,7 @@ def _from_messages(messages: list[Message], r: Range, bad_timestamps: str, heade
 
 def _headers(messages: list[Message]) -> pa.Array:
     """The messages' headers as a list of (key, value) structs each, null without any."""
-    return pa.array(
-        [[{"key": k, "value": v} for k, v in msg.headers] if msg.headers else None for msg in messages], HEADERS_TYPE
-    )
+    return pa.array([[{"key": k, "value": v} for k, v in msg.headers] if msg.headers else None for msg in messages], HEADERS_TYPE)
 
 
 def _timestamps(ms: np.ndarray, missing: np.ndarray | None, offsets: np.ndarray, r: Range, policy: str) -> pa.Array:

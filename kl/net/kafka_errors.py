@@ -1,0 +1,40 @@
+"""The Kafka protocol's error codes kl answers with (Kafka's Errors.java), and the
+exception a handler raises to answer one."""
+
+from __future__ import annotations
+
+UNKNOWN_SERVER_ERROR = -1
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+MESSAGE_TOO_LARGE = 10
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REQUIRED_ACKS = 21
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+TOPIC_AUTHORIZATION_FAILED = 29
+INVALID_TIMESTAMP = 32
+UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+KAFKA_STORAGE_ERROR = 56
+FETCH_SESSION_ID_NOT_FOUND = 70
+MEMBER_ID_REQUIRED = 79
+INVALID_RECORD = 87
+UNKNOWN_TOPIC_ID = 100
+
+
+class Refused(Exception):
+    """A partition's (or a request's) answer is this error code (the message goes to the
+    log and, where the response has a field for it, to the client)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code

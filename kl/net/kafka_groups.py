@@ -1,0 +1,317 @@
+"""Kafka's consumer group requests, answered by ``kl serve --kafka``: FindCoordinator,
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups and
+DescribeGroups.  The requests' fields in, the responses' out; the groups themselves are
+``kl.net.coordinator``'s.
+
+Offsets are kl's, as everywhere in the Kafka front end: a committed Kafka offset is stored
+as the position of the first message at or after it (inside a compressed batch: the batch
+and how many of its messages come before), which is what a fetch there would read first;
+OffsetFetch gives it back as the Kafka offset of that message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kafka.protocol.admin.groups import DescribeGroupsResponse, ListGroupsResponse
+from kafka.protocol.consumer.group import (
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    OffsetCommitResponse,
+    OffsetFetchResponse,
+    SyncGroupResponse,
+)
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
+
+from kl.errors import InvalidTopicName, KlError
+from kl.log.log import Position
+from kl.net import brokers
+from kl.net.coordinator import GroupWait, JoinResult, SyncResult
+from kl.net.kafka_errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    INVALID_GROUP_ID,
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    Refused,
+)
+from kl.net.server import Connection, Wait
+from kl.registry import validate_group
+
+if TYPE_CHECKING:
+    from kl.net.kafka import Kafka
+
+log = logging.getLogger("kl.serve")
+
+NO_OPERATIONS = -(2**31)
+"""DescribeGroups' authorized operations when not asked for."""
+
+
+def find_coordinator(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    keys = request.coordinator_keys if version >= 4 else [request.key]
+    found = [_coordinator(front, conn, key, request.key_type if version >= 1 else 0) for key in keys]
+    if version >= 4:
+        coordinator = FindCoordinatorResponse.Coordinator
+        return FindCoordinatorResponse(
+            throttle_time_ms=0,
+            coordinators=[
+                coordinator(key=key, node_id=node, host=host, port=port, error_code=code, error_message=text)
+                for key, (code, text, node, host, port) in zip(keys, found, strict=True)
+            ],
+        )
+    code, text, node, host, port = found[0]
+    return FindCoordinatorResponse(throttle_time_ms=0, error_code=code, error_message=text, node_id=node, host=host, port=port)
+
+
+def _coordinator(front: Kafka, conn: Connection, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
+    """(error code, error message, node id, host, port) of a group's coordinator."""
+    if key_type != 0:
+        return COORDINATOR_NOT_AVAILABLE, "kl has no transactions", -1, "", -1
+    try:
+        address = front.groups.coordinator(key)
+    except InvalidTopicName as e:
+        return INVALID_GROUP_ID, str(e), -1, "", -1
+    except KlError as e:
+        log.warning("%s: no coordinator for group %s: %s", conn.peer, key, e)
+        return COORDINATOR_NOT_AVAILABLE, str(e), -1, "", -1
+    if address is None:
+        return COORDINATOR_NOT_AVAILABLE, "the group's coordinator is starting", -1, "", -1
+    host, _, port = address.rpartition(":")
+    return NONE, None, brokers.node_id(address), host.strip("[]"), int(port)
+
+
+def join_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if wait is None:
+        outcome = front.groups.join(
+            request.group_id,
+            request.member_id,
+            request.group_instance_id if version >= 5 else None,
+            conn.client or "",
+            "/" + conn.peer.rpartition(":")[0].strip("[]"),
+            request.session_timeout_ms,
+            request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms,
+            request.protocol_type,
+            [(p.name, bytes(p.metadata)) for p in request.protocols],
+            ids_first=version >= 4,
+        )
+        if isinstance(outcome, GroupWait):
+            front.server.park(conn, outcome)
+            return None
+    else:
+        outcome = getattr(wait, "result", None) or JoinResult(COORDINATOR_NOT_AVAILABLE, request.member_id)
+    assert isinstance(outcome, JoinResult)
+    member = JoinGroupResponse.JoinGroupResponseMember
+    return JoinGroupResponse(
+        throttle_time_ms=0,
+        error_code=outcome.error,
+        generation_id=outcome.generation,
+        protocol_type=request.protocol_type,
+        protocol_name=outcome.protocol if version >= 7 else outcome.protocol or "",
+        leader=outcome.leader,
+        skip_assignment=False,
+        member_id=outcome.member_id,
+        members=[member(member_id=i, group_instance_id=instance, metadata=data) for i, instance, data in outcome.members],
+    )
+
+
+def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if wait is None:
+        outcome = front.groups.sync(
+            request.group_id,
+            request.generation_id,
+            request.member_id,
+            request.protocol_type if version >= 5 else None,
+            request.protocol_name if version >= 5 else None,
+            {a.member_id: bytes(a.assignment) for a in request.assignments},
+        )
+        if isinstance(outcome, GroupWait):
+            front.server.park(conn, outcome)
+            return None
+    else:
+        outcome = getattr(wait, "result", None) or SyncResult(COORDINATOR_NOT_AVAILABLE)
+    assert isinstance(outcome, SyncResult)
+    return SyncGroupResponse(
+        throttle_time_ms=0,
+        error_code=outcome.error,
+        protocol_type=request.protocol_type if version >= 5 else None,
+        protocol_name=outcome.protocol,
+        assignment=outcome.assignment,
+    )
+
+
+def heartbeat(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id)
+    return HeartbeatResponse(throttle_time_ms=0, error_code=code)
+
+
+def leave_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    leaving = [(m.member_id, m.group_instance_id) for m in request.members] if version >= 3 else [(request.member_id, None)]
+    code, codes = front.groups.leave(request.group_id, [member for member, _ in leaving])
+    if version < 3:
+        return LeaveGroupResponse(throttle_time_ms=0, error_code=codes[0])
+    answer = LeaveGroupResponse.MemberResponse
+    return LeaveGroupResponse(
+        throttle_time_ms=0,
+        error_code=code,
+        members=[
+            answer(member_id=member, group_instance_id=instance, error_code=c)
+            for (member, instance), c in zip(leaving, codes, strict=True)
+        ],
+    )
+
+
+def offset_commit(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    offsets: list[tuple[str, int, Position | int, str]] = []
+    for topic in request.topics:
+        for p in topic.partitions:
+            offsets.append((topic.name, p.partition_index, *_position(front, topic.name, p.partition_index, p.committed_offset)))
+    codes = iter(front.groups.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets))
+    answer = OffsetCommitResponse.OffsetCommitResponseTopic
+    return OffsetCommitResponse(
+        throttle_time_ms=0,
+        topics=[
+            answer(
+                name=topic.name,
+                partitions=[
+                    answer.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=next(codes))
+                    for p in topic.partitions
+                ],
+            )
+            for topic in request.topics
+        ],
+    )
+
+
+def _position(front: Kafka, topic: str, partition: int, offset: int) -> tuple[Position | int, str]:
+    """Where a committed Kafka offset is in kl's partition, and the topic's id; or an
+    error code in place of the position."""
+    try:
+        config = front.checked_config(topic, partition)
+        target = front.server.root.log(topic, partition)
+        state = target.state()
+        if offset < 0:
+            return OFFSET_OUT_OF_RANGE, ""
+        if not state.log_start_offset <= offset < state.log_end_offset:
+            return Position(offset), config.topic_id or ""  # a fetch there says it is out of range
+        start, skip = front.message_at(target, (config.topic_id or topic, partition), offset)
+        return Position(start, skip), config.topic_id or ""
+    except Refused as e:
+        return e.code, ""
+    except KlError as e:
+        log.warning("commit of %s/%d at %d refused: %s", topic, partition, offset, e)
+        return UNKNOWN_TOPIC_OR_PARTITION, ""
+
+
+def offset_fetch(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if version >= 8:
+        group = OffsetFetchResponse.OffsetFetchResponseGroup
+        topic_class = group.OffsetFetchResponseTopics
+        return OffsetFetchResponse(
+            throttle_time_ms=0,
+            groups=[
+                group(
+                    group_id=g.group_id,
+                    topics=_fetched(front, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions),
+                    error_code=_group_error(g.group_id),
+                )
+                for g in request.groups
+            ],
+        )
+    topic_class = OffsetFetchResponse.OffsetFetchResponseTopic
+    return OffsetFetchResponse(
+        throttle_time_ms=0,
+        topics=_fetched(front, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
+        error_code=_group_error(request.group_id),
+    )
+
+
+def _group_error(name: str) -> int:
+    try:
+        validate_group(name)
+    except InvalidTopicName:
+        return INVALID_GROUP_ID
+    return NONE
+
+
+def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
+    """The committed offsets of ``topics`` (None: of every partition with one)."""
+    if _group_error(name):
+        return []
+    if topics is None:
+        wanted: dict[str, list[int]] = {}
+        for topic, partition in front.groups.committed_partitions(name):
+            wanted.setdefault(topic, []).append(partition)
+    else:
+        wanted = {t.name: list(t.partition_indexes) for t in topics}
+    answers = []
+    for topic, partitions in wanted.items():
+        parts = []
+        for partition in partitions:
+            offset, code = -1, NONE
+            try:
+                config = front.checked_config(topic, partition)
+                position, code = front.groups.committed(name, topic, partition, config.topic_id or "")
+                if position is not None:
+                    offset = position.offset + position.skip
+            except (Refused, KlError):
+                pass  # no such partition, or not served: nothing committed
+            parts.append(
+                partition_class(
+                    partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, metadata="", error_code=code
+                )
+            )
+        answers.append(topic_class(name=topic, partitions=parts))
+    return answers
+
+
+def list_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    states = {s.lower() for s in request.states_filter} if version >= 4 else set()
+    types = {t.lower() for t in request.types_filter} if version >= 5 else set()
+    listed = ListGroupsResponse.ListedGroup
+    return ListGroupsResponse(
+        throttle_time_ms=0,
+        error_code=NONE,
+        groups=[
+            listed(group_id=name, protocol_type=kind, group_state=state, group_type="classic")
+            for name, kind, state in front.groups.list()
+            if (not states or state.lower() in states) and (not types or "classic" in types)
+        ],
+    )
+
+
+def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    described = DescribeGroupsResponse.DescribedGroup
+    member = described.DescribedGroupMember
+    answers = []
+    for name in request.groups:
+        if _group_error(name):
+            answers.append(
+                described(error_code=INVALID_GROUP_ID, group_id=name, group_state="Dead", protocol_type="", protocol_data="")
+            )
+            continue
+        found = front.groups.describe(name)
+        answers.append(
+            described(
+                error_code=found.error,
+                error_message=None,
+                group_id=name,
+                group_state=found.state,
+                protocol_type=found.protocol_type,
+                protocol_data=found.protocol,
+                members=[
+                    member(
+                        member_id=i,
+                        group_instance_id=instance,
+                        client_id=client,
+                        client_host=host,
+                        member_metadata=metadata,
+                        member_assignment=assignment,
+                    )
+                    for i, instance, client, host, metadata, assignment in found.members
+                ],
+                authorized_operations=NO_OPERATIONS,
+            )
+        )
+    return DescribeGroupsResponse(throttle_time_ms=0, groups=answers)
