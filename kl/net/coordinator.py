@@ -36,6 +36,7 @@ import collections
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
@@ -121,6 +122,8 @@ class Member:
     protocols: list[tuple[str, bytes]]
     expires: float
     """When the member is removed unless it is heard from (monotonic)."""
+    conn: object
+    """The connection of its last JoinGroup, SyncGroup or Heartbeat."""
     assignment: bytes = b""
     join: GroupWait | None = None
     """Its JoinGroup, while it waits for the rebalance to complete."""
@@ -175,6 +178,8 @@ class Coordinator:
         """Guards ``_groups`` and ``_held``."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hung_up: queue.SimpleQueue[object] = queue.SimpleQueue()
+        """Connections closed since the last tick."""
         self._nfs: bool | None = None
 
     def start(self, address: str) -> None:
@@ -297,6 +302,7 @@ class Coordinator:
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
         ids_first: bool,
+        conn: object,
     ) -> JoinResult | GroupWait:
         """A JoinGroup: its answer, or the wait for it.  ``ids_first``: a new member is
         given its id and asked to join again with it (JoinGroup v4 on)."""
@@ -326,11 +332,12 @@ class Coordinator:
             group.pending.pop(member_id, None)
             member = group.members.get(member_id)
             if member is None:
-                member = Member(member_id, instance_id, client_id, host, session, rebalance, protocol_type, protocols, now)
+                member = Member(member_id, instance_id, client_id, host, session, rebalance, protocol_type, protocols, now, conn)
                 group.members[member_id] = member
                 log.info("group %s: %s joins (%s)", name, member_id, host)
             else:
                 member.protocols, member.session_timeout, member.rebalance_timeout = protocols, session, rebalance
+                member.conn = conn
             if group.protocol_type is None:
                 group.protocol_type = protocol_type
             if member.join is not None:
@@ -351,6 +358,7 @@ class Coordinator:
         protocol_type: str | None,
         protocol: str | None,
         assignments: dict[str, bytes],
+        conn: object,
     ) -> SyncResult | GroupWait:
         """A SyncGroup: its answer, or the wait for the leader's."""
         group = self._group(name)
@@ -369,7 +377,7 @@ class Coordinator:
                 return SyncResult(INCONSISTENT_GROUP_PROTOCOL)
             if group.state == PREPARING:
                 return SyncResult(REBALANCE_IN_PROGRESS)
-            member.expires = now + member.session_timeout
+            member.expires, member.conn = now + member.session_timeout, conn
             if group.state == STABLE:
                 return SyncResult(NONE, group.protocol, member.assignment)
             if member_id == group.leader:
@@ -387,7 +395,7 @@ class Coordinator:
             member.sync = wait = GroupWait(now + member.session_timeout + 1)
             return wait
 
-    def heartbeat(self, name: str, generation: int, member_id: str) -> int:
+    def heartbeat(self, name: str, generation: int, member_id: str, conn: object) -> int:
         group = self._group(name)
         if group is None:
             return NOT_COORDINATOR
@@ -397,8 +405,13 @@ class Coordinator:
                 return UNKNOWN_MEMBER_ID
             if generation != group.generation:
                 return ILLEGAL_GENERATION
-            member.expires = time.monotonic() + member.session_timeout
+            member.expires, member.conn = time.monotonic() + member.session_timeout, conn
             return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
+
+    def hung_up(self, conn: object) -> None:
+        """A connection closed: the members it spoke for are removed at the next tick (their
+        process died, and the kernel closed its socket: no need to wait out the session)."""
+        self._hung_up.put(conn)
 
     def leave(self, name: str, member_ids: list[str]) -> tuple[int, list[int]]:
         """A LeaveGroup: the request's error, and each member's."""
@@ -519,7 +532,7 @@ class Coordinator:
             ]
             return Described(NONE, group.state, group.protocol_type or "", group.protocol or "", members)
 
-    def list(self) -> list[tuple[str, str, str]]:
+    def listed(self) -> list[tuple[str, str, str]]:
         """(group, protocol type, state) of the groups coordinated here and of those no
         daemon coordinates."""
         found = []
@@ -634,6 +647,10 @@ class Coordinator:
                 next_beat = now + BEAT_EVERY
             with self._lock:
                 held = list(self._groups.values())
+            gone: list[object] = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    gone.append(self._hung_up.get_nowait())
             for group in held:
                 if beat:
                     with self._lock:
@@ -643,10 +660,12 @@ class Coordinator:
                             log.warning("group %s: lost its coordinator lock (%s): no longer its coordinator", group.name, e)
                             self._drop(group.name)
                             continue
-                self._check(group, now, beat)
+                self._check(group, now, beat, gone)
 
-    def _check(self, group: Group, now: float, beat: bool) -> None:
+    def _check(self, group: Group, now: float, beat: bool, gone: list[object]) -> None:
         with group.lock:
+            for member in [m for m in group.members.values() if any(m.conn is conn for conn in gone)]:
+                self._remove(group, member, now, "hung up without leaving the group")
             for member_id, lapse in list(group.pending.items()):
                 if now >= lapse:
                     del group.pending[member_id]

@@ -158,6 +158,9 @@ class Kafka(FrontEnd):
     def close(self) -> None:
         self.groups.close()
 
+    def closed(self, conn: Connection) -> None:
+        self.groups.hung_up(conn)
+
     # ----------------------------------------------------------------- requests
 
     def handle(self, conn: Connection, request: memoryview) -> None:

@@ -95,6 +95,7 @@ def join_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
             request.protocol_type,
             [(p.name, bytes(p.metadata)) for p in request.protocols],
             ids_first=version >= 4,
+            conn=conn,
         )
         if isinstance(outcome, GroupWait):
             front.server.park(conn, outcome)
@@ -125,6 +126,7 @@ def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
             request.protocol_type if version >= 5 else None,
             request.protocol_name if version >= 5 else None,
             {a.member_id: bytes(a.assignment) for a in request.assignments},
+            conn,
         )
         if isinstance(outcome, GroupWait):
             front.server.park(conn, outcome)
@@ -142,7 +144,7 @@ def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
 
 
 def heartbeat(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
-    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id)
+    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn)
     return HeartbeatResponse(throttle_time_ms=0, error_code=code)
 
 
@@ -275,7 +277,7 @@ def list_groups(front: Kafka, conn: Connection, version: int, request: Any, wait
         error_code=NONE,
         groups=[
             listed(group_id=name, protocol_type=kind, group_state=state, group_type="classic")
-            for name, kind, state in front.groups.list()
+            for name, kind, state in front.groups.listed()
             if (not states or state.lower() in states) and (not types or "classic" in types)
         ],
     )

@@ -210,6 +210,9 @@ class FrontEnd:
     def close(self) -> None:
         """The daemon stopped: let go of what the front end holds."""
 
+    def closed(self, conn: Connection) -> None:
+        """The connection was closed (its client hung up, or it failed); called by the loop."""
+
     def listening(self, address: str, port: int) -> None:
         """Log where this protocol is served."""
 
@@ -498,6 +501,7 @@ class Server:
             self._selector.unregister(conn.sock)
         self._connections.discard(conn)
         _discard(conn)
+        conn.front.closed(conn)
 
     # ----------------------------------------------------------------- workers
 
