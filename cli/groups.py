@@ -75,11 +75,17 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
         )
 
 
+def _member(member: admin.MemberInfo) -> str:
+    """A member's id; for a group's Kafka clients, who coordinates them."""
+    kafka = member.subscription.get("kafka")
+    return member.id if kafka is None else f"Kafka clients (kl serve --kafka at {kafka})"
+
+
 def _describe(info: admin.GroupInfo, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(_json(info))
         return
-    members = [[m.id, m.host, str(m.pid), _when(m.since_ms), _ago(m.beat_age_ms)] for m in info.members]
+    members = [[_member(m), m.host, str(m.pid), _when(m.since_ms), _ago(m.beat_age_ms)] for m in info.members]
     partitions = [
         [
             p.topic,

@@ -355,7 +355,12 @@ def _registry(root: Root, group: str) -> Registry:
 
 def _refuse_if_active(registry: Registry, members: list[Member], force: bool) -> None:
     if members and not force:
-        who = ", ".join(f"{member.host} pid {member.pid}" for member in members)
+        who = ", ".join(
+            f"{member.host} pid {member.pid}"
+            if "kafka" not in member.subscription
+            else f"Kafka clients through kl serve at {member.subscription['kafka']}"
+            for member in members
+        )
         n = len(members)
         raise GroupActive(
             f"group {registry.group!r} has {n} live member{'s' if n != 1 else ''} ({who}): stop {'them' if n != 1 else 'it'}"
