@@ -48,6 +48,7 @@ from kl.errors import KlError, LockTimeout
 from kl.log import locks
 from kl.log.fsutil import FILE_MODE, ensure_dir, mount_of, storage_error
 from kl.log.log import Position
+from kl.net import brokers
 from kl.net.kafka_errors import (
     COORDINATOR_NOT_AVAILABLE,
     ILLEGAL_GENERATION,
@@ -533,16 +534,28 @@ class Coordinator:
             return Described(NONE, group.state, group.protocol_type or "", group.protocol or "", members)
 
     def listed(self) -> list[tuple[str, str, str]]:
-        """(group, protocol type, state) of the groups coordinated here and of those no
-        daemon coordinates."""
+        """(group, protocol type, state) of the groups coordinated here and, on the live
+        daemon of the lowest node id, of those no daemon coordinates: a client asking every
+        daemon (as admin tools do) hears of each group once."""
         found = []
+        unclaimed: bool | None = None
         for name in groups(self.root.path):
             group = self._group(name)
             if group is not None:
                 found.append((name, group.protocol_type or "consumer", group.state))
-            elif not self.coordinated_elsewhere(name):
+                continue
+            if unclaimed is None:
+                unclaimed = self._lists_unclaimed()
+            if unclaimed and not self.coordinated_elsewhere(name):
                 found.append((name, "consumer", self.describe(name).state))
         return found
+
+    def _lists_unclaimed(self) -> bool:
+        mine = brokers.node_id(self.address)
+        try:
+            return all(mine <= brokers.node_id(b.kafka) for b in brokers.live(self.root.path) if b.kafka)
+        except KlError:
+            return True
 
     # ----------------------------------------------------------------- rebalances
 

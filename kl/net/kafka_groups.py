@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kl.serve")
 
-NO_OPERATIONS = -(2**31)
-"""DescribeGroups' authorized operations when not asked for."""
-
 
 def find_coordinator(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     keys = request.coordinator_keys if version >= 4 else [request.key]
@@ -313,7 +310,7 @@ def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, 
                     )
                     for i, instance, client, host, metadata, assignment in found.members
                 ],
-                authorized_operations=NO_OPERATIONS,
+                authorized_operations=None,  # not asked for (kafka-python's bitfield: -2**31)
             )
         )
     return DescribeGroupsResponse(throttle_time_ms=0, groups=answers)
