@@ -12,7 +12,7 @@ OffsetFetch gives it back as the Kafka offset of that message.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kafka.protocol.admin.groups import DescribeGroupsResponse, ListGroupsResponse
 from kafka.protocol.consumer.group import (
@@ -26,9 +26,10 @@ from kafka.protocol.consumer.group import (
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
 
 from kl.errors import InvalidTopicName, KlError
-from kl.log.log import Position
+from kl.log.config import TopicConfig
+from kl.log.log import Log, Position
 from kl.net import brokers
-from kl.net.coordinator import GroupWait, JoinResult, SyncResult
+from kl.net.coordinator import Coordinator, GroupWait, JoinResult, SyncResult
 from kl.net.kafka_errors import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_GROUP_ID,
@@ -37,11 +38,20 @@ from kl.net.kafka_errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
-from kl.net.server import Connection, Wait
+from kl.net.server import Connection, Server, Wait
 from kl.registry import validate_group
 
-if TYPE_CHECKING:
-    from kl.net.kafka import Kafka
+
+class Kafka(Protocol):
+    """What the handlers use of the Kafka front end (``kl.net.kafka.Kafka``)."""
+
+    groups: Coordinator
+    server: Server
+
+    def checked_config(self, topic: str, partition: int | None = None) -> TopicConfig: ...
+
+    def message_at(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]: ...
+
 
 log = logging.getLogger("kl.serve")
 
