@@ -27,7 +27,11 @@ The state machine is Kafka's (GroupCoordinator.scala): Empty, PreparingRebalance
 for every member to join again, at most the longest rebalance timeout), CompletingRebalance
 (waiting for the leader's assignment) and Stable.  A JoinGroup or SyncGroup that has to
 wait for the others is parked with the server's waiter (``GroupWait``) until its answer is
-ready.  Static membership (``group.instance.id``) is taken as dynamic membership.
+ready.  A member is removed when its session timeout passes without a word from it, or
+at once when the connection it last spoke on closes without a LeaveGroup (its process
+died: the kernel closed the socket), so the others take over its partitions after one of
+their heartbeats.  Static membership (``group.instance.id``) is taken as dynamic
+membership.  A group left empty and unasked for ``IDLE_RELEASE`` is let go.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ INITIAL_DELAY = 0.5
 group.initial.rebalance.delay.ms, shorter): members starting together get one rebalance."""
 TICK = 0.1
 """How often members' sessions and rebalances' deadlines are checked."""
+IDLE_RELEASE = 300.0
+"""An empty group nobody asked about for this long is let go (its lock and memory)."""
 BEAT_EVERY = 1.0
 """How often the coordinator moves its group registrations' heartbeats and checks it still
 holds its coordinator locks."""
@@ -151,6 +157,8 @@ class Group:
     """The rebalance under way completes by then, without the members not back."""
     registration: Registration | None = None
     """Its mark among the group's members while it has Kafka members."""
+    used: float = field(default_factory=time.monotonic)
+    """When a request last named it."""
 
 
 class Described(NamedTuple):
@@ -257,7 +265,10 @@ class Coordinator:
 
     def _group(self, name: str) -> Group | None:
         with self._lock:
-            return self._groups.get(name)
+            group = self._groups.get(name)
+        if group is not None:
+            group.used = time.monotonic()
+        return group
 
     def _holds(self, name: str) -> None:
         """Raise ``_Lost`` unless this daemon still holds the group's lock: a write through
@@ -667,6 +678,9 @@ class Coordinator:
             for group in held:
                 if beat:
                     with self._lock:
+                        if group.state == EMPTY and not group.pending and now - group.used > IDLE_RELEASE:
+                            self._drop(group.name)  # nobody asked for it in a while: its lock goes
+                            continue
                         try:
                             self._holds(group.name)
                         except _Lost as e:
