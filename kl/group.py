@@ -59,7 +59,7 @@ from kl.follow import Watch
 from kl.log.config import same_creation
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
-from kl.registry import CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, subscribes
+from kl.registry import CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -514,13 +514,28 @@ class GroupConsumer:
         self._subscription = subscription
         self._streams = streams
         self._registration = registration = self.registry.register(subscription)
-        kafka = [m for m in self.registry.members() if "kafka" in m.subscription]
-        if kafka:
+        try:
+            self._refuse_kafka()
+        except BaseException:
             self._registration = None
             registration.close()
+            raise
+
+    def _refuse_kafka(self) -> None:
+        """Raise ``GroupTaken`` while Kafka clients are (or may still be) members of the group:
+        called once registered, so a Kafka coordinator registering meanwhile sees this member."""
+        marks = [str(m.subscription["kafka"]) for m in self.registry.members() if "kafka" in m.subscription]
+        lease = kafka_lease(self.root.path, self.group)
+        if marks or (lease is not None and lease[1] is None):
+            address = marks[0] if marks else lease[0] if lease is not None else "?"
             raise GroupTaken(
-                f"group {self.group!r} has Kafka clients as members (coordinated by kl serve at"
-                f" {kafka[0].subscription['kafka']}): a kl member cannot join it while they are in it"
+                f"group {self.group!r} has Kafka clients as members (coordinated by kl serve at {address}):"
+                " a kl member cannot join it while they are in it"
+            )
+        if lease is not None:
+            raise GroupTaken(
+                f"group {self.group!r} had Kafka clients as members until their coordinator (kl serve at {lease[0]})"
+                f" stopped: they may read their partitions for {lease[1]:.0f} s more; a kl member can join it then"
             )
 
     def _start(self) -> None:

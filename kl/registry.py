@@ -5,6 +5,9 @@
     ROOT/.groups/GROUP/owners/TOPIC/P.lock      held while a claim, release or commit of P runs
     ROOT/.groups/GROUP/offsets/TOPIC/P          the committed position (text, checksummed)
     ROOT/.groups/GROUP/offsets/TOPIC/P.damaged  a damaged offset file a member set aside
+    ROOT/.groups/.coordinators/GROUP            the group's Kafka coordinator (kl serve --kafka), locked
+                                                while it coordinates: its address and its members'
+                                                longest session timeout, rewritten every second
 
 A committed position is a byte offset and, inside a compressed batch, how many of the
 batch's inner messages were consumed (``Position``), with the topic id of the creation of
@@ -52,7 +55,16 @@ from dataclasses import dataclass
 
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.log import locks
-from kl.log.fsutil import FILE_MODE, ensure_dir, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_atomic
+from kl.log.fsutil import (
+    FILE_MODE,
+    ensure_dir,
+    file_time_ns,
+    fsync_dir,
+    mount_of,
+    nfs_locking_problem,
+    storage_error,
+    write_atomic,
+)
 from kl.log.log import Position
 from kl.topic import GROUPS_DIR, validate_name
 
@@ -417,6 +429,60 @@ class Registry:
             raise GroupNotFound(f"no group {self.group!r}") from None
         except OSError as e:
             raise storage_error(e, "remove", self.path) from None
+
+
+COORDINATORS_DIR = ".coordinators"
+
+
+def coordinator_path(root_path: str, group: str) -> str:
+    """The Kafka coordinator's file of ``group``."""
+    return os.path.join(root_path, GROUPS_DIR, COORDINATORS_DIR, validate_group(group))
+
+
+def encode_coordinator(address: str, session_ms: int) -> bytes:
+    """The coordinator file: ``HOST:PORT SESSION_MS`` (0 while the group has no Kafka
+    members), always as long for an address: rewritten in place, it is never torn."""
+    return f"{address} {session_ms:010d}\n".encode()
+
+
+def decode_coordinator(data: bytes) -> tuple[str, int] | None:
+    """(address, session timeout in ms) of a coordinator file; None while it is being written."""
+    found = re.fullmatch(rb"(\S+)(?: ([0-9]{1,10}))?\n", data)
+    if found is None:
+        return None
+    return found[1].decode("utf-8", "replace"), int(found[2] or 0)
+
+
+def kafka_lease(root_path: str, group: str) -> tuple[str, float | None] | None:
+    """While Kafka clients may still read the group's partitions: their coordinator's
+    address and for how many more seconds at most (None: as long as it lives), or None
+    when they may not.  As long as the
+    coordinator lives, for as long as they are members; once it died (its lock is free), for
+    their longest session timeout after its last word in the file (measured by the file
+    system's clock): a client keeps its partitions until its session times out without a
+    coordinator."""
+    path = coordinator_path(root_path, group)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise storage_error(e, "open", path) from None
+    try:
+        data, changed = os.pread(fd, 512, 0), os.fstat(fd).st_mtime_ns
+        held = locks.locked_elsewhere(fd, path)
+    except OSError as e:
+        raise storage_error(e, "read", path) from None
+    finally:
+        os.close(fd)
+    record = decode_coordinator(data)
+    if record is None or record[1] <= 0:
+        return None
+    address, session_ms = record
+    if held:
+        return address, None
+    left = session_ms / 1000 - (file_time_ns(os.path.dirname(path)) - changed) / 1e9
+    return (address, left) if left > 0 else None
 
 
 def groups(root_path: str) -> list[str]:

@@ -351,6 +351,16 @@ def unlock_file(fd: int, path: str) -> None:
         raise storage_error(e, "unlock", path) from None
 
 
+def locked_elsewhere(fd: int, path: str) -> bool:
+    """Whether another open file description holds a lock on the file ``fd`` refers to
+    (asked with F_OFD_GETLK: nothing is taken)."""
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError as e:
+        raise storage_error(e, "test the lock of", path) from None
+    return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+
+
 def revalidate(fd: int, path: str, timeout: float) -> None:
     """Make an NFS client drop what it cached of the file: take a shared lock and let it
     go (waits while a writer holds the file for an append)."""

@@ -66,14 +66,23 @@ from kl.net.kafka_errors import (
     UNKNOWN_MEMBER_ID,
 )
 from kl.net.server import Wait
-from kl.registry import CorruptOffset, Registration, Registry, groups, validate_group
+from kl.registry import (
+    COORDINATORS_DIR,
+    CorruptOffset,
+    Registration,
+    Registry,
+    coordinator_path,
+    decode_coordinator,
+    encode_coordinator,
+    groups,
+    validate_group,
+)
 from kl.topic import GROUPS_DIR, Root
 
 log = logging.getLogger("kl.serve")
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 
-COORDINATORS_DIR = ".coordinators"
 MIN_SESSION, MAX_SESSION = 6.0, 1800.0
 """The session timeouts a member may ask for (Kafka's group.min/max.session.timeout.ms)."""
 INITIAL_DELAY = 0.5
@@ -214,7 +223,7 @@ class Coordinator:
         with self._lock:
             if name in self._held:
                 return self.address
-            path = os.path.join(self._dir, name)
+            path = coordinator_path(self.root.path, name)
             ensure_dir(self._dir)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -224,16 +233,16 @@ class Coordinator:
                 locks.lock_file(fd, path, 0)
             except LockTimeout:
                 try:
-                    text = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+                    record = decode_coordinator(os.pread(fd, 512, 0))
                 finally:
                     os.close(fd)
-                return text or None
+                return None if record is None else record[0]
             except BaseException:
                 os.close(fd)
                 raise
             try:
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, self.address.encode() + b"\n", 0)
+                os.pwrite(fd, encode_coordinator(self.address, 0), 0)
                 os.fsync(fd)
             except OSError as e:
                 os.close(fd)
@@ -248,20 +257,17 @@ class Coordinator:
         with self._lock:
             if name in self._held:
                 return False
-        path = os.path.join(self._dir, name)
+        path = coordinator_path(self.root.path, name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False
         try:
-            locks.lock_file(fd, path, 0)
-        except LockTimeout:
-            return True
+            return locks.locked_elsewhere(fd, path)
         except KlError:
             return False
         finally:
-            os.close(fd)  # a lock taken goes with it
-        return False
+            os.close(fd)
 
     def _group(self, name: str) -> Group | None:
         with self._lock:
@@ -272,12 +278,14 @@ class Coordinator:
 
     def _holds(self, name: str) -> None:
         """Raise ``_Lost`` unless this daemon still holds the group's lock: a write through
-        the locked file, which NFS refuses once the host's lease ran out."""
-        fd = self._held.get(name)
-        if fd is None:
+        the locked file (its record, the members' longest session timeout in it), which NFS
+        refuses once the host's lease ran out."""
+        fd, group = self._held.get(name), self._groups.get(name)
+        if fd is None or group is None:
             raise _Lost(name)
+        session = max((m.session_timeout for m in list(group.members.values())), default=0.0)
         try:
-            os.pwrite(fd, self.address.encode() + b"\n", 0)
+            os.pwrite(fd, encode_coordinator(self.address, round(session * 1000)), 0)
             if self._nfs is None:
                 self._nfs = mount_of(self._dir)[1].startswith("nfs")
             if self._nfs:
@@ -347,6 +355,7 @@ class Coordinator:
                 member = Member(member_id, instance_id, client_id, host, session, rebalance, protocol_type, protocols, now, conn)
                 group.members[member_id] = member
                 log.info("group %s: %s joins (%s)", name, member_id, host)
+                self._note(name)
             else:
                 member.protocols, member.session_timeout, member.rebalance_timeout = protocols, session, rebalance
                 member.conn = conn
@@ -600,6 +609,12 @@ class Coordinator:
         if group.registration is not None:
             group.registration.close()
             group.registration = None
+            self._note(group.name)
+
+    def _note(self, name: str) -> None:
+        """Write the group's coordinator record now (its members changed), not at the next beat."""
+        with contextlib.suppress(_Lost):
+            self._holds(name)
 
     def _prepare(self, group: Group, now: float, why: str) -> None:
         """Start a rebalance: members waiting for an assignment are told to join again."""
