@@ -55,11 +55,13 @@ from kl.log.log import Position
 from kl.net import brokers
 from kl.net.kafka_errors import (
     COORDINATOR_NOT_AVAILABLE,
+    GROUP_ID_NOT_FOUND,
     ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL,
     INVALID_SESSION_TIMEOUT,
     KAFKA_STORAGE_ERROR,
     MEMBER_ID_REQUIRED,
+    NON_EMPTY_GROUP,
     NONE,
     NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
@@ -69,6 +71,7 @@ from kl.net.server import Wait
 from kl.registry import (
     COORDINATORS_DIR,
     CorruptOffset,
+    GroupNotFound,
     Registration,
     Registry,
     coordinator_path,
@@ -534,6 +537,30 @@ class Coordinator:
         return Registry(self.root.path, name).partitions("offsets")
 
     # ----------------------------------------------------------------- admin
+
+    def delete(self, name: str) -> int:
+        """DeleteGroups of one group: its offsets and files go, unless it has members of
+        either kind (NON_EMPTY_GROUP)."""
+        group = self._group(name)
+        if group is None and self.coordinated_elsewhere(name):
+            return NOT_COORDINATOR
+        with group.lock if group is not None else contextlib.nullcontext():
+            if group is not None and (group.members or group.pending):
+                return NON_EMPTY_GROUP
+            registry = Registry(self.root.path, name)
+            if not registry.exists():
+                return GROUP_ID_NOT_FOUND
+            if registry.members():
+                return NON_EMPTY_GROUP
+            try:
+                registry.delete()
+            except GroupNotFound:
+                return GROUP_ID_NOT_FOUND
+            except KlError as e:
+                log.warning("group %s: cannot delete it: %s", name, e)
+                return KAFKA_STORAGE_ERROR
+            log.info("group %s deleted", name)
+            return NONE
 
     def describe(self, name: str) -> Described:
         group = self._group(name)

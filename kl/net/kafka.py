@@ -33,7 +33,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kafka.protocol.admin.groups import DescribeGroupsRequest, DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse
+from kafka.protocol.admin.groups import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.group import (
@@ -740,7 +747,7 @@ def _api_keys() -> list[Any]:
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
-DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
+DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 APIS = {
     PRODUCE: _Api(ProduceRequest, ProduceResponse, 3, 9, Kafka._produce),
     FETCH: _Api(FetchRequest, FetchResponse, 4, 16, Kafka._fetch),
@@ -757,5 +764,6 @@ APIS = {
     SYNC_GROUP: _Api(SyncGroupRequest, SyncGroupResponse, 0, 5, kafka_groups.sync_group),
     DESCRIBE_GROUPS: _Api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5, kafka_groups.describe_groups),
     LIST_GROUPS: _Api(ListGroupsRequest, ListGroupsResponse, 0, 5, kafka_groups.list_groups),
+    DELETE_GROUPS: _Api(DeleteGroupsRequest, DeleteGroupsResponse, 0, 2, kafka_groups.delete_groups),
 }
 """What kl answers, and the versions it advertises (see kl-serve(1))."""

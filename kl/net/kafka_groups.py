@@ -1,6 +1,6 @@
 """Kafka's consumer group requests, answered by ``kl serve --kafka``: FindCoordinator,
-JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups and
-DescribeGroups.  The requests' fields in, the responses' out; the groups themselves are
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
+DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out; the groups themselves are
 ``kl.net.coordinator``'s.
 
 Offsets are kl's, as everywhere in the Kafka front end: a committed Kafka offset is stored
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from kafka.protocol.admin.groups import DescribeGroupsResponse, ListGroupsResponse
+from kafka.protocol.admin.groups import DeleteGroupsResponse, DescribeGroupsResponse, ListGroupsResponse
 from kafka.protocol.consumer.group import (
     HeartbeatResponse,
     JoinGroupResponse,
@@ -324,3 +324,13 @@ def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, 
             )
         )
     return DescribeGroupsResponse(throttle_time_ms=0, groups=answers)
+
+
+def delete_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    result = DeleteGroupsResponse.DeletableGroupResult
+    return DeleteGroupsResponse(
+        throttle_time_ms=0,
+        results=[
+            result(group_id=name, error_code=_group_error(name) or front.groups.delete(name)) for name in request.groups_names
+        ],
+    )
