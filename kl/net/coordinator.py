@@ -369,6 +369,7 @@ class Coordinator:
             member.join = wait = GroupWait(now + rebalance + 1)
             if group.state != PREPARING:
                 self._prepare(group, now, f"{member_id} joins")
+            wait.deadline = max(wait.deadline, group.deadline + 1)  # others may take longer to come back
             self._complete(group, now)
             if isinstance(wait.result, JoinResult):
                 return wait.result
@@ -563,10 +564,12 @@ class Coordinator:
             return NONE
 
     def describe(self, name: str) -> Described:
+        """The group as DescribeGroups tells it: its Kafka members', or else from its files
+        (kl members, if it has any, as the members of a "kl" protocol)."""
         group = self._group(name)
-        if group is None:
-            if self.coordinated_elsewhere(name):
-                return Described(NOT_COORDINATOR, DEAD, "", "", [])
+        if group is None and self.coordinated_elsewhere(name):
+            return Described(NOT_COORDINATOR, DEAD, "", "", [])
+        if group is None or not (group.members or group.pending):
             registry = Registry(self.root.path, name)
             if not registry.exists():
                 return Described(NONE, DEAD, "", "", [])
@@ -588,12 +591,12 @@ class Coordinator:
         unclaimed: bool | None = None
         for name in groups(self.root.path):
             group = self._group(name)
-            if group is not None:
+            if group is not None and group.members:
                 found.append((name, group.protocol_type or "consumer", group.state))
                 continue
             if unclaimed is None:
                 unclaimed = self._lists_unclaimed()
-            if unclaimed and not self.coordinated_elsewhere(name):
+            if group is not None or (unclaimed and not self.coordinated_elsewhere(name)):
                 found.append((name, "consumer", self.describe(name).state))
         return found
 
