@@ -221,8 +221,8 @@ def test_find_coordinator_answers_this_daemon_and_writes_it_into_the_root(root, 
     client = member("g", "c").client
     address = f"127.0.0.1:{running.address[1]}"
     assert find_coordinator(client, "g", version) == (NONE, brokers.node_id(address), *running.address)
-    with open(os.path.join(root.path, ".groups", ".coordinators", "g")) as f:
-        assert f.read() == address + "\n"
+    with open(os.path.join(root.path, ".groups", ".coordinators", "g"), "rb") as f:
+        assert kl.registry.decode_coordinator(f.read()) == (address, 0)  # no members yet
 
 
 def test_members_join_one_generation_sync_the_leaders_assignment_and_rebalance_as_they_come_and_go(root, topic, served):
@@ -466,6 +466,42 @@ def test_a_kl_member_cannot_join_a_group_with_kafka_members(root, topic, served)
     assert [m.subscription for m in registry.members()] == [{"kafka": f"127.0.0.1:{running.address[1]}"}]
     assert [owner.member for _, _, owner in registry.owners() if owner.member is not None] == []
     assert a.heartbeat() == NONE
+
+
+def test_a_kl_member_waits_out_the_session_of_kafka_members_whose_coordinator_was_killed(root, topic, tmp_path):
+    """The Kafka clients keep reading their partitions until their session times out
+    without a coordinator: a kl member may not join before."""
+    write_each(root, "t", [b"a"])
+    daemon = Daemon(root.path, tmp_path / "serve.log")
+    host, port = daemon.bootstrap.split(":")
+    a = Member((host, int(port)), "g", "a")
+    try:
+        find_coordinator(a.client, "g")
+        assert a.join().error_code == MEMBER_ID_REQUIRED
+        assert a.join().error_code == NONE
+        assert a.sync({a.id: b"t/0"}).error_code == NONE
+        daemon.proc.kill()
+        daemon.proc.wait()
+        killed = time.monotonic()
+        with pytest.raises(
+            kl.GroupTaken,
+            match=r"group 'g' had Kafka clients as members until their coordinator .*"
+            r"stopped: they may read their partitions for [0-9]+ s more",
+        ):
+            kl.GroupConsumer(root, "g", ["t"])
+        while True:
+            try:
+                member = kl.GroupConsumer(root, "g", ["t"])
+                break
+            except kl.GroupTaken:
+                assert time.monotonic() - killed < SESSION_MS / 1000 + 30, "refused long past the clients' session"
+                time.sleep(0.2)
+        waited = time.monotonic() - killed
+        member.close()
+        assert waited >= SESSION_MS / 1000 - 1.5, f"a kl member joined {waited:.1f} s after the coordinator's death"
+    finally:
+        a.close()
+        daemon.proc.kill()
 
 
 # ----------------------------------------------------------------- two daemons over one root
