@@ -93,6 +93,11 @@ INITIAL_DELAY = 0.5
 group.initial.rebalance.delay.ms, shorter): members starting together get one rebalance."""
 TICK = 0.1
 """How often members' sessions and rebalances' deadlines are checked."""
+HOLD = 0.5
+"""A Heartbeat that comes this long or less before another member's session runs out is
+answered once that is decided: members beat in step (each starts its heartbeat timer from
+the same SyncGroup answer), so the others' heartbeats come just before a stopped member's
+session ends, and they would learn of the rebalance a whole heartbeat interval later."""
 IDLE_RELEASE = 300.0
 """An empty group nobody asked about for this long is let go (its lock and memory)."""
 BEAT_EVERY = 1.0
@@ -420,7 +425,9 @@ class Coordinator:
             member.sync = wait = GroupWait(now + member.session_timeout + 1)
             return wait
 
-    def heartbeat(self, name: str, generation: int, member_id: str, conn: object) -> int:
+    def heartbeat(self, name: str, generation: int, member_id: str, conn: object, hold: bool = True) -> int | GroupWait:
+        """A Heartbeat: its error code, or (``hold``) the wait for another member's session
+        about to run out."""
         group = self._group(name)
         if group is None:
             return NOT_COORDINATOR
@@ -430,8 +437,16 @@ class Coordinator:
                 return UNKNOWN_MEMBER_ID
             if generation != group.generation:
                 return ILLEGAL_GENERATION
-            member.expires, member.conn = time.monotonic() + member.session_timeout, conn
-            return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
+            now = time.monotonic()
+            member.expires, member.conn = now + member.session_timeout, conn
+            self._expire(group, now)  # now, not at the next tick
+            if group.state == PREPARING:
+                return REBALANCE_IN_PROGRESS
+            if hold and group.state == STABLE:
+                ending = min((m.expires for m in group.members.values() if m is not member), default=now + HOLD + 1)
+                if ending <= now + HOLD:
+                    return GroupWait(ending + 2 * TICK)
+            return NONE
 
     def hung_up(self, conn: object) -> None:
         """A connection closed: the members it spoke for are removed at the next tick (their
@@ -741,13 +756,17 @@ class Coordinator:
             for member_id, lapse in list(group.pending.items()):
                 if now >= lapse:
                     del group.pending[member_id]
-            for member in list(group.members.values()):
-                if member.join is None and member.sync is None and now >= member.expires:
-                    self._remove(group, member, now, f"missed its session timeout ({member.session_timeout:g} s)")
+            self._expire(group, now)
             self._settle(group, now)
             if beat and group.registration is not None:
                 with contextlib.suppress(KlError):
                     group.registration.beat()
+
+    def _expire(self, group: Group, now: float) -> None:
+        """Remove the members past their session timeout (called with the group's lock)."""
+        for member in list(group.members.values()):
+            if member.join is None and member.sync is None and now >= member.expires:
+                self._remove(group, member, now, f"missed its session timeout ({member.session_timeout:g} s)")
 
 
 class _Lost(Exception):

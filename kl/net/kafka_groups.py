@@ -151,7 +151,10 @@ def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
 
 
 def heartbeat(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
-    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn)
+    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn, hold=wait is None)
+    if isinstance(code, GroupWait):
+        front.server.park(conn, code)
+        return None
     return HeartbeatResponse(throttle_time_ms=0, error_code=code)
 
 
