@@ -585,8 +585,11 @@ async def aiokafka_group(spec: dict[str, Any], deadline: Deadline) -> None:
                 for m in batch:
                     member.message(m.topic, m.partition, m.offset, m.value)
                     if commit == "each":
-                        await consumer.commit()
-                        out(committed=[[m.topic, m.partition, m.offset + 1]])
+                        try:
+                            await consumer.commit()
+                            out(committed=[[m.topic, m.partition, m.offset + 1]])
+                        except aiokafka.errors.KafkaError as e:
+                            out(commit_error=str(e))
         if commit == "end" and member.assignment:
             await consumer.commit()
             out(committed=[[tp.topic, tp.partition, await consumer.position(tp)] for tp in sorted(consumer.assignment())])

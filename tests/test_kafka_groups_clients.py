@@ -252,6 +252,62 @@ class Watch:
         self.thread.join()
 
 
+class Writer:
+    """A thread writing numbered values (``TOPIC-N``) round-robin over the topic's partitions
+    with kl's producer, one every 10 ms, until stopped; ``written`` lists them."""
+
+    def __init__(self, root: kl.Root, topic: str, partitions: int) -> None:
+        self.root, self.topic, self.partitions = root, topic, partitions
+        self.written: list[str] = []
+        self.writing = threading.Event()
+        self.writing.set()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        producer = kl.Producer(self.root)
+        while self.writing.is_set():
+            value = f"{self.topic}-{len(self.written)}"
+            producer.send(self.topic, value.encode(), partition=len(self.written) % self.partitions)
+            self.written.append(value)
+            time.sleep(0.01)
+        producer.close()
+
+    def stop(self) -> set[str]:
+        """Stop writing; what was written."""
+        self.writing.clear()
+        self.thread.join()
+        return set(self.written)
+
+
+def unconfirmed(m: Member) -> set[tuple[str, int, int]]:
+    """The messages ``m`` read (topic, partition, offset) whose commit it did not see taken
+    (it commits each message as it reads it)."""
+    return {
+        (line["topic"], line["partition"], line["offset"])
+        for line, after in zip(m.lines, [*m.lines[1:], {}], strict=True)
+        if "value" in line and "committed" not in after
+    }
+
+
+def read_twice(members: list[Member]) -> set[tuple[str, int, int]]:
+    """The messages (topic, partition, offset) the members read more than once between them;
+    none more than twice."""
+    read = Counter((d.topic, d.partition, d.offset) for m in members for d in m.deliveries)
+    assert max(read.values()) <= 2, [at for at, n in read.items() if n > 2]
+    return {at for at, n in read.items() if n > 1}
+
+
+def until_rejoined(stopped: Member, continued_at: int) -> list[dict[str, Any]]:
+    """What a stopped member printed once continued (its lines from ``continued_at`` on)
+    until the group assigned it partitions again: a commit it had sent before it stopped,
+    answered after, left out."""
+    since = stopped.lines[continued_at:]
+    if since and "committed" in since[0] and "value" in stopped.lines[continued_at - 1]:
+        since = since[1:]
+    return since[: next(i for i, line in enumerate(since) if line.get("why") == "assign")]
+
+
 # ----------------------------------------------------------------- failures
 
 
@@ -263,23 +319,9 @@ def test_four_confluent_members_one_killed_one_stopped_past_its_session_deliver_
     it has joined again, and it does.  Every message is read; a message read twice was read
     by the killed or the stopped member without its commit confirmed; no committed offset
     ever goes back."""
-    topic, group = "chaos", "chaos"
+    topic = group = "chaos"
     partitions = create(root, topic, 8)
-    written: list[str] = []
-    writing = threading.Event()
-    writing.set()
-
-    def write() -> None:
-        producer = kl.Producer(root)
-        while writing.is_set():
-            i = len(written)
-            producer.send(topic, f"{topic}-{i}".encode(), partition=i % 8)
-            written.append(f"{topic}-{i}")
-            time.sleep(0.01)
-        producer.close()
-
-    writer = threading.Thread(target=write)
-    writer.start()
+    writer = Writer(root, topic, 8)
     watch = Watch(root, group, partitions)
     try:
         spec = {"group": group, "topics": [topic], "commit": "each", "session_timeout": SESSION_TIMEOUT}
@@ -304,38 +346,88 @@ def test_four_confluent_members_one_killed_one_stopped_past_its_session_deliver_
             "assignment" in line and line["why"] in ("revoke", "lost") for line in stopped.lines[stopped_at:]
         ))  # fmt: skip
         wait(back, "three members share the partitions", lambda: shared(back, partitions))
-        writing.clear()
-        writer.join()
-        wait(back, "every message read", lambda: delivered(members) >= set(written))
+        written = writer.stop()
+        wait(back, "every message read", lambda: delivered(members) >= written)
         for m in back:
             m.close()
     finally:
-        writing.clear()
+        writer.stop()
         watch.stop()
 
-    # every message at least once
-    read = Counter((d.partition, d.offset) for m in members for d in m.deliveries)
-    assert delivered(members) == set(written)
-    # duplicates only where the killed or stopped member read and its commit was not confirmed
-    unconfirmed: set[tuple[int, int]] = set()
-    for m in (killed, stopped):
-        for line, after in zip(m.lines, [*m.lines[1:], {}], strict=True):
-            if "value" in line and "committed" not in after:
-                unconfirmed.add((line["partition"], line["offset"]))
-    duplicates = {at: n - 1 for at, n in read.items() if n > 1}
-    assert set(duplicates) <= unconfirmed, (duplicates, unconfirmed)
-    assert all(n == 1 for n in duplicates.values()), duplicates
-    # none of the stopped member's commits after it came back was taken until it had joined again
-    since = stopped.lines[stopped_at:]
-    if since and "committed" in since[0] and "value" in stopped.lines[stopped_at - 1]:
-        since = since[1:]  # a commit sent before the SIGSTOP, answered after it
-    rejoined = next(i for i, line in enumerate(since) if "assignment" in line and line["why"] == "assign")
-    assert not [line for line in since[:rejoined] if "committed" in line], since[:rejoined]
+    assert delivered(members) == written
+    twice = read_twice(members)
+    assert twice <= unconfirmed(killed) | unconfirmed(stopped), (twice, unconfirmed(killed), unconfirmed(stopped))
+    back_again = until_rejoined(stopped, stopped_at)
+    assert not [line for line in back_again if "committed" in line], back_again
     assert watch.backwards == []
     # the healthy members' commits were all taken
     for m in rest:
         assert not [line for line in m.lines if "commit_error" in line], m.lines
     read_up(root, group, partitions)
+
+
+def test_a_member_stopped_past_its_session_has_its_commits_refused(request, daemon, root) -> None:
+    """A group of two kafka-python members and one of two aiokafka members, each committing
+    every message it reads while kl's producer writes: one member of each is stopped
+    (SIGSTOP) until the other owns every partition, then continued.  What it reads before it
+    sees its session is over it cannot commit (the coordinator answers UNKNOWN_MEMBER_ID or
+    ILLEGAL_GENERATION); then it joins again and the two share the partitions.  Every
+    message is read; a message read twice was read once without its commit taken; no
+    committed offset ever goes back."""
+    topic = "fenced"
+    partitions = create(root, topic, 4)
+    writer = Writer(root, topic, 4)
+    clients = ("kafka-python", "aiokafka")
+    watches = [Watch(root, f"fenced-{c}", partitions) for c in clients]
+    try:
+        spec = {"topics": [topic], "commit": "each", "session_timeout": SESSION_TIMEOUT}
+        pairs = [[start(request, daemon, c, f"fenced-{c}-{i}", group=f"fenced-{c}", **spec) for i in range(2)] for c in clients]
+        everyone = [m for pair in pairs for m in pair]
+        wait(everyone, "each pair shares the partitions", lambda: all(shared(pair, partitions) for pair in pairs))
+        wait(everyone, "each member reads", lambda: all(len(m.deliveries) >= 3 for m in everyone))
+        for stopped, _ in pairs:
+            os.kill(stopped.client.proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)  # what they printed reaches the pipes
+        for stopped, _ in pairs:
+            stopped.pump()
+        marks = [len(stopped.lines) for stopped, _ in pairs]
+        others = [other for _, other in pairs]
+        wait(
+            others,
+            "the others own every partition",
+            lambda: all(o.assignment == partitions for o in others),
+            SESSION_TIMEOUT + 20,
+        )
+        taken_over = [len(o.deliveries) for o in others]
+        wait(
+            others, "the others read on", lambda: all(len(o.deliveries) > n + 8 for o, n in zip(others, taken_over, strict=True))
+        )
+        for stopped, _ in pairs:
+            os.kill(stopped.client.proc.pid, signal.SIGCONT)
+        wait(everyone, "each pair shares the partitions again", lambda: all(
+            shared(pair, partitions) and any(line.get("why") == "assign" for line in pair[0].lines[mark:])
+            for pair, mark in zip(pairs, marks, strict=True)
+        ))  # fmt: skip
+        written = writer.stop()
+        wait(everyone, "every message read", lambda: all(delivered(pair) >= written for pair in pairs))
+        for m in everyone:
+            m.close()
+    finally:
+        writer.stop()
+        for w in watches:
+            w.stop()
+
+    for c, (stopped, other), mark, watch in zip(clients, pairs, marks, watches, strict=True):
+        assert delivered([stopped, other]) == written, stopped.name
+        twice = read_twice([stopped, other])
+        assert twice <= unconfirmed(stopped) | unconfirmed(other), (stopped.name, twice)
+        back_again = until_rejoined(stopped, mark)
+        assert not [line for line in back_again if "committed" in line], back_again
+        assert watch.backwards == [], stopped.name
+        refused = [line["commit_error"] for line in back_again if "commit_error" in line]
+        if c == "kafka-python":  # aiokafka says CommitFailedError, whichever the coordinator's code
+            assert all("UnknownMemberId" in e or "IllegalGeneration" in e for e in refused), refused
+        read_up(root, f"fenced-{c}", partitions)
 
 
 # ----------------------------------------------------------------- assignors
