@@ -18,6 +18,16 @@ travel as base64 (``null`` for a null one) so that every byte survives.  Operati
   ``count`` records; prints ``{"records": [[...] per consumer]}``.
 - ``watch``: print the topics the client sees (``{"topics": [...]}``), wait for a line on
   stdin, then look ``topic`` up through Metadata until it appears: ``{"partitions": N}``.
+- ``group``: join ``group`` subscribed to ``topics`` (a list) or ``pattern`` (a regex) with
+  the client's ``assignor`` (``range``, ``roundrobin``, ``cooperative-sticky``: those it
+  has), reading from the earliest offset where nothing is committed; print
+  ``{"assignment": [[topic, partition], ...], "why": "assign" | "revoke" | "lost"}`` as the
+  group changes it, ``{"topic", "partition", "offset", "value"}`` for each message (values
+  as text), and commit as ``commit`` says: ``auto`` (the client's auto-commit, every 100 ms),
+  ``each`` (synchronously after each message: ``{"committed": [[topic, partition,
+  offset]]}`` or ``{"commit_error": "..."}``) or ``end`` (all consumed, before closing).
+  Leaves the group (close) after ``count`` messages, or once ``close`` (or the end) comes on
+  stdin: ``{"closed": N}``, N the messages read.  ``session_timeout`` in seconds.
 
 Each operation gives up after ``timeout`` seconds, saying what it had (exit 1); a client
 stuck beyond that is stopped with every thread's stack on stderr.
@@ -89,6 +99,9 @@ def confluent(spec: dict[str, Any]) -> None:
     deadline = Deadline(spec["timeout"])
     common = {"bootstrap.servers": spec["bootstrap"], "log_level": 3, "socket.timeout.ms": 5000}
     op = spec["op"]
+    if op == "group":
+        confluent_group(spec, common, deadline)
+        return
     if op == "produce":
         producer = ck.Producer(
             {
@@ -220,6 +233,9 @@ def kafka_python(spec: dict[str, Any]) -> None:
     deadline = Deadline(spec["timeout"])
     common = {"bootstrap_servers": spec["bootstrap"], "request_timeout_ms": int(spec["timeout"] * 1000)}
     op = spec["op"]
+    if op == "group":
+        kafka_python_group(spec, common, deadline)
+        return
     if op == "produce":
         idempotent = spec.get("idempotent")
         producer = kafka.KafkaProducer(
@@ -304,6 +320,9 @@ async def aiokafka_(spec: dict[str, Any]) -> None:
 
     deadline = Deadline(spec["timeout"])
     op = spec["op"]
+    if op == "group":
+        await aiokafka_group(spec, deadline)
+        return
     if op == "produce":
         producer = aiokafka.AIOKafkaProducer(
             bootstrap_servers=spec["bootstrap"],
@@ -380,6 +399,203 @@ async def read_aiokafka(consumer: Any, count: int, deadline: Deadline) -> list[R
         for batch in (await consumer.getmany(timeout_ms=min(left, 0.2) * 1000)).values():
             got.extend(record(m.offset, m.timestamp, m.key, m.value, m.headers) for m in batch)
     return got
+
+
+# ----------------------------------------------------------------- groups
+
+
+class Stdin:
+    """``close`` (or the end) on stdin, seen by a thread: the member is to leave."""
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            if line.strip() == "close":
+                break
+        self.closing.set()
+
+
+class Member:
+    """What a group member prints: its assignment as it changes, its messages, its commits."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.assignment: set[tuple[str, int]] = set()
+        self.read = 0
+        self.stdin = Stdin()
+
+    def reading(self, deadline: Deadline) -> bool:
+        """Whether to go on reading: not told to close, not at ``count``, not past the deadline."""
+        deadline.left(f"{self.read} messages read, assignment {sorted(self.assignment)}")
+        return not self.stdin.closing.is_set() and self.read < self.spec.get("count", float("inf"))
+
+    def assigned(self, why: str, partitions: list[tuple[str, int]], incremental: bool = False) -> None:
+        """The group gave (``assign``) or took (``revoke``, ``lost``) ``partitions``: the
+        whole assignment, or (``incremental``, or a revoke) a change to it."""
+        if why == "assign":
+            self.assignment = set(partitions) | (self.assignment if incremental else set())
+        else:
+            self.assignment -= set(partitions)
+        out(assignment=sorted(self.assignment), why=why)
+
+    def message(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        self.read += 1
+        out(topic=topic, partition=partition, offset=offset, value=None if value is None else value.decode())
+
+
+def confluent_group(spec: dict[str, Any], common: dict[str, Any], deadline: Deadline) -> None:
+    import confluent_kafka as ck
+
+    member = Member(spec)
+    commit = spec.get("commit", "auto")
+    consumer = ck.Consumer(
+        {
+            **common,
+            "group.id": spec["group"],
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": commit == "auto",
+            "auto.commit.interval.ms": 100,
+            "partition.assignment.strategy": spec.get("assignor", "range"),
+            "session.timeout.ms": int(spec.get("session_timeout", 10) * 1000),
+            "heartbeat.interval.ms": 1000,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    incremental = spec.get("assignor") == "cooperative-sticky"
+
+    def on(why: str) -> Any:
+        return lambda _, partitions: member.assigned(why, [(p.topic, p.partition) for p in partitions], incremental)
+
+    def committed(done: list[Any]) -> None:
+        errors = [str(p.error) for p in done if p.error is not None]
+        if errors:
+            out(commit_error="; ".join(errors))
+        else:
+            out(committed=[[p.topic, p.partition, p.offset] for p in done])
+
+    topics = [spec["pattern"]] if "pattern" in spec else spec["topics"]  # librdkafka: a name starting ^ is a regex
+    consumer.subscribe(topics, on_assign=on("assign"), on_revoke=on("revoke"), on_lost=on("lost"))
+    while member.reading(deadline):
+        msg = consumer.poll(0.1)
+        if msg is None:
+            continue
+        if msg.error():
+            out(error=str(msg.error()))
+            continue
+        member.message(msg.topic(), msg.partition(), msg.offset(), msg.value())
+        if commit == "each":
+            try:
+                committed(consumer.commit(message=msg, asynchronous=False))
+            except ck.KafkaException as e:
+                out(commit_error=str(e))
+    if commit == "end" and member.assignment:
+        try:
+            committed(consumer.commit(asynchronous=False))
+        except ck.KafkaException as e:
+            out(commit_error=str(e))
+    consumer.close()
+    out(closed=member.read)
+
+
+KAFKA_PYTHON_ASSIGNORS = {"range": "RangePartitionAssignor", "roundrobin": "RoundRobinPartitionAssignor"}
+
+
+def kafka_python_group(spec: dict[str, Any], common: dict[str, Any], deadline: Deadline) -> None:
+    import kafka
+    import kafka.coordinator.assignors.range
+    import kafka.coordinator.assignors.roundrobin
+
+    member = Member(spec)
+    commit = spec.get("commit", "auto")
+    assignor = spec.get("assignor", "range")
+    module = getattr(kafka.coordinator.assignors, assignor)
+    consumer = kafka.KafkaConsumer(
+        **common,
+        group_id=spec["group"],
+        auto_offset_reset="earliest",
+        enable_auto_commit=commit == "auto",
+        auto_commit_interval_ms=100,
+        partition_assignment_strategy=[getattr(module, KAFKA_PYTHON_ASSIGNORS[assignor])],
+        session_timeout_ms=int(spec.get("session_timeout", 10) * 1000),
+        heartbeat_interval_ms=1000,
+        metadata_max_age_ms=1000,
+    )
+
+    class Listener(kafka.ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            member.assigned("revoke", [(p.topic, p.partition) for p in revoked])
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            member.assigned("assign", [(p.topic, p.partition) for p in assigned])
+
+    consumer.subscribe(topics=spec.get("topics"), pattern=spec.get("pattern"), listener=Listener())
+    while member.reading(deadline):
+        for batch in consumer.poll(timeout_ms=100, max_records=1).values():
+            for m in batch:
+                member.message(m.topic, m.partition, m.offset, m.value)
+                if commit == "each":
+                    try:
+                        consumer.commit()
+                        out(committed=[[m.topic, m.partition, m.offset + 1]])
+                    except kafka.errors.KafkaError as e:
+                        out(commit_error=str(e))
+    if commit == "end" and member.assignment:
+        consumer.commit()
+        out(committed=[[tp.topic, tp.partition, consumer.position(tp)] for tp in sorted(consumer.assignment())])
+    consumer.close()
+    out(closed=member.read)
+
+
+async def aiokafka_group(spec: dict[str, Any], deadline: Deadline) -> None:
+    import aiokafka
+    from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+    from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    member = Member(spec)
+    commit = spec.get("commit", "auto")
+    assignor = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}[spec.get("assignor", "range")]
+    consumer = aiokafka.AIOKafkaConsumer(
+        bootstrap_servers=spec["bootstrap"],
+        group_id=spec["group"],
+        auto_offset_reset="earliest",
+        enable_auto_commit=commit == "auto",
+        auto_commit_interval_ms=100,
+        partition_assignment_strategy=(assignor,),
+        session_timeout_ms=int(spec.get("session_timeout", 10) * 1000),
+        heartbeat_interval_ms=1000,
+        metadata_max_age_ms=1000,
+        fetch_max_wait_ms=100,
+    )
+
+    class Listener(aiokafka.ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            member.assigned("revoke", [(p.topic, p.partition) for p in revoked])
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            member.assigned("assign", [(p.topic, p.partition) for p in assigned])
+
+    await asyncio.wait_for(consumer.start(), deadline.left("start"))
+    consumer.subscribe(topics=spec.get("topics", ()), pattern=spec.get("pattern"), listener=Listener())
+    try:
+        while member.reading(deadline):
+            for batch in (await consumer.getmany(timeout_ms=100, max_records=1)).values():
+                for m in batch:
+                    member.message(m.topic, m.partition, m.offset, m.value)
+                    if commit == "each":
+                        try:
+                            await consumer.commit()
+                            out(committed=[[m.topic, m.partition, m.offset + 1]])
+                        except aiokafka.errors.KafkaError as e:
+                            out(commit_error=str(e))
+        if commit == "end" and member.assignment:
+            await consumer.commit()
+            out(committed=[[tp.topic, tp.partition, await consumer.position(tp)] for tp in sorted(consumer.assignment())])
+    finally:
+        await consumer.stop()
+    out(closed=member.read)
 
 
 def main() -> None:

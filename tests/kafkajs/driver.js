@@ -5,8 +5,12 @@
 // The operations and their JSON are tests/kafka_driver.py's (keys, values and header values
 // as base64): produce (its offsets: KafkaJS reports one base offset per partition, so every
 // record of a send gets that base), offsets ({"earliest", "latest"} or the offset of
-// "timestamp", through the admin client), watch.  KafkaJS has no assign(): its consumer
-// always joins a group, so it has no consume here.  Snappy is the kafkajs-snappy codec;
+// "timestamp", through the admin client), watch, and group: KafkaJS has no assign(), its
+// consumer always joins a group (subscribe and run, auto-commit, the round-robin assignor it
+// has, from the beginning where nothing is committed), printing its assignment on each join
+// ({"assignment": [[topic, partition], ...], "why": "assign"}), each message ({topic,
+// partition, offset, value}, value as text), and {"closed": N} once it has left the group on
+// "close" (or the end) on stdin.  Snappy is the kafkajs-snappy codec;
 // LZ4 is lz4js (pure JavaScript) registered as KafkaJS asks; zstd has no codec that installs
 // without a native build.  Fails (exit 1, the reason on stderr) after spec.timeout seconds.
 'use strict'
@@ -94,7 +98,41 @@ async function watch () {
   await admin.disconnect()
 }
 
-const ops = { produce, offsets, watch }
+async function group () {
+  const consumer = kafka.consumer({
+    groupId: spec.group,
+    sessionTimeout: (spec.session_timeout || 10) * 1000,
+    heartbeatInterval: 1000,
+    metadataMaxAge: 1000,
+    maxWaitTimeInMs: 100,
+  })
+  consumer.on(consumer.events.GROUP_JOIN, ({ payload }) => {
+    const assignment = []
+    for (const [topic, partitions] of Object.entries(payload.memberAssignment)) {
+      for (const partition of partitions) assignment.push([topic, partition])
+    }
+    out({ assignment: assignment.sort(), why: 'assign' })
+  })
+  await consumer.connect()
+  const topics = spec.pattern ? [new RegExp(spec.pattern)] : spec.topics
+  await consumer.subscribe({ topics, fromBeginning: true })
+  let read = 0
+  await consumer.run({
+    eachMessage: async ({ topic, partition, message }) => {
+      read += 1
+      out({ topic, partition, offset: Number(message.offset), value: message.value === null ? null : message.value.toString() })
+    },
+  })
+  await new Promise((resolve) => {
+    const lines = readline.createInterface({ input: process.stdin })
+    lines.on('line', (line) => line.trim() === 'close' && resolve())
+    lines.on('close', resolve)
+  })
+  await consumer.disconnect()
+  out({ closed: read })
+}
+
+const ops = { produce, offsets, watch, group }
 if (!ops[spec.op]) {
   process.stderr.write(`unknown op ${spec.op}\n`)
   process.exit(1)
