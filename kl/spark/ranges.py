@@ -97,13 +97,13 @@ def parse_offsets(text: str | None, option: str, default: str) -> Offsets:
         raise InvalidConfig(f'{option} must be earliest, latest or JSON such as {{"t": {{"0": 23}}}}: {e}') from None
 
 
-def parse_timestamp(text: str | None, option: str) -> int | None:
+def parse_timestamp(text: str | None, option: str, now: float | None = None) -> int | None:
     """A time option in any form ``kl.timespec.parse_time`` reads (relative ones count
-    from now, when the options are read), as milliseconds since the epoch."""
+    from ``now``: when the options are read), as milliseconds since the epoch."""
     if text is None:
         return None
     try:
-        return timespec.parse_time(text)
+        return timespec.parse_time(text, now=now)
     except InvalidTime as e:
         raise InvalidTime(f"{option}: {e}") from None
 

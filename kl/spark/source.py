@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -66,14 +67,15 @@ class Options:
         root = get("root") or get("path")
         if not root:
             raise InvalidConfig('the kl source needs option("root", DIR): the directory holding the topics')
+        now = time.time()  # one now for every relative time ("-1h" to "now" is an hour)
         return cls(
             root=root,
             topics=get("topics"),
             topic_pattern=get("topicpattern"),
             starting=ranges.parse_offsets(get("startingoffsets"), "startingOffsets", "earliest"),
             ending=ranges.parse_offsets(get("endingoffsets"), "endingOffsets", "latest"),
-            starting_timestamp=ranges.parse_timestamp(get("startingtimestamp"), "startingTimestamp"),
-            ending_timestamp=ranges.parse_timestamp(get("endingtimestamp"), "endingTimestamp"),
+            starting_timestamp=ranges.parse_timestamp(get("startingtimestamp"), "startingTimestamp", now),
+            ending_timestamp=ranges.parse_timestamp(get("endingtimestamp"), "endingTimestamp", now),
             fail_on_data_loss=_flag(get("failondataloss"), "failOnDataLoss", True),
             skip_corrupt=_flag(get("skipcorrupt"), "skipCorrupt", False),
             min_partitions=_count(get("minpartitions"), "minPartitions"),
