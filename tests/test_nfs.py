@@ -187,23 +187,62 @@ except kl.KlError as e:
 """.replace("ROOT", repr(ROOT))
 
 
+COORDINATOR = r"""
+import signal, sys, time, kl
+from kl.log.log import Position
+from kl.net.coordinator import Coordinator, GroupWait
+# A Kafka group's coordinator (kl serve --kafka's, without its sockets): it takes the
+# group's coordinator lock, has one member join and commit, then (SIGUSR1) commits again.
+host, then = sys.argv[1], sys.argv[2]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+coordinator = Coordinator(kl.Root(ROOT), lambda: None)
+coordinator.start(f"{host}:9092")
+def settled(outcome):
+    while isinstance(outcome, GroupWait) and outcome.result is None:
+        time.sleep(0.05)
+    return outcome.result if isinstance(outcome, GroupWait) else outcome
+while coordinator.coordinator("g") != f"{host}:9092":
+    time.sleep(0.5)
+print("coordinating", time.monotonic(), flush=True)
+joined = settled(coordinator.join("g", "", None, host, host, 60000, 60000, "consumer", [("range", b"")], False, None))
+settled(coordinator.sync("g", joined.generation, joined.member_id, None, None, {joined.member_id: b""}, None))
+commit = lambda offset: coordinator.commit("g", joined.generation, joined.member_id, [("t", 0, Position(offset), "")])
+print("committed", commit(int(then)), flush=True)
+if then == "10":
+    signal.sigwait([signal.SIGUSR1])
+    print("late", commit(99), flush=True)
+coordinator.close()
+""".replace("ROOT", repr(ROOT))
+
+
 @pytest.mark.parametrize("lab", ["4.2"], indirect=True)
 def test_a_host_cut_off_past_its_lease_cannot_overwrite_what_the_other_host_appended(lab):
+    """Nor can a Kafka group's coordinator on it: host b's takes over, and a's late commit is refused."""
     create(lab, "fenced")
+    coordinating = lab.spawn_python("a", COORDINATOR, "a", "10")
     first = lab.spawn_python("a", PRODUCER, "fenced", "first", "3", "10")
     assert first.wait(timeout=120).returncode == 0
     held = lab.spawn_python("a", HELD, "fenced")
     held.wait_for_output("fsyncing")
+    coordinating.wait_for_output("committed", timeout=180)
     lab.disconnect("a")
     cut_at = time.monotonic()
     other = lab.spawn_python("b", PRODUCER, "fenced", "b", "20", "10")
+    successor = lab.spawn_python("b", COORDINATOR, "b", "20")
     result = other.wait(timeout=300)
     took_over = time.monotonic() - cut_at
     assert result.returncode == 0, result.stderr[-2000:]
+    succeeded = successor.wait(timeout=300)
+    assert succeeded.returncode == 0 and "committed [0]" in succeeded.stdout, succeeded.stdout + succeeded.stderr[-2000:]
     lab.reconnect("a")
     time.sleep(2)
     held.signal(signal.SIGUSR1)
+    coordinating.signal(signal.SIGUSR1)
     outcome = held.wait(timeout=300)
+    late = coordinating.wait(timeout=300)
+    assert "late [16]" in late.stdout, late.stdout + late.stderr[-2000:]  # NOT_COORDINATOR
+    done = lab.python("b", f"import kl; print(kl.registry.Registry({ROOT!r}, 'g').committed('t', 0).offset)")
+    assert done.stdout.split() == ["20"], done.stdout + done.stderr  # b's commit, not a's late one
     lines = outcome.stdout.splitlines()
     assert not any(line.startswith("acked") for line in lines), outcome.stdout
     assert lines[1].startswith("error") and lines[2].startswith("error"), outcome.stdout
@@ -212,7 +251,10 @@ def test_a_host_cut_off_past_its_lease_cannot_overwrite_what_the_other_host_appe
         # Late bytes of host a past the end of a segment it can no longer extend are never served.
         assert [f for f in seen["findings"] if "written late by a writer that had lost its lock" not in f] == []
         assert seen["values"] == expected("first", range(3), 10) + expected("b", range(20), 10)
-    print(f"\ncut-off host a: host b took over after {took_over:.1f} s; host a's appends: {lines[1]!r}, then {lines[2]!r}")
+    print(
+        f"\ncut-off host a: host b took over after {took_over:.1f} s; host a's appends: {lines[1]!r}, then {lines[2]!r};"
+        " its Kafka group coordinator's late commit: NOT_COORDINATOR"
+    )
 
 
 WAITER = r"""
@@ -402,52 +444,3 @@ def test_a_group_on_two_hosts_replaces_a_host_cut_off_before_its_nfs_lease_ran_o
         f"(session timeout 3 s, NFS lease 10 s); {sum(counts.values()) - len(counts)} duplicates; "
         f"host a: {[line for line in results['a'].stdout.splitlines() if line.startswith('lost')][:2]}"
     )
-
-
-COORDINATOR = r"""
-import signal, sys, time, kl
-from kl.log.log import Position
-from kl.net.coordinator import Coordinator, GroupWait
-# A Kafka group's coordinator (kl serve --kafka's, without its sockets): it takes the
-# group's coordinator lock, has one member join and commit, then (SIGUSR1) commits again.
-host, then = sys.argv[1], sys.argv[2]
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
-coordinator = Coordinator(kl.Root(ROOT), lambda: None)
-coordinator.start(f"{host}:9092")
-def settled(outcome):
-    while isinstance(outcome, GroupWait) and outcome.result is None:
-        time.sleep(0.05)
-    return outcome.result if isinstance(outcome, GroupWait) else outcome
-while coordinator.coordinator("g") != f"{host}:9092":
-    time.sleep(0.5)
-print("coordinating", time.monotonic(), flush=True)
-joined = settled(coordinator.join("g", "", None, host, host, 60000, 60000, "consumer", [("range", b"")], False, None))
-settled(coordinator.sync("g", joined.generation, joined.member_id, None, None, {joined.member_id: b""}, None))
-commit = lambda offset: coordinator.commit("g", joined.generation, joined.member_id, [("t", 0, Position(offset), "")])
-print("committed", commit(int(then)), flush=True)
-if then == "10":
-    signal.sigwait([signal.SIGUSR1])
-    print("late", commit(99), flush=True)
-coordinator.close()
-""".replace("ROOT", repr(ROOT))
-
-
-@pytest.mark.parametrize("lab", ["4.2"], indirect=True)
-def test_a_kafka_group_coordinator_cut_off_past_its_lease_is_replaced_and_its_late_commit_refused(lab):
-    first = lab.spawn_python("a", COORDINATOR, "a", "10")
-    first.wait_for_output("committed", timeout=180)
-    lab.disconnect("a")
-    cut_at = time.monotonic()
-    second = lab.spawn_python("b", COORDINATOR, "b", "20")
-    result = second.wait(timeout=300)
-    took_over = time.monotonic() - cut_at
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "committed [0]" in result.stdout, result.stdout
-    lab.reconnect("a")
-    time.sleep(2)
-    first.signal(signal.SIGUSR1)
-    late = first.wait(timeout=300)
-    assert "late [16]" in late.stdout, late.stdout + late.stderr[-2000:]  # NOT_COORDINATOR
-    done = lab.python("b", f"import kl; print(kl.registry.Registry({ROOT!r}, 'g').committed('t', 0).offset)")
-    assert done.stdout.split() == ["20"], done.stdout + done.stderr
-    print(f"\ncoordinator on host a cut off: host b coordinated after {took_over:.1f} s; a's late commit: NOT_COORDINATOR")
