@@ -323,7 +323,7 @@ class Lab:
         clocks: dict[str, int] | None = None,
         memory_mb: int = 384,
         disk_mb: int = 256,
-        lifetime: float = 900,
+        lifetime: float = 1800,
         boot_timeout: float = 180,
     ) -> None:
         if version not in VERSIONS:
