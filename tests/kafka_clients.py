@@ -239,3 +239,43 @@ if __name__ == "__main__":
         install_kafkajs()
     except (Unavailable, RuntimeError) as e:
         sys.exit(f"scripts/test: the KafkaJS tests will be skipped or fail: {e}")
+
+
+def module_fixtures(name: str) -> tuple[Any, Any, Any, Any]:
+    """The fixtures of a test module of Kafka clients: ``root`` (a new root under a temporary
+    directory ``name``), ``daemon`` (one ``kl serve --kafka`` over it for the module, which
+    must stop cleanly on SIGTERM), ``kafkajs`` (KafkaJS's modules, or a skip saying why) and
+    ``no_client_left`` (every client a test started is killed after it, stopped ones too)."""
+    import pytest
+
+    import kl
+
+    @pytest.fixture(scope="module")
+    def root(tmp_path_factory: pytest.TempPathFactory) -> Any:
+        path = tmp_path_factory.mktemp(name) / "root"
+        path.mkdir()
+        r = kl.Root(path)
+        yield r
+        r.close()
+
+    @pytest.fixture(scope="module")
+    def daemon(root: kl.Root, tmp_path_factory: pytest.TempPathFactory) -> Any:
+        d = Daemon(root.path, tmp_path_factory.mktemp("serve") / "stderr")
+        yield d
+        code = d.stop()
+        assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {d.text()}"
+
+    @pytest.fixture(scope="module")
+    def kafkajs() -> Path:
+        try:
+            return install_kafkajs()
+        except Unavailable as e:
+            pytest.skip(f"KafkaJS: {e}")
+
+    @pytest.fixture(autouse=True)
+    def no_client_left() -> Any:
+        yield
+        while Client.started:
+            Client.started.pop().kill()  # SIGKILL: stopped ones too
+
+    return root, daemon, kafkajs, no_client_left

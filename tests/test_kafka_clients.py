@@ -23,9 +23,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from importlib.util import find_spec
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -34,7 +32,7 @@ from click.testing import CliRunner
 import kl
 from kl_cli.main import cli
 
-from kafka_clients import CLIENT_TIMEOUT, DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, Unavailable, install_kafkajs
+from kafka_clients import CLIENT_TIMEOUT, DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, module_fixtures
 
 PYTHON_CLIENTS = ("confluent", "kafka-python", "aiokafka")
 MODULES = {"confluent": "confluent_kafka", "kafka-python": "kafka", "aiokafka": "aiokafka"}
@@ -55,37 +53,7 @@ class Stored(NamedTuple):
 # ----------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kl.Root]:
-    path = tmp_path_factory.mktemp("kafka-clients") / "root"
-    path.mkdir()
-    r = kl.Root(path)
-    yield r
-    r.close()
-
-
-@pytest.fixture(scope="module")
-def daemon(root: kl.Root, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """One ``kl serve --kafka`` for the module; it must stop cleanly on SIGTERM."""
-    d = Daemon(root.path, tmp_path_factory.mktemp("serve") / "stderr")
-    yield d
-    code = d.stop()
-    assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {d.text()}"
-
-
-@pytest.fixture(scope="module")
-def kafkajs() -> Path:
-    try:
-        return install_kafkajs()
-    except Unavailable as e:
-        pytest.skip(f"KafkaJS: {e}")
-
-
-@pytest.fixture(autouse=True)
-def no_client_left() -> Iterator[None]:
-    yield
-    while Client.started:
-        Client.started.pop().kill()
+root, daemon, kafkajs, no_client_left = module_fixtures("kafka-clients")
 
 
 # ----------------------------------------------------------------- helpers

@@ -20,9 +20,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib.util import find_spec
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -32,7 +31,7 @@ import kl
 from kl.registry import Registry
 from kl_cli.main import cli
 
-from kafka_clients import CLIENT_TIMEOUT, DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, Unavailable, install_kafkajs
+from kafka_clients import CLIENT_TIMEOUT, DRIVER, KAFKAJS, KCAT, NODE, Client, Daemon, module_fixtures
 
 MODULES = {"confluent": "confluent_kafka", "kafka-python": "kafka", "aiokafka": "aiokafka"}
 SESSION_TIMEOUT = 6
@@ -53,36 +52,7 @@ class Delivery(NamedTuple):
 # ----------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kl.Root]:
-    path = tmp_path_factory.mktemp("kafka-groups") / "root"
-    path.mkdir()
-    r = kl.Root(path)
-    yield r
-    r.close()
-
-
-@pytest.fixture(scope="module")
-def daemon(root: kl.Root, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(root.path, tmp_path_factory.mktemp("serve") / "stderr")
-    yield d
-    code = d.stop()
-    assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {d.text()}"
-
-
-@pytest.fixture(scope="module")
-def kafkajs() -> Path:
-    try:
-        return install_kafkajs()
-    except Unavailable as e:
-        pytest.skip(f"KafkaJS: {e}")
-
-
-@pytest.fixture(autouse=True)
-def no_client_left() -> Iterator[None]:
-    yield
-    while Client.started:
-        Client.started.pop().kill()  # SIGKILL: stopped ones too
+root, daemon, kafkajs, no_client_left = module_fixtures("kafka-groups")
 
 
 # ----------------------------------------------------------------- members
