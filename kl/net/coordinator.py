@@ -80,6 +80,9 @@ from kl.registry import (
     groups,
     validate_group,
 )
+from kl.registry import (
+    Member as RegisteredMember,
+)
 from kl.topic import GROUPS_DIR, Root
 
 log = logging.getLogger("kl.serve")
@@ -514,7 +517,7 @@ class Coordinator:
         if not member_id and generation < 0:
             if group.members:
                 return UNKNOWN_MEMBER_ID
-            native = [m for m in group.registry.members() if "kafka" not in m.subscription]
+            native = _kl_members(group.registry)
             if native:
                 log.warning("group %s: a commit from outside the group refused: kl members live (%s)", group.name, native[0].id)
                 return UNKNOWN_MEMBER_ID
@@ -588,7 +591,7 @@ class Coordinator:
             registry = Registry(self.root.path, name)
             if not registry.exists():
                 return Described(NONE, DEAD, "", "", [])
-            native = [m for m in registry.members() if "kafka" not in m.subscription]
+            native = _kl_members(registry)
             members: list[tuple[str, str | None, str, str, bytes, bytes]] = [(m.id, None, "kl", m.host, b"", b"") for m in native]
             return Described(NONE, STABLE if native else EMPTY, "consumer", "kl" if native else "", members)
         with group.lock:
@@ -633,7 +636,7 @@ class Coordinator:
             log.warning("group %s: cannot register its Kafka members: %s", group.name, e)
             return COORDINATOR_NOT_AVAILABLE
         try:
-            native = [m for m in group.registry.members() if "kafka" not in m.subscription]
+            native = _kl_members(group.registry)
         except KlError as e:
             registration.close()
             log.warning("group %s: cannot list its members: %s", group.name, e)
@@ -780,6 +783,11 @@ def _answer(member: Member, join: JoinResult | None, sync: SyncResult | None) ->
         member.join.result, member.join = join, None
     if sync is not None and member.sync is not None:
         member.sync.result, member.sync = sync, None
+
+
+def _kl_members(registry: Registry) -> list[RegisteredMember]:
+    """The group's live kl members (``kl consume --group``), not its Kafka clients' mark."""
+    return [m for m in registry.members() if "kafka" not in m.subscription]
 
 
 def _common(members: list[Member], protocols: list[tuple[str, bytes]]) -> set[str]:
