@@ -458,6 +458,21 @@ def test_files_of_two_creations_never_share_a_name(spark, root, out):
 # ----------------------------------------------------------------- the journal, without Spark
 
 
+def test_a_plan_cuts_ranges_at_segment_starts_only_and_reads_no_segment(root, monkeypatch):
+    root.create_topic("t", ROLLING)
+    produce(root, "t", 320)  # ten segments of 1024 bytes
+    root.create_topic("one", kl.TopicConfig())
+    produce(root, "one", 320)  # one segment of 10240 bytes
+
+    def read(*_args, **_kwargs):
+        raise AssertionError("planning read a segment")
+
+    monkeypatch.setattr(kl.log.log.Log, "open_segment", read)
+    plan = journal.plan_run(root, ["t", "one"], {}, Limits(), Settings(), task_bytes=3000)
+    assert [(r.start, r.end) for r in plan.tasks if r.topic == "t"] == [(i, i + 2048) for i in range(0, 10240, 2048)]
+    assert [(r.start, r.end) for r in plan.tasks if r.topic == "one"] == [(0, 10240)]
+
+
 def test_plans_name_the_topic_id_and_offsets_of_another_creation_fail_or_restart(root):
     root.create_topic("ev", kl.TopicConfig(partitions=2))
     produce(root, "ev", 3)

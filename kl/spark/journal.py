@@ -70,7 +70,9 @@ TMP_SUFFIX = ".tmp"
 NULL_BUCKET = "__HIVE_DEFAULT_PARTITION__"
 """The date (and hour) directory of messages without a timestamp (Kafka 0.7 formats)."""
 TASK_BYTES = 128 << 20
-"""A partition's range is cut at message boundaries into tasks of about this size."""
+"""A partition's range is cut at segment starts into tasks of whole segments up to this
+size (a bigger segment is one task): planning reads no segment, so its cost does not
+grow with the messages."""
 WAIT_FOREVER = 30 * 86400.0
 """``wait=True`` waits this long for the run lock."""
 KILL_ENV = "KL_LOAD_KILL_AT"
@@ -541,7 +543,7 @@ def plan_run(
     except InvalidOffset as e:  # only a committed offset can be off a message boundary
         raise JournalError(f"the load journal's offset is not a message's start: {e} (is the journal damaged?)") from None
     capped = [ranges.cap(root, r, max_bytes=limits.max_bytes, max_messages=limits.max_messages) if r.size else r for r in planned]
-    tasks = ranges.split(root, capped, max_bytes=task_bytes)
+    tasks = ranges.split_at_segments(root, capped, task_bytes)
     return Plan(new_run_id(), now_iso(), tasks, settings, lost, {t: i for t, i in ids.items() if i})
 
 

@@ -198,6 +198,26 @@ def split(root: Root, ranges: list[Range], *, min_partitions: int = 0, max_bytes
     return out
 
 
+def split_at_segments(root: Root, ranges: list[Range], max_bytes: int) -> list[Range]:
+    """Cut ranges at segment starts only, into runs of whole segments of at most
+    ``max_bytes`` (a bigger segment stays one piece).  Reads no segment: the cost grows
+    with the partitions and their files, not with the messages (``split`` finds a
+    message boundary near each cut by walking up to ``max_bytes`` of messages)."""
+    out: list[Range] = []
+    for r in ranges:
+        if r.size <= max_bytes:
+            out.append(r)
+            continue
+        bases = [s.base_offset for s in root.log(r.topic, r.partition).segments() if r.start < s.base_offset < r.end]
+        start = r.start
+        for base, following in zip(bases, [*bases[1:], r.end], strict=True):
+            if following - start > max_bytes:
+                out.append(Range(r.topic, r.partition, start, base))
+                start = base
+        out.append(Range(r.topic, r.partition, start, r.end))
+    return out
+
+
 def _cut(root: Root, r: Range, target: int) -> list[Range]:
     """Cut one range into pieces near ``target`` bytes (see ``boundary``); damage stops
     the cutting, and the task reading the rest meets it."""
