@@ -9,6 +9,7 @@ source: ``startingOffsets`` / ``endingOffsets`` are ``earliest``, ``latest`` or 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -210,7 +211,7 @@ def split_at_segments(root: Root, ranges: list[Range], max_bytes: int) -> list[R
             continue
         bases = [s.base_offset for s in root.log(r.topic, r.partition).segments() if r.start < s.base_offset < r.end]
         start = r.start
-        for base, following in zip(bases, [*bases[1:], r.end], strict=True):
+        for base, following in itertools.pairwise([*bases, r.end]):
             if following - start > max_bytes:
                 out.append(Range(r.topic, r.partition, start, base))
                 start = base
