@@ -162,22 +162,7 @@ def no_tmp_left(out: Path) -> bool:
 # ----------------------------------------------------------------- running on the cluster
 
 
-def test_kl_load_with_master_runs_its_tasks_in_the_workers_executors(spark_cluster, root, tmp_path):
-    real = topic(root, "t")
-    out = tmp_path / "lake"
-    with Reader(out, real):
-        code, stderr = finish(kl_load(spark_cluster, root, "t", "-o", str(out)))
-    assert code == 0, stderr
-    assert "loaded 8,000 messages" in stderr
-    assert_loaded(out, real)
-    assert committed(out) == {("t", p): root.log("t", p).state().log_end_offset for p in range(4)}
-    ran = task_log(spark_cluster)
-    tasks = [re.findall(r"Running task (\d+)\.\d+ in stage", log) for log in ran.values()]
-    assert all(tasks), f"a Worker's executor ran no task: {tasks}"  # both executors wrote
-    assert sorted(int(t) for ts in tasks for t in ts) == [0, 1, 2, 3]
-
-
-def test_the_readmes_spark_submit_recipe_runs_on_the_cluster(spark_cluster, root, tmp_path):
+def test_kl_load_submitted_as_the_readme_says_runs_its_tasks_in_both_workers_executors(spark_cluster, root, tmp_path):
     real = topic(root, "t", partitions=3)
     driver = tmp_path / "kl-load.py"
     driver.write_text("from kl_cli.main import main; main()\n")
@@ -190,8 +175,12 @@ def test_the_readmes_spark_submit_recipe_runs_on_the_cluster(spark_cluster, root
         timeout=300,
     )
     assert process.returncode == 0, process.stderr.decode(errors="replace")[-3000:]
+    assert "loaded 6,000 messages" in process.stderr.decode()
     assert_loaded(tmp_path / "lake", real)
-    assert all(task_log(spark_cluster).values())
+    assert committed(tmp_path / "lake") == {("t", p): root.log("t", p).state().log_end_offset for p in range(3)}
+    tasks = [re.findall(r"Running task (\d+)\.\d+ in stage", log) for log in task_log(spark_cluster).values()]
+    assert all(tasks), f"a Worker's executor ran no task: {tasks}"  # the tasks ran in both executors
+    assert sorted(int(t) for ts in tasks for t in ts) == [0, 1, 2]
 
 
 SOURCE_AND_STREAM = textwrap.dedent(
