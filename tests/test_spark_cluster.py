@@ -175,7 +175,7 @@ def test_kl_load_submitted_as_the_readme_says_runs_its_tasks_in_both_workers_exe
         timeout=300,
     )
     assert process.returncode == 0, process.stderr.decode(errors="replace")[-3000:]
-    assert "loaded 6,000 messages" in process.stderr.decode()
+    assert "loaded 6,000 messages" in process.stdout.decode()  # spark-submit passes the driver's stderr to its stdout
     assert_loaded(tmp_path / "lake", real)
     assert committed(tmp_path / "lake") == {("t", p): root.log("t", p).state().log_end_offset for p in range(3)}
     tasks = [re.findall(r"Running task (\d+)\.\d+ in stage", log) for log in task_log(spark_cluster).values()]
@@ -199,14 +199,14 @@ SOURCE_AND_STREAM = textwrap.dedent(
         .trigger(availableNow=True).start()
     )
     query.awaitTermination()
-    print(json.dumps({"driver": os.getpid(), "where": where, "count": df.count()}))
+    print(json.dumps({"driver": os.getpid(), "where": where}))
     spark.stop()
     """
 )
 
 
 def test_the_kl_source_and_an_available_now_stream_run_on_the_cluster(spark_cluster, root, tmp_path):
-    real = topic(root, "t")
+    real = topic(root, "t", partitions=2, count=500)
     script = tmp_path / "job.py"
     script.write_text(SOURCE_AND_STREAM)
     out = tmp_path / "stream"
@@ -218,7 +218,6 @@ def test_the_kl_source_and_an_available_now_stream_run_on_the_cluster(spark_clus
     )
     assert process.returncode == 0, process.stderr.decode(errors="replace")[-3000:]
     result = json.loads(process.stdout.decode().splitlines()[-1])
-    assert result["count"] == sum(real.values())
     workers = [str(spark_cluster.work_dir(i)) for i in range(2)]
     assert sum(n for _, _, n in result["where"]) == sum(real.values())
     for pid, cwd, _ in result["where"]:  # each task in a Python worker of an executor, in its work directory
