@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from lakecheck import assert_consistent, assert_loaded, committed, expected
 from pyspark.errors import PythonException
 
 import kl
@@ -33,7 +34,7 @@ from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import SparkRunner, load, unwrap
 from kl_cli.main import cli
 
-from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, read_all, write
+from conftest import KAFKA07_SEGMENT, flip_byte, partition_dir, write
 
 pytestmark = pytest.mark.spark
 
@@ -50,61 +51,6 @@ COLUMNS = ["key", "value", "partition", "offset", "nextOffset", "timestamp"]
 
 def produce(root: kl.Root, topic: str, count: int, *, partition: int = 0, ts: int = TS, tag: str = "m") -> None:
     write(root, topic, [b"%s%09d" % (tag.encode(), i) for i in range(count)], partition=partition, timestamp=ts)
-
-
-def expected(root: kl.Root, topics: list[str], upto: dict[tuple[str, int], int] | None = None) -> collections.Counter:
-    """(topic, partition, offset, value) of every message kl.Consumer reads (below ``upto``)."""
-    out: collections.Counter = collections.Counter()
-    for topic in topics:
-        for p in range(root.config(topic).partitions):
-            for msg in read_all(root, topic, p):
-                if upto is None or msg.offset < upto.get((topic, p), 0):
-                    out[(topic, p, msg.offset, msg.value)] += 1
-    return out
-
-
-def with_pyarrow(out: Path) -> collections.Counter:
-    """Every row of every file under ``out`` (each file read whole: a partial one fails)."""
-    if not list(out.glob("**/*.parquet")):
-        return collections.Counter()
-    table = ds.dataset(out, format="parquet", partitioning="hive").to_table()
-    rows = zip(
-        table["topic"].to_pylist(),
-        table["partition"].to_pylist(),
-        table["offset"].to_pylist(),
-        table["value"].to_pylist(),
-        strict=True,
-    )
-    return collections.Counter((t, p, o, v if isinstance(v, bytes) else v.encode()) for t, p, o, v in rows)
-
-
-def with_duckdb(out: Path) -> collections.Counter:
-    if not list(out.glob("**/*.parquet")):
-        return collections.Counter()
-    query = f"""select topic, partition, "offset", value from read_parquet('{out}/**/*.parquet', hive_partitioning=true)"""
-    return collections.Counter(
-        (t, p, o, v if isinstance(v, bytes) else v.encode()) for t, p, o, v in duckdb.connect().execute(query).fetchall()
-    )
-
-
-def assert_loaded(out: Path, want: collections.Counter) -> None:
-    """Both readers see exactly ``want``: every message once."""
-    assert max(want.values(), default=1) == 1
-    for got in (with_pyarrow(out), with_duckdb(out)):
-        assert max(got.values(), default=1) == 1, "a message is there twice"
-        assert got == want
-
-
-def assert_consistent(out: Path, root: kl.Root, topics: list[str]) -> None:
-    """What a reader sees at any moment: whole files, each message at most once, each a message of the topics."""
-    real = expected(root, topics)
-    for got in (with_pyarrow(out), with_duckdb(out)):
-        assert max(got.values(), default=1) == 1, "a message is there twice"
-        assert not got - real
-
-
-def committed(out: Path) -> dict[tuple[str, int], int]:
-    return {k: c.offset for k, c in journal.Journal(out).committed()[1].items()}
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -512,6 +458,21 @@ def test_files_of_two_creations_never_share_a_name(spark, root, out):
 # ----------------------------------------------------------------- the journal, without Spark
 
 
+def test_a_plan_cuts_ranges_at_segment_starts_only_and_reads_no_segment(root, monkeypatch):
+    root.create_topic("t", ROLLING)
+    produce(root, "t", 320)  # ten segments of 1024 bytes
+    root.create_topic("one", kl.TopicConfig())
+    produce(root, "one", 320)  # one segment of 10240 bytes
+
+    def read(*_args, **_kwargs):
+        raise AssertionError("planning read a segment")
+
+    monkeypatch.setattr(kl.log.log.Log, "open_segment", read)
+    plan = journal.plan_run(root, ["t", "one"], {}, Limits(), Settings(), task_bytes=3000)
+    assert [(r.start, r.end) for r in plan.tasks if r.topic == "t"] == [(i, i + 2048) for i in range(0, 10240, 2048)]
+    assert [(r.start, r.end) for r in plan.tasks if r.topic == "one"] == [(0, 10240)]
+
+
 def test_plans_name_the_topic_id_and_offsets_of_another_creation_fail_or_restart(root):
     root.create_topic("ev", kl.TopicConfig(partitions=2))
     produce(root, "ev", 3)
@@ -758,7 +719,9 @@ def test_headers_are_loaded_with_headers_and_null_values_are_null(spark, root, t
     table = ds.dataset(tmp_path / "with", format="parquet", partitioning="hive").to_table().sort_by("offset")
     assert table["value"].to_pylist() == [b"plain", None, b'{"user": "ann"}']
     assert table["headers"].to_pylist() == [
-        None, [{"key": "trace", "value": b"1"}, {"key": "gone", "value": None}], [{"key": "t", "value": b"\xff"}],
+        None,
+        [{"key": "trace", "value": b"1"}, {"key": "gone", "value": None}],
+        [{"key": "t", "value": b"\xff"}],
     ]
     load(root, tmp_path / "without", ["h"], spark=spark)
     assert "headers" not in ds.dataset(tmp_path / "without", format="parquet", partitioning="hive").schema.names
@@ -771,5 +734,10 @@ def test_headers_are_loaded_with_headers_and_null_values_are_null(spark, root, t
     assert table["user"].to_pylist() == [None, None, "ann"]
     assert table["headers"].to_pylist()[2] == [{"key": "t", "value": b"\xff"}]
     with pytest.raises(kl.InvalidConfig, match="collides with kl's column 'headers'"):
-        load(root, tmp_path / "bad", ["h"], settings=Settings(value_format="json", schema="headers string", headers=True),
-             spark=spark)
+        load(
+            root,
+            tmp_path / "bad",
+            ["h"],
+            settings=Settings(value_format="json", schema="headers string", headers=True),
+            spark=spark,
+        )

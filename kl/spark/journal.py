@@ -27,8 +27,15 @@ the new topic's start.  A file name's ``<tag>`` is the first ``TAG_CHARS`` chara
 the topic id, so that the files of two creations never share a name (names written by a
 kl before topic ids have no tag).  Offsets without an id count as the current creation's.
 
-``KL_LOAD_KILL_AT=<point>`` makes the process SIGKILL itself at that point (``fault``):
-a fault-injection hook for tests, documented in kl-load(1).
+``KL_LOAD_KILL_AT=<point>`` makes the process SIGKILL itself at that point (``fault``),
+and ``KL_LOAD_SLOW_TASK=<task>:<seconds>`` makes the first attempt of a task wait with
+its files written and not yet renamed (``kl.spark.load``): fault-injection hooks for
+tests, documented in kl-load(1).
+
+Each run records how long its stages took (``RunReport.stages``, seconds): ``plan``
+(the ranges fixed and the plan written), ``start`` (Spark started), ``job`` (the Spark
+job, on the driver's clock), ``read`` and ``write`` (summed over the tasks, on theirs)
+and ``commit`` (the offsets committed, the plan and temporary files removed).
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ import contextlib
 import json
 import os
 import signal
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -62,10 +70,13 @@ TMP_SUFFIX = ".tmp"
 NULL_BUCKET = "__HIVE_DEFAULT_PARTITION__"
 """The date (and hour) directory of messages without a timestamp (Kafka 0.7 formats)."""
 TASK_BYTES = 128 << 20
-"""A partition's range is cut at message boundaries into tasks of about this size."""
+"""A partition's range is cut at segment starts into tasks of whole segments up to this
+size (a bigger segment is one task): planning reads no segment, so its cost does not
+grow with the messages."""
 WAIT_FOREVER = 30 * 86400.0
 """``wait=True`` waits this long for the run lock."""
 KILL_ENV = "KL_LOAD_KILL_AT"
+SLOW_ENV = "KL_LOAD_SLOW_TASK"
 POINTS = ("written", "commit", "committed")
 """The named points of ``fault``: every task done, nothing committed; the new offsets
 written to a temporary file, not yet renamed; committed, the plan not yet removed."""
@@ -206,19 +217,22 @@ class Plan:
 
 @dataclass
 class Done:
-    """A task's done marker: its files (relative to DIR) and rows."""
+    """A task's done marker: its files (relative to DIR), rows, and seconds spent
+    reading and writing (``{"read": s, "write": s}``; none in a marker of an older kl)."""
 
     task: int
     range: Range
     files: list[str]
     rows: int
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"task": self.task, "range": self.range._asdict(), "files": self.files, "rows": self.rows}
+        return {"task": self.task, "range": self.range._asdict(), "files": self.files, "rows": self.rows, "seconds": self.seconds}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Done:
-        return cls(obj["task"], Range(**obj["range"]), obj["files"], obj["rows"])
+        seconds = {str(k): float(v) for k, v in obj.get("seconds", {}).items()}
+        return cls(obj["task"], Range(**obj["range"]), obj["files"], obj["rows"], seconds)
 
 
 @dataclass
@@ -529,7 +543,7 @@ def plan_run(
     except InvalidOffset as e:  # only a committed offset can be off a message boundary
         raise JournalError(f"the load journal's offset is not a message's start: {e} (is the journal damaged?)") from None
     capped = [ranges.cap(root, r, max_bytes=limits.max_bytes, max_messages=limits.max_messages) if r.size else r for r in planned]
-    tasks = ranges.split(root, capped, max_bytes=task_bytes)
+    tasks = ranges.split_at_segments(root, capped, task_bytes)
     return Plan(new_run_id(), now_iso(), tasks, settings, lost, {t: i for t, i in ids.items() if i})
 
 
@@ -626,6 +640,8 @@ class RunReport:
     """The run finished a plan left unfinished by an earlier run."""
     dry_run: bool
     partitions: list[PartitionReport]
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage of the run: plan, start, job, read, write, commit (see the module docstring)."""
 
 
 PHASES = ("planned", "writing", "written", "committed")
@@ -669,9 +685,10 @@ def progress_of(phase: str, plan: Plan, todo: list[int], done: dict[int, Done], 
     )
 
 
-Execute = Callable[[Journal, Plan, list[int], bool], None]
+Execute = Callable[[Journal, Plan, list[int], bool], Mapping[str, float] | None]
 """Runs the plan's tasks of the given indexes (``fail_on_data_loss`` last); each task
-writes its files and its done marker (``kl.spark.load``)."""
+writes its files and its done marker (``kl.spark.load``).  May return seconds per stage
+of its own (``start``, ``job``) for the run's ``stages``."""
 
 
 def run(
@@ -704,22 +721,35 @@ def run(
         journal.check_settings(settings, plan)
         if plan is not None:
             reports.append(_finish(root, journal, plan, limits, execute, progress, resumed=True))
+        began = time.perf_counter()
         _, committed = journal.committed()
         offsets, ids = {k: c.offset for k, c in committed.items()}, {k: c.topic_id for k, c in committed.items()}
         plan = plan_run(root, topics, offsets, limits, settings, task_bytes=task_bytes, topic_ids=ids)
         if any(r.size for r in plan.tasks) or any((r.topic, r.partition) not in committed for r in plan.tasks):
             journal.write_plan(plan)
-            reports.append(_finish(root, journal, plan, limits, execute, progress, resumed=False))
+            planned = time.perf_counter() - began
+            reports.append(_finish(root, journal, plan, limits, execute, progress, resumed=False, planned=planned))
         else:
             reports.append(_report(root, plan, {}, resumed=False, dry_run=False))
+            reports[-1].stages["plan"] = time.perf_counter() - began
     return reports
 
 
 def _finish(
-    root: Root, journal: Journal, plan: Plan, limits: Limits, execute: Execute, progress: Progress | None, *, resumed: bool
+    root: Root,
+    journal: Journal,
+    plan: Plan,
+    limits: Limits,
+    execute: Execute,
+    progress: Progress | None,
+    *,
+    resumed: bool,
+    planned: float = 0.0,
 ) -> RunReport:
-    """Run the plan's tasks that are not done, then commit it."""
+    """Run the plan's tasks that are not done, then commit it.  ``planned``: the
+    seconds its planning took (none for a plan finished)."""
     report = progress or (lambda _: None)
+    stages = {"plan": planned, "start": 0.0, "job": 0.0}
     done = journal.done(plan)
     todo = _without_recreated(root, plan, [i for i, r in enumerate(plan.tasks) if r.size and i not in done], limits)
     lost = losses(root, [plan.tasks[i] for i in todo])
@@ -729,18 +759,27 @@ def _finish(
     plan.lost.extend(lost)
     report(progress_of("planned", plan, todo, {}))
     if todo:
-        execute(journal, plan, todo, limits.on_data_loss == "fail")
+        began = time.perf_counter()
+        own = execute(journal, plan, todo, limits.on_data_loss == "fail") or {}
+        stages["job"] = time.perf_counter() - began
+        stages.update(own)
         done = journal.done(plan)
         missing = [i for i in todo if i not in done]
         if missing:
             raise JournalError(f"run {plan.run}: tasks {missing} ended without their done markers")
     report(progress_of("written", plan, todo, done))
     fault("written")
+    began = time.perf_counter()
     directories = sorted({os.path.dirname(f) for d in done.values() for f in d.files})
     rows = journal.commit(plan)
     journal.remove_tmp(plan.run, None if resumed else directories)
+    stages["commit"] = time.perf_counter() - began
+    for stage in ("read", "write"):
+        stages[stage] = sum(done[i].seconds.get(stage, 0.0) for i in todo if i in done)
     report(progress_of("committed", plan, todo, done, sum(rows.values())))
-    return _report(root, plan, rows, resumed=resumed, dry_run=False)
+    result = _report(root, plan, rows, resumed=resumed, dry_run=False)
+    result.stages = stages
+    return result
 
 
 def _preview(

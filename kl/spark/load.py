@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 
@@ -136,8 +137,11 @@ class SparkRunner:
         if self.started and self.spark is not None:
             self.spark.stop()
 
-    def __call__(self, journal: Journal, plan: Plan, todo: list[int], fail_on_data_loss: bool) -> None:
+    def __call__(self, journal: Journal, plan: Plan, todo: list[int], fail_on_data_loss: bool) -> dict[str, float]:
+        """Run the tasks; returns the seconds Spark took to start (0 when it ran) and those of the job."""
+        began = time.perf_counter()
         spark = self.session()
+        started = time.perf_counter() - began
         tasks = [plan.tasks[i] for i in todo]
         names = [plan.file_name(r) for r in tasks]
         writer = TaskWriter(
@@ -178,6 +182,7 @@ class SparkRunner:
             stop.set()
             if watcher is not None:
                 watcher.join()
+        return {"start": started, "job": time.perf_counter() - began - started}
 
     def _watch(self, journal: Journal, plan: Plan, todo: list[int], stop: threading.Event) -> None:
         """Report the tasks' done markers as ``writing`` progress until ``stop`` is set."""
@@ -258,6 +263,7 @@ class TaskWriter:
         assert context is not None
         index = context.partitionId()
         r = self.tasks[index]
+        began = time.perf_counter()
         if self.read:
             for _ in batches:  # the task's number, from spark.range
                 pass
@@ -270,8 +276,14 @@ class TaskWriter:
             )
         buckets: dict[int, _Bucket] = {}
         rows = 0
+        reading = 0.0
         try:
-            for batch in batches:
+            while True:
+                at = time.perf_counter()
+                batch = next(batches, None)
+                reading += time.perf_counter() - at
+                if batch is None:
+                    break
                 if not batch.num_rows:
                     continue
                 self._check(batch, r)
@@ -282,14 +294,18 @@ class TaskWriter:
                     if bucket is None:
                         bucket = buckets[key] = _Bucket(self.output, self._directory(r.topic, key), self.names[index], self.run)
                     bucket.add(piece)
-            files = [bucket.close() for bucket in buckets.values()]
+            for bucket in buckets.values():
+                bucket.finish()
+            _slow(self.todo[index], context.attemptNumber())
+            files = [bucket.publish() for bucket in buckets.values()]
             for directory in sorted({os.path.dirname(f) for f in files}):
                 fsync_dir(os.path.join(self.output, directory))
         except BaseException:
             for bucket in buckets.values():
                 bucket.discard()
             raise
-        j.write_done(self.journal_dir, Done(self.todo[index], r, sorted(files), rows))
+        seconds = {"read": reading, "write": time.perf_counter() - began - reading}
+        j.write_done(self.journal_dir, Done(self.todo[index], r, sorted(files), rows, seconds))
         yield pa.RecordBatch.from_arrays(
             [pa.array([self.todo[index]], pa.int32()), pa.array([rows], pa.int64())], ["task", "rows"]
         )
@@ -333,6 +349,16 @@ class TaskWriter:
         return j.bucket_dir(topic, bucket)
 
 
+def _slow(task: int, attempt: int) -> None:
+    """Wait as ``KL_LOAD_SLOW_TASK=<task>:<seconds>`` says, in the first attempt of that
+    task, its files written and not yet renamed (a test's slow task, for speculation)."""
+    spec = os.environ.get(j.SLOW_ENV, "")
+    if spec and attempt == 0:
+        slow, seconds = spec.split(":")
+        if int(slow) == task:
+            time.sleep(float(seconds))
+
+
 def _as_text(values: pa.Array) -> pa.Array:
     """Values (binary, or Spark's unchecked strings) as valid UTF-8: bytes that are not become U+FFFD."""
     try:
@@ -371,8 +397,8 @@ class _Bucket:
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.pending, self.pending_bytes = [], 0
 
-    def close(self) -> str:
-        """Finish the file, fsync it and rename it into place; returns its path in DIR."""
+    def finish(self) -> None:
+        """Write the rest of the file and fsync it, under its temporary name."""
         if self.pending:
             self._flush()
         assert self.writer is not None
@@ -382,6 +408,9 @@ class _Bucket:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def publish(self) -> str:
+        """Rename the finished file into place; returns its path in DIR."""
         os.rename(self.tmp, self.final)
         return self.relative
 

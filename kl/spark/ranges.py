@@ -9,6 +9,7 @@ source: ``startingOffsets`` / ``endingOffsets`` are ``earliest``, ``latest`` or 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -195,6 +196,26 @@ def split(root: Root, ranges: list[Range], *, min_partitions: int = 0, max_bytes
     out: list[Range] = []
     for r in ranges:
         out.extend(_cut(root, r, target) if r.size > target else [r])
+    return out
+
+
+def split_at_segments(root: Root, ranges: list[Range], max_bytes: int) -> list[Range]:
+    """Cut ranges at segment starts only, into runs of whole segments of at most
+    ``max_bytes`` (a bigger segment stays one piece).  Reads no segment: the cost grows
+    with the partitions and their files, not with the messages (``split`` finds a
+    message boundary near each cut by walking up to ``max_bytes`` of messages)."""
+    out: list[Range] = []
+    for r in ranges:
+        if r.size <= max_bytes:
+            out.append(r)
+            continue
+        bases = [s.base_offset for s in root.log(r.topic, r.partition).segments() if r.start < s.base_offset < r.end]
+        start = r.start
+        for base, following in itertools.pairwise([*bases, r.end]):
+            if following - start > max_bytes:
+                out.append(Range(r.topic, r.partition, start, base))
+                start = base
+        out.append(Range(r.topic, r.partition, start, r.end))
     return out
 
 
