@@ -734,8 +734,9 @@ class Log:
     def writable_state(self, reopened: bool = False) -> PartitionState:
         """Under the lock: the state, with the active segment open and its tail sound.
 
-        On NFS the state file is opened afresh (close-to-open consistency): the lock
-        revalidates only the lock file's cache, not the state's.  Raises
+        On NFS the state file and the active segment (kept open from the last hold, see
+        ``_let_go``) are locked for the hold: the partition lock revalidates only the lock
+        file's cache, a lock on each file revalidates that file.  Raises
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
