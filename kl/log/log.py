@@ -117,6 +117,9 @@ class Log:
         # Writer handles, used only under the lock.
         self._state_file: StateFile | None = None
         self._active: Segment | None = None
+        self._kept: tuple[StateFile, Segment | None] | None = None
+        """On NFS, between two holds of the lock: the state file and active segment, open
+        and unlocked (``_let_go``); the next hold locks them again, which revalidates them."""
         self._tail_checked = False
         self._recheck_at = 0.0
         self._published: PartitionState | None = None
@@ -622,9 +625,13 @@ class Log:
                 if cfg.flush_ms and not self.flush_scheduled:
                     flusher.schedule(self, (flushed_at + cfg.flush_ms - now) / 1000)
             return start
+        except BaseException:
+            if self._nfs:
+                self.close()  # a failed hold keeps nothing
+            raise
         finally:
             if self._nfs:
-                self.close()  # lets go of the data files' locks before the partition's
+                self._let_go()  # the data files' locks go before the partition's
             lock.release()
 
     def flush(self) -> None:
@@ -670,13 +677,34 @@ class Log:
 
     def close(self) -> None:
         """Close the writer's file descriptors (reading needs none)."""
-        for handle in (self._state_file, self._active):
+        for handle in (self._state_file, self._active, *(self._kept or ())):
             if handle is not None:
                 try:
                     handle.close()
                 except OSError as e:  # NFS reports a lost lock (again) at close
                     log.warning("%s: closing %s failed: %s", self.directory, handle, e)
+        self._state_file = self._active = self._kept = None
+        self._tail_checked = False
+        self._published_raw = None
+        self._token = self._record = None
+
+    def _let_go(self) -> None:
+        """On NFS, at the end of a hold: unlock the state file and the active segment and
+        keep them open for the next hold (whose locks revalidate them: no open, close or
+        lookup per append); if that fails, close them."""
+        state_file, active = self._state_file, self._active
+        if state_file is None:
+            return
+        try:
+            if active is not None:
+                locks.unlock_file(active.fd, active.path)
+            locks.unlock_file(state_file.fd, self.state_path)
+        except StorageError as e:
+            log.warning("%s: %s", self.directory, e)
+            self.close()
+            return
         self._state_file = self._active = None
+        self._kept = (state_file, active)
         self._tail_checked = False
         self._published_raw = None
         self._token = self._record = None
@@ -694,16 +722,21 @@ class Log:
         lock.acquire(self.lock_timeout)
         try:
             yield
+        except BaseException:
+            if self._nfs:
+                self.close()  # a failed hold keeps nothing
+            raise
         finally:
             if self._nfs:
-                self.close()  # lets go of the data files' locks before the partition's
+                self._let_go()  # the data files' locks go before the partition's
             lock.release()
 
     def writable_state(self, reopened: bool = False) -> PartitionState:
         """Under the lock: the state, with the active segment open and its tail sound.
 
-        On NFS the state file is opened afresh (close-to-open consistency): the lock
-        revalidates only the lock file's cache, not the state's.  Raises
+        On NFS the state file and the active segment (kept open from the last hold, see
+        ``_let_go``) are locked for the hold: the partition lock revalidates only the lock
+        file's cache, a lock on each file revalidates that file.  Raises
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
@@ -727,8 +760,11 @@ class Log:
         if nfs and self._state_file is not None:
             self.close()
         unfinished = False
+        kept, self._kept = self._kept, None
         try:
-            state_file = self._state_file or self._open_state()
+            if kept is not None:
+                self._state_file, self._active = kept
+            state_file = self._open_state()
             if nfs:
                 raw, mark = state_file.read_marked()
             else:
@@ -744,8 +780,8 @@ class Log:
                 self._active = Segment.open(
                     segment_path(self.directory, base), base, self.config.max_message_bytes, writable=True
                 )
-                if nfs:  # held until the lock is released: revalidates the file, and fences this host
-                    locks.lock_file(self._active.fd, self._active.path, self.lock_timeout)
+            if nfs:  # held until the lock is released: revalidates the file, and fences this host
+                locks.lock_file(self._active.fd, self._active.path, self.lock_timeout)
             if nfs:
                 unfinished = mark is not None and mark != state.token
                 self._announce(state_file, raw)
@@ -758,8 +794,12 @@ class Log:
                 os.listdir(self.directory)  # NFS caches names: look again once they are fresh
                 return self.writable_state(reopened=True)
             raise TopicNotFound(f"partition {self.directory} does not exist") from None
-        except OSError as e:
+        except (OSError, StorageError) as e:
             self.close()
+            if kept is not None and e.errno == errno.ESTALE:  # a kept file was replaced (NFSv3 says so): open the paths
+                return self.writable_state(reopened=reopened)
+            if isinstance(e, StorageError):
+                raise
             raise storage_error(e, "open", self.directory) from None
         except BaseException:
             self.close()
@@ -885,14 +925,15 @@ class Log:
         return not config.same_topic(self.config) if self.config.topic_id else config != self.config
 
     def _open_state(self) -> StateFile:
-        """The state record, opened (and on local disks mapped) for this writer; on NFS
-        locked until the partition lock is released."""
-        try:
-            self._state_file = StateFile(self.state_path, mapped=not self._nfs)
-        except FileNotFoundError:
-            if os.path.isdir(self.directory):
-                raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
-            raise
+        """The state record, opened (and on local disks mapped) for this writer unless it
+        is open (kept from the last hold); on NFS locked until the partition lock is released."""
+        if self._state_file is None:
+            try:
+                self._state_file = StateFile(self.state_path, mapped=not self._nfs)
+            except FileNotFoundError:
+                if os.path.isdir(self.directory):
+                    raise CorruptState(f"partition state {self.state_path} is missing; run 'kl recover'") from None
+                raise
         if self._nfs:
             locks.lock_file(self._state_file.fd, self.state_path, self.lock_timeout)
         return self._state_file
