@@ -35,12 +35,17 @@ def open_paths() -> list[str]:
     return paths
 
 
-def test_between_two_appends_the_files_stay_open_and_another_writer_can_lock_them(root, nfs):
+def one_append(root: kl.Root) -> tuple[kl.Producer, kl.log.log.Log, str]:
+    """A producer that appended "a" to topic t's partition 0, its log and active segment."""
     root.create_topic("t")
     producer = kl.Producer(root)
     producer.send_batch("t", [b"a"], partition=0)
     log = root.log("t", 0)
-    active = segment_path(log.directory, 0)
+    return producer, log, segment_path(log.directory, 0)
+
+
+def test_between_two_appends_the_files_stay_open_and_another_writer_can_lock_them(root, nfs):
+    producer, log, active = one_append(root)
     assert open_paths().count(active) == 1 and open_paths().count(log.state_path) == 1
     for path in (log.state_path, active):  # as another host would, between two holds
         fd = os.open(path, os.O_RDWR)
@@ -63,11 +68,7 @@ def test_between_two_appends_the_files_stay_open_and_another_writer_can_lock_the
 
 
 def test_a_kept_segment_replaced_between_two_appends_is_left_for_the_new_file(root, nfs):
-    root.create_topic("t")
-    producer = kl.Producer(root)
-    producer.send_batch("t", [b"a"], partition=0)
-    log = root.log("t", 0)
-    active = segment_path(log.directory, 0)
+    producer, log, active = one_append(root)
     with open(active, "rb") as f:
         data = f.read()
     with open(active + ".new", "wb") as f:  # another host replaced the file (as a fence does an empty one)
