@@ -115,9 +115,10 @@ class Reader(threading.Thread):
         self.hidden: set[str] = set()
 
     def run(self) -> None:
+        watcher = threading.Thread(target=self._watch_hidden, daemon=True)
+        watcher.start()
         while not self.stop.is_set():
             try:
-                self.hidden.update(p.name for p in self.out.glob("topic=*/**/.*.tmp"))
                 got = with_pyarrow(self.out)
             except Exception as e:  # an unreadable file
                 self.problems.append(f"{type(e).__name__}: {e}")
@@ -126,6 +127,16 @@ class Reader(threading.Thread):
                 self.problems.append(f"a snapshot of {sum(got.values())} rows holds a duplicate or a stranger")
             self.snapshots.append(sum(got.values()))
             time.sleep(0.05)
+
+    def _watch_hidden(self) -> None:
+        """Notes the temporary files every 10 ms, apart from the reads: a slow attempt's may
+        live only while the other attempt runs, less than one read of DIR on a busy machine."""
+        while not self.stop.is_set():
+            try:
+                self.hidden.update(p.name for p in self.out.glob("topic=*/**/.*.tmp"))
+            except OSError:  # a directory went while it was listed
+                pass
+            time.sleep(0.01)
 
     def __enter__(self) -> Reader:
         self.start()
