@@ -111,6 +111,10 @@ def test_every_message_is_loaded_once_in_hive_directories_by_hour(spark, root, o
         ("a", 1, 0, end1, 20, 0),
         ("b", 0, 0, end_b, 2, 0),
     ]
+    # Every stage recorded (read and write summed over the tasks, which may run at once).
+    assert sorted(report.stages) == ["commit", "job", "plan", "read", "start", "write"]
+    assert all(seconds >= 0 for seconds in report.stages.values())
+    assert report.stages["job"] > 0 and report.stages["read"] + report.stages["write"] > 0
     assert committed(out) == {("a", 0): end0, ("a", 1): end1, ("b", 0): end_b}
     assert not list((out / "_kl" / "runs").iterdir())
 
@@ -157,6 +161,7 @@ def test_runs_load_what_is_new_and_nothing_twice(spark, root, out):
     before = tree(out)
     [report] = load(root, out, ["t"], spark=spark)
     assert [p.messages for p in report.partitions] == [0, 0]
+    assert list(report.stages) == ["plan"]  # nothing to run
     assert {k: v for k, v in tree(out).items() if not k.startswith("_kl")} == {
         k: v for k, v in before.items() if not k.startswith("_kl")
     }

@@ -684,9 +684,7 @@ class Log:
                 except OSError as e:  # NFS reports a lost lock (again) at close
                     log.warning("%s: closing %s failed: %s", self.directory, handle, e)
         self._state_file = self._active = self._kept = None
-        self._tail_checked = False
-        self._published_raw = None
-        self._token = self._record = None
+        self._forget_hold()
 
     def _let_go(self) -> None:
         """On NFS, at the end of a hold: unlock the state file and the active segment and
@@ -705,6 +703,10 @@ class Log:
             return
         self._state_file = self._active = None
         self._kept = (state_file, active)
+        self._forget_hold()
+
+    def _forget_hold(self) -> None:
+        """Drop what a hold learnt of the tail and the state record: the next hold finds them again."""
         self._tail_checked = False
         self._published_raw = None
         self._token = self._record = None

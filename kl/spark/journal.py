@@ -687,8 +687,8 @@ def progress_of(phase: str, plan: Plan, todo: list[int], done: dict[int, Done], 
 
 Execute = Callable[[Journal, Plan, list[int], bool], Mapping[str, float] | None]
 """Runs the plan's tasks of the given indexes (``fail_on_data_loss`` last); each task
-writes its files and its done marker (``kl.spark.load``).  May return seconds per stage
-of its own (``start``, ``job``) for the run's ``stages``."""
+writes its files and its done marker (``kl.spark.load``).  May return the seconds Spark
+took to start (``{"start": s}``), which the run's ``job`` stage leaves out."""
 
 
 def run(
@@ -760,9 +760,8 @@ def _finish(
     report(progress_of("planned", plan, todo, {}))
     if todo:
         began = time.perf_counter()
-        own = execute(journal, plan, todo, limits.on_data_loss == "fail") or {}
-        stages["job"] = time.perf_counter() - began
-        stages.update(own)
+        stages.update(execute(journal, plan, todo, limits.on_data_loss == "fail") or {})
+        stages["job"] = time.perf_counter() - began - stages["start"]
         done = journal.done(plan)
         missing = [i for i in todo if i not in done]
         if missing:
