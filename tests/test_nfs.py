@@ -444,3 +444,47 @@ def test_a_group_on_two_hosts_replaces_a_host_cut_off_before_its_nfs_lease_ran_o
         f"(session timeout 3 s, NFS lease 10 s); {sum(counts.values()) - len(counts)} duplicates; "
         f"host a: {[line for line in results['a'].stdout.splitlines() if line.startswith('lost')][:2]}"
     )
+
+
+READS_OF_AN_APPEND = r"""
+import os, sys, time, kl
+topic, go = sys.argv[1], sys.argv[2]
+
+def received():  # bytes this host's READs got from the server so far (its one NFS mount)
+    mine = False
+    for line in open("/proc/self/mountstats"):
+        if line.startswith("device "):
+            mine = " mounted on MOUNT " in line
+        elif mine and line.strip().startswith("READ:"):
+            return int(line.split()[5])
+    return 0
+
+producer = kl.Producer(kl.Root(ROOT, lock_timeout=300))
+producer.send_batch(topic, [b"b"], partition=0)  # opens and keeps the partition's files
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+before = received()
+producer.send_batch(topic, [b"b"], partition=0)
+print("received", received() - before, flush=True)
+""".replace("ROOT", repr(ROOT)).replace("MOUNT", nfslab.MOUNT)
+
+
+@pytest.mark.parametrize("lab", ["4.2"], indirect=True)
+def test_an_append_after_another_hosts_reads_nothing_of_the_segment_from_the_server(lab):
+    """A writer writes its segment past the page cache (``Segment.write_through``).  A
+    buffered append that ends inside a page the client does not hold (here: another host
+    appended meanwhile) reads that page from the server first, one more round trip:
+    here the 3.9 KB host a put there.  What the append may read is the state record's
+    532 bytes, a few times."""
+    create(lab, "pages")
+    go = lab.directory / "go-pages"
+    b = lab.spawn_python("b", READS_OF_AN_APPEND, "pages", str(go))
+    b.wait_for_output("ready", timeout=300)
+    done = lab.python("a", f"import kl; kl.Producer(kl.Root({ROOT!r})).send_batch('pages', [b'a' * 3900], partition=0)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    go.touch()
+    result = b.wait(timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    received = int(result.stdout.split()[-1])
+    assert 0 < received < 3900, result.stdout

@@ -738,7 +738,8 @@ class Log:
 
         On NFS the state file and the active segment (kept open from the last hold, see
         ``_let_go``) are locked for the hold: the partition lock revalidates only the lock
-        file's cache, a lock on each file revalidates that file.  Raises
+        file's cache, a lock on each file revalidates that file.  Both are read and
+        written past the page cache (``StateFile``, ``Segment.write_through``).  Raises
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
@@ -782,6 +783,8 @@ class Log:
                 self._active = Segment.open(
                     segment_path(self.directory, base), base, self.config.max_message_bytes, writable=True
                 )
+                if nfs:
+                    self._active.write_through()
             if nfs:  # held until the lock is released: revalidates the file, and fences this host
                 locks.lock_file(self._active.fd, self._active.path, self.lock_timeout)
             if nfs:
@@ -882,6 +885,7 @@ class Log:
                 raise storage_error(e, "replace", active.path) from None
             new.path = active.path
         try:
+            new.write_through()
             fsync_dir(self.directory)
             locks.lock_file(new.fd, new.path, self.lock_timeout)
         except BaseException:
@@ -1018,6 +1022,8 @@ class Log:
         base = state.log_end_offset
         new = Segment.create(self.directory, base, self.config.max_message_bytes, self.suffix)
         try:
+            if self._nfs:
+                new.write_through()
             new.append(data, 0)
             if fsync:
                 self.fsync(new)
