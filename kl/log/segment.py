@@ -447,16 +447,17 @@ class Segment:
 
     def write_through(self) -> None:
         """On NFS, read and write past this host's page cache, straight to the server
-        (``O_DIRECT``, which NFS takes at any offset and size; elsewhere this does
-        nothing).  A buffered write that ends inside a page makes the NFS client read
-        that page from the server first unless it holds it, and after another host's
-        append it does not: each contended append cost a round trip more."""
+        (``O_DIRECT``, which NFS takes at any offset and size; elsewhere, or where it is
+        refused, the file stays buffered).  A buffered write that ends inside a page makes
+        the NFS client read that page from the server first unless it holds it, and after
+        another host's append it does not: each contended append cost a round trip more."""
         if not mount_of(self.path)[1].startswith("nfs"):
             return
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) | os.O_DIRECT)
         except OSError as e:
-            raise storage_error(e, "open for direct I/O", self.path) from None
+            if e.errno != errno.EINVAL:  # EINVAL: no direct I/O here, which only costs the round trip
+                raise storage_error(e, "open for direct I/O", self.path) from None
 
     def flush(self) -> None:
         """fsync the file; raises ``OSError`` (the caller decides what a failure means)."""
