@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import hypothesis
 import nfslab
 import pytest
 
@@ -38,6 +39,12 @@ KAFKA07_SEGMENT = DATA / "kafka-0.7" / "MagicByte0-0" / "00000000000000000000.ka
 
 MAX = 1 << 20
 """A max_message_bytes for in-memory message sets."""
+
+# No wall-clock deadline per example: timing targets live in the benchmarks, and on a
+# loaded 2-core machine (the NFS lab's guests beside) an example of the pure core took
+# 310 ms against hypothesis's default 200 ms and failed a run whose results were right.
+hypothesis.settings.register_profile("kl", deadline=None)
+hypothesis.settings.load_profile("kl")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
