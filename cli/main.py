@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 import kl
-from kl.log import core
+from kl.log import core, openfiles
 from kl_cli import Interrupted
 from kl_cli.common import add_root_options, log_warnings
 
@@ -92,6 +92,7 @@ def cli() -> None:
     command (the one closest to the command wins).  See kl(1).
     """
     log_warnings()
+    openfiles.raise_limit()  # as servers do: the budget of kept-open files is a share of it
 
 
 add_root_options(cli, from_env=True)

@@ -149,6 +149,9 @@ class Producer:
         self.partitioner = partitioner
         self.batch_bytes = batch_bytes
         self._written: set[Log] = set()
+        """The logs appended to since the last flush (none with ``fsync``: nothing to flush)."""
+        self._used: set[Log] = set()
+        """The logs appended to since ``close``, whose files it closes."""
         self._guard = threading.Lock()
         self.linger_ms = linger_ms
         self.batch_size = batch_size
@@ -430,11 +433,16 @@ class Producer:
         self._raise_unreported()
 
     def close(self) -> None:
-        """Flush what was written.  A synchronous producer stays usable; an async one
+        """Flush what was written and close the files kept open for it (those no other
+        thread is appending through).  A synchronous producer stays usable; an async one
         appends what is queued, stops its thread and refuses further sends."""
         if self.linger_ms is not None:
             self._stop()
         self.flush()
+        with self._guard:
+            used, self._used = self._used, set()
+        for log in used:
+            log.close_idle()
 
     def __enter__(self) -> Producer:
         return self
@@ -904,9 +912,10 @@ class Producer:
         return offset, len(data), wrapped
 
     def _note(self, log: Log) -> None:
-        if not self.fsync and log not in self._written:
-            with self._guard:
+        with self._guard:
+            if not self.fsync:
                 self._written.add(log)
+            self._used.add(log)
 
 
 def _frame(

@@ -445,9 +445,12 @@ class Root:
                 self._logs.pop(key).close()
 
     def close(self) -> None:
+        """Close every file this root's logs keep open (their writer handles and lock
+        files, unless in use); the root stays usable and opens them again as needed."""
         with self._guard:
             for log in self._logs.values():
                 log.close()
+                log.close_lock_file()
             for name in {name for name, _ in self._logs}:
                 forget_config(os.path.join(self.path, name, CONFIG_FILE))  # reopened by the next append
             self._logs.clear()

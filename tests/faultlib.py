@@ -39,6 +39,7 @@ from pathlib import Path
 import kl
 from kl.log.recovery import recover
 from kl.log.segment import list_segments, segment_name
+from kl.log.state import SIZE as STATE_SIZE
 from kl.log.state import STATE_FILE, read_state
 
 # ----------------------------------------------------------------- damaging files
@@ -92,12 +93,13 @@ def as_if_rebooted(log: kl.Log) -> None:
 
 
 def snapshot(directory: Path | str) -> dict[str, bytes]:
-    """Every regular file of a directory (not recursive), name -> bytes."""
+    """Every regular file of a directory (not recursive), name -> bytes; of a state file
+    its record (past it lie the writers' marks, which a failed roll leaves up)."""
     out = {}
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if entry.is_file(follow_symlinks=False):
             with open(entry.path, "rb") as f:
-                out[entry.name] = f.read()
+                out[entry.name] = f.read(STATE_SIZE) if entry.name == STATE_FILE else f.read()
     return out
 
 

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from kl.errors import ConfigNotAlterable, InvalidConfig
+from kl.log import openfiles
 
 CONFIG_FILE = "topic.json"
 GiB = 1 << 30
@@ -47,10 +48,11 @@ def new_topic_id() -> str:
 def config_generation(path: str, *, fresh: bool = False) -> int:
     """A number that changes whenever the ``topic.json`` at ``path`` is replaced or
     rewritten (0 while it cannot be opened), for telling cheaply whether to read it
-    again.  The file is kept open, one descriptor per path and process: while it is
-    linked and unchanged a check is one ``fstat``.  ``fresh`` opens the path instead
-    (and keeps nothing new open): on NFS, where another host's rename leaves this host's
-    attributes stale, that is what revalidates them (close-to-open).  Safe across threads."""
+    again.  The file is kept open, one descriptor per path and process, within the
+    process's budget of open files (``kl.log.openfiles``): while it is open, linked and
+    unchanged a check is one ``fstat``.  ``fresh`` opens the path instead (and keeps
+    nothing new open): on NFS, where another host's rename leaves this host's attributes
+    stale, that is what revalidates them (close-to-open).  Safe across threads."""
     entry = _watched.get(path)
     if entry is not None and entry[0] >= 0 and not fresh:
         # Every append's check, first without the lock: another thread may close the
@@ -62,6 +64,7 @@ def config_generation(path: str, *, fresh: bool = False) -> int:
             pass
         else:  # _signature(st), inline
             if st.st_nlink and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry[1]:
+                entry[3].used = True
                 return entry[2]
     with _watched_lock:
         entry = _watched.get(path)
@@ -73,6 +76,7 @@ def config_generation(path: str, *, fresh: bool = False) -> int:
                 pass
             else:
                 if st.st_nlink and entry is not None and _signature(st) == entry[1]:
+                    entry[3].used = True
                     return entry[2]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -90,8 +94,11 @@ def config_generation(path: str, *, fresh: bool = False) -> int:
         if kept >= 0 and kept != fd:
             os.close(kept)
         generation = entry[2] if entry is not None and same else next(_generations)
-        _watched[path] = (fd, signature, generation)
-        return generation
+        keeper = _WatchedFile(path) if entry is None else entry[3]
+        keeper.used = True
+        _watched[path] = (fd, signature, generation, keeper)
+    openfiles.kept(keeper, 1 if fd >= 0 else 0)  # outside the lock: the budget may close other topics' files
+    return generation
 
 
 def forget_config(path: str) -> None:
@@ -104,14 +111,38 @@ def _forget(path: str) -> None:
     entry = _watched.pop(path, None)
     if entry is not None and entry[0] >= 0:
         os.close(entry[0])
+        openfiles.kept(entry[3], 0)
+
+
+class _WatchedFile:
+    """A ``topic.json`` that ``config_generation`` keeps open (an ``openfiles.Keeper``)."""
+
+    __slots__ = ("path", "used")
+
+    def __init__(self, path: str):
+        self.path = path
+        self.used = True
+
+    def close_idle(self) -> bool:
+        """Close the file, keeping what is known of it (the next check opens it again)."""
+        if not _watched_lock.acquire(False):
+            return False
+        try:
+            entry = _watched.get(self.path)
+            if entry is not None and entry[0] >= 0:
+                os.close(entry[0])
+                _watched[self.path] = (-1, *entry[1:])
+            return True
+        finally:
+            _watched_lock.release()
 
 
 def _signature(st: os.stat_result) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-_watched: dict[str, tuple[int, tuple[int, ...], int]] = {}
-"""``topic.json`` path -> (its open descriptor or -1, its signature then, its generation)."""
+_watched: dict[str, tuple[int, tuple[int, ...], int, _WatchedFile]] = {}
+"""``topic.json`` path -> (its open descriptor or -1, its signature then, its generation, its keeper)."""
 _watched_lock = threading.Lock()
 _generations = itertools.count(1)
 

@@ -148,22 +148,40 @@ def start_writeback(fd: int, position: int, length: int) -> None:
 def mount_of(path: str) -> tuple[str, str, set[str]]:
     """(mount point, filesystem type, mount options) of the filesystem holding ``path``."""
     real = os.path.realpath(path)
-    best: tuple[str, str, set[str]] = ("/", "", set())
+    best: tuple[str, str, frozenset[str]] = ("/", "", frozenset())
+    for point, fstype, options in _mounts():
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, fstype, options)
+    return best[0], best[1], set(best[2])
+
+
+MOUNTS_TTL = 1.0
+"""Seconds the mount table read by ``mount_of`` is reused (each new partition handle asks)."""
+_mount_table: tuple[float, list[tuple[str, str, frozenset[str]]]] = (-MOUNTS_TTL, [])
+
+
+def _mounts() -> list[tuple[str, str, frozenset[str]]]:
+    """This process's mounts: (mount point, filesystem type, options), read at most once a ``MOUNTS_TTL``."""
+    global _mount_table
+    read_at, table = _mount_table
+    now = time.monotonic()
+    if now - read_at < MOUNTS_TTL:
+        return table
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
     except OSError:
-        return best
+        return []
+    table = []
     for line in lines:
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
-        if len(fields) < 6 or len(tail) < 3:
-            continue
-        point = fields[4].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best[0]):
-            best = (point, tail[0], set(fields[5].split(",")) | set(tail[2].split(",")))
-    return best
+        if len(fields) >= 6 and len(tail) >= 3:
+            options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
+            table.append((fields[4].replace("\\040", " "), tail[0], options))
+    _mount_table = (now, table)
+    return table
 
 
 def nfs_locking_problem(path: str) -> str | None:

@@ -3,9 +3,11 @@
 POSIX record locks (fcntl) belong to the *process*: two lock objects on one path in one
 process would both "acquire", and closing any descriptor of the file drops every lock
 the process holds on it.  So this module is the only code that opens lock files, it
-keeps exactly one lock per file per process (keyed by device and inode), opens the file
-once and never closes it, and it puts a thread lock in front so threads (and several
-producer objects) of one process exclude each other.
+keeps exactly one lock per file per process (keyed by device and inode), closes the file
+only while no thread of the process holds or waits for the lock (when the process's
+budget of open files asks for it, see ``kl.log.openfiles``; the next acquire opens it
+again), and it puts a thread lock in front so threads (and several producer objects) of
+one process exclude each other.
 
 How a wait works.  Uncontended, ``acquire`` is the thread lock and one non-blocking
 ``lockf``: two system calls.  When another process holds the lock, a helper thread makes
@@ -56,10 +58,11 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kl.errors import LockTimeout, StorageError
+from kl.log import openfiles
 from kl.log.fsutil import FILE_MODE, ensure_dir, storage_error
 
 log = logging.getLogger(__name__)
@@ -74,11 +77,14 @@ thread can be started."""
 class ProcessLock:
     """The one lock on a file in this process: a thread lock, then the file lock."""
 
-    __slots__ = ("path", "generation", "_thread_lock", "_fd", "_state", "_helper", "_wanted", "_outcome")
+    __slots__ = ("path", "generation", "used", "_identity", "_thread_lock", "_fd", "_state", "_helper", "_wanted", "_outcome")
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, identity: tuple[int, int]):
         self.path = path
         self.generation = forks
+        self._identity = identity
+        self.used = True
+        """Set at each attempt (``openfiles.Keeper``)."""
         self._thread_lock = threading.Lock()
         self._fd = -1
         self._state = threading.Condition(threading.Lock())
@@ -123,10 +129,39 @@ class ProcessLock:
                 return started
         raise LockTimeout(f"lock {self.path} is held by another thread of this process (waited {timeout:g}s)")
 
+    def close_idle(self) -> bool:
+        """Close the lock file unless a thread of this process holds or waits for the
+        lock (an ``openfiles.Keeper``).  A parent's lock is never closed in a child: that
+        could drop the child's own lock on the file."""
+        return self.generation != forks or self.if_idle(self._close)
+
+    def if_idle(self, action: Callable[[], object]) -> bool:
+        """Run ``action`` unless a thread of this process holds or waits for the lock;
+        True when it ran."""
+        if not self._thread_lock.acquire(False):
+            return False
+        try:
+            with self._state:
+                if self._helper:
+                    return False
+            action()
+            return True
+        finally:
+            self._thread_lock.release()
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            openfiles.kept(self, 0)
+
     def _try(self) -> bool:
-        """One non-blocking attempt (the file is opened on the first)."""
+        """One non-blocking attempt (the file is opened on the first, and again after
+        ``close_idle``)."""
+        self.used = True
         if self._fd < 0:
-            self._fd = _open(self.path)
+            self._fd = self._reopen()
+            openfiles.kept(self, 1)
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held elsewhere
@@ -175,6 +210,17 @@ class ProcessLock:
                 self._outcome = None
         if isinstance(outcome, OSError):
             raise StorageError(f"cannot lock {self.path}: {outcome.strerror}") from None
+
+    def _reopen(self) -> int:
+        """The lock file, opened; ``StorageError`` when the path is another file now (one
+        deleted and created again by hand: locking it would not exclude the processes
+        still holding the old one)."""
+        fd = _open(self.path)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self._identity:
+            os.close(fd)
+            raise StorageError(f"lock file {self.path} was deleted and created again while in use; restart this process")
+        return fd
 
     def _timed_out(self, timeout: float) -> LockTimeout:
         return LockTimeout(f"lock {self.path} is held by another process (waited {timeout:g}s)")
@@ -225,8 +271,7 @@ class ProcessLock:
 
 
 def _open(path: str) -> int:
-    """Open (creating if need be) the lock file with kl's mode; the descriptor is kept
-    for the life of the process."""
+    """Open (creating if need be) the lock file with kl's mode."""
     ensure_dir(os.path.dirname(path))
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
@@ -270,7 +315,7 @@ def lock_for(path: str) -> ProcessLock:
             _registry, _registry_forks = {}, forks
         lock = _registry.get(key)
         if lock is None:
-            lock = _registry[key] = ProcessLock(path)
+            lock = _registry[key] = ProcessLock(path, key)
         return lock
 
 

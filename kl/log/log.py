@@ -44,12 +44,12 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.log import flusher, locks, timeindex
+from kl.log import flusher, locks, openfiles, timeindex
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.log.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.log.messageset import INCOMPLETE, MessageSet
-from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_path
+from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_name, segment_path
 from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ class Log:
         """On NFS, between two holds of the lock: the state file and active segment, open
         and unlocked (``_let_go``); the next hold locks them again, which revalidates them."""
         self._tail_checked = False
+        self._orphans_listed = False
+        """This handle listed the directory for unpublished segments (its first roll did)."""
         self._recheck_at = 0.0
         self._published: PartitionState | None = None
         self._published_raw: bytes | None = None
@@ -136,6 +138,8 @@ class Log:
         """On NFS, under the lock: the record this hold read or published last."""
         self.flush_scheduled = False
         """Set while ``kl.log.flusher`` holds this log for a timed flush."""
+        self.used = False
+        """Set by each hold (``openfiles.Keeper``: the writer's files count in the process's budget)."""
 
     def __repr__(self) -> str:
         return f"Log({self.directory!r})"
@@ -363,8 +367,12 @@ class Log:
         state = state or self.state()
         self.refresh()
         out = []
-        bases = self._bases
-        for i, (base, name) in enumerate(zip(bases, self._names, strict=True)):
+        following = state.active_base_offset  # the first base above the one at hand (walking down)
+        above = None
+        for base, name in zip(reversed(self._bases), reversed(self._names), strict=True):
+            if above is not None and base < above:
+                following = above
+            above = base
             if state.log_start_offset <= base <= state.active_base_offset:
                 path = os.path.join(self.directory, name)
                 if base == state.active_base_offset:
@@ -376,9 +384,9 @@ class Log:
                         size = os.lstat(path).st_size
                     except FileNotFoundError:
                         continue
-                    following = next((b for b in bases[i + 1 :] if b > base), state.active_base_offset)
                     size = min(size, following - base)
                 out.append(SegmentInfo(base, path, size))
+        out.reverse()
         return out
 
     def size_in_bytes(self) -> int:
@@ -685,6 +693,21 @@ class Log:
                     log.warning("%s: closing %s failed: %s", self.directory, handle, e)
         self._state_file = self._active = self._kept = None
         self._forget_hold()
+        openfiles.kept(self, 0)
+
+    def close_idle(self) -> bool:
+        """Close the writer's files unless a thread of this process holds or waits for the
+        partition's lock (``openfiles.Keeper``); the next append opens them again."""
+        lock = self._lock
+        if lock is None or lock.generation != locks.forks:  # no hold under way in this process
+            self.close()
+            return True
+        return lock.if_idle(self.close)
+
+    def close_lock_file(self) -> None:
+        """Close the partition lock's file too, unless the lock is in use (``Root.close``)."""
+        if self._lock is not None:
+            self._lock.close_idle()
 
     def _let_go(self) -> None:
         """On NFS, at the end of a hold: unlock the state file and the active segment and
@@ -743,6 +766,7 @@ class Log:
         ``TopicNotFound`` when the partition was deleted (or its topic created again
         with other settings: the caller must look the topic up afresh).
         """
+        self.used = True
         state_file = self._state_file
         raw = None
         if state_file is not None and self._nfs is False:  # open on a local disk: checked before
@@ -809,6 +833,7 @@ class Log:
         except BaseException:
             self.close()
             raise
+        openfiles.kept(self, 2 if nfs else 3)  # the state file (mapped on a local disk: 2) and the active segment
         if gone:  # removed or replaced by hand: start afresh from the paths
             self.close()
             if reopened or self._config_changed():
@@ -875,6 +900,7 @@ class Log:
         )
         self._remove_orphans(state)
         if end:
+            self._roll_mark(log_end)
             new = Segment.create(self.directory, log_end, self.config.max_message_bytes, self.suffix)
         else:
             new = Segment.create(self.directory, base, self.config.max_message_bytes, FENCE_SUFFIX)
@@ -1020,6 +1046,7 @@ class Log:
             self.fsync(old)
         self._remove_orphans(state)  # before they could fall inside a closed segment
         base = state.log_end_offset
+        self._roll_mark(base)
         new = Segment.create(self.directory, base, self.config.max_message_bytes, self.suffix)
         try:
             if self._nfs:
@@ -1055,21 +1082,45 @@ class Log:
         self._active = new
 
     def _remove_orphans(self, state: PartitionState) -> None:
-        """Delete segments of this log's own suffix past the active one: a writer killed
-        mid-roll made them and never published them.  Any other file there is not kl's:
-        refuse to roll past it.  On NFS the fence is checked first: for a writer that
-        lost its lock, such a segment may be the new holder's."""
+        """Delete the segments past the active one that a writer killed mid-roll made and
+        never published, before a roll puts them inside a closed segment: the one the
+        state file's roll mark names (each roll puts one up before it creates its
+        segment: ``_roll_mark``), and at this handle's first roll any of this log's own
+        suffix (made by a kl without marks, or whose mark a power cut lost), found by
+        listing the directory, once.  Any other file there is not kl's: refuse to roll
+        past it.  On NFS the fence is checked first: for a writer that lost its lock,
+        such a segment may be the new holder's."""
+        state_file = self._state_file
+        assert state_file is not None
         if self._token is not None:
-            assert self._state_file is not None
-            self._check_fence(self._state_file)
-        for base, name in list_segments(self.directory):
+            self._check_fence(state_file)
+        try:
+            marked = state_file.read_roll_mark()
+        except OSError as e:
+            raise storage_error(e, "read", self.state_path) from None
+        if self._orphans_listed:
+            found = [] if marked is None else [(marked, segment_name(marked, self.suffix))]
+        else:
+            found = list_segments(self.directory)
+        for base, name in found:
             if base <= state.active_base_offset:
                 continue
             if not name.endswith(self.suffix):
                 raise CorruptState(f"unknown segment file {name} in {self.directory}; run 'kl recover'")
-            log.warning("%s: removing unpublished segment %s", self.directory, name)
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                continue
+            log.warning("%s: removed unpublished segment %s", self.directory, name)
+        self._orphans_listed = True
+
+    def _roll_mark(self, base_offset: int) -> None:
+        """Put up the roll mark before a segment at ``base_offset`` is created (see ``_remove_orphans``)."""
+        assert self._state_file is not None
+        try:
+            self._state_file.write_roll_mark(base_offset)
+        except OSError as e:
+            raise storage_error(e, "write", self.state_path) from None
 
     def publish(self, state: PartitionState, *, durable: bool) -> None:
         """Write the state record (under the lock); ``durable`` fsyncs it."""

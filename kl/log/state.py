@@ -51,6 +51,11 @@ MARK = struct.Struct(">4s16s")
 """The "append under way" mark: tag and the token of the append (``StateFile.write_mark``)."""
 MARK_OFFSET = 512
 """Where the mark lies in the state file, past the record (readers read only the record)."""
+ROLL_TAG = b"klrl"
+ROLL_MARK = struct.Struct(">4sQ")
+"""The "roll under way" mark: tag and the base offset of the segment a roll creates."""
+ROLL_MARK_OFFSET = 576
+"""Where the roll mark lies in the state file, past the append mark."""
 _READ_ATTEMPTS = 20
 
 
@@ -239,6 +244,17 @@ class StateFile:
     def write_mark(self, token: bytes) -> None:
         """Write the "append under way" mark carrying ``token``, through to the server."""
         self._pwrite(MARK.pack(MARK_TAG, token), MARK_OFFSET)
+
+    def read_roll_mark(self) -> int | None:
+        """The base offset the last roll put up before creating its segment (None: no roll yet)."""
+        data = self._pread(ROLL_MARK.size, ROLL_MARK_OFFSET)
+        if len(data) == ROLL_MARK.size and data.startswith(ROLL_TAG):
+            return int(ROLL_MARK.unpack(data)[1])
+        return None
+
+    def write_roll_mark(self, base_offset: int) -> None:
+        """Put up the roll mark for a segment at ``base_offset`` (before it is created)."""
+        self._pwrite(ROLL_MARK.pack(ROLL_TAG, base_offset), ROLL_MARK_OFFSET)
 
     def write(self, raw: bytes) -> None:
         """Write an encoded record in place (not durable until ``fsync``), with one
