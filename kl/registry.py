@@ -56,12 +56,12 @@ from dataclasses import dataclass
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.log import locks
 from kl.log.fsutil import (
-    FILE_MODE,
     ensure_dir,
     file_time_ns,
     fsync_dir,
     mount_of,
     nfs_locking_problem,
+    open_file,
     storage_error,
     write_atomic,
 )
@@ -221,7 +221,7 @@ class Registry:
         body = {"id": member.id, "host": host, "pid": member.pid, "since_ms": member.since_ms, **subscription}
         data = b"beat %016d\n" % 0 + json.dumps(body).encode() + b"\n"
         try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
         except OSError as e:
             raise storage_error(e, "create", tmp) from None
         try:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.log import locks
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
-from kl.log.fsutil import DIR_MODE, create_file, ensure_dir, file_time_ns, fsync_dir, storage_error, write_atomic
+from kl.log.fsutil import create_file, ensure_dir, file_time_ns, fsync_dir, make_dir, storage_error, write_atomic
 from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.log.state import STATE_FILE, PartitionState, deleted_record
@@ -145,8 +145,7 @@ class Root:
             ensure_dir(self.path)
         tmp = os.path.join(self.path, f".creating-{uuid.uuid4().hex}")
         try:
-            os.mkdir(tmp, DIR_MODE)
-            os.chmod(tmp, DIR_MODE)
+            make_dir(tmp)
             write_atomic(os.path.join(tmp, CONFIG_FILE), config.to_json())
             suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
             for partition in range(config.partitions):
@@ -235,8 +234,7 @@ class Root:
 
     @staticmethod
     def _create_partition(directory: str, suffix: str) -> None:
-        os.mkdir(directory, DIR_MODE)
-        os.chmod(directory, DIR_MODE)
+        make_dir(directory)
         os.close(create_file(os.path.join(directory, segment_name(0, suffix))))
         write_atomic(os.path.join(directory, STATE_FILE), PartitionState.empty().encode())
 

@@ -6,14 +6,19 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 
 from kl.errors import StorageError
 
-FILE_MODE = 0o664
-DIR_MODE = 0o2775
-"""setgid, so files in a group-shared root stay in the group."""
+FILE_MODE = 0o666
+DIR_MODE = 0o777
+"""The modes kl asks for: the umask takes away from them (see ``share``)."""
+SHARED_FILE = 0o060
+SHARED_DIR = stat.S_ISGID | 0o070
+"""What kl adds to what the umask left in a shared root: the group reads and writes
+(directories: and keep the setgid bit)."""
 
 _REASONS = {
     errno.ENOSPC: "no space left on device",
@@ -40,20 +45,58 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def shared(directory: str) -> bool:
+    """Whether ``directory`` is in a shared root: it has the setgid bit (``chmod g+s
+    ROOT``), which each directory made in it inherits."""
+    try:
+        return bool(os.stat(directory).st_mode & stat.S_ISGID)
+    except OSError:
+        return False
+
+
+def share(target: int | str, directory: str, bits: int = SHARED_FILE) -> None:
+    """Give the group ``bits`` on the file (a descriptor) or directory (a path) kl just
+    created in ``directory``, if it is in a shared root and the umask took them away.
+    The other bits stay as the umask left them; a file of another user is left as it is."""
+    st = os.stat(target)
+    if st.st_mode & bits == bits or st.st_uid != os.geteuid() or not shared(directory or "."):
+        return
+    with contextlib.suppress(PermissionError):
+        os.chmod(target, stat.S_IMODE(st.st_mode) | bits)
+
+
+def open_file(path: str, flags: int) -> int:
+    """``os.open`` with the modes the umask allows, and in a shared root the group's
+    read and write (see ``share``); returns the fd."""
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        share(fd, os.path.dirname(path))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_dir(path: str) -> None:
+    """``os.mkdir`` with the modes the umask allows, and in a shared root the group's
+    read, write and search and the setgid bit (see ``share``)."""
+    os.mkdir(path, DIR_MODE)
+    share(path, os.path.dirname(path), SHARED_DIR)
+
+
 def ensure_dir(path: str) -> None:
-    """Create ``path`` and its parents with ``DIR_MODE`` where missing."""
+    """Create ``path`` and its parents where missing (``make_dir``)."""
     if os.path.isdir(path):
         return
     parent = os.path.dirname(path)
     if parent and parent != path:
         ensure_dir(parent)
     try:
-        os.mkdir(path, DIR_MODE)
+        make_dir(path)
     except FileExistsError:
         return
     except OSError as e:
         raise storage_error(e, "create directory", path) from None
-    os.chmod(path, DIR_MODE)
     fsync_dir(parent or ".")
 
 
@@ -63,9 +106,8 @@ def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | 
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
         try:
-            os.fchmod(fd, FILE_MODE)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -104,13 +146,8 @@ def file_time_ns(directory: str) -> int:
 
 
 def create_file(path: str) -> int:
-    """Create (or truncate) ``path`` for reading and writing with ``FILE_MODE``; returns the fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)
-    except PermissionError:
-        pass
-    return fd
+    """Create (or truncate) ``path`` for reading and writing (``open_file``); returns the fd."""
+    return open_file(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:

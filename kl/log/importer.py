@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
 from kl.log.config import FORMAT_07, MiB, TopicConfig
-from kl.log.fsutil import FILE_MODE, fsync_dir, storage_error
+from kl.log.fsutil import fsync_dir, share, storage_error
 from kl.log.log import IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.message import CURRENT_MAGIC
 from kl.log.segment import SUFFIX, Segment, list_segments
@@ -192,7 +192,7 @@ def _adopt(log: Log, segments: list[SegmentInfo]) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.chmod(tmp, FILE_MODE)
+            share(tmp, log.directory)
             os.rename(tmp, target)
         except OSError as e:
             with contextlib.suppress(OSError):

@@ -63,7 +63,7 @@ from contextlib import contextmanager
 
 from kl.errors import LockTimeout, StorageError
 from kl.log import openfiles
-from kl.log.fsutil import FILE_MODE, ensure_dir, storage_error
+from kl.log.fsutil import ensure_dir, open_file, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -271,17 +271,12 @@ class ProcessLock:
 
 
 def _open(path: str) -> int:
-    """Open (creating if need be) the lock file with kl's mode."""
+    """Open (creating if need be) the lock file (modes: ``fsutil.open_file``)."""
     ensure_dir(os.path.dirname(path))
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
         raise storage_error(e, "open lock file", path) from None
-    if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
-        try:
-            os.fchmod(fd, FILE_MODE)
-        except PermissionError:
-            pass  # created by another user of the group; its mode is theirs to set
     return fd
 
 
@@ -332,13 +327,12 @@ def _identity(path: str) -> tuple[int, int]:
     except FileNotFoundError:
         ensure_dir(os.path.dirname(path))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileExistsError:
             pass
         except OSError as e:
             raise storage_error(e, "create lock file", path) from None
         else:
-            os.fchmod(fd, FILE_MODE)
             os.close(fd)
         st = os.stat(path)
     except OSError as e:

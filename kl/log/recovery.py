@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, CorruptState
 from kl.log import timeindex
-from kl.log.fsutil import fsync_dir, storage_error
+from kl.log.fsutil import fsync_dir, open_file, storage_error
 from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.messageset import Corruption, Kind
 from kl.log.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
@@ -161,7 +161,7 @@ class _Check:
         if not found:
             found = [(0, segment_name(0, log.suffix))]
             if self.act:
-                os.close(os.open(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o664))
+                os.close(open_file(os.path.join(log.directory, found[0][1]), os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW))
         first, last = found[0][0], found[-1][0]
         end = last
         path = segment_path(log.directory, last)

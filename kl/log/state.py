@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from kl.errors import CorruptState, TopicNotFound
-from kl.log.fsutil import FILE_MODE, fsync_dir
+from kl.log.fsutil import fsync_dir, open_file
 
 STATE_FILE = "state"
 TAG = b"klst"
@@ -282,7 +282,7 @@ class StateFile:
 def write_state(path: str, state: PartitionState) -> None:
     """Write a whole record in place (the file created if missing), durably: for
     recovery and imports, which set the state rather than append to the log."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         raw = state.encode()
         if os.pwrite(fd, raw, 0) != len(raw):

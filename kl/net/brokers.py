@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from kl.errors import KlError, LockTimeout, StorageError
 from kl.log import locks
-from kl.log.fsutil import FILE_MODE, ensure_dir, file_time_ns, fsync_dir, nfs_locking_problem, storage_error
+from kl.log.fsutil import ensure_dir, file_time_ns, fsync_dir, nfs_locking_problem, open_file, storage_error
 
 BROKERS_DIR = os.path.join(".brokers", "ids")
 LEFTOVER_AGE = 60.0
@@ -106,7 +106,7 @@ def register(root_path: str, info: BrokerInfo) -> Registration:
     name = f"{socket.gethostname()}:{port}:{info.pid}"
     path, tmp = os.path.join(directory, name), os.path.join(directory, f".{name}.tmp")
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
     except OSError as e:
         raise storage_error(e, "create", tmp) from None
     try:

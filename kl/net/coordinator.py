@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 from kl.errors import KlError, LockTimeout
 from kl.log import locks
-from kl.log.fsutil import FILE_MODE, ensure_dir, mount_of, storage_error
+from kl.log.fsutil import ensure_dir, mount_of, open_file, storage_error
 from kl.log.log import Position
 from kl.net import brokers
 from kl.net.kafka_errors import (
@@ -237,7 +237,7 @@ class Coordinator:
             path = coordinator_path(self.root.path, name)
             ensure_dir(self._dir)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+                fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
             except OSError as e:
                 raise storage_error(e, "open", path) from None
             try:
