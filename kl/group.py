@@ -985,8 +985,9 @@ def _value_pieces(found: MessageSet, piece_bytes: int | None) -> list[Piece]:
         if piece_bytes is None:
             out += values
             continue
-        if stored and len(values) > 1:  # a compressed batch: its values all at its offset
-            first = 0
+        weight = sum(map(len, filter(None, values))) if stored else end - at  # a plain run's bytes: no less
+        if stored and len(values) > 1 and size + weight >= piece_bytes:
+            first = 0  # a compressed batch that ends the piece: cut inside, its values all at its offset
             for i in range(len(values) - 1):
                 size += len(values[i] or b"")
                 if size >= piece_bytes:
@@ -996,7 +997,7 @@ def _value_pieces(found: MessageSet, piece_bytes: int | None) -> list[Piece]:
             size += len(values[-1] or b"")
         else:
             out += values
-            size += end - at
+            size += weight
         if size >= piece_bytes and out:
             pieces.append((out, Position(found.offset + end)))
             out, size = [], 0
