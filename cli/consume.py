@@ -116,7 +116,7 @@ a pipe's buffer on Linux, so a commit can follow a slow reader closely."""
     default=1.0,
     show_default=True,
     metavar="SECONDS",
-    help="With --group: commit what was written this often (and when leaving).",
+    help="With --group: commit what was written to stdout this often (and when leaving).",
 )
 @click.option(
     "--start",
