@@ -7,7 +7,8 @@ Every member of a group runs a coordinator thread which, every ``poll_interval``
 3. takes its share by SPEC §10's range assignment: releases what it no longer gets (after
    committing what was consumed of it), then claims what it gets; a claim of a partition
    another member still owns is retried every ``CLAIM_RETRY`` seconds until it let go;
-4. auto-commits on its interval.
+4. auto-commits on its interval; between polls it wakes to commit too, once a stream
+   marked messages consumed and the interval has passed since the last commit.
 
 It never waits long behind another process: the group's locks (kl/registry.py) are
 waited for ``LOCK_WAIT`` of the session timeout at most; a claim, release or commit that
@@ -327,9 +328,9 @@ class GroupConsumer:
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are
-    committed every ``auto_commit_interval`` seconds, when a partition moves to another
-    member, and by ``close()``; inside a compressed batch a commit is of the position
-    after the last message (``kl.Position``).
+    committed every ``auto_commit_interval`` seconds (shorter than ``poll_interval`` too),
+    when a partition moves to another member, and by ``close()``; inside a compressed
+    batch a commit is of the position after the last message (``kl.Position``).
 
     ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
     """
@@ -460,8 +461,11 @@ class GroupConsumer:
         Without ``follow`` it ends once the assignment settled and every partition it owns
         reached the end it had when this member first saw it; with it, it waits for more,
         until ``timeout`` seconds pass without a message (never, if None).  Ends too after
-        ``max_messages`` messages, or once ``stop()`` or ``close()`` is called.  A batch counts
-        as consumed once the next one is asked for; ``commit()`` stores all handed out.
+        ``max_messages`` messages, or once ``stop()`` or ``close()`` is called.  A batch holds
+        about ``max_bytes`` of values and keys at most (a larger message alone; a compressed
+        batch is cut inside), so what the caller has moved past can be committed closely:
+        a batch counts as consumed once the next one is asked for; ``commit()`` stores all
+        handed out.
         """
         stream = self._single()
         remaining = max_messages
