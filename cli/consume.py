@@ -38,6 +38,10 @@ FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "ke
 
 Render = Callable[[str, int, list[kl.Message]], bytes]
 
+GROUP_PIECE_BYTES = 64 << 10
+"""With --group: the most each write holds (values, or one larger message), the size of
+a pipe's buffer on Linux, so a commit can follow a slow reader closely."""
+
 
 @click.command(short_help="Print the messages of a topic.")
 @click.argument("topics", nargs=-1, required=True, metavar="TOPIC...", shell_complete=complete.topics)
@@ -112,7 +116,7 @@ Render = Callable[[str, int, list[kl.Message]], bytes]
     default=1.0,
     show_default=True,
     metavar="SECONDS",
-    help="With --group: commit what was written this often (and when leaving).",
+    help="With --group: commit what was written to stdout this often (and when leaving).",
 )
 @click.option(
     "--start",
@@ -278,7 +282,14 @@ def _consume_group(
     """Consume this member's share; SIGTERM and Ctrl-C end it after the batch being
     written, commit, and leave the group (exit 0 after SIGTERM, 130 after Ctrl-C)."""
     member = kl.GroupConsumer(
-        root, group, topics, start=start, reset=reset, auto_commit_interval=commit_interval, skip_corrupt=skip_corrupt
+        root,
+        group,
+        topics,
+        start=start,
+        reset=reset,
+        auto_commit_interval=commit_interval,
+        max_bytes=GROUP_PIECE_BYTES,
+        skip_corrupt=skip_corrupt,
     )
     stopped_by: list[int] = []
 

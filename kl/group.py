@@ -7,7 +7,8 @@ Every member of a group runs a coordinator thread which, every ``poll_interval``
 3. takes its share by SPEC §10's range assignment: releases what it no longer gets (after
    committing what was consumed of it), then claims what it gets; a claim of a partition
    another member still owns is retried every ``CLAIM_RETRY`` seconds until it let go;
-4. auto-commits on its interval.
+4. auto-commits on its interval; between polls it wakes to commit too, once a stream
+   marked messages consumed and the interval has passed since the last commit.
 
 It never waits long behind another process: the group's locks (kl/registry.py) are
 waited for ``LOCK_WAIT`` of the session timeout at most; a claim, release or commit that
@@ -59,6 +60,7 @@ from kl.follow import Watch
 from kl.log.config import same_creation
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
+from kl.log.messageset import MessageSet
 from kl.registry import CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
 from kl.topic import Root, validate_name
 
@@ -137,6 +139,8 @@ class MessageStream:
         self._pending_at = Position(0)
         """After the last message of ``_pending`` handed out (at first: where its fetch started)."""
         self._last: tuple[_Claim, Position] | None = None
+        self._pieces: list[tuple[_Claim, Batch, Position]] = []
+        """The rest of the last fetch for ``batches()``: each piece and where it ends."""
         self._watch = Watch(consumer.poll_interval, detect_recreation=False)  # the coordinator starts it afresh
         self._watched: set[Log] = set()
         self._waiting = False
@@ -160,9 +164,9 @@ class MessageStream:
                 if time.monotonic() < consumer._lease_until:
                     claim = self._pending_claim
                     if claim is None:
-                        got = self._fetch(True, False, None)
+                        got = self._fetch(True, False, None, None)
                         if got is not None:
-                            claim, batch, self._pending_at = got
+                            claim, [(batch, _)], self._pending_at = got
                             self._pending, self._pending_claim = iter(batch.messages), claim  # type: ignore[arg-type]
                     if claim is not None:
                         message = next(self._pending, None)
@@ -181,27 +185,35 @@ class MessageStream:
     def _batch(self, timeout: float | None, follow: bool, values_only: bool, limit: int | None) -> Batch | None:
         with self._lock:
             self._mark_consumed()
-            got = self._next_batch(timeout, follow, values_only, limit)
-            if got is None:
-                return None
-            claim, batch, _ = got
-            claim.handed = claim.position
-            self._last = (claim, claim.position)
+            if not self._pieces:
+                got = self._next_batch(timeout, follow, values_only, limit)
+                if got is None:
+                    return None
+                claim, pieces, _ = got
+                self._pieces = [(claim, batch, end) for batch, end in pieces]
+            claim, batch, end = self._pieces.pop(0)
+            claim.handed = end
+            self._last = (claim, end)
             return batch
 
     def _mark_consumed(self) -> None:
+        """What was handed out last is consumed: the coordinator commits it on the interval."""
         if self._last is not None:
             claim, offset = self._last
             claim.consumed, self._last = offset, None
+            consumer = self._consumer
+            if consumer.auto_commit and not consumer._to_commit:
+                consumer._to_commit = True
+                consumer._wake.set()
 
     def _next_batch(
         self, timeout: float | None, follow: bool, values_only: bool, limit: int | None
-    ) -> tuple[_Claim, Batch, Position] | None:
+    ) -> tuple[_Claim, list[tuple[Batch, Position]], Position] | None:
         consumer = self._consumer
         deadline = None if timeout is None else time.monotonic() + timeout
         while not consumer._stopped.is_set():
             if time.monotonic() < consumer._lease_until:
-                got = self._fetch(follow, values_only, limit)
+                got = self._fetch(follow, values_only, limit, consumer.max_bytes)
                 if got is not None:
                     return got
                 if not follow and consumer._settled and all(c.position.offset >= c.end for c in self._claims):
@@ -237,9 +249,12 @@ class MessageStream:
                 self._watch.close()
         return True
 
-    def _fetch(self, follow: bool, values_only: bool, limit: int | None) -> tuple[_Claim, Batch, Position] | None:
-        """One fetch from the next partition in turn that has messages: its claim, the
-        batch, and where the fetch started (the claim's position is now after the batch)."""
+    def _fetch(
+        self, follow: bool, values_only: bool, limit: int | None, piece_bytes: int | None
+    ) -> tuple[_Claim, list[tuple[Batch, Position]], Position] | None:
+        """One fetch from the next partition in turn that has messages: its claim, its
+        messages as batches of about ``piece_bytes`` each (one batch if None) with where
+        each ends, and where the fetch started (the claim's position is now after it)."""
         consumer, claims = self._consumer, self._claims
         for k in range(len(claims)):
             claim = claims[(self._turn + k) % len(claims)]
@@ -250,8 +265,8 @@ class MessageStream:
                 continue
             max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - start.offset))
             try:
-                got, position, damage = read_from(
-                    consumer._reader, claim.topic, claim.partition, start, max_bytes, values_only, limit
+                pieces, position, damage = read_from(
+                    consumer._reader, claim.topic, claim.partition, start, max_bytes, values_only, limit, piece_bytes
                 )
             except OffsetOutOfRange as e:
                 if not consumer._recreated(claim.topic):
@@ -264,9 +279,13 @@ class MessageStream:
             claim.position = position
             if damage is not None:
                 consumer._damaged(claim, damage)
-            if got:
+            if pieces:
                 self._turn = (self._turn + k + 1) % len(claims)
-                return claim, Batch(claim.topic, claim.partition, start.offset, position.offset, got), start
+                batches, at = [], start.offset
+                for got, end in pieces:
+                    batches.append((Batch(claim.topic, claim.partition, at, end.offset, got), end))
+                    at = end.offset
+                return claim, batches, start
         return None
 
     def _add(self, claim: _Claim) -> None:
@@ -279,6 +298,7 @@ class MessageStream:
             self._claims.remove(claim)
             if self._pending_claim is claim:
                 self._pending, self._pending_claim = iter(()), None
+            self._pieces = [piece for piece in self._pieces if piece[0] is not claim]
             if self._last is not None and self._last[0] is claim:
                 self._last = None
 
@@ -308,9 +328,9 @@ class GroupConsumer:
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are
-    committed every ``auto_commit_interval`` seconds, when a partition moves to another
-    member, and by ``close()``; inside a compressed batch a commit is of the position
-    after the last message (``kl.Position``).
+    committed every ``auto_commit_interval`` seconds (shorter than ``poll_interval`` too),
+    when a partition moves to another member, and by ``close()``; inside a compressed
+    batch a commit is of the position after the last message (``kl.Position``).
 
     ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
     """
@@ -373,6 +393,10 @@ class GroupConsumer:
         self._error: Exception | None = None
         self._settled = False
         self._committed_at = time.monotonic()
+        self._to_commit = False
+        """Some stream marked messages consumed since the last commit began."""
+        self._wake = threading.Event()
+        """Set to wake the coordinator before its next poll: something to commit, or ``close()``."""
         self._closed = False
         self._default: MessageStream | None = None
         if topics is not None or pattern is not None:
@@ -437,8 +461,11 @@ class GroupConsumer:
         Without ``follow`` it ends once the assignment settled and every partition it owns
         reached the end it had when this member first saw it; with it, it waits for more,
         until ``timeout`` seconds pass without a message (never, if None).  Ends too after
-        ``max_messages`` messages, or once ``stop()`` or ``close()`` is called.  A batch counts
-        as consumed once the next one is asked for; ``commit()`` stores all handed out.
+        ``max_messages`` messages, or once ``stop()`` or ``close()`` is called.  A batch holds
+        about ``max_bytes`` of values and keys at most (a larger message alone; a compressed
+        batch is cut inside), so what the caller has moved past can be committed closely:
+        a batch counts as consumed once the next one is asked for; ``commit()`` stores all
+        handed out.
         """
         stream = self._single()
         remaining = max_messages
@@ -480,6 +507,7 @@ class GroupConsumer:
             return
         self._closed = True
         self._stopped.set()
+        self._wake.set()
         for stream in self._streams:
             stream._close()
         if self._thread is not None:
@@ -549,10 +577,24 @@ class GroupConsumer:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.poll_interval if self._settled else CLAIM_RETRY):
+        """Poll every poll interval; between polls, commit what was consumed once the
+        commit interval has passed since the last commit."""
+        polled = time.monotonic()
+        while True:
+            poll_at = polled + (self.poll_interval if self._settled else CLAIM_RETRY)
+            commit_at = self._committed_at + self.auto_commit_interval if self._to_commit else poll_at
+            self._wake.wait(max(0.0, min(poll_at, commit_at) - time.monotonic()))
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            now = time.monotonic()
             try:
-                self._poll()
-                self._error = None
+                if now >= poll_at:
+                    polled = now
+                    self._poll()
+                    self._error = None
+                elif self._to_commit and now >= self._committed_at + self.auto_commit_interval:
+                    self._auto_commit()
             except RootNotFound as e:  # for good: the streams raise it at once
                 self._error, self._lease_until, self._gone = e, 0.0, True
                 return
@@ -598,8 +640,11 @@ class GroupConsumer:
                         raise
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
-                if self._commit("consumed", raise_lost=False):
-                    self._committed_at = 0.0  # a lock was held: tried again next poll
+                self._auto_commit()
+
+    def _auto_commit(self) -> None:
+        if self._commit("consumed", raise_lost=False):
+            self._committed_at = 0.0  # a lock was held: tried again next poll
 
     def _expired(self, members: list[Member], now: float) -> dict[str, int]:
         """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat."""
@@ -841,7 +886,7 @@ class GroupConsumer:
         rejected = []
         busy = []
         with self._lock:
-            self._committed_at = time.monotonic()
+            self._committed_at, self._to_commit = time.monotonic(), False
             for claim in list(self._owned.values()):
                 with claim.stream._lock:
                     if which == "handed":  # all handed out is processed: auto-commit must not go back before it
@@ -879,31 +924,92 @@ def advance(position: Position, message: Message) -> Position:
     return Position(message.offset, position.skip + 1 if position.offset == message.offset else 1)
 
 
+Piece = tuple["list[Message] | list[bytes | None]", Position]
+"""Some messages (or values) of one fetch, and where to resume after them."""
+
+
 def read_from(
-    reader: Consumer, topic: str, partition: int, start: Position, max_bytes: int, values_only: bool, limit: int | None
-) -> tuple[list[Message] | list[bytes | None], Position, CorruptMessage | None]:
+    reader: Consumer,
+    topic: str,
+    partition: int,
+    start: Position,
+    max_bytes: int,
+    values_only: bool,
+    limit: int | None,
+    piece_bytes: int | None = None,
+) -> tuple[list[Piece], Position, CorruptMessage | None]:
     """``Consumer._read`` from a position: the messages of one fetch (at most ``limit``)
-    after the ``start.skip`` first ones of the batch at ``start.offset``, where to go on,
-    and the damage that ended them early."""
-    whole = values_only and limit is None and not start.skip  # whole batches: the fast path
-    if whole:
-        values, offset, damage = reader._read(topic, partition, start.offset, max_bytes, True, None)
-        return values, Position(offset), damage
+    after the ``start.skip`` first ones of the batch at ``start.offset``, in pieces that
+    hold about ``piece_bytes`` of values and keys each (a compressed batch is cut inside;
+    one piece if None), where to go on, and the damage that ended them early."""
+    if values_only and limit is None and not start.skip:  # whole batches: the fast path
+        try:
+            found = reader.fetch(topic, partition, start.offset, max_bytes)
+            return _value_pieces(found, piece_bytes), Position(found.next_offset), None
+        except CorruptMessage:  # the valid messages before it, then the damage
+            values, offset, damage = reader._read(topic, partition, start.offset, max_bytes, True, None)
+            return ([(values, Position(offset))] if values else []), Position(offset), damage
     got, offset, damage = reader._read(
         topic, partition, start.offset, max_bytes, False, None if limit is None else limit + start.skip
     )
     messages = cast("list[Message]", got)
-    position, skipped = Position(start.offset), 0
-    for message in messages:
-        position = advance(position, message)
+    skipped = 0
     while skipped < min(start.skip, len(messages)) and messages[skipped].offset == start.offset:
         skipped += 1
-    messages = messages[skipped:]
-    if not messages and offset == start.offset:
+    pieces: list[Piece] = []
+    position, piece, size = Position(start.offset), cast("list[Message]", []), 0
+    for i, message in enumerate(messages):
+        position = advance(position, message)
+        if i < skipped:
+            continue
+        piece.append(message)
+        if piece_bytes is not None:
+            size += len(message.value or b"") + len(message.key or b"")
+            if size >= piece_bytes and i + 1 < len(messages):
+                pieces.append((piece, position))
+                piece, size = [], 0
+    if not piece and offset == start.offset:
         position = start  # nothing read
     elif not position.skip:
         position = Position(offset)  # past the last message, and padding after it
-    return [msg.value for msg in messages] if values_only else messages, position, damage
+    if piece:
+        pieces.append((piece, position))
+    if values_only:
+        return [([msg.value for msg in cast("list[Message]", part)], end) for part, end in pieces], position, damage
+    return pieces, position, damage
+
+
+def _value_pieces(found: MessageSet, piece_bytes: int | None) -> list[Piece]:
+    """The values of a fetch in pieces of about ``piece_bytes`` of values each (a
+    compressed batch is cut inside; one piece if None), each with where it ends."""
+    pieces: list[Piece] = []
+    out: list[bytes | None] = []
+    size = 0
+    for values, at, end, stored in found.runs():
+        if piece_bytes is None:
+            out += values
+            continue
+        weight = sum(map(len, filter(None, values))) if stored else end - at  # a plain run's bytes: no less
+        if stored and len(values) > 1 and size + weight >= piece_bytes:
+            first = 0  # a compressed batch that ends the piece: cut inside, its values all at its offset
+            for i in range(len(values) - 1):
+                size += len(values[i] or b"")
+                if size >= piece_bytes:
+                    pieces.append(([*out, *values[first : i + 1]], Position(found.offset + at, i + 1)))
+                    out, size, first = [], 0, i + 1
+            out += values[first:]
+            size += len(values[-1] or b"")
+        else:
+            out += values
+            size += weight
+        if size >= piece_bytes and out:
+            pieces.append((out, Position(found.offset + end)))
+            out, size = [], 0
+    if out:
+        pieces.append((out, Position(found.next_offset)))
+    elif pieces:  # past padding after the last message too
+        pieces[-1] = (pieces[-1][0], Position(found.next_offset))
+    return pieces
 
 
 def _subscription(topics: list[str] | None, pattern: str | None, exclude: str | None) -> dict[str, object]:

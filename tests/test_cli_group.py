@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import signal
 import subprocess
@@ -199,3 +200,69 @@ def test_count_moves_on_inside_a_compressed_batch(root):
     assert [r.returncode for r in runs] == [0, 0, 0]
     assert b"".join(r.stdout for r in runs) == b"".join(b"%d\n" % i for i in range(1, 301))
     assert kl_run(root, "groups", "export", "g").stdout == b"t 0 0+300\n"
+
+
+# ----------------------------------------------------------------- commits that follow the reader
+
+PIECE_LINES = (64 << 10) // 101
+"""The lines of 100 bytes and a newline in a pipe's buffer, or in one write of ``kl consume --group``."""
+REDELIVERY_BOUND = 2 * PIECE_LINES + 400
+"""What a member killed -9 behind a slow reader may have written since its last commit: the
+write under way and the pipe's buffer, and generously what the reader took in 50 ms
+(today's interval: 10 ms) at 800 KB/s.  A whole fetch (1 MiB: 8,665 lines) is four times more."""
+
+
+def killed_behind_a_slow_reader(root: kl.Root, topic: str, lines: int) -> list[bytes]:
+    """What ``kl consume --group g --commit-interval 0.01`` wrote to a reader taking 4 KiB
+    every 5 ms, killed -9 once the reader had ``lines`` lines (the rest of the pipe read too;
+    a line cut by the kill left out)."""
+    args = [*KL, "--root", root.path, "consume", topic, "--group", "g", "--commit-interval", "0.01"]
+    member = subprocess.Popen(args, stdout=subprocess.PIPE)
+    assert member.stdout is not None
+    got = bytearray()
+    try:
+        while got.count(b"\n") < lines:
+            chunk = os.read(member.stdout.fileno(), 4096)
+            assert chunk, "the member ended before the kill"
+            got += chunk
+            time.sleep(0.005)
+        member.kill()
+        got += member.stdout.read()
+    finally:
+        member.kill()
+        member.wait()
+    return bytes(got[: got.rfind(b"\n") + 1]).splitlines()
+
+
+def test_a_member_killed_behind_a_slow_reader_wrote_again_only_what_followed_its_last_commit(root):
+    """Repro: the commit waited for a whole fetch to be written (1 MiB), so 146,237 lines came again."""
+    root.create_topic("t")
+    values = [b"%07d" % i + b"x" * 93 for i in range(40_000)]
+    assert kl_run(root, "produce", "t", input=b"".join(v + b"\n" for v in values)).returncode == 0
+    first = killed_behind_a_slow_reader(root, "t", 16_000)  # inside the second fetch of 1 MiB
+    assert first == values[: len(first)]
+    second = kl_run(root, "consume", "t", "--group", "g")
+    assert second.returncode == 0, second.stderr
+    rest = second.stdout.splitlines()
+    again = len(first) + len(rest) - len(values)
+    assert rest == values[-len(rest) :] and 0 <= again <= REDELIVERY_BOUND, (len(first), again)
+
+
+def test_members_killed_three_times_over_compressed_batches_each_write_again_only_what_followed_their_last_commit(root):
+    """Repro: over zstd batches of 50, three kills in a row wrote the same 99,969 messages again."""
+    root.create_topic("t")
+    values = [b"%07d" % i + b"x" * 93 for i in range(40_000)]
+    produced = kl_run(root, "produce", "t", "-z", "zstd", "--batch-size", "50", input=b"".join(v + b"\n" for v in values))
+    assert produced.returncode == 0
+    runs = [killed_behind_a_slow_reader(root, "t", 6_000) for _ in range(3)]
+    last = kl_run(root, "consume", "t", "--group", "g")
+    assert last.returncode == 0, last.stderr
+    runs.append(last.stdout.splitlines())
+    at = 0
+    for run, after in itertools.pairwise(runs):
+        start = values.index(run[0])
+        assert run == values[start : start + len(run)] and start <= at
+        again = start + len(run) - values.index(after[0])
+        assert 0 <= again <= REDELIVERY_BOUND, [len(r) for r in runs]
+        at = start + len(run)
+    assert runs[-1][-1] == values[-1]

@@ -613,3 +613,42 @@ def test_commits_inside_a_compressed_batch_resume_after_the_last_message_handed_
         got += [v for batch in consumer.batches(values_only=True) for v in batch.messages]  # type: ignore[misc]
     assert got[:311] + got[312:] == values
     assert Registry(root.path, "g").committed("t", 0).position == (root.log("t", 0).log_end_offset, 0)
+
+
+def committed(registry: Registry) -> kl.Position | None:
+    """The position committed for t/0, or None."""
+    found = registry.committed("t", 0)
+    return None if found is None else found.position
+
+
+def test_batches_cut_a_compressed_batch_and_auto_commit_what_was_moved_past_on_the_interval(root):
+    """Commits that follow the reader: a batch was a whole fetch (1 MiB, or all a compressed
+    batch held), and auto-commit waited for the coordinator's next poll."""
+    root.create_topic("t")
+    values = [b"%04d" % i + b"x" * 96 for i in range(2000)]  # one zstd batch of 200 KB of values
+    kl.Producer(root, compression="zstd").send_batch("t", values)
+    registry = Registry(root.path, "g")
+    slow_polls = {"poll_interval": 30.0, "session_timeout": 60.0, "auto_commit_interval": 0.01}
+    with kl.GroupConsumer(root, "g", ["t"], max_bytes=16 << 10, **slow_polls) as member:
+        batches = member.batches(values_only=True)
+        first, second = next(batches), next(batches)  # moved past the first
+        sizes = [len(b.messages) for b in (first, second)]
+        assert 160 <= sizes[0] <= 170 and sizes[1] <= 170  # 16 KiB of 100-byte values, not all 2,000
+        assert first.messages + second.messages == values[: sum(sizes)]
+        wait_for(lambda: committed(registry) == (0, sizes[0]), 20, "a commit inside the batch before the next poll")
+    assert registry.committed("t", 0).position == (0, sizes[0])  # close: the second was handed out, not moved past
+    with kl.GroupConsumer(root, "g", ["t"]) as member:
+        rest = [v for batch in member.batches(values_only=True) for v in batch.messages]
+    assert rest == values[sizes[0] :]
+
+
+def test_auto_commit_follows_a_stream_between_polls(root):
+    """With a commit interval below the poll interval, commits came only at each poll."""
+    root.create_topic("t")
+    kl.Producer(root).send_batch("t", [b"%d" % i for i in range(10)])
+    registry = Registry(root.path, "g")
+    with kl.GroupConsumer(root, "g", ["t"], poll_interval=30.0, session_timeout=60.0, auto_commit_interval=0.01) as member:
+        stream = iter(member)
+        records = [next(stream) for _ in range(4)]  # the 4th handed out, the 3rd moved past
+        after_third = (records[2].next_offset, 0)
+        wait_for(lambda: committed(registry) == after_third, 20, "a commit before the next poll")

@@ -276,18 +276,31 @@ class MessageSet:
     def values(self) -> tuple[list[bytes | None], int]:
         """All values in one pass, and the offset to read from next: the consumer's fast
         path.  A null value (magic 3) is None in the list."""
+        runs = self.runs()
+        out = next(runs)[0]
+        for run, _, _, _ in runs:
+            out += run
+        return out, self.next_offset
+
+    def runs(self) -> Iterator[tuple[list[bytes | None], int, int, bool]]:
+        """The values as ``values`` reads them, in runs: (values, buffer position of the
+        run, position after it, whether it is one stored message's: a compressed batch's
+        values share its offset).  The first run may be empty; ``next_offset`` is set at
+        the end."""
         buf, limit, plain_values = self.buffer, self.max_message_bytes, core.plain_values
-        first, pos = plain_values(buf, 0, limit)  # uncompressed magic 2 without a key
-        out = cast("list[bytes | None]", first)
+        run, pos = plain_values(buf, 0, limit)  # uncompressed magic 2 without a key
+        yield cast("list[bytes | None]", run), 0, pos, False
         while True:
             step = self.decode_at(pos)
             if step is None:
                 self.next_offset = self.offset + pos
-                return out, self.next_offset
-            pos, messages = step
-            out.extend([msg.value for msg in messages])
-            run, pos = plain_values(buf, pos, limit)
-            out += run
+                return
+            at, (pos, messages) = pos, step
+            yield [msg.value for msg in messages], at, pos, True
+            run, end = plain_values(buf, pos, limit)
+            if run:
+                yield cast("list[bytes | None]", run), pos, end, False
+            pos = end
 
     def entries(self) -> Iterator[Entry]:
         """Every stored message with its problem, up to the first bad or cut-off one (included)."""
