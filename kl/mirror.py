@@ -15,7 +15,16 @@ target topic's mirror lock (``ROOT/.locks/TOPIC/mirror.lock``) while it copies, 
 mirrors never write one topic; a local producer writing to a mirrored topic is caught
 at its next append (the offset it got is not the source's) and reported.
 
-What is checked before copying a partition (``Diverged`` names the offset):
+Each copied topic records the creation of the source's topic it copies (its topic id) in
+``TARGET/TOPIC/mirror.json``; a topic the mirror creates also gets the source's id as
+its own.  A source topic of another creation (deleted and created again) is refused
+(``TopicRecreated``), or with ``recreate`` the copy is deleted and made afresh; a read
+of a local source is checked against the id before it is appended, one of a server
+each time its topics are listed.  A target without a record whose id is not the
+source's (made by a mirror before topic ids) is checked by its bytes, then recorded.
+
+What is checked before copying a partition (``Diverged`` names the offset), for every
+topic before the target is changed (created, grown, recorded):
 
 * the source and the target topic have the same partition count (a target with fewer
   partitions is grown to the source's count, through ``Root.alter_topic``; one with more

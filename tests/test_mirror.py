@@ -613,3 +613,19 @@ def fresh_ends_of(path: str, topic: str) -> list[int]:
             return ends_of(root, topic)
         except kl.KlError:
             return []
+
+
+def test_recreate_killed_at_random_moments_and_run_again(source, target, processes):
+    run(source, target)
+    new = recreate(source, n=3000)
+    rng = random.Random(os.getpid())
+    for _ in range(4):
+        proc = subprocess.Popen([*KL, "mirror", source.path, target.path, "--recreate"], stderr=subprocess.DEVNULL)
+        processes.append(proc)
+        time.sleep(rng.uniform(0.2, 0.8))
+        proc.kill()
+        proc.wait(10)
+    done = subprocess.run([*KL, "mirror", source.path, target.path, "--recreate"], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert target.topic_id("t") == new
+    assert_same(source, target)
