@@ -173,8 +173,7 @@ class LocalSource:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            self.root.read_config(topic)  # the root's own error, or a topic created just now
-            st = os.stat(path)
+            return self.root.read_config(topic)  # the root's own error, or a topic created just now
         except OSError as e:
             raise storage_error(e, "read", path) from None
         signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -672,7 +671,7 @@ class Mirror:
         for key, p in list(self._partitions.items()):
             if stop is not None and stop.is_set():
                 break
-            if key not in self._partitions:  # its topic was dropped in this round
+            if self._partitions.get(key) is not p:  # its topic was dropped or made afresh in this round
                 continue
             try:
                 copied = self._copy(p, ROUND_BYTES, stop) > 0 or copied

@@ -629,3 +629,19 @@ def test_recreate_killed_at_random_moments_and_run_again(source, target, process
     assert done.returncode == 0, done.stderr
     assert target.topic_id("t") == new
     assert_same(source, target)
+
+
+def test_recreate_copies_a_source_created_again_while_copying_afresh(source, target):
+    run(source, target)
+    fill(source, "t", 50, start=300)
+    copier = mirror.Mirror(mirror.LocalSource(kl.Root(source.path)), target, recreate=True)
+    copier.discover(first=True)
+    new = recreate(source, n=600)
+    try:
+        while copier.copy_round():
+            pass
+    finally:
+        copier.close()
+        copier.source.close()
+    assert target.topic_id("t") == new
+    assert_same(source, target)
