@@ -30,6 +30,11 @@ from kl_cli.common import aligned, root_option
     help="With --follow, how long to wait after finding nothing new (a local root's new data ends the wait at once).",
 )
 @click.option(
+    "--recreate",
+    is_flag=True,
+    help="Delete and copy afresh a topic of TARGET that copies an older creation of SOURCE's (deleted and created again).",
+)
+@click.option(
     "--partitions",
     type=click.IntRange(min=1),
     metavar="N",
@@ -44,6 +49,7 @@ def mirror_command(
     topics: tuple[str, ...],
     follow: bool,
     poll: float,
+    recreate: bool,
     partitions: int | None,
     as_json: bool,
 ) -> None:
@@ -52,7 +58,8 @@ def mirror_command(
     SOURCE is a root directory or HOST:PORT of a kl serve (or a Kafka 0.7 broker: name
     the topics and give --partitions).  With no TOPIC, every topic of SOURCE.  Missing
     topics are created with SOURCE's settings; a run goes on from where the target
-    ends, and refuses a target that is not a copy of SOURCE.  SIGTERM and Ctrl-C stop
+    ends, and refuses a target that is not a copy of SOURCE (or of its topic's current
+    creation: see --recreate).  SIGTERM and Ctrl-C stop
     it after the append in progress (exit 0 and 130).  See kl-mirror(1).
     """
     given = root_option(ctx, "root")
@@ -71,7 +78,7 @@ def mirror_command(
     try:
         src = mirroring.open_source(source, partitions=partitions)
         try:
-            copies = mirroring.Mirror(src, root, list(topics) or None).run(follow=follow, stop=stop, poll=poll)
+            copies = mirroring.Mirror(src, root, list(topics) or None, recreate=recreate).run(follow=follow, stop=stop, poll=poll)
         finally:
             src.close()
     finally:

@@ -15,7 +15,16 @@ target topic's mirror lock (``ROOT/.locks/TOPIC/mirror.lock``) while it copies, 
 mirrors never write one topic; a local producer writing to a mirrored topic is caught
 at its next append (the offset it got is not the source's) and reported.
 
-What is checked before copying a partition (``Diverged`` names the offset):
+Each copied topic records the creation of the source's topic it copies (its topic id) in
+``TARGET/TOPIC/mirror.json``; a topic the mirror creates also gets the source's id as
+its own.  A source topic of another creation (deleted and created again) is refused
+(``TopicRecreated``), or with ``recreate`` the copy is deleted and made afresh; a read
+of a local source is checked against the id before it is appended, one of a server
+each time its topics are listed.  A target without a record whose id is not the
+source's (made by a mirror before topic ids) is checked by its bytes, then recorded.
+
+What is checked before copying a partition (``Diverged`` names the offset), for every
+topic before the target is changed (created, grown, recorded):
 
 * the source and the target topic have the same partition count (a target with fewer
   partitions is grown to the source's count, through ``Root.alter_topic``; one with more
@@ -31,6 +40,8 @@ needs) is refused (``SourceGap``); an empty target starts at the source's log st
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import threading
@@ -38,10 +49,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from kl.errors import InvalidConfig, KlError, LockTimeout, OffsetOutOfRange, RootNotFound, TopicNotFound
+from kl.errors import (
+    InvalidConfig,
+    KlError,
+    LockTimeout,
+    OffsetOutOfRange,
+    RootNotFound,
+    TopicNotFound,
+    TopicRecreated,
+)
 from kl.follow import Watch
 from kl.log import locks
-from kl.log.config import FORMAT_07, TopicConfig
+from kl.log.config import CONFIG_FILE, FORMAT_07, TopicConfig
+from kl.log.fsutil import storage_error, write_atomic
 from kl.log.log import EARLIEST, LATEST, Log
 from kl.log.messageset import INCOMPLETE, check, count_messages, walk
 from kl.net import wire
@@ -57,6 +77,8 @@ TAIL_CHECK_BYTES = 64 << 10
 """How much of the target's tail is compared with the source before copying."""
 POLL_SECONDS = 0.5
 MIRROR_LOCK = "mirror.lock"
+MIRROR_RECORD = "mirror.json"
+"""In a target topic's directory: which creation of the source's topic it copies."""
 
 
 class Diverged(KlError):
@@ -96,7 +118,12 @@ class Source(Protocol):
         ...
 
     def config(self, topic: str) -> TopicConfig:
-        """The topic's settings; raises ``TopicNotFound``."""
+        """The topic's settings (its ``topic_id``: the creation there is now, "" when the
+        source has no ids); raises ``TopicNotFound``."""
+        ...
+
+    def refresh(self) -> None:
+        """Look again: ``topics`` and ``config`` answer as of now."""
         ...
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
@@ -132,12 +159,34 @@ class LocalSource:
         self.root = root
         self.name = root.path
         self._watch: Watch | None = None
+        self._watched: set[Log] = set()
+        self._seen: dict[str, tuple[tuple[int, ...], TopicConfig]] = {}
+        """Topic -> the signature of its ``topic.json`` and the config read from it."""
 
     def topics(self) -> list[str]:
         return self.root.topics()
 
     def config(self, topic: str) -> TopicConfig:
-        return self.root.config(topic)
+        """As on disk now: a ``stat`` of ``topic.json``, read again when it changed (a
+        topic created again also reopens its logs)."""
+        path = os.path.join(self.root.topic_path(topic), CONFIG_FILE)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return self.root.read_config(topic)  # the root's own error, or a topic created just now
+        except OSError as e:
+            raise storage_error(e, "read", path) from None
+        signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        seen = self._seen.get(topic)
+        if seen is None or seen[0] != signature:
+            config = self.root.read_config(topic)
+            if seen is not None and not config.same_topic(seen[1]):
+                self.root.forget(topic)
+            self._seen[topic] = seen = signature, config
+        return seen[1]
+
+    def refresh(self) -> None:
+        pass  # every config() looks
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         state = self.root.log(topic, partition).state()
@@ -149,9 +198,16 @@ class LocalSource:
     def wait(self, partitions: list[tuple[str, int]], timeout: float, stop: threading.Event) -> None:
         """Woken by inotify where it works (see ``kl.follow``); ``stop`` is seen within ``timeout``."""
         if self._watch is None:
-            self._watch = Watch(poll_interval=timeout)
+            self._watch = Watch(poll_interval=timeout, detect_recreation=False)  # the mirror checks the ids
+        logs = []
         for topic, partition in partitions:
-            self._watch.add(self.root.log(topic, partition))
+            with contextlib.suppress(KlError):  # deleted: the next read says so
+                logs.append(self.root.log(topic, partition))
+        for stale in self._watched - set(logs):
+            self._watch.remove(stale)
+        for found in logs:
+            self._watch.add(found)
+        self._watched = set(logs)
         if not stop.is_set():
             self._watch.wait(timeout)
 
@@ -202,8 +258,10 @@ class RemoteSource:
         return self._configs
 
     def topics(self) -> list[str]:
-        self._configs = None
         return sorted(self._topic_configs())
+
+    def refresh(self) -> None:
+        self._configs = None
 
     def config(self, topic: str) -> TopicConfig:
         if self.kl:
@@ -270,10 +328,31 @@ class _Partition:
     copy: PartitionCopy
 
 
+@dataclass
+class _Plan:
+    """What ``Mirror.discover`` does to a topic of the target once every topic passed its checks."""
+
+    topic: str
+    wanted: TopicConfig
+    """The source's config; its topic id names the creation copied."""
+    config: TopicConfig | None
+    """The target's; None: the topic is created (after deleting the old one, with ``drop``)."""
+    partitions: range
+    """The partitions to copy from now on."""
+    starts: dict[int, int]
+    """Empty target partitions -> the source's log start, where they start."""
+    drop: bool = False
+    record: bool = False
+    """Write ``MIRROR_RECORD``: the target copies the source's creation ``wanted.topic_id``."""
+
+
 class Mirror:
     """Copies ``topics`` (all of the source's when None) from ``source`` into ``target``.
 
-    Not thread-safe; one ``Mirror`` per target topic at a time (others get ``MirrorBusy``).
+    With ``recreate``, a topic of the target that copies another creation of the source's
+    topic (deleted and created again there) is deleted and copied afresh; without, it is
+    refused (``TopicRecreated``).  Not thread-safe; one ``Mirror`` per target topic at a
+    time (others get ``MirrorBusy``).
     """
 
     def __init__(
@@ -283,32 +362,44 @@ class Mirror:
         topics: list[str] | None = None,
         *,
         fetch_bytes: int = FETCH_BYTES,
+        recreate: bool = False,
         on_progress: Callable[[PartitionCopy], None] | None = None,
     ):
         self.source = source
         self.target = target
         self.named = [validate_name(t) for t in topics] if topics else None
         self.fetch_bytes = fetch_bytes
+        self.recreate = recreate
         self.on_progress = on_progress
+        self.follow = False
         self._partitions: dict[tuple[str, int], _Partition] = {}
-        self._held: list[locks.ProcessLock] = []
+        self._ids: dict[str, str] = {}
+        """Topic being copied -> the source's topic id of the creation copied ("": none known)."""
+        self._held: dict[str, locks.ProcessLock] = {}
+        self._dropped: list[PartitionCopy] = []
+        self._skipped: dict[str, str] = {}
+        """Topic skipped while following -> why, as logged last."""
 
     @property
     def copies(self) -> list[PartitionCopy]:
-        """What was copied so far, per partition, sorted."""
-        return [p.copy for _, p in sorted(self._partitions.items())]
+        """What was copied so far, per partition, sorted (a topic no longer copied included)."""
+        done = self._dropped + [p.copy for p in self._partitions.values()]
+        return sorted(done, key=lambda c: (c.topic, c.partition))
 
     def run(
         self, *, follow: bool = False, stop: threading.Event | None = None, poll: float = POLL_SECONDS
     ) -> list[PartitionCopy]:
         """Copy until every partition reaches the source's end (with ``follow``: until
         ``stop`` is set, seen within ``poll`` seconds, picking up new data, partitions
-        added to the source and, when no topics were named, new topics).
-        Returns what was copied per partition.  Raises ``Diverged``, ``SourceGap``,
-        ``MirrorBusy`` and the usual ``KlError``s."""
+        added to the source and, when no topics were named, new topics; a topic deleted
+        or created again in the source is then logged and skipped, or with ``recreate``
+        copied afresh, and the others go on).  Returns what was copied per partition.
+        Raises ``Diverged``, ``SourceGap``, ``TopicRecreated``, ``MirrorBusy`` and the usual
+        ``KlError``s; a refusal before copying writes nothing into the target."""
         stop = stop or threading.Event()
+        self.follow = follow
         try:
-            self.discover()
+            self.discover(first=True)
             while not stop.is_set():
                 if not self.copy_round(stop) and not follow:
                     break
@@ -323,34 +414,102 @@ class Mirror:
         return self.copies
 
     def close(self) -> None:
-        for lock in self._held:
+        for lock in self._held.values():
             lock.release()
         self._held.clear()
 
-    def discover(self) -> None:
-        """Check and prepare each topic not seen yet (created in the target if missing), and
-        the partitions added to a topic's source since it was seen."""
+    def discover(self, *, first: bool = False) -> None:
+        """Check each topic not copied yet (missing ones are created in the target), the
+        partitions added to a topic's source since, and that the source's topics are
+        still the creations copied; then, once all passed, change the target as they
+        need.  Later than ``first``, a topic that fails for being deleted or created
+        again is skipped (see ``run``)."""
+        self.source.refresh()
         names = self.named if self.named is not None else self.source.topics()
+        for topic in sorted(set(self._ids) - set(names)):
+            self._skip(topic, TopicNotFound(f"topic {topic!r} was deleted from {self.source.name}"))
+        plans = []
         for topic in names:
-            known = sum(1 for key in self._partitions if key[0] == topic)
-            if known and self.source.config(topic).partitions <= known:
+            try:
+                plan = self._check(topic)
+            except (TopicRecreated, TopicNotFound) as e:
+                if (first or not self.follow) and (self.named is not None or isinstance(e, TopicRecreated)):
+                    raise
+                self._skip(topic, e)
                 continue
-            config = self._target_config(topic, lock=not known)
-            for partition in range(known, config.partitions):
-                self._partitions[(topic, partition)] = self._prepare(topic, partition)
+            if plan is not None:
+                plans.append(plan)
+        for plan in plans:
+            self._apply(plan)
 
-    def _target_config(self, topic: str, *, lock: bool) -> TopicConfig:
-        """The target topic's config, after checking it against the source's: created when
-        missing, its partitions grown to the source's count (never shrunk), its headers
-        setting turned on when the source's is.  With ``lock``,
-        takes the topic's mirror lock first (after creating the topic)."""
+    def _check(self, topic: str) -> _Plan | None:
+        """What the topic needs (None: nothing), after every check that involves no write."""
         wanted = self.source.config(topic)
+        if topic in self._ids:
+            try:
+                self._same_creation(topic, wanted)
+            except TopicRecreated:
+                if not self.recreate:
+                    raise
+                return _Plan(topic, wanted, None, range(wanted.partitions), self._starts(topic, 0, wanted), drop=True)
+            known = sum(1 for key in self._partitions if key[0] == topic)
+            if wanted.partitions <= known:
+                return None
+            config = self.target.read_config(topic)
+            self._check_config(topic, wanted, config)
+            return _Plan(topic, wanted, config, range(known, wanted.partitions), self._starts(topic, known, wanted))
         try:
-            config = self.target.config(topic)
+            config = self.target.read_config(topic)
         except (TopicNotFound, RootNotFound):
+            return _Plan(topic, wanted, None, range(wanted.partitions), self._starts(topic, 0, wanted))
+        self._lock(topic)
+        copied = self._copied_id(topic, config)
+        fresh = _Plan(topic, wanted, None, range(wanted.partitions), {}, drop=True)
+        if wanted.topic_id and copied and copied != wanted.topic_id:
+            if self.recreate:
+                fresh.starts = self._starts(topic, 0, wanted)
+                return fresh
+            raise self._recreated(topic, copied, wanted.topic_id)
+        unproven = bool(wanted.topic_id) and not copied and config.topic_id != wanted.topic_id
+        try:
+            self._check_config(topic, wanted, config)
+            starts = self._starts(topic, config.partitions, wanted)
+            for partition in range(config.partitions):
+                start = self._check_partition(topic, partition)
+                if start is not None:
+                    starts[partition] = start
+        except (Diverged, SourceGap) as e:
+            if not unproven:
+                raise
+            if self.recreate:
+                fresh.starts = self._starts(topic, 0, wanted)
+                return fresh
+            raise type(e)(
+                f"{e} (the topic's id is {config.topic_id} in the target and {wanted.topic_id} in {self.source.name}:"
+                " if it was deleted and created again there, delete it from the target or give --recreate)"
+            ) from None
+        record = bool(wanted.topic_id) and not copied
+        return _Plan(topic, wanted, config, range(wanted.partitions), starts, record=record)
+
+    def _apply(self, plan: _Plan) -> None:
+        """Make the target topic what ``plan`` says (created, grown, recorded) and copy its partitions."""
+        topic, wanted = plan.topic, plan.wanted
+        if plan.drop:
+            self._forget(topic)
+            self.target.delete_topic(topic)
+            log.warning(
+                "deleted topic %s from %s: it copied another creation of the topic than %s's (now %s)",
+                topic,
+                self.target.path,
+                self.source.name,
+                wanted.topic_id,
+            )
+        config = plan.config
+        if config is None:
             config = self.target.create_topic(topic, wanted)
             log.info("created topic %s in %s", topic, self.target.path)
-        if lock:
+            plan.record = bool(wanted.topic_id)
+        if topic not in self._held:
             self._lock(topic)
         if config.partitions < wanted.partitions:
             config = self.target.alter_topic(topic, partitions=wanted.partitions)
@@ -358,7 +517,24 @@ class Mirror:
         if wanted.holds_headers and not config.holds_headers:  # the source may hold magic 3: so may the copy
             config = self.target.alter_topic(topic, headers=True)
             log.info("topic %s of %s now holds headers, as in %s", topic, self.target.path, self.source.name)
-        if config.partitions != wanted.partitions:
+        if plan.record:
+            self._write_record(topic, config.topic_id, wanted.topic_id)
+        self._ids[topic] = wanted.topic_id
+        self._skipped.pop(topic, None)
+        for partition, start in plan.starts.items():
+            self.target.log(topic, partition).start_at(start)
+        fetch = max(1, min(self.fetch_bytes, config.segment_bytes))
+        for partition in plan.partitions:
+            target = self.target.log(topic, partition)
+            end = target.log_end_offset
+            copy = PartitionCopy(topic, partition, end, end)
+            self._partitions[(topic, partition)] = _Partition(topic, partition, target, config.max_message_bytes, fetch, copy)
+
+    def _check_config(self, topic: str, wanted: TopicConfig, config: TopicConfig) -> None:
+        """Refuse a target topic that cannot become a copy of the source's settings: more
+        partitions (never shrunk), another format, smaller messages.  Fewer partitions and
+        no headers are what ``_apply`` changes."""
+        if config.partitions > wanted.partitions:
             raise Diverged(
                 f"topic {topic!r} has {wanted.partitions} partitions in {self.source.name}"
                 f" but {config.partitions} in {self.target.path}"
@@ -372,20 +548,15 @@ class Mirror:
                 f"topic {topic!r} takes messages of up to {wanted.max_message_bytes} bytes in {self.source.name}"
                 f" but only {config.max_message_bytes} in the target"
             )
-        return config
 
-    def _lock(self, topic: str) -> None:
-        """Take the target topic's mirror lock (held until ``close``)."""
-        lock = locks.lock_for(os.path.join(self.target.path, LOCKS_DIR, topic, MIRROR_LOCK))
-        try:
-            lock.acquire(0)
-        except LockTimeout:
-            raise MirrorBusy(f"another kl mirror is copying into topic {topic!r} of {self.target.path}") from None
-        self._held.append(lock)
+    def _starts(self, topic: str, first: int, wanted: TopicConfig) -> dict[int, int]:
+        """Partitions ``first`` on, still to be made in the target -> the source's log start, where above 0."""
+        starts = {p: self.source.offsets(topic, p)[0] for p in range(first, wanted.partitions)}
+        return {p: start for p, start in starts.items() if start > 0}
 
-    def _prepare(self, topic: str, partition: int) -> _Partition:
+    def _check_partition(self, topic: str, partition: int) -> int | None:
         """Check that the target partition is a prefix of the source's (see the module's
-        docstring) and start an empty one at the source's log start."""
+        docstring); the source's log start where an empty one starts there instead."""
         where = f"{topic}/{partition}"
         target = self.target.log(topic, partition)
         state = target.state()
@@ -394,17 +565,14 @@ class Mirror:
         if end > source_end:
             raise Diverged(f"{where}: the target ends at offset {end}, beyond the source's end {source_end}")
         if start == end and end < source_start:
-            target.start_at(source_start)
-            start = end = source_start
-        elif end < source_start:
+            return source_start
+        if end < source_start:
             raise SourceGap(
                 f"{where}: the target ends at offset {end} but the source now starts at {source_start}"
                 f" (offsets {end} to {source_start} are gone from the source); delete the target topic to copy it afresh"
             )
         self._compare_tail(where, topic, partition, target, max(start, source_start, end - TAIL_CHECK_BYTES), end)
-        config = self.target.config(topic)
-        fetch = max(1, min(self.fetch_bytes, config.segment_bytes))
-        return _Partition(topic, partition, target, config.max_message_bytes, fetch, PartitionCopy(topic, partition, end, end))
+        return None
 
     def _compare_tail(self, where: str, topic: str, partition: int, target: Log, offset: int, end: int) -> None:
         while offset < end:
@@ -416,14 +584,115 @@ class Mirror:
                 raise Diverged(f"{where}: the target differs from the source in the message at offset {_message_at(target, at)}")
             offset += n
 
+    # -------------------------------------------------------------- which creation
+
+    def _copied_id(self, topic: str, config: TopicConfig) -> str:
+        """The source's topic id the target topic records it copies ("" when it records none:
+        made by a kl mirror before the record, or by other means)."""
+        path = os.path.join(self.target.topic_path(topic), MIRROR_RECORD)
+        try:
+            with open(path, "rb") as f:
+                record = json.loads(f.read())
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except FileNotFoundError:
+            return ""
+        except OSError as e:
+            raise storage_error(e, "read", path) from None
+        except ValueError as e:
+            raise InvalidConfig(f"mirror record {path} is unreadable ({e}): delete it, the next run checks the bytes") from None
+        if record.get("topic_id") != config.topic_id:  # not of this creation of the target topic
+            return ""
+        return str(record.get("source_topic_id", ""))
+
+    def _write_record(self, topic: str, topic_id: str, source_id: str) -> None:
+        record = {"topic_id": topic_id, "source_topic_id": source_id, "source": self.source.name}
+        write_atomic(os.path.join(self.target.topic_path(topic), MIRROR_RECORD), (json.dumps(record) + "\n").encode())
+
+    def _same_creation(self, topic: str, wanted: TopicConfig | None = None) -> None:
+        """Raise ``TopicRecreated`` unless the source's topic is still the creation copied
+        (``TopicNotFound`` when it is gone); a source without topic ids passes."""
+        try:
+            now = (wanted or self.source.config(topic)).topic_id
+        except TopicNotFound:
+            raise TopicNotFound(f"topic {topic!r} was deleted from {self.source.name}") from None
+        was = self._ids[topic]
+        if was and now and now != was:
+            raise self._recreated(topic, was, now)
+
+    def _still_same(self, topic: str) -> None:
+        """``_same_creation`` with what the source says now (a server is asked again)."""
+        self.source.refresh()
+        self._same_creation(topic)
+
+    def _recreated(self, topic: str, was: str, now: str) -> TopicRecreated:
+        return TopicRecreated(
+            topic,
+            was,
+            now,
+            f"copy in {self.target.path} was made from {self.source.name}",
+            f"delete it from {self.target.path} (kl topics delete), or mirror with --recreate to copy the new one afresh",
+        )
+
+    def _skip(self, topic: str, error: KlError) -> None:
+        """Stop copying ``topic`` (logged once per reason) and release its mirror lock."""
+        self._forget(topic)
+        lock = self._held.pop(topic, None)
+        if lock is not None:
+            lock.release()
+        if self._skipped.get(topic) != str(error):
+            log.warning("%s; not copied now, the other topics are", error)
+        self._skipped[topic] = str(error)
+
+    def _forget(self, topic: str) -> None:
+        """Drop the topic's partitions from the copy, after flushing what was copied."""
+        for key in sorted(k for k in self._partitions if k[0] == topic):
+            p = self._partitions.pop(key)
+            with contextlib.suppress(KlError):  # a target topic deleted meanwhile
+                p.log.flush()
+            self._dropped.append(p.copy)
+        self._ids.pop(topic, None)
+
+    def _lock(self, topic: str) -> None:
+        """Take the target topic's mirror lock (held until ``close``)."""
+        if topic in self._held:
+            return
+        lock = locks.lock_for(os.path.join(self.target.path, LOCKS_DIR, topic, MIRROR_LOCK))
+        try:
+            lock.acquire(0)
+        except LockTimeout:
+            raise MirrorBusy(f"another kl mirror is copying into topic {topic!r} of {self.target.path}") from None
+        self._held[topic] = lock
+
     def copy_round(self, stop: threading.Event | None = None) -> bool:
-        """Copy up to ``ROUND_BYTES`` into each partition in turn; True if anything was copied."""
+        """Copy up to ``ROUND_BYTES`` into each partition in turn; True if anything was copied
+        (or a topic was found deleted or created again in the source)."""
         copied = False
-        for p in list(self._partitions.values()):
+        for key, p in list(self._partitions.items()):
             if stop is not None and stop.is_set():
                 break
-            copied = self._copy(p, ROUND_BYTES, stop) > 0 or copied
+            if self._partitions.get(key) is not p:  # its topic was dropped or made afresh in this round
+                continue
+            try:
+                copied = self._copy(p, ROUND_BYTES, stop) > 0 or copied
+            except (TopicRecreated, TopicNotFound) as e:
+                self._again(p.topic, e)
+                copied = True
         return copied
+
+    def _again(self, topic: str, error: TopicRecreated | TopicNotFound) -> None:
+        """After ``error`` while copying ``topic``: with ``recreate`` copy a new creation
+        afresh, else while following skip the topic, else raise ``error``."""
+        try:
+            if not (self.recreate and isinstance(error, TopicRecreated)):
+                raise error
+            plan = self._check(topic)
+            if plan is not None:
+                self._apply(plan)
+        except (TopicRecreated, TopicNotFound) as e:
+            if not self.follow:
+                raise
+            self._skip(topic, e)
 
     def _copy(self, p: _Partition, budget: int, stop: threading.Event | None) -> int:
         """Append the source's data from the target's end on, up to about ``budget`` bytes or
@@ -435,7 +704,11 @@ class Mirror:
             offset = p.copy.to_offset
             try:
                 data = self.source.read(p.topic, p.partition, offset, size)
+            except TopicNotFound as e:
+                self._still_same(p.topic)
+                raise TopicNotFound(f"topic {p.topic!r} was deleted from {self.source.name} ({e})") from None
             except OffsetOutOfRange as e:
+                self._still_same(p.topic)  # a new creation's offsets mean nothing here
                 source_start, source_end = self.source.offsets(p.topic, p.partition)
                 if offset > source_end:
                     raise Diverged(f"{where}: the target ends at offset {offset}, beyond the source's end {source_end}") from None
@@ -446,6 +719,7 @@ class Mirror:
                 raise e
             if not data:
                 break
+            self._same_creation(p.topic)  # after the read: what was read is of the creation copied
             length, count = walk(data, 0, len(data), p.max_message_bytes)
             if count == 0:
                 entry = check(data, 0, len(data), p.max_message_bytes)
@@ -453,6 +727,7 @@ class Mirror:
                 if entry.problem is not None and entry.problem.kind is INCOMPLETE and len(data) == size < whole:
                     size = whole  # one message larger than a fetch: ask for all of it
                     continue
+                self._still_same(p.topic)
                 raise Diverged(
                     f"{where}: the source holds no valid message at offset {offset}, where the target ends"
                     f" ({entry.problem}): they diverged, or the source is damaged there"
@@ -483,6 +758,7 @@ def mirror(
     follow: bool = False,
     stop: threading.Event | None = None,
     poll: float = POLL_SECONDS,
+    recreate: bool = False,
 ) -> list[PartitionCopy]:
     """Copy ``topics`` (default: all) from ``source`` into ``target``; see ``Mirror.run``."""
-    return Mirror(source, target, topics).run(follow=follow, stop=stop, poll=poll)
+    return Mirror(source, target, topics, recreate=recreate).run(follow=follow, stop=stop, poll=poll)

@@ -293,7 +293,7 @@ def test_target_longer_than_the_source_is_refused(source, target):
 def test_target_written_elsewhere_is_refused(source, target):
     target.create_topic("t", SMALL)
     kl.Producer(target).send("t", b"not from the source", partition=0)
-    with pytest.raises(mirror.Diverged, match="t/0: the target differs from the source in the message at offset 0$"):
+    with pytest.raises(mirror.Diverged, match=r"t/0: the target differs from the source in the message at offset 0 \(the"):
         run(source, target)
 
 
@@ -439,4 +439,209 @@ def test_killed_at_random_moments_and_resumed(source, target, server, processes)
     copied = ends(target)  # a partition whose turn no killed mirror reached is still at 0
     copies = run(source, target)
     assert [c.from_offset for c in copies] == copied and max(copied) > 0  # resumed where the target ends
+    assert_same(source, target)
+
+
+# ----------------------------------------------------------------- creations of a topic
+
+
+def recreate(root: kl.Root, topic: str = "t", *, partitions: int = 2, n: int = 300) -> str:
+    """Delete ``topic`` and create it again with the same messages (the same bytes, a new id); returns the new id."""
+    root.delete_topic(topic)
+    config = root.create_topic(topic, dataclasses.replace(SMALL, partitions=partitions))
+    fill(root, topic, n, partitions=partitions)
+    return config.topic_id
+
+
+def snapshot(path: str) -> dict[str, bytes]:
+    """Every file under ``path`` but the lock files, with its bytes."""
+    files = {}
+    for directory, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".locks"]
+        for name in names:
+            files[os.path.relpath(os.path.join(directory, name), path)] = Path(directory, name).read_bytes()
+    return files
+
+
+def test_the_target_records_the_source_creation(source, target):
+    run(source, target)
+    record = json.loads(Path(target.path, "t", mirror.MIRROR_RECORD).read_bytes())
+    assert record == {"topic_id": source.topic_id("t"), "source_topic_id": source.topic_id("t"), "source": source.path}
+    assert target.topic_id("t") == source.topic_id("t")
+
+
+def test_a_source_created_again_is_refused_in_one_line_and_nothing_changes(source, target):
+    run(source, target)
+    old = source.topic_id("t")
+    new = recreate(source, partitions=3, n=330)  # the same bytes in partitions 0 and 1, and one more partition
+    before = snapshot(target.path)
+    done = subprocess.run([*KL, "mirror", source.path, target.path], capture_output=True, timeout=60)
+    assert (done.returncode, done.stderr.decode()) == (
+        1,
+        f"Error: topic t was deleted and created again since this copy in {target.path} was made from {source.path}"
+        f" (its topic id was {old}, it is {new} now): delete it from {target.path} (kl topics delete),"
+        " or mirror with --recreate to copy the new one afresh\n",
+    )
+    assert snapshot(target.path) == before  # not grown to 3 partitions, nothing appended
+
+
+def test_recreate_copies_the_new_creation_afresh(source, target):
+    run(source, target)
+    kl.Producer(source).send("t", b"old only", partition=0)
+    run(source, target)
+    new = recreate(source, n=20)
+    done = subprocess.run([*KL, "mirror", source.path, target.path, "--recreate", "--json"], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert b"deleted topic t from" in done.stderr
+    assert target.topic_id("t") == new
+    assert_same(source, target)
+    assert [json.loads(line)["from_offset"] for line in done.stdout.splitlines()] == [0, 0]
+    done = subprocess.run([*KL, "mirror", source.path, target.path, "--recreate"], capture_output=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, b"")  # the same creation now: nothing deleted
+
+
+def test_a_source_created_again_while_copying_is_caught_before_its_bytes_are_appended(source, target):
+    copier = mirror.Mirror(mirror.LocalSource(kl.Root(source.path)), target)
+    copier.discover(first=True)
+    new = recreate(source, n=600)
+    try:
+        with pytest.raises(kl.TopicRecreated, match=f"it is {new} now"):
+            copier.copy_round()
+    finally:
+        copier.close()
+        copier.source.close()
+    assert ends(target) == [0, 0]
+
+
+def test_a_source_created_again_behind_a_server_is_refused(source, target, server):
+    run(server, target)
+    before = snapshot(target.path)
+    new = recreate(source)
+    with pytest.raises(kl.TopicRecreated, match=f"it is {new} now"):
+        run(server, target)
+    assert snapshot(target.path) == before
+
+
+def test_a_target_without_a_record_is_checked_by_its_bytes_then_recorded(source, target):
+    """A target made before the record (by a kl mirror before topic ids, or by kl topics
+    create), whose id is not the source's: adopted when its bytes are a copy."""
+    target.create_topic("t", SMALL)
+    run(source, target)
+    Path(target.path, "t", mirror.MIRROR_RECORD).unlink()
+    fill(source, "t", 10, start=300)
+    run(source, target)
+    assert_same(source, target)
+    record = json.loads(Path(target.path, "t", mirror.MIRROR_RECORD).read_bytes())
+    assert (record["topic_id"], record["source_topic_id"]) == (target.topic_id("t"), source.topic_id("t"))
+    assert target.topic_id("t") != source.topic_id("t")  # its own id stays: the target's groups keep their offsets
+    old = source.topic_id("t")
+    recreate(source)
+    with pytest.raises(kl.TopicRecreated, match=f"its topic id was {old}"):
+        run(source, target)
+
+
+def test_a_target_without_a_record_whose_bytes_differ_names_recreation(source, target):
+    target.create_topic("t", SMALL)
+    run(source, target)
+    Path(target.path, "t", mirror.MIRROR_RECORD).unlink()
+    new = recreate(source, n=40)
+    kl.Producer(source).send_batch("t", [b"other bytes"] * 400, partition=0)
+    pattern = rf"the topic's id is {target.topic_id('t')} in the target and {new} in .*: if it was deleted and created again"
+    with pytest.raises(mirror.Diverged, match=pattern):
+        run(source, target)
+    run_recreating = mirror.Mirror(mirror.LocalSource(kl.Root(source.path)), target, recreate=True)
+    try:
+        run_recreating.run()
+    finally:
+        run_recreating.source.close()
+    assert target.topic_id("t") == new
+    assert_same(source, target)
+
+
+@pytest.mark.parametrize("recreating", [False, True])
+def test_follow_of_a_root_survives_topics_deleted_and_created_again(source, target, processes, recreating):
+    source.create_topic("u", SMALL)
+    fill(source, "u", 50)
+    proc = subprocess.Popen(
+        [*KL, "mirror", source.path, target.path, "--follow", "--poll", "0.05", *(["--recreate"] if recreating else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    processes.append(proc)
+    with contextlib.closing(kl.Root(target.path)) as seen:
+        wait_until(lambda: ends(seen) == ends(source) and fresh_ends_of(target.path, "u") == ends_of(source, "u"))
+    source.delete_topic("u")
+    fill(source, "t", 50, start=300)
+    wait_until(lambda: fresh_ends_of(target.path, "t") == ends(source))
+    new = source.create_topic("u", SMALL).topic_id
+    fill(source, "u", 20)
+    fill(source, "t", 50, start=350)
+    wait_until(lambda: fresh_ends_of(target.path, "t") == ends(source))
+    if recreating:
+        wait_until(lambda: fresh_ends_of(target.path, "u") == ends_of(source, "u"))
+        assert_same(source, target, "u")
+    else:
+        time.sleep(0.5)  # several polls: u is not copied
+        assert fresh_ends_of(target.path, "u") != ends_of(source, "u")
+    assert proc.poll() is None
+    proc.terminate()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    lines = err.decode().splitlines()
+    assert lines[0].startswith(f"Warning: topic 'u' was deleted from {source.path}")
+    assert lines[0].endswith("; not copied now, the other topics are")
+    if recreating:
+        assert lines[1].startswith("Warning: deleted topic u from") and len(lines) == 2
+    else:
+        assert lines[1:] == [
+            f"Warning: topic u was deleted and created again since this copy in {target.path} was made"
+            f" from {source.path} (its topic id was {target.topic_id('u')}, it is {new} now):"
+            f" delete it from {target.path} (kl topics delete), or mirror with --recreate to copy"
+            " the new one afresh; not copied now, the other topics are"
+        ]
+    assert_same(source, target)
+
+
+def ends_of(root: kl.Root, topic: str) -> list[int]:
+    return [root.log(topic, p).log_end_offset for p in range(root.config(topic).partitions)]
+
+
+def fresh_ends_of(path: str, topic: str) -> list[int]:
+    """The ends of ``topic``'s partitions read by a new Root; [] where there is none."""
+    with contextlib.closing(kl.Root(path)) as root:
+        try:
+            return ends_of(root, topic)
+        except kl.KlError:
+            return []
+
+
+def test_recreate_killed_at_random_moments_and_run_again(source, target, processes):
+    run(source, target)
+    new = recreate(source, n=3000)
+    rng = random.Random(os.getpid())
+    for _ in range(4):
+        proc = subprocess.Popen([*KL, "mirror", source.path, target.path, "--recreate"], stderr=subprocess.DEVNULL)
+        processes.append(proc)
+        time.sleep(rng.uniform(0.2, 0.8))
+        proc.kill()
+        proc.wait(10)
+    done = subprocess.run([*KL, "mirror", source.path, target.path, "--recreate"], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert target.topic_id("t") == new
+    assert_same(source, target)
+
+
+def test_recreate_copies_a_source_created_again_while_copying_afresh(source, target):
+    run(source, target)
+    fill(source, "t", 50, start=300)
+    copier = mirror.Mirror(mirror.LocalSource(kl.Root(source.path)), target, recreate=True)
+    copier.discover(first=True)
+    new = recreate(source, n=600)
+    try:
+        while copier.copy_round():
+            pass
+    finally:
+        copier.close()
+        copier.source.close()
+    assert target.topic_id("t") == new
     assert_same(source, target)

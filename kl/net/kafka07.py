@@ -165,7 +165,7 @@ class Kafka07(FrontEnd):
             return
         for name in names:
             try:
-                config = self.server.root.config(name)
+                config = self.server.topic_config(name)  # a topic created again: the new creation's id
             except KlError:
                 continue
             parts.append(wire.string(name) + wire.string(config.to_json().decode()))
