@@ -327,7 +327,7 @@ def retain_command(
 
 
 def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run: bool) -> dict:
-    start = report.log_start_offset
+    start, held = report.log_start_offset, report.held
     if dry_run and report.deleted:  # where the log would start: just after the last segment to go
         start = report.deleted[-1].base_offset + report.deleted[-1].size_in_bytes
     return {
@@ -344,6 +344,15 @@ def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run:
             for s, reason in zip(report.deleted, report.reasons, strict=True)
         ],
         "deleted_bytes": report.deleted_bytes,
+        "held": None if held is None else {
+            "segment": os.path.basename(held.segment.path),
+            "base_offset": held.segment.base_offset,
+            "offset": held.offset,
+            "newest": held.newest,
+            "later_segments": held.later,
+            "later_bytes": held.later_bytes,
+            "reason": held.reason,
+        },
         "log_start_offset": start,
         "unlinked": report.unlinked,
         "unlinked_bytes": report.unlinked_bytes,
@@ -354,6 +363,8 @@ def _retention_line(row: dict) -> str:
     where = f"{row['topic']}/{row['partition']}"
     verb = "would delete" if row["dry_run"] else "deleted"
     lines = [f"{where}: {verb} {d['segment']} ({_plural(d['size_in_bytes'], 'byte')}): {d['reason']}" for d in row["deleted"]]
+    if row["held"]:
+        lines.append(f"{where}: stopped at {row['held']['segment']}: {row['held']['reason']}")
     if row["deleted"]:
         starts = "log would start at" if row["dry_run"] else "log starts at"
         segments = _plural(len(row["deleted"]), "segment")
@@ -373,6 +384,7 @@ def _retention_cells(row: dict) -> dict[str, str]:
         "bytes": f"{row['deleted_bytes']:,}",
         "log start": str(row["log_start_offset"]),
         "would unlink" if row["dry_run"] else "unlinked": f"{row['unlinked']} ({row['unlinked_bytes']:,} bytes)",
+        "stopped at": f"{row['held']['segment']}: {row['held']['reason']}" if row["held"] else "-",
     }
 
 

@@ -8,6 +8,7 @@ and line below is exact.  A message with a 1-byte value and no key is 23 bytes; 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -20,10 +21,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl.log import locks, recovery
 from kl.timespec import DURATION_FORMS
 from kl_cli.main import cli
 
-from conftest import partition_locked_elsewhere
+from conftest import grow_by, partition_locked_elsewhere
 from faultlib import as_if_rebooted
 
 TS = 1_700_000_000_000
@@ -442,6 +444,36 @@ def test_retain_by_age_uses_message_timestamps_and_keeps_the_active_segment(kl_r
     assert consume(kl_root) == [b"m%09d".decode() % i for i in range(96, 103)]
 
 
+def test_retain_names_the_message_stamped_in_the_future_that_keeps_every_later_segment(kl_root):
+    now = int(time.time() * 1000)
+    kl.Root(kl_root).create_topic("t", SMALL_SEGMENTS)
+    send_each(kl_root, "t", 40, now - 10 * DAY_MS)
+    send_each(kl_root, "t", 1, now + 365 * DAY_MS, first=40)  # offset 1280, in the second segment
+    send_each(kl_root, "t", 90, now - 10 * DAY_MS, first=41)  # segments 2048 and 3072 closed, old
+    future = datetime.datetime.fromtimestamp((now + 365 * DAY_MS) / 1000, datetime.timezone.utc)
+    held = (
+        rf"t/0: stopped at 00000000000000001024\.kl: its newest message, at offset 1280, is stamped {now + 365 * DAY_MS} "
+        rf"\({future:%Y-%m-%dT%H:%M:%S}Z\), \d+ ms \(36[45]\.\d days\) in the future: it keeps the 2 later segments "
+        r"\(2048 bytes\) older than 86400000 ms"
+    )
+    [deleted, stop, summary] = out(kl_root, "retain", "--max-age", "1d", "--dry-run")
+    assert deleted.startswith("t/0: would delete 00000000000000000000.kl (1024 bytes): older than 86400000 ms")
+    assert re.fullmatch(held, stop), stop
+    assert summary == "t/0: would delete 1 segment (1024 bytes); log would start at 1024"
+    [row] = [json.loads(line) for line in out(kl_root, "retain", "--max-age", "1d", "--json")]
+    assert re.fullmatch(held.removeprefix(r"t/0: stopped at 00000000000000001024\.kl: "), row["held"].pop("reason"))
+    assert row["held"] == {
+        "segment": "00000000000000001024.kl",
+        "base_offset": 1024,
+        "offset": 1280,
+        "newest": now + 365 * DAY_MS,
+        "later_segments": 2,
+        "later_bytes": 2048,
+    }
+    assert row["log_start_offset"] == 1024
+    assert re.fullmatch(held, out(kl_root, "retain", "--max-age", "1d")[0])  # and again on each run, while it lasts
+
+
 def test_retain_by_age_keeps_young_segments(kl_root):
     small_topic(kl_root, 100, timestamp=int(time.time() * 1000) - DAY_MS)
     assert out(kl_root, "retain", "--max-age", "2d") == ["t/0: nothing to delete; log starts at 0"]
@@ -485,6 +517,7 @@ def test_retain_json(kl_root):
             }
         ],
         "deleted_bytes": 1024,
+        "held": None,
         "log_start_offset": 1024,
         "unlinked": 0,
         "unlinked_bytes": 0,
@@ -667,16 +700,24 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
 
 @pytest.mark.parametrize("command", ["recover", "retain"])
 def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
-    make(kl_root, "a")
+    make(kl_root, "a", [b"x" * 10] * 40, config=SMALL_SEGMENTS, appends=2)  # retain has a segment to delete
+    grow_by(Path(kl_root, "a", "0", "00000000000000001280.kl"), GARBAGE)  # and recover a tail to cut
     make(kl_root, "b")
     with partition_locked_elsewhere(kl_root, "a", 0):
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
-        result = run(kl_root, command)
+        result = run(kl_root, command, *(["--max-bytes", "1"] if command == "retain" else []))
     lines = result.stdout.splitlines()
     assert lines[0] == f"a/0: error: lock {kl_root}/.locks/a/0.lock is held by another process (waited 0.2s)"
     assert lines[1].startswith("b/0: ") and "error" not in lines[1]
     verb = "checked" if command == "recover" else "retained"
     assert (result.exit_code, result.stderr) == (1, f"Error: not {verb}: a/0 (see the report)\n")
+
+
+def test_retain_with_nothing_to_delete_takes_no_lock(kl_root, monkeypatch):
+    make(kl_root, "a", [b"x" * 10] * 40, config=SMALL_SEGMENTS, appends=2)
+    with partition_locked_elsewhere(kl_root, "a", 0):
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        assert out(kl_root, "retain", "--max-age", "0", "--max-bytes", "0") == ["a/0: nothing to delete; log starts at 0"]
 
 
 # ----------------------------------------------------------------- kl topics import
