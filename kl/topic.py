@@ -115,10 +115,8 @@ class Root:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
             mode = stat.S_IFDIR
-        if not stat.S_ISDIR(mode):
+        if not stat.S_ISDIR(mode):  # so it is no link either: a valid name is one entry, so it is inside the root
             raise InvalidTopicName(f"invalid topic {name!r}: {path} is not a plain directory")
-        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(self.path):
-            raise InvalidTopicName(f"invalid topic {name!r}: {path} is outside the root {self.path}")
         return path
 
     def _lock_path(self, name: str, partition: int | str) -> str:
@@ -390,7 +388,9 @@ class Root:
                 for path in (directory, os.path.dirname(os.path.dirname(lock_path)), os.path.dirname(lock_path)):
                     if os.path.islink(path):
                         raise StorageError(f"{path} is a symbolic link: kl follows no links inside a root")
-                found = Log(directory, lock_path, config, lock_timeout=self.lock_timeout)
+                cached = self._configs.get(name)
+                generation = cached.generation if cached is not None and cached.config is config else 0
+                found = Log(directory, lock_path, config, lock_timeout=self.lock_timeout, config_generation=generation)
                 self._logs[key] = found
         return found
 
