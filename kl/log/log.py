@@ -32,7 +32,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from kl.errors import (
@@ -75,8 +75,8 @@ FENCED = (
 )
 FENCE_SUFFIX = ".fence"
 """A new empty active segment's name while it is made to replace the old one (``_fence``)."""
-_NFS_DEVICES: dict[int, bool] = {}
-"""File systems (``st_dev``) looked up by ``Log.on_nfs``: whether each is NFS."""
+_NFS_DEVICES: dict[tuple[int, Callable[[str], tuple[str, str, set[str]]]], bool] = {}
+"""File systems (``st_dev``, and the lookup asked) seen by ``Log.on_nfs``: whether each is NFS."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -961,14 +961,14 @@ class Log:
         partitions share one, and reading the mount table for each cost ~0.2 ms)."""
         if self._nfs is None:
             try:
-                device = os.stat(self.directory).st_dev
+                key = (os.stat(self.directory).st_dev, mount_of)  # a mount_of replaced (by tests) is asked afresh
             except OSError:
-                device = None
-            found = _NFS_DEVICES.get(device) if device is not None else None
+                key = None
+            found = _NFS_DEVICES.get(key) if key is not None else None
             if found is None:
                 found = mount_of(self.directory)[1].startswith("nfs")
-                if device is not None:
-                    _NFS_DEVICES[device] = found
+                if key is not None:
+                    _NFS_DEVICES[key] = found
             self._nfs = found
         return self._nfs
 
