@@ -96,7 +96,7 @@ def _where(row: dict) -> str:
 def _other_line(row: dict) -> str:
     if row["status"] == "error":
         return f"{_where(row)}: error: {row['error']}"
-    return f"{_where(row)}: {row['reason']} [{row['action']}]"
+    return f"{row.get('entry') or _where(row)}: {row['reason']} [{row['action']}]"
 
 
 class _Output:
@@ -194,6 +194,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
                 action = "would remove" if dry_run else "removed"
                 out.other({"topic": name, "partition": None, "status": "leftover", "reason": kind, "action": action})
         targets = _partitions(root, topics, out)
+        for name in dict.fromkeys(name for name, _, _ in targets):
+            found = _unfinished(root, name, out, dry_run) or found
         total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
         with Progress(total, "bytes" if deep else "partitions") as progress:
             advance = progress.advance if deep and progress.bar is not None else None
@@ -210,6 +212,25 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     finally:
         out.close()
     _exit(ctx, out, "not checked", EXIT_DAMAGE if found or out.skipped else 0)
+
+
+def _unfinished(root: kl.Root, name: str, out: _Output, dry_run: bool) -> bool:
+    """Report (and unless ``dry_run`` remove) what a killed ``kl topics alter`` of ``name``
+    left; True when anything was found that makes the exit status 3."""
+    try:
+        found = root.remove_unfinished(name, dry_run=dry_run)
+    except kl.RootNotFound:
+        raise
+    except (kl.KlError, OSError) as e:
+        out.error(name, None, e)
+        return False
+    for path, what, removable in found:
+        entry = os.path.relpath(path, root.path)
+        partition = os.path.basename(path)
+        action = ("would remove" if dry_run else "removed") if removable else "left as it is"
+        row = {"topic": name, "partition": int(partition) if partition.isdigit() else None, "entry": entry}
+        out.other(row | {"status": "leftover", "reason": what, "action": action})
+    return any(dry_run or not removable for _, _, removable in found)
 
 
 def _exit(ctx: click.Context, out: _Output, what: str, code: int) -> None:
@@ -249,11 +270,12 @@ def _recovery_line(row: dict) -> str:
     where = f"{row['topic']}/{row['partition']}"
     if row["status"] == "ok":
         return f"{where}: ok ({row['checked_bytes']} bytes checked)"
-    found = "; ".join(f"offset {f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"])
+    head = f"{where}: {row['status']}"
+    lines = [f"{head}: offset {f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"]]
     if row["cut_bytes"]:
         verb = "would cut" if row["status"] == "found" else "cut"
-        found += f"; {verb} {_plural(row['cut_bytes'], 'byte')} ({_plural(row['cut_messages'], 'message')})"
-    return f"{where}: {row['status']}: {found}"
+        lines[-1] += f"; {verb} {_plural(row['cut_bytes'], 'byte')} ({_plural(row['cut_messages'], 'message')})"
+    return "\n".join(lines)
 
 
 def _recovery_cells(row: dict) -> dict[str, str]:
