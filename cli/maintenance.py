@@ -179,7 +179,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     Bytes past the published end and a damaged tail past the committed end are cut.
     Damage before the committed end is reported with its offset and left alone unless
     --repair is given.  With no TOPIC, entries of the root that are not topics are
-    reported, and directories left by an interrupted topic create or delete are removed.
+    reported, and directories left by an interrupted topic create or delete are removed;
+    so are, in each topic, what an interrupted alter, repair or write left.
     Exits 3 when damage or a stray entry remains (or, with --dry-run, anything was
     found), 1 when a topic or partition could not be checked.
     """
