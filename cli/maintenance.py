@@ -8,6 +8,7 @@ repair.  The work is the library's (``kl.log.recovery``, ``kl.log.retention``, `
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
 import json
@@ -195,8 +196,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
                 action = "would remove" if dry_run else "removed"
                 out.other({"topic": name, "partition": None, "status": "leftover", "reason": kind, "action": action})
         targets = _partitions(root, topics, out)
-        for name in dict.fromkeys(name for name, _, _ in targets):
-            found = _unfinished(root, name, out, dry_run) or found
+        for name, partitions in collections.Counter(name for name, _, _ in targets).items():
+            found = _unfinished(root, name, partitions, out, dry_run) or found
         total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
         with Progress(total, "bytes" if deep else "partitions") as progress:
             advance = progress.advance if deep and progress.bar is not None else None
@@ -215,11 +216,11 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     _exit(ctx, out, "not checked", EXIT_DAMAGE if found or out.skipped else 0)
 
 
-def _unfinished(root: kl.Root, name: str, out: _Output, dry_run: bool) -> bool:
+def _unfinished(root: kl.Root, name: str, partitions: int, out: _Output, dry_run: bool) -> bool:
     """Report (and unless ``dry_run`` remove) what a killed ``kl topics alter`` of ``name``
-    left; True when anything was found that makes the exit status 3."""
+    (of ``partitions`` as just read) left; True when anything found makes the exit status 3."""
     try:
-        found = root.remove_unfinished(name, dry_run=dry_run)
+        found = root.remove_unfinished(name, partitions=partitions, dry_run=dry_run)
     except kl.RootNotFound:
         raise
     except (kl.KlError, OSError) as e:

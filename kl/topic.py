@@ -207,15 +207,19 @@ class Root:
                 raise StorageError(f"{path} is {what}")
             _remove(path)
 
-    def remove_unfinished(self, name: str, *, dry_run: bool = False) -> list[tuple[str, str, bool]]:
+    def remove_unfinished(
+        self, name: str, *, partitions: int | None = None, dry_run: bool = False
+    ) -> list[tuple[str, str, bool]]:
         """Remove what an alter of ``name`` killed half-way left in the topic's directory
         (see :func:`_unfinished`), under the topic's config lock; nothing while another
         process holds it (an alter under way removes them itself).  Returns (path, what it
         is, whether it was removed) of each, sorted (with ``dry_run``: whether it would be;
         a dry run takes no lock and lists what it finds).  A directory past the partitions
-        that holds data is only reported.  Raises ``TopicNotFound`` and ``StorageError``."""
+        that holds data is only reported.  ``partitions``: how many ``topic.json`` names,
+        as the caller just read it (read now when None; under the lock, always).  Raises
+        ``TopicNotFound`` and ``StorageError``."""
         topic_path = self.topic_path(name)
-        found = _unfinished(topic_path, self._read_config_file(name).partitions)
+        found = _unfinished(topic_path, self._read_config_file(name).partitions if partitions is None else partitions)
         if not found or dry_run:  # one listing of the directory when all is well
             return found
         try:
