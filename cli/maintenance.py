@@ -8,6 +8,7 @@ repair.  The work is the library's (``kl.log.recovery``, ``kl.log.retention``, `
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
 import json
@@ -96,7 +97,7 @@ def _where(row: dict) -> str:
 def _other_line(row: dict) -> str:
     if row["status"] == "error":
         return f"{_where(row)}: error: {row['error']}"
-    return f"{_where(row)}: {row['reason']} [{row['action']}]"
+    return f"{row.get('entry') or _where(row)}: {row['reason']} [{row['action']}]"
 
 
 class _Output:
@@ -179,7 +180,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     Bytes past the published end and a damaged tail past the committed end are cut.
     Damage before the committed end is reported with its offset and left alone unless
     --repair is given.  With no TOPIC, entries of the root that are not topics are
-    reported, and directories left by an interrupted topic create or delete are removed.
+    reported, and directories left by an interrupted topic create or delete are removed;
+    so are, in each topic, what an interrupted alter, repair or write left.
     Exits 3 when damage or a stray entry remains (or, with --dry-run, anything was
     found), 1 when a topic or partition could not be checked.
     """
@@ -194,6 +196,8 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
                 action = "would remove" if dry_run else "removed"
                 out.other({"topic": name, "partition": None, "status": "leftover", "reason": kind, "action": action})
         targets = _partitions(root, topics, out)
+        for name, partitions in collections.Counter(name for name, _, _ in targets).items():
+            found = _unfinished(root, name, partitions, out, dry_run) or found
         total = sum(_size_in_bytes(log) for _, _, log in targets) if deep else len(targets)
         with Progress(total, "bytes" if deep else "partitions") as progress:
             advance = progress.advance if deep and progress.bar is not None else None
@@ -210,6 +214,25 @@ def recover_command(ctx: click.Context, topics: tuple[str, ...], deep: bool, dry
     finally:
         out.close()
     _exit(ctx, out, "not checked", EXIT_DAMAGE if found or out.skipped else 0)
+
+
+def _unfinished(root: kl.Root, name: str, partitions: int, out: _Output, dry_run: bool) -> bool:
+    """Report (and unless ``dry_run`` remove) what a killed ``kl topics alter`` of ``name``
+    (of ``partitions`` as just read) left; True when anything found makes the exit status 3."""
+    try:
+        found = root.remove_unfinished(name, partitions=partitions, dry_run=dry_run)
+    except kl.RootNotFound:
+        raise
+    except (kl.KlError, OSError) as e:
+        out.error(name, None, e)
+        return False
+    for path, what, removable in found:
+        entry = os.path.relpath(path, root.path)
+        partition = os.path.basename(path)
+        action = ("would remove" if dry_run else "removed") if removable else "left as it is"
+        row = {"topic": name, "partition": int(partition) if partition.isdigit() else None, "entry": entry}
+        out.other(row | {"status": "leftover", "reason": what, "action": action})
+    return any(dry_run or not removable for _, _, removable in found)
 
 
 def _exit(ctx: click.Context, out: _Output, what: str, code: int) -> None:
@@ -249,11 +272,12 @@ def _recovery_line(row: dict) -> str:
     where = f"{row['topic']}/{row['partition']}"
     if row["status"] == "ok":
         return f"{where}: ok ({row['checked_bytes']} bytes checked)"
-    found = "; ".join(f"offset {f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"])
+    head = f"{where}: {row['status']}"
+    lines = [f"{head}: offset {f['offset']}: {f['reason']} [{_action(row, f['action'])}]" for f in row["findings"]]
     if row["cut_bytes"]:
         verb = "would cut" if row["status"] == "found" else "cut"
-        found += f"; {verb} {_plural(row['cut_bytes'], 'byte')} ({_plural(row['cut_messages'], 'message')})"
-    return f"{where}: {row['status']}: {found}"
+        lines[-1] += f"; {verb} {_plural(row['cut_bytes'], 'byte')} ({_plural(row['cut_messages'], 'message')})"
+    return "\n".join(lines)
 
 
 def _recovery_cells(row: dict) -> dict[str, str]:
@@ -327,7 +351,7 @@ def retain_command(
 
 
 def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run: bool) -> dict:
-    start = report.log_start_offset
+    start, held = report.log_start_offset, report.held
     if dry_run and report.deleted:  # where the log would start: just after the last segment to go
         start = report.deleted[-1].base_offset + report.deleted[-1].size_in_bytes
     return {
@@ -344,6 +368,15 @@ def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run:
             for s, reason in zip(report.deleted, report.reasons, strict=True)
         ],
         "deleted_bytes": report.deleted_bytes,
+        "held": None if held is None else {
+            "segment": os.path.basename(held.segment.path),
+            "base_offset": held.segment.base_offset,
+            "offset": held.offset,
+            "newest": held.newest,
+            "later_segments": held.later,
+            "later_bytes": held.later_bytes,
+            "reason": held.reason,
+        },
         "log_start_offset": start,
         "unlinked": report.unlinked,
         "unlinked_bytes": report.unlinked_bytes,
@@ -354,6 +387,8 @@ def _retention_line(row: dict) -> str:
     where = f"{row['topic']}/{row['partition']}"
     verb = "would delete" if row["dry_run"] else "deleted"
     lines = [f"{where}: {verb} {d['segment']} ({_plural(d['size_in_bytes'], 'byte')}): {d['reason']}" for d in row["deleted"]]
+    if row["held"]:
+        lines.append(f"{where}: stopped at {row['held']['segment']}: {row['held']['reason']}")
     if row["deleted"]:
         starts = "log would start at" if row["dry_run"] else "log starts at"
         segments = _plural(len(row["deleted"]), "segment")
@@ -373,6 +408,7 @@ def _retention_cells(row: dict) -> dict[str, str]:
         "bytes": f"{row['deleted_bytes']:,}",
         "log start": str(row["log_start_offset"]),
         "would unlink" if row["dry_run"] else "unlinked": f"{row['unlinked']} ({row['unlinked_bytes']:,} bytes)",
+        "stopped at": f"{row['held']['segment']}: {row['held']['reason']}" if row["held"] else "-",
     }
 
 

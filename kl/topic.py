@@ -24,11 +24,12 @@ import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kl.errors import InvalidTopicName, KlError, RootNotFound, StorageError, TopicExists, TopicNotFound
+from kl.errors import InvalidTopicName, KlError, LockTimeout, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.log import locks
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
 from kl.log.fsutil import create_file, ensure_dir, file_time_ns, fsync_dir, make_dir, storage_error, write_atomic
 from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log
+from kl.log.recovery import LEFTOVER_MIN_AGE, TEMPORARY, TEMPORARY_SUFFIX
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.log.state import STATE_FILE, PartitionState, deleted_record
 
@@ -50,9 +51,6 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 LEFTOVERS = {".creating-": "left by an interrupted topic create", ".deleting-": "left by an interrupted topic delete"}
 """Prefixes of the directories ``create_topic`` and ``delete_topic`` work in, and what
 one that stays behind means."""
-LEFTOVER_MIN_AGE = 600.0
-"""Seconds a leftover must have stood unchanged before ``Root.remove_leftovers`` removes
-it: a create or delete still running is never touched."""
 
 
 def validate_name(name: str) -> str:
@@ -115,10 +113,8 @@ class Root:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
             mode = stat.S_IFDIR
-        if not stat.S_ISDIR(mode):
+        if not stat.S_ISDIR(mode):  # so it is no link either: a valid name is one entry, so it is inside the root
             raise InvalidTopicName(f"invalid topic {name!r}: {path} is not a plain directory")
-        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(self.path):
-            raise InvalidTopicName(f"invalid topic {name!r}: {path} is outside the root {self.path}")
         return path
 
     def _lock_path(self, name: str, partition: int | str) -> str:
@@ -203,23 +199,37 @@ class Root:
         return new
 
     def _remove_unfinished_partitions(self, topic_path: str, partitions: int) -> None:
-        """Under the config lock: remove what an alter that stopped half-way left, partitions
-        being built (``.adding-*``) and ones renamed in that ``topic.json`` does not name yet
-        (nobody appends to those; one holding any data is refused, not removed)."""
+        """Under the config lock: remove what an alter that stopped half-way left (see
+        :func:`_unfinished`); a directory past the partitions that holds data is refused."""
+        for path, what, removable in _unfinished(topic_path, partitions):
+            if not removable:
+                raise StorageError(f"{path} is {what}")
+            _remove(path)
+
+    def remove_unfinished(
+        self, name: str, *, partitions: int | None = None, dry_run: bool = False
+    ) -> list[tuple[str, str, bool]]:
+        """Remove what an alter of ``name`` killed half-way left in the topic's directory
+        (see :func:`_unfinished`), under the topic's config lock; nothing while another
+        process holds it (an alter under way removes them itself).  Returns (path, what it
+        is, whether it was removed) of each, sorted (with ``dry_run``: whether it would be;
+        a dry run takes no lock and lists what it finds).  A directory past the partitions
+        that holds data is only reported.  ``partitions``: how many ``topic.json`` names,
+        as the caller just read it (read now when None; under the lock, always).  Raises
+        ``TopicNotFound`` and ``StorageError``."""
+        topic_path = self.topic_path(name)
+        found = _unfinished(topic_path, self._read_config_file(name).partitions if partitions is None else partitions)
+        if not found or dry_run:  # one listing of the directory when all is well
+            return found
         try:
-            names = os.listdir(topic_path)
-        except OSError as e:
-            raise storage_error(e, "list", topic_path) from None
-        for entry in names:
-            path = os.path.join(topic_path, entry)
-            if entry.startswith(ADDING_PREFIX):
-                shutil.rmtree(path, ignore_errors=True)
-            elif entry.isdigit() and int(entry) >= partitions:
-                if os.path.islink(path) or not os.path.isdir(path) or _holds_data(path):
-                    raise StorageError(
-                        f"{path} is not a partition of the topic ({partitions} partitions) and holds data: move it away"
-                    )
-                shutil.rmtree(path)
+            with locks.locked(os.path.join(self.path, LOCKS_DIR, name, CONFIG_LOCK), 0):
+                found = _unfinished(topic_path, self._read_config_file(name).partitions)
+                for path, _, removable in found:
+                    if removable:
+                        _remove(path)
+        except LockTimeout:
+            return []
+        return found
 
     def _add_partition(self, topic_path: str, partition: int, suffix: str) -> None:
         tmp = os.path.join(topic_path, f"{ADDING_PREFIX}{uuid.uuid4().hex}")
@@ -253,7 +263,8 @@ class Root:
 
     def remove_leftovers(self, *, min_age: float = LEFTOVER_MIN_AGE, dry_run: bool = False) -> list[tuple[str, str]]:
         """Remove the directories an interrupted ``create_topic`` or ``delete_topic``
-        left behind (``.creating-*``, ``.deleting-*``), once unchanged for ``min_age``
+        left behind (``.creating-*``, ``.deleting-*``), and temporary files of killed
+        writes (``.*.tmp``, see ``fsutil.write_atomic``), once unchanged for ``min_age``
         seconds by the file system's clock (a host whose own clock runs ahead must not
         take a create under way on another host for an old leftover).  Returns (name,
         what it was) of each one removed (with ``dry_run``: each one that would be),
@@ -263,7 +274,11 @@ class Root:
         removed = []
         for entry in entries:
             kind = next((what for prefix, what in LEFTOVERS.items() if entry.name.startswith(prefix)), None)
-            if kind is None or not entry.is_dir(follow_symlinks=False):
+            if kind is None and entry.name.startswith(".") and entry.name.endswith(TEMPORARY_SUFFIX):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                kind = TEMPORARY
+            elif kind is None or not entry.is_dir(follow_symlinks=False):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -272,12 +287,7 @@ class Root:
             if now - max(st.st_mtime, st.st_ctime) < min_age:
                 continue
             if not dry_run:
-                try:
-                    shutil.rmtree(entry.path)
-                except FileNotFoundError:  # another process is removing it too
-                    pass
-                except OSError as e:
-                    raise storage_error(e, "remove", entry.path) from None
+                _remove(entry.path)  # one another process removes meanwhile is no error
             removed.append((entry.name, kind))
         return removed
 
@@ -388,7 +398,9 @@ class Root:
                 for path in (directory, os.path.dirname(os.path.dirname(lock_path)), os.path.dirname(lock_path)):
                     if os.path.islink(path):
                         raise StorageError(f"{path} is a symbolic link: kl follows no links inside a root")
-                found = Log(directory, lock_path, config, lock_timeout=self.lock_timeout)
+                cached = self._configs.get(name)
+                generation = cached.generation if cached is not None and cached.config is config else 0
+                found = Log(directory, lock_path, config, lock_timeout=self.lock_timeout, config_generation=generation)
                 self._logs[key] = found
         return found
 
@@ -471,6 +483,48 @@ def _stray_reason(entry: os.DirEntry[str]) -> str | None:
     if not stat.S_ISREG(mode):
         return f"{CONFIG_FILE} is not a regular file"
     return None
+
+
+def _unfinished(topic_path: str, partitions: int) -> list[tuple[str, str, bool]]:
+    """(path, what it is, whether it may be removed) of each thing an alter that stopped
+    half-way leaves in a topic's directory, sorted: partitions being built (``.adding-*``),
+    ones renamed in that ``topic.json`` (naming ``partitions``) does not name yet (nobody
+    appends to those; one holding data may not be removed), and temporary files of a
+    ``topic.json`` being written.  Dead only under the config lock."""
+    try:
+        names = sorted(os.listdir(topic_path))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise storage_error(e, "list", topic_path) from None
+    found = []
+    for entry in names:
+        path = os.path.join(topic_path, entry)
+        if entry.startswith(ADDING_PREFIX):
+            found.append((path, "a partition an interrupted kl topics alter was building", True))
+        elif entry.startswith(f".{CONFIG_FILE}.") and entry.endswith(".tmp"):
+            found.append((path, f"temporary file of an interrupted write of {CONFIG_FILE}", True))
+        elif entry.isdigit() and int(entry) >= partitions:
+            if os.path.islink(path) or not os.path.isdir(path) or _holds_data(path):
+                what = f"not a partition of the topic ({partitions} partitions) and holds data: move it away"
+                found.append((path, what, False))
+            else:
+                what = f"partition {entry} of an interrupted kl topics alter ({CONFIG_FILE} names {partitions})"
+                found.append((path, what, True))
+    return found
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a directory tree; one already gone is no error."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise storage_error(e, "remove", path) from None
 
 
 def _holds_data(directory: str) -> bool:

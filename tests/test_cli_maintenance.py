@@ -8,6 +8,7 @@ and line below is exact.  A message with a 1-byte value and no key is 23 bytes; 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -20,10 +21,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl.log import locks, recovery
 from kl.timespec import DURATION_FORMS
 from kl_cli.main import cli
 
-from conftest import partition_locked_elsewhere
+from conftest import grow_by, partition_locked_elsewhere
 from faultlib import as_if_rebooted
 
 TS = 1_700_000_000_000
@@ -340,18 +342,21 @@ def test_recover_removes_old_leftovers_of_interrupted_creates_and_deletes(kl_roo
     make(kl_root)
     for name in (".creating-0a1b", ".deleting-2c3d"):
         os.makedirs(Path(kl_root, name, "0"))
+    Path(kl_root, ".now.1234.0a1b2c3d.tmp").write_bytes(b"")  # a clock reading killed (fsutil.file_time_ns)
     later = time.time_ns() + 3600 * 10**9  # the file system's clock, an hour on
     monkeypatch.setattr(kl.topic, "file_time_ns", lambda directory: later)
     assert out(kl_root, "recover", "--dry-run", code=3) == [
         ".creating-0a1b: left by an interrupted topic create [would remove]",
         ".deleting-2c3d: left by an interrupted topic delete [would remove]",
+        ".now.1234.0a1b2c3d.tmp: temporary file left by an interrupted write [would remove]",
         "t/0: ok (0 bytes checked)",
     ]
     assert out(kl_root, "recover", "t") == ["t/0: ok (0 bytes checked)"]
-    assert len(os.listdir(kl_root)) == 4
+    assert len(os.listdir(kl_root)) == 5
     assert out(kl_root, "recover") == [
         ".creating-0a1b: left by an interrupted topic create [removed]",
         ".deleting-2c3d: left by an interrupted topic delete [removed]",
+        ".now.1234.0a1b2c3d.tmp: temporary file left by an interrupted write [removed]",
         "t/0: ok (0 bytes checked)",
     ]
     assert sorted(os.listdir(kl_root)) == [".locks", "t"]
@@ -442,6 +447,36 @@ def test_retain_by_age_uses_message_timestamps_and_keeps_the_active_segment(kl_r
     assert consume(kl_root) == [b"m%09d".decode() % i for i in range(96, 103)]
 
 
+def test_retain_names_the_message_stamped_in_the_future_that_keeps_every_later_segment(kl_root):
+    now = int(time.time() * 1000)
+    kl.Root(kl_root).create_topic("t", SMALL_SEGMENTS)
+    send_each(kl_root, "t", 40, now - 10 * DAY_MS)
+    send_each(kl_root, "t", 1, now + 365 * DAY_MS, first=40)  # offset 1280, in the second segment
+    send_each(kl_root, "t", 90, now - 10 * DAY_MS, first=41)  # segments 2048 and 3072 closed, old
+    future = datetime.datetime.fromtimestamp((now + 365 * DAY_MS) / 1000, datetime.timezone.utc)
+    held = (
+        rf"t/0: stopped at 00000000000000001024\.kl: its newest message, at offset 1280, is stamped {now + 365 * DAY_MS} "
+        rf"\({future:%Y-%m-%dT%H:%M:%S}Z\), \d+ ms \(36[45]\.\d days\) in the future: it keeps the 2 later segments "
+        r"\(2048 bytes\) older than 86400000 ms"
+    )
+    [deleted, stop, summary] = out(kl_root, "retain", "--max-age", "1d", "--dry-run")
+    assert deleted.startswith("t/0: would delete 00000000000000000000.kl (1024 bytes): older than 86400000 ms")
+    assert re.fullmatch(held, stop), stop
+    assert summary == "t/0: would delete 1 segment (1024 bytes); log would start at 1024"
+    [row] = [json.loads(line) for line in out(kl_root, "retain", "--max-age", "1d", "--json")]
+    assert re.fullmatch(held.removeprefix(r"t/0: stopped at 00000000000000001024\.kl: "), row["held"].pop("reason"))
+    assert row["held"] == {
+        "segment": "00000000000000001024.kl",
+        "base_offset": 1024,
+        "offset": 1280,
+        "newest": now + 365 * DAY_MS,
+        "later_segments": 2,
+        "later_bytes": 2048,
+    }
+    assert row["log_start_offset"] == 1024
+    assert re.fullmatch(held, out(kl_root, "retain", "--max-age", "1d")[0])  # and again on each run, while it lasts
+
+
 def test_retain_by_age_keeps_young_segments(kl_root):
     small_topic(kl_root, 100, timestamp=int(time.time() * 1000) - DAY_MS)
     assert out(kl_root, "retain", "--max-age", "2d") == ["t/0: nothing to delete; log starts at 0"]
@@ -485,6 +520,7 @@ def test_retain_json(kl_root):
             }
         ],
         "deleted_bytes": 1024,
+        "held": None,
         "log_start_offset": 1024,
         "unlinked": 0,
         "unlinked_bytes": 0,
@@ -667,16 +703,24 @@ def test_repair_in_a_closed_segment_and_dump_of_the_copy_it_kept(kl_root):
 
 @pytest.mark.parametrize("command", ["recover", "retain"])
 def test_a_partition_whose_lock_is_held_is_reported_and_the_others_are_done(kl_root, monkeypatch, command):
-    make(kl_root, "a")
+    make(kl_root, "a", [b"x" * 10] * 40, config=SMALL_SEGMENTS, appends=2)  # retain has a segment to delete
+    grow_by(Path(kl_root, "a", "0", "00000000000000001280.kl"), GARBAGE)  # and recover a tail to cut
     make(kl_root, "b")
     with partition_locked_elsewhere(kl_root, "a", 0):
         monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
-        result = run(kl_root, command)
+        result = run(kl_root, command, *(["--max-bytes", "1"] if command == "retain" else []))
     lines = result.stdout.splitlines()
     assert lines[0] == f"a/0: error: lock {kl_root}/.locks/a/0.lock is held by another process (waited 0.2s)"
     assert lines[1].startswith("b/0: ") and "error" not in lines[1]
     verb = "checked" if command == "recover" else "retained"
     assert (result.exit_code, result.stderr) == (1, f"Error: not {verb}: a/0 (see the report)\n")
+
+
+def test_retain_with_nothing_to_delete_takes_no_lock(kl_root, monkeypatch):
+    make(kl_root, "a", [b"x" * 10] * 40, config=SMALL_SEGMENTS, appends=2)
+    with partition_locked_elsewhere(kl_root, "a", 0):
+        monkeypatch.setitem(kl.Root.__init__.__kwdefaults__, "lock_timeout", 0.2)
+        assert out(kl_root, "retain", "--max-age", "0", "--max-bytes", "0") == ["a/0: nothing to delete; log starts at 0"]
 
 
 # ----------------------------------------------------------------- kl topics import
@@ -737,3 +781,131 @@ def test_dump_lists_runs_from_the_core_exactly_as_message_by_message(kl_root, mo
     late = fast.index(next(line for line in fast if line.startswith("published end at offset")))
     assert [line.split(" valid: ")[1] for line in fast[late - 1 : late + 6 : 6]] == ["yes key: -", "no"]
     assert fast[late + 1].endswith("valid: yes key: -") and "timestamp: 253402300799999" in fast[late - 1]
+
+
+# ----------------------------------------------------------------- what a kill -9 leaves
+
+
+def killed(root: str, patch: str, *args: str) -> None:
+    """``kl --root ROOT ARGS`` in a process of its own that ``patch`` (Python run first,
+    with ``kill()`` at hand) kills with SIGKILL at the chosen step; it must die so."""
+    code = (
+        "import os, signal, sys\n"
+        "def kill():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"{patch}\n"
+        f"sys.argv = ['kl', '--root', {root!r}, *{list(args)!r}]\n"
+        "from kl_cli import main\nmain()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert result.returncode == -9, result.stderr.decode()
+
+
+def kl_cli(root: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KL, "--root", root, *args], capture_output=True, text=True, timeout=120)
+
+
+def later(monkeypatch, module, seconds: float = 3600) -> None:
+    """Move the file system's clock, as ``module`` reads it, ``seconds`` on."""
+    then = time.time_ns() + round(seconds * 1e9)
+    monkeypatch.setattr(module, "file_time_ns", lambda directory: then)
+
+
+def test_recover_reports_and_removes_what_a_killed_topics_alter_left(kl_root):
+    make(kl_root)
+    # killed once the fourth new partition is built, before its rename: three renamed in, topic.json not written
+    patch = (
+        "import kl.topic\nmade = []\nreal = kl.topic.Root._create_partition\n"
+        "def create(directory, suffix):\n    real(directory, suffix)\n    made.append(directory)\n"
+        "    len(made) == 4 and kill()\n"
+        "kl.topic.Root._create_partition = staticmethod(create)\n"
+    )
+    killed(kl_root, patch, "topics", "alter", "t", "--partitions", "300")
+    topic = Path(kl_root, "t")
+    adding = [name for name in os.listdir(topic) if name.startswith(".adding-")]
+    assert sorted(set(os.listdir(topic)) - set(adding)) == ["0", "1", "2", "3", "topic.json"] and len(adding) == 1
+    dry = kl_cli(kl_root, "recover", "--dry-run")
+    assert (dry.returncode, dry.stderr) == (3, "")
+    assert dry.stdout.splitlines() == [
+        f"t/{adding[0]}: a partition an interrupted kl topics alter was building [would remove]",
+        *(f"t/{p}: partition {p} of an interrupted kl topics alter (topic.json names 1) [would remove]" for p in (1, 2, 3)),
+        "t/0: ok (0 bytes checked)",
+    ]
+    assert len(os.listdir(topic)) == 6  # a dry run changes nothing
+    done = kl_cli(kl_root, "recover")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[0] == f"t/{adding[0]}: a partition an interrupted kl topics alter was building [removed]"
+    assert sorted(os.listdir(topic)) == ["0", "topic.json"]
+    assert kl_cli(kl_root, "recover", "--dry-run").stdout == "t/0: ok (0 bytes checked)\n"
+    assert kl_cli(kl_root, "topics", "alter", "t", "--partitions", "3").returncode == 0
+
+
+def test_recover_leaves_alone_what_an_alter_under_way_builds(kl_root):
+    make(kl_root)
+    os.mkdir(Path(kl_root, "t", ".adding-0123"))
+    with locks.locked(str(Path(kl_root, ".locks", "t", "config.lock")), 1):  # the alter holds it
+        assert out(kl_root, "recover") == ["t/0: ok (0 bytes checked)"]
+    assert os.path.isdir(Path(kl_root, "t", ".adding-0123"))
+
+
+def test_a_directory_past_the_partitions_holding_data_is_reported_not_removed(kl_root):
+    make(kl_root)
+    stray = Path(kl_root, "t", "1")
+    stray.mkdir()
+    (stray / SEGMENT0).write_bytes(b"someone's data")
+    reason = "not a partition of the topic (1 partitions) and holds data: move it away [left as it is]"
+    assert out(kl_root, "recover", code=3) == [f"t/1: {reason}", "t/0: ok (0 bytes checked)"]
+    assert (stray / SEGMENT0).read_bytes() == b"someone's data"
+
+
+def test_a_killed_repair_leaves_no_partial_copy_the_next_run_keeps(kl_root):
+    segment = make(kl_root, "t", [b"x" * 10] * 100) / SEGMENT0
+    flip_bit(segment, 32 * 50 + 30)  # the value of message 50
+    patch = (
+        "import kl.log.recovery as r\n"
+        "def copy(source, target):\n"
+        "    with open(source, 'rb') as f, open(target, 'wb') as g:\n        g.write(f.read(1000))\n    kill()\n"
+        "r.shutil.copy2 = copy\n"
+    )
+    killed(kl_root, patch, "recover", "--deep", "--repair")
+    [partial] = [name for name in os.listdir(segment.parent) if ".damaged-" in name]
+    assert partial.startswith(f".{SEGMENT0}.damaged-") and partial.endswith(".tmp")  # never under a copy's name
+    dry = kl_cli(kl_root, "recover", "--deep", "--dry-run")
+    assert dry.returncode == 3
+    assert dry.stdout.splitlines() == [
+        "t/0: found: offset 0: partial copy of a segment left by an interrupted kl recover --repair [would remove]",
+        "t/0: found: offset 1600: checksum mismatch [nothing changed]",
+    ]
+    done = kl_cli(kl_root, "recover", "--deep", "--repair")
+    assert done.returncode == 0, done.stdout
+    [copy] = [name for name in os.listdir(segment.parent) if ".damaged-" in name]
+    assert copy.startswith(f"{SEGMENT0}.damaged-") and os.path.getsize(segment.parent / copy) == 3200
+
+
+def test_recover_removes_the_temporary_files_a_killed_retain_left_once_old(kl_root, monkeypatch):
+    small_topic(kl_root, timestamp=TS)
+    directory = Path(kl_root, "t", "0")
+    patch = (
+        "import kl.log.timeindex as t\nreal = t.write_atomic\n"
+        "t.write_atomic = lambda path, data: real(path, data, before_rename=kill)\n"
+    )
+    killed(kl_root, patch, "retain", "--max-age", "1d")  # killed dating its first segment
+    [tmp] = [name for name in os.listdir(directory) if name.endswith(".tmp")]
+    assert tmp.startswith(f".{SEGMENT0}.time.")
+    assert kl_cli(kl_root, "recover", "--dry-run").stdout == "t/0: ok (0 bytes checked)\n"  # it might be a write under way
+    later(monkeypatch, recovery)
+    finding = "offset 0: temporary file left by an interrupted write [%s]"
+    assert out(kl_root, "recover", "--dry-run", code=3) == ["t/0: found: " + finding % "would remove"]
+    assert out(kl_root, "recover") == ["t/0: fixed: " + finding % "removed"]
+    assert not [name for name in os.listdir(directory) if name.endswith(".tmp")]
+    assert out(kl_root, "recover") == ["t/0: ok (0 bytes checked)"]
+    assert out(kl_root, "retain", "--max-age", "1d")[-1] == "t/0: deleted 3 segments (3072 bytes); log starts at 3072"
+
+
+def test_recover_lists_many_findings_one_per_line(kl_root, monkeypatch):
+    small_topic(kl_root, timestamp=TS)
+    directory = Path(kl_root, "t", "0")
+    for n in range(50):
+        (directory / f".{SEGMENT0}.time.{n}.0123abcd.tmp").write_bytes(b"")
+    later(monkeypatch, recovery)
+    lines = out(kl_root, "recover", "--deep", "--dry-run", code=3)
+    assert len(lines) == 50 and all(line.startswith("t/0: found: offset 0: temporary file") for line in lines)

@@ -135,7 +135,7 @@ def test_damaged_copy_names_in_the_docs_are_the_names_kl_recover_gives(root, top
     for text in texts:
         for match in re.finditer(r"\.damaged-(\S*)", text):
             suffix = match.group(1).strip("`.,;:)'")
-            assert suffix == "" or re.fullmatch(rf"(YYYYMMDDTHHMMSS|TIMESTAMP)-XXXXXX|{real}", suffix), match.group(0)
+            assert suffix == "" or re.fullmatch(rf"((YYYYMMDDTHHMMSS|TIMESTAMP)-XXXXXX|{real})(\.tmp)?", suffix), match.group(0)
 
 
 # ------------------------------------------------------------------ kl topics import

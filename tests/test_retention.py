@@ -380,3 +380,15 @@ def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
     assert root.log("race", 0).log_start_offset > 0
     assert outcomes.count("read") > 0
     assert [o for o in outcomes if o not in ("read", "out of range")] == []
+
+
+def test_a_young_segment_before_old_ones_is_named_with_what_it_holds(root):
+    log = fill(root, [NOW - 10 * HOUR, NOW + 24 * HOUR, NOW - 8 * HOUR, NOW - 6 * HOUR])
+    report = retain(log, max_age_ms=2 * HOUR, now_ms=NOW)
+    assert bases(log) == [1024, 2048, 3072, 4096]
+    held = report.held
+    assert held is not None and (held.segment.base_offset, held.offset, held.newest) == (1024, 1024, NOW + 24 * HOUR)
+    assert (held.later, held.later_bytes) == (2, 2048)
+    assert "86400000 ms (1.0 days) in the future: it keeps the 2 later segments (2048 bytes)" in held.reason
+    assert retain(log, max_age_ms=0, max_bytes=0, now_ms=NOW).held is None  # no age rule: nothing held by it
+    assert retain(log, max_age_ms=30 * HOUR, now_ms=NOW).held is None  # nothing after it is old enough either

@@ -32,7 +32,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from kl.errors import (
@@ -75,6 +75,8 @@ FENCED = (
 )
 FENCE_SUFFIX = ".fence"
 """A new empty active segment's name while it is made to replace the old one (``_fence``)."""
+_NFS_DEVICES: dict[tuple[int, Callable[[str], tuple[str, str, set[str]]]], bool] = {}
+"""File systems (``st_dev``, and the lookup asked) seen by ``Log.on_nfs``: whether each is NFS."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -100,7 +102,17 @@ class SegmentInfo(NamedTuple):
 class Log:
     """One partition of a topic."""
 
-    def __init__(self, directory: str, lock_path: str, config: TopicConfig, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT):
+    def __init__(
+        self,
+        directory: str,
+        lock_path: str,
+        config: TopicConfig,
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        config_generation: int = 0,
+    ):
+        """``config_generation``: that of the ``topic.json`` ``config`` was read from, when
+        known (``refresh_config`` then reads it again only once it changed)."""
         self.directory = directory
         self.lock_path = lock_path
         self.config = config
@@ -108,7 +120,7 @@ class Log:
         (``refresh_config``) by each append and each read that finds data."""
         self.lock_timeout = lock_timeout
         self._config_path = os.path.join(os.path.dirname(directory), CONFIG_FILE)
-        self._config_generation = 0
+        self._config_generation = config_generation
         self.state_path = os.path.join(directory, STATE_FILE)
         self.suffix = LEGACY_SUFFIX if config.legacy else SUFFIX
         """The suffix of the segments this log writes: ``.kafka`` for a topic of format 0.7."""
@@ -971,9 +983,19 @@ class Log:
         return self._state_file
 
     def on_nfs(self) -> bool:
-        """The partition is on NFS (looked up once)."""
+        """The partition is on NFS (looked up once, and once per file system: a root's
+        partitions share one, and reading the mount table for each cost ~0.2 ms)."""
         if self._nfs is None:
-            self._nfs = mount_of(self.directory)[1].startswith("nfs")
+            try:
+                key = (os.stat(self.directory).st_dev, mount_of)  # a mount_of replaced (by tests) is asked afresh
+            except OSError:
+                key = None
+            found = _NFS_DEVICES.get(key) if key is not None else None
+            if found is None:
+                found = mount_of(self.directory)[1].startswith("nfs")
+                if key is not None:
+                    _NFS_DEVICES[key] = found
+            self._nfs = found
         return self._nfs
 
     def _revalidate_state(self, fd: int) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, CorruptState
 from kl.log import timeindex
-from kl.log.fsutil import fsync_dir, open_file, storage_error
+from kl.log.fsutil import file_time_ns, fsync_dir, open_file, storage_error
 from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.messageset import Corruption, Kind
 from kl.log.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
@@ -43,6 +43,16 @@ Reporter = Callable[["Finding"], None]
 """Called with each finding as it is made (leveldb's ``Reporter``), before the report is done."""
 TIME_SUMMARY = "TIME_SUMMARY"
 """The kind of a finding about a segment's time summary."""
+LEFTOVER = "LEFTOVER"
+"""The kind of a finding about a file a killed run left (a temporary file, a partial copy)."""
+LEFTOVER_MIN_AGE = 600.0
+"""Seconds a leftover a live run might still be writing must have stood unchanged, by the
+file system's clock, before it is removed (here, and ``Root.remove_leftovers``)."""
+TEMPORARY_SUFFIX = ".tmp"
+"""Temporary files end with it and start with a dot (``fsutil.write_atomic``'s among them)."""
+TEMPORARY = "temporary file left by an interrupted write"
+COPY_MARK = ".damaged-"
+"""In the name of a segment's copy set aside before a repair: ``NAME.damaged-TIME-XXXXXX``."""
 _WOULD = {"cut": "would cut", "removed": "would remove", "rebuilt": "would rebuild", "set aside": "would set aside"}
 
 
@@ -89,8 +99,17 @@ def recover(
     ``deep`` checks every message of every segment, not just sizes and the tail.  Safe
     while producers and consumers run: everything happens under the partition lock
     (a dry run takes no lock, so it needs no write access to the root).  ``progress``
-    hears of the bytes checked, ``reporter`` of each finding as it is made.
+    hears of the bytes checked, ``reporter`` of each finding as it is made.  Without
+    ``deep``, a partition is first looked at as a dry run does, and the lock is taken
+    only when that finds anything: what a crash leaves stays until it is cut, and what
+    a writer at work leaves for a moment is looked at again under the lock.
     """
+    if not dry_run and not deep:
+        look = RecoveryReport(log.directory)
+        if _Check(log, look, act=False, repair=False, deep=False, progress=None, reporter=None).run() and not look.findings:
+            if progress is not None:
+                progress(look.checked_bytes)
+            return look
     report = RecoveryReport(log.directory)
     check_ = _Check(log, report, act=not dry_run, repair=repair and not dry_run, deep=deep, progress=progress, reporter=reporter)
     with contextlib.nullcontext() if dry_run else log.locked():
@@ -114,8 +133,11 @@ class _Check:
         self.progress = progress or (lambda n: None)
         self.reporter = reporter
         self.limit = log.config.max_message_bytes
+        self.names: list[str] = []
+        """The partition directory's entries, as ``_segments`` listed them."""
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Check the partition; False when it has no active segment."""
         state = self._state()
         segments = self._segments(state)
         for segment, following in itertools.pairwise(segments):
@@ -126,6 +148,7 @@ class _Check:
         elif self.act:
             name = segment_name(state.active_base_offset, self.log.suffix)
             raise CorruptState(f"partition {self.log.directory} has no active segment {name}")
+        return bool(segments)
 
     def find(self, offset: int, path: str, problem: str, action: str, kind: Kind | str) -> None:
         name = kind.name if isinstance(kind, Kind) else kind
@@ -178,18 +201,25 @@ class _Check:
     # ----------------------------------------------------------------- which files
 
     def _segments(self, state: PartitionState) -> list[SegmentInfo]:
-        """The segments the state accounts for; the others are dealt with or reported."""
+        """The segments the state accounts for; the others, and leftovers of killed
+        runs, are dealt with or reported.  One listing of the directory serves them all."""
         log = self.log
         unknown = Kind.UNKNOWN_SEGMENT
         with os.scandir(log.directory) as entries:
-            leftovers = [e.path for e in entries if e.name.startswith(IMPORTING_PREFIX)]
-        for path in leftovers:
-            self.find(state.log_start_offset, path, "left by an interrupted kl topics import", self.would("removed"), unknown)
-            if self.act:
-                os.unlink(path)
-        for base, name in list_segments(log.directory):
+            listed = {e.name: e.is_symlink() for e in entries}
+        self.names = list(listed)
+        for name in listed:
+            if name.startswith(IMPORTING_PREFIX):
+                path = os.path.join(log.directory, name)
+                self.find(state.log_start_offset, path, "left by an interrupted kl topics import", self.would("removed"), unknown)
+                if self.act:
+                    os.unlink(path)
+        self._temporary([name for name in listed if name.startswith(".") and name.endswith(TEMPORARY_SUFFIX)], state)
+        links = set()
+        for base, name in sorted((base, name) for name in listed if (base := parse_name(name)) is not None):
             path = os.path.join(log.directory, name)
-            if os.path.islink(path):
+            if listed[name]:
+                links.add(path)
                 self.find(base, path, "segment file is a symbolic link", "reported", unknown)
             elif base < state.log_start_offset:
                 self.find(base, path, "segment below the log start was not set aside", self.would("set aside"), unknown)
@@ -204,10 +234,34 @@ class _Check:
             elif base > state.active_base_offset:
                 reason = "segment of the other format past the active one; left alone (bring it in with 'kl topics import')"
                 self.find(base, path, reason, "reported", unknown)
-            elif path != segment_path(log.directory, base):
+            elif name != segment_name(base) and segment_name(base) in listed:  # kl's name wins (segment_path)
                 self.find(base, path, f"a second segment file with base offset {base}; left alone", "reported", unknown)
-        segments = log.segments(state)
-        return [s for s in segments if not os.path.islink(s.path)]
+        return [s for s in log.segments(state) if s.path not in links]
+
+    def _temporary(self, names: list[str], state: PartitionState) -> None:
+        """Remove temporary files killed runs left: a repair's partial copy at once (one is
+        made only under the partition lock, held here), the others (an atomic write's, a
+        clock reading's; see ``kl.log.fsutil``) once unchanged for ``LEFTOVER_MIN_AGE``
+        seconds by the file system's clock, so that a write under way, a reader keeping a
+        time summary, is left alone."""
+        now = None
+        for name in names:
+            path = os.path.join(self.log.directory, name)
+            if COPY_MARK in name:
+                reason = "partial copy of a segment left by an interrupted kl recover --repair"
+            else:
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                now = file_time_ns(self.log.directory) if now is None else now
+                if now - max(st.st_mtime_ns, st.st_ctime_ns) < LEFTOVER_MIN_AGE * 1e9:
+                    continue
+                reason = TEMPORARY
+            self.find(state.log_start_offset, path, reason, self.would("removed"), LEFTOVER)
+            if self.act:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
     # ----------------------------------------------------------------- closed segments
 
@@ -231,7 +285,7 @@ class _Check:
         it is: a damaged or stale one is rebuilt (a missing one is made when first
         needed), and one of no closed segment is removed."""
         log = self.log
-        for path in timeindex.orphans(log.directory, {s.base_offset for s in closed}):
+        for path in timeindex.orphans(log.directory, {s.base_offset for s in closed}, self.names):
             base = parse_name(os.path.basename(path).removesuffix(timeindex.SUFFIX)) or 0
             self.find(base, path, "time summary of no closed segment", self.would("removed"), TIME_SUMMARY)
             if self.act:
@@ -331,13 +385,18 @@ class _Check:
     def _copy_aside(self, segment: Segment) -> str:
         aside = self.report.copies.get(segment.path)
         if aside is None:
-            aside = f"{segment.path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
+            aside = f"{segment.path}{COPY_MARK}{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
+            directory, name = os.path.split(aside)
+            tmp = os.path.join(directory, f".{name}{TEMPORARY_SUFFIX}")  # whole or not there (see _temporary)
             try:
-                shutil.copy2(segment.path, aside)
-                with open(aside, "rb") as f:
+                shutil.copy2(segment.path, tmp)
+                with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
-                fsync_dir(os.path.dirname(aside))
+                os.rename(tmp, aside)
+                fsync_dir(directory)
             except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
                 raise storage_error(e, "copy aside", segment.path) from None
             self.report.copies[segment.path] = aside
         return aside

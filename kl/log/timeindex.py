@@ -136,13 +136,17 @@ def remove(segment_path: str) -> bool:
     return True
 
 
-def orphans(directory: str, bases: set[int]) -> list[str]:
-    """Paths of summaries in ``directory`` whose segment (by base offset) is not in ``bases``."""
+def orphans(directory: str, bases: set[int], names: Iterable[str] | None = None) -> list[str]:
+    """Paths of summaries in ``directory`` whose segment (by base offset) is not in
+    ``bases``; ``names``: the directory's entries, when the caller has listed them."""
+    if names is None:
+        names = []
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
     found = []
-    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-        for entry in entries:
-            if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
-                base = parse_name(entry.name[: -len(SUFFIX)])
-                if base is not None and base not in bases:
-                    found.append(entry.path)
+    for name in names:
+        if name.endswith(SUFFIX) and not name.startswith("."):
+            base = parse_name(name[: -len(SUFFIX)])
+            if base is not None and base not in bases:
+                found.append(os.path.join(directory, name))
     return found
