@@ -117,9 +117,7 @@ class Root:
             mode = stat.S_IFDIR
         if not stat.S_ISDIR(mode):
             raise InvalidTopicName(f"invalid topic {name!r}: {path} is not a plain directory")
-        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(self.path):
-            raise InvalidTopicName(f"invalid topic {name!r}: {path} is outside the root {self.path}")
-        return path
+        return path  # a valid name is one component, neither . nor ..: a plain directory by it is in the root
 
     def _lock_path(self, name: str, partition: int | str) -> str:
         return os.path.join(self.path, LOCKS_DIR, name, f"{partition}.lock")
@@ -399,8 +397,8 @@ class Root:
         partitions = []
         for p in range(config.partitions):
             log = self.log(name, p)
-            segments = log.segments()
             state = log.state()
+            segments = log.segments(state)
             partitions.append(
                 PartitionInfo(
                     p, len(segments), state.log_start_offset, state.log_end_offset, sum(s.size_in_bytes for s in segments)
