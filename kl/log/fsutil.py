@@ -57,9 +57,11 @@ def ensure_dir(path: str) -> None:
     fsync_dir(parent or ".")
 
 
-def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | None = None) -> None:
+def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | None = None, durable: bool = True) -> None:
     """Replace ``path`` with ``data``: unique temp file (``.NAME.*.tmp``), fsync, rename,
-    fsync the directory.  ``before_rename`` runs between the fsync and the rename."""
+    fsync the directory.  ``before_rename`` runs between the fsync and the rename.  Not
+    ``durable``: no fsync (readers see the old file or the new one; after a crash the
+    new one may be lost or empty)."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -69,13 +71,15 @@ def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | 
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if before_rename is not None:
             before_rename()
         os.rename(tmp, path)
-        fsync_dir(directory)
+        if durable:
+            fsync_dir(directory)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
