@@ -190,7 +190,7 @@ def _described(
 
 def _config(config: kl.TopicConfig) -> dict[str, object]:
     """A topic's settings, ``headers`` true or false."""
-    return dataclasses.asdict(config) | {"headers": config.holds_headers}
+    return vars(config) | {"headers": config.holds_headers}  # its fields are plain values: asdict's copies cost more
 
 
 def _info_json(info: kl.TopicInfo) -> dict[str, object]:
@@ -198,7 +198,7 @@ def _info_json(info: kl.TopicInfo) -> dict[str, object]:
     return {
         "topic": info.name,
         "config": _config(info.config),
-        "partitions": [dataclasses.asdict(p) for p in info.partitions],
+        "partitions": [dict(vars(p)) for p in info.partitions],
     }
 
 

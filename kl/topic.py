@@ -409,8 +409,8 @@ class Root:
         partitions = []
         for p in range(config.partitions):
             log = self.log(name, p)
-            segments = log.segments()
             state = log.state()
+            segments = log.segments(state)
             partitions.append(
                 PartitionInfo(
                     p, len(segments), state.log_start_offset, state.log_end_offset, sum(s.size_in_bytes for s in segments)

@@ -652,3 +652,25 @@ def test_auto_commit_follows_a_stream_between_polls(root):
         records = [next(stream) for _ in range(4)]  # the 4th handed out, the 3rd moved past
         after_third = (records[2].next_offset, 0)
         wait_for(lambda: committed(registry) == after_third, 20, "a commit before the next poll")
+
+
+def test_claims_and_releases_are_not_fsynced_and_an_owner_record_a_crash_emptied_reads_as_released(root, monkeypatch):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    write_each(root, "t", [b"a"], partition=0)
+    registry = Registry(root.path, "g")
+    registry.claim("t", 1, "m0", {})  # the group's directories made (and fsynced) first
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    generation = registry.claim("t", 0, "m1", {})
+    assert registry.release("t", 0, "m1", generation)
+    assert synced == []  # 1,000 partitions joined cost 2,000 fsyncs
+    registry.commit("t", 1, 0, "m0", 1)
+    assert synced  # offsets stay durable
+    monkeypatch.undo()
+    registry.claim("t", 0, "dead", {})
+    with open(os.path.join(root.path, ".groups", "g", "owners", "t", "0"), "wb"):
+        pass  # what a crash may leave of a record that was never fsynced
+    assert (registry.owner("t", 0).member, registry.owner("t", 0).generation) == (None, 0)
+    with kl.GroupConsumer(root, "g", ["t"]) as member:
+        assert next(iter(member)).value == b"a"

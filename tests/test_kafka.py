@@ -230,6 +230,41 @@ def test_metadata_names_this_daemon_the_leader_of_every_partition_with_each_topi
     assert [(t.name, t.error_code) for t in answer.topics] == [("c", 0), ("nope", kafka.UNKNOWN_TOPIC_OR_PARTITION)]
 
 
+def test_metadata_of_all_topics_asked_at_once_looks_them_up_once_and_the_next_sees_new_topics(served, root, monkeypatch):
+    for name in ("a", "b"):
+        root.create_topic(name)
+    running, first = served()
+    second = Client(running.address)
+    asked = []
+    both_asked = threading.Event()
+    lookups = []
+    real_all_topics, real_topics = kafka.Kafka._all_topics, kl.Root.topics
+
+    def all_topics(self):
+        asked.append(1)
+        if len(asked) == 2:
+            both_asked.set()
+        return real_all_topics(self)
+
+    def slow_topics(self):
+        lookups.append(1)
+        assert both_asked.wait(10)  # the second request arrived during this lookup
+        return real_topics(self)
+
+    monkeypatch.setattr(kafka.Kafka, "_all_topics", all_topics)
+    monkeypatch.setattr(kl.Root, "topics", slow_topics)
+    everything = dict(topics=None, allow_auto_topic_creation=False)
+    first.send(MetadataRequest, 4, **everything)
+    second.send(MetadataRequest, 4, **everything)
+    answers = [first.receive(MetadataRequest, 4), second.receive(MetadataRequest, 4)]
+    assert [sorted(t.name for t in a.topics) for a in answers] == [["a", "b"], ["a", "b"]]
+    assert len(lookups) == 1
+    monkeypatch.undo()
+    root.create_topic("c")
+    assert sorted(t.name for t in first.call(MetadataRequest, 4, **everything).topics) == ["a", "b", "c"]
+    second.close()
+
+
 def test_topics_outside_the_pattern_are_not_listed_and_are_refused(served, root):
     root.create_topic("open")
     root.create_topic("secret")

@@ -383,6 +383,31 @@ def test_describe_counts_segments_offsets_and_bytes(root):
     assert info.size_in_bytes == 343
 
 
+def test_describing_many_topics_reads_the_mount_table_once(root, monkeypatch):
+    from kl.log import fsutil
+
+    monkeypatch.setattr(fsutil, "_mounts", {})
+    read = []
+    monkeypatch.setattr(fsutil, "_mount_of", lambda path: read.append(path) or ("/", "ext4", set()))
+    monkeypatch.setattr(fsutil, "MOUNT_RECHECK_SECONDS", 3600.0)
+    for n in range(20):
+        root.create_topic(f"t{n}", kl.TopicConfig(partitions=5))
+    assert [len(root.describe(name).partitions) for name in root.topics()] == [5] * 20
+    assert len(read) == 1  # 100 partitions on one filesystem: one look at the mount table
+
+
+def test_the_mount_table_is_read_again_after_its_recheck_interval(tmp_path, monkeypatch):
+    from kl.log import fsutil
+
+    monkeypatch.setattr(fsutil, "_mounts", {})
+    monkeypatch.setattr(fsutil, "MOUNT_RECHECK_SECONDS", 0.0)
+    read = []
+    monkeypatch.setattr(fsutil, "_mount_of", lambda path: read.append(path) or ("/", "nfs4", set()))
+    assert fsutil.mount_of(str(tmp_path))[1] == "nfs4"
+    assert fsutil.mount_of(str(tmp_path))[1] == "nfs4"
+    assert read == [str(tmp_path)] * 2
+
+
 def test_describe_a_missing_topic_raises_topic_not_found(root):
     os.makedirs(root.path)
     with pytest.raises(kl.TopicNotFound, match="'nope' does not exist"):

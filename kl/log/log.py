@@ -32,7 +32,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl.errors import (
@@ -75,8 +75,6 @@ FENCED = (
 )
 FENCE_SUFFIX = ".fence"
 """A new empty active segment's name while it is made to replace the old one (``_fence``)."""
-_NFS_DEVICES: dict[tuple[int, Callable[[str], tuple[str, str, set[str]]]], bool] = {}
-"""File systems (``st_dev``, and the lookup asked) seen by ``Log.on_nfs``: whether each is NFS."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
 
@@ -983,19 +981,9 @@ class Log:
         return self._state_file
 
     def on_nfs(self) -> bool:
-        """The partition is on NFS (looked up once, and once per file system: a root's
-        partitions share one, and reading the mount table for each cost ~0.2 ms)."""
+        """The partition is on NFS (looked up once)."""
         if self._nfs is None:
-            try:
-                key = (os.stat(self.directory).st_dev, mount_of)  # a mount_of replaced (by tests) is asked afresh
-            except OSError:
-                key = None
-            found = _NFS_DEVICES.get(key) if key is not None else None
-            if found is None:
-                found = mount_of(self.directory)[1].startswith("nfs")
-                if key is not None:
-                    _NFS_DEVICES[key] = found
-            self._nfs = found
+            self._nfs = mount_of(self.directory)[1].startswith("nfs")
         return self._nfs
 
     def _revalidate_state(self, fd: int) -> None:

@@ -152,6 +152,10 @@ class Kafka(FrontEnd):
         self._sequences = [threading.Lock() for _ in range(64)]
         """Held by producer id (striped): an idempotent producer's check for a retry and its
         append go together, while other producers' appends go on."""
+        self._listing = threading.Lock()
+        """Held while the topics of a Metadata of all topics are looked up."""
+        self._listed: tuple[float, list[Any]] = (-1.0, [])
+        """When the last such lookup finished, and what it found."""
         self.groups = Coordinator(server.root, server.recheck)
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
 
@@ -229,11 +233,27 @@ class Kafka(FrontEnd):
         return ApiVersionsResponse(error_code=NONE, api_keys=_api_keys(), throttle_time_ms=0)
 
     def _metadata(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
-        root = self.server.root
         if request.topics is None:
-            names = [n for n in root.topics() if self.server.served(n)]
+            topics = self._all_topics()
         else:
-            names = [t.name for t in request.topics if t.name is not None]
+            topics = self._topics([t.name for t in request.topics if t.name is not None])
+        return MetadataResponse(
+            throttle_time_ms=0, brokers=self._brokers(), cluster_id=self.cluster_id, controller_id=self.node_id, topics=topics
+        )
+
+    def _all_topics(self) -> list[Any]:
+        """Every served topic's metadata.  A request that arrives while another one's are
+        looked up waits for that lookup and shares it (clients send several at once on
+        connecting: each lookup of 10,000 topics reads their 10,000 ``topic.json``)."""
+        arrived = time.monotonic()
+        with self._listing:
+            finished, topics = self._listed
+            if finished < arrived:
+                topics = self._topics([n for n in self.server.root.topics() if self.server.served(n)])
+                self._listed = (time.monotonic(), topics)
+        return topics
+
+    def _topics(self, names: list[str]) -> list[Any]:
         topics = []
         for name in names:
             try:
@@ -258,9 +278,7 @@ class Kafka(FrontEnd):
                     error_code=NONE, name=name, topic_id=_uuid(config.topic_id), is_internal=False, partitions=partitions
                 )
             )
-        return MetadataResponse(
-            throttle_time_ms=0, brokers=self._brokers(), cluster_id=self.cluster_id, controller_id=self.node_id, topics=topics
-        )
+        return topics
 
     def _brokers(self) -> list[Any]:
         """This daemon, and the other live ones serving the Kafka protocol over the root
