@@ -212,14 +212,23 @@ class ProcessLock:
             raise StorageError(f"cannot lock {self.path}: {outcome.strerror}") from None
 
     def _reopen(self) -> int:
-        """The lock file, opened; ``StorageError`` when the path is another file now (one
-        deleted and created again by hand: locking it would not exclude the processes
-        still holding the old one)."""
+        """The lock file, opened.  When the path names another file now (the root or the
+        topic deleted and made again: lock files outlive neither), this lock becomes the
+        new file's, as a fresh ``lock_for`` would give; ``StorageError`` if this process
+        already has a lock on the new file (two would drop each other's locks)."""
         fd = _open(self.path)
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != self._identity:
-            os.close(fd)
-            raise StorageError(f"lock file {self.path} was deleted and created again while in use; restart this process")
+        identity = (st.st_dev, st.st_ino)
+        if identity != self._identity:
+            with _registry_lock:
+                other = _registry.get(identity)
+                if other is not None and other is not self:
+                    os.close(fd)
+                    raise StorageError(f"lock file {self.path} was deleted and created again while in use; restart this process")
+                if _registry.get(self._identity) is self:
+                    del _registry[self._identity]
+                _registry[identity] = self
+                self._identity = identity
         return fd
 
     def _timed_out(self, timeout: float) -> LockTimeout:
