@@ -11,7 +11,7 @@ The target's published log end is the only bookmark: a copy killed at any moment
 on from there, with no duplicate and no gap.  A killed mirror loses nothing it
 appended; after a power cut the target keeps what its flush policy made durable
 (recovery cuts the rest) and the next run copies the rest again.  A mirror holds the
-target topic's mirror lock (``ROOT/.locks/TOPIC/mirror.lock``) while it copies, so two
+target topic's mirror lock (a byte of ``ROOT/.locks/.mirror``, see ``locks.Slots``) while it copies, so two
 mirrors never write one topic; a local producer writing to a mirrored topic is caught
 at its next append (the offset it got is not the source's) and reported.
 
@@ -41,6 +41,7 @@ needs) is refused (``SourceGap``); an empty target starts at the source's log st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -52,7 +53,6 @@ from typing import Protocol
 from kl.errors import (
     InvalidConfig,
     KlError,
-    LockTimeout,
     OffsetOutOfRange,
     RootNotFound,
     TopicNotFound,
@@ -76,7 +76,9 @@ ROUND_BYTES = 64 << 20
 TAIL_CHECK_BYTES = 64 << 10
 """How much of the target's tail is compared with the source before copying."""
 POLL_SECONDS = 0.5
-MIRROR_LOCK = "mirror.lock"
+MIRROR_SLOTS = ".mirror"
+"""The file under ``ROOT/.locks`` whose bytes are the topics' mirror locks (a name no
+topic can have: none starts with a dot)."""
 MIRROR_RECORD = "mirror.json"
 """In a target topic's directory: which creation of the source's topic it copies."""
 
@@ -375,7 +377,10 @@ class Mirror:
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._ids: dict[str, str] = {}
         """Topic being copied -> the source's topic id of the creation copied ("": none known)."""
-        self._held: dict[str, locks.ProcessLock] = {}
+        self._held: dict[str, int] = {}
+        """Topic -> the slot of its mirror lock, held."""
+        self._slots: locks.Slots | None = None
+        """The target's mirror locks, looked up at the first."""
         self._dropped: list[PartitionCopy] = []
         self._skipped: dict[str, str] = {}
         """Topic skipped while following -> why, as logged last."""
@@ -414,9 +419,8 @@ class Mirror:
         return self.copies
 
     def close(self) -> None:
-        for lock in self._held.values():
-            lock.release()
-        self._held.clear()
+        for topic in list(self._held):
+            self._unlock(topic)
 
     def discover(self, *, first: bool = False) -> None:
         """Check each topic not copied yet (missing ones are created in the target), the
@@ -637,9 +641,7 @@ class Mirror:
     def _skip(self, topic: str, error: KlError) -> None:
         """Stop copying ``topic`` (logged once per reason) and release its mirror lock."""
         self._forget(topic)
-        lock = self._held.pop(topic, None)
-        if lock is not None:
-            lock.release()
+        self._unlock(topic)
         if self._skipped.get(topic) != str(error):
             log.warning("%s; not copied now, the other topics are", error)
         self._skipped[topic] = str(error)
@@ -657,12 +659,17 @@ class Mirror:
         """Take the target topic's mirror lock (held until ``close``)."""
         if topic in self._held:
             return
-        lock = locks.lock_for(os.path.join(self.target.path, LOCKS_DIR, topic, MIRROR_LOCK))
-        try:
-            lock.acquire(0)
-        except LockTimeout:
-            raise MirrorBusy(f"another kl mirror is copying into topic {topic!r} of {self.target.path}") from None
-        self._held[topic] = lock
+        if self._slots is None:
+            self._slots = locks.slots_for(os.path.join(self.target.path, LOCKS_DIR, MIRROR_SLOTS))
+        slot = int.from_bytes(hashlib.blake2b(topic.encode(), digest_size=7).digest(), "big")
+        if not self._slots.try_lock(slot):
+            raise MirrorBusy(f"another kl mirror is copying into topic {topic!r} of {self.target.path}")
+        self._held[topic] = slot
+
+    def _unlock(self, topic: str) -> None:
+        slot = self._held.pop(topic, None)
+        if slot is not None and self._slots is not None:
+            self._slots.unlock(slot)
 
     def copy_round(self, stop: threading.Event | None = None) -> bool:
         """Copy up to ``ROUND_BYTES`` into each partition in turn; True if anything was copied

@@ -360,6 +360,60 @@ def locked(path: str, timeout: float) -> Iterator[None]:
         lock.release()
 
 
+class Slots:
+    """Exclusive locks on single bytes of one lock file, taken without waiting: one
+    descriptor for any number of them (a mirror of 10,000 topics holds one per topic
+    for its whole run).  A slot held by another thread of this process is refused too.
+    The file stays open for the life of the process (closing it would drop every slot)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = -1
+        self._held: set[int] = set()
+        self._guard = threading.Lock()
+
+    def try_lock(self, slot: int) -> bool:
+        """Lock byte ``slot`` (0 to 2**62); False when it is held, here or elsewhere.
+        Raises ``StorageError`` when the file cannot be opened or locked."""
+        with self._guard:
+            if slot in self._held:
+                return False
+            if self._fd < 0:
+                self._fd = _open(self.path)
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
+            except (BlockingIOError, PermissionError):
+                return False
+            except OSError as e:
+                raise StorageError(f"cannot lock {self.path}: {e.strerror}") from None
+            self._held.add(slot)
+            return True
+
+    def unlock(self, slot: int) -> None:
+        with self._guard:
+            if slot in self._held:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, slot)
+                self._held.discard(slot)
+
+
+_slots: dict[tuple[int, int], Slots] = {}
+_slots_forks = 0
+
+
+def slots_for(path: str) -> Slots:
+    """This process's ``Slots`` on the file at ``path`` (a fresh registry after ``fork()``),
+    keyed as ``lock_for`` keys its locks; the file must be one ``lock_for`` never locks."""
+    global _slots, _slots_forks
+    with _registry_lock:
+        key = _identity(path)
+        if forks != _slots_forks:
+            _slots, _slots_forks = {}, forks
+        found = _slots.get(key)
+        if found is None:
+            found = _slots[key] = Slots(path)
+        return found
+
+
 # ----------------------------------------------------------------- locks on data files (NFS)
 
 _FLOCK = struct.Struct("hhqqi4x")

@@ -494,6 +494,10 @@ class RemoteLog:
     def flush(self) -> None:
         """Nothing: the server's flush policy makes appends durable (or ``fsync=True``)."""
 
+    def close_idle(self) -> bool:
+        """Nothing: no file is open here (the connection is the root's)."""
+        return True
+
 
 class RemoteConsumer(Consumer):
     """``Consumer`` reading from a ``kl serve`` at ``address`` (``HOST:PORT``, or a ``RemoteRoot``).
