@@ -248,6 +248,9 @@ def test_a_busy_topic_gives_a_finite_contiguous_repeatable_result(spark, tmp_pat
     writer = multiprocessing.get_context("spawn").Process(target=_produce_for, args=(root.path, 20.0))
     writer.start()
     try:
+        deadline = time.monotonic() + 60  # the spawned writer imports this module (and Spark's) first
+        while root.log("busy", 0).log_end_offset == 2700 and time.monotonic() < deadline:
+            time.sleep(0.05)
         got = read(spark, root, topics="busy").orderBy("partition", "offset").collect()
         for p in range(2):
             chain = [r for r in got if r.partition == p]
