@@ -29,7 +29,7 @@ import click
 import kl
 from kl.log.message import HEADER_SIZE, Headers, timestamp_problem
 from kl.net.remote import RemoteRoot
-from kl.producer import DEFAULT_BATCH_BYTES, message_sizes
+from kl.producer import DEFAULT_BATCH_BYTES, atomic_partitions, message_sizes
 from kl_cli import complete
 from kl_cli.common import (
     Progress,
@@ -95,8 +95,9 @@ class Interrupts:
 class Sender:
     """Appends records to one topic, one atomic append at a time, counting the records
     appended: when an append fails, every record before it is in the topic and none
-    after it (with keys on a topic of several partitions, the failing append can be one
-    of a few made at once, one per partition, and the others may have gone in)."""
+    after it.  With keys on a topic of several partitions, a piece of the input is one
+    append per partition, made at once (``Producer.send_batch``): a piece touches at most
+    ``atomic_partitions()`` partitions."""
 
     def __init__(self, producer: kl.Producer, topic: str, partition: int | None, batch_size: int | None, interrupts: Interrupts):
         self.producer = producer
@@ -112,6 +113,8 @@ class Sender:
         """The producer's largest append: a piece within it is appended at once."""
         if producer.codec:
             self.append_bytes = min(self.append_bytes, config.max_message_bytes - HEADER_SIZE)
+        self.at_once = atomic_partitions()
+        """The most partitions one keyed piece may touch."""
         self.next_partition: int | None = None
         """Where the next keyless append goes: the partitioner picks the first."""
 
@@ -129,7 +132,7 @@ class Sender:
         if self.partition is not None:
             partition = self.partition
         with self.interrupts.deferred():
-            for start, stop in self._pieces(values, keys, headers):
+            for start, stop in self._pieces(values, None if partition is not None else keys, headers):
                 target = partition if partition is not None or keys is not None else self.next_partition
                 appended = self.producer.send_batch(
                     self.topic,
@@ -165,21 +168,37 @@ class Sender:
         self.send([data[took : at + len(delim) if keep else at]])
         return at + len(delim)
 
+    def _within_partitions(self, keys: Sequence[bytes | None], start: int, stop: int) -> int:
+        """Where the piece from ``start`` must stop (``stop`` at the latest) to touch at
+        most ``at_once`` partitions (a message without a key counts as one of its own)."""
+        seen: set[int] = set()
+        for i in range(start, stop):
+            key = keys[i]
+            seen.add(-i - 1 if key is None else self.producer.partition_of(self.topic, key))
+            if len(seen) > self.at_once:
+                return max(i, start + 1)
+        return stop
+
     def _pieces(
         self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, headers: Sequence[Headers] | None
     ) -> Iterator[tuple[int, int]]:
-        """(start, stop) ranges of up to one append each; a message too large for the
-        topic comes alone, after all before it."""
+        """(start, stop) ranges of up to one append each (per partition, for ``keys``
+        that go to partitions of their own); a message too large for the topic comes
+        alone, after all before it."""
         sizes = message_sizes(values, keys, headers)
         end = len(values)
         if max(sizes) + HEADER_SIZE > self.max_message_bytes:
             end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)
         ends = list(itertools.accumulate(map(operator.add, sizes[:end], itertools.repeat(HEADER_SIZE))))
+        spread = keys is not None and self.partitions > self.at_once
         start, consumed = 0, 0
         while start < end:
             stop = max(bisect.bisect_right(ends, consumed + self.append_bytes, lo=start), start + 1)
             if self.batch_size:
                 stop = min(stop, start + self.batch_size)
+            if spread:
+                assert keys is not None
+                stop = self._within_partitions(keys, start, stop)
             yield start, stop
             consumed, start = ends[stop - 1], stop
         if end < len(values):

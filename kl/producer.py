@@ -59,7 +59,7 @@ from kl.errors import (
     QueueFull,
     TopicNotFound,
 )
-from kl.log import core
+from kl.log import core, openfiles
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log
@@ -77,7 +77,16 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_QUEUE_SIZE = 100_000
 """Async mode: queued messages beyond which ``send`` waits for room."""
 
+MAX_ATOMIC_PARTITIONS = 256
+"""The most partitions one batch appends to at once (``atomic_partitions``)."""
+
 log = logging.getLogger(__name__)
+
+
+def atomic_partitions() -> int:
+    """How many partitions a keyed ``send_batch`` may touch and still go in all at once
+    (it holds their locks and files open together: a share of ``openfiles.budget``)."""
+    return max(1, min(MAX_ATOMIC_PARTITIONS, openfiles.budget() // 8))
 
 
 def hash_partitioner(key: bytes | None, partitions: int) -> int:
@@ -105,6 +114,8 @@ _Item = tuple[str, bytes | None, bytes | None, int | None, int | None, Callback 
 """A queued message: topic, value, key, partition, timestamp, callback, headers."""
 _TOPIC, _VALUE, _KEY, _PARTITION, _TIMESTAMP, _CALLBACK, _HEADERS = (operator.itemgetter(i) for i in range(7))
 _NONE = {None}
+_Group = tuple[list[bytes | None], list[bytes | None], list[m.Headers] | None]
+"""One partition's part of a keyed batch: values, keys, headers."""
 
 
 class Producer:
@@ -339,6 +350,8 @@ class Producer:
             groups = self._group(topic, values, keys, hs)
             for vals, ks, h in groups.values():
                 self._check_batch(topic, vals, ks, h)
+            if 1 < len(groups) <= atomic_partitions() and self._fits_one_append(topic, groups):
+                return self._append_at_once(topic, groups, ts, values, keys, timestamp, hs)
             return [
                 a for p, (vals, ks, h) in groups.items() for a in self._append(topic, itertools.repeat(p), vals, ks, ts, None, h)
             ]
@@ -779,6 +792,10 @@ class Producer:
 
     # ----------------------------------------------------------------- helpers
 
+    def partition_of(self, topic: str, key: bytes) -> int:
+        """The partition of ``topic`` that a message with ``key`` goes to."""
+        return self._partition(topic, key)
+
     def _partition(self, topic: str, key: bytes | None) -> int:
         partitions = self.root.config(topic).partitions
         p = self.partitioner(key, partitions)
@@ -788,8 +805,8 @@ class Producer:
 
     def _group(
         self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None], headers: list[m.Headers] | None
-    ) -> dict[int, tuple[list[bytes | None], list[bytes | None], list[m.Headers] | None]]:
-        groups: dict[int, tuple[list[bytes | None], list[bytes | None], list[m.Headers] | None]] = {}
+    ) -> dict[int, _Group]:
+        groups: dict[int, _Group] = {}
         for i, (value, key) in enumerate(zip(values, keys, strict=True)):
             vals, ks, hs = groups.setdefault(self._partition(topic, key), ([], [], None if headers is None else []))
             vals.append(value)
@@ -888,6 +905,49 @@ class Producer:
             out.append(Appended(topic, target, offset, offset + size, stop - start))
         return out
 
+    def _fits_one_append(self, topic: str, groups: dict[int, _Group]) -> bool:
+        """Whether each partition's messages of ``groups`` take one append."""
+        config = self.root.config(topic)
+        limit = self._chunk_limit(config)
+        return all(
+            len(vals) == 1 or sum(message_sizes(vals, ks, h)) + len(vals) * m.HEADER_SIZE <= limit
+            for vals, ks, h in groups.values()
+        )
+
+    def _append_at_once(
+        self,
+        topic: str,
+        groups: dict[int, _Group],
+        ts: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None],
+        timestamp: int | None,
+        headers: list[m.Headers] | None,
+    ) -> list[Appended]:
+        """Append each partition's messages of ``groups`` in one append, all at once
+        (``Root.append_all``); all of them again to the topic created anew, if it was."""
+        config = self.root.config(topic)
+        appends = []
+        for p, (vals, ks, h) in groups.items():
+            target = self.root.log(topic, p)
+            appends.append(
+                (target, self._packed(target, _frame(config, vals, ts, ks, h), ts, config.max_message_bytes)[0], len(vals))
+            )
+        try:
+            offsets = self.root.append_all(appends, fsync=self.fsync)
+        except TopicNotFound:
+            if not self._refreshed(topic):
+                raise
+            again = None if config.legacy else ts
+            return self.send_batch(topic, values, keys, timestamp=again, headers=headers)
+        for target, _, _ in appends:
+            if target not in self._written:
+                self._note(target)
+        return [
+            Appended(topic, p, offset, offset + len(data), count)
+            for p, (_, data, count), offset in zip(groups, appends, offsets, strict=True)
+        ]
+
     def _chunk_limit(self, config: TopicConfig) -> int:
         """The most bytes of framed messages one append takes (a compressed one must fit
         ``max_message_bytes`` as one message)."""
@@ -898,18 +958,23 @@ class Producer:
         """Compress ``data`` (``count`` framed messages) as one message when a codec is set
         and it fits ``limit``, append it and note the log for ``flush``: (offset, bytes
         appended, whether compressed)."""
-        wrapped = False
+        data, wrapped = self._packed(log, data, ts, limit)
+        offset = log.append(data, count, fsync=self.fsync)
+        if log not in self._written:
+            self._note(log)
+        return offset, len(data), wrapped
+
+    def _packed(self, log: Log, data: bytes, ts: int, limit: int) -> tuple[bytes, bool]:
+        """``data`` compressed as one message when a codec is set and it fits ``limit``;
+        whether it was."""
         if self.codec:
             if log.config.legacy:  # the callers refused zstd (see _mismatch)
                 packed = wrap_v1(data, self.codec)
             else:
                 packed = wrap(data, self.codec, ts)
             if len(packed) <= limit:
-                data, wrapped = packed, True
-        offset = log.append(data, count, fsync=self.fsync)
-        if log not in self._written:
-            self._note(log)
-        return offset, len(data), wrapped
+                return packed, True
+        return data, False
 
     def _note(self, log: Log) -> None:
         with self._guard:

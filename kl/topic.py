@@ -21,6 +21,7 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,7 +29,7 @@ from kl.errors import InvalidTopicName, KlError, LockTimeout, RootNotFound, Stor
 from kl.log import locks
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
 from kl.log.fsutil import create_file, ensure_dir, file_time_ns, fsync_dir, make_dir, storage_error, write_atomic
-from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log
+from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log, append_all
 from kl.log.recovery import LEFTOVER_MIN_AGE, TEMPORARY, TEMPORARY_SUFFIX
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.log.state import STATE_FILE, PartitionState, deleted_record
@@ -378,6 +379,10 @@ class Root:
             raise TopicNotFound(f"topic {name!r} does not exist in {self.path}") from None
         except OSError as e:
             raise storage_error(e, "read", path) from None
+
+    def append_all(self, appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False) -> list[int]:
+        """``Log.append`` of each (log, set, count) at once, all or none (``kl.log.log.append_all``)."""
+        return append_all(appends, fsync=fsync)
 
     def log(self, name: str, partition: int) -> Log:
         """The partition's log.  Raises ``TopicNotFound`` for an unknown topic or partition."""

@@ -271,6 +271,60 @@ def test_errors_are_the_local_ones(root, two, address):
             producer.send("t", b"x", partition=9)
 
 
+@pytest.mark.parametrize("version", [2, 1], ids=["APPEND_ALL", "older-server"])
+def test_a_keyed_batch_over_partitions_lands_as_the_local_one_does(root, two, address, version):
+    """APPEND_ALL, or one APPEND after the other for a server of protocol version 1."""
+    keys = [b"k%d" % (i % 9) for i in range(60)]
+    local = kl.Producer(root)
+    with kl.RemoteProducer(address) as producer:
+        producer.remote._connection().version = version
+        remote = producer.send_batch("t", VALUES[:60], keys, timestamp=5)
+    mine = local.send_batch("t", VALUES[:60], keys, timestamp=5)
+    consumer = kl.Consumer(root)
+
+    def landed(appends: list[kl.Appended]) -> list[tuple[int, list[tuple[object, object, object]]]]:
+        return [
+            (
+                a.partition,
+                [(m.key, m.value, m.timestamp) for m in consumer.fetch("t", a.partition, a.offset, a.next_offset - a.offset)],
+            )
+            for a in appends
+        ]
+
+    assert len(remote) == 2 and landed(remote) == landed(mine)
+
+
+def test_a_keyed_batch_the_server_cannot_write_whole_is_not_appended_at_all(root, two, address, monkeypatch):
+    from kl.log.segment import Segment
+
+    real = Segment.append
+    failing = root.log("t", 1).directory
+
+    def append(segment: Segment, data: bytes, position: int) -> None:
+        if segment.path.startswith(failing):
+            raise kl.StorageError(f"cannot append to {segment.path}: no space left on device")
+        real(segment, data, position)
+
+    ends = [root.log("t", p).log_end_offset for p in range(2)]
+    monkeypatch.setattr(Segment, "append", append)
+    with kl.RemoteProducer(address) as producer:
+        with pytest.raises(kl.KlError, match="no space left on device"):
+            producer.send_batch("t", [b"x%d" % i for i in range(20)], [b"k%d" % i for i in range(20)])
+    assert [kl.Root(root.path).log("t", p).log_end_offset for p in range(2)] == ends
+
+
+def test_append_all_refuses_a_partition_named_twice(root, two, address):
+    from kl.net import wire
+
+    end = root.log("t", 0).log_end_offset
+    with wire.Connection(address) as conn:
+        data = kl.log.message.encode(b"x")
+        body = wire.append_all_body([("t", 0, data, 1), ("t", 0, data, 1)], False)
+        with pytest.raises(kl.KlError, match="names a partition twice"):
+            conn.call(wire.APPEND_ALL, body)
+    assert kl.Root(root.path).log("t", 0).log_end_offset == end
+
+
 def test_produce_needs_allow_produce(root, two):
     for address in serve(root):
         with pytest.raises(kl.KlError, match=re.escape("produce is off on this server (kl serve --allow-produce)")):

@@ -3,14 +3,17 @@ fsyncs, a full filesystem (a real small tmpfs) and a read-only mount."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
 import re
+import resource
 import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -227,8 +230,17 @@ def traced(tracer: str, tmp_path: Path, program: str, *args: str, input: bytes =
     env = dict(os.environ, KL_TRACE_LOG=str(trace))
     command = [sys.executable, "-c", PYTHON_TRACER + program if tracer == "python" else program, *args]
     if tracer == "strace":
-        command = ["strace", "-f", "-qq", "-y", "-e", "trace=" + ",".join(sorted((WRITES | SYNCS) - {"pwrite"})),
-                   "-o", str(trace), *command]
+        command = [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-e",
+            "trace=" + ",".join(sorted((WRITES | SYNCS) - {"pwrite"})),
+            "-o",
+            str(trace),
+            *command,
+        ]
     done = subprocess.run(command, input=input, capture_output=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     events = []
@@ -295,8 +307,7 @@ def test_producer_fsync_true_fsyncs_the_segment_before_each_append_returns(trace
 
 
 @pytest.mark.parametrize("tracer", TRACERS)
-def test_a_producer_without_fsync_syncs_nothing_before_returning_and_everything_at_close(tracer, tmp_path, root,
-                                                                                       traced_topic):
+def test_a_producer_without_fsync_syncs_nothing_before_returning_and_everything_at_close(tracer, tmp_path, root, traced_topic):
     sequence = durability(traced(tracer, tmp_path, LIBRARY_PRODUCER, root.path, "nofsync"), traced_topic)
     acks = [i for i, event in enumerate(sequence) if event == "ack"]
     assert len(acks) == 4 and sequence.count("write") >= 3, sequence  # 3 appends, then close
@@ -312,8 +323,9 @@ def appends_left_unsynced(sequence: list[str]) -> int:
 @pytest.mark.parametrize("tracer", TRACERS)
 def test_kl_produce_fsync_fsyncs_each_append_before_the_next(tracer, tmp_path, root, traced_topic):
     lines = b"".join(b"line %d\n" % i for i in range(6))
-    events = traced(tracer, tmp_path, CLI_PRODUCER, "--root", root.path, "produce", "t", "--fsync", "--batch-size", "2",
-                    input=lines)
+    events = traced(
+        tracer, tmp_path, CLI_PRODUCER, "--root", root.path, "produce", "t", "--fsync", "--batch-size", "2", input=lines
+    )
     sequence = durability(events, traced_topic)
     assert sequence.count("write") >= 3, sequence  # one append per 2 lines
     assert appends_left_unsynced(sequence) == 0 and sequence[-1] == "fsync", sequence
@@ -345,8 +357,11 @@ def test_an_fsync_error_fails_the_send_and_nothing_is_acknowledged(root, monkeyp
     with pytest.raises(kl.StorageError, match="I/O error"):
         producer.send_batch("t", [b"also lost"] * 3, partition=0)
     calls.fail_fsync = None  # the disk "recovers": this handle must still refuse
-    for attempt in (lambda: producer.send("t", b"x", partition=0), lambda: kl.Producer(root).send("t", b"x", partition=0),
-                    log.flush):
+    for attempt in (
+        lambda: producer.send("t", b"x", partition=0),
+        lambda: kl.Producer(root).send("t", b"x", partition=0),
+        log.flush,
+    ):
         with pytest.raises(kl.StorageError):
             attempt()
     assert log.state() == before
@@ -435,16 +450,22 @@ def _unmount(point: Path) -> None:
         subprocess.run(["umount", "-l", str(point)], check=True, capture_output=True)
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A real 2 MiB tmpfs, unmounted afterwards."""
-    point = tmp_path / "small"
+@contextlib.contextmanager
+def tmpfs(point: Path, size: str = "2m", inodes: int = 1000) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``point`` (made), unmounted afterwards."""
     point.mkdir()
-    _mount(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=1000", "tmpfs", str(point)])
+    _mount(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes}", "tmpfs", str(point)])
     try:
         yield point
     finally:
         _unmount(point)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MiB tmpfs, unmounted afterwards."""
+    with tmpfs(tmp_path / "small") as point:
+        yield point
 
 
 def fill_up(directory: Path) -> Path:
@@ -515,6 +536,42 @@ def test_a_roll_onto_a_full_filesystem_fails_cleanly(small_fs):
     producer.send_batch("t", [b"b" * 1000] * 20, partition=0, timestamp=TS)
     assert len(log.segments()) == 2
     assert [msg.value for msg in read_log(fresh_log(log))] == [b"a" * 1000] * 60 + [b"b" * 1000] * 20
+
+
+@pytest.mark.parametrize("partitions, files", [(4, None), (200, 256)], ids=["4-partitions", "200-under-ulimit-256"])
+def test_a_keyed_produce_onto_a_full_filesystem_commits_a_prefix_and_names_the_line_to_resume_from(tmp_path, partitions, files):
+    """The disk fills in the middle of a keyed produce: some partitions' appends still
+    fit the pages they have, others fail.  What is in the topic is exactly the lines
+    before the one the error names (under ``ulimit -n 256`` a piece of the input spans
+    at most 16 partitions), and ``tail -n +N`` after freeing space puts in the rest."""
+    lines = [b"key%d\tvalue %d %s" % (i % 997, i, b"x" * (i % 50)) for i in range(1, 20001)]
+    with tmpfs(tmp_path / "fs", "8m", 5000) as fs:
+        root = kl.Root(fs / "root")
+        config = kl.TopicConfig(partitions=partitions, segment_bytes=256 << 10, max_message_bytes=64 << 10, flush_ms=0)
+        root.create_topic("k", config)
+        root.close()
+        ballast = fs / "ballast"
+        vfs = os.statvfs(fs)
+        ballast.write_bytes(b"\xba" * (vfs.f_bavail * vfs.f_frsize - (600 << 10)))  # room for about half the input
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))) if files else None
+        cli = [sys.executable, "-m", "kl_cli", "--root", str(fs / "root"), "produce", "k", "-K", "\t"]
+        done = subprocess.run(cli, input=b"\n".join(lines) + b"\n", capture_output=True, timeout=300, preexec_fn=limit)
+        assert done.returncode == 1, done.stderr.decode()
+        error = done.stderr.decode()
+        assert error.count("\n") == 1 and "no space left on device" in error, error
+        line = int(re.search(r"line (\d+):", error).group(1))
+        assert 1 < line < len(lines) and f"{line - 1} lines before it were committed" in error
+        stored = {m.value for p in range(partitions) for m in read_log(kl.Root(fs / "root").log("k", p))}
+        assert stored == {v.split(b"\t", 1)[1] for v in lines[: line - 1]}  # a prefix, and only it
+        ballast.unlink()
+        rest = subprocess.run(
+            cli, input=b"\n".join(lines[line - 1 :]) + b"\n", capture_output=True, timeout=300, preexec_fn=limit
+        )
+        assert rest.returncode == 0, rest.stderr.decode()
+        messages = [m for p in range(partitions) for m in read_log(kl.Root(fs / "root").log("k", p), max_bytes=8 << 20)]
+    assert sorted(int(m.value.split()[1]) for m in messages) == list(range(1, 20001))  # each once
+    for m in messages:
+        assert m.key == b"key%d" % (int(m.value.split()[1]) % 997)
 
 
 def test_creating_a_topic_on_a_full_filesystem_leaves_nothing_behind(small_fs):

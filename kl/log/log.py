@@ -32,7 +32,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from kl.errors import (
@@ -77,6 +77,16 @@ FENCE_SUFFIX = ".fence"
 """A new empty active segment's name while it is made to replace the old one (``_fence``)."""
 IMPORTING_PREFIX = ".import-"
 """A segment being copied in by ``adopt`` (under the lock): found outside it, a leftover."""
+
+
+class _Staged(NamedTuple):
+    """An append written and not yet published (``Log._stage``): the state it was written
+    after, its length, whether it was fsynced, and the new segment holding it, if it rolled."""
+
+    state: PartitionState
+    length: int
+    fsync: bool
+    new: Segment | None
 
 
 class Position(NamedTuple):
@@ -594,63 +604,111 @@ class Log:
         With ``fsync`` the data and state are flushed before this returns; otherwise the
         topic's flush policy decides.  Raises ``LockTimeout``, ``StorageError`` (the log is
         left as it was) and ``CorruptMessage`` when the tail is damaged below its
-        committed end (run ``kl recover``).
+        committed end (run ``kl recover``).  ``append_all`` appends to several at once.
         """
         if self._failed:
             raise StorageError(self._failed)
         lock = self._lock
         if lock is None or lock.generation != locks.forks:
             lock = self._process_lock()
-        lock.acquire(self.lock_timeout)
+        lock.acquire(self.lock_timeout)  # as _hold and _unhold, inline: the hot path
         try:
-            self.refresh_config()
-            state = self.writable_state()
-            active = self._active
-            assert active is not None
-            log_start, base, start, flushed, _, unflushed, flushed_at, _, _ = state
-            size = start - base
-            fsync = fsync or bool(self._nfs)
-            cfg = self.config
-            if size and (size + len(data) > cfg.segment_bytes or not active.path.endswith(self.suffix)):  # foreign(), inline
-                return self._append_rolled(state, data, count, fsync)
-            try:
-                active.append(data, size)
-            except StorageError as e:
-                raise self._explained(e) from None
-            end = start + len(data)
-            now = time.time_ns() // 1_000_000
-            if fsync:
-                self.fsync(active)
-                self.publish(PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID), durable=True)
-                return start
-            unflushed += count
-            # the new states are built as tuples (as PartitionState(...) would, without its Python frame)
-            if (cfg.flush_messages and unflushed >= cfg.flush_messages) or (
-                cfg.flush_ms and now - flushed_at >= cfg.flush_ms
-            ):  # due: the flusher thread fsyncs (one fsync for every append before it)
-                self.publish(
-                    tuple.__new__(PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN)),
-                    durable=False,
-                )
-                flusher.flush_soon(self)
-            else:
-                self.publish(
-                    tuple.__new__(
-                        PartitionState, (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN)
-                    ),
-                    durable=False,
-                )
-                if cfg.flush_ms and not self.flush_scheduled:
-                    flusher.schedule(self, (flushed_at + cfg.flush_ms - now) / 1000)
-            return start
+            return self._publish_append(self._stage(data, fsync), count)
         except BaseException:
             if self._nfs:
                 self.close()  # a failed hold keeps nothing
             raise
         finally:
             if self._nfs:
-                self._let_go()  # the data files' locks go before the partition's
+                self._let_go()
             lock.release()
+
+    def _hold(self) -> locks.ProcessLock:
+        """Take the partition's lock for an append."""
+        if self._failed:
+            raise StorageError(self._failed)
+        lock = self._lock
+        if lock is None or lock.generation != locks.forks:
+            lock = self._process_lock()
+        lock.acquire(self.lock_timeout)
+        return lock
+
+    def _unhold(self, lock: locks.ProcessLock) -> None:
+        if self._nfs:
+            self._let_go()  # the data files' locks go before the partition's
+        lock.release()
+
+    def _stage(self, data: bytes, fsync: bool) -> _Staged:
+        """Under the lock: write ``data`` at the log end (into a new segment when the
+        active one is full), fsynced with ``fsync`` (and on NFS), and publish nothing."""
+        self.refresh_config()
+        state = self.writable_state()
+        active = self._active
+        assert active is not None
+        size = state.log_end_offset - state.active_base_offset
+        fsync = fsync or bool(self._nfs)
+        if size and (size + len(data) > self.config.segment_bytes or not active.path.endswith(self.suffix)):  # foreign()
+            return tuple.__new__(_Staged, (state, len(data), fsync, self._write_rolled(state, data, fsync)))
+        try:
+            active.append(data, size)
+        except StorageError as e:
+            raise self._explained(e) from None
+        if fsync:
+            self.fsync(active)
+        return tuple.__new__(_Staged, (state, len(data), fsync, None))  # _Staged(...) without its Python frame
+
+    def _publish_append(self, staged: _Staged, count: int) -> int:
+        """Publish what ``_stage`` wrote (``count`` messages): the offset it starts at."""
+        state, length, fsync, new = staged
+        log_start, base, start, flushed, _, unflushed, flushed_at, _, _ = state
+        now = time.time_ns() // 1_000_000
+        if new is not None:
+            end = new.base_offset + length
+            new_base = new.base_offset
+            flushed, unflushed = (end, 0) if fsync else (new_base, count)
+            rolled = PartitionState(log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID)
+            self._make_active(new, rolled)
+            return new_base
+        end = start + length
+        if fsync:
+            self.publish(PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID), durable=True)
+            return start
+        unflushed += count
+        cfg = self.config
+        # the new states are built as tuples (as PartitionState(...) would, without its Python frame)
+        if (cfg.flush_messages and unflushed >= cfg.flush_messages) or (
+            cfg.flush_ms and now - flushed_at >= cfg.flush_ms
+        ):  # due: the flusher thread fsyncs (one fsync for every append before it)
+            self.publish(
+                tuple.__new__(PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN)),
+                durable=False,
+            )
+            flusher.flush_soon(self)
+        else:
+            self.publish(
+                tuple.__new__(PartitionState, (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN)),
+                durable=False,
+            )
+            if cfg.flush_ms and not self.flush_scheduled:
+                flusher.schedule(self, (flushed_at + cfg.flush_ms - now) / 1000)
+        return start
+
+    def _unstage(self, staged: _Staged) -> None:
+        """Undo what ``_stage`` wrote and was not published: the new segment is removed,
+        the active one cut back to the log end (on NFS the record is published again,
+        unchanged, so that the next writer finds no append under way)."""
+        state, _, _, new = staged
+        if new is not None:
+            new.close()
+            with contextlib.suppress(OSError):
+                os.unlink(new.path)
+            return
+        self._tail_checked = False
+        with contextlib.suppress(OSError, StorageError):
+            if self._active is not None:
+                self._active.truncate_to(state.log_end_offset - state.active_base_offset)
+            if self._nfs:
+                self.publish(state, durable=True)
 
     def flush(self) -> None:
         """fsync what is published (outside the lock), then publish the flushed offset."""
@@ -1044,10 +1102,10 @@ class Log:
             raise CorruptMessage(active.path, end, f"{why}; run 'kl recover'", offset=base + end)
         return end, why
 
-    def _append_rolled(self, state: PartitionState, data: bytes, count: int, fsync: bool) -> int:
-        """Close the active segment (cut to its exact size, fsynced), write ``data`` into a
-        new segment at the log end, and only then publish both: a failed write leaves
-        the partition as it was."""
+    def _write_rolled(self, state: PartitionState, data: bytes, fsync: bool) -> Segment:
+        """Close the active segment (cut to its exact size, fsynced) and write ``data``
+        into a new segment at the log end, to be published with ``_make_active``: a
+        failed write leaves the partition as it was."""
         old = self._active
         assert old is not None
         if not self.foreign(old):
@@ -1070,13 +1128,7 @@ class Log:
             with contextlib.suppress(OSError):
                 os.unlink(new.path)
             raise
-        now = time.time_ns() // 1_000_000
-        end = base + len(data)
-        rolled = PartitionState(
-            state.log_start_offset, base, end, end if fsync else base, base, 0 if fsync else count, now, BOOT_ID
-        )
-        self._make_active(new, rolled)
-        return base
+        return new
 
     def _make_active(self, new: Segment, state: PartitionState) -> None:
         """Publish ``state`` (durably), whose active segment is ``new``, and write to
@@ -1244,3 +1296,36 @@ class Log:
 
 LATEST = -1
 EARLIEST = -2
+
+
+def append_all(appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False) -> list[int]:
+    """``Log.append`` of each (log, data, count), to distinct partitions, all at once:
+    every partition's lock is taken (in the order of their paths, so that two of these
+    never wait for each other), every set written, and only then is any published.  A
+    failed lock, write or fsync publishes none (what was written is undone).  Only a
+    failure to write a state record itself, once others were published, leaves a part
+    in.  Returns the offset each set starts at."""
+    order = sorted(range(len(appends)), key=lambda i: appends[i][0].lock_path)
+    held: list[tuple[Log, locks.ProcessLock]] = []
+    staged: dict[int, _Staged] = {}
+    offsets = [0] * len(appends)
+    try:
+        for i in order:
+            target = appends[i][0]
+            held.append((target, target._hold()))
+        for i in order:
+            target, data, _ = appends[i]
+            staged[i] = target._stage(data, fsync)
+        for i in order:  # a set whose publishing was tried may be published: it is not undone
+            offsets[i] = appends[i][0]._publish_append(staged.pop(i), appends[i][2])
+    except BaseException:
+        for i, undone in staged.items():
+            appends[i][0]._unstage(undone)
+        for target, _ in held:
+            if target._nfs:
+                target.close()  # a failed hold keeps nothing
+        raise
+    finally:
+        for target, lock in reversed(held):
+            target._unhold(lock)
+    return offsets

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.log.config import TopicConfig
+from kl.log.log import append_all
 from kl.log.messageset import validate_set
 from kl.net import wire
 from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Span, Wait
@@ -222,6 +223,29 @@ class Kafka07(FrontEnd):
             return
         self._reply(conn, wire.NO_ERROR, wire.INT64.pack(offset))
 
+    def _append_all_request(self, conn: Connection, reader: Reader) -> None:
+        fsync, count = reader.unpack(wire.FSYNC_COUNT)
+        if not 0 <= count <= MAX_FETCHES:
+            raise ProtocolError(f"APPEND_ALL of {count} sets (at most {MAX_FETCHES})")
+        sets = []
+        for _ in range(count):
+            topic = reader.string()
+            partition, messages, size = reader.unpack(wire.PARTITION_COUNT_SIZE)
+            sets.append((topic, partition, bytes(reader.take(size)), messages))
+        reader.done()
+        try:
+            appends = []
+            for topic, partition, data, messages in sets:
+                partition, messages = self._checked(conn, topic, partition, data, messages)
+                appends.append((self.server.root.log(topic, partition), data, messages))
+            if len({id(target) for target, _, _ in appends}) < len(appends):
+                raise _Refused(wire.KL_ERROR, KlError("APPEND_ALL names a partition twice"))
+            offsets = append_all(appends, fsync=bool(fsync))
+        except (_Refused, KlError) as e:
+            self._reply_error(conn, *_coded(e))
+            return
+        self._reply(conn, wire.NO_ERROR, wire.INT32.pack(len(offsets)) + b"".join(map(wire.INT64.pack, offsets)))
+
     # ----------------------------------------------------------------- helpers
 
     def _topic(self, conn: Connection, topic: str, partition: int, *, strict: bool = False) -> TopicConfig | None:
@@ -311,4 +335,5 @@ HANDLERS = {
     wire.OFFSET_BACK: Kafka07._offset_back,
     wire.CHECK_OFFSET: Kafka07._check_offset,
     wire.DESCRIBE: Kafka07._describe,
+    wire.APPEND_ALL: Kafka07._append_all_request,
 }

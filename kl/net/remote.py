@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 from kl.consumer import DEFAULT_MAX_BYTES, Consumer
@@ -225,6 +225,18 @@ class RemoteRoot:
                 if attempt == 2 or not retry:
                     raise
         raise AssertionError("unreachable")
+
+    def append_all(self, appends: Sequence[tuple[RemoteLog, bytes, int]], *, fsync: bool = False) -> list[int]:
+        """``Root.append_all`` (APPEND_ALL): all or none.  A server older than version 2
+        gets the appends one after the other.  Not sent again on a broken connection."""
+        if self._connection().version < 2:
+            return [target.append(data, count, fsync=fsync) for target, data, count in appends]
+        body = wire.append_all_body([(t.topic, t.partition, data, count) for t, data, count in appends], fsync)
+        answer = wire.Reader(self.call(wire.APPEND_ALL, body, retry=False))
+        offsets = [answer.int64() for _ in range(answer.int32())]
+        if len(offsets) != len(appends):
+            raise wire.ProtocolError(f"{self.path} answered {len(offsets)} offsets for {len(appends)} sets")
+        return offsets
 
     def read(self, log: RemoteLog, offset: int, size: int) -> bytes:
         """A fetch of ``size`` bytes at ``offset``, served from what was read ahead when it

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from kl import errors
@@ -40,6 +41,10 @@ CHECK_OFFSET = 105
 DESCRIBE = 106
 """kl: ``topic`` -> ``config:string count:int32`` then per partition ``segments:int32 log_start:int64
 log_end:int64 size:int64`` (what ``kl topics describe`` shows)."""
+APPEND_ALL = 107
+"""kl: ``fsync:int8 count:int16`` then per set ``topic partition:int32 count:int32 size:int32 set`` ->
+``count:int32`` then ``offset:int64`` per set: sets for distinct partitions, appended all at once or none
+(``kl.log.log.append_all``).  Servers of version 2 on."""
 NAMES = {
     PRODUCE: "PRODUCE",
     FETCH: "FETCH",
@@ -53,8 +58,10 @@ NAMES = {
     OFFSET_BACK: "OFFSET_BACK",
     CHECK_OFFSET: "CHECK_OFFSET",
     DESCRIBE: "DESCRIBE",
+    APPEND_ALL: "APPEND_ALL",
 }
-VERSION = 1
+VERSION = 2
+"""kl's protocol version, sent in HELLO: 2 has APPEND_ALL."""
 
 # Error codes: Kafka 0.7's (kafka.common.ErrorMapping), then kl's.
 NO_ERROR = 0
@@ -96,6 +103,10 @@ PARTITION_INFO = struct.Struct(">iqqq")
 """DESCRIBE's answer per partition: segments, log start, log end, bytes."""
 APPEND_HEAD = struct.Struct(">ibii")
 """partition, fsync, count, size of an APPEND."""
+FSYNC_COUNT = struct.Struct(">bh")
+"""fsync and the number of sets of an APPEND_ALL."""
+PARTITION_COUNT_SIZE = struct.Struct(">iii")
+"""partition, count, size of one set of an APPEND_ALL."""
 MAX_RESPONSE = 1 << 31
 """Kafka 0.7's sizes are int32."""
 
@@ -163,6 +174,14 @@ def partition_int64_body(topic: str, partition: int, value: int) -> bytes:
 
 def append_body(topic: str, partition: int, data: bytes, count: int, fsync: bool) -> bytes:
     return string(topic) + APPEND_HEAD.pack(partition, fsync, count, len(data)) + data
+
+
+def append_all_body(sets: Sequence[tuple[str, int, bytes, int]], fsync: bool) -> bytes:
+    """APPEND_ALL of (topic, partition, set, count) each."""
+    parts = [FSYNC_COUNT.pack(fsync, len(sets))]
+    for topic, partition, data, count in sets:
+        parts += (string(topic), PARTITION_COUNT_SIZE.pack(partition, count, len(data)), data)
+    return b"".join(parts)
 
 
 def error_payload(error: BaseException) -> tuple[int, bytes]:
@@ -275,9 +294,11 @@ class Connection:
             raise NetworkError(f"cannot connect to {self.name}: {e.strerror or e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server: str | None = None
+        self.version = 0
+        """The server's protocol version (HELLO's answer)."""
         if hello:
             reply = Reader(self.call(HELLO, INT16.pack(VERSION) + string("kl")))
-            reply.int16()
+            self.version = reply.int16()
             self.server = reply.string()
 
     @property
