@@ -620,7 +620,7 @@ class Log:
             raise
         finally:
             if self._nfs:
-                self._let_go()
+                self._let_go()  # the data files' locks go before the partition's
             lock.release()
 
     def _hold(self) -> locks.ProcessLock:
@@ -663,8 +663,8 @@ class Log:
         log_start, base, start, flushed, _, unflushed, flushed_at, _, _ = state
         now = time.time_ns() // 1_000_000
         if new is not None:
-            end = new.base_offset + length
             new_base = new.base_offset
+            end = new_base + length
             flushed, unflushed = (end, 0) if fsync else (new_base, count)
             rolled = PartitionState(log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID)
             self._make_active(new, rolled)
@@ -1303,8 +1303,9 @@ def append_all(appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False
     every partition's lock is taken (in the order of their paths, so that two of these
     never wait for each other), every set written, and only then is any published.  A
     failed lock, write or fsync publishes none (what was written is undone).  Only a
-    failure to write a state record itself, once others were published, leaves a part
-    in.  Returns the offset each set starts at."""
+    failure while publishing, once others were published (an I/O error on a state
+    record, or on NFS a lock lost past its lease), leaves a part in.  Returns the offset
+    each set starts at."""
     order = sorted(range(len(appends)), key=lambda i: appends[i][0].lock_path)
     held: list[tuple[Log, locks.ProcessLock]] = []
     staged: dict[int, _Staged] = {}
