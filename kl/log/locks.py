@@ -280,7 +280,14 @@ class ProcessLock:
 
 
 def _open(path: str) -> int:
-    """Open (creating if need be) the lock file (modes: ``fsutil.open_file``)."""
+    """Open the lock file, creating it (and its directory) if need be, with the modes of
+    ``fsutil.open_file``."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # most opens: one there already
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise storage_error(e, "open lock file", path) from None
     ensure_dir(os.path.dirname(path))
     try:
         fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC)
