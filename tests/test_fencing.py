@@ -203,6 +203,6 @@ def test_a_writer_that_lost_its_lock_removes_no_segment_past_the_active_one_when
         with open(taken_over, "wb") as f:
             f.write(frame([b"b-0"], TS))
         with pytest.raises(kl.StorageError, match="another host took it over"):
-            log._append_rolled(state, frame([b"stale"], TS), 1, True)
+            log._write_rolled(state, frame([b"stale"], TS), True)
     with open(taken_over, "rb") as f:
         assert f.read() == frame([b"b-0"], TS)
