@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import click
 
 import kl
-from kl.log.config import FORMATS
+from kl.log.config import FORMATS, PARTITIONERS
 from kl.log.importer import import_topic
 from kl.net.remote import RemoteRoot
 from kl_cli import complete
@@ -37,6 +37,13 @@ def config_options(f: F) -> F:
         default=None,
         help="Let the topic hold headers and null values (magic 3), which kl before them cannot read  "
         "[default: on for format kl, refused for 0.7].",
+    )(f)
+    f = click.option(
+        "--partitioner",
+        "partitioner",
+        type=click.Choice(PARTITIONERS),
+        help="How kl's producers give keys partitions: CRC-32 (librdkafka's default) or murmur2 (the Java "
+        f"client's; kl before it refuses such a topic).  [default: {DEFAULTS.partitioner}]",
     )(f)
     f = click.option(
         "--format",
@@ -82,14 +89,21 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
     default=None,
     help="Let the topic hold headers and null values from now on (never undone; kl before them then refuses the topic).",
 )
+@click.option(
+    "--partitioner",
+    "partitioner",
+    type=click.Choice(PARTITIONERS),
+    help="Partition keys with CRC-32 or murmur2 from now on (a key's later messages may go to another partition).",
+)
 @click.pass_context
-def alter(ctx: click.Context, topic: str, **settings: int | None) -> None:
+def alter(ctx: click.Context, topic: str, **settings: int | str | None) -> None:
     """Change settings of TOPIC; it keeps its data and its topic id.
 
     Producers, consumers and groups running take the change up without a restart.
     Added partitions start empty; keyed messages then hash over the new number of
-    partitions, so a key's later messages may go to another partition than its
-    earlier ones (their order across the change is not kept).  The format cannot
+    partitions (or with another --partitioner), so a key's later messages may go
+    to another partition than its earlier ones (their order across the change is
+    not kept).  The format cannot
     change, nor can partitions or --max-message-bytes go down, nor --headers be
     turned off.
     """

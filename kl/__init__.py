@@ -40,7 +40,7 @@ from kl.log.config import TopicConfig
 from kl.log.message import Message
 from kl.log.messageset import MessageSet
 from kl.net.remote import RemoteConsumer, RemoteProducer
-from kl.producer import Appended, Producer, hash_partitioner
+from kl.producer import Appended, Producer, hash_partitioner, murmur2_partitioner
 from kl.registry import CorruptOffset, GroupActive, GroupNotFound, GroupTaken, InvalidImport, NotOwner
 from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
 
@@ -98,5 +98,6 @@ __all__ = [
     "UnsupportedCodec",
     "Until",
     "hash_partitioner",
+    "murmur2_partitioner",
     "validate_name",
 ]

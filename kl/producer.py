@@ -91,10 +91,22 @@ def atomic_partitions() -> int:
 
 def hash_partitioner(key: bytes | None, partitions: int) -> int:
     """CRC32 of the key modulo the partition count (stable across processes, hosts and
-    Python versions); a random partition when there is no key."""
+    Python versions; librdkafka's default); a random partition when there is no key."""
     if key is None:
         return random.randrange(partitions)
     return zlib.crc32(key) % partitions
+
+
+def murmur2_partitioner(key: bytes | None, partitions: int) -> int:
+    """murmur2 of the key, its sign bit cleared, modulo the partition count: the Java
+    client's default for keys (and kafka-python's); a random partition when there is no key."""
+    if key is None:
+        return random.randrange(partitions)
+    return (core.murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+PARTITIONER_OF: dict[str, Partitioner] = {"crc32": hash_partitioner, "murmur2": murmur2_partitioner}
+"""The partitioner of each value of a topic's ``partitioner`` setting."""
 
 
 class Appended(NamedTuple):
@@ -122,7 +134,8 @@ class Producer:
     """Sends messages to topics under a root.  Safe to share between threads and processes.
 
     ``compression`` is ``"zstd"``, ``"gzip"`` or None; ``fsync`` makes every append durable
-    before it is acknowledged; ``partitioner`` replaces :func:`hash_partitioner`.
+    before it is acknowledged; ``partitioner`` (default: each topic's ``partitioner``
+    setting, :func:`hash_partitioner` or :func:`murmur2_partitioner`) gives keys partitions.
 
     ``linger_ms`` (None: synchronous) turns on async mode (see the module docstring):
     ``send`` queues and returns None, and a background thread appends the queue every
@@ -139,7 +152,7 @@ class Producer:
         *,
         compression: str | None = None,
         fsync: bool = False,
-        partitioner: Partitioner = hash_partitioner,
+        partitioner: Partitioner | None = None,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger_ms: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
@@ -797,8 +810,9 @@ class Producer:
         return self._partition(topic, key)
 
     def _partition(self, topic: str, key: bytes | None) -> int:
-        partitions = self.root.config(topic).partitions
-        p = self.partitioner(key, partitions)
+        config = self.root.config(topic)
+        partitions = config.partitions
+        p = (self.partitioner or PARTITIONER_OF[config.partitioner])(key, partitions)
         if not isinstance(p, int) or not 0 <= p < partitions:
             raise InvalidConfig(f"partitioner returned {p!r} for a topic with {partitions} partitions")
         return p

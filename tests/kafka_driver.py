@@ -111,6 +111,7 @@ def confluent(spec: dict[str, Any]) -> None:
                 "acks": spec.get("acks", -1),
                 "linger.ms": 5,
                 "message.timeout.ms": int(spec["timeout"] * 1000),
+                "partitioner": spec.get("partitioner", "consistent_random"),
             }
         )
         offsets: list[int | None] = [None] * len(spec["records"])
@@ -127,10 +128,11 @@ def confluent(spec: dict[str, Any]) -> None:
 
             return report
 
+        partition = -1 if spec["partition"] is None else spec["partition"]  # -1: the partitioner's choice
         for i, r in enumerate(spec["records"]):
             key, value, headers, timestamp = outgoing(r)
             producer.produce(
-                spec["topic"], value, key, partition=spec["partition"], headers=headers or None,
+                spec["topic"], value, key, partition=partition, headers=headers or None,
                 timestamp=timestamp or 0, on_delivery=delivered(i),
             )  # fmt: skip
             if spec.get("each"):

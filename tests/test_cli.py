@@ -550,6 +550,7 @@ def test_topics_create_list_describe_delete(tmp_path):
         "retention_bytes    0\n"
         "format             kl\n"
         "headers            true\n"
+        "partitioner        crc32\n"
         f"topic_id           {b_id}\n"
         "\n"
         "partition  segments  log_start_offset  log_end_offset  size_in_bytes\n"
@@ -569,6 +570,7 @@ def test_topics_create_list_describe_delete(tmp_path):
             "retention_bytes": 7,
             "format": "kl",
             "headers": True,
+            "partitioner": "crc32",
             "topic_id": kl.Root(root).config("a").topic_id,
         },
         "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0, "size_in_bytes": 0}],

@@ -295,6 +295,36 @@ def test_crc32c_gives_the_published_check_values_in_both_cores(data, expected):
         assert compiled.crc32c(data) == expected
 
 
+@pytest.mark.parametrize(
+    "data, expected",
+    [  # Kafka's UtilsTest.testMurmur2: what the Java client hashes these keys to
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        (b"abc", 479470107),
+        (b"", 275646681),
+    ],
+)
+def test_murmur2_gives_the_java_clients_hashes_in_both_cores(data, expected):
+    assert pycore.murmur2(data) == expected
+    if compiled is not None:
+        assert compiled.murmur2(data) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_murmur2_is_kafka_pythons_in_both_cores(data):
+    from kafka.partitioner.default import murmur2  # the same hash, unsigned
+
+    signed = murmur2(data) - (1 << 32) if murmur2(data) >= 1 << 31 else murmur2(data)
+    assert pycore.murmur2(data) == signed
+    if compiled is not None:
+        assert compiled.murmur2(data) == signed
+        assert compiled.murmur2(memoryview(data)) == signed
+
+
 @needs_compiled
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000), st.integers(0, 0xFFFFFFFF), st.data())

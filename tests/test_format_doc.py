@@ -245,7 +245,7 @@ def test_state_record_size_is_stated():
 
 def test_topic_config_defaults_match_code():
     rows = table("TOPIC CONFIGURATION")
-    settings = [r for r in rows if len(r) > 1 and (r[1].isdigit() or r[1] in config.FORMATS)]
+    settings = [r for r in rows if len(r) > 1 and (r[1].isdigit() or r[1] in config.FORMATS or r[1] in config.PARTITIONERS)]
     stated = {r[0]: int(r[1]) if r[1].isdigit() else r[1] for r in settings}
     defaults = {f.name: f.default for f in dataclasses.fields(config.TopicConfig)}
     assert ["topic_id", "(new)"] in [r[:2] for r in rows] and ["headers", "(new)"] in [r[:2] for r in rows]

@@ -238,6 +238,30 @@ def python_and_js() -> list[Any]:
 # ----------------------------------------------------------------- produce
 
 
+def test_a_murmur2_topic_puts_each_key_where_the_java_partitioner_and_librdkafkas_murmur2_do(request, daemon, root) -> None:
+    """kafka-python partitions keys as the Java client does (murmur2), librdkafka with
+    ``partitioner=murmur2_random``; kl's producers on a topic of ``partitioner`` murmur2
+    put every key in the same partition as both."""
+    topic = "murmur2-keys"
+    create(root, topic, partitions=7)
+    root.alter_topic(topic, partitioner="murmur2")
+    keys = [b"user-%d" % i for i in range(60)] + [b"", b"\xff" * 9, "clé".encode()]
+    records = [{"key": b64(key), "value": b64(b"from a client")} for key in keys]
+    run(request, daemon, "kafka-python", op="produce", topic=topic, partition=None, records=records)
+    run(request, daemon, "confluent", op="produce", topic=topic, partition=None, partitioner="murmur2_random", records=records)
+    with kl.Producer(root) as producer:
+        producer.send_batch(topic, [b"from kl"] * len(keys), keys)
+        for key in keys[:5]:
+            producer.send(topic, b"from kl", key=key)
+    where: dict[bytes | None, set[int]] = {}
+    for partition in range(7):
+        for stored in kl_stored(root, topic, partition):
+            where.setdefault(stored.key, set()).add(partition)
+    assert {key: len(partitions) for key, partitions in where.items()} == {key: 1 for key in keys}
+    assert len(set().union(*where.values())) == 7  # spread over every partition
+    assert {key: p for key, (p,) in where.items()} == {key: kl.murmur2_partitioner(key, 7) for key in keys}
+
+
 @pytest.mark.parametrize(("client", "codec"), python_and_js())
 def test_produce_is_stored_as_sent(request, daemon, root, client, codec) -> None:
     topic = f"produced-{client}-{codec or 'none'}"

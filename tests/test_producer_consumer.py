@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -246,6 +248,32 @@ def test_a_compressed_message_too_large_is_refused(root):
 
 
 # ----------------------------------------------------------------- partitioners
+
+
+def test_a_topics_partitioner_setting_decides_where_keys_go(root):
+    root.create_topic("java", kl.TopicConfig(partitions=12, partitioner="murmur2"))
+    root.create_topic("rdkafka", kl.TopicConfig(partitions=12))
+    keys = [b"user-%d" % i for i in range(100)]
+    with kl.Producer(root) as producer:
+        for topic, partitioner in (("java", kl.murmur2_partitioner), ("rdkafka", kl.hash_partitioner)):
+            appended = [producer.send(topic, b"v", key=key) for key in keys]
+            assert [a.partition for a in appended] == [partitioner(key, 12) for key in keys]
+            assert [a.partition for a in producer.send_batch(topic, [b"v"], [keys[7]])] == [partitioner(keys[7], 12)]
+    assert kl.murmur2_partitioner(b"foobar", 50) == 16  # (-790332482 & 0x7fffffff) % 50, as Java's Utils.toPositive
+    assert [kl.murmur2_partitioner(k, 12) for k in keys] != [kl.hash_partitioner(k, 12) for k in keys]
+    with kl.Producer(root, partitioner=lambda key, n: n - 1) as producer:  # a partitioner given wins
+        assert producer.send("java", b"v", key=b"user-1").partition == 11
+
+
+def test_the_partitioner_setting_is_written_only_when_murmur2_and_is_checked(root):
+    root.create_topic("a", kl.TopicConfig())
+    assert "partitioner" not in json.loads((Path(root.path) / "a" / "topic.json").read_text())
+    root.alter_topic("a", partitioner="murmur2")
+    assert json.loads((Path(root.path) / "a" / "topic.json").read_text())["partitioner"] == "murmur2"
+    assert kl.Root(root.path).config("a").partitioner == "murmur2"
+    with pytest.raises(kl.InvalidConfig, match="partitioner must be crc32 or murmur2, not 'md5'"):
+        root.alter_topic("a", partitioner="md5")
+    assert kl.Root(root.path).config("a").partitioner == "murmur2"
 
 
 def test_hash_partitioner_is_crc32_of_the_key():

@@ -158,6 +158,41 @@ static PyObject *core_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(sum);
 }
 
+/* Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2), as Java's signed int. */
+static PyObject *core_murmur2(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:murmur2", &b))
+        return NULL;
+    const unsigned char *data = b.buf;
+    Py_ssize_t length = b.len;
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    Py_ssize_t whole = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 | (uint32_t)data[i + 2] << 16 | (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h = h * m ^ k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[whole + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[whole + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= data[whole];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&b);
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 /* v as a zigzag varint at p; its length. */
 static inline int zigzag(unsigned char *p, long long v) {
     uint64_t n = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
@@ -1675,6 +1710,7 @@ static PyObject *core_kafka_records(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(buf, pos, end, max_message_bytes): see kl.log.pycore.check"},
     {"crc32c", core_crc32c, METH_VARARGS, "crc32c(data, crc=0): see kl.log.pycore.crc32c"},
+    {"murmur2", core_murmur2, METH_VARARGS, "murmur2(data): see kl.log.pycore.murmur2"},
     {"varint", core_varint, METH_O, "varint(value): see kl.log.pycore.varint"},
     {"render", core_render, METH_VARARGS, "render(messages, program): see kl.log.pycore.render"},
     {"read_varint", core_read_varint, METH_VARARGS, "read_varint(buf, pos): see kl.log.pycore.read_varint"},

@@ -33,8 +33,12 @@ ALTERABLE = (
     "retention_ms",
     "retention_bytes",
     "headers",
+    "partitioner",
 )
 """The settings ``Root.alter_topic`` changes; ``format`` and ``topic_id`` are fixed at creation."""
+PARTITIONERS = ("crc32", "murmur2")
+"""How kl's producers give keys partitions: CRC-32 (librdkafka's default) or murmur2 (the
+Java client's, kafka-python's and Kafka's tools')."""
 NO_HEADERS_07 = "a topic of format 0.7 cannot hold headers or null values (Kafka 0.7 messages have neither)"
 _TOPIC_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 
@@ -183,6 +187,10 @@ class TopicConfig:
     config with a setting they do not know, refuse such a topic instead of misreading it
     (or cutting its messages as damage).  None (not written): ``Root.create_topic``
     turns it on for a topic of format kl; read from a file, the topic has no headers."""
+    partitioner: str = "crc32"
+    """The hash kl's producers partition keys with (see ``PARTITIONERS``).  Written to
+    ``topic.json`` only when not ``crc32``, so that kl versions before it refuse such a
+    topic (they would put keys in other partitions) and older topics read as ``crc32``."""
     topic_id: str = ""
     """Which creation of the topic this is: written once when the topic is created
     (``new_topic_id``), kept by every edit of the file, by ``kl mirror`` and by import;
@@ -196,6 +204,8 @@ class TopicConfig:
             raise InvalidConfig(f"headers must be true or false, not {self.headers!r}")
         if self.headers and self.format == FORMAT_07:
             raise InvalidConfig(NO_HEADERS_07)
+        if self.partitioner not in PARTITIONERS:
+            raise InvalidConfig(f"partitioner must be crc32 or murmur2, not {self.partitioner!r}")
         if not isinstance(self.topic_id, str) or (self.topic_id and not _TOPIC_ID.fullmatch(self.topic_id)):
             raise InvalidConfig(f"topic_id must be 22 characters of A-Z a-z 0-9 _ -, not {self.topic_id!r}")
         partitions = self.partitions
@@ -220,6 +230,8 @@ class TopicConfig:
         fields = dataclasses.asdict(self)
         if not self.headers:  # a topic without headers stays readable by kl before them
             del fields["headers"]
+        if self.partitioner == "crc32":  # and one of crc32 by kl before the setting
+            del fields["partitioner"]
         return (json.dumps(fields, indent=2) + "\n").encode()
 
     @classmethod

@@ -68,6 +68,7 @@ FUNCTIONS = (
     "frame_values",
     "frame_records",
     "crc32c",
+    "murmur2",
     "varint",
     "read_varint",
     "dump_lines",
@@ -102,6 +103,7 @@ frame = pycore.frame
 frame_values = pycore.frame_values
 frame_records = pycore.frame_records
 crc32c = pycore.crc32c
+murmur2 = pycore.murmur2
 varint = pycore.varint
 read_varint = pycore.read_varint
 dump_lines = pycore.dump_lines

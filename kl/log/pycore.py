@@ -390,6 +390,31 @@ def crc32c(data: Buffer, crc: int = 0) -> int:
     return ~crc & 0xFFFFFFFF
 
 
+def murmur2(data: Buffer) -> int:
+    """Kafka's murmur2 of ``data`` (``org.apache.kafka.common.utils.Utils.murmur2``: the
+    hash the Java client's default partitioner gives keys), as the signed 32-bit int Java
+    returns."""
+    data = bytes(data)
+    length = len(data)
+    m = 0x5BD1E995
+    h = 0x9747B28C ^ length
+    for (k,) in struct.iter_unpack("<I", data[: length & ~3]):
+        k = k * m & 0xFFFFFFFF
+        k = (k ^ k >> 24) * m & 0xFFFFFFFF
+        h = (h * m & 0xFFFFFFFF) ^ k
+    rest = length & 3
+    if rest:
+        tail = data[length & ~3 :]
+        if rest == 3:
+            h ^= tail[2] << 16
+        if rest >= 2:
+            h ^= tail[1] << 8
+        h = (h ^ tail[0]) * m & 0xFFFFFFFF
+    h = (h ^ h >> 13) * m & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
 OFFSET, NEXT_OFFSET, TIMESTAMP, TIMESTAMP_ISO, TIMESTAMP_JSON, KEY, VALUE, KEYED, KEY_JSON, VALUE_JSON = range(10)
 HEADERS, HEADERS_JSON = 10, 11
 """The fields ``render`` writes: offsets and timestamps in decimal (a missing timestamp

@@ -48,7 +48,7 @@ from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.log.messageset import INCOMPLETE, MessageSet
 from kl.log.segment import Segment
 from kl.net import wire
-from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer, hash_partitioner
+from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer
 from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
 
 DEFAULT_TIMEOUT = 30.0
@@ -576,7 +576,7 @@ class RemoteProducer(Producer):
         timeout: float | None = DEFAULT_TIMEOUT,
         compression: str | None = None,
         fsync: bool = False,
-        partitioner: Partitioner = hash_partitioner,
+        partitioner: Partitioner | None = None,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger_ms: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
