@@ -50,8 +50,9 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.log import locks
@@ -62,6 +63,7 @@ from kl.log.fsutil import (
     mount_of,
     nfs_locking_problem,
     open_file,
+    stage_durably,
     storage_error,
     write_atomic,
 )
@@ -160,6 +162,18 @@ def parse_position(text: str) -> Position | None:
     """``OFFSET`` or ``OFFSET+SKIP`` as a ``Position``; None if it is neither."""
     found = re.fullmatch(r"([0-9]+)(?:\+([0-9]+))?", text)
     return None if found is None else Position(int(found[1]), int(found[2] or 0))
+
+
+class Commit(NamedTuple):
+    """A position to store for a partition by its owner: :meth:`Registry.commit`'s arguments."""
+
+    topic: str
+    partition: int
+    position: Position
+    member: str
+    generation: int
+    topic_id: str = ""
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -363,6 +377,44 @@ class Registry:
         action = f"commit of {topic}/{partition} offset {position}"
         with self._owned(topic, partition, member, generation, action, force):
             self.write_offset(topic, partition, position, member, topic_id)
+
+    def commit_many(self, commits: Sequence[Commit]) -> list[NotOwner | LockTimeout | None]:
+        """:meth:`commit` of each of ``commits``, made durable together: every offset file
+        is written to a temporary file and fsynced first (``fsutil.stage_durably``), then
+        each is renamed into place under its partition's lock while its member owns it in
+        its generation, then each directory is fsynced once, before this returns.  Per
+        commit: None once stored, or the ``NotOwner`` or ``LockTimeout`` (``force`` as for
+        :meth:`_locked`) that left its offset as it was.  Raises ``StorageError``: the
+        offsets renamed before it are in place, maybe not durable."""
+        now_ms = time.time_ns() // 1_000_000
+        paths = [self._partition_path("offsets", c.topic, c.partition) for c in commits]
+        for directory in dict.fromkeys(map(os.path.dirname, paths)):
+            ensure_dir(directory)
+        data = [encode_offset(Committed(c.position.offset, c.member, now_ms, c.position.skip, c.topic_id)) for c in commits]
+        tmps = stage_durably(list(zip(paths, data, strict=True)))
+        outcomes: list[NotOwner | LockTimeout | None] = []
+        try:
+            for c, path, tmp in zip(commits, paths, tmps, strict=True):
+                action = f"commit of {c.topic}/{c.partition} offset {c.position}"
+                try:
+                    with self._owned(c.topic, c.partition, c.member, c.generation, action, c.force):
+                        os.rename(tmp, path)
+                except (NotOwner, LockTimeout) as e:
+                    outcomes.append(e)
+                    continue
+                except OSError as e:
+                    raise storage_error(e, "write", path) from None
+                outcomes.append(None)
+            for directory in dict.fromkeys(os.path.dirname(p) for p, done in zip(paths, outcomes, strict=True) if done is None):
+                try:
+                    fsync_dir(directory)
+                except OSError as e:
+                    raise storage_error(e, "fsync", directory) from None
+        finally:
+            for tmp in tmps[len(outcomes) :] + [t for t, done in zip(tmps, outcomes, strict=False) if done is not None]:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        return outcomes
 
     def write_offset(
         self,
