@@ -60,6 +60,7 @@ from kl.log.fsutil import (
     ensure_dir,
     file_time_ns,
     fsync_dir,
+    list_dir,
     mount_of,
     nfs_locking_problem,
     open_file,
@@ -262,14 +263,8 @@ class Registry:
         """The members whose lock is held, sorted by id; registrations of dead members are
         deleted on the way.  (Whether a live one still beats is for the caller to judge.)"""
         ids = os.path.join(self.path, "ids")
-        try:
-            names = sorted(n for n in os.listdir(ids) if not n.startswith("."))
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            raise storage_error(e, "list", ids) from None
         found = []
-        for name in names:
+        for name in sorted(n for n in list_dir(ids) if not n.startswith(".")):
             member = _read_if_live(os.path.join(ids, name))
             if member is not None:
                 found.append(member)
@@ -471,7 +466,7 @@ class Registry:
     def partitions(self, kind: str) -> list[tuple[str, int]]:
         """(topic, partition) of every file of ``kind`` ("offsets" or "owners"), sorted."""
         base = os.path.join(self.path, kind)
-        return sorted((t, int(n)) for t in _listdir(base) for n in _listdir(os.path.join(base, t)) if n.isdigit())
+        return sorted((t, int(n)) for t in list_dir(base) for n in list_dir(os.path.join(base, t)) if n.isdigit())
 
     def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Forget the committed offset (of a topic deleted and created again), if ``member``
@@ -546,7 +541,7 @@ def kafka_lease(root_path: str, group: str) -> tuple[str, float | None] | None:
 
 def groups(root_path: str) -> list[str]:
     """Names of the groups under the root, sorted."""
-    return sorted(n for n in _listdir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
+    return sorted(n for n in list_dir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
 
 
 def encode_offset(c: Committed) -> bytes:
@@ -628,12 +623,3 @@ def _parse_member(data: bytes) -> Member | None:
         )
     except (ValueError, KeyError, TypeError):
         return None  # still being written: seen next time
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as e:
-        raise storage_error(e, "list", path) from None

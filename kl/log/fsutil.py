@@ -45,6 +45,17 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def list_dir(path: str) -> list[str]:
+    """The names in directory ``path``, in no order; none where it is missing or not a
+    directory.  Raises ``StorageError`` when it cannot be read."""
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise storage_error(e, "list", path) from None
+
+
 def shared(directory: str) -> bool:
     """Whether ``directory`` is in a shared root: it has the setgid bit (``chmod g+s
     ROOT``), which each directory made in it inherits."""
