@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import click
 from click.shell_completion import CompletionItem
 
 import kl
-from kl import groups as admin
-from kl.net.remote import RemoteRoot
 from kl_cli.common import get_root
+
+if TYPE_CHECKING:
+    from kl.net.remote import RemoteRoot
 
 Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
 SERVER_TIMEOUT = 2.0
@@ -52,6 +54,8 @@ def _topics_source(ctx: click.Context) -> Iterator[kl.Root | RemoteRoot | None]:
     if not server:
         yield _root(ctx)
         return
+    from kl.net.remote import RemoteRoot  # here: a command's start-up does not load the client
+
     try:
         remote = RemoteRoot(server, timeout=SERVER_TIMEOUT)
     except kl.KlError:
@@ -79,6 +83,8 @@ def topics(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[
 
 def groups(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The root's consumer groups starting with ``incomplete``."""
+    from kl import groups as admin  # here: a command's start-up does not load it
+
     root = _root(ctx)
     return [] if root is None else _matching(incomplete, lambda: admin.list_groups(root))
 

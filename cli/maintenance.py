@@ -48,8 +48,8 @@ def _partitions(root: kl.Root, topics: Iterable[str], out: _Output) -> list[tupl
     """
     names = list(topics)
     if not names:
-        names = root.topics()
-        for name, reason in root.strays():
+        names, strays = root.listing()
+        for name, reason in strays:
             stray = {"topic": name, "partition": None, "status": "stray", "reason": f"not a topic: {reason}"}
             out.other(stray | {"action": "left as it is"})
     found = []
@@ -368,7 +368,9 @@ def _retention_row(topic: str, partition: int, report: RetentionReport, dry_run:
             for s, reason in zip(report.deleted, report.reasons, strict=True)
         ],
         "deleted_bytes": report.deleted_bytes,
-        "held": None if held is None else {
+        "held": None
+        if held is None
+        else {
             "segment": os.path.basename(held.segment.path),
             "base_offset": held.segment.base_offset,
             "offset": held.offset,

@@ -13,7 +13,6 @@ import click
 import kl
 from kl.log.config import FORMATS, PARTITIONERS
 from kl.log.importer import import_topic
-from kl.net.remote import RemoteRoot
 from kl_cli import complete
 from kl_cli.common import F, aligned, get_root, note, print_line, server_option
 
@@ -195,6 +194,8 @@ def _described(
         root = get_root(ctx)
         yield root.topics(), root.describe, root.strays
         return
+    from kl.net.remote import RemoteRoot  # here: listing a root does not load the client
+
     remote = RemoteRoot(server)
     try:
         yield remote.topics(), remote.describe, list

@@ -8,7 +8,11 @@ for message in kl.Consumer(root).fetch("events", 0, 0):
     print(message.offset, message.value)
 """
 
-from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from kl.errors import (
     ConfigNotAlterable,
     CorruptMessage,
@@ -34,15 +38,77 @@ from kl.errors import (
     TopicRecreated,
     UnsupportedCodec,
 )
-from kl.group import GroupConsumer, MessageStream, Record
-from kl.log import EARLIEST, LATEST, Log, Position
-from kl.log.config import TopicConfig
-from kl.log.message import Message
-from kl.log.messageset import MessageSet
-from kl.net.remote import RemoteConsumer, RemoteProducer
-from kl.producer import Appended, Producer, hash_partitioner, murmur2_partitioner
-from kl.registry import CorruptOffset, GroupActive, GroupNotFound, GroupTaken, InvalidImport, NotOwner
-from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
+
+_LAZY = {
+    "DEFAULT_MAX_BYTES": "kl.consumer",
+    "Batch": "kl.consumer",
+    "Consumer": "kl.consumer",
+    "Skipped": "kl.consumer",
+    "Start": "kl.consumer",
+    "Until": "kl.consumer",
+    "GroupConsumer": "kl.group",
+    "MessageStream": "kl.group",
+    "Record": "kl.group",
+    "EARLIEST": "kl.log",
+    "LATEST": "kl.log",
+    "Log": "kl.log",
+    "Position": "kl.log",
+    "TopicConfig": "kl.log.config",
+    "Message": "kl.log.message",
+    "MessageSet": "kl.log.messageset",
+    "RemoteConsumer": "kl.net.remote",
+    "RemoteProducer": "kl.net.remote",
+    "Appended": "kl.producer",
+    "Producer": "kl.producer",
+    "hash_partitioner": "kl.producer",
+    "murmur2_partitioner": "kl.producer",
+    "CorruptOffset": "kl.registry",
+    "GroupActive": "kl.registry",
+    "GroupNotFound": "kl.registry",
+    "GroupTaken": "kl.registry",
+    "InvalidImport": "kl.registry",
+    "NotOwner": "kl.registry",
+    "PartitionInfo": "kl.topic",
+    "Root": "kl.topic",
+    "TopicInfo": "kl.topic",
+    "validate_name": "kl.topic",
+}
+"""The names above the errors, each imported from its module at its first use: a
+command that lists topics does not pay for loading groups, producers and the network
+client (``import kl`` alone loads only the errors)."""
+
+if TYPE_CHECKING:
+    from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer, Skipped, Start, Until
+    from kl.group import GroupConsumer, MessageStream, Record
+    from kl.log import EARLIEST, LATEST, Log, Position
+    from kl.log.config import TopicConfig
+    from kl.log.message import Message
+    from kl.log.messageset import MessageSet
+    from kl.net.remote import RemoteConsumer, RemoteProducer
+    from kl.producer import Appended, Producer, hash_partitioner, murmur2_partitioner
+    from kl.registry import CorruptOffset, GroupActive, GroupNotFound, GroupTaken, InvalidImport, NotOwner
+    from kl.topic import PartitionInfo, Root, TopicInfo, validate_name
+
+
+def __getattr__(name: str) -> object:
+    """A name of ``_LAZY`` (imported now, then kept), or a submodule (``kl.groups``)."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f"kl.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"kl.{name}":
+                raise
+    raise AttributeError(f"module 'kl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Appended",

@@ -61,7 +61,7 @@ from kl.log.config import same_creation
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
 from kl.log.messageset import MessageSet
-from kl.registry import CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
+from kl.registry import Commit, CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -660,18 +660,24 @@ class GroupConsumer:
         """``action(force=...)`` on the partition: raises ``LockTimeout`` (logged once)
         while another process holds its lock, unless that holder is taken for a stopped
         one: while a member is expired, or once the lock was held for the session timeout."""
-        key = (topic, partition)
-        since = self._busy.get(key)
-        force = bool(self._expired_now) or (since is not None and time.monotonic() - since > self.session_timeout)
         try:
-            result = action(force=force)
+            result = action(force=self._forced(topic, partition))
         except LockTimeout as e:
-            if since is None:
-                self._busy[key] = time.monotonic()
-                log.warning("group %s: %s; trying again", self.group, e)
+            self._note_busy(topic, partition, e)
             raise
-        self._busy.pop(key, None)
+        self._busy.pop((topic, partition), None)
         return result
+
+    def _forced(self, topic: str, partition: int) -> bool:
+        """Whether an action on the partition goes on without its lock (see ``_unless_busy``)."""
+        since = self._busy.get((topic, partition))
+        return bool(self._expired_now) or (since is not None and time.monotonic() - since > self.session_timeout)
+
+    def _note_busy(self, topic: str, partition: int, error: LockTimeout) -> None:
+        """The partition's lock was found held: from when (logged the first time)."""
+        if (topic, partition) not in self._busy:
+            self._busy[topic, partition] = time.monotonic()
+            log.warning("group %s: %s; trying again", self.group, error)
 
     def _assignment(self, topics: list[str], live: list[Member]) -> set[tuple[str, int]]:
         """SPEC §10's range assignment of every subscribed topic among ``live``."""
@@ -887,24 +893,28 @@ class GroupConsumer:
         busy = []
         with self._lock:
             self._committed_at, self._to_commit = time.monotonic(), False
+            due: list[tuple[_Claim, Position]] = []
             for claim in list(self._owned.values()):
                 with claim.stream._lock:
                     if which == "handed":  # all handed out is processed: auto-commit must not go back before it
                         claim.consumed = claim.handed
                     offset = claim.consumed
-                if claim.blocked or offset == claim.committed:
-                    continue
-                store = functools.partial(
-                    self.registry.commit, claim.topic, claim.partition, offset, me, claim.generation, claim.topic_id
-                )
-                try:
-                    self._unless_busy(claim.topic, claim.partition, store)
+                if not claim.blocked and offset != claim.committed:
+                    due.append((claim, offset))
+            commits = [
+                Commit(c.topic, c.partition, at, me, c.generation, c.topic_id, self._forced(c.topic, c.partition))
+                for c, at in due
+            ]
+            for (claim, offset), outcome in zip(due, self.registry.commit_many(commits), strict=True):  # durable together
+                if outcome is None:
+                    self._busy.pop((claim.topic, claim.partition), None)
                     claim.committed = offset
-                except LockTimeout as e:
-                    busy.append(e)
-                except NotOwner as e:
-                    self._drop(claim, str(e))
-                    rejected.append(e)
+                elif isinstance(outcome, LockTimeout):
+                    self._note_busy(claim.topic, claim.partition, outcome)
+                    busy.append(outcome)
+                else:
+                    self._drop(claim, str(outcome))
+                    rejected.append(outcome)
         if rejected and raise_lost:
             raise NotOwner("; ".join(map(str, rejected)))
         return busy

@@ -50,8 +50,9 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
 from kl.log import locks
@@ -59,9 +60,11 @@ from kl.log.fsutil import (
     ensure_dir,
     file_time_ns,
     fsync_dir,
+    list_dir,
     mount_of,
     nfs_locking_problem,
     open_file,
+    stage_durably,
     storage_error,
     write_atomic,
 )
@@ -162,6 +165,18 @@ def parse_position(text: str) -> Position | None:
     return None if found is None else Position(int(found[1]), int(found[2] or 0))
 
 
+class Commit(NamedTuple):
+    """A position to store for a partition by its owner: :meth:`Registry.commit`'s arguments."""
+
+    topic: str
+    partition: int
+    position: Position
+    member: str
+    generation: int
+    topic_id: str = ""
+    force: bool = False
+
+
 @dataclass(frozen=True)
 class Committed:
     offset: int
@@ -248,14 +263,8 @@ class Registry:
         """The members whose lock is held, sorted by id; registrations of dead members are
         deleted on the way.  (Whether a live one still beats is for the caller to judge.)"""
         ids = os.path.join(self.path, "ids")
-        try:
-            names = sorted(n for n in os.listdir(ids) if not n.startswith("."))
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            raise storage_error(e, "list", ids) from None
         found = []
-        for name in names:
+        for name in sorted(n for n in list_dir(ids) if not n.startswith(".")):
             member = _read_if_live(os.path.join(ids, name))
             if member is not None:
                 found.append(member)
@@ -364,6 +373,44 @@ class Registry:
         with self._owned(topic, partition, member, generation, action, force):
             self.write_offset(topic, partition, position, member, topic_id)
 
+    def commit_many(self, commits: Sequence[Commit]) -> list[NotOwner | LockTimeout | None]:
+        """:meth:`commit` of each of ``commits``, made durable together: every offset file
+        is written to a temporary file and fsynced first (``fsutil.stage_durably``), then
+        each is renamed into place under its partition's lock while its member owns it in
+        its generation, then each directory is fsynced once, before this returns.  Per
+        commit: None once stored, or the ``NotOwner`` or ``LockTimeout`` (``force`` as for
+        :meth:`_locked`) that left its offset as it was.  Raises ``StorageError``: the
+        offsets renamed before it are in place, maybe not durable."""
+        now_ms = time.time_ns() // 1_000_000
+        paths = [self._partition_path("offsets", c.topic, c.partition) for c in commits]
+        for directory in dict.fromkeys(map(os.path.dirname, paths)):
+            ensure_dir(directory)
+        data = [encode_offset(Committed(c.position.offset, c.member, now_ms, c.position.skip, c.topic_id)) for c in commits]
+        tmps = stage_durably(list(zip(paths, data, strict=True)))
+        outcomes: list[NotOwner | LockTimeout | None] = []
+        try:
+            for c, path, tmp in zip(commits, paths, tmps, strict=True):
+                action = f"commit of {c.topic}/{c.partition} offset {c.position}"
+                try:
+                    with self._owned(c.topic, c.partition, c.member, c.generation, action, c.force):
+                        os.rename(tmp, path)
+                except (NotOwner, LockTimeout) as e:
+                    outcomes.append(e)
+                    continue
+                except OSError as e:
+                    raise storage_error(e, "write", path) from None
+                outcomes.append(None)
+            for directory in dict.fromkeys(os.path.dirname(p) for p, done in zip(paths, outcomes, strict=True) if done is None):
+                try:
+                    fsync_dir(directory)
+                except OSError as e:
+                    raise storage_error(e, "fsync", directory) from None
+        finally:
+            for tmp in tmps[len(outcomes) :] + [t for t, done in zip(tmps, outcomes, strict=False) if done is not None]:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        return outcomes
+
     def write_offset(
         self,
         topic: str,
@@ -419,7 +466,7 @@ class Registry:
     def partitions(self, kind: str) -> list[tuple[str, int]]:
         """(topic, partition) of every file of ``kind`` ("offsets" or "owners"), sorted."""
         base = os.path.join(self.path, kind)
-        return sorted((t, int(n)) for t in _listdir(base) for n in _listdir(os.path.join(base, t)) if n.isdigit())
+        return sorted((t, int(n)) for t in list_dir(base) for n in list_dir(os.path.join(base, t)) if n.isdigit())
 
     def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Forget the committed offset (of a topic deleted and created again), if ``member``
@@ -494,7 +541,7 @@ def kafka_lease(root_path: str, group: str) -> tuple[str, float | None] | None:
 
 def groups(root_path: str) -> list[str]:
     """Names of the groups under the root, sorted."""
-    return sorted(n for n in _listdir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
+    return sorted(n for n in list_dir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
 
 
 def encode_offset(c: Committed) -> bytes:
@@ -576,12 +623,3 @@ def _parse_member(data: bytes) -> Member | None:
         )
     except (ValueError, KeyError, TypeError):
         return None  # still being written: seen next time
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as e:
-        raise storage_error(e, "list", path) from None

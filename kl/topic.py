@@ -28,7 +28,7 @@ from typing import NamedTuple
 from kl.errors import InvalidTopicName, KlError, LockTimeout, RootNotFound, StorageError, TopicExists, TopicNotFound
 from kl.log import locks
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation, forget_config, new_topic_id
-from kl.log.fsutil import create_file, ensure_dir, file_time_ns, fsync_dir, make_dir, storage_error, write_atomic
+from kl.log.fsutil import create_file, ensure_dir, file_time_ns, fsync_dir, list_dir, make_dir, storage_error, write_atomic
 from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log, append_all
 from kl.log.recovery import LEFTOVER_MIN_AGE, TEMPORARY, TEMPORARY_SUFFIX
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
@@ -259,8 +259,20 @@ class Root:
         directory without ``topic.json``, a file, a symlink, a name kl would not give a
         topic.  Hidden entries (``.locks``, leftovers, NFS's ``.nfsXXXX``) are not
         listed.  Raises ``RootNotFound``."""
-        found = ((e.name, _stray_reason(e)) for e in self._entries() if not e.name.startswith("."))
-        return sorted((name, reason) for name, reason in found if reason is not None)
+        return self.listing()[1]
+
+    def listing(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """:meth:`topics` and :meth:`strays` from one listing of the root (one look at
+        each entry, not two).  Raises ``RootNotFound``."""
+        topics, strays = [], []
+        for entry in self._entries():
+            if not entry.name.startswith("."):
+                reason = _stray_reason(entry)
+                if reason is None:
+                    topics.append(entry.name)
+                else:
+                    strays.append((entry.name, reason))
+        return sorted(topics), sorted(strays)
 
     def remove_leftovers(self, *, min_age: float = LEFTOVER_MIN_AGE, dry_run: bool = False) -> list[tuple[str, str]]:
         """Remove the directories an interrupted ``create_topic`` or ``delete_topic``
@@ -326,7 +338,7 @@ class Root:
         generation = config_generation(path, fresh=True)  # on NFS: not what the attribute cache holds
         recheck_at = time.monotonic() + CONFIG_RECHECK_SECONDS
         if cached is None:
-            self._configs[name] = cached = _Cached(self.read_config(name), generation, recheck_at)
+            self._configs[name] = cached = _Cached(self.read_config(name, path), generation, recheck_at)
             return cached.config
         config = cached.config
         if generation and generation != cached.generation:
@@ -339,12 +351,13 @@ class Root:
         self._configs[name] = _Cached(config, generation, recheck_at)
         return config
 
-    def read_config(self, name: str) -> TopicConfig:
+    def read_config(self, name: str, path: str | None = None) -> TopicConfig:
         """The topic's config as it is on disk now (no cache).  A topic written by a kl
         before topic ids is given one here, once: under the topic's config lock, so that
         processes opening it at once agree on one id.  Where the root cannot be written
-        the id stays empty (logged).  Raises like :meth:`config`."""
-        config = self._read_config_file(name)
+        the id stays empty (logged).  ``path``: its ``topic.json``, when the caller just
+        found it under a plain directory (``topic_path``).  Raises like :meth:`config`."""
+        config = self._read_config_file(name, path)
         if config.topic_id:
             return config
         path = os.path.join(self.topic_path(name), CONFIG_FILE)
@@ -365,9 +378,9 @@ class Root:
         """The id of the topic's current creation, read now (see :meth:`read_config`)."""
         return self.read_config(name).topic_id
 
-    def _read_config_file(self, name: str) -> TopicConfig:
+    def _read_config_file(self, name: str, path: str | None = None) -> TopicConfig:
         try:
-            path = os.path.join(self.topic_path(name), CONFIG_FILE)
+            path = path or os.path.join(self.topic_path(name), CONFIG_FILE)
         except NotADirectoryError:
             raise self._missing() from None
         try:
@@ -496,14 +509,8 @@ def _unfinished(topic_path: str, partitions: int) -> list[tuple[str, str, bool]]
     ones renamed in that ``topic.json`` (naming ``partitions``) does not name yet (nobody
     appends to those; one holding data may not be removed), and temporary files of a
     ``topic.json`` being written.  Dead only under the config lock."""
-    try:
-        names = sorted(os.listdir(topic_path))
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise storage_error(e, "list", topic_path) from None
     found = []
-    for entry in names:
+    for entry in sorted(list_dir(topic_path)):
         path = os.path.join(topic_path, entry)
         if entry.startswith(ADDING_PREFIX):
             found.append((path, "a partition an interrupted kl topics alter was building", True))

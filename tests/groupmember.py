@@ -5,9 +5,10 @@ system-wide monotonic clock, so lines of several processes can be ordered), and 
 TOPIC PARTITION WHY`` / ``rejected WHY`` / ``busy WHY`` (a commit that found a lock held
 for the session timeout) lines.  SIGTERM stops it cleanly.
 
-``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method) makes the member
-SIGSTOP itself the first time it holds a partition's lock inside OP, after writing a
-``stopping OP`` line: a member stopped while it holds a group lock, deterministically.
+``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method; commit includes
+``commit_many``, the member's own commits) makes the member SIGSTOP itself the first time
+it holds a partition's lock inside OP, after writing a ``stopping OP`` line: a member
+stopped while it holds a group lock, deterministically.
 With ``--arm-on-usr1`` that is the first time after it got SIGUSR1 (and wrote ``armed``).
 """
 
@@ -30,7 +31,7 @@ def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
     """Make the first ``Registry._locked`` inside ``Registry.<op>`` SIGSTOP this process while
     held (once armed: now, or by SIGUSR1)."""
     locked = Registry._locked
-    code = getattr(Registry, op).__code__
+    codes = {getattr(Registry, name).__code__ for name in ([op, "commit_many"] if op == "commit" else [op])}
     armed = [armed_now]
 
     def arm(*_: object) -> None:
@@ -43,7 +44,7 @@ def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
     def stopping(self: Registry, topic: str, partition: int, *args: object, **kwargs: object) -> Iterator[str]:
         with locked(self, topic, partition, *args, **kwargs) as path:
             frame = sys._getframe()
-            while frame is not None and frame.f_code is not code:
+            while frame is not None and frame.f_code not in codes:
                 frame = frame.f_back
             if armed[0] and frame is not None:
                 armed[0] = False

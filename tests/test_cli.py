@@ -1092,6 +1092,44 @@ def test_a_command_imports_only_its_own_module(tmp_path, argv):
     assert not others
 
 
+LIBRARY_ABOVE_TOPICS = {"kl.consumer", "kl.follow", "kl.group", "kl.groups", "kl.net.remote", "kl.producer", "kl.registry"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "used"),
+    [
+        (["topics", "list", "--json"], set()),
+        (["recover"], set()),
+        (["retain"], set()),
+        (["consume", "t", "--group", "g", "-c", "1"], {"kl.consumer", "kl.follow", "kl.group", "kl.registry"}),
+    ],
+)
+def test_a_command_loads_only_the_library_modules_it_uses(tmp_path, argv, used):
+    """``import kl`` loads the errors only; ``kl.Root`` and the others load at first use,
+    so listing a root of 10,000 topics does not start by loading groups and producers."""
+    root = kl.Root(str(tmp_path))
+    root.create_topic("t")
+    kl.Producer(root).send("t", b"x")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['kl', '--root', {str(tmp_path)!r}, *{argv!r}]\n"
+        "try:\n    runpy.run_module('kl_cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('kl.'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    loaded = set(done.stdout.decode().split("\n")[-2].split())
+    assert "kl.topic" in loaded and loaded & LIBRARY_ABOVE_TOPICS == used
+
+
+def test_the_library_names_load_at_first_use():
+    code = "import sys, kl; was = 'kl.topic' in sys.modules; kl.Root; print(was, 'kl.topic' in sys.modules, kl.groups.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    assert done.stdout.split() == [b"False", b"True", b"kl.groups"]
+    assert set(kl.__all__) <= set(dir(kl))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        kl.nothing  # noqa: B018
+
+
 def test_ctrl_c_while_kl_starts_ends_it_by_sigint_without_a_traceback():
     """A SIGINT that lands while kl imports its modules (the first ~0.1 s of every
     command) is a Ctrl-C like any other."""

@@ -16,7 +16,7 @@ import pytest
 
 import kl
 from kl import groups
-from kl.registry import Committed, Registry, decode_offset, encode_offset
+from kl.registry import Commit, Committed, Registry, decode_offset, encode_offset
 
 from conftest import active_segment, flip_byte, write_each
 
@@ -351,6 +351,56 @@ def test_stale_generation_commits_are_rejected(root):
     finally:
         a.close()
         b.close()
+
+
+def test_many_commits_fsync_each_file_before_its_rename_and_each_directory_after_them_all(root, monkeypatch):
+    registry = Registry(root.path, "g")
+    for p in range(3):
+        registry.claim("t", p, "m", {})
+    registry.claim("u", 0, "m", {})
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or real_fsync(fd))
+    monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", a)) or real_rename(a, b))
+    commits = [Commit("t", p, kl.Position(10 * p, p), "m", 1, "id") for p in range(3)] + [Commit("u", 0, kl.Position(7), "m", 1)]
+    assert registry.commit_many(commits) == [None] * 4
+    monkeypatch.undo()
+    offsets = os.path.join(root.path, ".groups", "g", "offsets")
+    renamed = [path for what, path in events if what == "rename"]
+    assert len(renamed) == 4 and events.index(("rename", renamed[0])) > max(events.index(("fsync", t)) for t in renamed)
+    assert events[-2:] == [("fsync", os.path.join(offsets, "t")), ("fsync", os.path.join(offsets, "u"))]
+    assert [registry.committed("t", p).position for p in range(3)] == [(0, 0), (10, 1), (20, 2)]
+    assert (registry.committed("t", 1).topic_id, registry.committed("u", 0).offset) == ("id", 7)
+
+
+def test_many_commits_store_those_their_member_owns_and_leave_no_temporary_files(root):
+    registry = Registry(root.path, "g")
+    a, b = registry.register({"topics": ["t"]}), registry.register({"topics": ["t"]})
+    try:
+        for p in range(3):
+            registry.claim("t", p, a.member.id, {})
+        registry.commit("t", 1, 4, a.member.id, 1)
+        assert registry.claim("t", 1, b.member.id, {a.member.id: a.beats}) == 2
+        outcomes = registry.commit_many([Commit("t", p, kl.Position(9), a.member.id, 1) for p in range(3)])
+        assert outcomes[0] is None and outcomes[2] is None
+        assert isinstance(outcomes[1], kl.NotOwner) and "owned by" in str(outcomes[1])
+        assert [registry.committed("t", p).offset for p in range(3)] == [9, 4, 9]
+        assert sorted(os.listdir(os.path.join(root.path, ".groups", "g", "offsets", "t"))) == ["0", "1", "2"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_member_that_read_nothing_commits_where_it_started_for_the_next_one(root):
+    root.create_topic("t", kl.TopicConfig(partitions=3))
+    for p in range(3):
+        write_each(root, "t", [b"old"], partition=p)
+    with kl.GroupConsumer(root, "g", ["t"], start="latest") as first:
+        assert list(first.batches()) == []
+    for p in range(3):
+        write_each(root, "t", [b"new"], partition=p)
+    with kl.GroupConsumer(root, "g", ["t"], start="earliest") as later:  # --start names a group's first start only
+        assert [r.value for r in iter_all(iter(later))] == [b"new"] * 3
 
 
 def test_dead_members_registrations_are_cleaned_up(root, tmp_path):

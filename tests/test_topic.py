@@ -297,6 +297,7 @@ def test_strays_name_every_entry_that_is_not_a_topic(root):
         ("plainfile", "not a directory"),
         ("with space", "not a valid topic name"),
     ]
+    assert root.listing() == (root.topics(), root.strays())  # one listing of the root for both
 
 
 def test_a_topic_with_a_damaged_config_is_still_a_topic(root):
@@ -306,7 +307,7 @@ def test_a_topic_with_a_damaged_config_is_still_a_topic(root):
 
 
 @pytest.mark.parametrize("use", [
-    lambda r: r.topics(), lambda r: r.strays(), lambda r: r.remove_leftovers(), lambda r: r.config("t"),
+    lambda r: r.topics(), lambda r: r.strays(), lambda r: r.listing(), lambda r: r.remove_leftovers(), lambda r: r.config("t"),
     lambda r: r.log("t", 0), lambda r: r.describe("t"), lambda r: r.delete_topic("t"),
     lambda r: kl.Producer(r).send("t", b"x"), lambda r: kl.Consumer(r).fetch("t", 0, 0),
 ])

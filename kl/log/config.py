@@ -211,12 +211,10 @@ class TopicConfig:
         partitions = self.partitions
         if isinstance(partitions, int) and not isinstance(partitions, bool) and not 1 <= partitions <= 10_000:
             raise InvalidConfig(f"partitions must be between 1 and 10000, not {partitions}")
-        for field in dataclasses.fields(self):
-            if field.type != "int":
-                continue
-            value = getattr(self, field.name)
+        for name in _WHOLE_NUMBERS:
+            value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidConfig(f"{field.name} must be a whole number >= 0, not {value!r}")
+                raise InvalidConfig(f"{name} must be a whole number >= 0, not {value!r}")
         if self.max_message_bytes < MIN_MESSAGE_BYTES:
             raise InvalidConfig(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}, not {self.max_message_bytes}")
         if self.max_message_bytes > 0x7FFFFFFF:
@@ -240,8 +238,7 @@ class TopicConfig:
             fields = json.loads(data)
             if not isinstance(fields, dict):
                 raise ValueError("not an object")
-            known = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(fields) - known)
+            unknown = sorted(set(fields) - _SETTINGS)
             if unknown:
                 raise ValueError(f"unknown settings {', '.join(unknown)}")
             return cls(**fields)
@@ -265,7 +262,7 @@ class TopicConfig:
         length by it).  Raises ``ConfigNotAlterable`` for those and for ``format`` and
         ``topic_id``, ``InvalidConfig`` for unknown settings and values out of range."""
         fixed = sorted(set(changes) - set(ALTERABLE))
-        unknown = [name for name in fixed if name not in {f.name for f in dataclasses.fields(self)}]
+        unknown = [name for name in fixed if name not in _SETTINGS]
         if unknown:
             raise InvalidConfig(f"unknown topic setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
         if fixed:
@@ -288,3 +285,8 @@ class TopicConfig:
     def legacy(self) -> bool:
         """The topic stores Kafka 0.7 messages (format ``"0.7"``)."""
         return self.format == FORMAT_07
+
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(TopicConfig))
+_WHOLE_NUMBERS = tuple(f.name for f in dataclasses.fields(TopicConfig) if f.type == "int")
+"""The settings that are whole numbers (checked by every config made: one per topic listed)."""
