@@ -502,7 +502,8 @@ class GroupConsumer:
     def close(self) -> None:
         """Leave the group at once, so the others take over without waiting for a timeout:
         with ``auto_commit``, commit what was consumed (call ``commit()`` first to include
-        the messages handed out last), then give up every partition."""
+        the messages handed out last), then delete the registration, which gives up every
+        partition at once (an owner record naming a member that is gone is free to claim)."""
         if self._closed:
             return
         self._closed = True
@@ -522,7 +523,7 @@ class GroupConsumer:
         finally:
             with self._lock:
                 for claim in list(self._owned.values()):
-                    self._release(claim, commit=False)
+                    self._drop(claim)
                 if self._registration is not None:
                     self._registration.close()
 

@@ -81,6 +81,10 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
         b = member(root, "b")
         wait_for(lambda: sorted(_owned(root, "g", "t", b)) == [0, 1], what="b to own both")
         a = member(root, "a", "--stop-in", lock, ready="stopping")
+    elif lock == "release":  # a owns both; b joins, and a stops giving one of them up to it
+        a = member(root, "a", "--stop-in", lock)
+        wait_for(lambda: sorted(_owned(root, "g", "t", a)) == [0, 1], what="a to own both")
+        b = member(root, "b")
     else:
         a = member(root, "a", "--stop-in", lock, "--arm-on-usr1")
         b = member(root, "b")
@@ -89,8 +93,6 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
         wait_for(lambda: a.lines("armed"), what="a to arm its stop")
         if lock == "commit":  # a stops committing what it read
             write_each(root, "t", [b"first"], partition=_owned(root, "g", "t", a)[0])
-        elif lock == "release":  # a stops giving its partition up as it leaves
-            a.proc.send_signal(signal.SIGTERM)
         else:  # a, stopped past the session timeout, wakes up and stops checking what it still owns
             # Once a committed its partition, nothing but that check can drop it: stopped in the
             # middle of a poll, a would otherwise finish the poll with a first commit, rejected.
