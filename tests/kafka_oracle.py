@@ -54,9 +54,16 @@ NETWORK_ERRORS = (
     "status code: 5",
 )
 """What Maven says when Maven Central cannot be reached or refuses (403, 5xx)."""
-JVM_OPTIONS = ("-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
-"""A small heap; on two cores, where the optimizing JIT and parallel GC threads cost more
-than they save in a short life (as for the tests' Spark JVMs)."""
+JVM_OPTIONS = (
+    "-Xmx512m",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    "-Dorg.slf4j.simpleLogger.log.kafka.server.KafkaRaftServer=info",
+)
+"""A small heap; no optimizing JIT nor parallel GC threads, which cost more than they save
+in a short life on two cores (as for the tests' Spark JVMs); a log of warnings and errors,
+and the line that says the broker started."""
 START_TIMEOUT = 90.0
 """Seconds the broker may take to answer after its JVM started (about 3 s here, alone)."""
 STOP_TIMEOUT = 20.0
