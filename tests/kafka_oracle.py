@@ -174,7 +174,8 @@ class Broker:
         config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         java = [str(JAVA), *JVM_OPTIONS, "-cp", str(lib / "*")]
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        format_ = [*java, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster, "-c", str(config)]
+        # One argument, "--cluster-id=ID": an id may start with "-".
+        format_ = [*java, "kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={cluster}", f"--config={config}"]
         done = subprocess.run(format_, capture_output=True, text=True, timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise AssertionError(f"kafka-storage format failed ({done.returncode}):\n{done.stdout}{done.stderr}")
