@@ -3,14 +3,15 @@ held to (tests/test_kafka_oracle.py).
 
 Installed by the project's files only: ``tests/kafka-oracle/pom.xml`` names Kafka's broker
 and tools, and ``mvn dependency:copy-dependencies`` copies them with everything they need
-from Maven Central into the gitignored ``.cache/kafka-oracle/<hash of the pom>/lib`` (about
-60 MB; Maven keeps its own copy in its local repository, ``~/.m2``).  Once that directory
-exists nothing is asked of Maven again.  Standard library only, so that ``scripts/test``
-can run this file with any python3 to install Kafka in the background (``python3
-tests/kafka_oracle.py``: silent unless it cannot)::
+from Maven Central into the gitignored ``.cache/kafka-oracle/<hash of the pom>/lib``
+(about 55 MB; Maven keeps its own copy in its local repository, ``~/.m2``).  Once that
+directory exists nothing is asked of Maven again: a changed pom is a new directory.
+Standard library only, so that ``scripts/test`` can run this file with any python3 to
+install Kafka in the background (``python3 tests/kafka_oracle.py``: silent unless it
+cannot)::
 
     lib = install()                             # Unavailable: no java, no mvn, no registry
-    broker = Broker(lib, directory)             # format, start, wait until it answers
+    broker = Broker(lib, directory)             # format, start, wait for "Kafka Server started"
     broker.bootstrap                            # "127.0.0.1:PORT"
     broker.stop()                               # SIGTERM, SIGKILL after 20 s
 
@@ -87,11 +88,15 @@ SETTINGS = {
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
     "log.flush.interval.messages": "9223372036854775807",
+    "log.retention.ms": "-1",
 }
 """server.properties but the ports and the data directory: one node, every internal
 topic of one partition and one replica (created at the first group or transaction: 50
 partitions by default), a group's first rebalance at once, Kafka's default durability
-(page cache, no fsync per write) said out loud."""
+(page cache, no fsync per write) said out loud.  Records are kept whatever their
+timestamps: the tests stamp theirs in 2023, and under the default 7 days Kafka's
+retention check (30 s after the start, then every 5 min) deleted them between a
+scenario's produce and its read."""
 
 
 class Unavailable(Exception):
@@ -192,7 +197,6 @@ class Broker:
                 self.stop()
                 raise AssertionError(self.report(f"Kafka did not start within {START_TIMEOUT:g} s"))
             time.sleep(0.05)
-        self.start_seconds = time.monotonic() - started
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -59,6 +59,8 @@ QUIET = 1.0
 T0 = 1_700_000_000_000
 OFFSET_TAIL_BASE = -2000
 """librdkafka's RD_KAFKA_OFFSET_TAIL(n) is this minus n: n records before the high watermark."""
+
+
 class Differs(AssertionError):
     """kl's observation is not Kafka's (the message shows both)."""
 
@@ -409,7 +411,8 @@ def produce_to_an_unknown_topic(endpoint: Endpoint, client: str) -> Any:
 
 
 def too_large(endpoint: Endpoint, client: str, topic: str) -> Any:
-    """A record over the topic's limit is refused, those around it kept."""
+    """A record over the topic's limit is refused, those around it kept (Kafka's limit is on
+    a batch, kl's on a message: a record of 20,000 bytes is over 10,000 in both)."""
     endpoint.create_topic(topic, max_message_bytes=10_000)
     small, big = (None, b"small", [], T0), (None, b"x" * 20_000, [], T0 + 1)
     seen = {
