@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,6 +42,10 @@ HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-oracle" / "pom.xml"
 CACHE = HERE.parent / ".cache" / "kafka-oracle"
 JAVA, MVN, SETPRIV = shutil.which("java"), shutil.which("mvn"), shutil.which("setpriv")
+COPY = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+"""The goal, by its full name: Maven 3.8's own default plugin is 2.8, and a goal named by
+its prefix alone fails where Maven Central is unreachable with "No plugin found for
+prefix 'dependency'", which names no network."""
 MVN_TIMEOUT = 600.0
 """Seconds Maven may take to copy Kafka and its dependencies (about 20 s from nothing here)."""
 NETWORK_ERRORS = (
@@ -55,6 +60,8 @@ NETWORK_ERRORS = (
     "status code: 5",
 )
 """What Maven says when Maven Central cannot be reached or refuses (403, 5xx)."""
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""Maven 3.8 colours its errors whatever -B and style.color say."""
 JVM_OPTIONS = (
     "-Xmx512m",
     "-XX:TieredStopAtLevel=1",
@@ -108,20 +115,20 @@ def install() -> Path:
     into ``.cache/kafka-oracle/<hash of the pom>/lib`` on first use.  Raises Unavailable
     when java or mvn is missing or Maven Central cannot be reached; RuntimeError when
     Maven fails otherwise."""
-    if not (JAVA and MVN):
-        raise Unavailable("Apache Kafka needs java (17 or newer) and mvn to install it, and " + (
-            "no java is on PATH" if not JAVA else "no mvn is on PATH"))
+    if not JAVA:
+        raise Unavailable("Apache Kafka needs java (17 or newer), and no java is on PATH")
     pom = POM.read_bytes()
-    target = CACHE / hashlib.sha256(pom).hexdigest()[:16]
+    target = CACHE / hashlib.sha256(pom + COPY.encode()).hexdigest()[:16]
     lib = target / "lib"
     if lib.is_dir():
         return lib
+    if not MVN:
+        raise Unavailable("Apache Kafka is installed by mvn, and no mvn is on PATH")
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="install-", dir=CACHE))
     try:
         (work / "pom.xml").write_bytes(pom)
-        command = [MVN, "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                   f"-DoutputDirectory={work / 'lib'}"]
+        command = [MVN, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"), COPY, f"-DoutputDirectory={work / 'lib'}"]
         try:
             done = subprocess.run(
                 command, cwd=work, capture_output=True, text=True, timeout=MVN_TIMEOUT, stdin=subprocess.DEVNULL
@@ -129,7 +136,7 @@ def install() -> Path:
         except subprocess.TimeoutExpired:
             raise Unavailable(f"mvn did not finish within {MVN_TIMEOUT:g} s (is Maven Central reachable?)") from None
         if done.returncode != 0:
-            said = (done.stdout + done.stderr).splitlines()
+            said = ANSI.sub("", done.stdout + done.stderr).splitlines()
             unreachable = [line for line in said if any(word in line for word in NETWORK_ERRORS)]
             if unreachable:
                 raise Unavailable(f"mvn cannot fetch from Maven Central: {unreachable[0].strip()}")
