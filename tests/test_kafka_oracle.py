@@ -3,9 +3,9 @@ client, against both; what the client observes must be the same.
 
 The oracle is Kafka 4.4.0's broker (tests/kafka_oracle.py): ``scripts/test`` copies it
 from Maven Central with mvn into the gitignored ``.cache/kafka-oracle`` beside its other
-installs, and one KRaft node on loopback serves this whole module (about 3 s to start
-here; its tests are in this one file so that xdist's ``--dist loadfile`` keeps them on one
-worker).  Where java, mvn or Maven Central is missing the tests skip, saying so; a Kafka
+installs, and one KRaft node on loopback serves this whole module (about 5 s to format
+and start here; its tests are in this one file so that xdist's ``--dist loadfile`` keeps
+them on one worker).  Where java, mvn or Maven Central is missing the tests skip, saying so; a Kafka
 that was installed and then fails to start fails them.  The other endpoint is one ``kl
 serve --kafka`` over a fresh root for the module.
 
@@ -13,12 +13,13 @@ A scenario is a plain function ``scenario(endpoint, **args)`` that creates its t
 through the endpoint (``Endpoint.create_topic``: Kafka's admin client, kl's library),
 drives a client (confluent-kafka or kafka-python, in this process, every call with a
 deadline) and returns what the client observed, as plain data.  ``same(scenario, ...)``
-runs it against both and fails with both observations when they differ; a scenario that
-misses its deadline (a broker gone, a client stuck) fails with the end of that
-endpoint's log.  Adding a case is a function and a one-line test.
+runs it against both and fails with both observations when they differ (``Differs``); a
+scenario that raises, misses its deadline (a client stuck) or outlives its endpoint (a
+broker killed: what a client saw of a dead server is no observation) fails at once with
+the end of that endpoint's log.  Adding a case is a function and a one-line test.
 
 What is compared is what kl claims to match: values, keys, headers, timestamps and their
-order, partitions, error codes.  Not offsets: kl's offsets are byte offsets until the
+order, compressed or not, partitions, error codes.  Not offsets: kl's offsets are byte offsets until the
 issue "kafka-offsets" makes them dense (one per record, as Kafka's and as clients compute
 them).  The scenarios that observe offsets are marked ``OFFSETS`` (xfail, strict): they
 fail today, each for a reason a client shows, and pass, failing the run until the mark
