@@ -14,6 +14,7 @@ cannot)::
     broker = Broker(lib, directory)             # format, start, wait for "Kafka Server started"
     broker.bootstrap                            # "127.0.0.1:PORT"
     broker.stop()                               # SIGTERM, SIGKILL after 20 s
+    tool(lib, "org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", bootstrap, ...)
 
 The broker is KRaft's combined broker and controller of a one-node cluster, formatted
 afresh in ``directory`` (``kafka.tools.StorageTool format --standalone``), started with
@@ -156,6 +157,17 @@ def version(lib: Path) -> str:
     """Kafka's version, from its broker's jar name (kafka_2.13-4.4.0.jar)."""
     (jar,) = lib.glob("kafka_2.13-*.jar")
     return jar.stem.split("-", 1)[1]
+
+
+def tool(lib: Path, main: str, *args: str, timeout: float = 60) -> str:
+    """What one of Kafka's tools (its main class, e.g. ``org.apache.kafka.tools.GetOffsetShell``,
+    the class behind ``kafka-get-offsets.sh``) prints on stdout, once it exited 0; raises
+    AssertionError with what it said otherwise (subprocess.TimeoutExpired past ``timeout``)."""
+    command = [str(JAVA), *JVM_OPTIONS, "-cp", str(lib / "*"), main, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise AssertionError(f"{main} {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+    return done.stdout
 
 
 def free_port() -> int:

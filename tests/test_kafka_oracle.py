@@ -11,8 +11,9 @@ serve --kafka`` over a fresh root for the module.
 
 A scenario is a plain function ``scenario(endpoint, **args)`` that creates its topics
 through the endpoint (``Endpoint.create_topic``: Kafka's admin client, kl's library),
-drives a client (confluent-kafka or kafka-python, in this process, every call with a
-deadline) and returns what the client observed, as plain data.  ``same(scenario, ...)``
+drives a client (confluent-kafka or kafka-python in this process, every call with a
+deadline, or one of Kafka's own tools in a JVM: ``kafka_oracle.tool``) and returns what
+the client observed, as plain data.  ``same(scenario, ...)``
 runs it against both and fails with both observations when they differ (``Differs``); a
 scenario that raises, misses its deadline (a client stuck) or outlives its endpoint (a
 broker killed: what a client saw of a dead server is no observation) fails at once with
@@ -41,7 +42,7 @@ import kafka
 import kafka.errors
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka_oracle import Broker, Unavailable, install, version
+from kafka_oracle import Broker, Unavailable, install, tool, version
 
 import kl
 
@@ -87,13 +88,15 @@ class Endpoint:
     """report(why): ``why`` and the end of the endpoint's log."""
     alive: Callable[[], bool]
     """Whether its process still runs."""
+    lib: Path
+    """Kafka's jars: its tools (``kafka_oracle.tool``) are clients of either endpoint too."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
         return topic
 
 
-def kafka_endpoint(broker: Broker) -> Endpoint:
+def kafka_endpoint(broker: Broker, lib: Path) -> Endpoint:
     # Setup only, its failures raised: quiet about the broker it outlives at the end.
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, "socket.timeout.ms": 10_000, "log_level": 2})
 
@@ -107,10 +110,10 @@ def kafka_endpoint(broker: Broker) -> Endpoint:
             assert time.monotonic() < deadline, broker.report(f"topic {topic} not in Kafka's metadata")
             time.sleep(0.05)
 
-    return Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive)
+    return Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib)
 
 
-def kl_endpoint(root: kl.Root, daemon: Daemon) -> Endpoint:
+def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
     def create(topic: str, partitions: int, max_message_bytes: int | None) -> None:
         sizes = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
         root.create_topic(topic, kl.TopicConfig(partitions=partitions, **sizes))
@@ -119,7 +122,7 @@ def kl_endpoint(root: kl.Root, daemon: Daemon) -> Endpoint:
         lines = daemon.text().splitlines()[-30:]
         return f"{why}\nkl serve --kafka's log, its last 30 lines:\n" + "\n".join(lines)
 
-    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None)
+    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib)
 
 
 def installed() -> Path:
@@ -152,7 +155,8 @@ def endpoints(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     path.mkdir()
     root = kl.Root(path)
     daemon = Daemon(root.path, path.parent / "serve.log")
-    yield kafka_endpoint(broker), kl_endpoint(root, daemon)
+    lib = installed()
+    yield kafka_endpoint(broker, lib), kl_endpoint(root, daemon, lib)
     code = daemon.stop()
     root.close()
     assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {daemon.text()}"
@@ -497,6 +501,37 @@ def group_read(endpoint: Endpoint, client: str, topic: str, group: str, count: i
         consumer.close()
 
 
+GET_OFFSETS = "org.apache.kafka.tools.GetOffsetShell"
+"""kafka-get-offsets.sh."""
+CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+"""kafka-consumer-groups.sh."""
+
+
+def kafka_tools(endpoint: Endpoint, topic: str) -> Any:
+    """Kafka's own tools, run against the endpoint after a member of a group read and
+    committed two of three records: kafka-get-offsets' earliest offset, kafka-consumer-groups'
+    list and the columns of its description that are not offsets."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, sample(3))
+    group = f"group-{topic}"
+    group_read(endpoint, "confluent", topic, group, 2)
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    described = described_group(endpoint, group)
+    return {
+        "earliest": tool(endpoint.lib, GET_OFFSETS, *bootstrap, "--topic", topic, "--time", "-2"),
+        "listed": group in tool(endpoint.lib, CONSUMER_GROUPS, *bootstrap, "--list").split(),
+        "described": [{k: row[k] for k in ("GROUP", "TOPIC", "PARTITION", "CONSUMER-ID")} for row in described],
+    }
+
+
+def described_group(endpoint: Endpoint, group: str) -> list[dict[str, str]]:
+    """kafka-consumer-groups --describe's table, a dict a row."""
+    out = tool(endpoint.lib, CONSUMER_GROUPS, "--bootstrap-server", endpoint.bootstrap, "--describe", "--group", group)
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    header = next(line for line in lines if line[:1] == ["GROUP"])
+    return [dict(zip(header, line, strict=True)) for line in lines if line[:1] == [group]]
+
+
 # ----------------------------------------------------------------- scenarios: offsets (kafka-offsets)
 
 
@@ -551,6 +586,18 @@ def committed_offset_and_lag(endpoint: Endpoint, topic: str) -> Any:
     return {"committed": tp.offset, "lag": high - tp.offset}
 
 
+def kafka_tools_offsets(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-get-offsets' latest offset and kafka-consumer-groups' offsets and lag after a
+    member read and committed two of three records: 3; 2, 3 and 1."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, sample(3))
+    group = f"group-{topic}"
+    group_read(endpoint, "confluent", topic, group, 2)
+    (row,) = described_group(endpoint, group)
+    latest = tool(endpoint.lib, GET_OFFSETS, "--bootstrap-server", endpoint.bootstrap, "--topic", topic)
+    return {"latest": latest, **{k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}}
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -597,6 +644,21 @@ def test_a_fetch_out_of_range(endpoints, client) -> None:
 def test_a_group_commits_and_the_next_member_resumes(endpoints, client) -> None:
     seen = same(group_commit_and_resume, endpoints, client=client, topic=f"group-{client}")
     assert seen == {"first": sample(7)[:3], "second": sample(7)[3:]}
+
+
+def test_kafkas_own_tools(endpoints) -> None:
+    seen = same(kafka_tools, endpoints, topic="tools")
+    assert seen == {
+        "earliest": "tools:0:0\n",
+        "listed": True,
+        "described": [{"GROUP": "group-tools", "TOPIC": "tools", "PARTITION": "0", "CONSUMER-ID": "-"}],
+    }
+
+
+@OFFSETS
+def test_kafkas_own_tools_count_records(endpoints) -> None:
+    seen = same(kafka_tools_offsets, endpoints, topic="tools-offsets")
+    assert seen == {"latest": "tools-offsets:0:3\n", "CURRENT-OFFSET": "2", "LOG-END-OFFSET": "3", "LAG": "1"}
 
 
 @OFFSETS
@@ -652,8 +714,9 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
     """A scenario whose broker dies under it fails at once with the broker's log, whatever
     the client makes of it (here it would wait for the record, then see none); the next
     scenario fails at once too."""
-    b = Broker(installed(), tmp_path)
-    endpoint = kafka_endpoint(b)
+    lib = installed()
+    b = Broker(lib, tmp_path)
+    endpoint = kafka_endpoint(b, lib)
     try:
         started = time.monotonic()
         with pytest.raises(AssertionError, match=r"(?s)died meanwhile\nthe broker \(exited with -9.*Kafka Server started"):
