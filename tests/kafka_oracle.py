@@ -1,0 +1,254 @@
+"""Apache Kafka itself, one broker on loopback, as the oracle that ``kl serve --kafka`` is
+held to (tests/test_kafka_oracle.py).
+
+Installed by the project's files only: ``tests/kafka-oracle/pom.xml`` names Kafka's broker
+and tools, and ``mvn dependency:copy-dependencies`` copies them with everything they need
+from Maven Central into the gitignored ``.cache/kafka-oracle/<hash of the pom>/lib``
+(about 55 MB; Maven keeps its own copy in its local repository, ``~/.m2``).  Once that
+directory exists nothing is asked of Maven again: a changed pom is a new directory.
+Standard library only, so that ``scripts/test`` can run this file with any python3 to
+install Kafka in the background (``python3 tests/kafka_oracle.py``: silent unless it
+cannot)::
+
+    lib = install()                             # Unavailable: no java, no mvn, no registry
+    broker = Broker(lib, directory)             # format, start, wait for "Kafka Server started"
+    broker.bootstrap                            # "127.0.0.1:PORT"
+    broker.stop()                               # SIGTERM, SIGKILL after 20 s
+    tool(lib, "org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", bootstrap, ...)
+
+The broker is KRaft's combined broker and controller of a one-node cluster, formatted
+afresh in ``directory`` (``kafka.tools.StorageTool format --standalone``), started with
+the ``kafka.Kafka`` main class on two free ports, topics created only when asked for.  It
+dies with the process that started it (``setpriv --pdeathsig``, where util-linux has it),
+so that a test run killed outright leaves no JVM behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "kafka-oracle" / "pom.xml"
+CACHE = HERE.parent / ".cache" / "kafka-oracle"
+JAVA, MVN, SETPRIV = shutil.which("java"), shutil.which("mvn"), shutil.which("setpriv")
+COPY = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+"""The goal, by its full name: Maven 3.8's own default plugin is 2.8, and a goal named by
+its prefix alone fails where Maven Central is unreachable with "No plugin found for
+prefix 'dependency'", which names no network."""
+MVN_TIMEOUT = 600.0
+"""Seconds Maven may take to copy Kafka and its dependencies (about 20 s from nothing here)."""
+NETWORK_ERRORS = (
+    "Could not transfer",
+    "UnknownHost",
+    "Unknown host",
+    "Connection refused",
+    "Connect timed out",
+    "Read timed out",
+    "Network is unreachable",
+    "status code: 4",
+    "status code: 5",
+)
+"""What Maven says when Maven Central cannot be reached or refuses (403, 5xx)."""
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""Maven 3.8 colours its errors whatever -B and style.color say."""
+JVM_OPTIONS = (
+    "-Xmx512m",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    "-Dorg.slf4j.simpleLogger.log.kafka.server.KafkaRaftServer=info",
+)
+"""A small heap; no optimizing JIT nor parallel GC threads, which cost more than they save
+in a short life on two cores (as for the tests' Spark JVMs); a log of warnings and errors,
+and the line that says the broker started."""
+START_TIMEOUT = 90.0
+"""Seconds the broker may take to answer after its JVM started (about 3 s here, alone)."""
+STOP_TIMEOUT = 20.0
+LOG_LINES = 30
+STARTED = "Kafka Server started"
+"""What kafka.Kafka logs once it serves."""
+SETTINGS = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "log.flush.interval.messages": "9223372036854775807",
+    "log.retention.ms": "-1",
+}
+"""server.properties but the ports and the data directory: one node, every internal
+topic of one partition and one replica (created at the first group or transaction: 50
+partitions by default), a group's first rebalance at once, Kafka's default durability
+(page cache, no fsync per write) said out loud.  Records are kept whatever their
+timestamps: the tests stamp theirs in 2023, and under the default 7 days Kafka's
+retention check (30 s after the start, then every 5 min) deleted them between a
+scenario's produce and its read."""
+
+
+class Unavailable(Exception):
+    """Kafka cannot be installed here; the message says why."""
+
+
+def install() -> Path:
+    """The directory of Kafka's jars, copied by Maven as ``tests/kafka-oracle/pom.xml`` says
+    into ``.cache/kafka-oracle/<hash of the pom>/lib`` on first use.  Raises Unavailable
+    when java or mvn is missing or Maven Central cannot be reached; RuntimeError when
+    Maven fails otherwise."""
+    if not JAVA:
+        raise Unavailable("Apache Kafka needs java (17 or newer), and no java is on PATH")
+    pom = POM.read_bytes()
+    target = CACHE / hashlib.sha256(pom + COPY.encode()).hexdigest()[:16]
+    lib = target / "lib"
+    if lib.is_dir():
+        return lib
+    if not MVN:
+        raise Unavailable("Apache Kafka is installed by mvn, and no mvn is on PATH")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="install-", dir=CACHE))
+    try:
+        (work / "pom.xml").write_bytes(pom)
+        command = [MVN, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"), COPY, f"-DoutputDirectory={work / 'lib'}"]
+        try:
+            done = subprocess.run(
+                command, cwd=work, capture_output=True, text=True, timeout=MVN_TIMEOUT, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"mvn did not finish within {MVN_TIMEOUT:g} s (is Maven Central reachable?)") from None
+        if done.returncode != 0:
+            said = ANSI.sub("", done.stdout + done.stderr).splitlines()
+            unreachable = [line for line in said if any(word in line for word in NETWORK_ERRORS)]
+            if unreachable:
+                raise Unavailable(f"mvn cannot fetch from Maven Central: {unreachable[0].strip()}")
+            raise RuntimeError("mvn dependency:copy-dependencies failed:\n" + "\n".join(said[-40:]))
+        target.mkdir(exist_ok=True)
+        try:
+            (work / "lib").rename(lib)
+        except OSError:  # another run installed it meanwhile
+            if not lib.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return lib
+
+
+def version(lib: Path) -> str:
+    """Kafka's version, from its broker's jar name (kafka_2.13-4.4.0.jar)."""
+    (jar,) = lib.glob("kafka_2.13-*.jar")
+    return jar.stem.split("-", 1)[1]
+
+
+def tool(lib: Path, main: str, *args: str, timeout: float = 60) -> str:
+    """What one of Kafka's tools (its main class, e.g. ``org.apache.kafka.tools.GetOffsetShell``,
+    the class behind ``kafka-get-offsets.sh``) prints on stdout, once it exited 0; raises
+    AssertionError with what it said otherwise (subprocess.TimeoutExpired past ``timeout``)."""
+    command = [str(JAVA), *JVM_OPTIONS, "-cp", str(lib / "*"), main, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise AssertionError(f"{main} {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the broker binds it a moment later: a small race)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    """Kafka's broker and controller in one JVM, its data and log under ``directory``.
+    Raises AssertionError, with the end of the broker's log, when it does not start."""
+
+    def __init__(self, lib: Path, directory: Path) -> None:
+        self.directory = directory
+        self.log = directory / "broker.log"
+        port, controller = free_port(), free_port()
+        self.bootstrap = f"127.0.0.1:{port}"
+        listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}"
+        settings = {
+            **SETTINGS,
+            "listeners": listeners,
+            "advertised.listeners": listeners,
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller}",
+            "log.dirs": str(directory / "data"),
+        }
+        config = directory / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        java = [str(JAVA), *JVM_OPTIONS, "-cp", str(lib / "*")]
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # One argument, "--cluster-id=ID": an id may start with "-".
+        format_ = [*java, "kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={cluster}", f"--config={config}"]
+        done = subprocess.run(format_, capture_output=True, text=True, timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise AssertionError(f"kafka-storage format failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+        # Dies with this process (its thread, as the kernel counts: the one starting it).
+        orphaned = [str(SETPRIV), "--pdeathsig", "KILL"] if SETPRIV else []
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [*orphaned, *java, "kafka.Kafka", str(config)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        started = time.monotonic()
+        while STARTED not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > started + START_TIMEOUT:
+                self.stop()
+                raise AssertionError(self.report(f"Kafka did not start within {START_TIMEOUT:g} s"))
+            time.sleep(0.05)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def report(self, why: str) -> str:
+        """``why``, how the JVM ended if it did, and the last lines of the broker's log."""
+        code = self.proc.poll()
+        state = "running" if code is None else f"exited with {code}"
+        tail = "\n".join(self.text().splitlines()[-LOG_LINES:])
+        return f"{why}\nthe broker ({state}; {self.log}), its log's last {LOG_LINES} lines:\n{tail}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the JVM (a test of what the clients see when the broker dies)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> int:
+        """Stop it with SIGTERM (SIGKILL after 20 s); its exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+if __name__ == "__main__":
+    try:
+        install()
+    except (Unavailable, RuntimeError) as e:
+        sys.exit(f"scripts/test: the Kafka oracle's tests will be skipped or fail: {e}")
