@@ -90,13 +90,19 @@ def install_kafkajs() -> Path:
     return modules
 
 
+SETPRIV = shutil.which("setpriv")
+"""util-linux's ``setpriv``: ``--pdeathsig KILL`` makes a daemon die with the test process."""
+
+
 class Daemon:
-    """``kl --root ROOT serve --kafka 127.0.0.1:0 --allow-produce`` as a subprocess, its log in a file."""
+    """``kl --root ROOT serve --kafka 127.0.0.1:0 --allow-produce`` as a subprocess, its log
+    in a file; killed with the process that started it, even by SIGKILL (``SETPRIV``)."""
 
     def __init__(self, root: Path, log: Path, *args: str) -> None:
         self.log = log
         with open(log, "wb") as err:
-            command = [*KL, "--root", str(root), "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args]
+            orphaned = [SETPRIV, "--pdeathsig", "KILL"] if SETPRIV else []
+            command = [*orphaned, *KL, "--root", str(root), "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args]
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 60  # a process start: slow on a busy machine
         while not (found := re.search(r"to Kafka clients on 127\.0\.0\.1:(\d+)", self.text())):
