@@ -186,6 +186,8 @@ class Committed:
     """Inner messages of the compressed batch at ``offset`` already consumed."""
     topic_id: str = ""
     """The id of the topic's creation the offset is of ("": written before topic ids)."""
+    metadata: str = ""
+    """What the committer stored with the offset (a Kafka client's commit metadata)."""
 
     @property
     def position(self) -> Position:
@@ -419,14 +421,16 @@ class Registry:
         member: str,
         topic_id: str = "",
         *,
+        metadata: str = "",
         before_rename: Callable[[], None] | None = None,
     ) -> None:
-        """Store ``position`` without asking who owns the partition (admin tools, and the
-        Kafka clients' coordinator, which asked itself; ``before_rename`` as for ``write_atomic``)."""
+        """Store ``position`` (and ``metadata`` with it) without asking who owns the
+        partition (admin tools, and the Kafka clients' coordinator, which asked itself;
+        ``before_rename`` as for ``write_atomic``)."""
         path = self._partition_path("offsets", topic, partition)
         ensure_dir(os.path.dirname(path))
         at = position if isinstance(position, Position) else Position(position)
-        committed = Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id)
+        committed = Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id, metadata)
         write_atomic(path, encode_offset(committed), before_rename=before_rename)
 
     def set_aside(self, topic: str, partition: int) -> str:
@@ -545,11 +549,13 @@ def groups(root_path: str) -> list[str]:
 
 
 def encode_offset(c: Committed) -> bytes:
-    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before.
-    (A kl before ``skip`` and ``topic_id`` reads ``offset``, ``member`` and ``time`` of it.)"""
+    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before;
+    ``metadata`` (a JSON string) only when there is some.  (A kl before ``skip``,
+    ``topic_id`` and ``metadata`` reads ``offset``, ``member`` and ``time`` of it.)"""
     when = datetime.datetime.fromtimestamp(c.time_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
     body = (
         f"offset {c.offset}\nskip {c.skip}\ntopic_id {c.topic_id}\nmember {c.member}\ntime {when.replace('+00:00', 'Z')}\n"
+        + (f"metadata {json.dumps(c.metadata)}\n" if c.metadata else "")
     ).encode()
     return body + b"crc32 %08x\n" % zlib.crc32(body)
 
@@ -567,13 +573,16 @@ def decode_offset(data: bytes, path: str) -> Committed:
         offset, skip = int(fields["offset"]), int(fields.get("skip", "0"))
         when = datetime.datetime.fromisoformat(fields["time"].replace("Z", "+00:00"))
         member = fields["member"]
+        metadata = json.loads(fields.get("metadata", '""'))
+        if not isinstance(metadata, str):
+            raise ValueError(f"metadata {fields['metadata']} is not a string")
     except KeyError as e:
         raise _damaged(path, f"no {e.args[0]} line") from None
     except ValueError as e:
         raise _damaged(path, f"an unreadable field: {e}") from None
     if offset < 0 or skip < 0:
         raise _damaged(path, f"a negative offset ({offset}+{skip})")
-    return Committed(offset, member, int(when.timestamp() * 1000), skip, fields.get("topic_id", "").strip())
+    return Committed(offset, member, int(when.timestamp() * 1000), skip, fields.get("topic_id", "").strip(), metadata)
 
 
 def _damaged(path: str, reason: str) -> CorruptOffset:

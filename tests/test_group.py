@@ -436,6 +436,20 @@ def test_offset_file_is_text_and_checked(root):
         decode_offset(data[:-3], "f")
 
 
+def test_commit_metadata_is_a_json_line_of_the_offset_file_only_when_there_is_some(root):
+    with_metadata = Committed(5, "h:u", 1_700_000_000_000, 0, "Id", "m1 ✓\nsecond line")
+    data = encode_offset(with_metadata)
+    assert b'\nmetadata "m1 \\u2713\\nsecond line"\ncrc32 ' in data and data.count(b"\n") == 7
+    assert decode_offset(data, "f") == with_metadata
+    assert b"metadata" not in encode_offset(Committed(5, "h:u", 1_700_000_000_000))
+    body = b"offset 5\nmember h:u\ntime 2023-11-14T22:13:20.000Z\nmetadata [1]\n"
+    with pytest.raises(kl.CorruptState, match="an unreadable field: metadata \\[1\\] is not a string"):
+        decode_offset(body + b"crc32 %08x\n" % zlib.crc32(body), "f")
+    registry = Registry(root.path, "g")
+    registry.write_offset("t", 0, 5, "h:u", metadata="kept")
+    assert registry.committed("t", 0).metadata == "kept"
+
+
 @pytest.mark.parametrize("step", range(1, 7))
 def test_a_crash_at_every_step_of_a_commit_leaves_the_old_or_the_new_offset(root, step):
     registry = Registry(root.path, "g")

@@ -471,6 +471,42 @@ def group_commit_and_resume(endpoint: Endpoint, client: str, topic: str) -> Any:
     return {"first": first, "second": second}
 
 
+def commit_metadata(endpoint: Endpoint, client: str, topic: str) -> Any:
+    """A commit from outside any member (assign()) with metadata, read back; then one whose
+    metadata is longer than the broker keeps (Kafka's offset.metadata.max.bytes, 4096)."""
+    endpoint.create_topic(topic)
+    produce(client, endpoint, topic, sample(1))
+    group, metadata = f"metadata-{topic}", "m1 ✓\n{json}"
+    if client == "confluent":
+        consumer = ck.Consumer(confluent_config(endpoint, **{"group.id": group, "enable.auto.commit": False}))
+        try:
+            consumer.commit(offsets=[ck.TopicPartition(topic, 0, 0, metadata=metadata)], asynchronous=False)
+            (kept,) = consumer.committed([ck.TopicPartition(topic, 0)], timeout=CALL_TIMEOUT)
+            try:
+                consumer.commit(offsets=[ck.TopicPartition(topic, 0, 0, metadata="x" * 4097)], asynchronous=False)
+                refused = None
+            except ck.KafkaException as e:
+                refused = e.args[0].name()
+            (after,) = consumer.committed([ck.TopicPartition(topic, 0)], timeout=CALL_TIMEOUT)
+        finally:
+            consumer.close()
+        return {"kept": kept.metadata, "too long": refused, "after": after.metadata}
+    consumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=group, enable_auto_commit=False))
+    tp = kafka.TopicPartition(topic, 0)
+    try:
+        consumer.commit({tp: kafka.OffsetAndMetadata(0, metadata, -1)})
+        kept = consumer.committed(tp, metadata=True)
+        try:
+            consumer.commit({tp: kafka.OffsetAndMetadata(0, "x" * 4097, -1)})
+            refused = None
+        except kafka.errors.KafkaError as e:
+            refused = type(e).__name__
+        after = consumer.committed(tp, metadata=True)
+    finally:
+        consumer.close()
+    return {"kept": kept.metadata, "too long": refused, "after": after.metadata}
+
+
 def group_read(endpoint: Endpoint, client: str, topic: str, group: str, count: int) -> list[Record]:
     """A member of ``group`` on ``topic`` reads ``count`` records (fewer if no more come
     within CALL_TIMEOUT of its start, which includes its join), commits after the last
@@ -644,6 +680,13 @@ def test_a_fetch_out_of_range(endpoints, client) -> None:
 def test_a_group_commits_and_the_next_member_resumes(endpoints, client) -> None:
     seen = same(group_commit_and_resume, endpoints, client=client, topic=f"group-{client}")
     assert seen == {"first": sample(7)[:3], "second": sample(7)[3:]}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_commit_metadata_is_kept_and_too_long_a_one_refused(endpoints, client) -> None:
+    seen = same(commit_metadata, endpoints, client=client, topic=f"metadata-{client}")
+    refused = "OFFSET_METADATA_TOO_LARGE" if client == "confluent" else "OffsetMetadataTooLargeError"
+    assert seen == {"kept": "m1 ✓\n{json}", "too long": refused, "after": "m1 ✓\n{json}"}
 
 
 def test_kafkas_own_tools(endpoints) -> None:

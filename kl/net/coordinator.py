@@ -64,12 +64,14 @@ from kl.net.kafka_errors import (
     NON_EMPTY_GROUP,
     NONE,
     NOT_COORDINATOR,
+    OFFSET_METADATA_TOO_LARGE,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
 )
 from kl.net.server import Wait
 from kl.registry import (
     COORDINATORS_DIR,
+    Committed,
     CorruptOffset,
     GroupNotFound,
     Registration,
@@ -89,6 +91,8 @@ log = logging.getLogger("kl.serve")
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 
+MAX_METADATA = 4096
+"""The longest commit metadata stored (Kafka's offset.metadata.max.bytes, which counts characters)."""
 MIN_SESSION, MAX_SESSION = 6.0, 1800.0
 """The session timeouts a member may ask for (Kafka's group.min/max.session.timeout.ms)."""
 INITIAL_DELAY = 0.5
@@ -478,10 +482,10 @@ class Coordinator:
     # ----------------------------------------------------------------- offsets
 
     def commit(
-        self, name: str, generation: int, member_id: str, offsets: list[tuple[str, int, Position | int, str]]
+        self, name: str, generation: int, member_id: str, offsets: list[tuple[str, int, Position | int, str, str]]
     ) -> list[int]:
-        """An OffsetCommit of ``offsets`` ((topic, partition, position, topic id), or an
-        error code in place of the position): each one's error code."""
+        """An OffsetCommit of ``offsets`` ((topic, partition, position, topic id, metadata),
+        or an error code in place of the position): each one's error code."""
         group = self._group(name)
         if group is None:
             return [NOT_COORDINATOR] * len(offsets)
@@ -493,13 +497,22 @@ class Coordinator:
                 member = group.members[member_id]
                 member.expires = time.monotonic() + member.session_timeout
             codes = []
-            for topic, partition, position, topic_id in offsets:
+            for topic, partition, position, topic_id, metadata in offsets:
                 if isinstance(position, int):
                     codes.append(position)
                     continue
+                if len(metadata) > MAX_METADATA:
+                    codes.append(OFFSET_METADATA_TOO_LARGE)
+                    continue
                 try:
                     group.registry.write_offset(
-                        topic, partition, position, member_id or "kafka", topic_id, before_rename=lambda: self._holds(name)
+                        topic,
+                        partition,
+                        position,
+                        member_id or "kafka",
+                        topic_id,
+                        metadata=metadata,
+                        before_rename=lambda: self._holds(name),
                     )
                     codes.append(NONE)
                 except _Lost as e:
@@ -530,8 +543,8 @@ class Coordinator:
             return REBALANCE_IN_PROGRESS
         return NONE
 
-    def committed(self, name: str, topic: str, partition: int, topic_id: str) -> tuple[Position | None, int]:
-        """The position committed for the partition (None: none, or one of an earlier
+    def committed(self, name: str, topic: str, partition: int, topic_id: str) -> tuple[Committed | None, int]:
+        """What is committed for the partition (None: nothing, or an offset of an earlier
         creation of the topic), and an error code for a damaged offset file."""
         try:
             found = Registry(self.root.path, name).committed(topic, partition)
@@ -549,7 +562,7 @@ class Coordinator:
                 partition,
             )
             return None, NONE
-        return found.position, NONE
+        return found, NONE
 
     def committed_partitions(self, name: str) -> list[tuple[str, int]]:
         """Every (topic, partition) with an offset file in the group, sorted."""

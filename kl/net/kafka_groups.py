@@ -175,10 +175,11 @@ def leave_group(front: Kafka, conn: Connection, version: int, request: Any, wait
 
 
 def offset_commit(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
-    offsets: list[tuple[str, int, Position | int, str]] = []
+    offsets: list[tuple[str, int, Position | int, str, str]] = []
     for topic in request.topics:
         for p in topic.partitions:
-            offsets.append((topic.name, p.partition_index, *_position(front, topic.name, p.partition_index, p.committed_offset)))
+            at = _position(front, topic.name, p.partition_index, p.committed_offset)
+            offsets.append((topic.name, p.partition_index, *at, p.committed_metadata or ""))
     codes = iter(front.groups.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets))
     answer = OffsetCommitResponse.OffsetCommitResponseTopic
     return OffsetCommitResponse(
@@ -261,17 +262,21 @@ def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_c
     for topic, partitions in wanted.items():
         parts = []
         for partition in partitions:
-            offset, code = -1, NONE
+            offset, metadata, code = -1, "", NONE
             try:
                 config = front.checked_config(topic, partition)
-                position, code = front.groups.committed(name, topic, partition, config.topic_id or "")
-                if position is not None:
-                    offset = position.offset + position.skip
+                found, code = front.groups.committed(name, topic, partition, config.topic_id or "")
+                if found is not None:
+                    offset, metadata = found.offset + found.skip, found.metadata
             except (Refused, KlError):
                 pass  # no such partition, or not served: nothing committed
             parts.append(
                 partition_class(
-                    partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, metadata="", error_code=code
+                    partition_index=partition,
+                    committed_offset=offset,
+                    committed_leader_epoch=-1,
+                    metadata=metadata,
+                    error_code=code,
                 )
             )
         answers.append(topic_class(name=topic, partitions=parts))
