@@ -206,7 +206,7 @@ while coordinator.coordinator("g") != f"{host}:9092":
 print("coordinating", time.monotonic(), flush=True)
 joined = settled(coordinator.join("g", "", None, host, host, 60000, 60000, "consumer", [("range", b"")], False, None))
 settled(coordinator.sync("g", joined.generation, joined.member_id, None, None, {joined.member_id: b""}, None))
-commit = lambda offset: coordinator.commit("g", joined.generation, joined.member_id, [("t", 0, Position(offset), "")])
+commit = lambda offset: coordinator.commit("g", joined.generation, joined.member_id, [("t", 0, Position(offset), "", "")])
 print("committed", commit(int(then)), flush=True)
 if then == "10":
     signal.sigwait([signal.SIGUSR1])
