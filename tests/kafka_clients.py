@@ -15,7 +15,6 @@ unless it cannot)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -29,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from installs import Unavailable, cached_install
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "kafka_driver.py"
@@ -46,10 +47,6 @@ CLIENT_TIMEOUT = 30.0
 """Seconds a client process may take for one operation before it is killed (its own deadline is shorter)."""
 
 
-class Unavailable(Exception):
-    """A client cannot be installed or run here; the message says why."""
-
-
 def install_kafkajs() -> Path:
     """KafkaJS's node_modules, installed by ``npm ci`` from ``tests/kafkajs``'s lock into the
     gitignored ``.cache/npm-kafkajs/<hash of the lock>`` on first use.  Raises Unavailable
@@ -57,37 +54,32 @@ def install_kafkajs() -> Path:
     fails otherwise."""
     if not (NODE and NPM):
         raise Unavailable("node and npm are needed to run KafkaJS")
-    lock = (KAFKAJS / "package.json").read_bytes() + (KAFKAJS / "package-lock.json").read_bytes()
-    target = KAFKAJS_CACHE / hashlib.sha256(lock).hexdigest()[:16]
-    modules = target / "node_modules"
-    if (modules / "kafkajs" / "package.json").exists():
-        return modules
-    KAFKAJS_CACHE.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="install-", dir=KAFKAJS_CACHE))
-    try:
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(KAFKAJS / name, work / name)
-        command = [NPM, "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", *NPM_RETRIES]
-        try:
-            done = subprocess.run(
-                command, cwd=work, capture_output=True, text=True, timeout=NPM_TIMEOUT, stdin=subprocess.DEVNULL
-            )
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"npm ci did not finish within {NPM_TIMEOUT:g} s (is the npm registry reachable?)") from None
-        if done.returncode != 0:
-            unreachable = [line for line in done.stderr.splitlines() if any(word in line for word in NETWORK_ERRORS)]
-            if unreachable:
-                raise Unavailable(f"npm cannot reach the registry: {unreachable[0]}")
-            raise RuntimeError(f"npm ci failed:\n{done.stderr}")
-        target.mkdir(exist_ok=True)
-        try:
-            (work / "node_modules").rename(modules)
-        except OSError:  # another run installed it meanwhile
-            if not (modules / "kafkajs" / "package.json").exists():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return modules
+    return npm_install(KAFKAJS, KAFKAJS_CACHE, "kafkajs")
+
+
+def npm_install(lock_dir: Path, cache: Path, package: str, *options: str, timeout: float = NPM_TIMEOUT) -> Path:
+    """The node_modules of ``npm ci`` from ``lock_dir``'s package.json and lock (with
+    ``options``, within ``timeout`` seconds), kept in ``cache`` (``installs.cached_install``);
+    whole once ``package`` is in it."""
+    assert NPM is not None
+    names = ("package.json", "package-lock.json")
+
+    def setup(work: Path) -> list[str]:
+        for name in names:
+            shutil.copy(lock_dir / name, work / name)
+        return [NPM, "ci", "--no-audit", "--no-fund", "--ignore-scripts", *options, "--loglevel=error", *NPM_RETRIES]
+
+    return cached_install(
+        cache,
+        b"".join((lock_dir / name).read_bytes() for name in names),
+        "node_modules",
+        lambda modules: (modules / package / "package.json").exists(),
+        setup,
+        tool="npm ci",
+        source="the npm registry",
+        timeout=timeout,
+        network_errors=NETWORK_ERRORS,
+    )
 
 
 SETPRIV = shutil.which("setpriv")

@@ -26,18 +26,17 @@ so that a test run killed outright leaves no JVM behind.
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from installs import Unavailable, cached_install
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-oracle" / "pom.xml"
@@ -61,8 +60,6 @@ NETWORK_ERRORS = (
     "status code: 5",
 )
 """What Maven says when Maven Central cannot be reached or refuses (403, 5xx)."""
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-"""Maven 3.8 colours its errors whatever -B and style.color say."""
 JVM_OPTIONS = (
     "-Xmx512m",
     "-XX:TieredStopAtLevel=1",
@@ -107,10 +104,6 @@ retention check (30 s after the start, then every 5 min) deleted them between a
 scenario's produce and its read."""
 
 
-class Unavailable(Exception):
-    """Kafka cannot be installed here; the message says why."""
-
-
 def install() -> Path:
     """The directory of Kafka's jars, copied by Maven as ``tests/kafka-oracle/pom.xml`` says
     into ``.cache/kafka-oracle/<hash of the pom>/lib`` on first use.  Raises Unavailable
@@ -119,38 +112,24 @@ def install() -> Path:
     if not JAVA:
         raise Unavailable("Apache Kafka needs java (17 or newer), and no java is on PATH")
     pom = POM.read_bytes()
-    target = CACHE / hashlib.sha256(pom + COPY.encode()).hexdigest()[:16]
-    lib = target / "lib"
-    if lib.is_dir():
-        return lib
-    if not MVN:
-        raise Unavailable("Apache Kafka is installed by mvn, and no mvn is on PATH")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="install-", dir=CACHE))
-    try:
+
+    def setup(work: Path) -> list[str]:
+        if not MVN:
+            raise Unavailable("Apache Kafka is installed by mvn, and no mvn is on PATH")
         (work / "pom.xml").write_bytes(pom)
-        command = [MVN, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"), COPY, f"-DoutputDirectory={work / 'lib'}"]
-        try:
-            done = subprocess.run(
-                command, cwd=work, capture_output=True, text=True, timeout=MVN_TIMEOUT, stdin=subprocess.DEVNULL
-            )
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"mvn did not finish within {MVN_TIMEOUT:g} s (is Maven Central reachable?)") from None
-        if done.returncode != 0:
-            said = ANSI.sub("", done.stdout + done.stderr).splitlines()
-            unreachable = [line for line in said if any(word in line for word in NETWORK_ERRORS)]
-            if unreachable:
-                raise Unavailable(f"mvn cannot fetch from Maven Central: {unreachable[0].strip()}")
-            raise RuntimeError("mvn dependency:copy-dependencies failed:\n" + "\n".join(said[-40:]))
-        target.mkdir(exist_ok=True)
-        try:
-            (work / "lib").rename(lib)
-        except OSError:  # another run installed it meanwhile
-            if not lib.is_dir():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return lib
+        return [MVN, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"), COPY, f"-DoutputDirectory={work / 'lib'}"]
+
+    return cached_install(
+        CACHE,
+        pom + COPY.encode(),
+        "lib",
+        Path.is_dir,
+        setup,
+        tool="mvn",
+        source="Maven Central",
+        timeout=MVN_TIMEOUT,
+        network_errors=NETWORK_ERRORS,
+    )
 
 
 def version(lib: Path) -> str:

@@ -14,33 +14,29 @@ anything a client gets wrong against the server fails.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from installs import Unavailable
 
 import kl
 
 from conftest import DATA
+from kafka_clients import NODE, NPM, npm_install
 
 HERE = Path(__file__).resolve().parent
 CLIENTS = HERE / "kafka07"
 CACHE = HERE.parent / ".cache" / "npm-kafka07"
 KL = [sys.executable, "-m", "kl_cli"]
-NODE, NPM = shutil.which("node"), shutil.which("npm")
 NPM_TIMEOUT = 60.0
-NPM_RETRIES = ("--fetch-retries=1", "--fetch-retry-mintimeout=1000", "--fetch-retry-maxtimeout=5000", "--fetch-timeout=30000")
 NODE_TIMEOUT_MS = 10_000
-NETWORK_ERRORS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "network")
 
 pytestmark = pytest.mark.skipif(not (NODE and NPM), reason="node and npm are needed to run the npm Kafka 0.7 clients")
 
@@ -51,40 +47,12 @@ pytestmark = pytest.mark.skipif(not (NODE and NPM), reason="node and npm are nee
 @pytest.fixture(scope="module")
 def node_path() -> str:
     """The clients' node_modules, installed by ``npm ci`` from the lock on first use."""
-    lock = (CLIENTS / "package.json").read_bytes() + (CLIENTS / "package-lock.json").read_bytes()
-    target = CACHE / hashlib.sha256(lock).hexdigest()[:16]
-    if not (target / "node_modules" / "franz-kafka" / "package.json").exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="install-", dir=CACHE))
-        try:
-            for name in ("package.json", "package-lock.json"):
-                shutil.copy(CLIENTS / name, work / name)
-            command = [
-                NPM,
-                "ci",
-                "--no-audit",
-                "--no-fund",
-                "--ignore-scripts",
-                "--omit=optional",
-                "--loglevel=error",
-                *NPM_RETRIES,
-            ]
-            try:
-                done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=NPM_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pytest.skip(f"npm ci did not finish within {NPM_TIMEOUT:g} s (is the npm registry reachable?)")
-            if done.returncode != 0:
-                unreachable = [line for line in done.stderr.splitlines() if any(word in line for word in NETWORK_ERRORS)]
-                if unreachable:
-                    pytest.skip(f"npm cannot reach the registry: {unreachable[0]}")
-                pytest.fail(f"npm ci failed:\n{done.stderr}")
-            try:
-                (work / "node_modules").rename(target / "node_modules") if target.exists() else work.rename(target)
-            except OSError:  # another run installed it meanwhile
-                pass
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return str(target / "node_modules")
+    try:
+        return str(npm_install(CLIENTS, CACHE, "franz-kafka", "--omit=optional", timeout=NPM_TIMEOUT))
+    except Unavailable as e:
+        pytest.skip(str(e))
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
