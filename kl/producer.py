@@ -920,13 +920,9 @@ class Producer:
         return out
 
     def _fits_one_append(self, topic: str, groups: dict[int, _Group]) -> bool:
-        """Whether each partition's messages of ``groups`` take one append."""
-        config = self.root.config(topic)
-        limit = self._chunk_limit(config)
-        return all(
-            len(vals) == 1 or sum(message_sizes(vals, ks, h)) + len(vals) * m.HEADER_SIZE <= limit
-            for vals, ks, h in groups.values()
-        )
+        """Whether each partition's messages of ``groups`` take one append (one chunk of ``_append``'s)."""
+        limit = self._chunk_limit(self.root.config(topic))
+        return all(next(iter(chunks(message_sizes(vals, ks, h), limit)))[1] == len(vals) for vals, ks, h in groups.values())
 
     def _append_at_once(
         self,
