@@ -190,7 +190,7 @@ class Sender:
         if max(sizes) + HEADER_SIZE > self.max_message_bytes:
             end = next(i for i, size in enumerate(sizes) if size + HEADER_SIZE > self.max_message_bytes)
         ends = list(itertools.accumulate(map(operator.add, sizes[:end], itertools.repeat(HEADER_SIZE))))
-        spread = keys is not None and self.partitions > self.at_once
+        spread = keys is not None and self.producer.root.config(self.topic).partitions > self.at_once  # now: alter may add some
         start, consumed = 0, 0
         while start < end:
             stop = max(bisect.bisect_right(ends, consumed + self.append_bytes, lo=start), start + 1)
