@@ -6,6 +6,7 @@ Damage (leveldb style, one line each)::
     shrink_to(path, size)        # cut a file (a torn tail)
     append_bytes(path, data)     # bytes past the end (what a crashed writer leaves)
     snapshot(directory)          # {name: bytes} of a directory, for byte-for-byte checks
+    failing_writes(monkeypatch, directory)  # its segment writes fail as on a full disk
 
 Checkable payloads: ``payload(ident, count, size)`` builds a value carrying its id
 (trial, producer, batch, index), its batch's size and a CRC32 of itself;
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import kl
 from kl.log.recovery import recover
-from kl.log.segment import list_segments, segment_name
+from kl.log.segment import Segment, list_segments, segment_name
 from kl.log.state import SIZE as STATE_SIZE
 from kl.log.state import STATE_FILE, read_state
 
@@ -70,6 +71,19 @@ def write_at(path: Path | str, position: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(position)
         f.write(data)
+
+
+def failing_writes(monkeypatch: object, directory: str) -> None:
+    """With pytest's ``monkeypatch``: segment writes under ``directory`` fail as on a full disk
+    (a ``StorageError``), all others go through."""
+    real = Segment.append
+
+    def append(segment: Segment, data: bytes, position: int) -> None:
+        if segment.path.startswith(directory):
+            raise kl.StorageError(f"cannot append {len(data)} bytes to {segment.path}: no space left on device")
+        real(segment, data, position)
+
+    monkeypatch.setattr(Segment, "append", append)  # type: ignore[attr-defined]
 
 
 def wait_flushed(log: kl.Log, seconds: float = 20.0) -> bool:

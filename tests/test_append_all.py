@@ -12,9 +12,8 @@ import kl
 from kl.errors import StorageError
 from kl.log.log import append_all
 from kl.log.message import encode
-from kl.log.segment import Segment
 
-from faultlib import fresh_log, read_log, snapshot
+from faultlib import failing_writes, fresh_log, read_log, snapshot
 
 TS = 1_700_000_000_000
 CONFIG = kl.TopicConfig(partitions=4, segment_bytes=2048, max_message_bytes=2048, flush_messages=0, flush_ms=0)
@@ -22,18 +21,6 @@ CONFIG = kl.TopicConfig(partitions=4, segment_bytes=2048, max_message_bytes=2048
 
 def frame(*values: bytes) -> bytes:
     return b"".join(encode(v, timestamp=TS) for v in values)
-
-
-def failing_on(monkeypatch: pytest.MonkeyPatch, directory: str) -> None:
-    """Segment writes under ``directory`` fail as a full disk would."""
-    real = Segment.append
-
-    def append(segment: Segment, data: bytes, position: int) -> None:
-        if segment.path.startswith(directory):
-            raise StorageError(f"cannot append {len(data)} bytes to {segment.path}: no space left on device")
-        real(segment, data, position)
-
-    monkeypatch.setattr(Segment, "append", append)
 
 
 @pytest.mark.parametrize("fill", [0, 1500], ids=["in-place", "rolling"])
@@ -45,7 +32,7 @@ def test_a_failed_write_in_one_partition_publishes_none_and_leaves_every_file_as
     for p, log in enumerate(logs):
         log.append(frame(b"before-%d" % p + b"." * fill), 1)
     before = [(snapshot(log.directory), log.state()) for log in logs]
-    failing_on(monkeypatch, logs[3].directory)
+    failing_writes(monkeypatch, logs[3].directory)
     with pytest.raises(StorageError, match="no space left"):
         append_all([(log, frame(b"x" * 600), 1) for log in logs])
     assert [(snapshot(log.directory), log.state()) for log in logs] == before
@@ -60,7 +47,7 @@ def test_a_keyed_batch_over_partitions_goes_in_whole_or_not_at_all(root, monkeyp
     root.create_topic("t", dataclasses.replace(CONFIG, segment_bytes=1 << 20, max_message_bytes=1 << 16))
     producer = kl.Producer(root)
     keys = [b"k%d" % i for i in range(40)]
-    failing_on(monkeypatch, root.log("t", producer.partition_of("t", keys[-1])).directory)
+    failing_writes(monkeypatch, root.log("t", producer.partition_of("t", keys[-1])).directory)
     with pytest.raises(StorageError):
         producer.send_batch("t", [b"v%d" % i for i in range(40)], keys)
     assert sum(root.log("t", p).log_end_offset for p in range(4)) == 0

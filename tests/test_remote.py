@@ -24,6 +24,7 @@ from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
 
 from conftest import flip_byte
+from faultlib import failing_writes
 
 VALUES = [b"v%03d" % i * (1 + i % 7) for i in range(300)]
 
@@ -295,18 +296,8 @@ def test_a_keyed_batch_over_partitions_lands_as_the_local_one_does(root, two, ad
 
 
 def test_a_keyed_batch_the_server_cannot_write_whole_is_not_appended_at_all(root, two, address, monkeypatch):
-    from kl.log.segment import Segment
-
-    real = Segment.append
-    failing = root.log("t", 1).directory
-
-    def append(segment: Segment, data: bytes, position: int) -> None:
-        if segment.path.startswith(failing):
-            raise kl.StorageError(f"cannot append to {segment.path}: no space left on device")
-        real(segment, data, position)
-
     ends = [root.log("t", p).log_end_offset for p in range(2)]
-    monkeypatch.setattr(Segment, "append", append)
+    failing_writes(monkeypatch, root.log("t", 1).directory)
     with kl.RemoteProducer(address) as producer:
         with pytest.raises(kl.KlError, match="no space left on device"):
             producer.send_batch("t", [b"x%d" % i for i in range(20)], [b"k%d" % i for i in range(20)])
