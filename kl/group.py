@@ -61,6 +61,7 @@ from kl.log.config import same_creation
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
 from kl.log.messageset import MessageSet
+from kl.log.state import PartitionState
 from kl.registry import Commit, CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
 from kl.topic import Root, validate_name
 
@@ -380,6 +381,11 @@ class GroupConsumer:
         self._expired_now: dict[str, int] = {}
         self._gone = False
         self._ends: dict[tuple[str, int], int] = {}
+        """Partition -> its log end when this member first looked (where a run without
+        ``follow`` ends)."""
+        self._first_looks: dict[tuple[str, int], PartitionState] = {}
+        """The states read for ``_ends`` in this poll, for its claims (which then read them
+        no second time)."""
         self._first_counts: dict[str, int] = {}
         """Topic -> its number of partitions when this member first looked: those added
         since (``Root.alter_topic``) hold only messages newer than the member, read from
@@ -626,22 +632,36 @@ class GroupConsumer:
             wanted = self._assignment(topics, [m for m in members if m.id not in expired])
             for key in [key for key in self._owned if key not in wanted]:
                 self._release(self._owned[key], commit=self.auto_commit)
+            to_claim: dict[str, list[int]] = {}
             for topic, partition in sorted(wanted - self._owned.keys() - self._releasing.keys()):
-                take = functools.partial(self.registry.claim, topic, partition, self._registration.member.id, expired)
-                try:
-                    generation = self._unless_busy(topic, partition, take)
-                except LockTimeout:
-                    continue  # tried again next poll
-                if generation is not None:
-                    try:
-                        self._take(topic, partition, generation)
-                    except BaseException:
-                        with contextlib.suppress(LockTimeout):  # then it lapses with this member
-                            self.registry.release(topic, partition, self._registration.member.id, generation)
-                        raise
+                to_claim.setdefault(topic, []).append(partition)
+            for topic, partitions in to_claim.items():
+                self._claim(topic, partitions, expired)
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
                 self._auto_commit()
+
+    def _claim(self, topic: str, partitions: list[int], expired: dict[str, int]) -> None:
+        """Claim the partitions of ``topic`` (``_unless_busy`` each, all in one go) and take
+        those it got; those whose lock was held are tried again next poll."""
+        assert self._registration is not None
+        me = self._registration.member.id
+        forced = functools.partial(self._forced, topic)
+        outcomes = list(zip(partitions, self.registry.claim_many(topic, partitions, me, expired, force=forced), strict=True))
+        for i, (partition, outcome) in enumerate(outcomes):
+            if isinstance(outcome, LockTimeout):
+                self._note_busy(topic, partition, outcome)
+                continue
+            self._busy.pop((topic, partition), None)
+            if outcome is not None:
+                try:
+                    self._take(topic, partition, outcome)
+                except BaseException:
+                    for p, generation in outcomes[i:]:  # claimed, not taken: let them go again
+                        if isinstance(generation, int):
+                            with contextlib.suppress(KlError):  # else they lapse with this member
+                                self.registry.release(topic, p, me, generation)
+                    raise
 
     def _auto_commit(self) -> None:
         if self._commit("consumed", raise_lost=False):
@@ -685,6 +705,7 @@ class GroupConsumer:
         assert self._registration is not None and self._subscription is not None
         me = self._registration.member.id
         wanted: set[tuple[str, int]] = set()
+        self._first_looks.clear()
         for topic in topics:
             if not subscribes(self._subscription, topic) or self._created_again(topic):
                 continue
@@ -693,7 +714,8 @@ class GroupConsumer:
                 self._first_counts.setdefault(topic, count)
                 for p in range(count):
                     if (topic, p) not in self._ends:
-                        self._ends[topic, p] = self.root.log(topic, p).log_end_offset
+                        state = self._first_looks[topic, p] = self.root.log(topic, p).state()
+                        self._ends[topic, p] = state.log_end_offset
             except (TopicNotFound, CorruptState):
                 continue
             ids = sorted({m.id for m in live if m.subscribes(topic)} | {me})
@@ -705,7 +727,7 @@ class GroupConsumer:
 
     def _take(self, topic: str, partition: int, generation: int) -> None:
         log_ = self.root.log(topic, partition)
-        state = log_.state()
+        state = self._first_looks.pop((topic, partition), None) or log_.state()
         end = self._ends[topic, partition]
         topic_id = self._topic_ids.get(topic) or self._topic_id(topic) or ""
         added = partition >= self._first_counts.get(topic, partition + 1)

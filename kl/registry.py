@@ -1,13 +1,20 @@
 """A consumer group's registry: the seed's ZooKeeper nodes, as files under the root.
 
-    ROOT/.groups/GROUP/ids/HOST:UUID            a live member: its registration, locked while it lives
-    ROOT/.groups/GROUP/owners/TOPIC/P           which member owns partition P, and the claim's generation
-    ROOT/.groups/GROUP/owners/TOPIC/P.lock      held while a claim, release or commit of P runs
-    ROOT/.groups/GROUP/offsets/TOPIC/P          the committed position (text, checksummed)
-    ROOT/.groups/GROUP/offsets/TOPIC/P.damaged  a damaged offset file a member set aside
-    ROOT/.groups/.coordinators/GROUP            the group's Kafka coordinator (kl serve --kafka), locked
-                                                while it coordinates: its address and its members'
-                                                longest session timeout, rewritten every second
+    ROOT/.groups/GROUP/ids/HOST:UUID       a live member: its registration, locked while it lives
+    ROOT/.groups/GROUP/claims/TOPIC        who owns each partition of the topic, and the claim's generation:
+                                           partition P's record is the 128 bytes from P x 128, locked
+                                           while a claim, release or commit of P runs
+    ROOT/.groups/GROUP/commits/TOPIC       the committed positions: one checksummed JSON line per commit
+                                           of a partition, its last line the one that counts
+    ROOT/.groups/GROUP/offsets/TOPIC/P     a committed position of a kl before commits files (text,
+                                           checksummed), read where commits/TOPIC has no line of P
+    ROOT/.groups/.coordinators/GROUP       the group's Kafka coordinator (kl serve --kafka), locked
+                                           while it coordinates: its address and its members'
+                                           longest session timeout, rewritten every second
+
+Two files per topic, whatever its number of partitions: a member joining 1,000 partitions
+claims them through one open file and commits where each starts with one append and one
+fsync (a file per partition cost it about 3,000 file creations).
 
 A committed position is a byte offset and, inside a compressed batch, how many of the
 batch's inner messages were consumed (``Position``), with the topic id of the creation of
@@ -23,18 +30,22 @@ deletes it.
 
 Ownership is the owner record, changed under the partition's lock: a claim succeeds
 when the record names no member, this member, or one that is not live; it writes the
-next generation.  A commit (under the same lock) is accepted only while the record still
-names the committing member and its generation, so a member that was expired and
-replaced cannot commit over its successor (``NotOwner``).
+next generation.  A commit (under the same lock, and the commits file's) is accepted only
+while the record still names the committing member and its generation, so a member that
+was expired and replaced cannot commit over its successor (``NotOwner``).  Commits are
+appended (``O_APPEND``) and fsynced; once the file is ``COMPACT_RATIO`` times larger than
+its last lines it is replaced by them (written aside, fsynced, renamed over it).
 
-A member waits for a partition's lock only ``lock_timeout`` (a small share of its session
-timeout), then gets ``LockTimeout`` and tries again later, so its heartbeat never waits
-behind a lock held by another process.  A process stopped while holding a lock (SIGSTOP,
-a hung host) would block the partition for good: its caller may ``force`` a claim,
-release or commit, which then goes on without the lock once ``lock_timeout`` passed (the
-group's members do so once the lock's holder can be taken for a member they expired, see
-kl/group.py).  A holder woken up later finishes the one write it was making, which
-another member's commit or claim replaces: at worst messages come again, none is lost.
+A member waits for a lock only ``lock_timeout`` (a small share of its session timeout),
+then gets ``LockTimeout`` and tries again later, so its heartbeat never waits behind a
+lock held by another process.  A process stopped while holding a lock (SIGSTOP, a hung
+host) would block the partition for good: its caller may ``force`` a claim, release or
+commit, which then goes on without the lock once ``lock_timeout`` passed (the group's
+members do so once the lock's holder can be taken for a member they expired, see
+kl/group.py).  A holder woken up later finishes the one write it was making: an owner
+record another member's claim replaces, or an append (at the end of the file, whoever
+wrote since) that at worst sets a partition back to where that holder had read, so
+messages come again and none is lost.
 """
 
 from __future__ import annotations
@@ -47,11 +58,12 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
@@ -64,7 +76,6 @@ from kl.log.fsutil import (
     mount_of,
     nfs_locking_problem,
     open_file,
-    stage_durably,
     storage_error,
     write_atomic,
 )
@@ -74,10 +85,16 @@ from kl.topic import GROUPS_DIR, validate_name
 log = logging.getLogger(__name__)
 
 RELEASED = "-"
+CLAIMS, COMMITS, LEGACY_OFFSETS = "claims", "commits", "offsets"
+SLOT = 128
+"""Bytes of an owner record in a claims file (a member id is at most 101)."""
+COMMITS_LOCK = 1 << 40
+"""The byte of a claims file locked while a commit appends to the topic's commits file."""
+COMPACT_AT, COMPACT_RATIO = 1 << 16, 4
+"""A commits file is compacted once past ``COMPACT_AT`` bytes and ``COMPACT_RATIO`` times its last lines."""
 OWNERS_DURABLE = False
-"""Owner records are replaced atomically but not fsynced (a member joining 1,000 partitions
-spent 2,000 fsyncs, most of its join, claiming them and as many releasing them at the
-end).  A record only matters while the member it names lives: the crash that could lose
+"""Owner records are written in place but not fsynced (a member joining 1,000 partitions
+would spend most of its join on fsyncs).  A record only matters while the member it names lives: the crash that could lose
 it or leave it empty ends every process of the machine whose disk holds it (over NFS, the
 close already put it on the server), and a record lost or empty reads as released, in
 generation 0, which no member still running holds.  Offsets stay durable."""
@@ -274,48 +291,78 @@ class Registry:
 
     # ----------------------------------------------------------------- owners
 
-    def _partition_path(self, kind: str, topic: str, partition: int) -> str:
-        return os.path.join(self.path, kind, validate_name(topic), str(partition))
+    def _topic_file(self, kind: str, topic: str) -> str:
+        return os.path.join(self.path, kind, validate_name(topic))
 
-    @contextlib.contextmanager
-    def _locked(self, topic: str, partition: int, force: bool = False) -> Iterator[str]:
-        """Hold partition ``partition``'s lock; yields the owner record's path.  Raises
-        ``LockTimeout`` after ``lock_timeout``, unless ``force``: then goes on without it."""
-        path = self._partition_path("owners", topic, partition)
+    def _claims(self, topic: str) -> _Claims:
+        """The topic's claims file, open for one operation (made where missing)."""
+        path = self._topic_file(CLAIMS, topic)
         ensure_dir(os.path.dirname(path))
-        lock = locks.lock_for(path + ".lock")
-        held = True
-        try:
-            lock.acquire(self.lock_timeout)
-        except LockTimeout as e:
-            if not force:
-                raise
-            log.warning("group %s: going on without the lock of %s/%d: %s", self.group, topic, partition, e)
-            held = False
-        try:
-            yield path
-        finally:
-            if held:
-                lock.release()
+        return _Claims(path, self.lock_timeout, self.group)
 
     def owner(self, topic: str, partition: int) -> Owner:
-        return _read_owner(self._partition_path("owners", topic, partition))
+        path = self._topic_file(CLAIMS, topic)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Owner(None, 0)
+        except OSError as e:
+            raise storage_error(e, "open", path) from None
+        try:
+            return _parse_owner(os.pread(fd, SLOT, partition * SLOT))
+        except OSError as e:
+            raise storage_error(e, "read", path) from None
+        finally:
+            os.close(fd)
 
     def claim(self, topic: str, partition: int, member: str, expired: Mapping[str, int], *, force: bool = False) -> int | None:
         """Take the partition for ``member``; the new generation, or None while another
         member owns it.  The owner's ownership lapses when it is dead, or when the caller
         expired it (``expired``: member id -> the heartbeat it stopped at) and its heartbeat
         has not moved since: a member that woke up and beat again keeps what it has.
-        ``LockTimeout`` and ``force`` as for :meth:`_locked`."""
-        with self._locked(topic, partition, force) as path:
-            owner = _read_owner(path)
-            if owner.member not in (None, member):
-                beat = self.beat_of(owner.member)
-                if beat is not None and expired.get(owner.member) != beat:
-                    return None
-            generation = owner.generation + 1
-            write_atomic(path, f"{member} {generation}\n".encode(), durable=OWNERS_DURABLE)
-            return generation
+        Raises ``LockTimeout`` after ``lock_timeout``, unless ``force``: then goes on
+        without the partition's lock."""
+        [outcome] = self.claim_many(topic, [partition], member, expired, force=lambda _: force)
+        if isinstance(outcome, LockTimeout):
+            raise outcome
+        return outcome
+
+    def claim_many(
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        member: str,
+        expired: Mapping[str, int],
+        *,
+        force: Callable[[int], bool] = lambda _: False,
+    ) -> list[int | None | LockTimeout]:
+        """:meth:`claim` of each of ``partitions`` of ``topic`` (``force(partition)`` for
+        its ``force``), through one open of the claims file: per partition the new
+        generation, None while another member owns it, or the ``LockTimeout`` that left it."""
+        beats: dict[str, int | None] = {}
+        outcomes: list[int | None | LockTimeout] = []
+        with self._claims(topic) as claims:
+            for partition in partitions:
+                try:
+                    held = claims.lock(partition, force(partition))
+                except LockTimeout as e:
+                    outcomes.append(e)
+                    continue
+                try:
+                    owner = claims.owner(partition)
+                    if owner.member not in (None, member):
+                        if owner.member not in beats:
+                            beats[owner.member] = self.beat_of(owner.member)
+                        beat = beats[owner.member]
+                        if beat is not None and expired.get(owner.member) != beat:
+                            outcomes.append(None)
+                            continue
+                    claims.set_owner(partition, member, owner.generation + 1)
+                    outcomes.append(owner.generation + 1)
+                finally:
+                    if held:
+                        claims.unlock(partition)
+        return outcomes
 
     def beat_of(self, member: str) -> int | None:
         """The heartbeat of ``member`` if it is registered and its lock held, else None."""
@@ -325,35 +372,43 @@ class Registry:
         return None if found is None else found.beat
 
     @contextlib.contextmanager
-    def _owned(self, topic: str, partition: int, member: str, generation: int, action: str, force: bool = False) -> Iterator[str]:
-        """Hold the partition's lock while ``member`` owns it in ``generation`` (yields the
-        owner record's path); else raise ``NotOwner``: ``action`` by it is rejected.
-        ``LockTimeout`` and ``force`` as for :meth:`_locked`."""
-        with self._locked(topic, partition, force) as path:
-            owner = _read_owner(path)
+    def _owned(
+        self, claims: _Claims, partition: int, member: str, generation: int, action: str, force: bool = False
+    ) -> Iterator[None]:
+        """Hold the partition's lock while ``member`` owns it in ``generation``; else raise
+        ``NotOwner``: ``action`` by it is rejected.  ``LockTimeout`` and ``force`` as for
+        :meth:`claim`."""
+        held = claims.lock(partition, force)
+        try:
+            owner = claims.owner(partition)
             if owner != Owner(member, generation):
                 now = "released" if owner.member is None else f"owned by {owner.member}"
                 raise NotOwner(
                     f"{action} by {member} (generation {generation}) rejected:"
                     f" the partition is {now} (generation {owner.generation})"
                 )
-            yield path
+            yield
+        finally:
+            if held:
+                claims.unlock(partition)
 
     def release(self, topic: str, partition: int, member: str, generation: int, *, force: bool = False) -> bool:
         """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
-        try:
-            with self._owned(topic, partition, member, generation, f"release of {topic}/{partition}", force) as path:
-                write_atomic(path, f"{RELEASED} {generation}\n".encode(), durable=OWNERS_DURABLE)
-        except NotOwner:
-            return False
+        with self._claims(topic) as claims:
+            try:
+                with self._owned(claims, partition, member, generation, f"release of {topic}/{partition}", force):
+                    claims.set_owner(partition, None, generation)
+            except NotOwner:
+                return False
         return True
 
     def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:
-        try:
-            with self._owned(topic, partition, member, generation, f"ownership of {topic}/{partition}"):
-                return True
-        except NotOwner:
-            return False
+        with self._claims(topic) as claims:
+            try:
+                with self._owned(claims, partition, member, generation, f"ownership of {topic}/{partition}"):
+                    return True
+            except NotOwner:
+                return False
 
     # ----------------------------------------------------------------- offsets
 
@@ -370,47 +425,49 @@ class Registry:
     ) -> None:
         """Store ``position`` (of the topic's creation ``topic_id``; "": read as of the current
         one) for the partition if ``member`` owns it in ``generation``; raises ``NotOwner`` if
-        it does not (``LockTimeout`` and ``force`` as for :meth:`_locked`)."""
-        action = f"commit of {topic}/{partition} offset {position}"
-        with self._owned(topic, partition, member, generation, action, force):
-            self.write_offset(topic, partition, position, member, topic_id)
+        it does not (``LockTimeout`` and ``force`` as for :meth:`claim`)."""
+        at = position if isinstance(position, Position) else Position(position)
+        [outcome] = self.commit_many([Commit(topic, partition, at, member, generation, topic_id, force)])
+        if outcome is not None:
+            raise outcome
 
     def commit_many(self, commits: Sequence[Commit]) -> list[NotOwner | LockTimeout | None]:
-        """:meth:`commit` of each of ``commits``, made durable together: every offset file
-        is written to a temporary file and fsynced first (``fsutil.stage_durably``), then
-        each is renamed into place under its partition's lock while its member owns it in
-        its generation, then each directory is fsynced once, before this returns.  Per
-        commit: None once stored, or the ``NotOwner`` or ``LockTimeout`` (``force`` as for
-        :meth:`_locked`) that left its offset as it was.  Raises ``StorageError``: the
-        offsets renamed before it are in place, maybe not durable."""
+        """:meth:`commit` of each of ``commits``, one append to each topic's commits file
+        (fsynced once) while each partition's lock is held and its member owns it in its
+        generation.  Per commit: None once stored, or the ``NotOwner`` or ``LockTimeout``
+        (``force`` as for :meth:`claim`; the commits lock is gone on without when any of a
+        topic's commits is forced) that left its offset as it was.  Raises ``StorageError``:
+        the topics' appends before it are stored, its own is not."""
         now_ms = time.time_ns() // 1_000_000
-        paths = [self._partition_path("offsets", c.topic, c.partition) for c in commits]
-        for directory in dict.fromkeys(map(os.path.dirname, paths)):
-            ensure_dir(directory)
-        data = [encode_offset(Committed(c.position.offset, c.member, now_ms, c.position.skip, c.topic_id)) for c in commits]
-        tmps = stage_durably(list(zip(paths, data, strict=True)))
-        outcomes: list[NotOwner | LockTimeout | None] = []
-        try:
-            for c, path, tmp in zip(commits, paths, tmps, strict=True):
-                action = f"commit of {c.topic}/{c.partition} offset {c.position}"
+        outcomes: list[NotOwner | LockTimeout | None] = [None] * len(commits)
+        by_topic: dict[str, list[int]] = {}
+        for i, c in enumerate(commits):
+            by_topic.setdefault(c.topic, []).append(i)
+        for topic, indices in by_topic.items():
+            with self._claims(topic) as claims:
                 try:
-                    with self._owned(c.topic, c.partition, c.member, c.generation, action, c.force):
-                        os.rename(tmp, path)
-                except (NotOwner, LockTimeout) as e:
-                    outcomes.append(e)
+                    exclusive = claims.lock_commits(any(commits[i].force for i in indices))
+                except LockTimeout as e:
+                    for i in indices:
+                        outcomes[i] = e
                     continue
-                except OSError as e:
-                    raise storage_error(e, "write", path) from None
-                outcomes.append(None)
-            for directory in dict.fromkeys(os.path.dirname(p) for p, done in zip(paths, outcomes, strict=True) if done is None):
-                try:
-                    fsync_dir(directory)
-                except OSError as e:
-                    raise storage_error(e, "fsync", directory) from None
-        finally:
-            for tmp in tmps[len(outcomes) :] + [t for t, done in zip(tmps, outcomes, strict=False) if done is not None]:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                lines = []
+                for i in sorted(indices, key=lambda i: commits[i].partition):
+                    c = commits[i]
+                    try:
+                        held = claims.lock(c.partition, c.force)
+                    except LockTimeout as e:
+                        outcomes[i] = e
+                        continue
+                    owner = claims.owner(c.partition)
+                    if owner != Owner(c.member, c.generation):
+                        outcomes[i] = _not_owner(f"commit of {topic}/{c.partition} offset {c.position}", c, owner)
+                        if held:
+                            claims.unlock(c.partition)
+                        continue  # the others' locks stay held until the append is stored
+                    at = Committed(c.position.offset, c.member, now_ms, c.position.skip, c.topic_id)
+                    lines.append(encode_commit(c.partition, at, c.generation))
+                self._append(topic, lines, exclusive)
         return outcomes
 
     def write_offset(
@@ -422,37 +479,89 @@ class Registry:
         topic_id: str = "",
         *,
         metadata: str = "",
-        before_rename: Callable[[], None] | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Store ``position`` (and ``metadata`` with it) without asking who owns the
-        partition (admin tools, and the Kafka clients' coordinator, which asked itself;
-        ``before_rename`` as for ``write_atomic``)."""
-        path = self._partition_path("offsets", topic, partition)
-        ensure_dir(os.path.dirname(path))
+        partition (admin tools, and the Kafka clients' coordinator, which asked itself);
+        ``before_write`` runs once the commits lock is held, before the append.  Raises
+        ``LockTimeout`` after ``lock_timeout``."""
         at = position if isinstance(position, Position) else Position(position)
         committed = Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id, metadata)
-        write_atomic(path, encode_offset(committed), before_rename=before_rename)
+        with self._claims(topic) as claims:
+            claims.lock_commits(False)
+            if before_write is not None:
+                before_write()
+            self._append(topic, [encode_commit(partition, committed, None)], True)
+
+    def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
+        """Forget the committed offset (of a topic deleted and created again), if ``member``
+        owns the partition in ``generation``; raises ``NotOwner`` if it does not, and
+        ``LockTimeout``."""
+        with self._claims(topic) as claims:
+            claims.lock_commits(False)
+            with self._owned(claims, partition, member, generation, f"forgetting the committed offset of {topic}/{partition}"):
+                self._append(topic, [encode_forgotten(partition, member)], True)
+
+    def _append(self, topic: str, lines: list[bytes], exclusive: bool) -> None:
+        """Append ``lines`` to the topic's commits file and fsync it; its caller holds the
+        commits lock (``exclusive``) or went on without it.  A line a crashed writer left
+        unfinished stays a line of its own (skipped by readers); a write that fails is cut
+        back off, when ``exclusive``.  Then, when ``exclusive``, compact the file once it
+        grew ``COMPACT_RATIO`` times larger than its last lines (and past ``COMPACT_AT``)."""
+        if not lines:
+            return
+        path = self._topic_file(COMMITS, topic)
+        directory = os.path.dirname(path)
+        ensure_dir(directory)
+        try:
+            fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+        except OSError as e:
+            raise storage_error(e, "open", path) from None
+        try:
+            size = os.fstat(fd).st_size
+            data = b"".join(lines)
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            if size == 0:
+                fsync_dir(directory)
+        except OSError as e:
+            if exclusive:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+            raise storage_error(e, "write", path) from None
+        finally:
+            os.close(fd)
+        grown = size + len(data)
+        if exclusive and grown > COMPACT_AT:
+            found = read_commits(path)
+            live = sum(len(line) for line in found.lines.values())
+            if grown > COMPACT_RATIO * live:
+                write_atomic(path, b"".join(line for _, line in sorted(found.lines.items())))
+
+    def committed(self, topic: str, partition: int) -> Committed | None:
+        """The committed offset, or None.  Raises ``CorruptOffset`` for a damaged offset
+        file of an older kl (read where the commits file has no line of the partition)."""
+        found = read_commits(self._topic_file(COMMITS, topic))
+        if partition in found.records:
+            return found.records[partition]
+        return _read_legacy(self._legacy_path(topic, partition))
+
+    def _legacy_path(self, topic: str, partition: int) -> str:
+        return os.path.join(self.path, LEGACY_OFFSETS, validate_name(topic), str(partition))
 
     def set_aside(self, topic: str, partition: int) -> str:
-        """Rename a damaged offset file to ``P.damaged`` (replacing an older one); its new path."""
-        path = self._partition_path("offsets", topic, partition)
+        """Rename a damaged offset file of an older kl to ``P.damaged`` (replacing an older
+        one); its new path."""
+        path = self._legacy_path(topic, partition)
         try:
             os.replace(path, path + ".damaged")
         except OSError as e:
             raise storage_error(e, "set aside", path) from None
         return path + ".damaged"
-
-    def committed(self, topic: str, partition: int) -> Committed | None:
-        """The committed offset, or None.  Raises ``CorruptOffset`` for a damaged file."""
-        path = self._partition_path("offsets", topic, partition)
-        try:
-            with open(path, "rb") as f:
-                data = f.read(4096)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise storage_error(e, "read", path) from None
-        return decode_offset(data, path)
 
     def offsets(self) -> Iterator[tuple[str, int, Committed]]:
         """Every committed offset: (topic, partition, committed), sorted.  Raises
@@ -464,20 +573,32 @@ class Registry:
 
     def owners(self) -> Iterator[tuple[str, int, Owner]]:
         """Every owner record (released ones included): (topic, partition, owner), sorted."""
-        for topic, partition in self.partitions("owners"):
-            yield topic, partition, self.owner(topic, partition)
+        for topic in sorted(list_dir(os.path.join(self.path, CLAIMS))):
+            path = os.path.join(self.path, CLAIMS, topic)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise storage_error(e, "read", path) from None
+            for partition in range(len(data) // SLOT):
+                owner = _parse_owner(data[partition * SLOT : (partition + 1) * SLOT])
+                if owner.generation:
+                    yield topic, partition, owner
 
     def partitions(self, kind: str) -> list[tuple[str, int]]:
-        """(topic, partition) of every file of ``kind`` ("offsets" or "owners"), sorted."""
-        base = os.path.join(self.path, kind)
-        return sorted((t, int(n)) for t in list_dir(base) for n in list_dir(os.path.join(base, t)) if n.isdigit())
-
-    def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
-        """Forget the committed offset (of a topic deleted and created again), if ``member``
-        owns the partition in ``generation``; raises ``NotOwner`` if it does not."""
-        with self._owned(topic, partition, member, generation, f"forgetting the committed offset of {topic}/{partition}"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._partition_path("offsets", topic, partition))
+        """(topic, partition) of every owner record ("owners"), or of every committed
+        offset ("offsets": damaged offset files of an older kl included), sorted."""
+        if kind == "owners":
+            return [(t, p) for t, p, _ in self.owners()]
+        found: set[tuple[str, int]] = set()
+        for topic in list_dir(os.path.join(self.path, COMMITS)):
+            if not topic.startswith("."):
+                found.update((topic, p) for p, c in read_commits(os.path.join(self.path, COMMITS, topic)).records.items() if c)
+        legacy = os.path.join(self.path, LEGACY_OFFSETS)
+        for topic in list_dir(legacy):
+            shadowed = read_commits(os.path.join(self.path, COMMITS, topic)).records
+            found.update((topic, int(n)) for n in list_dir(os.path.join(legacy, topic)) if n.isdigit() and int(n) not in shadowed)
+        return sorted(found)
 
     def delete(self) -> None:
         """Remove the group's directory (its caller made sure no member lives)."""
@@ -548,18 +669,6 @@ def groups(root_path: str) -> list[str]:
     return sorted(n for n in list_dir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
 
 
-def encode_offset(c: Committed) -> bytes:
-    """The offset file: readable with ``cat``, its last line a CRC32 of the lines before;
-    ``metadata`` (a JSON string) only when there is some.  (A kl before ``skip``,
-    ``topic_id`` and ``metadata`` reads ``offset``, ``member`` and ``time`` of it.)"""
-    when = datetime.datetime.fromtimestamp(c.time_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
-    body = (
-        f"offset {c.offset}\nskip {c.skip}\ntopic_id {c.topic_id}\nmember {c.member}\ntime {when.replace('+00:00', 'Z')}\n"
-        + (f"metadata {json.dumps(c.metadata)}\n" if c.metadata else "")
-    ).encode()
-    return body + b"crc32 %08x\n" % zlib.crc32(body)
-
-
 def decode_offset(data: bytes, path: str) -> Committed:
     """An offset file's record (one without ``skip`` and ``topic_id``, of an older kl, has
     skip 0 and topic id "").  Raises ``CorruptOffset`` naming what is wrong."""
@@ -591,15 +700,211 @@ def _damaged(path: str, reason: str) -> CorruptOffset:
     )
 
 
-def _read_owner(path: str) -> Owner:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            member, _, generation = f.read(1024).strip().partition(" ")
-        return Owner(None if member == RELEASED else member, int(generation))
-    except (FileNotFoundError, ValueError):
+class _Claims:
+    """A topic's claims file, open for one operation.  Partition P's owner record is its
+    ``SLOT`` bytes from P × ``SLOT`` (``MEMBER GENERATION``, padded), locked (an open file
+    description lock on those bytes) while a claim, release or commit of P runs; the byte
+    at ``COMMITS_LOCK`` is locked while a commit appends to the topic's commits file.
+    Taking a lock is also where an NFS client revalidates what it cached of the file, and
+    letting one go where it writes back what it changed.  Closing lets every lock go."""
+
+    def __init__(self, path: str, timeout: float, group: str):
+        try:
+            self.fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        except OSError as e:
+            raise storage_error(e, "open", path) from None
+        self.path, self.timeout, self.group = path, timeout, group
+
+    def __enter__(self) -> _Claims:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+    def lock(self, partition: int, force: bool) -> bool:
+        """Lock the partition's record; whether it is held.  Raises ``LockTimeout`` after
+        the registry's ``lock_timeout``, unless ``force``: then goes on without it."""
+        return self._lock(partition * SLOT, SLOT, force, f"partition {partition}")
+
+    def lock_commits(self, force: bool) -> bool:
+        """Lock the topic's commits file (for appends), as ``lock`` does a record."""
+        return self._lock(COMMITS_LOCK, 1, force, "the commits file")
+
+    def _lock(self, start: int, length: int, force: bool, what: str) -> bool:
+        try:
+            locks.lock_file(self.fd, self.path, self.timeout, start=start, length=length)
+        except LockTimeout as e:
+            if not force:
+                raise
+            log.warning("group %s: going on without the lock of %s of %s: %s", self.group, what, self.path, e)
+            return False
+        return True
+
+    def unlock(self, partition: int) -> None:
+        locks.unlock_file(self.fd, self.path, start=partition * SLOT, length=SLOT)
+
+    def owner(self, partition: int) -> Owner:
+        try:
+            return _parse_owner(os.pread(self.fd, SLOT, partition * SLOT))
+        except OSError as e:
+            raise storage_error(e, "read", self.path) from None
+
+    def set_owner(self, partition: int, member: str | None, generation: int) -> None:
+        """Write the record in place (not fsynced: see ``OWNERS_DURABLE``)."""
+        record = f"{RELEASED if member is None else member} {generation}".encode()
+        if len(record) >= SLOT:
+            raise StorageError(f"member id {member!r} is too long for an owner record of {SLOT} bytes")
+        try:
+            os.pwrite(self.fd, record.ljust(SLOT - 1) + b"\n", partition * SLOT)
+        except OSError as e:
+            raise storage_error(e, "write", self.path) from None
+
+
+def _parse_owner(data: bytes) -> Owner:
+    """An owner record; one never written (zeros, past the end) or torn reads as released in generation 0."""
+    member, _, generation = data.decode("utf-8", "replace").strip().partition(" ")
+    if not member or not generation.isdigit() or "\x00" in member:
         return Owner(None, 0)
+    return Owner(None if member == RELEASED else member, int(generation))
+
+
+def _not_owner(action: str, c: Commit, owner: Owner) -> NotOwner:
+    now = "released" if owner.member is None else f"owned by {owner.member}"
+    return NotOwner(
+        f"{action} by {c.member} (generation {c.generation}) rejected: the partition is {now} (generation {owner.generation})"
+    )
+
+
+def _stamp(time_ms: int) -> str:
+    when = datetime.datetime.fromtimestamp(time_ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return when.replace("+00:00", "Z")
+
+
+def _line(record: dict[str, object]) -> bytes:
+    body = json.dumps(record, separators=(", ", ": ")).encode()
+    return body + b" %08x\n" % zlib.crc32(body)
+
+
+def encode_commit(partition: int, c: Committed, generation: int | None) -> bytes:
+    """A commits file's line: the partition's position, who committed it (in which of its
+    generations; none for admin tools and Kafka clients), when, and ``metadata`` when
+    there is some, as JSON, then a CRC32 of the JSON."""
+    record: dict[str, object] = {"partition": partition, "offset": c.offset, "skip": c.skip, "topic_id": c.topic_id}
+    record.update(member=c.member, generation=generation, time=_stamp(c.time_ms))
+    if c.metadata:
+        record["metadata"] = c.metadata
+    return _line(record)
+
+
+def encode_forgotten(partition: int, member: str) -> bytes:
+    """A commits file's line that forgets the partition's committed position."""
+    return _line({"partition": partition, "forgotten": True, "member": member, "time": _stamp(time.time_ns() // 1_000_000)})
+
+
+def decode_commit(line: bytes) -> tuple[int, Committed | None]:
+    """(partition, its position or None where forgotten) of a commits file's line (no
+    newline).  Raises ``ValueError`` naming what is wrong with it."""
+    body, _, crc = line.rpartition(b" ")
+    if not re.fullmatch(rb"[0-9a-f]{8}", crc):
+        raise ValueError("no checksum at its end")
+    if int(crc, 16) != zlib.crc32(body):
+        raise ValueError("its checksum does not match")
+    try:
+        record = json.loads(body)
+        partition = record["partition"]
+        if record.get("forgotten"):
+            return partition, None
+        when = datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00"))
+        time_ms = int(when.timestamp() * 1000)
+        c = Committed(record["offset"], record["member"], time_ms, record["skip"], record["topic_id"], record.get("metadata", ""))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"an unreadable field: {e}") from None
+    fields = (partition, c.offset, c.skip, c.member, c.topic_id, c.metadata)
+    if not all(isinstance(v, int) for v in fields[:3]) or not all(isinstance(v, str) for v in fields[3:]) or min(fields[:3]) < 0:
+        raise ValueError("a field of the wrong kind")
+    return partition, c
+
+
+@dataclass
+class Commits:
+    """What was read of a topic's commits file: per partition its last line and what it says."""
+
+    key: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """(device, inode, size, modification time) of the file when read."""
+    parsed: int = 0
+    """Bytes of whole lines read."""
+    lines: dict[int, bytes] = field(default_factory=dict)
+    records: dict[int, Committed | None] = field(default_factory=dict)
+
+
+_read: dict[str, Commits] = {}
+_read_guard = threading.Lock()
+KEPT_READS = 256
+"""Commits files whose reading this process keeps, to read on from where it stopped."""
+
+
+def read_commits(path: str) -> Commits:
+    """The commits file at ``path`` as it is now (empty where there is none), reading on
+    from what this process read of it before when it only grew since.  An unreadable
+    line is skipped (a warning names it): its partition goes on from its line before,
+    so at worst messages come again.  Raises ``StorageError``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Commits()
+    except OSError as e:
+        raise storage_error(e, "open", path) from None
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        with _read_guard:
+            known = _read.get(path)
+        if known is not None and known.key == key:
+            return known
+        start = known.parsed if known is not None and known.key[:2] == key[:2] and st.st_size >= known.parsed else 0
+        chunks = []
+        at = start
+        while at < st.st_size:
+            chunk = os.pread(fd, st.st_size - at, at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
     except OSError as e:
         raise storage_error(e, "read", path) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    whole = data.rfind(b"\n") + 1  # an unfinished last line is read once it is whole, or skipped once another follows it
+    found = Commits(key, start + whole)
+    if known is not None and start:
+        found.lines, found.records = dict(known.lines), dict(known.records)
+    for line in data[:whole].split(b"\n")[:-1]:
+        try:
+            partition, committed = decode_commit(line)
+        except ValueError as e:
+            log.warning("%s: a line at byte %d is unreadable (%s): skipped", path, start, e)
+        else:
+            found.lines[partition], found.records[partition] = line + b"\n", committed
+        start += len(line) + 1
+    with _read_guard:
+        _read.pop(path, None)
+        _read[path] = found
+        while len(_read) > KEPT_READS:
+            del _read[next(iter(_read))]
+    return found
+
+
+def _read_legacy(path: str) -> Committed | None:
+    """The offset file of an older kl at ``path``, or None.  Raises ``CorruptOffset``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(8192)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise storage_error(e, "read", path) from None
+    return decode_offset(data, path)
 
 
 def _read_if_live(path: str) -> Member | None:

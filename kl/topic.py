@@ -462,8 +462,10 @@ class Root:
         self.forget(name)
         forget_config(os.path.join(path, CONFIG_FILE))
         groups = os.path.join(self.path, GROUPS_DIR)
-        for group in os.listdir(groups) if os.path.isdir(groups) else []:
-            shutil.rmtree(os.path.join(self.path, GROUPS_DIR, group, "offsets", name), ignore_errors=True)
+        for group in os.listdir(groups) if os.path.isdir(groups) else []:  # its committed offsets (kl.registry)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(groups, group, "commits", name))
+            shutil.rmtree(os.path.join(groups, group, "offsets", name), ignore_errors=True)
 
     def forget(self, name: str) -> None:
         """Drop cached configs and logs of ``name`` (after it was deleted or recreated)."""

@@ -5,33 +5,34 @@ system-wide monotonic clock, so lines of several processes can be ordered), and 
 TOPIC PARTITION WHY`` / ``rejected WHY`` / ``busy WHY`` (a commit that found a lock held
 for the session timeout) lines.  SIGTERM stops it cleanly.
 
-``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method; commit includes
-``commit_many``, the member's own commits) makes the member SIGSTOP itself the first time
-it holds a partition's lock inside OP, after writing a ``stopping OP`` line: a member
-stopped while it holds a group lock, deterministically.
+``--stop-in OP`` (claim, commit, release or owns: a ``Registry`` method; claim includes
+``claim_many`` and commit ``commit_many``, the member's own) makes the member SIGSTOP
+itself the first time it holds a partition's lock (its record's bytes of the topic's
+claims file) inside OP, after writing a ``stopping OP`` line: a member stopped while it
+holds a group lock, deterministically.
 With ``--arm-on-usr1`` that is the first time after it got SIGUSR1 (and wrote ``armed``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import IO
 
 import kl
-from kl.registry import Registry
+from kl.registry import Registry, _Claims
 
 
 def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
-    """Make the first ``Registry._locked`` inside ``Registry.<op>`` SIGSTOP this process while
+    """Make the first partition lock taken inside ``Registry.<op>`` SIGSTOP this process while
     held (once armed: now, or by SIGUSR1)."""
-    locked = Registry._locked
-    codes = {getattr(Registry, name).__code__ for name in ([op, "commit_many"] if op == "commit" else [op])}
+    lock = _Claims.lock
+    names = {"claim": ["claim", "claim_many"], "commit": ["commit", "commit_many"]}.get(op, [op])
+    codes = {getattr(Registry, name).__code__ for name in names}
     armed = [armed_now]
 
     def arm(*_: object) -> None:
@@ -40,21 +41,20 @@ def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
 
     signal.signal(signal.SIGUSR1, arm)
 
-    @contextlib.contextmanager
-    def stopping(self: Registry, topic: str, partition: int, *args: object, **kwargs: object) -> Iterator[str]:
-        with locked(self, topic, partition, *args, **kwargs) as path:
-            frame = sys._getframe()
-            while frame is not None and frame.f_code not in codes:
-                frame = frame.f_back
-            if armed[0] and frame is not None:
-                armed[0] = False
-                out.write(f"stopping {op} {topic} {partition}\n")
-                # Sent to this thread, the stop takes it before it goes on (os.kill's may be
-                # taken by another thread: this one would run on a moment, releasing the lock).
-                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-            yield path
+    def stopping(self: _Claims, partition: int, force: bool) -> bool:
+        held = lock(self, partition, force)
+        frame = sys._getframe()
+        while frame is not None and frame.f_code not in codes:
+            frame = frame.f_back
+        if held and armed[0] and frame is not None:
+            armed[0] = False
+            out.write(f"stopping {op} {os.path.basename(self.path)} {partition}\n")
+            # Sent to this thread, the stop takes it before it goes on (os.kill's may be
+            # taken by another thread: this one would run on a moment, releasing the lock).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        return held
 
-    Registry._locked = stopping  # type: ignore[method-assign]
+    _Claims.lock = stopping  # type: ignore[method-assign]
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 import kl
 from kl import groups
-from kl.registry import Commit, Committed, Registry, decode_offset, encode_offset
+from kl.registry import SLOT, Commit, Committed, Registry, decode_commit, encode_commit, encode_forgotten
 
 from conftest import active_segment, flip_byte, write_each
 
@@ -353,22 +353,26 @@ def test_stale_generation_commits_are_rejected(root):
         b.close()
 
 
-def test_many_commits_fsync_each_file_before_its_rename_and_each_directory_after_them_all(root, monkeypatch):
+def test_many_commits_are_one_append_and_one_fsync_per_topic(root, monkeypatch):
     registry = Registry(root.path, "g")
     for p in range(3):
         registry.claim("t", p, "m", {})
     registry.claim("u", 0, "m", {})
+    registry.write_offset("u", 1, 0, "admin")  # u's commits file exists
     events = []
-    real_fsync, real_rename = os.fsync, os.rename
+    real_fsync, real_write = os.fsync, os.write
+
+    def write(fd, data):
+        events.append(("write", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_write(fd, data)
+
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or real_fsync(fd))
-    monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", a)) or real_rename(a, b))
+    monkeypatch.setattr(os, "write", write)
     commits = [Commit("t", p, kl.Position(10 * p, p), "m", 1, "id") for p in range(3)] + [Commit("u", 0, kl.Position(7), "m", 1)]
     assert registry.commit_many(commits) == [None] * 4
     monkeypatch.undo()
-    offsets = os.path.join(root.path, ".groups", "g", "offsets")
-    renamed = [path for what, path in events if what == "rename"]
-    assert len(renamed) == 4 and events.index(("rename", renamed[0])) > max(events.index(("fsync", t)) for t in renamed)
-    assert events[-2:] == [("fsync", os.path.join(offsets, "t")), ("fsync", os.path.join(offsets, "u"))]
+    t, u = (os.path.join(registry.path, "commits", name) for name in "tu")
+    assert events == [("write", t), ("fsync", t), ("fsync", os.path.dirname(t)), ("write", u), ("fsync", u)]  # t: a new file
     assert [registry.committed("t", p).position for p in range(3)] == [(0, 0), (10, 1), (20, 2)]
     assert (registry.committed("t", 1).topic_id, registry.committed("u", 0).offset) == ("id", 7)
 
@@ -385,7 +389,7 @@ def test_many_commits_store_those_their_member_owns_and_leave_no_temporary_files
         assert outcomes[0] is None and outcomes[2] is None
         assert isinstance(outcomes[1], kl.NotOwner) and "owned by" in str(outcomes[1])
         assert [registry.committed("t", p).offset for p in range(3)] == [9, 4, 9]
-        assert sorted(os.listdir(os.path.join(root.path, ".groups", "g", "offsets", "t"))) == ["0", "1", "2"]
+        assert sorted(os.listdir(os.path.join(root.path, ".groups", "g", "commits"))) == ["t"]
     finally:
         a.close()
         b.close()
@@ -424,30 +428,86 @@ def test_dead_members_registrations_are_cleaned_up(root, tmp_path):
     assert os.listdir(os.path.join(registry.path, "ids")) == []
 
 
-def test_offset_file_is_text_and_checked(root):
-    data = encode_offset(Committed(1234, "h:u", 1_700_000_000_000, 7, "Id"))
-    assert data.startswith(b"offset 1234\nskip 7\ntopic_id Id\nmember h:u\ntime 2023-11-14T22:13:20.000Z\ncrc32 ")
-    assert decode_offset(data, "f") == Committed(1234, "h:u", 1_700_000_000_000, 7, "Id")
-    body = b"offset 1234\nmember h:u\ntime 2023-11-14T22:13:20.000Z\n"  # an older kl's: of the topic's current id
-    assert decode_offset(body + b"crc32 %08x\n" % zlib.crc32(body), "f") == Committed(1234, "h:u", 1_700_000_000_000)
-    with pytest.raises(kl.CorruptState, match="damaged committed offset"):
-        decode_offset(data.replace(b"1234", b"1235"), "f")
-    with pytest.raises(kl.CorruptState):
-        decode_offset(data[:-3], "f")
-
-
-def test_commit_metadata_is_a_json_line_of_the_offset_file_only_when_there_is_some(root):
+def test_a_commit_is_a_json_line_and_checked(root):
+    line = encode_commit(3, Committed(1234, "h:u", 1_700_000_000_000, 7, "Id"), 5)
+    assert line.startswith(
+        b'{"partition": 3, "offset": 1234, "skip": 7, "topic_id": "Id", "member": "h:u", "generation": 5,'
+        b' "time": "2023-11-14T22:13:20.000Z"} '
+    )
+    assert decode_commit(line[:-1]) == (3, Committed(1234, "h:u", 1_700_000_000_000, 7, "Id"))
+    for damaged, reason in [
+        (line.replace(b"1234", b"1235"), "its checksum does not match"),
+        (line[:-3], "no checksum at its end"),
+        (line.replace(b'"skip": 7', b'"skip": -7').rpartition(b" ")[0], "no checksum at its end"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            decode_commit(damaged.rstrip(b"\n"))
     with_metadata = Committed(5, "h:u", 1_700_000_000_000, 0, "Id", "m1 ✓\nsecond line")
-    data = encode_offset(with_metadata)
-    assert b'\nmetadata "m1 \\u2713\\nsecond line"\ncrc32 ' in data and data.count(b"\n") == 7
-    assert decode_offset(data, "f") == with_metadata
-    assert b"metadata" not in encode_offset(Committed(5, "h:u", 1_700_000_000_000))
-    body = b"offset 5\nmember h:u\ntime 2023-11-14T22:13:20.000Z\nmetadata [1]\n"
-    with pytest.raises(kl.CorruptState, match="an unreadable field: metadata \\[1\\] is not a string"):
-        decode_offset(body + b"crc32 %08x\n" % zlib.crc32(body), "f")
+    line = encode_commit(0, with_metadata, None)
+    assert b'"metadata": "m1 \\u2713\\nsecond line"} ' in line and line.count(b"\n") == 1
+    assert decode_commit(line[:-1]) == (0, with_metadata)
+    assert b"metadata" not in encode_commit(0, Committed(5, "h:u", 1_700_000_000_000), 1)
+    assert decode_commit(encode_forgotten(4, "h:u")[:-1]) == (4, None)
     registry = Registry(root.path, "g")
     registry.write_offset("t", 0, 5, "h:u", metadata="kept")
     assert registry.committed("t", 0).metadata == "kept"
+
+
+def test_an_offset_file_of_an_older_kl_is_read_where_no_line_is_committed(root):
+    registry = Registry(root.path, "g")
+    legacy = os.path.join(registry.path, "offsets", "t")
+    os.makedirs(legacy)
+    body = b"offset 1234\nskip 7\ntopic_id Id\nmember h:u\ntime 2023-11-14T22:13:20.000Z\n"
+    for p, data in enumerate([body, b"offset 1234\nmember h:u\ntime 2023-11-14T22:13:20.000Z\n"]):  # no id: the topic's
+        with open(os.path.join(legacy, str(p)), "wb") as f:
+            f.write(data + b"crc32 %08x\n" % zlib.crc32(data))
+    assert registry.committed("t", 0) == Committed(1234, "h:u", 1_700_000_000_000, 7, "Id")
+    assert registry.committed("t", 1) == Committed(1234, "h:u", 1_700_000_000_000)
+    assert registry.partitions("offsets") == [("t", 0), ("t", 1)]
+    registry.write_offset("t", 0, 9, "h:u")
+    assert registry.committed("t", 0).offset == 9  # a line shadows the file
+    body = b"offset 5\nmember h:u\ntime 2023-11-14T22:13:20.000Z\nmetadata [1]\n"
+    with open(os.path.join(legacy, "1"), "wb") as f:
+        f.write(body + b"crc32 %08x\n" % zlib.crc32(body))
+    with pytest.raises(kl.CorruptState, match="an unreadable field: metadata \\[1\\] is not a string"):
+        registry.committed("t", 1)
+    with open(os.path.join(legacy, "1"), "wb") as f:
+        f.write(b"offset 9")
+    with pytest.raises(kl.CorruptState, match="damaged committed offset file .*no checksum line at its end"):
+        registry.committed("t", 1)
+
+
+def test_a_damaged_line_is_skipped_and_its_partition_goes_on_from_its_line_before(root, caplog):
+    registry = Registry(root.path, "g")
+    registry.write_offset("t", 0, 5, "h:u")
+    registry.write_offset("t", 1, 6, "h:u")
+    registry.write_offset("t", 0, 7, "h:u")
+    path = os.path.join(registry.path, "commits", "t")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data.replace(b'"offset": 7', b'"offset": 8'))
+    assert (registry.committed("t", 0).offset, registry.committed("t", 1).offset) == (5, 6)
+    [warning] = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert warning == f"{path}: a line at byte {data.rindex(b'{')} is unreadable (its checksum does not match): skipped"
+    with open(path, "ab") as f:
+        f.write(b'{"partition": 1, "offs')  # a writer that died in its append
+    registry.write_offset("t", 1, 9, "h:u")
+    assert (registry.committed("t", 0).offset, registry.committed("t", 1).offset) == (5, 9)
+
+
+def test_a_commits_file_is_compacted_to_its_last_lines_once_it_grew(root, monkeypatch):
+    monkeypatch.setattr(kl.registry, "COMPACT_AT", 4096)
+    registry = Registry(root.path, "g")
+    path = os.path.join(registry.path, "commits", "t")
+    sizes = []
+    for offset in range(200):
+        registry.write_offset("t", offset % 4, offset, "h:u")
+        sizes.append(os.path.getsize(path))
+    drops = [after for before, after in itertools.pairwise(sizes) if after < before]
+    assert max(sizes) <= 4096 + 200 and len(drops) > 3 and max(drops) < 4 * 200  # to one line a partition, again and again
+    assert [registry.committed("t", p).offset for p in range(4)] == [196, 197, 198, 199]
+    assert sorted(os.listdir(os.path.dirname(path))) == ["t"]
 
 
 @pytest.mark.parametrize("step", range(1, 7))
@@ -577,7 +637,7 @@ def test_a_topic_deleted_and_created_again_does_not_inherit_the_groups_offsets(r
         assert len(iter_all(iter(consumer))) == 100
         consumer.commit()
     root.delete_topic("t")
-    assert not os.path.exists(os.path.join(root.path, ".groups", "g", "offsets", "t"))
+    assert not os.path.exists(os.path.join(root.path, ".groups", "g", "commits", "t"))
     root.create_topic("t")
     values = produce(root, "t", 300)
     with kl.GroupConsumer(root, "g", ["t"]) as consumer:
@@ -607,8 +667,8 @@ def test_an_unusable_offset_under_reset_fail_blocks_its_partition_until_reset(ro
     root.create_topic("t", kl.TopicConfig(partitions=2))
     produce(root, "t", 40)
     registry = Registry(root.path, "g")
-    path = os.path.join(registry.path, "offsets", "t", "0")
-    if damage == "garbage":
+    if damage == "garbage":  # an offset file of an older kl
+        path = os.path.join(registry.path, "offsets", "t", "0")
         os.makedirs(os.path.dirname(path))
         with open(path, "wb") as f:
             f.write(b"garbage\n")
@@ -616,8 +676,14 @@ def test_an_unusable_offset_under_reset_fail_blocks_its_partition_until_reset(ro
     else:
         registry.write_offset("t", 0, 10**9, "admin")
         error = kl.OffsetOutOfRange
-    with open(path, "rb") as f:
-        before = f.read()
+
+    def committed() -> object:
+        if damage == "garbage":
+            with open(path, "rb") as f:
+                return f.read()
+        return registry.committed("t", 0)
+
+    before = committed()
     for _ in range(2):  # every run, the same
         with kl.GroupConsumer(root, "g", ["t"], reset="fail", auto_commit_interval=0) as consumer:
             stream = iter(consumer)
@@ -627,15 +693,14 @@ def test_an_unusable_offset_under_reset_fail_blocks_its_partition_until_reset(ro
                     messages += [r.partition for r in iter_all(stream)]
             assert 0 not in messages
             consumer.commit()
-        with open(path, "rb") as f:
-            assert f.read() == before
+        assert committed() == before
     groups.reset(root, "g", "earliest", topic="t", partition=0)
     with kl.GroupConsumer(root, "g", ["t"], reset="fail") as consumer:
         assert len(iter_all(iter(consumer))) == 40
     assert str(raised.value).count("\n") == 0
 
 
-def test_a_damaged_offset_file_under_reset_earliest_is_kept_aside_and_reported(root, caplog):
+def test_a_damaged_offset_file_of_an_older_kl_under_reset_earliest_is_kept_aside_and_reported(root, caplog):
     root.create_topic("t")
     values = produce(root, "t", 30)
     registry = Registry(root.path, "g")
@@ -733,8 +798,8 @@ def test_claims_and_releases_are_not_fsynced_and_an_owner_record_a_crash_emptied
     assert synced  # offsets stay durable
     monkeypatch.undo()
     registry.claim("t", 0, "dead", {})
-    with open(os.path.join(root.path, ".groups", "g", "owners", "t", "0"), "wb"):
-        pass  # what a crash may leave of a record that was never fsynced
+    with open(os.path.join(root.path, ".groups", "g", "claims", "t"), "r+b") as f:
+        f.write(bytes(SLOT))  # what a crash may leave of a record that was never fsynced
     assert (registry.owner("t", 0).member, registry.owner("t", 0).generation) == (None, 0)
     with kl.GroupConsumer(root, "g", ["t"]) as member:
         assert next(iter(member)).value == b"a"

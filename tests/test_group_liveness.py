@@ -15,7 +15,8 @@ import pytest
 from test_group import MEMBER, STARTED, Member, _no_member_outlives_its_test, _owned, wait_for  # noqa: F401 - a fixture
 
 import kl
-from kl.registry import Registry
+from kl.log import locks
+from kl.registry import SLOT, Registry
 
 from conftest import write_each
 
@@ -24,12 +25,14 @@ MARGIN = 2.0
 """Seconds allowed on top of the bound (session timeout + 1 s) for a loaded machine."""
 
 
-def holds_lock(pid: int, path: str) -> bool:
-    """Whether process ``pid`` holds a POSIX lock on ``path`` (by /proc/locks)."""
-    st = os.stat(path)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    with open("/proc/locks", encoding="ascii") as f:
-        return any(line.split()[1:6:4] == ["POSIX", inode] and line.split()[4] == str(pid) for line in f)
+def record_locked(path: str, partition: int) -> bool:
+    """Whether some process holds the lock on partition ``partition``'s owner record in the
+    claims file ``path`` (open file description locks name no process: F_OFD_GETLK)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return locks.locked_elsewhere(fd, path, start=partition * SLOT, length=SLOT)
+    finally:
+        os.close(fd)
 
 
 def is_stopped(pid: int) -> bool:
@@ -103,8 +106,7 @@ def test_a_member_stopped_holding_a_partition_lock_delays_the_others_by_the_sess
     try:
         wait_for(lambda: a.lines("stopping") and is_stopped(a.proc.pid), what="a to stop holding the lock", report=a.out)
         [(_, topic, partition)] = a.lines("stopping")
-        lock_path = os.path.join(root.path, ".groups", "g", "owners", topic, f"{partition}.lock")
-        assert holds_lock(a.proc.pid, lock_path)
+        assert record_locked(os.path.join(root.path, ".groups", "g", "claims", topic), int(partition))
         [(b_id,)] = b.lines("joined")
         beats = BeatWatch(root, "g", b_id)
         stopped_at = time.monotonic()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -228,8 +229,11 @@ def test_a_deleted_topic_is_flagged_skipped_by_reset_and_commented_out_by_export
 
 def test_a_damaged_offset_file_is_a_row_of_its_own_and_reset_overwrites_it(root, events):
     """Issue 16 (6a): describe lists every partition, the damaged one marked, and exits 1."""
+    Path(root.path, ".groups", "g", "commits", "t").unlink()  # the group's offsets as an older kl kept them:
     path = Path(root.path, ".groups", "g", "offsets", "t", "0")
-    path.write_bytes(path.read_bytes().replace(b"offset 1", b"offset 9"))
+    path.parent.mkdir(parents=True)
+    body = b"offset 9\nmember test\ntime 2023-11-14T22:13:20.000Z\n"
+    path.write_bytes(body + b"crc32 %08x\n" % (zlib.crc32(body) ^ 1))
     commit(root, "g", "t", 1, 0)
     info = groups.describe(root, "g")
     assert [(p.partition, p.status, p.damage) for p in info.partitions] == [

@@ -189,7 +189,7 @@ def find_coordinator(client: Client, group: str, version: int = 2) -> tuple[int,
 
 
 def offset_file(root: kl.Root, group: str, topic: str) -> bytes:
-    with open(os.path.join(root.path, ".groups", group, "offsets", topic, "0"), "rb") as f:
+    with open(os.path.join(root.path, ".groups", group, "commits", topic), "rb") as f:
         return f.read()
 
 
@@ -390,11 +390,12 @@ def test_committed_offsets_are_kls_group_files_inside_compressed_batches_too(roo
     assert resumed.stdout.split() == [b"z%d" % i for i in range(3, 10)]
     assert fetched(client, "g", "t") == (root.log("t", 0).state().log_end_offset, NONE)  # what kl consume committed
 
-    # A damaged offset file: an error, not "nothing committed".
-    path = os.path.join(root.path, ".groups", "g", "offsets", "t", "0")
+    # A damaged offset file (of an older kl): an error, not "nothing committed".
+    path = os.path.join(root.path, ".groups", "h", "offsets", "t", "0")
+    os.makedirs(os.path.dirname(path))
     with open(path, "wb") as f:
         f.write(b"offset 3\n")
-    assert fetched(client, "g", "t") == (-1, KAFKA_STORAGE_ERROR)
+    assert fetched(client, "h", "t") == (-1, KAFKA_STORAGE_ERROR)
 
     # A topic deleted and created again: its old offset counts as none.
     root.create_topic("u")

@@ -8,7 +8,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kl.errors import StorageError
 
@@ -153,44 +153,6 @@ def _write_temp(tmp: str, data: bytes) -> int:
         os.close(fd)
         raise
     return fd
-
-
-STAGED_AT_ONCE = 64
-"""Temporary files ``stage_durably`` holds open at a time."""
-
-
-def stage_durably(files: Sequence[tuple[str, bytes]]) -> list[str]:
-    """``write_atomic`` for many files, up to the renames: write each ``(path, data)`` to a
-    temporary file beside its path (``temp_path``) and fsync them all; returns their paths,
-    in order, for the caller to rename each over its path and then fsync each directory
-    once.  Each file is fsynced, as ``write_atomic`` does, but the writeback of
-    ``STAGED_AT_ONCE`` of them is started before the first of their fsyncs, so that the
-    file system commits its journal about once for those rather than once a file (1,000
-    offset files: about 0.1 s here rather than 0.25 s).  Raises ``StorageError`` after
-    removing the temporary files it wrote."""
-    tmps: list[str] = []
-    path = ""
-    try:
-        for first in range(0, len(files), STAGED_AT_ONCE):
-            batch = files[first : first + STAGED_AT_ONCE]
-            fds: list[int] = []
-            try:
-                for path, data in batch:
-                    tmps.append(temp_path(path))
-                    fds.append(_write_temp(tmps[-1], data))
-                    start_writeback(fds[-1], 0, 0)
-                for i, fd in enumerate(fds):
-                    path = batch[i][0]
-                    os.fsync(fd)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-    except OSError as e:
-        for tmp in tmps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise storage_error(e, "write", path) from None
-    return tmps
 
 
 def file_time_ns(directory: str) -> int:

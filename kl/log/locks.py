@@ -428,8 +428,9 @@ _FLOCK = struct.Struct("hhqqi4x")
 FILE_LOCK_POLL = 0.01
 
 
-def lock_file(fd: int, path: str, timeout: float, *, shared: bool = False) -> None:
-    """Take an open file description lock on the whole file ``fd`` refers to.
+def lock_file(fd: int, path: str, timeout: float, *, shared: bool = False, start: int = 0, length: int = 0) -> None:
+    """Take an open file description lock on the whole file ``fd`` refers to (or on its
+    ``length`` bytes from ``start``, when ``length`` is not 0).
 
     Used on NFS, where taking a lock on a file makes the client revalidate its cached
     attributes and pages (a cache coherency point), and where a lock held on the data
@@ -438,33 +439,36 @@ def lock_file(fd: int, path: str, timeout: float, *, shared: bool = False) -> No
     process: other descriptors of the file opened and closed meanwhile leave it alone.
     It goes when ``fd`` is closed.  Raises ``LockTimeout`` and ``StorageError``.
     """
-    request = _FLOCK.pack(fcntl.F_RDLCK if shared else fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    request = _FLOCK.pack(fcntl.F_RDLCK if shared else fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
     deadline = time.monotonic() + timeout
+    pause = FILE_LOCK_POLL / 10
     while True:
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
             return
         except (BlockingIOError, PermissionError):
             if time.monotonic() >= deadline:
-                raise LockTimeout(f"{path} is locked by another host or process (waited {timeout:g}s)") from None
-            time.sleep(FILE_LOCK_POLL)
+                what = f"{path} (bytes {start} to {start + length})" if length else path
+                raise LockTimeout(f"{what} is locked by another host or process (waited {timeout:g}s)") from None
+            time.sleep(pause)
+            pause = min(pause * 2, FILE_LOCK_POLL)
         except OSError as e:
             raise storage_error(e, "lock", path) from None
 
 
-def unlock_file(fd: int, path: str) -> None:
-    """Drop the lock ``lock_file`` took on ``fd``."""
+def unlock_file(fd: int, path: str, *, start: int = 0, length: int = 0) -> None:
+    """Drop the lock ``lock_file`` took on ``fd`` (on those bytes)."""
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, start, length, 0))
     except OSError as e:
         raise storage_error(e, "unlock", path) from None
 
 
-def locked_elsewhere(fd: int, path: str) -> bool:
+def locked_elsewhere(fd: int, path: str, *, start: int = 0, length: int = 0) -> bool:
     """Whether another open file description holds a lock on the file ``fd`` refers to
-    (asked with F_OFD_GETLK: nothing is taken)."""
+    (on those bytes, as for ``lock_file``; asked with F_OFD_GETLK: nothing is taken)."""
     try:
-        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, length, 0))
     except OSError as e:
         raise storage_error(e, "test the lock of", path) from None
     return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)

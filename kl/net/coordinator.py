@@ -512,7 +512,7 @@ class Coordinator:
                         member_id or "kafka",
                         topic_id,
                         metadata=metadata,
-                        before_rename=lambda: self._holds(name),
+                        before_write=lambda: self._holds(name),
                     )
                     codes.append(NONE)
                 except _Lost as e:
