@@ -325,7 +325,8 @@ class GroupConsumer:
     topic starts at its log start (it holds only newer messages).  The members see
     added partitions within a second or so and share them out again.  A committed
     offset that cannot be used goes by ``reset``: out of the log (retention deleted it)
-    or in a damaged file (set aside as ``P.damaged`` first), "earliest" and
+    or in a damaged offset file of an older kl (set aside as ``P.damaged`` first; a
+    damaged line of a commits file is skipped, see kl/registry.py), "earliest" and
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
     is committed over it.  With ``auto_commit`` the consumed messages' offsets are

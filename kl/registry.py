@@ -535,12 +535,11 @@ class Registry:
             raise storage_error(e, "write", path) from None
         finally:
             os.close(fd)
-        grown = size + len(data)
-        if exclusive and grown > COMPACT_AT:
-            found = read_commits(path)
-            live = sum(len(line) for line in found.lines.values())
-            if grown > COMPACT_RATIO * live:
-                write_atomic(path, b"".join(line for _, line in sorted(found.lines.items())))
+        if exclusive and size + len(data) > COMPACT_AT:
+            try:
+                _compact(path, size + len(data))
+            except StorageError as e:  # the commit is stored: the next one tries again
+                log.warning("group %s: %s", self.group, e)
 
     def committed(self, topic: str, partition: int) -> Committed | None:
         """The committed offset, or None.  Raises ``CorruptOffset`` for a damaged offset
@@ -758,6 +757,21 @@ class _Claims:
             os.pwrite(self.fd, record.ljust(SLOT - 1) + b"\n", partition * SLOT)
         except OSError as e:
             raise storage_error(e, "write", self.path) from None
+
+
+def _compact(path: str, size: int) -> None:
+    """Replace the commits file at ``path`` (``size`` bytes) by its partitions' last lines
+    once it is ``COMPACT_RATIO`` times larger, under its commits lock; temporary files of
+    a compaction that died on the way go first (only a holder of that lock makes them)."""
+    found = read_commits(path)
+    if size <= COMPACT_RATIO * sum(len(line) for line in found.lines.values()):
+        return
+    directory, name = os.path.split(path)
+    for leftover in list_dir(directory):
+        if re.fullmatch(rf"\.{re.escape(name)}\.[0-9]+\.[0-9a-f]{{8}}\.tmp", leftover):  # fsutil.temp_path's
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, leftover))
+    write_atomic(path, b"".join(line for _, line in sorted(found.lines.items())))
 
 
 def _parse_owner(data: bytes) -> Owner:
