@@ -46,6 +46,7 @@ from kl.registry import (
     GroupNotFound,
     InvalidImport,
     Member,
+    Offset,
     Registry,
     groups,
     parse_position,
@@ -375,8 +376,8 @@ def _who(action: str) -> str:
 
 def _write(root: Root, registry: Registry, changes: list[OffsetChange], who: str) -> None:
     """Write the changes' new offsets, as of their topics' current ids."""
-    for change in changes:
-        registry.write_offset(change.topic, change.partition, change.new, who, root.topic_id(change.topic))
+    ids = {topic: root.topic_id(topic) for topic in {c.topic for c in changes}}
+    registry.write_offsets([Offset(c.topic, c.partition, c.new, ids[c.topic]) for c in changes], who)
 
 
 def _stale(root: Root, topic: str, committed: Committed) -> bool:

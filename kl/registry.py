@@ -194,6 +194,16 @@ class Commit(NamedTuple):
     force: bool = False
 
 
+class Offset(NamedTuple):
+    """A position to store for a partition whoever owns it: :meth:`Registry.write_offsets`'."""
+
+    topic: str
+    partition: int
+    position: Position
+    topic_id: str = ""
+    metadata: str = ""
+
+
 @dataclass(frozen=True)
 class Committed:
     offset: int
@@ -479,19 +489,29 @@ class Registry:
         topic_id: str = "",
         *,
         metadata: str = "",
-        before_write: Callable[[], None] | None = None,
     ) -> None:
         """Store ``position`` (and ``metadata`` with it) without asking who owns the
-        partition (admin tools, and the Kafka clients' coordinator, which asked itself);
-        ``before_write`` runs once the commits lock is held, before the append.  Raises
-        ``LockTimeout`` after ``lock_timeout``."""
+        partition: :meth:`write_offsets` of one."""
         at = position if isinstance(position, Position) else Position(position)
-        committed = Committed(at.offset, member, time.time_ns() // 1_000_000, at.skip, topic_id, metadata)
-        with self._claims(topic) as claims:
-            claims.lock_commits(False)
-            if before_write is not None:
-                before_write()
-            self._append(topic, [encode_commit(partition, committed, None)], True)
+        self.write_offsets([Offset(topic, partition, at, topic_id, metadata)], member)
+
+    def write_offsets(self, offsets: Sequence[Offset], member: str, *, before_write: Callable[[], None] | None = None) -> None:
+        """Store each of ``offsets`` as committed by ``member`` without asking who owns the
+        partitions (admin tools, and the Kafka clients' coordinator, which asked itself):
+        one append to each topic's commits file; ``before_write`` runs once its commits
+        lock is held, before it.  Raises ``LockTimeout`` after ``lock_timeout`` and
+        ``StorageError``: the topics' appends before it are stored."""
+        now_ms = time.time_ns() // 1_000_000
+        by_topic: dict[str, list[bytes]] = {}
+        for o in offsets:
+            committed = Committed(o.position.offset, member, now_ms, o.position.skip, o.topic_id, o.metadata)
+            by_topic.setdefault(o.topic, []).append(encode_commit(o.partition, committed, None))
+        for topic, lines in by_topic.items():
+            with self._claims(topic) as claims:
+                claims.lock_commits(False)
+                if before_write is not None:
+                    before_write()
+                self._append(topic, lines, True)
 
     def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Forget the committed offset (of a topic deleted and created again), if ``member``

@@ -74,6 +74,7 @@ from kl.registry import (
     Committed,
     CorruptOffset,
     GroupNotFound,
+    Offset,
     Registration,
     Registry,
     coordinator_path,
@@ -497,30 +498,23 @@ class Coordinator:
                 member = group.members[member_id]
                 member.expires = time.monotonic() + member.session_timeout
             codes = []
+            stored: list[Offset] = []
             for topic, partition, position, topic_id, metadata in offsets:
                 if isinstance(position, int):
                     codes.append(position)
-                    continue
-                if len(metadata) > MAX_METADATA:
+                elif len(metadata) > MAX_METADATA:
                     codes.append(OFFSET_METADATA_TOO_LARGE)
-                    continue
-                try:
-                    group.registry.write_offset(
-                        topic,
-                        partition,
-                        position,
-                        member_id or "kafka",
-                        topic_id,
-                        metadata=metadata,
-                        before_write=lambda: self._holds(name),
-                    )
+                else:
                     codes.append(NONE)
-                except _Lost as e:
-                    log.warning("group %s: lost its coordinator lock (%s): its commits are refused", name, e)
-                    codes.append(NOT_COORDINATOR)
-                except KlError as e:
-                    log.warning("group %s: commit of %s/%d refused: %s", name, topic, partition, e)
-                    codes.append(KAFKA_STORAGE_ERROR)
+                    stored.append(Offset(topic, partition, position, topic_id, metadata))
+            try:  # one append a topic
+                group.registry.write_offsets(stored, member_id or "kafka", before_write=lambda: self._holds(name))
+            except _Lost as e:
+                log.warning("group %s: lost its coordinator lock (%s): its commits are refused", name, e)
+                return [NOT_COORDINATOR if code == NONE else code for code in codes]
+            except KlError as e:
+                log.warning("group %s: a commit of %d offsets refused: %s", name, len(stored), e)
+                return [KAFKA_STORAGE_ERROR if code == NONE else code for code in codes]
             return codes
 
     def _may_commit(self, group: Group, generation: int, member_id: str) -> int:
