@@ -240,11 +240,11 @@ def test_metadata_of_all_topics_asked_at_once_looks_them_up_once_and_the_next_se
     lookups = []
     real_all_topics, real_topics = kafka.Kafka._all_topics, kl.Root.topics
 
-    def all_topics(self):
+    def all_topics(self, peers):
         asked.append(1)
         if len(asked) == 2:
             both_asked.set()
-        return real_all_topics(self)
+        return real_all_topics(self, peers)
 
     def slow_topics(self):
         lookups.append(1)

@@ -15,6 +15,7 @@ import sys
 import time
 
 import confluent_kafka
+import kafka
 import pytest
 from kafka.protocol.admin.groups import DescribeGroupsRequest, ListGroupsRequest
 from kafka.protocol.consumer.group import (
@@ -44,7 +45,7 @@ from kl.net.kafka_errors import (
 )
 from kl.registry import Registry
 
-from conftest import write, write_each
+from conftest import read_all, write, write_each
 from kafka_clients import Daemon
 
 KL = [sys.executable, "-m", "kl_cli"]
@@ -620,3 +621,64 @@ def test_two_daemons_name_one_coordinator_and_the_survivor_takes_over_a_group_wh
 def _node(address: str) -> tuple[int, str, int]:
     host, port = address.split(":")
     return brokers.node_id(address), host, int(port)
+
+
+def leaders_seen_by(address: str, topic: str) -> dict[int, int]:
+    host, port = address.split(":")
+    client = Client((host, int(port)))
+    try:
+        (found,) = client.call(MetadataRequest, 1, topics=[MetadataRequest.MetadataRequestTopic(name=topic)]).topics
+    finally:
+        client.close()
+    return {p.partition_index: p.leader_id for p in found.partitions}
+
+
+def test_two_daemons_name_the_same_leaders_so_an_idempotent_producer_writes_each_record_once(root, tmp_path):
+    """Issue 35: each daemon named itself every partition's leader, so a producer's metadata
+    refreshes moved partitions between them (kafka-python: OutOfOrderSequenceNumberError)."""
+    partitions = 8
+    root.create_topic("t", kl.TopicConfig(partitions=partitions))
+    first, second = Daemon(root.path, tmp_path / "first.log"), Daemon(root.path, tmp_path / "second.log")
+    try:
+        pool = sorted([first.bootstrap, second.bootstrap])
+        expected = {p: brokers.node_id(brokers.leader("t", p, pool)) for p in range(partitions)}
+        assert leaders_seen_by(first.bootstrap, "t") == leaders_seen_by(second.bootstrap, "t") == expected
+        producer = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": f"{first.bootstrap},{second.bootstrap}",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "topic.metadata.refresh.interval.ms": 200,
+            }
+        )
+        errors: list[object] = []
+        values = [b"%d" % i for i in range(2000)]
+        for i, value in enumerate(values):
+            producer.produce("t", value, partition=i % partitions, on_delivery=lambda e, _: e and errors.append(e))
+            producer.poll(0)
+            if i % 250 == 0:
+                time.sleep(0.3)  # metadata refreshed meanwhile, from either daemon
+        assert producer.flush(30) == 0 and errors == []
+        python = kafka.KafkaProducer(
+            bootstrap_servers=[first.bootstrap, second.bootstrap], enable_idempotence=True, metadata_max_age_ms=200, linger_ms=5
+        )
+        more = [b"k%d" % i for i in range(2000)]
+        futures = []
+        for i, value in enumerate(more):
+            futures.append(python.send("t", value, partition=i % partitions))
+            if i % 250 == 0:
+                time.sleep(0.3)
+        python.flush(30)
+        python.close()
+        assert [f.exception for f in futures if f.failed()] == []
+        stored = {p: [m.value for m in read_all(root, "t", p)] for p in range(partitions)}
+        assert stored == {p: values[p::partitions] + more[p::partitions] for p in range(partitions)}
+        first.proc.kill()
+        first.proc.wait()
+        deadline = time.monotonic() + 20
+        while set(leaders_seen_by(second.bootstrap, "t").values()) != {brokers.node_id(second.bootstrap)}:
+            assert time.monotonic() < deadline, "the survivor does not lead every partition"
+            time.sleep(0.1)
+    finally:
+        first.stop()
+        second.stop()

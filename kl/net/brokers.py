@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from kl.errors import KlError, LockTimeout, StorageError
@@ -73,6 +75,20 @@ def node_id(kafka_address: str) -> int:
     """The node id Kafka clients know the daemon at ``kafka_address`` by: the same on every
     daemon, and different for different addresses (a CRC-32 of it)."""
     return zlib.crc32(kafka_address.encode()) & 0x7FFFFFFF
+
+
+def serves(info: BrokerInfo, topic: str) -> bool:
+    """Whether the daemon ``info`` registers serves ``topic`` (its ``--topics``)."""
+    return info.topics is None or re.fullmatch(info.topics, topic) is not None
+
+
+def leader(topic: str, partition: int, daemons: Sequence[str]) -> str:
+    """Which of ``daemons`` (Kafka addresses) leads the partition: the one whose hash
+    with it is highest (rendezvous hashing), so every daemon that sees the same daemons
+    names the same leader, and a partition moves only when its leader goes or a daemon
+    that comes ranks higher for it."""
+    key = f"{topic}\0{partition}\0".encode()
+    return max(daemons, key=lambda address: (zlib.crc32(key + address.encode()), address))
 
 
 class Registration:
