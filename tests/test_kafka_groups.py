@@ -652,12 +652,17 @@ def test_two_daemons_name_the_same_leaders_so_an_idempotent_producer_writes_each
             }
         )
         errors: list[object] = []
-        values = [b"%d" % i for i in range(2000)]
+        values = [b"%d" % i for i in range(3000)]
         for i, value in enumerate(values):
             producer.produce("t", value, partition=i % partitions, on_delivery=lambda e, _: e and errors.append(e))
             producer.poll(0)
             if i % 250 == 0:
                 time.sleep(0.3)  # metadata refreshed meanwhile, from either daemon
+            if i == 1000:  # a leader that hangs: its partitions' clients wait for it (with each, 3 of 6 runs stored some twice)
+                first.proc.send_signal(signal.SIGSTOP)
+            elif i == 2000:
+                time.sleep(3)
+                first.proc.send_signal(signal.SIGCONT)
         assert producer.flush(30) == 0 and errors == []
         python = kafka.KafkaProducer(
             bootstrap_servers=[first.bootstrap, second.bootstrap], enable_idempotence=True, metadata_max_age_ms=200, linger_ms=5
@@ -680,5 +685,6 @@ def test_two_daemons_name_the_same_leaders_so_an_idempotent_producer_writes_each
             assert time.monotonic() < deadline, "the survivor does not lead every partition"
             time.sleep(0.1)
     finally:
+        first.proc.send_signal(signal.SIGCONT)
         first.stop()
         second.stop()
