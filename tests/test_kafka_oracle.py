@@ -12,8 +12,12 @@ serve --kafka`` over a fresh root for the module.
 A scenario is a plain function ``scenario(endpoint, **args)`` that creates its topics
 through the endpoint (``Endpoint.create_topic``: Kafka's admin client, kl's library),
 drives a client (confluent-kafka or kafka-python in this process, every call with a
-deadline, or one of Kafka's own tools in a JVM: ``kafka_oracle.tool``) and returns what
-the client observed, as plain data.  ``same(scenario, ...)``
+deadline; one of Kafka's own tools in a JVM: ``kafka_oracle.tool``; or the Java client or a
+Go client, franz-go, IBM/sarama or segmentio/kafka-go, through a small program of
+tests/kafka_programs.py that answers JSON requests, one process per client and endpoint for
+the module, built on first use into gitignored caches and skipped, saying why, where go,
+java, mvn or their registries are missing) and returns what the client observed, as plain
+data.  ``same(scenario, ...)``
 runs it against both and fails with both observations when they differ (``Differs``); a
 scenario that raises, misses its deadline (a client stuck) or outlives its endpoint (a
 broker killed: what a client saw of a dead server is no observation) fails at once with
@@ -29,6 +33,7 @@ is removed, when that issue lands.
 
 from __future__ import annotations
 
+import base64
 import pprint
 import threading
 import time
@@ -43,6 +48,7 @@ import kafka.errors
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_oracle import Broker, Unavailable, install, tool, version
+from kafka_programs import Program, go_programs, java_command
 
 import kl
 
@@ -160,6 +166,45 @@ def endpoints(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     code = daemon.stop()
     root.close()
     assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {daemon.text()}"
+
+
+ENDPOINTS = ("kafka", "kl")
+Programs = dict[str, Program]
+"""One process of a client's program per endpoint, by the endpoint's name: a client's
+state (kafka-go's, seen) never carries from one endpoint's scenario into the other's."""
+
+
+@pytest.fixture(scope="module")
+def go() -> Iterator[dict[str, Programs]]:
+    """The Go clients' programs (franz-go, IBM/sarama, segmentio/kafka-go) for the module,
+    or a skip saying why they cannot be built here."""
+    try:
+        paths = go_programs()
+    except Unavailable as e:
+        pytest.skip(f"Go clients: {e}")
+    started = {name: {e: Program([str(path)]) for e in ENDPOINTS} for name, path in paths.items()}
+    yield started
+    for programs in started.values():
+        for p in programs.values():
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def java() -> Iterator[Programs]:
+    """The Java reference client's driver for the module (a JVM per endpoint), or a skip
+    saying why it cannot be built here."""
+    try:
+        command = java_command()
+    except Unavailable as e:
+        pytest.skip(f"the Java client: {e}")
+    started = {e: Program(command) for e in ENDPOINTS}
+    yield started
+    for p in started.values():
+        p.close()
+
+
+def programs(name: str, go: dict[str, Programs] | None, java: Programs | None) -> Programs:
+    return java if name == "java" else go[name]  # type: ignore[index,return-value]
 
 
 # ----------------------------------------------------------------- running a scenario on both
@@ -634,6 +679,127 @@ def kafka_tools_offsets(endpoint: Endpoint, topic: str) -> Any:
     return {"latest": latest, **{k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}}
 
 
+# ----------------------------------------------------------------- scenarios: the Go and Java clients
+# Each drives one of the programs of tests/kafka_programs.py (a Go client's or the Java
+# client's driver, one process per endpoint for the module) through requests of JSON.
+
+
+def b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def as_json(records: list[Record]) -> list[dict[str, Any]]:
+    return [{"key": b64(k), "value": b64(v), "headers": [[n, b64(h)] for n, h in hs], "timestamp": t} for k, v, hs, t in records]
+
+
+def as_records(read: list[dict[str, Any]]) -> list[Record]:
+    """A program's records as ``sample`` makes them (offsets left out)."""
+    return [(unb64(r["key"]), unb64(r["value"]), [(n, unb64(h)) for n, h in r["headers"]], r["timestamp"]) for r in read]
+
+
+def offsets_of(read: list[dict[str, Any]]) -> list[int]:
+    return [r["offset"] for r in read]
+
+
+def program_produce(endpoint: Endpoint, client: Program, topic: str, records: list[Record], **more: Any) -> Any:
+    """{"offsets", "errors"}: each record's delivery report, all sent in one flush."""
+    request = {"op": "produce", "bootstrap": endpoint.bootstrap, "topic": topic, "records": as_json(records), **more}
+    return client.ask({"timeout": CALL_TIMEOUT, **request})
+
+
+def program_consume(endpoint: Endpoint, client: Program, topic: str, start: Any, count: int, quiet: float = QUIET) -> Any:
+    """The records read with assign() from ``start`` ("earliest", {"offset": N}, {"timestamp":
+    T}): ``count`` of them, then up to one more within ``quiet`` seconds."""
+    request = {"op": "consume", "bootstrap": endpoint.bootstrap, "topic": topic, "start": start, "count": count, "quiet": quiet}
+    return client.ask({"timeout": CALL_TIMEOUT, **request})["records"]
+
+
+def program_group(endpoint: Endpoint, client: Program, topic: str, group: str, count: int) -> Any:
+    """{"records", "committed"}: a member of ``group`` read ``count`` records (one poll at a
+    time where the client has such a setting), committed the last one's offset + 1 and left."""
+    request = {"op": "group", "bootstrap": endpoint.bootstrap, "topic": topic, "group": group, "count": count}
+    return client.ask({"timeout": CALL_TIMEOUT, **request})
+
+
+def client_round_trip(endpoint: Endpoint, clients: Programs, topic: str, compression: str) -> Any:
+    """Records of every kind produced by the client in one batch (compressed as asked) and
+    read back with assign() from the earliest offset."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    records = sample()
+    produced = program_produce(endpoint, client, topic, records, compression=compression)
+    return {"errors": produced["errors"], "read": as_records(program_consume(endpoint, client, topic, "earliest", len(records)))}
+
+
+def client_group_resume(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A member reads three of five records and commits the third's offset + 1; after it
+    left, two more come, and the next member of the group reads from where the first stopped."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    records = sample(7)
+    program_produce(endpoint, client, topic, records[:5])
+    group = f"group-{topic}"
+    first = program_group(endpoint, client, topic, group, 3)
+    program_produce(endpoint, client, topic, records[5:])
+    second = program_group(endpoint, client, topic, group, 4)
+    return {"first": as_records(first["records"]), "second": as_records(second["records"])}
+
+
+def client_seek_and_time(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A consumer seeks to the offset another read the fifth record at, and one starts at the
+    offset offsetsForTimes gives for the sixth record's timestamp (and one between the
+    fifth's and the sixth's): each reads from that record on."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    records = sample(8)
+    program_produce(endpoint, client, topic, records)
+    offset = offsets_of(program_consume(endpoint, client, topic, "earliest", 8, quiet=0))[4]
+    at = sample(8)[5][3]
+    return {
+        "seek": as_records(program_consume(endpoint, client, topic, {"offset": offset}, 4)),
+        "time": as_records(program_consume(endpoint, client, topic, {"timestamp": at}, 3)),
+        "between": as_records(program_consume(endpoint, client, topic, {"timestamp": at - 500}, 3)),
+    }
+
+
+def old_versions(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """Requests of versions Kafka 4 no longer serves (Produce v0-2 with message sets of magic
+    0 and 1, Fetch v0-3), one connection each, as kafka-go's protocol package encodes them;
+    then Produce v3 on the new topic; then kafka-go's Conn, which negotiates its Produce
+    version from ApiVersions, and a read of what it wrote."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    records = sample(2)
+    seen: dict[str, Any] = {}
+    for api, v in (("produce", 0), ("produce", 2), ("fetch", 0), ("fetch", 3), ("produce", 3)):
+        request = {"op": "versioned", "api": api, "version": v, "bootstrap": endpoint.bootstrap, "topic": topic,
+                   "records": as_json(records[:1]), "timeout": CALL_TIMEOUT}  # fmt: skip
+        seen[f"{api} v{v}"] = client.ask(request)
+    seen["conn"] = program_produce(endpoint, client, topic, records, conn=True)["errors"]
+    seen["read"] = as_records(program_consume(endpoint, client, topic, "earliest", 3))
+    return seen
+
+
+def client_offsets(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """The offsets a client reports: four records' delivery reports (one batch), the offsets
+    they are read at, the earliest and latest offsets and the one for the third record's
+    timestamp, and what a member that read two of them committed (offset + 1).  Kafka says
+    0 to 3, 0 to 3, 0, 4 and 2, and 2."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    records = sample(4)
+    delivered = program_produce(endpoint, client, topic, records)["offsets"]
+    read = offsets_of(program_consume(endpoint, client, topic, "earliest", 4, quiet=0))
+    request = {"op": "offsets", "bootstrap": endpoint.bootstrap, "topic": topic, "timestamp": records[2][3]}
+    listed = client.ask({**request, "timeout": CALL_TIMEOUT})
+    committed = program_group(endpoint, client, topic, f"group-{topic}", 2)["committed"]
+    return {"delivered": delivered, "read": read, "listed": listed, "committed": committed}
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -730,6 +896,46 @@ def test_watermarks_count_records(endpoints) -> None:
 @OFFSETS
 def test_the_committed_offset_and_the_lag_count_records(endpoints) -> None:
     assert same(committed_offset_and_lag, endpoints, topic="committed") == {"committed": 3, "lag": 2}
+
+
+GO_AND_JAVA = ("franz", "sarama", "kafkago", "java")
+"""The programs of tests/kafka_programs.py: franz-go, IBM/sarama, segmentio/kafka-go, kafka-clients."""
+
+
+@pytest.mark.parametrize(
+    ("client", "compression"), [("franz", "none"), ("franz", "zstd"), ("sarama", "snappy"), ("kafkago", "lz4"), ("java", "gzip")]
+)
+def test_go_and_java_clients_round_trip_values_keys_headers_and_timestamps(endpoints, go, java, client, compression) -> None:
+    seen = same(client_round_trip, endpoints, clients=programs(client, go, java), topic=f"rt-{client}-{compression}",
+                compression=compression)  # fmt: skip
+    assert seen == {"errors": [None] * 8, "read": sample()}
+
+
+@pytest.mark.parametrize("client", GO_AND_JAVA)
+def test_go_and_java_clients_resume_a_group_after_commit(endpoints, go, java, client) -> None:
+    seen = same(client_group_resume, endpoints, clients=programs(client, go, java), topic=f"group-{client}-resume")
+    assert seen == {"first": sample(7)[:3], "second": sample(7)[3:]}
+
+
+def test_the_java_client_seeks_to_a_read_offset_and_to_offsets_for_times(endpoints, java) -> None:
+    seen = same(client_seek_and_time, endpoints, clients=java, topic="java-seek")
+    assert seen == {"seek": sample(8)[4:], "time": sample(8)[5:], "between": sample(8)[5:]}
+
+
+def test_versions_kafka_4_no_longer_serves_close_the_connection(endpoints, go) -> None:
+    seen = same(old_versions, endpoints, clients=go["kafkago"], topic="old-versions")
+    closed = {"failed": "closed"}
+    assert seen == {"produce v0": closed, "produce v2": closed, "fetch v0": closed, "fetch v3": closed,
+                    "produce v3": {"partitions": [[0, 0, 0]]}, "conn": [None], "read": sample(1) + sample(2)}  # fmt: skip
+
+
+@OFFSETS
+@pytest.mark.parametrize("client", GO_AND_JAVA)
+def test_go_and_java_clients_offsets_count_records(endpoints, go, java, client) -> None:
+    seen = same(client_offsets, endpoints, clients=programs(client, go, java), topic=f"offsets-{client}")
+    delivered = [None] * 4 if client == "kafkago" else [0, 1, 2, 3]  # kafka-go's Writer reports no offsets
+    assert seen == {"delivered": delivered, "read": [0, 1, 2, 3], "listed": {"earliest": 0, "latest": 4, "timestamp": 2},
+                    "committed": 2}  # fmt: skip
 
 
 # ----------------------------------------------------------------- the harness itself

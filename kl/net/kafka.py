@@ -183,9 +183,15 @@ class Kafka(FrontEnd):
         if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
             self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
             return
-        if api is None or not api.low <= version <= api.high:
+        if api is None:
             self._unsupported(conn, key, version, correlation)
             return
+        if not api.low <= version <= api.high:
+            # Kafka's brokers close the connection on a version they do not serve (Kafka 4
+            # on Produce v0-2, Fetch v0-3, ...): an answer without an error code to carry
+            # UNSUPPORTED_VERSION would be empty, which a client reads as nothing refused
+            # (kafka-go's Conn, on Produce v2: "reading a response left 4 unread bytes").
+            raise Drop(f"{api.request.name} v{version} is not served here (versions {api.low}-{api.high})")
         flexible = api.request.flexible_version_q(version)
         pos, conn.client = _header(request, flexible)
         try:
@@ -211,9 +217,9 @@ class Kafka(FrontEnd):
         self._send(conn, correlation, response, version, flexible)
 
     def _unsupported(self, conn: Connection, key: int, version: int, correlation: int) -> None:
-        """Answer a request kl does not serve with UNSUPPORTED_VERSION where the response
-        has an error code (its other fields empty); close the connection when kafka-python
-        knows no such response to encode."""
+        """Answer a request of a type kl does not serve with UNSUPPORTED_VERSION where the
+        response has an error code (its other fields empty); close the connection when
+        kafka-python knows no such response to encode."""
         response = _responses().get(key)
         if response is None or not 0 <= version <= response.max_version:
             raise Drop(f"request type {key} version {version} is not one kl or kafka-python knows")
