@@ -951,18 +951,19 @@ def test_a_difference_is_reported_with_both_observations(endpoints) -> None:
 
 
 def read_after_a_kill(endpoint: Endpoint, topic: str, broker: Broker) -> Any:
-    """A record written, the broker killed, the record read: the client sees no error,
-    only nothing to read."""
+    """A record written, the broker killed, then a client that waits for it as long as a
+    call may take (a consumer itself would linger in the process after the test, its
+    threads opening sockets to the dead broker while later tests count descriptors)."""
     endpoint.create_topic(topic)
     confluent_produce(endpoint, topic, sample(1))
     broker.kill()
-    return consume_all("confluent", endpoint, topic, 1)
+    time.sleep(CALL_TIMEOUT)
 
 
 def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -> None:
     """A scenario whose broker dies under it fails at once with the broker's log, whatever
-    the client makes of it (here it would wait for the record, then see none); the next
-    scenario fails at once too."""
+    the client makes of it (here it waits on, as a stuck client would); the next scenario
+    fails at once too."""
     lib = installed()
     b = Broker(lib, tmp_path)
     endpoint = kafka_endpoint(b, lib)
