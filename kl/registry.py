@@ -77,6 +77,7 @@ from kl.log.fsutil import (
     nfs_locking_problem,
     open_file,
     storage_error,
+    write_all,
     write_atomic,
 )
 from kl.log.log import Position
@@ -392,11 +393,7 @@ class Registry:
         try:
             owner = claims.owner(partition)
             if owner != Owner(member, generation):
-                now = "released" if owner.member is None else f"owned by {owner.member}"
-                raise NotOwner(
-                    f"{action} by {member} (generation {generation}) rejected:"
-                    f" the partition is {now} (generation {owner.generation})"
-                )
+                raise _not_owner(action, member, generation, owner)
             yield
         finally:
             if held:
@@ -471,7 +468,8 @@ class Registry:
                         continue
                     owner = claims.owner(c.partition)
                     if owner != Owner(c.member, c.generation):
-                        outcomes[i] = _not_owner(f"commit of {topic}/{c.partition} offset {c.position}", c, owner)
+                        action = f"commit of {topic}/{c.partition} offset {c.position}"
+                        outcomes[i] = _not_owner(action, c.member, c.generation, owner)
                         if held:
                             claims.unlock(c.partition)
                         continue  # the others' locks stay held until the append is stored
@@ -542,9 +540,7 @@ class Registry:
             data = b"".join(lines)
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
             if size == 0:
                 fsync_dir(directory)
@@ -802,10 +798,11 @@ def _parse_owner(data: bytes) -> Owner:
     return Owner(None if member == RELEASED else member, int(generation))
 
 
-def _not_owner(action: str, c: Commit, owner: Owner) -> NotOwner:
+def _not_owner(action: str, member: str, generation: int, owner: Owner) -> NotOwner:
+    """``action`` by ``member`` in ``generation`` rejected: the partition's record says ``owner``."""
     now = "released" if owner.member is None else f"owned by {owner.member}"
     return NotOwner(
-        f"{action} by {c.member} (generation {c.generation}) rejected: the partition is {now} (generation {owner.generation})"
+        f"{action} by {member} (generation {generation}) rejected: the partition is {now} (generation {owner.generation})"
     )
 
 

@@ -503,17 +503,29 @@ def fetch_out_of_range(endpoint: Endpoint, client: str, topic: str) -> Any:
     return seen
 
 
-def group_commit_and_resume(endpoint: Endpoint, client: str, topic: str) -> Any:
-    """A member reads three of five records and commits; after it left, two more come, and
-    the next member of the group reads from where the first stopped."""
+def resume_in_group(
+    endpoint: Endpoint, topic: str, send: Callable[[list[Record]], object], read_group: Callable[[str, int], list[Record]]
+) -> Any:
+    """A member reads three of five records and commits (``read_group(group, count)``);
+    after it left, two more come (``send``), and the next member of the group reads from
+    where the first stopped."""
     endpoint.create_topic(topic)
     records = sample(7)
-    produce(client, endpoint, topic, records[:5])
+    send(records[:5])
     group = f"group-{topic}"
-    first = group_read(endpoint, client, topic, group, 3)
-    produce(client, endpoint, topic, records[5:])
-    second = group_read(endpoint, client, topic, group, 4)
-    return {"first": first, "second": second}
+    first = read_group(group, 3)
+    send(records[5:])
+    return {"first": first, "second": read_group(group, 4)}
+
+
+def group_commit_and_resume(endpoint: Endpoint, client: str, topic: str) -> Any:
+    """``resume_in_group`` with confluent-kafka or kafka-python."""
+    return resume_in_group(
+        endpoint,
+        topic,
+        lambda records: produce(client, endpoint, topic, records),
+        lambda group, count: group_read(endpoint, client, topic, group, count),
+    )
 
 
 def commit_metadata(endpoint: Endpoint, client: str, topic: str) -> Any:
@@ -736,17 +748,15 @@ def client_round_trip(endpoint: Endpoint, clients: Programs, topic: str, compres
 
 
 def client_group_resume(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
-    """A member reads three of five records and commits the third's offset + 1; after it
-    left, two more come, and the next member of the group reads from where the first stopped."""
+    """``resume_in_group`` with a Go or Java client, whose member commits the third
+    record's offset + 1."""
     client = clients[endpoint.name]
-    endpoint.create_topic(topic)
-    records = sample(7)
-    program_produce(endpoint, client, topic, records[:5])
-    group = f"group-{topic}"
-    first = program_group(endpoint, client, topic, group, 3)
-    program_produce(endpoint, client, topic, records[5:])
-    second = program_group(endpoint, client, topic, group, 4)
-    return {"first": as_records(first["records"]), "second": as_records(second["records"])}
+    return resume_in_group(
+        endpoint,
+        topic,
+        lambda records: program_produce(endpoint, client, topic, records),
+        lambda group, count: as_records(program_group(endpoint, client, topic, group, count)["records"]),
+    )
 
 
 def client_seek_and_time(endpoint: Endpoint, clients: Programs, topic: str) -> Any:

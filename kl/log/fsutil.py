@@ -146,9 +146,7 @@ def _write_temp(tmp: str, data: bytes) -> int:
     """Create ``tmp`` (``open_file``) holding ``data``; returns its open descriptor."""
     fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
     except OSError:
         os.close(fd)
         raise
@@ -179,6 +177,14 @@ def file_time_ns(directory: str) -> int:
 def create_file(path: str) -> int:
     """Create (or truncate) ``path`` for reading and writing (``open_file``); returns the fd."""
     return open_file(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` at the descriptor's position, or its end with ``O_APPEND``
+    (write may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:

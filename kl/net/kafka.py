@@ -163,8 +163,10 @@ class Kafka(FrontEnd):
     def listening(self, address: str, port: int) -> None:
         host = self.server.config.advertised or brokers.host_of(address)
         self.address = (host, port)
-        self.node_id = brokers.node_id(brokers.address_of(host, port))
-        self.groups.start(brokers.address_of(host, port))
+        self.kafka_address = brokers.address_of(host, port)
+        """``HOST:PORT`` as this daemon registers it (``BrokerInfo.kafka``)."""
+        self.node_id = brokers.node_id(self.kafka_address)
+        self.groups.start(self.kafka_address)
         log.info("serving %s to Kafka clients on %s:%d", self.server.root.path, address, port)
 
     def close(self) -> None:
@@ -291,9 +293,8 @@ class Kafka(FrontEnd):
 
     def _peers(self) -> dict[str, brokers.BrokerInfo]:
         """The other live daemons serving the Kafka protocol over the root, by Kafka address."""
-        mine = brokers.address_of(*self.address)
         try:
-            return {b.kafka: b for b in brokers.live(self.server.root.path) if b.kafka and b.kafka != mine}
+            return {b.kafka: b for b in brokers.live(self.server.root.path) if b.kafka and b.kafka != self.kafka_address}
         except KlError as e:
             log.warning("cannot list the other daemons: %s", e)
             return {}
@@ -302,9 +303,8 @@ class Kafka(FrontEnd):
         """The node id of each partition's leader: of the live daemons that serve the topic
         (those that take produce requests, when there are any), the one ``brokers.leader``
         names, so that every daemon names the same (kl-serve(1))."""
-        mine = brokers.address_of(*self.address)
         serving = {a: b.produce for a, b in peers.items() if brokers.serves(b, topic)}
-        serving[mine] = self.server.config.allow_produce
+        serving[self.kafka_address] = self.server.config.allow_produce
         pool = sorted(a for a, produce in serving.items() if produce) or sorted(serving)
         if len(pool) == 1:
             return [brokers.node_id(pool[0])] * count
