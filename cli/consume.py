@@ -13,6 +13,7 @@ import re
 import signal
 import string
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -34,7 +35,7 @@ from kl_cli.common import (
 )
 from kl_cli.output import stdout_writer
 
-FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "timestamp", "key", "value", "headers")
+FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "kafka_offset", "timestamp", "key", "value", "headers")
 
 Render = Callable[[str, int, list[kl.Message]], bytes]
 
@@ -48,10 +49,11 @@ a pipe's buffer on Linux, so a commit can follow a slow reader closely."""
 @click.option(
     "-o",
     "--from-offset",
-    metavar="N|earliest|latest|-N",
+    metavar="N|kafka:N|earliest|latest|-N",
     shell_complete=complete.keywords(complete.FROM_OFFSET_KEYWORDS),
-    help="Start at byte offset N, at the first message (earliest, or kcat's beginning), after the last one "
-    "(latest, or kcat's end), or N messages before the end  [default: earliest].",
+    help="Start at byte offset N, at the message of Kafka offset N (as Kafka clients of kl serve number "
+    "it), at the first message (earliest, or kcat's beginning), after the last one (latest, or kcat's end), "
+    "or N messages before the end  [default: earliest].",
 )
 @click.option(
     "--from-time",
@@ -172,12 +174,16 @@ def consume(
     where, n = _parse_from_offset(from_offset)
     render = None
     if fmt is not None:
-        render = _format_renderer(fmt, delim)
+        render = _format_renderer(fmt, delim, lambda: consumer, lambda: start)
     elif json_output:
         render = _render_json
     elif key_delimiter is not None:
         render = _keyed_renderer(key_delimiter, delim)
 
+    if fmt is not None and "kafka_offset" in fmt and (server is not None or group is not None):
+        raise click.UsageError("{kafka_offset} counts from where a read of the root starts: not with --server or --group")
+    if where == "kafka" and server is not None:
+        raise click.UsageError("a Kafka offset needs the root: not with --server")
     write = stdout_writer()
     emit = _emitter(write, render, binary, delim)
     if group is not None and server is not None:
@@ -210,10 +216,10 @@ def consume(
     if len(topics) > 1 and partitions:
         raise click.UsageError("--partition picks partitions of one topic: with several topics every partition is read")
     keys = [(topic, p) for topic in dict.fromkeys(topics) for p in (partitions or range(root.config(topic).partitions))]
-    if (where == "offset" or until_offset is not None) and len(keys) > 1:
+    if (where in ("offset", "kafka") or until_offset is not None) and len(keys) > 1:
         if len(topics) == 1 and not partitions:
-            raise click.UsageError(f"a byte offset needs --partition: topic {topics[0]!r} has {len(keys)} partitions")
-        raise click.UsageError(f"a byte offset is for one partition, not {len(keys)}")
+            raise click.UsageError(f"an offset needs --partition: topic {topics[0]!r} has {len(keys)} partitions")
+        raise click.UsageError(f"an offset is for one partition, not {len(keys)}")
     start: kl.Start = where
     if from_time is not None:
         start = {key: consumer.offset_for_time(*key, from_time) for key in keys}
@@ -222,6 +228,8 @@ def consume(
     elif where == "offset":
         consumer.check_offset(*keys[0], n)
         start = n
+    elif where == "kafka":
+        start = {keys[0]: consumer.kafka_position(*keys[0], n)}  # type: ignore[union-attr]
 
     batches = consumer.consume(
         list(dict.fromkeys(topics)),
@@ -338,10 +346,14 @@ class _Timestamp:
         return format(self, "")
 
 
-def _format_renderer(fmt: str, delim: bytes) -> Render:
+def _format_renderer(fmt: str, delim: bytes, consumer: Callable[[], Any], start: Callable[[], Any]) -> Render:
+    """``consumer`` and ``start``: the consumer and the start it was given, once they are
+    known (``{kafka_offset}`` counts on from them)."""
     try:
         fmt = unescape(fmt)
-        fmt.format(topic="", partition=0, offset=0, next_offset=0, timestamp=_Timestamp(0), key="", value="", headers="")
+        fmt.format(
+            topic="", partition=0, offset=0, next_offset=0, kafka_offset=0, timestamp=_Timestamp(0), key="", value="", headers=""
+        )
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
     parsed = list(string.Formatter().parse(fmt))
@@ -362,6 +374,23 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
 
         return _core_renderer(parts)
 
+    counted: dict[tuple[str, int], tuple[int, int, int]] = {}
+    """Partition -> its last message's offset and next offset, and its Kafka offset."""
+    wants_kafka = any(name == "kafka_offset" for _, name, _, _ in parsed)
+
+    def kafka_offset(topic: str, partition: int, m: kl.Message) -> int:
+        last = counted.get((topic, partition))
+        if last is not None and m.offset in (last[0], last[1]):  # the same batch, or the next message
+            k = last[2] + 1
+        else:
+            reader = consumer()
+            begun = start()
+            at = begun.get((topic, partition)) if isinstance(begun, dict) else None
+            skip = at.skip if isinstance(at, kl.Position) and last is None and at.offset == m.offset else 0
+            k = reader.kafka_offset(topic, partition, m.offset, skip)
+        counted[topic, partition] = (m.offset, m.next_offset, k)
+        return k
+
     def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:  # specs the core does not write
         out = []
         for m in messages:
@@ -370,6 +399,7 @@ def _format_renderer(fmt: str, delim: bytes) -> Render:
                 "partition": partition,
                 "offset": m.offset,
                 "next_offset": m.next_offset,
+                "kafka_offset": kafka_offset(topic, partition, m) if wants_kafka else 0,
                 "timestamp": _Timestamp(m.timestamp),
                 "key": _text(m.key),
                 "value": _text(m.value),
@@ -451,7 +481,8 @@ others as key_b64/value_b64; ``"headers"`` only for a message that has them)."""
 
 
 def _parse_from_offset(text: str | None) -> tuple[str, int]:
-    """("earliest" or "latest", 0), ("offset", N) for a byte offset, or ("back", N) for -N;
+    """("earliest" or "latest", 0), ("offset", N) for a byte offset, ("kafka", N) for a
+    Kafka offset, or ("back", N) for -N;
     kcat's "beginning" and "end" are "earliest" and "latest"."""
     if text is None or text in ("earliest", "beginning"):
         return "earliest", 0
@@ -459,6 +490,8 @@ def _parse_from_offset(text: str | None) -> tuple[str, int]:
         return "latest", 0
     if re.fullmatch(r"[0-9]+", text):
         return "offset", int(text)
+    if re.fullmatch(r"kafka:[0-9]+", text):
+        return "kafka", int(text[6:])
     if re.fullmatch(r"-[0-9]+", text):
         return "back", int(text[1:])
-    raise click.BadParameter(f"{text!r} is not N, earliest, latest or -N", param_hint="'-o' / '--from-offset'")
+    raise click.BadParameter(f"{text!r} is not N, kafka:N, earliest, latest or -N", param_hint="'-o' / '--from-offset'")

@@ -104,6 +104,17 @@ class Consumer:
         """Where exactly the last ``count`` messages start: a ``start`` for ``consume``."""
         return self.root.log(topic, partition).position_back(count)
 
+    def kafka_position(self, topic: str, partition: int, kafka_offset: int) -> Position:
+        """Where the message of Kafka offset ``kafka_offset`` is (a ``start`` for
+        ``consume``): what Kafka clients of ``kl serve --kafka`` number it.  Raises
+        ``OffsetOutOfRange``."""
+        return self.root.log(topic, partition).kafka_position(kafka_offset)
+
+    def kafka_offset(self, topic: str, partition: int, offset: int, skip: int = 0) -> int:
+        """The Kafka offset of the message at ``offset`` (after ``skip`` messages of the
+        compressed batch there).  Raises ``OffsetOutOfRange``."""
+        return self.root.log(topic, partition).kafka_offset(offset, skip)
+
     def consume(
         self,
         topic: str | Sequence[str],

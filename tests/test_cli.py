@@ -640,11 +640,11 @@ def test_offset_inside_a_message(ten):
 def test_byte_offset_needs_a_partition(kl_root):
     ok(kl_root, "topics", "create", "three", "--partitions", "3")
     assert fails(kl_root, "consume", "three", "-o", "0", code=2) == (
-        "Error: a byte offset needs --partition: topic 'three' has 3 partitions"
+        "Error: an offset needs --partition: topic 'three' has 3 partitions"
     )
     assert ok(kl_root, "consume", "three", "-o", "0", "-p", "2") == b""
     assert fails(kl_root, "consume", "three", "--until-offset", "0", code=2) == (
-        "Error: a byte offset needs --partition: topic 'three' has 3 partitions"
+        "Error: an offset needs --partition: topic 'three' has 3 partitions"
     )
     assert ok(kl_root, "consume", "three", "--until-offset", "0", "-p", "2") == b""
 
@@ -922,7 +922,7 @@ def test_a_message_on_a_terminal_is_one_line_however_long_its_path(tmp_path, mon
     [
         (
             ["consume", "t", "-o", "soon"],
-            "Invalid value for '-o' / '--from-offset': 'soon' is not N, earliest, latest or -N",
+            "Invalid value for '-o' / '--from-offset': 'soon' is not N, kafka:N, earliest, latest or -N",
         ),
         (
             ["consume", "t", "--from-time", "noon"],

@@ -403,8 +403,8 @@ def small_topic(kl_root: str, count: int = 100, timestamp: int | None = None) ->
 
 
 def segments(directory: Path) -> list[str]:
-    """The partition's files but its state and the segments' time summaries."""
-    return sorted(p.name for p in directory.iterdir() if p.name != "state" and not p.name.endswith(".time"))
+    """The partition's files but its state and the segments' time summaries and offset indexes."""
+    return sorted(p.name for p in directory.iterdir() if p.name != "state" and not p.name.endswith((".time", ".index")))
 
 
 def test_retain_by_size_deletes_the_oldest_segments(kl_root):

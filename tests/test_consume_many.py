@@ -149,7 +149,7 @@ def test_partition_with_several_topics_is_refused(ab):
 
 def test_a_byte_offset_with_several_partitions_is_refused(ab):
     assert usage_error(ab, "consume", "a", "-p", "0", "-p", "1", "-o", "0") == (
-        "Error: a byte offset is for one partition, not 2"
+        "Error: an offset is for one partition, not 2"
     )
     assert ok(ab, "consume", "a", "-p", "1", "-o", "0") == ["a1-0"]
 

@@ -548,18 +548,18 @@ def test_both_cores_make_the_same_record_batch_from_a_run_of_messages(messages, 
     assert compiled.kafka_batch(bytes(buf), pos, base, 1 << 20) == pycore.kafka_batch(bytes(buf), pos, base, 1 << 20)
 
 
-def test_a_record_batch_of_a_run_gives_each_record_its_offset_and_ends_at_the_run(each_core):
+def test_a_record_batch_of_a_run_gives_each_record_the_next_offset_and_ends_at_the_run(each_core):
     from kafka.record.default_records import DefaultRecordBatch
 
     buf = m.encode(b"", b"k", 5) + m.encode(b"v" * 300, None, 3) + m.encode(b"x", None, 9, 1)  # gzip-marked: not plain
-    batch, last, stop = core.kafka_batch(b"pad" + buf, 3, 1000, 1 << 20)
+    batch, count, stop = core.kafka_batch(b"pad" + buf, 3, 1000, 1 << 20)
     first = len(m.encode(b"", b"k", 5))
-    assert (last, stop) == (3 + first, 3 + first + len(m.encode(b"v" * 300, None, 3)))
+    assert (count, stop) == (2, 3 + first + len(m.encode(b"v" * 300, None, 3)))
     read = DefaultRecordBatch(batch)
     read.validate_crc()
-    assert [(r.offset, r.timestamp, r.key, r.value) for r in read] == [(1003, 5, b"k", b""), (1003 + first, 3, None, b"v" * 300)]
-    assert read.next_offset == 1000 + stop
-    assert core.kafka_batch(buf, stop - 3, 0, 1 << 20) == (b"", stop - 3, stop - 3)
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in read] == [(1000, 5, b"k", b""), (1001, 3, None, b"v" * 300)]
+    assert read.next_offset == 1002
+    assert core.kafka_batch(buf, stop - 3, 0, 1 << 20) == (b"", 0, stop - 3)
 
 
 RECORD_FIELDS = st.one_of(st.none(), st.binary(max_size=12))

@@ -16,7 +16,7 @@ import kl.log.log
 from kl.log.messageset import frame
 from kl.log.recovery import recover
 from kl.log.segment import list_segments, segment_name
-from kl.log.state import CRC, MARK_OFFSET, RECORD_V2, SIZE, STATE_FILE, PartitionState, StateFile
+from kl.log.state import CRC, MARK_OFFSET, RECORD_V2, SIZE, STATE_FILE, UNKNOWN, PartitionState, StateFile
 
 from faultlib import append_bytes, fresh_log, read_log
 
@@ -183,10 +183,12 @@ def test_a_version_2_state_record_is_read_and_upgraded_by_the_next_writer(root, 
     record = RECORD_V2.pack(b"klst", 2, *state[:8])
     with open(log.state_path, "wb") as f:
         f.write(record + CRC.pack(zlib.crc32(record)))
-    assert fresh_log(log).state() == state._replace(token=bytes(16))
+    assert fresh_log(log).state() == state._replace(token=bytes(16), active_base_count=UNKNOWN, log_end_count=UNKNOWN)
+    assert fresh_log(log).counted().log_end_count == 1  # a reader counts what it lacks
     send(root, b"b")
     with open(log.state_path, "rb") as f:
-        assert f.read()[4] == 3
+        assert f.read()[4] == 4
+    assert fresh_log(log).state().log_end_count == 2
     assert fresh_log(log).state().active_base_offset == 0  # a version 2 record has no mark: nothing unfinished
     assert values(log) == [b"a", b"b"]
 

@@ -35,7 +35,7 @@ HEADERS_CALL = 'headers=[("trace", b"42"), ("gone", None)]))'
 HEADERS_EXAMPLE = m.encode(b"hello", b"k", 1700000000000, headers=[("trace", b"42"), ("gone", None)])
 EXAMPLE_CALL = 'm.encode(b"hello", b"k", 1700000000000)'
 STATE_CALL = "s.PartitionState(0, 0, 28, 0, 0, 1,"
-STATE_EXAMPLE = state.PartitionState(0, 0, 28, 0, 0, 1, 1700000000000)
+STATE_EXAMPLE = state.PartitionState(0, 0, 28, 0, 0, 1, 1700000000000, bytes(16), bytes(16), 0, 1)
 
 _ESCAPES = [
     ("\\-", "-"), ("\\(aq", "'"), ("\\(lq", '"'), ("\\(rq", '"'), ("\\(<=", "<="), ("\\(>=", ">="),

@@ -315,23 +315,22 @@ def test_topics_outside_the_pattern_are_not_listed_and_are_refused(served, root)
 # ----------------------------------------------------------------- Fetch
 
 
-def test_fetch_gives_each_record_its_kl_offset_and_ends_each_batch_at_the_next_message(served, root, topic):
-    offsets = write_each(root, topic, [b"a", b"bb", b"ccc"], timestamp=1_700_000_000_000)
-    end = read_all(root, topic)[-1].next_offset
+def test_fetch_gives_each_record_its_kafka_offset_and_ends_each_batch_at_the_next_record(served, root, topic):
+    write_each(root, topic, [b"a", b"bb", b"ccc"], timestamp=1_700_000_000_000)
     _, client = served()
     answer = fetch(client, topic, 0)
-    assert answer.error_code == 0 and answer.high_watermark == end
-    assert [(o, v) for o, _, v, _ in decoded(answer)] == list(zip(offsets, [b"a", b"bb", b"ccc"], strict=True))
-    assert next_offset(answer) == end
-    assert not decoded(fetch(client, topic, end))  # at the high watermark: nothing, and no error
+    assert answer.error_code == 0 and answer.high_watermark == 3 and answer.log_start_offset == 0
+    assert [(o, v) for o, _, v, _ in decoded(answer)] == [(0, b"a"), (1, b"bb"), (2, b"ccc")]
+    assert next_offset(answer) == 3
+    assert not decoded(fetch(client, topic, 3))  # at the high watermark: nothing, and no error
 
 
 @pytest.mark.parametrize("version", [4, 7, 11, 12])
-def test_a_fetch_inside_a_message_answers_from_the_next_one(served, root, topic, version):
-    offsets = write_each(root, topic, [b"first", b"second", b"third"])
+def test_a_fetch_at_any_offset_answers_from_that_record(served, root, topic, version):
+    write_each(root, topic, [b"first", b"second", b"third"])
     _, client = served()
-    for inside in (offsets[0] + 1, offsets[1] - 1):  # just after the start (a client's last + 1), and anywhere inside
-        assert [o for o, *_ in decoded(fetch(client, topic, inside, version=version))] == offsets[1:]
+    for at in range(3):  # (a fresh daemon finds each by the offset index, the next fetch by what it served)
+        assert [o for o, *_ in decoded(fetch(client, topic, at, version=version))] == list(range(at, 3))
 
 
 @pytest.mark.parametrize("version", [13, 16])
@@ -351,10 +350,9 @@ def test_a_fetch_by_topic_id_reads_that_topic_and_not_one_created_again_under_it
 
 def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic):
     write_each(root, topic, [b"x"])
-    end = read_all(root, topic)[-1].next_offset
     _, client = served()
-    answer = fetch(client, topic, end + 1)
-    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE
+    answer = fetch(client, topic, 2)
+    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE and answer.high_watermark == 1
     assert answer.records == b""  # empty, not null: librdkafka cannot read a null set
     assert fetch(client, topic, -5).error_code == kafka.OFFSET_OUT_OF_RANGE
     assert fetch(client, "missing", 0).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
@@ -362,16 +360,18 @@ def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic)
 
 
 def test_a_compressed_kl_batch_is_served_expanded_and_a_client_can_resume_inside_it(served, root, topic):
-    values = [b"m%d" % i for i in range(20)]
+    values = [b"ok"] * 200  # more messages than the batch has bytes
+    write_each(root, topic, [b"before"])
     (appended,) = write(root, topic, values, compression="zstd")
-    after = write_each(root, topic, [b"after"])[0]
+    assert appended.next_offset - appended.offset < len(values)
+    write_each(root, topic, [b"after"])
     _, client = served()
     answer = fetch(client, topic, 0)
     got = decoded(answer)
-    assert [v for _, _, v, _ in got] == [*values, b"after"]
-    assert [o for o, *_ in got] == [appended.offset + i for i in range(20)] + [after]
-    resumed = decoded(fetch(client, topic, appended.offset + 5))  # the client stopped after its 5th message
-    assert [v for _, _, v, _ in resumed] == [*values[5:], b"after"]
+    assert [v for _, _, v, _ in got] == [b"before", *values, b"after"]
+    assert [o for o, *_ in got] == list(range(202)) and answer.high_watermark == 202
+    resumed = decoded(fetch(client, topic, 6))  # the client stopped after its 6th message
+    assert [(o, v) for o, _, v, _ in resumed] == [(o, v) for o, v in zip(range(6, 202), [*values[5:], b"after"], strict=True)]
 
 
 def test_a_fetch_with_max_wait_waits_for_data_without_holding_a_worker(served, root, topic):
@@ -445,7 +445,8 @@ def test_produce_appends_each_record_as_a_kl_message_and_answers_the_first_offse
     answer = produce(client, topic, built([b"one", b"two"], keys=[b"k", None]))
     assert answer.error_code == 0
     got = read_all(root, topic)
-    assert answer.base_offset == got[1].offset
+    assert answer.base_offset == 1  # the Kafka offset of its first record
+    assert root.log(topic, 0).kafka_position(1).offset == got[1].offset
     assert [(m.key, m.value, m.timestamp) for m in got[1:]] == [
         (b"k", b"one", 1_700_000_000_000),
         (None, b"two", 1_700_000_000_001),
@@ -524,8 +525,9 @@ def test_produce_with_acks_0_gets_no_answer_and_appends(served, root, topic):
 
 
 def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(served, root, topic):
-    offsets = [write_each(root, topic, [b"x"], timestamp=ts)[0] for ts in (1000, 5000, 3000, 7000)]
-    end = read_all(root, topic)[-1].next_offset
+    for ts in (1000, 5000, 3000, 7000):
+        write_each(root, topic, [b"x"], timestamp=ts)
+    (inside,) = write(root, topic, [b"y"] * 5, timestamp=9000, compression="zstd")
     _, client = served()
 
     def at(timestamp: int):
@@ -543,10 +545,11 @@ def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(s
         return p.error_code, p.offset, p.timestamp
 
     assert at(-2) == (0, 0, -1)
-    assert at(-1) == (0, end, -1)
-    assert at(4000) == (0, offsets[1], 5000)  # the first message, in log order, at or after the time
-    assert at(6000) == (0, offsets[3], 7000)
-    assert at(8000) == (0, -1, -1)  # none that new
+    assert at(-1) == (0, 9, -1)
+    assert at(4000) == (0, 1, 5000)  # the first message, in log order, at or after the time
+    assert at(6000) == (0, 3, 7000)
+    assert at(8000) == (0, 4, 9000)
+    assert at(9001) == (0, -1, -1)  # none that new
 
 
 # ----------------------------------------------------------------- records

@@ -6,10 +6,9 @@ gitignored cache), and Debian's kcat (``scripts/test`` installs it as root).  Ea
 process of its own with a deadline (tests/kafka_clients.py); a client that cannot be
 installed here skips, saying why.  One daemon serves the whole module.
 
-kl's offsets are byte offsets: nothing here assumes that they are dense.  What a client
-got is compared with what ``kl consume --json`` prints, offsets included, and what a
-client wrote with the same; where a client starts reading "at an offset", that is the
-offset of a message as kl reports it (or one byte into it: the next message comes).
+What a client got is compared with what ``kl consume --json`` prints, and what a client
+wrote with the same; offsets are Kafka's, one per message from 0 (each topic here is
+new), inside kl's compressed batches too.
 KafkaJS has no ``assign()`` (its consumer always joins a group, and ``kl serve`` does not
 coordinate groups): it produces, and finds offsets through its admin client.
 """
@@ -22,7 +21,6 @@ import os
 import re
 import sys
 import time
-from collections import Counter
 from importlib.util import find_spec
 from typing import Any, NamedTuple
 
@@ -153,8 +151,10 @@ def kl_json(root: kl.Root, topic: str, partition: int = 0) -> list[dict]:
 
 
 def kl_stored(root: kl.Root, topic: str, partition: int = 0) -> list[Stored]:
-    """What ``kl consume --json`` shows of one partition."""
-    return [Stored(m["offset"], m["timestamp"], field(m, "key"), field(m, "value")) for m in kl_json(root, topic, partition)]
+    """What ``kl consume --json`` shows of one partition, each message at its Kafka offset
+    (its place: the partition is new)."""
+    shown = kl_json(root, topic, partition)
+    return [Stored(i, m["timestamp"], field(m, "key"), field(m, "value")) for i, m in enumerate(shown)]
 
 
 def kl_produce(
@@ -210,9 +210,9 @@ def written_by_kl(root: kl.Root) -> list[Stored]:
 @pytest.fixture(scope="module")
 def compressed_by_kl(root: kl.Root) -> list[Stored]:
     """Topic ``zipped-by-kl``: a gzip batch of four records, a zstd batch of four, two plain,
-    written by ``kl produce -z``; each as a client sees it: kl serves a compressed batch
-    expanded, its messages at the batch's offset plus their index (kl shows them all at
-    the batch's offset).  A batch has one timestamp (its messages', kl splits the others)."""
+    written by ``kl produce -z``; kl serves a compressed batch expanded, each of its
+    messages at its own Kafka offset.  A batch has one timestamp (its messages', kl splits
+    the others)."""
     create(root, "zipped-by-kl")
     records = [(k, v, T0 + 1000 * max(i // 4, i - 6)) for i, (k, v, _) in enumerate(sample())]
     kl_produce(root, "zipped-by-kl", records[:4], compression="gzip")
@@ -220,13 +220,8 @@ def compressed_by_kl(root: kl.Root) -> list[Stored]:
     kl_produce(root, "zipped-by-kl", records[8:])
     stored = kl_stored(root, "zipped-by-kl")
     assert without_offsets(stored) == records
-    assert len({s.offset for s in stored}) == 4  # two batches, two plain messages
-    index = Counter[int]()  # of each message in its batch
-    served = []
-    for s in stored:
-        served.append(s._replace(offset=s.offset + index[s.offset]))
-        index[s.offset] += 1
-    return served
+    assert len({m["offset"] for m in kl_json(root, "zipped-by-kl")}) == 4  # two batches, two plain messages
+    return stored
 
 
 def python_and_js() -> list[Any]:
@@ -272,9 +267,10 @@ def test_produce_is_stored_as_sent(request, daemon, root, client, codec) -> None
     second = run(request, daemon, client, op="produce", records=as_sent(records[:1]), **spec)
     stored = kl_stored(root, topic)
     assert without_offsets(stored) == records + records[:1]
-    # An answer's base offset is the byte offset of the first message appended (clients
-    # number the rest of a batch base + 1, base + 2, ...: only the first is kl's).
-    assert (first["offsets"][0], second["offsets"][0]) == (stored[0].offset, stored[-1].offset)
+    # Delivery reports: each record's Kafka offset (clients number a batch base + 1, base + 2,
+    # ...; KafkaJS reports each record of a batch at its base offset).
+    reported = first["offsets"] + second["offsets"]
+    assert reported == ([0] * 6 + [6] if client == "kafkajs" else [s.offset for s in stored])
 
 
 @pytest.mark.parametrize("client", [*PYTHON_CLIENTS, "kafkajs"])
@@ -341,14 +337,14 @@ def test_produce_of_a_null_value_is_stored_as_null(request, daemon, root, client
 
 
 @pytest.mark.parametrize("client", PYTHON_CLIENTS)
-@pytest.mark.parametrize("start_at", ["earliest", "offset", "inside", "timestamp"])
+@pytest.mark.parametrize("start_at", ["earliest", "offset", "next", "timestamp"])
 def test_consume_from(request, daemon, written_by_kl, client, start_at) -> None:
-    """From the first message, a message's offset, one byte into a message (the next one
-    comes), and the first message stamped at or after a time; byte for byte as kl wrote."""
+    """From the first message, a message's offset, the one after it (a client's last + 1),
+    and the first message stamped at or after a time; byte for byte as kl wrote."""
     starts = {
         "earliest": ("earliest", 0),
         "offset": ({"offset": written_by_kl[4].offset}, 4),
-        "inside": ({"offset": written_by_kl[4].offset + 1}, 5),
+        "next": ({"offset": written_by_kl[4].offset + 1}, 5),
         "timestamp": ({"timestamp": written_by_kl[6].timestamp - 500}, 6),
     }
     start_spec, first = starts[start_at]
@@ -362,7 +358,7 @@ def test_consume_past_the_end_is_out_of_range_and_resets(request, daemon, root, 
     the start here), as after retention deleted its position.  Kafka answers the error with
     empty records (size 0): librdkafka cannot parse null ones (size -1; "Protocol parse
     failure for Fetch ... invalid MessageSetSize -1") and fetches again and again."""
-    past = kl_json(root, "from-kl")[-1]["next_offset"] + 1000
+    past = len(written_by_kl) + 1000
     spec = {"topic": "from-kl", "partition": 0, "start": {"offset": past}, "reset": "earliest", "timeout": 10}
     got = run_consume(request, daemon, client, count=10, **spec)
     assert got == written_by_kl
@@ -384,9 +380,8 @@ def test_consume_from_latest_gets_only_what_comes_after(request, daemon, root, c
     topic = f"latest-{client}"
     create(root, topic)
     kl_produce(root, topic, sample(3))
-    end = kl_json(root, topic)[-1]["next_offset"]
     c = start(request, daemon, client, op="consume", topic=topic, partition=0, start="latest", count=2)
-    assert c.line() == {"position": end}  # the high watermark: the log's end
+    assert c.line() == {"position": 3}  # the high watermark: the log's end
     kl_produce(root, topic, sample(2, at=T0 + 10**6))
     got = from_client(c.line()["records"])
     c.finish()
@@ -406,8 +401,7 @@ def test_fifty_consumers_at_once_read_every_message(request, daemon, written_by_
 def test_kafkajs_admin_finds_earliest_latest_and_a_timestamps_offset(request, daemon, root, written_by_kl) -> None:
     when = written_by_kl[6].timestamp - 500
     answer = run(request, daemon, "kafkajs", op="offsets", topic="from-kl", partition=0, timestamp=when)
-    end = kl_json(root, "from-kl")[-1]["next_offset"]
-    assert answer == {"earliest": 0, "latest": end, "timestamp": written_by_kl[6].offset}
+    assert answer == {"earliest": 0, "latest": len(written_by_kl), "timestamp": written_by_kl[6].offset}
 
 
 @pytest.mark.parametrize("client", PYTHON_CLIENTS)
@@ -451,19 +445,19 @@ def test_kcat_reads_what_kl_compressed(daemon, compressed_by_kl, start_at) -> No
     assert kcat_records(out) == compressed_by_kl[first:]
 
 
-@pytest.mark.parametrize("where", ["end", "offset", "inside", "tail", "timestamp", "past-the-end"])
+@pytest.mark.parametrize("where", ["end", "offset", "last", "tail", "timestamp", "past-the-end"])
 def test_kcat_starts_at(daemon, root, written_by_kl, where) -> None:
-    """kcat -o: ``end`` (nothing, then -e exits), an offset as kl reports it, one byte into a
-    message, ``-N`` (librdkafka starts N *bytes* before the end: the messages starting in the
-    last N bytes), ``s@TIME``, and an offset past the end (OFFSET_OUT_OF_RANGE: librdkafka
-    resets to the end, its default, and -e exits; with null records in the error's answer it
-    cannot parse it, and fetches again until killed)."""
-    end = kl_json(root, "from-kl")[-1]["next_offset"]
+    """kcat -o: ``end`` (nothing, then -e exits), an offset, ``-1`` (the last message, then
+    exit: kcat's most common idiom), ``-3`` (the last three), ``s@TIME``, and an offset past
+    the end (OFFSET_OUT_OF_RANGE: librdkafka resets to the end, its default, and -e exits;
+    with null records in the error's answer it cannot parse it, and fetches again until
+    killed)."""
+    end = len(written_by_kl)
     starts = {
         "end": ("end", 10),
         "offset": (str(written_by_kl[3].offset), 3),
-        "inside": (str(written_by_kl[3].offset + 1), 4),
-        "tail": (f"-{end - written_by_kl[7].offset}", 7),
+        "last": ("-1", 9),
+        "tail": ("-3", 7),
         "timestamp": (f"s@{written_by_kl[8].timestamp - 1}", 8),
         "past-the-end": (str(end + 1000), 10),
     }

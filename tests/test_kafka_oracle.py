@@ -24,11 +24,9 @@ broker killed: what a client saw of a dead server is no observation) fails at on
 the end of that endpoint's log.  Adding a case is a function and a one-line test.
 
 What is compared is what kl claims to match: values, keys, headers, timestamps and their
-order, compressed or not, partitions, error codes.  Not offsets: kl's offsets are byte offsets until the
-issue "kafka-offsets" makes them dense (one per record, as Kafka's and as clients compute
-them).  The scenarios that observe offsets are marked ``OFFSETS`` (xfail, strict): they
-fail today, each for a reason a client shows, and pass, failing the run until the mark
-is removed, when that issue lands.
+order, compressed or not, partitions, error codes, and offsets: one per record, as Kafka's
+(delivery reports, positions, watermarks, offsets by time, committed offsets and lag, in
+every client and in Kafka's own tools).
 """
 
 from __future__ import annotations
@@ -69,14 +67,6 @@ OFFSET_TAIL_BASE = -2000
 
 class Differs(AssertionError):
     """kl's observation is not Kafka's (the message shows both)."""
-
-
-OFFSETS = pytest.mark.xfail(
-    raises=Differs,  # not a scenario that failed on its own
-    strict=True,
-    reason='kafka-offsets: kl\'s offsets are byte offsets, Kafka\'s count records (0, 1, 2, ...); the issue '
-    '"kafka-offsets" makes them dense',
-)
 
 
 # ----------------------------------------------------------------- endpoints
@@ -625,7 +615,7 @@ def described_group(endpoint: Endpoint, group: str) -> list[dict[str, str]]:
     return [dict(zip(header, line, strict=True)) for line in lines if line[:1] == [group]]
 
 
-# ----------------------------------------------------------------- scenarios: offsets (kafka-offsets)
+# ----------------------------------------------------------------- scenarios: offsets
 
 
 def delivery_offsets(endpoint: Endpoint, topic: str) -> Any:
@@ -874,36 +864,30 @@ def test_kafkas_own_tools(endpoints) -> None:
     }
 
 
-@OFFSETS
 def test_kafkas_own_tools_count_records(endpoints) -> None:
     seen = same(kafka_tools_offsets, endpoints, topic="tools-offsets")
     assert seen == {"latest": "tools-offsets:0:3\n", "CURRENT-OFFSET": "2", "LOG-END-OFFSET": "3", "LAG": "1"}
 
 
-@OFFSETS
 def test_delivery_reports_count_records(endpoints) -> None:
     seen = same(delivery_offsets, endpoints, topic="delivery-offsets")
     assert seen == [(i, None) for i in range(6)]
 
 
-@OFFSETS
 def test_a_consumer_at_a_delivered_offset_reads_that_record(endpoints) -> None:
     seen = same(read_from_a_delivered_offset, endpoints, topic="delivered-offset")
     assert [value for _, value, _, _ in seen] == [r[1] for r in sample(4)[2:]]
 
 
-@OFFSETS
 def test_the_last_message_is_one_before_the_high_watermark(endpoints) -> None:
     seen = same(last_message, endpoints, topic="last-message")
     assert len(seen) == 1
 
 
-@OFFSETS
 def test_watermarks_count_records(endpoints) -> None:
     assert same(watermarks_count_records, endpoints, topic="watermarks") == {"low": 0, "high": 3}
 
 
-@OFFSETS
 def test_the_committed_offset_and_the_lag_count_records(endpoints) -> None:
     assert same(committed_offset_and_lag, endpoints, topic="committed") == {"committed": 3, "lag": 2}
 
@@ -939,7 +923,6 @@ def test_versions_kafka_4_no_longer_serves_close_the_connection(endpoints, go) -
                     "produce v3": {"partitions": [[0, 0, 0]]}, "conn": [None], "read": sample(1) + sample(2)}  # fmt: skip
 
 
-@OFFSETS
 @pytest.mark.parametrize("client", GO_AND_JAVA)
 def test_go_and_java_clients_offsets_count_records(endpoints, go, java, client) -> None:
     seen = same(client_offsets, endpoints, clients=programs(client, go, java), topic=f"offsets-{client}")

@@ -1475,7 +1475,7 @@ static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
         return NULL;
     }
     const unsigned char *buf = b.buf;
-    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size, first = pos, last = pos;
+    Py_ssize_t end = b.len, max_length = max_message_bytes - LENGTH_SIZE, size;
     long long base_ts = 0, max_ts = 0, count = 0;
     Out out = {NULL, 0, 0};
     int failed = !reserve(&out, KAFKA_HEADER);
@@ -1487,14 +1487,14 @@ static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
         int32_t key_length = (int32_t)be32(p + 18);
         if (count == 0)
             base_ts = max_ts = ts;
-        if (__builtin_sub_overflow(ts, base_ts, &delta) || pos + size - first > INT32_MAX)
+        if (__builtin_sub_overflow(ts, base_ts, &delta))
             break; /* not one batch's: the next answer's */
         Py_ssize_t key_size = key_length < 0 ? 0 : key_length, value_size = size - HEADER_SIZE - key_size;
         unsigned char head[31], tail[11];
         int h = 0, t = 0;
         head[h++] = 0;
         h += zigzag(head + h, delta);
-        h += zigzag(head + h, pos - first);
+        h += zigzag(head + h, count);
         h += zigzag(head + h, key_length < 0 ? -1 : key_length);
         t += zigzag(tail, value_size);
         unsigned char length[10];
@@ -1511,17 +1511,16 @@ static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
         if (ts > max_ts)
             max_ts = ts;
         count++;
-        last = pos;
         pos += size;
     }
     if (!failed && count) {
         unsigned char *h = (unsigned char *)out.p;
-        put64(h, (uint64_t)(base + first));
+        put64(h, (uint64_t)base);
         put32(h + 8, (uint32_t)(out.used - 12));
         put32(h + 12, 0);
         h[16] = 2;
         h[21] = h[22] = 0;
-        put32(h + 23, (uint32_t)(pos - first - 1));
+        put32(h + 23, (uint32_t)(count - 1));
         put64(h + 27, (uint64_t)base_ts);
         put64(h + 35, (uint64_t)max_ts);
         put64(h + 43, (uint64_t)-1);
@@ -1538,7 +1537,7 @@ static PyObject *core_kafka_batch(PyObject *self, PyObject *args) {
     }
     if (!count)
         out.used = 0;
-    return Py_BuildValue("(Nnn)", out_bytes(&out), last, pos);
+    return Py_BuildValue("(NLn)", out_bytes(&out), count, pos);
 }
 
 /* What is wrong with a batch's records, found without the GIL, raised with it. */

@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import stat
 import time
 from collections.abc import Callable
 
 from kl.errors import StorageError
+
+log = logging.getLogger(__name__)
 
 FILE_MODE = 0o666
 DIR_MODE = 0o777
@@ -134,6 +137,29 @@ def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise storage_error(e, "write", path) from None
+
+
+def write_cache(path: str, data: bytes, *, durable: bool = True) -> bool:
+    """``write_atomic`` of a file that is a cache (a segment's time summary or offset
+    index): False, logged, when it cannot be written (a reader without write access to
+    the root, a full disk: whoever needs it next works it out again)."""
+    try:
+        write_atomic(path, data, durable=durable)
+    except StorageError as e:
+        log.debug("cannot keep %s: %s", path, e)
+        return False
+    return True
+
+
+def remove_file(path: str) -> bool:
+    """Unlink ``path``; False when there was none.  Raises ``StorageError``."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise storage_error(e, "remove", path) from None
+    return True
 
 
 def temp_path(path: str) -> str:

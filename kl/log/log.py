@@ -31,6 +31,7 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -44,13 +45,14 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.log import flusher, locks, openfiles, timeindex
+from kl.log import flusher, locks, offsetindex, openfiles, timeindex
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.log.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.log.messageset import INCOMPLETE, MessageSet
+from kl.log.offsetindex import Counted
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_name, segment_path
-from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, PartitionState, StateFile, read_state, write_state
+from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, UNKNOWN, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,11 @@ class Log:
         self._published_raw: bytes | None = None
         self._nfs: bool | None = None
         self._locking_checked = False
+        self._counted: dict[int, Counted] = {}
+        """Segment base -> its messages as counted (``kl.log.offsetindex``), the active one's too."""
+        self._count_lock = threading.Lock()
+        self._start_count: tuple[tuple[int, int, int], int] | None = None
+        """(log start, active base, its count) -> the log start's Kafka offset."""
         self._validated: dict[int, int] = {}
         """On NFS: segment base -> the end up to which this reader revalidated it."""
         self._lock: locks.ProcessLock | None = None
@@ -495,12 +502,26 @@ class Log:
         last modified at or after ``time_ms`` (the log end if there is none).  Segments
         deleted by retention meanwhile are looked for again; raises ``OffsetOutOfRange``
         only when the start moves on during each of ``TIME_LOOKUP_TRIES``."""
+        found = self._for_time(time_ms)
+        return found if isinstance(found, int) else found[0].offset
+
+    def message_for_time(self, time_ms: int) -> tuple[Position, Message] | None:
+        """The first message stamped at or after ``time_ms`` (see ``offset_for_time``),
+        inside a compressed batch too, and where it is; None when there is none (or in a
+        topic of format 0.7, which has no timestamps)."""
+        if self.config.legacy:
+            return None
+        found = self._for_time(time_ms)
+        return None if isinstance(found, int) else found
+
+    def _for_time(self, time_ms: int) -> int | tuple[Position, Message]:
         for _ in range(TIME_LOOKUP_TRIES - 1):
             with contextlib.suppress(OffsetOutOfRange):
                 return self._offset_for_time(time_ms)
         return self._offset_for_time(time_ms)
 
-    def _offset_for_time(self, time_ms: int) -> int:
+    def _offset_for_time(self, time_ms: int) -> int | tuple[Position, Message]:
+        """The message found, or the offset (a segment's start, or the log end) that stands for one."""
         state = self.state()
         segments = self.segments(state)
         if self.config.legacy:
@@ -520,9 +541,12 @@ class Log:
                 if newest is None or newest < time_ms:
                     continue
                 end = info.base_offset + info.size_in_bytes
+            last, skip = -1, 0
             for msg in self.messages(info.base_offset, end):
+                skip = skip + 1 if msg.offset == last else 0
+                last = msg.offset
                 if msg.timestamp is not None and msg.timestamp >= time_ms:
-                    return msg.offset
+                    return Position(msg.offset, skip), msg
         return state.log_end_offset
 
     def messages(self, start: int, end: int) -> Iterator[Message]:
@@ -595,10 +619,169 @@ class Log:
                 os.listdir(self.directory)  # NFS caches names
         raise TopicNotFound(f"segments of {self.directory} keep disappearing")
 
+    # ----------------------------------------------------------------- Kafka offsets
+
+    def counted(self, state: PartitionState | None = None) -> PartitionState:
+        """The state (by default the published one) with its message counts: worked out
+        from the segments where the record carries none (one an older kl wrote, or
+        recovery rebuilt; the next writer publishes them).  Raises ``CorruptMessage``
+        where a segment cannot be counted."""
+        state = state or self.state()
+        if state.log_end_count != UNKNOWN:
+            return state
+        with self._count_lock:
+            base_count = state.active_base_count
+            if base_count == UNKNOWN:
+                base_count = self._derived_base_count(state)
+            active = self._active_counts(state, base_count)
+            return state._replace(active_base_count=base_count, log_end_count=base_count + active.count)
+
+    def _derived_base_count(self, state: PartitionState) -> int:
+        """The active segment's base count from the oldest segment on: its offset index's
+        base count where it keeps one, else 0, plus every closed segment's messages."""
+        count = UNKNOWN
+        for info in self.segments(state):
+            if info.base_offset < state.active_base_offset:
+                counted = self._closed_counts(info, UNKNOWN)
+                if count != UNKNOWN:
+                    counted.base_count = count
+                count = counted.base_count + counted.count
+        return max(count, 0)
+
+    def kafka_offsets(self, state: PartitionState | None = None) -> tuple[int, int]:
+        """(log start, log end) as Kafka offsets."""
+        state = self.counted(state)
+        key = (state.log_start_offset, state.active_base_offset, state.active_base_count)
+        known = self._start_count
+        if known is None or known[0] != key:
+            known = self._start_count = (key, self.kafka_offset(state.log_start_offset, state=state))
+        return known[1], state.log_end_count
+
+    def kafka_offset(self, offset: int, skip: int = 0, *, state: PartitionState | None = None) -> int:
+        """The Kafka offset of the message at ``offset`` (a message start, or the log
+        end), after ``skip`` messages of the compressed batch there.  Raises
+        ``OffsetOutOfRange`` and ``CorruptMessage``."""
+        state = self.counted(state)
+        self._check_range(offset, state)
+        if offset == state.log_end_offset:
+            return state.log_end_count + skip
+        with self._count_lock:
+            for info, counted in self._chain(state):
+                if info.base_offset <= offset:
+                    with self.open_segment(info.base_offset) as segment:
+                        return counted.base_count + counted.find(segment, position=offset - info.base_offset)[1] + skip
+        raise CorruptState(f"no segment of {self.directory} holds offset {offset}; run 'kl recover'")
+
+    def kafka_position(self, kafka_offset: int, *, state: PartitionState | None = None) -> Position:
+        """Where the message of Kafka offset ``kafka_offset`` is: its message set's offset
+        and how many of the compressed batch there come first (the log end at the end).
+        Raises ``OffsetOutOfRange`` outside the log, in Kafka offsets."""
+        state = self.counted(state)
+        start, end = self.kafka_offsets(state)
+        if not start <= kafka_offset <= end:
+            raise OffsetOutOfRange(
+                f"Kafka offset {kafka_offset} is out of range: {self.directory} holds {start} to {end}",
+                offset=kafka_offset,
+                log_start_offset=start,
+                log_end_offset=end,
+            )
+        if kafka_offset == end:
+            return Position(state.log_end_offset)
+        with self._count_lock:
+            for info, counted in self._chain(state):
+                if counted.base_count <= kafka_offset:
+                    with self.open_segment(info.base_offset) as segment:
+                        position, skip = counted.find(segment, count=kafka_offset - counted.base_count)
+                    return Position(info.base_offset + position, skip)
+        raise CorruptState(f"no segment of {self.directory} holds Kafka offset {kafka_offset}; run 'kl recover'")
+
+    def _chain(self, state: PartitionState) -> Iterator[tuple[SegmentInfo, Counted]]:
+        """Newest first, each segment with its counts: base counts from the active
+        segment's back, each the next one's less its own messages (the closed segments
+        listed only when the active one is not enough).  Under ``_count_lock``."""
+        base = state.active_base_offset
+        yield (
+            SegmentInfo(base, segment_path(self.directory, base), state.log_end_offset - base),
+            self._active_counts(state, state.active_base_count),
+        )
+        base_count = state.active_base_count
+        for info in reversed(self.segments(state)):
+            if info.base_offset >= base:
+                continue
+            counted = self._closed_counts(info, base_count)
+            base_count = counted.base_count
+            yield info, counted
+
+    def _active_counts(self, state: PartitionState, base_count: int) -> Counted:
+        """The active segment's messages, counted up to the log end.  Under ``_count_lock``."""
+        base = state.active_base_offset
+        counted = self._counted.get(base)
+        if counted is None or counted.base_count != base_count or counted.size_in_bytes > state.log_end_offset - base:
+            counted = self._counted[base] = Counted(base, base_count)
+            for other in [b for b in self._counted if b > base]:
+                del self._counted[other]  # segments of a partition created again, or cut back by recovery
+        if counted.size_in_bytes < state.log_end_offset - base:
+            with self.open_segment(base) as segment:
+                counted.extend(segment, state.log_end_offset - base)
+        return counted
+
+    def _closed_counts(self, info: SegmentInfo, following: int) -> Counted:
+        """A closed segment's messages: as counted before, as its offset index keeps them,
+        or counted now by a scan (and kept in its index).  Its base count is the next
+        segment's (``following``) less its messages; where that is ``UNKNOWN``, what its
+        index says (0 without one).  Under ``_count_lock``."""
+        counted = self._counted.get(info.base_offset)
+        if counted is None or counted.size_in_bytes != info.size_in_bytes:
+            try:
+                stat = os.stat(info.path, follow_symlinks=False)
+            except FileNotFoundError:
+                raise TopicNotFound(f"segment {info.path} disappeared (retention?)") from None
+            kept = offsetindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns)
+            if kept is not None and kept.size_in_bytes == info.size_in_bytes and offsetindex.complete(kept):
+                counted = Counted.of(kept)
+            else:
+                counted = Counted(info.base_offset, UNKNOWN if kept is None else kept.base_count)
+                with self.open_segment(info.base_offset) as segment:
+                    counted.extend(segment, info.size_in_bytes)
+            self._counted[info.base_offset] = counted
+            kept_base = counted.base_count
+            self._base_from(counted, following)
+            if (kept is None or kept_base != counted.base_count or not offsetindex.complete(kept)) and (
+                stat.st_size == info.size_in_bytes
+            ):
+                offsetindex.write(info.path, counted.index(stat.st_mtime_ns))
+        else:
+            self._base_from(counted, following)
+        return counted
+
+    @staticmethod
+    def _base_from(counted: Counted, following: int) -> None:
+        if following != UNKNOWN:
+            counted.base_count = following - counted.count
+        elif counted.base_count == UNKNOWN:
+            counted.base_count = 0
+
+    def _keep_counts(self, state: PartitionState) -> None:
+        """After a roll from ``state``: keep the closed segment's base count and message
+        count in its offset index (with the entries of a count made while it was active,
+        else none: the first reader that needs them adds them)."""
+        base, size = state.active_base_offset, state.log_end_offset - state.active_base_offset
+        counted = self._counted.get(base)
+        if counted is None or counted.size_in_bytes != size or counted.base_count != state.active_base_count:
+            counted = Counted(base, state.active_base_count)
+            counted.size_in_bytes, counted.count = size, state.log_end_count - state.active_base_count
+        path = segment_path(self.directory, base)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        offsetindex.write(path, counted.index(mtime))
+
     # ----------------------------------------------------------------- writing
 
     def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
-        """Append a framed message set of ``count`` messages; returns the offset it starts at.
+        """Append a framed message set of ``count`` messages (as ``count_messages`` counts
+        them: each of a compressed batch's, no padding); returns the offset it starts at.
 
         The set is written whole at the end of the active segment and then published.
         With ``fsync`` the data and state are flushed before this returns; otherwise the
@@ -606,6 +789,10 @@ class Log:
         left as it was) and ``CorruptMessage`` when the tail is damaged below its
         committed end (run ``kl recover``).  ``append_all`` appends to several at once.
         """
+        return self.append_counted(data, count, fsync=fsync)[0]
+
+    def append_counted(self, data: bytes, count: int, *, fsync: bool = False) -> tuple[int, int]:
+        """``append``, returning the offset the set starts at and the Kafka offset of its first message."""
         if self._failed:
             raise StorageError(self._failed)
         lock = self._lock
@@ -657,22 +844,27 @@ class Log:
             self.fsync(active)
         return tuple.__new__(_Staged, (state, len(data), fsync, None))  # _Staged(...) without its Python frame
 
-    def _publish_append(self, staged: _Staged, count: int) -> int:
-        """Publish what ``_stage`` wrote (``count`` messages): the offset it starts at."""
+    def _publish_append(self, staged: _Staged, count: int) -> tuple[int, int]:
+        """Publish what ``_stage`` wrote (``count`` messages): the offset it starts at and
+        the Kafka offset of its first message."""
         state, length, fsync, new = staged
-        log_start, base, start, flushed, _, unflushed, flushed_at, _, _ = state
+        log_start, base, start, flushed, _, unflushed, flushed_at, _, _, base_count, first = state
+        after = first + count
         now = time.time_ns() // 1_000_000
         if new is not None:
             new_base = new.base_offset
             end = new_base + length
             flushed, unflushed = (end, 0) if fsync else (new_base, count)
-            rolled = PartitionState(log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID)
+            rolled = PartitionState(log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID, NO_TOKEN, first, after)
             self._make_active(new, rolled)
-            return new_base
+            self._keep_counts(state)
+            return new_base, first
         end = start + length
         if fsync:
-            self.publish(PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID), durable=True)
-            return start
+            self.publish(
+                PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after), durable=True
+            )
+            return start, first
         unflushed += count
         cfg = self.config
         # the new states are built as tuples (as PartitionState(...) would, without its Python frame)
@@ -680,18 +872,23 @@ class Log:
             cfg.flush_ms and now - flushed_at >= cfg.flush_ms
         ):  # due: the flusher thread fsyncs (one fsync for every append before it)
             self.publish(
-                tuple.__new__(PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN)),
+                tuple.__new__(
+                    PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after)
+                ),
                 durable=False,
             )
             flusher.flush_soon(self)
         else:
             self.publish(
-                tuple.__new__(PartitionState, (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN)),
+                tuple.__new__(
+                    PartitionState,
+                    (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN, base_count, after),
+                ),
                 durable=False,
             )
             if cfg.flush_ms and not self.flush_scheduled:
                 flusher.schedule(self, (flushed_at + cfg.flush_ms - now) / 1000)
-        return start
+        return start, first
 
     def _unstage(self, staged: _Staged) -> None:
         """Undo what ``_stage`` wrote and was not published: the new segment is removed,
@@ -914,6 +1111,9 @@ class Log:
         elif not self._tail_checked or file_size != state.log_end_offset - state.active_base_offset:
             state = self._repair_tail(state, file_size)
             self._tail_checked = True
+        if state.log_end_count == UNKNOWN:  # a record of an older kl, or one recovery rebuilt
+            state = self.counted(state)
+            self.publish(state, durable=True)
         return state
 
     def _announce(self, state_file: StateFile, raw: bytes) -> None:
@@ -986,7 +1186,10 @@ class Log:
             new.close()
             raise
         now = time.time_ns() // 1_000_000
-        fenced = PartitionState(state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID)
+        count = self.counted(state._replace(log_end_offset=log_end, log_end_count=UNKNOWN)).log_end_count
+        fenced = PartitionState(
+            state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID, NO_TOKEN, count, count
+        )
         self._make_active(new, fenced)
         return fenced
 
@@ -1075,6 +1278,7 @@ class Log:
         log_end = base + end
         repaired = state._replace(
             log_end_offset=log_end,
+            log_end_count=UNKNOWN,
             flushed_offset=min(state.flushed_offset, log_end),
             last_append_offset=min(state.last_append_offset, log_end),
             boot_id=BOOT_ID,
@@ -1240,6 +1444,7 @@ class Log:
             self.write_state(
                 state._replace(
                     log_end_offset=offset,
+                    log_end_count=UNKNOWN,
                     flushed_offset=min(state.flushed_offset, offset),
                     last_append_offset=min(state.last_append_offset, offset),
                     boot_id=BOOT_ID,
@@ -1318,7 +1523,7 @@ def append_all(appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False
             target, data, _ = appends[i]
             staged[i] = target._stage(data, fsync)
         for i in order:  # a set whose publishing was tried may be published: it is not undone
-            offsets[i] = appends[i][0]._publish_append(staged.pop(i), appends[i][2])
+            offsets[i] = appends[i][0]._publish_append(staged.pop(i), appends[i][2])[0]
     except BaseException:
         for i, undone in staged.items():
             appends[i][0]._unstage(undone)

@@ -570,31 +570,30 @@ def _kafka_field(data: bytes | None) -> bytes:
 
 def kafka_batch(buf: Buffer, pos: int, base: int, max_message_bytes: int) -> tuple[bytes, int, int]:
     """The valid uncompressed magic 2 messages from ``pos`` on (the run ``plain_columns``
-    finds) as one Kafka record batch, each record at offset ``base`` plus its message's
-    position, the batch's last offset delta just before where the run stops: (the batch,
-    or b"" when no message at ``pos`` is plain, where its last message starts, and where
-    the run stops).  The run stops early where the batch would span more than 2 GiB of
-    the log or a timestamp is more than int64 away from the first's (fields a batch
-    cannot hold: the next batch's)."""
+    finds) as one Kafka record batch, the first record at Kafka offset ``base`` and each
+    next one at the next: (the batch, or b"" when no message at ``pos`` is plain, how many
+    records it holds, and where the run stops).  The run stops early where a timestamp
+    is more than int64 away from the first's (a field a batch cannot hold: the next
+    batch's)."""
     columns = plain_columns(buf, pos, max_message_bytes)
     positions, stamps, key_lengths = (array("q", column) for column in columns[:3])
     stop = columns[3]
     if not positions:
-        return b"", pos, stop
-    first, base_ts = positions[0], stamps[0]
+        return b"", 0, stop
+    base_ts = stamps[0]
     parts = []
-    for at, stamp, klen in zip(positions, stamps, key_lengths, strict=True):
+    for i, (at, stamp, klen) in enumerate(zip(positions, stamps, key_lengths, strict=True)):
         length = int.from_bytes(buf[at : at + 4], "big") + m.LENGTH_SIZE
-        if not _INT64_MIN <= stamp - base_ts <= _INT64_MAX or at + length - first > _INT32_MAX:
+        if not _INT64_MIN <= stamp - base_ts <= _INT64_MAX:
             stop = at
             break
         value_at = at + m.HEADER_SIZE + max(klen, 0)
         key = None if klen < 0 else bytes(buf[at + m.HEADER_SIZE : value_at])
-        parts.append(kafka_record(stamp - base_ts, at - first, key, bytes(buf[value_at : at + length])))
+        parts.append(kafka_record(stamp - base_ts, i, key, bytes(buf[value_at : at + length])))
     records = b"".join(parts)
     max_ts = max(stamps[: len(parts)])
-    batch = kafka_header(base + first, records, len(parts), stop - first - 1, base_ts, max_ts) + records
-    return batch, positions[len(parts) - 1], stop
+    batch = kafka_header(base, records, len(parts), len(parts) - 1, base_ts, max_ts) + records
+    return batch, len(parts), stop
 
 
 RawRecord = tuple[int, bytes | None, bytes | None, list[tuple[bytes | None, bytes | None]]]

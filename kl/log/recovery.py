@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, CorruptState
-from kl.log import timeindex
+from kl.log import offsetindex, timeindex
 from kl.log.fsutil import file_time_ns, fsync_dir, open_file, storage_error
 from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.messageset import Corruption, Kind
@@ -43,6 +43,8 @@ Reporter = Callable[["Finding"], None]
 """Called with each finding as it is made (leveldb's ``Reporter``), before the report is done."""
 TIME_SUMMARY = "TIME_SUMMARY"
 """The kind of a finding about a segment's time summary."""
+OFFSET_INDEX = "OFFSET_INDEX"
+"""The kind of a finding about a segment's offset index."""
 LEFTOVER = "LEFTOVER"
 """The kind of a finding about a file a killed run left (a temporary file, a partial copy)."""
 LEFTOVER_MIN_AGE = 600.0
@@ -143,6 +145,7 @@ class _Check:
         for segment, following in itertools.pairwise(segments):
             self._check_closed(segment, following.base_offset)
         self._check_time_summaries(segments[:-1])
+        self._check_offset_indexes(segments[:-1])
         if segments:
             self._check_active(state, segments[-1])
         elif self.act:
@@ -280,17 +283,21 @@ class _Check:
             for damage in list(damages):
                 self._damaged(segment, damage, active=False)
 
+    def _remove_orphans(self, closed: list[SegmentInfo], suffix: str, what: str, kind: str) -> None:
+        """Report (and remove) the files kept beside segments, with ``suffix``, of no closed segment."""
+        for path in timeindex.orphans(self.log.directory, {s.base_offset for s in closed}, self.names, suffix):
+            base = parse_name(os.path.basename(path).removesuffix(suffix)) or 0
+            self.find(base, path, f"{what} of no closed segment", self.would("removed"), kind)
+            if self.act:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
     def _check_time_summaries(self, closed: list[SegmentInfo]) -> None:
         """A closed segment's time summary (``kl.log.timeindex``) must name the segment as
         it is: a damaged or stale one is rebuilt (a missing one is made when first
         needed), and one of no closed segment is removed."""
         log = self.log
-        for path in timeindex.orphans(log.directory, {s.base_offset for s in closed}, self.names):
-            base = parse_name(os.path.basename(path).removesuffix(timeindex.SUFFIX)) or 0
-            self.find(base, path, "time summary of no closed segment", self.would("removed"), TIME_SUMMARY)
-            if self.act:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+        self._remove_orphans(closed, timeindex.SUFFIX, "time summary", TIME_SUMMARY)
         for info in closed:
             path = timeindex.summary_path(info.path)
             stat = os.stat(info.path, follow_symlinks=False)
@@ -301,6 +308,36 @@ class _Check:
                 timeindex.remove(info.path)
                 with contextlib.suppress(CorruptMessage):  # made when first needed once the segment is mended
                     log.time_summary(info)
+
+    def _check_offset_indexes(self, closed: list[SegmentInfo]) -> None:
+        """A closed segment's offset index (``kl.log.offsetindex``) must name the segment
+        as it is and hold its messages' count: a damaged, stale or wrong one is rebuilt
+        (keeping the base count it says, which recovery of a lost state record starts
+        from), and one of no closed segment is removed."""
+        log = self.log
+        self._remove_orphans(closed, offsetindex.SUFFIX, "offset index", OFFSET_INDEX)
+        for info in closed:
+            path = offsetindex.index_path(info.path)
+            try:
+                with open(path, "rb") as f:
+                    kept = offsetindex.SegmentIndex.decode(f.read())
+            except FileNotFoundError:
+                continue
+            stat = os.stat(info.path, follow_symlinks=False)
+            if kept is not None and (kept.size_in_bytes, kept.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+                continue  # stale (its segment changed): rebuilt when first needed, as a cache is
+            problem = "is damaged" if kept is None else None
+            if kept is not None:
+                with contextlib.suppress(CorruptMessage), log.open_segment(info.base_offset) as segment:
+                    counted = offsetindex.Counted(info.base_offset, kept.base_count)
+                    counted.extend(segment, info.size_in_bytes)
+                    if counted.count != kept.messages:
+                        problem = f"counts {kept.messages} messages, the segment holds {counted.count}"
+            if problem is None:
+                continue
+            self.find(info.base_offset, path, f"offset index {problem}", self.would("rebuilt"), OFFSET_INDEX)
+            if self.act:
+                offsetindex.remove(info.path)  # remade when first needed, its base count from the chain
 
     # ----------------------------------------------------------------- the active segment
 

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, OffsetOutOfRange
-from kl.log import timeindex
+from kl.log import offsetindex, timeindex
 from kl.log.fsutil import file_time_ns
 from kl.log.log import DELETED_SUFFIX, Log, SegmentInfo
 
@@ -105,11 +105,12 @@ def retain(
             report = _choose(log, segments, dated, now_ms, max_age_ms, max_bytes, keep)
             if report.deleted:
                 log.delete_segments(report.deleted, report.log_start_offset)
-                for segment in report.deleted:
-                    timeindex.remove(segment.path)  # a cache: nobody reads it through an open handle
+                for segment in report.deleted:  # caches: nobody reads them through an open handle
+                    timeindex.remove(segment.path)
+                    offsetindex.remove(segment.path)
     names: list[str] = []
     with contextlib.suppress(FileNotFoundError), os.scandir(log.directory) as entries:
-        names = [e.name for e in entries if e.name.endswith((DELETED_SUFFIX, timeindex.SUFFIX))]
+        names = [e.name for e in entries if e.name.endswith((DELETED_SUFFIX, timeindex.SUFFIX, offsetindex.SUFFIX))]
     set_aside = _set_aside(log.directory, names, delete_delay)  # after the renames: a delay of 0 takes them
     if dry_run:  # what the real run would unlink: old set-aside files, and at once what it sets aside now
         found = set_aside + ([(s.path, s.size_in_bytes) for s in report.deleted] if delete_delay <= 0 else [])
@@ -117,9 +118,10 @@ def retain(
     else:
         report.unlinked, report.unlinked_bytes = _unlink(set_aside)
         bases = {s.base_offset for s in segments[len(report.deleted) :]}
-        for path in timeindex.orphans(log.directory, bases, names):  # written by a reader racing a deletion
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        for suffix in (timeindex.SUFFIX, offsetindex.SUFFIX):  # written by a reader racing a deletion
+            for path in timeindex.orphans(log.directory, bases, names, suffix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
     return report
 
 

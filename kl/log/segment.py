@@ -230,9 +230,9 @@ class Segment:
             count += n
             return stop
 
-        return self._chained(start, end, follow), count
+        return self.chained(start, end, follow), count
 
-    def _chained(self, start: int, end: int, follow: Callable[[bytes, int], int]) -> int:
+    def chained(self, start: int, end: int, follow: Callable[[bytes, int], int]) -> int:
         """Where valid messages from ``start`` stop within ``[start, end)`` (the file's end
         counts as a stop too), reading chunks: ``follow(chunk, its position)`` gives where
         the chain stops in each, from its start; a message cut off by a chunk's end is
@@ -288,7 +288,7 @@ class Segment:
                 held -= not recent.popleft()[2] & m.ATTR_PADDING
             return stop
 
-        self._chained(0, end, follow)
+        self.chained(0, end, follow)
         for position, size, attrs in reversed(recent):
             if attrs & m.ATTR_PADDING:
                 continue

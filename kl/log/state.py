@@ -34,8 +34,11 @@ STATE_FILE = "state"
 TAG = b"klst"
 DELETED_TAG = b"kldl"
 """Written over the record by ``kl topics delete`` so writers holding it open notice."""
-VERSION = 3
-RECORD = struct.Struct(">4sBQQQQQIQ16s16s")
+VERSION = 4
+RECORD = struct.Struct(">4sBQQQQQIQ16s16sqq")
+RECORD_V3 = struct.Struct(">4sBQQQQQIQ16s16s")
+"""Version 3 had no message counts; it is read (counts ``UNKNOWN``) and rewritten as version 4
+by the next writer."""
 RECORD_V2 = struct.Struct(">4sBQQQQQIQ16s")
 """Version 2 had no append token; it is read, and rewritten as version 3 by the next writer."""
 RECORD_V1 = struct.Struct(">4sBQQQQQIQ")
@@ -57,6 +60,9 @@ ROLL_MARK = struct.Struct(">4sQ")
 ROLL_MARK_OFFSET = 576
 """Where the roll mark lies in the state file, past the append mark."""
 _READ_ATTEMPTS = 20
+UNKNOWN = -1
+"""A message count the record does not carry (one of an older kl, or rebuilt by recovery):
+worked out from the segments (``kl.log.offsetindex``)."""
 
 
 def _boot_id() -> bytes:
@@ -89,6 +95,12 @@ class PartitionState(NamedTuple):
     token: bytes = NO_TOKEN
     """On NFS: the token of the append (or other change under the lock) that wrote the
     record, which its "append under way" mark carried (``NO_TOKEN`` elsewhere)."""
+    active_base_count: int = UNKNOWN
+    """Messages before the active segment since the partition began: the Kafka offset of
+    its first message (a compressed batch counts its inner messages, padding none)."""
+    log_end_count: int = UNKNOWN
+    """Messages before the log end since the partition began: the Kafka offset the next
+    message gets."""
 
     @property
     def stable_offset(self) -> int:
@@ -98,12 +110,17 @@ class PartitionState(NamedTuple):
         return self.flushed_offset
 
     @classmethod
-    def empty(cls, base_offset: int = 0) -> PartitionState:
-        return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, time.time_ns() // 1_000_000, BOOT_ID)
+    def empty(cls, base_offset: int = 0, count: int = 0) -> PartitionState:
+        """A partition holding nothing, beginning at ``base_offset`` with ``count`` messages
+        before it (the Kafka offset its first message gets)."""
+        now = time.time_ns() // 1_000_000
+        return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, now, BOOT_ID, NO_TOKEN, count, count)
 
     def encode(self) -> bytes:
-        start, base, end, flushed, last, unflushed, flushed_at, boot, token = self  # (faster than *self)
-        record = RECORD.pack(TAG, VERSION, start, base, end, flushed, last, unflushed, flushed_at, boot, token)
+        start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count = self  # (faster than *self)
+        record = RECORD.pack(
+            TAG, VERSION, start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count
+        )
         return record + CRC.pack(zlib.crc32(record))
 
     @classmethod
@@ -111,7 +128,7 @@ class PartitionState(NamedTuple):
         """Raises ``CorruptState`` when the record is short, unknown or fails its checksum,
         and ``TopicNotFound`` when it is the deleted mark."""
         version = data[VERSION_OFFSET] if len(data) > VERSION_OFFSET else -1
-        layout = {VERSION: RECORD, 2: RECORD_V2, 1: RECORD_V1}.get(version)
+        layout = {VERSION: RECORD, 3: RECORD_V3, 2: RECORD_V2, 1: RECORD_V1}.get(version)
         if layout is None:
             raise CorruptState(f"partition state {path} has unknown version {version}; run 'kl recover'")
         if len(data) < layout.size + CRC.size:
@@ -126,14 +143,16 @@ class PartitionState(NamedTuple):
         if tag != TAG:
             raise CorruptState(f"partition state {path} has unknown tag {tag!r}; run 'kl recover'")
         state = cls(*fields)
-        if not state.log_start_offset <= state.active_base_offset <= state.log_end_offset:
+        if not state.log_start_offset <= state.active_base_offset <= state.log_end_offset or not (
+            state.active_base_count <= state.log_end_count or state.log_end_count == UNKNOWN
+        ):
             raise CorruptState(f"partition state {path} has inconsistent offsets {state}; run 'kl recover'")
         return state
 
 
 def deleted_record() -> bytes:
     """The record that marks a partition deleted."""
-    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT, NO_TOKEN)
+    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT, NO_TOKEN, UNKNOWN, UNKNOWN)
     return record + CRC.pack(zlib.crc32(record))
 
 

@@ -23,8 +23,7 @@ import zlib
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from kl.errors import StorageError
-from kl.log.fsutil import storage_error, write_atomic
+from kl.log.fsutil import remove_file, write_cache
 from kl.log.message import Message
 from kl.log.segment import parse_name
 
@@ -116,37 +115,26 @@ def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int)
 def write(segment_path: str, summary: TimeSummary) -> bool:
     """Keep ``summary`` beside its segment; False when it cannot be written (a reader
     without write access to the root, a full disk: the next run works it out again)."""
-    try:
-        write_atomic(summary_path(segment_path), summary.encode())
-    except StorageError as e:
-        log.debug("cannot keep the time summary of %s: %s", segment_path, e)
-        return False
-    return True
+    return write_cache(summary_path(segment_path), summary.encode())
 
 
 def remove(segment_path: str) -> bool:
     """Remove a segment's summary; False when there was none."""
-    path = summary_path(segment_path)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    except OSError as e:
-        raise storage_error(e, "remove", path) from None
-    return True
+    return remove_file(summary_path(segment_path))
 
 
-def orphans(directory: str, bases: set[int], names: Iterable[str] | None = None) -> list[str]:
-    """Paths of summaries in ``directory`` whose segment (by base offset) is not in
-    ``bases``; ``names``: the directory's entries, when the caller has listed them."""
+def orphans(directory: str, bases: set[int], names: Iterable[str] | None = None, suffix: str = SUFFIX) -> list[str]:
+    """Paths of summaries (or with ``suffix``, of another file kept beside a segment, as
+    offset indexes) in ``directory`` whose segment (by base offset) is not in ``bases``;
+    ``names``: the directory's entries, when the caller has listed them."""
     if names is None:
         names = []
         with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
             names = [entry.name for entry in entries]
     found = []
     for name in names:
-        if name.endswith(SUFFIX) and not name.startswith("."):
-            base = parse_name(name[: -len(SUFFIX)])
+        if name.endswith(suffix) and not name.startswith("."):
+            base = parse_name(name[: -len(suffix)])
             if base is not None and base not in bases:
                 found.append(os.path.join(directory, name))
     return found

@@ -76,7 +76,8 @@ from kl.errors import (
 from kl.log import core
 from kl.log import message as m
 from kl.log.config import TopicConfig
-from kl.log.log import Log
+from kl.log.log import Log, Position
+from kl.log.state import PartitionState
 from kl.net import brokers, kafka_groups, records
 from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
@@ -139,7 +140,7 @@ class Kafka(FrontEnd):
 
     def __init__(self, server: Any):
         super().__init__(server)
-        self._resume: collections.OrderedDict[tuple[str, int, int], int] = collections.OrderedDict()
+        self._resume: collections.OrderedDict[tuple[str, int, int], Position] = collections.OrderedDict()
         self._names: dict[uuid.UUID, str] = {}
         """Topic id -> name, as last found."""
         self._resume_lock = threading.Lock()
@@ -379,13 +380,13 @@ class Kafka(FrontEnd):
             target = self.server.root.log(topic, partition)
             producer = found[0].producer_id
             if producer < 0:  # not idempotent: nothing to remember
-                return partition, NONE, target.append(messages, count, fsync=acks == -1), None
+                return partition, NONE, target.append_counted(messages, count, fsync=acks == -1)[1], None
             with self._sequences[producer % len(self._sequences)]:  # a producer's batches in turn
                 with self._producer_lock:
                     duplicate = self._duplicate(found, topic, partition)
                 if duplicate is not None:
                     return partition, NONE, duplicate, None
-                offset = target.append(messages, count, fsync=acks == -1)
+                offset = target.append_counted(messages, count, fsync=acks == -1)[1]
                 with self._producer_lock:
                     self._remember(found, topic, partition, offset)
             return partition, NONE, offset, None
@@ -479,12 +480,12 @@ class Kafka(FrontEnd):
             if topic_id is not None and _uuid(config.topic_id) != topic_id:
                 raise Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")
             target = self.server.root.log(topic, partition)
-            state = target.state()
-            start, end = state.log_start_offset, state.log_end_offset
+            state = target.counted()
+            start, end = target.kafka_offsets(state)
             if not start <= offset <= end:
                 raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}")
             key = (config.topic_id or topic, partition)
-            batch = self._records(target, key, offset, max_bytes, end) if offset < end and max_bytes > 0 else b""
+            batch = self._records(target, key, offset, max_bytes, state) if offset < end and max_bytes > 0 else b""
         except (Refused, KlError) as e:
             code = e.code if isinstance(e, Refused) else _code(e)
             if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID):
@@ -511,25 +512,25 @@ class Kafka(FrontEnd):
             preferred_read_replica=-1,
             records=batch,
         )
-        return answer, (target, end)  # a wait is for what comes past the end
+        return answer, (target, state.log_end_offset)  # a wait is for what comes past the end
 
-    def _records(self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, end: int) -> bytes:
-        """Record batches of the messages from the first one at or after ``offset``: runs
-        of plain messages converted by ``core.kafka_batch``, each other message (a
-        compressed batch's, Kafka 0.7's) through ``records.batch``."""
-        start, skip = self.message_at(target, key, offset)
-        if start >= end:
+    def _records(self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState) -> bytes:
+        """Record batches of the messages from Kafka offset ``offset`` on: runs of plain
+        messages converted by ``core.kafka_batch``, each other message (a compressed
+        batch, Kafka 0.7's) through ``records.batch``, from the record at ``offset`` on."""
+        start, skip = self.message_at(target, key, offset, state)
+        if start >= state.log_end_offset:
             return b""
         messages = target.read(start, max_bytes)
         buf, limit = messages.buffer, messages.max_message_bytes
         parts: list[bytes] = []
-        pos = last = 0
+        pos, next_offset = 0, offset - skip  # the Kafka offset of the message at pos
         while True:
             if not skip:
-                batch, at, stop = core.kafka_batch(buf, pos, start, limit)
+                batch, count, stop = core.kafka_batch(buf, pos, next_offset, limit)
                 if batch:
                     parts.append(batch)
-                    pos, last = stop, start + at
+                    pos, next_offset = stop, next_offset + count
             try:
                 step = messages.decode_at(pos)
             except CorruptMessage:
@@ -539,47 +540,31 @@ class Kafka(FrontEnd):
             if step is None:
                 break
             after, group = step
-            base, size = start + pos, after - pos
-            if len(group) > size:  # a compressed batch of more messages than bytes: no offsets for them
-                if parts:
-                    break  # answered alone, next time
-                raise Refused(
-                    KAFKA_STORAGE_ERROR,
-                    f"the compressed batch at {base} holds {len(group)} messages in {size} bytes: too many to give "
-                    "each a Kafka offset inside it; read it with kl consume",
-                )
-            rows = [(base + i, msg.timestamp, msg.key, msg.value, msg.headers) for i, msg in enumerate(group) if i >= skip]
+            rows = [(next_offset + i, msg.timestamp, msg.key, msg.value, msg.headers) for i, msg in enumerate(group) if i >= skip]
             if rows:
-                parts.append(records.batch(rows, start + after))
-                last = rows[-1][0]
+                parts.append(records.batch(rows, next_offset + len(group)))
+            next_offset += len(group)
             skip = 0
             pos = after
         if not parts:
             return b""
-        self._remember_resume(key, last + 1, start + pos)  # where clients resume: last + 1,
-        self._remember_resume(key, start + pos, start + pos)  # or the batch's end
+        self._remember_resume(key, next_offset, Position(start + pos))  # where the client fetches next
         return b"".join(parts)
 
-    def message_at(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]:
-        """Where the first message at or after ``offset`` starts, and how many messages of
-        the compressed batch there come before it."""
+    def message_at(self, target: Log, key: tuple[str, int], offset: int, state: PartitionState | None = None) -> Position:
+        """Where the message of Kafka offset ``offset`` is (see ``Log.kafka_position``),
+        from what the last fetches served where they can tell."""
         with self._resume_lock:
             known = self._resume.get((key[0], key[1], offset))
-        if known is not None:
-            return known, 0
-        before, after = target.boundary(offset)
-        if before == offset:
-            return offset, 0
-        inner = [msg for msg in target.read(before, 1) if msg.offset == before]
-        if offset - before < len(inner):
-            return before, offset - before
-        return after, 0
+        if known is not None and (state is None or known.offset < state.log_end_offset):
+            return known
+        return target.kafka_position(offset, state=state)
 
-    def _remember_resume(self, key: tuple[str, int], offset: int, start: int) -> None:
-        """Remember that a fetch at ``offset`` of the partition ``key`` (its topic's id, or
-        name, and number) starts at ``start``."""
+    def _remember_resume(self, key: tuple[str, int], offset: int, position: Position) -> None:
+        """Remember that the message of Kafka offset ``offset`` of the partition ``key``
+        (its topic's id, or name, and number) is at ``position``."""
         with self._resume_lock:
-            self._resume[key[0], key[1], offset] = start
+            self._resume[key[0], key[1], offset] = position
             if len(self._resume) > RESUME_CACHE:
                 self._resume.popitem(last=False)
 
@@ -623,17 +608,18 @@ class Kafka(FrontEnd):
         """(offset, timestamp) ListOffsets answers for ``timestamp``."""
         self.checked_config(topic, partition)
         target = self.server.root.log(topic, partition)
-        state = target.state()
+        state = target.counted()
         if timestamp == LATEST:
-            return state.log_end_offset, -1
+            return state.log_end_count, -1
         if timestamp == EARLIEST:
-            return state.log_start_offset, -1
+            return target.kafka_offsets(state)[0], -1
         if timestamp < 0:
             raise Refused(UNSUPPORTED_VERSION, f"ListOffsets timestamp {timestamp} is not one kl answers")
-        offset = target.offset_for_time(timestamp)
-        for msg in target.read(offset, 1) if offset < target.log_end_offset else ():
-            return offset, -1 if msg.timestamp is None else msg.timestamp
-        return -1, -1  # no message that new: Kafka's answer
+        found = target.message_for_time(timestamp)
+        if found is None:
+            return -1, -1  # no message that new: Kafka's answer
+        position, msg = found
+        return target.kafka_offset(position.offset, position.skip), -1 if msg.timestamp is None else msg.timestamp
 
     # ----------------------------------------------------------------- helpers
 

@@ -3,10 +3,11 @@ JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGrou
 DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out; the groups themselves are
 ``kl.net.coordinator``'s.
 
-Offsets are kl's, as everywhere in the Kafka front end: a committed Kafka offset is stored
-as the position of the first message at or after it (inside a compressed batch: the batch
-and how many of its messages come before), which is what a fetch there would read first;
-OffsetFetch gives it back as the Kafka offset of that message.
+A committed Kafka offset is stored in the group's files as the position of its message
+(inside a compressed batch: the batch and how many of its messages come before), which
+kl's own members resume from too; past the log end, as the log end and how many messages
+after it; OffsetFetch gives it back as the Kafka offset of that position, so Kafka and
+kl members resume each other's commits exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
 from kl.errors import InvalidTopicName, KlError
 from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
+from kl.log.state import PartitionState
 from kl.net import brokers
 from kl.net.coordinator import Coordinator, GroupWait, JoinResult, SyncResult
 from kl.net.kafka_errors import (
@@ -50,7 +52,7 @@ class Kafka(Protocol):
 
     def checked_config(self, topic: str, partition: int | None = None) -> TopicConfig: ...
 
-    def message_at(self, target: Log, key: tuple[str, int], offset: int) -> tuple[int, int]: ...
+    def message_at(self, target: Log, key: tuple[str, int], offset: int, state: PartitionState | None = None) -> Position: ...
 
 
 log = logging.getLogger("kl.serve")
@@ -203,13 +205,15 @@ def _position(front: Kafka, topic: str, partition: int, offset: int) -> tuple[Po
     try:
         config = front.checked_config(topic, partition)
         target = front.server.root.log(topic, partition)
-        state = target.state()
+        state = target.counted()
         if offset < 0:
             return OFFSET_OUT_OF_RANGE, ""
-        if not state.log_start_offset <= offset < state.log_end_offset:
-            return Position(offset), config.topic_id or ""  # a fetch there says it is out of range
-        start, skip = front.message_at(target, (config.topic_id or topic, partition), offset)
-        return Position(start, skip), config.topic_id or ""
+        start, end = target.kafka_offsets(state)
+        if offset < start:
+            return Position(state.log_start_offset), config.topic_id or ""  # (a place retention removed)
+        if offset >= end:  # past the log end: the message that will be there
+            return Position(state.log_end_offset, offset - end), config.topic_id or ""
+        return front.message_at(target, (config.topic_id or topic, partition), offset, state), config.topic_id or ""
     except Refused as e:
         return e.code, ""
     except KlError as e:
@@ -240,6 +244,17 @@ def offset_fetch(front: Kafka, conn: Connection, version: int, request: Any, wai
     )
 
 
+def _kafka_offset(target: Log, found: Position) -> int:
+    """The Kafka offset of a committed position; one below the log start where retention
+    removed it (a fetch there is out of range, as it is in Kafka)."""
+    state = target.counted()
+    if found.offset < state.log_start_offset:
+        return max(target.kafka_offsets(state)[0] - 1, 0)
+    if found.offset >= state.log_end_offset:
+        return state.log_end_count + found.skip
+    return target.kafka_offset(found.offset, found.skip, state=state)
+
+
 def _group_error(name: str) -> int:
     try:
         validate_group(name)
@@ -267,7 +282,10 @@ def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_c
                 config = front.checked_config(topic, partition)
                 found, code = front.groups.committed(name, topic, partition, config.topic_id or "")
                 if found is not None:
-                    offset, metadata = found.offset + found.skip, found.metadata
+                    offset, metadata = (
+                        _kafka_offset(front.server.root.log(topic, partition), Position(found.offset, found.skip)),
+                        found.metadata,
+                    )
             except (Refused, KlError):
                 pass  # no such partition, or not served: nothing committed
             parts.append(

@@ -1,0 +1,185 @@
+"""Kafka offsets in the storage: one per message since the partition began (a compressed
+batch's inner messages each their own), carried by the state record and each segment's
+offset index, the same from every reader and after retention, recovery and upgrade."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kl
+from kl.errors import OffsetOutOfRange
+from kl.log import message as m
+from kl.log import offsetindex
+from kl.log.log import Position
+from kl.log.messageset import wrap
+from kl.log.recovery import recover
+from kl.log.state import RECORD_V3, STATE_FILE, UNKNOWN, read_state
+
+from conftest import write
+
+SMALL = kl.TopicConfig(segment_bytes=256, max_message_bytes=256)
+
+
+def every_message(root: kl.Root, topic: str) -> list[tuple[Position, bytes]]:
+    """Each message with its position (offset, and skip inside a compressed batch)."""
+    log = root.log(topic, 0)
+    out: list[tuple[Position, bytes]] = []
+    last, skip = -1, 0
+    for msg in log.messages(log.log_start_offset, log.log_end_offset):
+        skip = skip + 1 if msg.offset == last else 0
+        last = msg.offset
+        out.append((Position(msg.offset, skip), msg.value))
+    return out
+
+
+def mixed(root: kl.Root, topic: str = "t", config: kl.TopicConfig = SMALL) -> list[tuple[Position, bytes]]:
+    """Plain messages and compressed batches over several segments."""
+    root.create_topic(topic, config)
+    n = 0
+    for round_ in range(12):
+        values = [b"v%05d" % (n + i) for i in range(7)]
+        n += len(values)
+        write(root, topic, values, compression="zstd" if round_ % 3 else None)
+    return every_message(root, topic)
+
+
+def test_each_message_has_its_kafka_offset_and_back(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    assert len(log.segments()) > 2
+    assert log.kafka_offsets() == (0, len(messages))
+    for k, (position, _) in enumerate(messages):
+        assert log.kafka_position(k) == position
+        assert log.kafka_offset(position.offset, position.skip) == k
+    assert log.kafka_position(len(messages)) == Position(log.log_end_offset)
+    for wrong in (-1, len(messages) + 1):
+        with pytest.raises(OffsetOutOfRange):
+            log.kafka_position(wrong)
+
+
+def test_a_fresh_reader_and_the_published_counts_agree(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    state = read_state(os.path.join(root.log("t", 0).directory, STATE_FILE))
+    assert state.log_end_count == len(messages)
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert [fresh.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
+
+
+def test_the_index_is_a_cache_rebuilt_when_damaged_or_missing(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    closed = log.segments()[:-1]
+    log.kafka_position(0)  # counts every segment
+    for info in closed:
+        assert offsetindex.read(info.path, info.base_offset, *_size_mtime(info.path)) is not None
+    os.unlink(offsetindex.index_path(closed[0].path))
+    with open(offsetindex.index_path(closed[1].path), "r+b") as f:
+        f.seek(30)
+        f.write(b"\xff")
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert [fresh.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
+
+
+def test_retention_moves_the_start_and_renumbers_nothing(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    first = log.segments()[0]
+    kept = [(k, p) for k, (p, _) in enumerate(messages) if p.offset >= log.segments()[1].base_offset]
+    with log.locked():
+        log.delete_segments([first], log.segments()[1].base_offset)
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert fresh.kafka_offsets() == (kept[0][0], len(messages))
+    assert all(fresh.kafka_position(k) == p for k, p in kept)
+    with pytest.raises(OffsetOutOfRange):
+        fresh.kafka_position(kept[0][0] - 1)
+
+
+def test_a_partition_an_older_kl_wrote_gets_its_counts_on_first_open(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    for info in log.segments():
+        offsetindex.remove(info.path)
+    state = read_state(log.state_path)
+    record = RECORD_V3.pack(b"klst", 3, *state[:9])  # as kl before counts wrote it
+    with open(log.state_path, "r+b") as f:
+        f.write(record + (__import__("zlib").crc32(record)).to_bytes(4, "big"))
+    old = read_state(log.state_path)
+    assert (old.active_base_count, old.log_end_count) == (UNKNOWN, UNKNOWN)
+    reader = kl.Root(tmp_path).log("t", 0)
+    assert reader.kafka_offsets() == (0, len(messages))  # a reader works them out
+    write(kl.Root(tmp_path), "t", [b"after"])  # the next writer publishes them
+    assert read_state(log.state_path).log_end_count == len(messages) + 1
+    assert kl.Root(tmp_path).log("t", 0).kafka_position(len(messages)).offset == log.state().last_append_offset
+
+
+def _size_mtime(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def test_offsets_for_times_inside_a_compressed_batch(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    root.create_topic("t")
+    log = root.log("t", 0)
+    log.append(m.encode(b"before", None, 500), 1)
+    inner = b"".join(m.encode(b"v%d" % i, None, 1000 * i) for i in range(1, 6))  # stamped 1000 to 5000
+    at = log.append(wrap(inner, m.CODEC_ZSTD, 1000), 5)
+    for time_ms, kafka_offset in ((900, 1), (1000, 1), (2500, 3), (5000, 5)):
+        position, msg = log.message_for_time(time_ms)
+        assert (position, log.kafka_offset(*position)) == (Position(at, kafka_offset - 1), kafka_offset)
+        assert msg.value == b"v%d" % kafka_offset
+    assert log.message_for_time(5001) is None
+
+
+def test_kl_consume_reads_from_a_kafka_offset_and_prints_them(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "consume", "t"]
+    for start in (0, 9, len(messages) - 1):
+        shown = subprocess.run(
+            [*cli, "-o", f"kafka:{start}", "--format", "{kafka_offset} {offset} {value}"], capture_output=True, check=True
+        ).stdout.decode().split("\n")[:-1]
+        assert shown == [f"{k} {p.offset} {v.decode()}" for k, (p, v) in enumerate(messages) if k >= start]
+    out_of_range = subprocess.run([*cli, "-o", f"kafka:{len(messages) + 1}"], capture_output=True)
+    assert out_of_range.returncode == 1 and out_of_range.stderr.count(b"\n") == 1
+    assert b"Kafka offset" in out_of_range.stderr and b"out of range" in out_of_range.stderr
+    remote = subprocess.run([*cli[:3], "consume", "t", "--server", "127.0.0.1:1", "-o", "kafka:1"], capture_output=True)
+    assert remote.returncode == 2 and b"not with --server" in remote.stderr
+
+
+def test_recover_reports_a_damaged_or_wrong_offset_index_and_one_of_no_segment(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    log.kafka_position(0)  # every closed segment counted and indexed
+    first, second = log.segments()[:2]
+    with open(offsetindex.index_path(first.path), "r+b") as f:
+        f.seek(40)
+        f.write(b"\x7f")  # damaged: its checksum fails
+    kept = offsetindex.read(second.path, second.base_offset, *_size_mtime(second.path))
+    offsetindex.write(second.path, kept._replace(messages=kept.messages + 1))  # a wrong count, checksummed
+    orphan = offsetindex.index_path(os.path.join(log.directory, "00000000000099999999.kl"))
+    with open(orphan, "wb") as f:
+        f.write(b"x")
+    report = recover(kl.Root(tmp_path).log("t", 0))
+    found = sorted((f.kind, f.action, f.path) for f in report.findings)
+    assert found == sorted(
+        [
+            ("OFFSET_INDEX", "rebuilt", offsetindex.index_path(first.path)),
+            ("OFFSET_INDEX", "rebuilt", offsetindex.index_path(second.path)),
+            ("OFFSET_INDEX", "removed", orphan),
+        ]
+    )
+    assert not os.path.exists(orphan)
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert [fresh.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
+    assert not recover(kl.Root(tmp_path).log("t", 0)).findings
