@@ -14,6 +14,9 @@ them (``installs.cached_install``):
   Jackson; src/Driver.java is the driver) is compiled by ``mvn compile`` and its jars
   copied by ``mvn dependency:copy-dependencies`` into ``.cache/kafka-java/<hash>/driver``
   (Maven keeps its own copy in ``~/.m2``).
+- Spark's Kafka source for the installed pyspark (``spark_kafka_jars``, for
+  tests/test_spark_kafka.py) is copied by ``mvn dependency:copy-dependencies`` into
+  ``.cache/spark-kafka/<hash>/jars``.
 
 Standard library only, so that ``scripts/test`` can install both in the background with
 any python3 (``python3 tests/kafka_programs.py``: silent unless it cannot)::
