@@ -277,6 +277,10 @@ __all__ = [
 ]
 
 
+SPARK_KAFKA_MISSING: list[Exception] = []
+"""Why the ``spark`` session has no Kafka source, if it has none."""
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the whole test run (start-up takes seconds)."""
@@ -285,11 +289,17 @@ def spark():
     from kl.spark.session import session
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    spark = session(
-        "local[2]",
-        app_name="kl-tests",
-        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"},
-    )
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}
+    # Spark's Kafka source on the classpath, for tests/test_spark_kafka.py: installed by
+    # tests/kafka_programs.py (in scripts/test's background); why not, kept for those tests.
+    import kafka_programs
+    from installs import Unavailable
+
+    try:
+        conf["spark.jars"] = ",".join(str(p) for p in kafka_programs.spark_kafka_jars())
+    except (Unavailable, RuntimeError) as e:
+        SPARK_KAFKA_MISSING.append(e)
+    spark = session("local[2]", app_name="kl-tests", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     yield spark
     spark.stop()

@@ -14,6 +14,9 @@ them (``installs.cached_install``):
   Jackson; src/Driver.java is the driver) is compiled by ``mvn compile`` and its jars
   copied by ``mvn dependency:copy-dependencies`` into ``.cache/kafka-java/<hash>/driver``
   (Maven keeps its own copy in ``~/.m2``).
+- Spark's Kafka source for the installed pyspark (``spark_kafka_jars``, for
+  tests/test_spark_kafka.py) is copied by ``mvn dependency:copy-dependencies`` into
+  ``.cache/spark-kafka/<hash>/jars``.
 
 Standard library only, so that ``scripts/test`` can install both in the background with
 any python3 (``python3 tests/kafka_programs.py``: silent unless it cannot)::
@@ -30,9 +33,11 @@ A request's JSON and the observation each program prints are described in
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +71,25 @@ MAVEN_COPY = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-depend
 """By its full name, as tests/kafka_oracle.py says why."""
 MAVEN_NETWORK_ERRORS = ("Could not transfer", "UnknownHost", "Unknown host", "Connection refused", "Connect timed out",
                         "Read timed out", "Network is unreachable", "status code: 4", "status code: 5")  # fmt: skip
+SPARK_KAFKA_CACHE = HERE.parent / ".cache" / "spark-kafka"
+SPARK_KAFKA_JARS = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10", "kafka-clients", "commons-pool2")
+"""Spark's Kafka source and what it needs beyond pyspark's own jars (Scala's suffix added
+to Spark's two)."""
+SPARK_KAFKA_METADATA = "https://repo.maven.apache.org/maven2/org/apache/spark/spark-sql-kafka-0-10_{scala}/maven-metadata.xml"
+SPARK_KAFKA_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>kl.tests</groupId>
+  <artifactId>spark-kafka</artifactId>
+  <version>1</version>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.spark</groupId>
+      <artifactId>spark-sql-kafka-0-10_{scala}</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
 JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
 """As the oracle broker's (tests/kafka_oracle.py): a short life on two cores."""
 ANSWER_MARGIN = 15.0
@@ -143,6 +167,95 @@ def java_command() -> list[str]:
     return [str(JAVA), *JVM_OPTIONS, "-cp", classpath, "Driver"]
 
 
+def _pyspark() -> tuple[str, str]:
+    """The installed pyspark's version and its Scala's binary version (of its
+    scala-library jar), found without importing it."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise Unavailable("Spark's Kafka source is for pyspark's Spark, and no pyspark is installed")
+    jars = Path(spec.origin).parent / "jars"
+    from importlib.metadata import version
+
+    scala = [m[1] for p in jars.glob("scala-library-*.jar") if (m := re.match(r"scala-library-(\d+\.\d+)\.", p.name))]
+    if not scala:
+        raise RuntimeError(f"no scala-library jar in {jars}")
+    return version("pyspark"), scala[0]
+
+
+def _spark_kafka_version(spark: str, scala: str) -> str:
+    """The connector's version for pyspark's: the same, where Maven Central has it, else the
+    newest release before it of the same major version (Maven Central had no
+    spark-sql-kafka-0-10 4.3.0 when pyspark 4.3.0 was out), from the artifact's
+    maven-metadata.xml."""
+    import urllib.error
+    import urllib.request
+
+    url = SPARK_KAFKA_METADATA.format(scala=scala)
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            listed = re.findall(r"<version>([^<]+)</version>", answer.read().decode())
+    except (urllib.error.URLError, OSError) as e:
+        raise Unavailable(f"cannot reach Maven Central ({url}): {e}") from None
+
+    def number(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("."))
+
+    released = [v for v in listed if re.fullmatch(r"\d+\.\d+\.\d+", v)]
+    if spark in released:
+        return spark
+    older = [v for v in released if number(v) < number(spark) and number(v)[0] == number(spark)[0]]
+    if not older:
+        raise Unavailable(
+            f"Maven Central has no spark-sql-kafka-0-10_{scala} for Spark {spark} nor an older {spark.split('.')[0]}.x"
+        )
+    return max(older, key=number)
+
+
+def spark_kafka_jars() -> list[Path]:
+    """The jars of Spark's Kafka source (``SPARK_KAFKA_JARS``) for the installed pyspark,
+    fetched by mvn on first use into ``.cache/spark-kafka/<hash>/jars``.  Raises
+    Unavailable when pyspark, java or mvn is missing or Maven Central cannot be reached;
+    RuntimeError when Maven fails otherwise."""
+    spark, scala = _pyspark()
+    if not JAVA:
+        raise Unavailable("Spark needs java (17 or newer), and no java is on PATH")
+    if not MVN:
+        raise Unavailable("Spark's Kafka source is fetched by mvn, and no mvn is on PATH")
+    chosen = SPARK_KAFKA_CACHE / f"version-for-{spark}_{scala}"  # Maven Central asked once
+    if not chosen.is_file():
+        SPARK_KAFKA_CACHE.mkdir(parents=True, exist_ok=True)
+        chosen.write_text(_spark_kafka_version(spark, scala))
+    version = chosen.read_text()
+    pom = SPARK_KAFKA_POM.format(scala=scala, version=version)
+    names = [f"{n}_{scala}" if n.startswith("spark-") else n for n in SPARK_KAFKA_JARS]
+
+    def setup(work: Path) -> list[str]:
+        (work / "pom.xml").write_text(pom)
+        copy = [
+            MAVEN_COPY,
+            f"-DoutputDirectory={work / 'jars'}",
+            "-DincludeScope=runtime",
+            "-DincludeArtifactIds=" + ",".join(names),
+        ]
+        return [MVN, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"), *copy]
+
+    def ready(jars: Path) -> bool:
+        return jars.is_dir() and all(any(jars.glob(f"{n}-*.jar")) for n in names)
+
+    made = cached_install(
+        SPARK_KAFKA_CACHE,
+        (pom + MAVEN_COPY + spark).encode(),
+        "jars",
+        ready,
+        setup,
+        tool="mvn",
+        source="Maven Central",
+        timeout=MVN_TIMEOUT,
+        network_errors=MAVEN_NETWORK_ERRORS,
+    )
+    return sorted(made.glob("*.jar"))
+
+
 class Program:
     """One of the programs as a process of its own: ``ask`` writes a request and waits for
     its answer (a program that misses the deadline is killed, and every later request
@@ -210,7 +323,11 @@ class Program:
 
 if __name__ == "__main__":
     failed = []
-    for what, install in (("the Go clients", go_programs), ("the Java client", java_command)):
+    for what, install in (
+        ("the Go clients", go_programs),
+        ("the Java client", java_command),
+        ("Spark's Kafka source", spark_kafka_jars),
+    ):
         try:
             install()
         except (Unavailable, RuntimeError) as e:
