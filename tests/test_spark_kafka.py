@@ -6,9 +6,8 @@ timestamp, headers) are those ``spark.read.format("kl")`` reads from the same ro
 The records are produced through the daemon by confluent-kafka (librdkafka), headers on
 some, a null key on some, into two partitions; the same scenarios run against Apache
 Kafka (tests/kafka_oracle.py's broker, one for the module), the same records produced
-into it, whose rows are kl's rows too.  Where the outcome depends on Kafka's dense
-offsets (one per record), the scenarios are written as they should then behave and xfail
-strictly: kl serve --kafka gives Kafka clients byte offsets today (``OFFSETS``).
+into it, whose rows are kl's rows too; so are the offsets (one per record) and what
+``maxOffsetsPerTrigger`` and ``minPartitions`` make of them.
 """
 
 from __future__ import annotations
@@ -30,12 +29,6 @@ PARTITIONS = 2
 COUNT = 12
 T0 = 1_700_000_000_000
 COLUMNS = ("value", "key", "topic", "partition", "timestamp", "headers")
-OFFSETS = pytest.mark.xfail(
-    strict=True,
-    reason="kafka-offsets: kl's offsets are byte offsets (a record's offset is its byte position in the log), "
-    "not one per record as Kafka's are",
-)
-
 
 @pytest.fixture(scope="module")
 def kafka_spark(spark):
@@ -111,12 +104,6 @@ def produced(server: Server) -> Server:
         )  # fmt: skip
     assert producer.flush(30) == 0 and not failed, failed
     return server
-
-
-def dense_offsets(request, server: Server) -> None:
-    """Strictly xfail on kl (OFFSETS), as Kafka passes it."""
-    if server.name == "kl":
-        request.applymarker(OFFSETS)
 
 
 def rows(df) -> list[tuple]:
@@ -213,10 +200,8 @@ def test_stream_process_all_available_into_foreach_batch_gives_kls_rows(kafka_sp
     assert sorted(seen, key=lambda t: (t[3], t[4])) == kl_rows
 
 
-def test_the_offsets_column_counts_records(request, kafka_spark, server):
-    """Today on kl: the offsets are the records' byte positions, partition 0's
-    [0, 65, 103, 136, 206, 239], not [0, 1, 2, 3, 4, 5]."""
-    dense_offsets(request, server)
+def test_the_offsets_column_counts_records(kafka_spark, server):
+    """One offset per record from 0, in each partition."""
     df = kafka(kafka_spark, server, startingOffsets="earliest", endingOffsets="latest")
     by_partition: dict[int, list[int]] = {}
     for r in df.select("partition", "offset").orderBy("partition", "offset").collect():
@@ -224,11 +209,9 @@ def test_the_offsets_column_counts_records(request, kafka_spark, server):
     assert by_partition == {p: list(range(COUNT // PARTITIONS)) for p in range(PARTITIONS)}
 
 
-def test_max_offsets_per_trigger_caps_each_batch_in_records(request, kafka_spark, server, kl_rows, tmp_path):
-    """maxOffsetsPerTrigger=4 over 12 records: batches of 4 records, 3 of them.  Today on
-    kl a batch spans 4 byte offsets, the first batches hold [2, 0, 0] records (the query
-    is stopped after 3 batches)."""
-    dense_offsets(request, server)
+def test_max_offsets_per_trigger_caps_each_batch_in_records(kafka_spark, server, kl_rows, tmp_path):
+    """maxOffsetsPerTrigger=4 over 12 records: batches of 4 records, 3 of them (the query
+    is stopped after 3 batches, should they be smaller)."""
     sizes: list[int] = []
     seen: list[tuple] = []
 
