@@ -885,8 +885,9 @@ def test_recover_removes_the_temporary_files_a_killed_retain_left_once_old(kl_ro
     small_topic(kl_root, timestamp=TS)
     directory = Path(kl_root, "t", "0")
     patch = (
-        "import kl.log.timeindex as t\nreal = t.write_atomic\n"
-        "t.write_atomic = lambda path, data: real(path, data, before_rename=kill)\n"
+        "import kl.log.fsutil as t\nreal = t.write_atomic\n"
+        "t.write_atomic = lambda path, data, **kw: real(\n"
+        "    path, data, before_rename=kill if path.endswith('.time') else None, **kw)\n"
     )
     killed(kl_root, patch, "retain", "--max-age", "1d")  # killed dating its first segment
     [tmp] = [name for name in os.listdir(directory) if name.endswith(".tmp")]
