@@ -28,6 +28,7 @@ COUNT = 12
 T0 = 1_700_000_000_000
 COLUMNS = ("value", "key", "topic", "partition", "timestamp", "headers")
 
+
 @pytest.fixture(scope="module")
 def kafka_spark(spark):
     """The session, once Spark's Kafka source is on its classpath."""
@@ -114,8 +115,10 @@ def rows(df) -> list[tuple]:
     return sorted(out, key=lambda t: (t[3], t[4]))
 
 
-def kafka(spark, server: Server, **options: str):
-    reader = spark.read.format("kafka").option("kafka.bootstrap.servers", server.bootstrap).option("subscribe", TOPIC)
+def kafka(spark, server: Server, *, stream: bool = False, **options: str):
+    """Spark's Kafka source over the topic, headers included: a batch read, or with ``stream`` a stream."""
+    reader = (spark.readStream if stream else spark.read).format("kafka")
+    reader = reader.option("kafka.bootstrap.servers", server.bootstrap).option("subscribe", TOPIC)
     for name, value in {"includeHeaders": "true", **options}.items():
         reader = reader.option(name, value)
     return reader.load()
@@ -155,15 +158,7 @@ def test_batch_read_by_default_reads_everything(kafka_spark, server, kl_rows):
 
 
 def test_stream_available_now_into_memory_gives_kls_rows(kafka_spark, server, kl_rows, tmp_path):
-    stream = (
-        kafka_spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", server.bootstrap)
-        .option("subscribe", TOPIC)
-        .option("includeHeaders", "true")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "1000000")
-        .load()
-    )
+    stream = kafka(kafka_spark, server, stream=True, startingOffsets="earliest", maxOffsetsPerTrigger="1000000")
     query = (
         stream.writeStream.format("memory")
         .queryName("kl_kafka_available_now")
@@ -180,14 +175,7 @@ def test_stream_process_all_available_gives_kls_rows(kafka_spark, server, kl_row
     """A stream left running, processAllAvailable into a memory sink (a foreachBatch of a
     Python function hangs here, in py4j's callback, when another test module's session
     left its gateway behind)."""
-    stream = (
-        kafka_spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", server.bootstrap)
-        .option("subscribe", TOPIC)
-        .option("includeHeaders", "true")
-        .option("startingOffsets", "earliest")
-        .load()
-    )
+    stream = kafka(kafka_spark, server, stream=True, startingOffsets="earliest")
     name = f"kl_kafka_all_available_{server.name}"
     query = stream.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "cp")).start()
     try:
@@ -209,15 +197,7 @@ def test_the_offsets_column_counts_records(kafka_spark, server):
 def test_max_offsets_per_trigger_caps_each_batch_in_records(kafka_spark, server, kl_rows, tmp_path):
     """maxOffsetsPerTrigger=4 over 12 records: batches of 4 records, 3 of them (each
     batch's input rows as the query's progress reports them)."""
-    stream = (
-        kafka_spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", server.bootstrap)
-        .option("subscribe", TOPIC)
-        .option("includeHeaders", "true")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "4")
-        .load()
-    )
+    stream = kafka(kafka_spark, server, stream=True, startingOffsets="earliest", maxOffsetsPerTrigger="4")
     name = f"kl_kafka_per_trigger_{server.name}"
     query = (
         stream.writeStream.format("memory")
