@@ -220,6 +220,30 @@ def test_a_reader_holding_a_deleted_segment_open_finishes_it(root, aged):
     assert [msg.value for msg in messages] == [b"s00m%06d" % i for i in range(PER_SEGMENT)]
 
 
+def test_a_reader_that_read_the_state_before_retention_moved_the_start_gets_the_new_start(root, aged, monkeypatch):
+    """A read, and a Kafka offset's lookup, that found the state before retention
+    published a new log start and set the segment aside: ``OffsetOutOfRange`` naming
+    the new start (a reader resets there), neither a start that no longer holds nor
+    a missing file."""
+    stale = aged.state()
+    retain(aged, max_age_ms=0, max_bytes=3000, now_ms=NOW, delete_delay=0)
+    start = aged.state().log_start_offset
+    assert start == 2 * 1024
+    reader = kl.Root(root.path).log("t", 0)
+    states = iter([stale])
+    fresh = reader.state
+    monkeypatch.setattr(reader, "state", lambda: next(states, None) or fresh())
+    with pytest.raises(kl.OffsetOutOfRange) as e:
+        reader.read(1024, 512)
+    assert (e.value.offset, e.value.log_start_offset) == (1024, start)
+    counted = kl.Root(root.path).log("t", 0)
+    with pytest.raises(kl.OffsetOutOfRange) as e:
+        counted.kafka_position(PER_SEGMENT, state=stale)
+    assert (e.value.offset, e.value.log_start_offset) == (PER_SEGMENT, 2 * PER_SEGMENT)
+    assert counted.kafka_offset(start, state=stale) == 2 * PER_SEGMENT
+    assert counted.kafka_offsets(stale) == (2 * PER_SEGMENT, 4 * PER_SEGMENT + 3)
+
+
 # ----------------------------------------------------------------- racing live processes
 
 RACE_CONFIG = kl.TopicConfig(segment_bytes=16 << 10, max_message_bytes=4096, flush_messages=0, flush_ms=0)
@@ -329,8 +353,9 @@ def test_retention_racing_live_readers_and_producers(root):
 
 def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
     """``-o -N`` (``position_back`` scans back to the oldest segment), reads from there,
-    and the same through ``kl serve``, while a loop of real ``kl retain`` processes deletes
-    segments under them: messages or ``OffsetOutOfRange``, never a bare ``FileNotFoundError``."""
+    the same through ``kl serve``, and Kafka offsets looked up from the log start, while
+    a loop of real ``kl retain`` processes deletes segments under them: messages or
+    ``OffsetOutOfRange``, never a bare ``FileNotFoundError``."""
     root.create_topic("race", ROLLING)
     producer = kl.Producer(root)
     for k in range(40):
@@ -352,12 +377,20 @@ def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
             k += 1
             time.sleep(0.005)
 
-    def read(consumer: kl.Consumer) -> None:
+    def read_back(consumer: kl.Consumer) -> None:
+        start = consumer.position_back("race", 0, 10**9)
+        for _ in consumer.consume("race", start=start, values_only=True):
+            pass
+
+    def read_kafka(log: kl.Log) -> None:  # what a Kafka client's fetches look up, from the log start
+        start, end = log.kafka_offsets()
+        for k in range(start, end, PER_SEGMENT // 2):
+            log.kafka_position(k)
+
+    def read(how, reader) -> None:
         while not stop.is_set():
             try:
-                start = consumer.position_back("race", 0, 10**9)
-                for _ in consumer.consume("race", start=start, values_only=True):
-                    pass
+                how(reader)
                 outcomes.append("read")
             except kl.OffsetOutOfRange:
                 outcomes.append("out of range")
@@ -365,7 +398,8 @@ def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
                 outcomes.append(f"{type(e).__name__}: {e}")
 
     remote = kl.RemoteConsumer(f"127.0.0.1:{server.port}")
-    threads = [threading.Thread(target=produce)] + [threading.Thread(target=read, args=(c,)) for c in (kl.Consumer(root), remote)]
+    readers = [(read_back, kl.Consumer(root)), (read_back, remote), (read_kafka, kl.Root(root.path).log("race", 0))]
+    threads = [threading.Thread(target=produce)] + [threading.Thread(target=read, args=reader) for reader in readers]
     for t in threads:
         t.start()
     try:

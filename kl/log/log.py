@@ -33,8 +33,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, TypeVar
 
 from kl.errors import (
     CorruptMessage,
@@ -55,6 +55,7 @@ from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segmen
 from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, UNKNOWN, PartitionState, StateFile, read_state, write_state
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RECHECK_SECONDS = 1.0
 """How long a writer that was the last to append trusts its view of the files without
@@ -297,7 +298,9 @@ class Log:
         if i < 0 or i + 1 >= len(self._bases) or self._bases[i + 1] > state.active_base_offset:
             self.refresh()
             i = bisect.bisect_right(self._bases, offset) - 1
-        if i < 0:
+        if i < 0:  # retention moved the log start after ``state`` was read, or a segment is missing
+            state = self.state()
+            self._check_range(offset, state)
             raise OffsetOutOfRange(
                 f"offset {offset} is out of range: no segment of {self.directory} holds it",
                 offset=offset,
@@ -626,7 +629,22 @@ class Log:
         from the segments where the record carries none (one an older kl wrote, or
         recovery rebuilt; the next writer publishes them).  Raises ``CorruptMessage``
         where a segment cannot be counted."""
-        state = state or self.state()
+        return self._recounted(lambda counted: counted, state)
+
+    def _recounted(self, lookup: Callable[[PartitionState], T], state: PartitionState | None) -> T:
+        """``lookup`` of the counted state; of the published state again where retention
+        set a segment aside meanwhile (``lookup`` and the counting raise
+        ``FileNotFoundError``), as a reader's new log start is then."""
+        for _ in range(3):
+            try:
+                return lookup(self._count(state or self.state()))
+            except FileNotFoundError:
+                if self.on_nfs():
+                    os.listdir(self.directory)  # NFS caches names
+                state = None
+        raise TopicNotFound(f"segments of {self.directory} keep disappearing")
+
+    def _count(self, state: PartitionState) -> PartitionState:
         if state.log_end_count != UNKNOWN:
             return state
         with self._count_lock:
@@ -650,18 +668,22 @@ class Log:
 
     def kafka_offsets(self, state: PartitionState | None = None) -> tuple[int, int]:
         """(log start, log end) as Kafka offsets."""
-        state = self.counted(state)
+        return self._recounted(self._kafka_offsets, state)
+
+    def _kafka_offsets(self, state: PartitionState) -> tuple[int, int]:
         key = (state.log_start_offset, state.active_base_offset, state.active_base_count)
         known = self._start_count
         if known is None or known[0] != key:
-            known = self._start_count = (key, self.kafka_offset(state.log_start_offset, state=state))
+            known = self._start_count = (key, self._kafka_offset(state, state.log_start_offset, 0))
         return known[1], state.log_end_count
 
     def kafka_offset(self, offset: int, skip: int = 0, *, state: PartitionState | None = None) -> int:
         """The Kafka offset of the message at ``offset`` (a message start, or the log
         end), after ``skip`` messages of the compressed batch there.  Raises
         ``OffsetOutOfRange`` and ``CorruptMessage``."""
-        state = self.counted(state)
+        return self._recounted(lambda counted: self._kafka_offset(counted, offset, skip), state)
+
+    def _kafka_offset(self, state: PartitionState, offset: int, skip: int) -> int:
         self._check_range(offset, state)
         if offset == state.log_end_offset:
             return state.log_end_count + skip
@@ -670,14 +692,16 @@ class Log:
                 if info.base_offset <= offset:
                     with self.open_segment(info.base_offset) as segment:
                         return counted.base_count + counted.find(segment, position=offset - info.base_offset)[1] + skip
-        raise CorruptState(f"no segment of {self.directory} holds offset {offset}; run 'kl recover'")
+        raise self._missing(state, f"no segment of {self.directory} holds offset {offset}")
 
     def kafka_position(self, kafka_offset: int, *, state: PartitionState | None = None) -> Position:
         """Where the message of Kafka offset ``kafka_offset`` is: its message set's offset
         and how many of the compressed batch there come first (the log end at the end).
         Raises ``OffsetOutOfRange`` outside the log, in Kafka offsets."""
-        state = self.counted(state)
-        start, end = self.kafka_offsets(state)
+        return self._recounted(lambda counted: self._kafka_position(counted, kafka_offset), state)
+
+    def _kafka_position(self, state: PartitionState, kafka_offset: int) -> Position:
+        start, end = self._kafka_offsets(state)
         if not start <= kafka_offset <= end:
             raise OffsetOutOfRange(
                 f"Kafka offset {kafka_offset} is out of range: {self.directory} holds {start} to {end}",
@@ -693,7 +717,14 @@ class Log:
                     with self.open_segment(info.base_offset) as segment:
                         position, skip = counted.find(segment, count=kafka_offset - counted.base_count)
                     return Position(info.base_offset + position, skip)
-        raise CorruptState(f"no segment of {self.directory} holds Kafka offset {kafka_offset}; run 'kl recover'")
+        raise self._missing(state, f"no segment of {self.directory} holds Kafka offset {kafka_offset}")
+
+    def _missing(self, state: PartitionState, what: str) -> Exception:
+        """``FileNotFoundError`` (look again) where retention moved the log start since
+        ``state``, else ``CorruptState``."""
+        if self.state().log_start_offset != state.log_start_offset:
+            return FileNotFoundError(what)
+        return CorruptState(f"{what}; run 'kl recover'")
 
     def _chain(self, state: PartitionState) -> Iterator[tuple[SegmentInfo, Counted]]:
         """Newest first, each segment with its counts: base counts from the active
@@ -729,13 +760,11 @@ class Log:
         """A closed segment's messages: as counted before, as its offset index keeps them,
         or counted now by a scan (and kept in its index).  Its base count is the next
         segment's (``following``) less its messages; where that is ``UNKNOWN``, what its
-        index says (0 without one).  Under ``_count_lock``."""
+        index says (0 without one).  Raises ``FileNotFoundError`` when retention set the
+        segment aside.  Under ``_count_lock``."""
         counted = self._counted.get(info.base_offset)
         if counted is None or counted.size_in_bytes != info.size_in_bytes:
-            try:
-                stat = os.stat(info.path, follow_symlinks=False)
-            except FileNotFoundError:
-                raise TopicNotFound(f"segment {info.path} disappeared (retention?)") from None
+            stat = os.stat(info.path, follow_symlinks=False)
             kept = offsetindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns)
             if kept is not None and kept.size_in_bytes == info.size_in_bytes and offsetindex.complete(kept):
                 counted = Counted.of(kept)
