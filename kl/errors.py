@@ -149,3 +149,13 @@ class QueueFull(KlError):
 
 class ProducerClosed(KlError):
     """A message was sent to an async producer after ``close()``."""
+
+
+class OutOfOrderSequence(KlError):
+    """An idempotent producer's batch does not follow the last one the partition holds of it
+    (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+
+
+class InvalidProducerEpoch(KlError):
+    """An idempotent producer's batch carries an older epoch than the partition holds of it:
+    a newer instance of the producer took over (Kafka's INVALID_PRODUCER_EPOCH)."""

@@ -90,11 +90,11 @@ class Daemon:
     """``kl --root ROOT serve --kafka 127.0.0.1:0 --allow-produce`` as a subprocess, its log
     in a file; killed with the process that started it, even by SIGKILL (``SETPRIV``)."""
 
-    def __init__(self, root: Path, log: Path, *args: str) -> None:
+    def __init__(self, root: Path, log: Path, *args: str, address: str = "127.0.0.1:0") -> None:
         self.log = log
         with open(log, "wb") as err:
             orphaned = [SETPRIV, "--pdeathsig", "KILL"] if SETPRIV else []
-            command = [*orphaned, *KL, "--root", str(root), "serve", "--kafka", "127.0.0.1:0", "--allow-produce", *args]
+            command = [*orphaned, *KL, "--root", str(root), "serve", "--kafka", address, "--allow-produce", *args]
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 60  # a process start: slow on a busy machine
         while not (found := re.search(r"to Kafka clients on 127\.0\.0\.1:(\d+)", self.text())):

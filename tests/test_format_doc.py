@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kl.log import config, segment, state, timeindex
+from kl.log import config, producers, segment, state, timeindex
 from kl.log import message as m
 
 PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-format.5"
@@ -232,6 +232,16 @@ def test_state_table_matches_record_struct():
     assert [r[2] for r in rows] == ["tag", "version", *state.PartitionState._fields, "crc32"]
     assert rows[0][3] == f'"{state.TAG.decode()}"'
     assert rows[1][4] == str(state.VERSION)
+
+
+def test_producer_journal_table_matches_record_struct():
+    rows = table("PRODUCER JOURNAL")
+    layout = _struct_layout(producers.RECORD.format) + [(producers.RECORD.size, producers.CRC.size)]
+    assert [(int(r[0]), int(r[1])) for r in rows] == layout
+    assert [r[2] for r in rows] == ["tag", *producers.Entry._fields, "crc32"]
+    assert rows[0][3] == f'"{producers.TAG.decode()}"'
+    text = " ".join(section("PRODUCER JOURNAL"))
+    assert f"{producers.SIZE}-byte record" in text and f"{producers.COMPACT_RECORDS} records" in text
 
 
 def test_state_record_size_is_stated():

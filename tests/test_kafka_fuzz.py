@@ -8,6 +8,7 @@ refused appended nothing.  ``scripts/fuzz-kafka`` runs the same attacks for long
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import socket
@@ -24,6 +25,7 @@ from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 import kl
+from kl.log import producers
 from kl.net import kafka
 from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
@@ -174,18 +176,22 @@ def test_a_fetch_answer_is_bounded_whatever_the_client_asks(root, in_process, mo
 
 
 def test_the_producers_remembered_for_retries_are_bounded(root, in_process, monkeypatch):
-    monkeypatch.setattr(kafka, "PRODUCERS", 3)
+    """A flood of producer ids: each partition keeps the last ``MAX_PRODUCERS`` heard
+    from (in memory and in its journal), and still answers their retries."""
+    monkeypatch.setattr(producers, "MAX_PRODUCERS", 3)
+    monkeypatch.setattr(producers, "COMPACT_RECORDS", 0)
     root.create_topic("f")
     server = in_process()
     address = ("127.0.0.1", server.kafka_port)
-    front = server.listeners[0][1]
-    sent = {pid: fz.produce("f", [fz.batch(fz.plain([b"%d" % pid]), 1, producer=(pid, 0, 0))]) for pid in range(1, 6)}
+    sent = {pid: fz.produce("f", [fz.batch(fz.plain([b"%d" % pid]), 1, producer=(pid, 0, 0))]) for pid in range(1, 40)}
     first = {pid: fz.call(address, request).responses[0].partition_responses[0] for pid, request in sent.items()}
-    assert all(p.error_code == 0 for p in first.values())
-    assert len(front._producers) == 3
-    retried = fz.call(address, sent[5]).responses[0].partition_responses[0]  # one of the last 3: known
-    assert (retried.error_code, retried.base_offset) == (0, first[5].base_offset)
-    assert [m["value"] for m in consumed(root, "f")] == ["1", "2", "3", "4", "5"]
+    assert [p.error_code for p in first.values()] == [0] * 39
+    journal = server.root.log("f", 0)._journal
+    assert journal is not None and len(journal.producers) <= 3 + producers.BATCHES * 3
+    assert os.path.getsize(journal.path) <= (3 + producers.BATCHES * 3 + 1) * producers.SIZE
+    retried = fz.call(address, sent[39]).responses[0].partition_responses[0]  # one of the last: known
+    assert (retried.error_code, retried.base_offset) == (0, first[39].base_offset)
+    assert [m["value"] for m in consumed(root, "f")] == [str(pid) for pid in range(1, 40)]
 
 
 def produce_error(address, request: bytes) -> int:

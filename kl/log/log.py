@@ -45,7 +45,7 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.log import flusher, locks, offsetindex, openfiles, timeindex
+from kl.log import flusher, locks, offsetindex, openfiles, producers, timeindex
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation
 from kl.log.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
@@ -158,6 +158,8 @@ class Log:
         """(log start, active base, its count) -> the log start's Kafka offset."""
         self._validated: dict[int, int] = {}
         """On NFS: segment base -> the end up to which this reader revalidated it."""
+        self._journal: producers.Journal | None = None
+        """The producer journal as this writer read it (``append_counted`` of an idempotent batch)."""
         self._lock: locks.ProcessLock | None = None
         self._failed: str | None = None
         self._token: bytes | None = None
@@ -820,8 +822,13 @@ class Log:
         """
         return self.append_counted(data, count, fsync=fsync)[0]
 
-    def append_counted(self, data: bytes, count: int, *, fsync: bool = False) -> tuple[int, int]:
-        """``append``, returning the offset the set starts at and the Kafka offset of its first message."""
+    def append_counted(
+        self, data: bytes, count: int, *, fsync: bool = False, producer: producers.Batch | None = None
+    ) -> tuple[int, int]:
+        """``append``, returning the offset the set starts at and the Kafka offset of its
+        first message.  ``producer``: the set is an idempotent producer's batch, appended
+        once (a retry answers where it was appended; see ``kl.log.producers``).  Raises
+        ``OutOfOrderSequence`` and ``InvalidProducerEpoch`` too."""
         if self._failed:
             raise StorageError(self._failed)
         lock = self._lock
@@ -829,6 +836,8 @@ class Log:
             lock = self._process_lock()
         lock.acquire(self.lock_timeout)  # as _hold and _unhold, inline: the hot path
         try:
+            if producer is not None:
+                return self._append_once(data, count, fsync, producer)
             return self._publish_append(self._stage(data, fsync), count)
         except BaseException:
             if self._nfs:
@@ -838,6 +847,31 @@ class Log:
             if self._nfs:
                 self._let_go()  # the data files' locks go before the partition's
             lock.release()
+
+    def _append_once(self, data: bytes, count: int, fsync: bool, producer: producers.Batch) -> tuple[int, int]:
+        """Under the lock: an idempotent producer's batch checked against the journal,
+        appended unless it is a retry, and its record written before it is published."""
+        journal = self._journal
+        if journal is None:
+            journal = self._journal = producers.Journal(self.directory)
+        self.refresh_config()
+        state = self.writable_state()
+        found = journal.check(producer, state.producer_serial, state.log_end_count)
+        if found is not None:
+            return found.offset, found.kafka_offset
+        staged = self._stage(data, fsync)
+        state = staged.state
+        start = state.log_end_offset if staged.new is None else staged.new.base_offset
+        try:
+            journal.write(producer, state.producer_serial + 1, start, state.log_end_count, durable=staged.fsync)
+        except BaseException:
+            self._unstage(staged)
+            raise
+        try:
+            return self._publish_append(staged, count, journaled=True)
+        except BaseException:
+            journal.forget()
+            raise
 
     def _hold(self) -> locks.ProcessLock:
         """Take the partition's lock for an append."""
@@ -873,25 +907,30 @@ class Log:
             self.fsync(active)
         return tuple.__new__(_Staged, (state, len(data), fsync, None))  # _Staged(...) without its Python frame
 
-    def _publish_append(self, staged: _Staged, count: int) -> tuple[int, int]:
+    def _publish_append(self, staged: _Staged, count: int, journaled: bool = False) -> tuple[int, int]:
         """Publish what ``_stage`` wrote (``count`` messages): the offset it starts at and
-        the Kafka offset of its first message."""
+        the Kafka offset of its first message.  ``journaled``: the producer journal has
+        a record of it, the serial it gets."""
         state, length, fsync, new = staged
-        log_start, base, start, flushed, _, unflushed, flushed_at, _, _, base_count, first = state
+        log_start, base, start, flushed, _, unflushed, flushed_at, _, _, base_count, first, serial = state
         after = first + count
+        serial += journaled
         now = time.time_ns() // 1_000_000
         if new is not None:
             new_base = new.base_offset
             end = new_base + length
             flushed, unflushed = (end, 0) if fsync else (new_base, count)
-            rolled = PartitionState(log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID, NO_TOKEN, first, after)
+            rolled = PartitionState(
+                log_start, new_base, end, flushed, new_base, unflushed, now, BOOT_ID, NO_TOKEN, first, after, serial
+            )
             self._make_active(new, rolled)
             self._keep_counts(state)
             return new_base, first
         end = start + length
         if fsync:
             self.publish(
-                PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after), durable=True
+                PartitionState(log_start, base, end, end, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after, serial),
+                durable=True,
             )
             return start, first
         unflushed += count
@@ -902,7 +941,7 @@ class Log:
         ):  # due: the flusher thread fsyncs (one fsync for every append before it)
             self.publish(
                 tuple.__new__(
-                    PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after)
+                    PartitionState, (log_start, base, end, flushed, start, 0, now, BOOT_ID, NO_TOKEN, base_count, after, serial)
                 ),
                 durable=False,
             )
@@ -911,7 +950,7 @@ class Log:
             self.publish(
                 tuple.__new__(
                     PartitionState,
-                    (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN, base_count, after),
+                    (log_start, base, end, flushed, start, unflushed, flushed_at, BOOT_ID, NO_TOKEN, base_count, after, serial),
                 ),
                 durable=False,
             )
@@ -1216,9 +1255,8 @@ class Log:
             raise
         now = time.time_ns() // 1_000_000
         count = self.counted(state._replace(log_end_offset=log_end, log_end_count=UNKNOWN)).log_end_count
-        fenced = PartitionState(
-            state.log_start_offset, log_end, log_end, log_end, log_end, 0, now, BOOT_ID, NO_TOKEN, count, count
-        )
+        start, serial = state.log_start_offset, state.producer_serial
+        fenced = PartitionState(start, log_end, log_end, log_end, log_end, 0, now, BOOT_ID, NO_TOKEN, count, count, serial)
         self._make_active(new, fenced)
         return fenced
 

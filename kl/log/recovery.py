@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, CorruptState
-from kl.log import offsetindex, timeindex
+from kl.log import offsetindex, producers, timeindex
 from kl.log.fsutil import file_time_ns, fsync_dir, open_file, storage_error
 from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.messageset import Corruption, Kind
@@ -195,7 +195,8 @@ class _Check:
             with Segment.open(path, last, self.limit) as segment:
                 log.revalidate(segment.fd, segment.path)
                 end = last + _last_message_end(segment)
-        state = PartitionState(first, last, end, end, end, 0, time.time_ns() // 1_000_000, BOOT_ID)
+        now = time.time_ns() // 1_000_000
+        state = PartitionState(first, last, end, end, end, 0, now, BOOT_ID, producer_serial=producers.last_serial(log.directory))
         self.find(end, log.state_path, f"{reason}; rebuilt to end after the last valid message", self.would("rebuilt"), "STATE")
         if self.act:
             log.write_state(state)

@@ -34,11 +34,14 @@ STATE_FILE = "state"
 TAG = b"klst"
 DELETED_TAG = b"kldl"
 """Written over the record by ``kl topics delete`` so writers holding it open notice."""
-VERSION = 4
-RECORD = struct.Struct(">4sBQQQQQIQ16s16sqq")
+VERSION = 5
+RECORD = struct.Struct(">4sBQQQQQIQ16s16sqqQ")
+RECORD_V4 = struct.Struct(">4sBQQQQQIQ16s16sqq")
+"""Version 4 had no producer serial; it is read (serial 0) and rewritten as version 5 by
+the next writer."""
 RECORD_V3 = struct.Struct(">4sBQQQQQIQ16s16s")
-"""Version 3 had no message counts; it is read (counts ``UNKNOWN``) and rewritten as version 4
-by the next writer."""
+"""Version 3 had no message counts; it is read (counts ``UNKNOWN``) and rewritten by the next
+writer."""
 RECORD_V2 = struct.Struct(">4sBQQQQQIQ16s")
 """Version 2 had no append token; it is read, and rewritten as version 3 by the next writer."""
 RECORD_V1 = struct.Struct(">4sBQQQQQIQ")
@@ -101,6 +104,9 @@ class PartitionState(NamedTuple):
     log_end_count: int = UNKNOWN
     """Messages before the log end since the partition began: the Kafka offset the next
     message gets."""
+    producer_serial: int = 0
+    """The serial of the last published record of the partition's producer journal
+    (``kl.log.producers``): idempotent appends count it up, others carry it over."""
 
     @property
     def stable_offset(self) -> int:
@@ -117,9 +123,9 @@ class PartitionState(NamedTuple):
         return cls(base_offset, base_offset, base_offset, base_offset, base_offset, 0, now, BOOT_ID, NO_TOKEN, count, count)
 
     def encode(self) -> bytes:
-        start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count = self  # (faster than *self)
+        start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count, serial = self  # (not *self)
         record = RECORD.pack(
-            TAG, VERSION, start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count
+            TAG, VERSION, start, base, end, flushed, last, unflushed, flushed_at, boot, token, base_count, end_count, serial
         )
         return record + CRC.pack(zlib.crc32(record))
 
@@ -128,7 +134,7 @@ class PartitionState(NamedTuple):
         """Raises ``CorruptState`` when the record is short, unknown or fails its checksum,
         and ``TopicNotFound`` when it is the deleted mark."""
         version = data[VERSION_OFFSET] if len(data) > VERSION_OFFSET else -1
-        layout = {VERSION: RECORD, 3: RECORD_V3, 2: RECORD_V2, 1: RECORD_V1}.get(version)
+        layout = {VERSION: RECORD, 4: RECORD_V4, 3: RECORD_V3, 2: RECORD_V2, 1: RECORD_V1}.get(version)
         if layout is None:
             raise CorruptState(f"partition state {path} has unknown version {version}; run 'kl recover'")
         if len(data) < layout.size + CRC.size:
@@ -152,7 +158,7 @@ class PartitionState(NamedTuple):
 
 def deleted_record() -> bytes:
     """The record that marks a partition deleted."""
-    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT, NO_TOKEN, UNKNOWN, UNKNOWN)
+    record = RECORD.pack(DELETED_TAG, VERSION, 0, 0, 0, 0, 0, 0, 0, NO_BOOT, NO_TOKEN, UNKNOWN, UNKNOWN, 0)
     return record + CRC.pack(zlib.crc32(record))
 
 

@@ -67,13 +67,15 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from kl.errors import (
     CorruptMessage,
+    InvalidProducerEpoch,
     InvalidTopicName,
     KlError,
     OffsetOutOfRange,
+    OutOfOrderSequence,
     StorageError,
     TopicNotFound,
 )
-from kl.log import core
+from kl.log import core, producers
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
@@ -83,6 +85,7 @@ from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
     CORRUPT_MESSAGE,
     FETCH_SESSION_ID_NOT_FOUND,
+    INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     INVALID_REQUEST,
     INVALID_REQUIRED_ACKS,
@@ -115,11 +118,6 @@ MAX_FETCH_BYTES = 16 << 20
 """The most bytes of messages one fetch answer reads, whatever the client asks (Kafka's
 brokers cap it too, with fetch.max.bytes): answers are built in memory, several times
 that size while they are."""
-RECENT_BATCHES = 5
-"""Per producer and partition: the batches remembered to answer a retry (Kafka's 5)."""
-PRODUCERS = 10_000
-"""The (producer, partition) pairs whose last batches are remembered; beyond, the least
-recently used is forgotten (a batch it retries then is appended again)."""
 HEADER = struct.Struct(">hhi")
 """api_key, api_version, correlation_id: the start of every request."""
 
@@ -144,16 +142,6 @@ class Kafka(FrontEnd):
         self._names: dict[uuid.UUID, str] = {}
         """Topic id -> name, as last found."""
         self._resume_lock = threading.Lock()
-        self._producers: collections.OrderedDict[tuple[int, str, int], collections.deque[tuple[int, int, int]]] = (
-            collections.OrderedDict()
-        )
-        """(producer id, topic, partition) -> the last batches appended: (first sequence,
-        last sequence, base offset)."""
-        self._producer_lock = threading.Lock()
-        """Guards ``_producers``."""
-        self._sequences = [threading.Lock() for _ in range(64)]
-        """Held by producer id (striped): an idempotent producer's check for a retry and its
-        append go together, while other producers' appends go on."""
         self._listing = threading.Lock()
         """Held while the topics of a Metadata of all topics are looked up."""
         self._listed: tuple[float, list[Any]] = (-1.0, [])
@@ -378,18 +366,12 @@ class Kafka(FrontEnd):
             found = records.batches(data, max_records=limit // 7, max_bytes=4 * limit)
             messages, count = _messages(found, topic, config)
             target = self.server.root.log(topic, partition)
-            producer = found[0].producer_id
-            if producer < 0:  # not idempotent: nothing to remember
-                return partition, NONE, target.append_counted(messages, count, fsync=acks == -1)[1], None
-            with self._sequences[producer % len(self._sequences)]:  # a producer's batches in turn
-                with self._producer_lock:
-                    duplicate = self._duplicate(found, topic, partition)
-                if duplicate is not None:
-                    return partition, NONE, duplicate, None
-                offset = target.append_counted(messages, count, fsync=acks == -1)[1]
-                with self._producer_lock:
-                    self._remember(found, topic, partition, offset)
-            return partition, NONE, offset, None
+            first, last = found[0], found[-1]
+            producer = None
+            if first.producer_id >= 0:  # idempotent: appended once (kl.log.producers)
+                last_sequence = (last.base_sequence + last.size - 1) & producers.MAX_SEQUENCE
+                producer = producers.Batch(first.producer_id, first.producer_epoch, first.base_sequence, last_sequence)
+            return partition, NONE, target.append_counted(messages, count, fsync=acks == -1, producer=producer)[1], None
         except Refused as e:
             return self._refused(conn, topic, partition, e.code, str(e))
         except InvalidRecords as e:
@@ -400,32 +382,6 @@ class Kafka(FrontEnd):
     def _refused(self, conn: Connection, topic: str, partition: int, code: int, text: str) -> tuple[int, int, int, str | None]:
         log.warning("%s: produce to %s/%d refused: %s", conn.peer, topic, partition, text)
         return partition, code, -1, text
-
-    def _duplicate(self, found: list[records.Batch], topic: str, partition: int) -> int | None:
-        """The base offset a retried batch was appended at (None: not a retry).  Raises
-        ``Refused`` for a sequence that skips ahead of the last one appended."""
-        first = found[0]
-        recent = self._producers.get((first.producer_id, topic, partition))
-        if not recent:
-            return None  # a producer new to this daemon (or to this partition): its sequence starts here
-        for low, _, offset in recent:
-            if low == first.base_sequence:
-                return offset
-        expected = (recent[-1][1] + 1) & 0x7FFFFFFF
-        if first.base_sequence != expected:
-            raise Refused(
-                OUT_OF_ORDER_SEQUENCE_NUMBER,
-                f"producer {first.producer_id} sent sequence {first.base_sequence}, expected {expected}",
-            )
-        return None
-
-    def _remember(self, found: list[records.Batch], topic: str, partition: int, offset: int) -> None:
-        first, last = found[0], found[-1]
-        recent = self._producers.setdefault((first.producer_id, topic, partition), collections.deque(maxlen=RECENT_BATCHES))
-        recent.append((first.base_sequence, (last.base_sequence + last.size - 1) & 0x7FFFFFFF, offset))
-        self._producers.move_to_end((first.producer_id, topic, partition))
-        if len(self._producers) > PRODUCERS:
-            self._producers.popitem(last=False)
 
     def _init_producer_id(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         if request.transactional_id is not None:
@@ -693,6 +649,10 @@ def _code(error: KlError) -> int:
         return CORRUPT_MESSAGE
     if isinstance(error, StorageError):
         return KAFKA_STORAGE_ERROR
+    if isinstance(error, OutOfOrderSequence):
+        return OUT_OF_ORDER_SEQUENCE_NUMBER
+    if isinstance(error, InvalidProducerEpoch):
+        return INVALID_PRODUCER_EPOCH
     return UNKNOWN_SERVER_ERROR
 
 
