@@ -1,5 +1,5 @@
-"""Idempotence held by the log: an idempotent kafka-python producer whose daemon is
-killed and started again, and an idempotent librdkafka producer (confluent-kafka)
+"""Idempotence held by the log: idempotent librdkafka (confluent-kafka) and kafka-python
+producers whose daemon is killed and started again, and an idempotent librdkafka producer
 bootstrapped with two daemons over one root of which one stops (SIGSTOP) and wakes with
 requests queued, store each record once and in order; and both daemons name the same
 leader."""
@@ -13,12 +13,14 @@ import threading
 import time
 from pathlib import Path
 
+import kafkafuzz as fz
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaProducer
 
 import kl
+from kl.net import kafka
 
 from kafka_clients import Daemon
 
@@ -36,9 +38,26 @@ def stored(root: kl.Root, topic: str) -> list[bytes]:
     return [msg.value for msg in log.messages(log.log_start_offset, log.log_end_offset)]
 
 
+class Disturbance(threading.Thread):
+    """``during`` in a thread that lives until the producer is done: the daemons it starts
+    die with the thread that started them (``--pdeathsig``)."""
+
+    def __init__(self, during) -> None:
+        super().__init__(daemon=True)
+        self.during, self.done = during, threading.Event()
+
+    def run(self) -> None:
+        self.during()
+        self.done.wait(300)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(60)
+
+
 def produce(bootstrap: str, topic: str, during) -> list[str]:
-    """Send ``RECORDS`` numbered records idempotently, calling ``during`` from a thread once
-    a third are acknowledged; the delivery errors."""
+    """Send ``RECORDS`` numbered records with librdkafka's idempotent producer, calling
+    ``during`` from a thread once a third are acknowledged; the delivery errors."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -52,15 +71,14 @@ def produce(bootstrap: str, topic: str, during) -> list[str]:
     )
     errors: list[str] = []
     acked = [0]
-    started: list[threading.Thread] = []
+    disturbance = Disturbance(during)
 
     def delivered(err, msg) -> None:
         if err is not None:
             errors.append(str(err))
         acked[0] += 1
-        if acked[0] == RECORDS // 3 and not started:
-            started.append(threading.Thread(target=during))
-            started[0].start()
+        if acked[0] == RECORDS // 3:
+            disturbance.start()
 
     for i in range(RECORDS):
         producer.produce(topic, b"r%05d" % i, partition=0, on_delivery=delivered)
@@ -68,8 +86,7 @@ def produce(bootstrap: str, topic: str, during) -> list[str]:
         if i % 100 == 0:
             time.sleep(0.01)  # spread over the disturbance
     assert producer.flush(150) == 0
-    for t in started:
-        t.join(60)
+    disturbance.finish()
     return errors
 
 
@@ -88,20 +105,21 @@ def produce_kafka_python(bootstrap: str, topic: str, during) -> list[str]:
     )  # fmt: skip
     futures = [producer.send(topic, b"r%05d" % i, partition=0) for i in range(RECORDS // 3)]
     futures[-1].get(60)
-    disturbance = threading.Thread(target=during)
+    disturbance = Disturbance(during)
     disturbance.start()
     for i in range(RECORDS // 3, RECORDS):
         futures.append(producer.send(topic, b"r%05d" % i, partition=0))
         if i % 100 == 0:
             time.sleep(0.01)
     producer.flush(150)
-    disturbance.join(60)
+    disturbance.finish()
     errors = [str(f.exception) for f in futures if f.failed()]
     producer.close(10)
     return errors
 
 
-def test_a_daemon_killed_and_started_again_mid_stream_stores_each_record_once(root, tmp_path) -> None:
+@pytest.mark.parametrize("send", [produce, produce_kafka_python], ids=["librdkafka", "kafka-python"])
+def test_a_daemon_killed_and_started_again_mid_stream_stores_each_record_once(root, tmp_path, send) -> None:
     root.create_topic("t")
     port = free_port()
     daemons = [Daemon(root.path, tmp_path / "serve-0", address=f"127.0.0.1:{port}")]
@@ -115,7 +133,7 @@ def test_a_daemon_killed_and_started_again_mid_stream_stores_each_record_once(ro
             time.sleep(0.5)
 
     try:
-        errors = produce_kafka_python(f"127.0.0.1:{port}", "t", kill_and_restart)
+        errors = send(f"127.0.0.1:{port}", "t", kill_and_restart)
     finally:
         for d in daemons:
             d.stop()
@@ -146,3 +164,50 @@ def test_two_daemons_one_stopped_with_requests_queued_store_each_record_once_and
             d.stop()
     assert errors == []
     assert stored(root, "t") == [b"r%05d" % i for i in range(RECORDS)]
+
+
+def produced(address: tuple[str, int], pid: int, epoch: int, seq: int, values: list[bytes]) -> tuple[int, int]:
+    """(error code, base offset) of an idempotent batch of ``values`` sent as producer
+    ``pid`` with ``epoch`` and first sequence ``seq``."""
+    request = fz.produce("w", [fz.batch(fz.plain(values), len(values), producer=(pid, epoch, seq))], acks=-1)
+    answer = fz.call(address, request).responses[0].partition_responses[0]
+    return answer.error_code, answer.base_offset
+
+
+def address_of(d: Daemon) -> tuple[str, int]:
+    host, port = d.bootstrap.rsplit(":", 1)
+    return host, int(port)
+
+
+def test_retries_across_restarts_kills_and_daemons_and_a_woken_daemon_are_appended_once(root, tmp_path) -> None:
+    """Step by step on the wire, each step a retry the daemon's memory could not answer."""
+    root.create_topic("w")
+    port = free_port()
+    first = Daemon(root.path, tmp_path / "serve-0", address=f"127.0.0.1:{port}")
+    other = Daemon(root.path, tmp_path / "serve-1")
+    try:
+        a, b = address_of(first), address_of(other)
+        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka.NONE, 0)
+        os.kill(first.proc.pid, signal.SIGKILL)  # the answer may have been lost: the client retries
+        first.proc.wait()
+        first = Daemon(root.path, tmp_path / "serve-2", address=f"127.0.0.1:{port}")
+        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka.NONE, 0)  # after the restart
+        assert produced(a, 11, 0, 2, [b"r2"]) == (kafka.NONE, 2)
+        assert produced(b, 11, 0, 2, [b"r2"]) == (kafka.NONE, 2)  # moved to another daemon
+        os.kill(first.proc.pid, signal.SIGSTOP)  # a request queued at a stopped daemon ...
+        queued: list[tuple[int, int]] = []
+        sender = threading.Thread(target=lambda: queued.append(produced(a, 11, 0, 3, [b"r3"])))
+        sender.start()
+        time.sleep(0.5)
+        assert produced(b, 11, 0, 3, [b"r3"]) == (kafka.NONE, 3)  # ... retried at the other one
+        os.kill(first.proc.pid, signal.SIGCONT)
+        sender.join(30)
+        assert queued == [(kafka.NONE, 3)]  # the woken daemon finds it appended
+        assert produced(b, 11, 0, 5, [b"x"])[0] == kafka.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert produced(a, 11, 1, 0, [b"r4"]) == (kafka.NONE, 4)  # a new epoch
+        assert produced(b, 11, 0, 4, [b"x"])[0] == kafka.INVALID_PRODUCER_EPOCH  # the old one, fenced
+    finally:
+        for d in (first, other):
+            os.kill(d.proc.pid, signal.SIGCONT)
+            d.stop()
+    assert stored(root, "w") == [b"r0", b"r1", b"r2", b"r3", b"r4"]
