@@ -14,6 +14,7 @@ import kl
 from kl.errors import OffsetOutOfRange
 from kl.log import message as m
 from kl.log import offsetindex
+from kl.log.importer import import_topic
 from kl.log.log import Position
 from kl.log.messageset import wrap
 from kl.log.recovery import recover
@@ -183,3 +184,57 @@ def test_recover_reports_a_damaged_or_wrong_offset_index_and_one_of_no_segment(t
     fresh = kl.Root(tmp_path).log("t", 0)
     assert [fresh.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
     assert not recover(kl.Root(tmp_path).log("t", 0)).findings
+
+
+def copied_partition(root: kl.Root, topic: str, to: str, keep: tuple[str, ...]) -> str:
+    """A copy of partition 0's segment files and of those of its other files named in
+    ``keep`` ("state", "indexes"), as ``cp`` without ``-p`` makes it (new modification times)."""
+    source = root.log(topic, 0).directory
+    os.makedirs(to)
+    for name in os.listdir(source):
+        wanted = (
+            name.endswith(".kl")
+            or (name == STATE_FILE and "state" in keep)
+            or (name.endswith(offsetindex.SUFFIX) and "indexes" in keep)
+        )
+        if wanted:
+            with open(os.path.join(source, name), "rb") as f, open(os.path.join(to, name), "wb") as out:
+                out.write(f.read())
+    return to
+
+
+@pytest.mark.parametrize("keep", [("state",), ("indexes",), ("state", "indexes")])
+def test_kl_topics_import_keeps_the_kafka_offsets_a_directory_tells(tmp_path, keep) -> None:
+    root = kl.Root(tmp_path / "old")
+    messages = mixed(root)
+    log = root.log("t", 0)
+    log.kafka_position(0)  # every closed segment indexed
+    second = log.segments()[1].base_offset
+    with log.locked():
+        log.delete_segments([log.segments()[0]], second)
+    kept = [(k, p) for k, (p, _) in enumerate(messages) if p.offset >= second]
+    directory = copied_partition(root, "t", str(tmp_path / "copy"), keep)
+    done = subprocess.run(
+        [sys.executable, "-m", "kl_cli", "--root", str(tmp_path / "new"), "topics", "import", "t", directory],
+        capture_output=True,
+        check=True,
+    )
+    assert done.stdout.decode().startswith(f"t/0: imported {directory}: ")
+    imported = kl.Root(tmp_path / "new").log("t", 0)
+    assert imported.kafka_offsets() == (kept[0][0], len(messages))
+    assert [imported.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+    assert [imported.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+
+
+def test_kl_topics_import_counts_from_0_where_a_directory_tells_no_kafka_offsets(tmp_path) -> None:
+    root = kl.Root(tmp_path / "old")
+    messages = mixed(root)
+    log = root.log("t", 0)
+    second = log.segments()[1].base_offset
+    with log.locked():
+        log.delete_segments([log.segments()[0]], second)
+    kept = [p for p, _ in messages if p.offset >= second]
+    new = kl.Root(tmp_path / "new")
+    (done,) = import_topic(new, "t", [copied_partition(root, "t", str(tmp_path / "copy"), ())])
+    assert done.kafka_offsets == (0, len(kept))
+    assert [new.log("t", 0).kafka_position(k) for k in range(len(kept))] == kept
