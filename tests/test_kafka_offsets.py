@@ -20,7 +20,7 @@ from kl.log.messageset import wrap
 from kl.log.recovery import recover
 from kl.log.state import RECORD_V3, STATE_FILE, UNKNOWN, read_state
 
-from conftest import write
+from conftest import flip_byte, write
 
 SMALL = kl.TopicConfig(segment_bytes=256, max_message_bytes=256)
 
@@ -238,3 +238,33 @@ def test_kl_topics_import_counts_from_0_where_a_directory_tells_no_kafka_offsets
     (done,) = import_topic(new, "t", [copied_partition(root, "t", str(tmp_path / "copy"), ())])
     assert done.kafka_offsets == (0, len(kept))
     assert [new.log("t", 0).kafka_position(k) for k in range(len(kept))] == kept
+
+
+@pytest.mark.parametrize("where", ["closed", "active"])
+def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_before_it_up(tmp_path, where) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    segments = root.log("t", 0).segments()
+    damaged = segments[1] if where == "closed" else segments[-1]
+    with open(damaged.path, "rb") as f:
+        length = int.from_bytes(f.read(4), "big")
+    flip_byte(damaged.path, 4 + length - 1)  # the last byte of the segment's first message set
+    lost = [k for k, (p, _) in enumerate(messages) if p.offset == damaged.base_offset]
+    kl_cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path)]
+    done = subprocess.run([*kl_cli, "recover", "--deep", "--repair"], capture_output=True)
+    assert b"repaired" in done.stdout, done
+    kept = [(k if k > lost[-1] else k + len(lost), p) for k, (p, _) in enumerate(messages) if k not in lost]
+    fresh = kl.Root(tmp_path)
+    assert [p for p, _ in every_message(fresh, "t")] == [p for _, p in kept]
+    log = fresh.log("t", 0)
+    assert log.kafka_offsets() == (len(lost), len(messages))  # the log end's is kept
+    assert [log.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+    assert [log.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+    subprocess.run([*kl_cli, "produce", "t", "--partition", "0"], input=b"next\n", capture_output=True, check=True)
+    appended = kl.Root(tmp_path).log("t", 0).state().last_append_offset
+    write(kl.Root(tmp_path), "t", [b"x" * 100] * 6)  # rolls
+    again = kl.Root(tmp_path).log("t", 0)
+    assert again.kafka_offset(appended) == len(messages)
+    assert [again.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+    assert not recover(again, deep=True).findings
+
