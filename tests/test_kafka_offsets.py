@@ -268,3 +268,18 @@ def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_befor
     assert [again.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
     assert not recover(again, deep=True).findings
 
+
+def test_kl_topics_alter_renumbers_nothing(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root, config=kl.TopicConfig(segment_bytes=256, max_message_bytes=256, headers=False))
+    reader = kl.Root(tmp_path).log("t", 0)
+    assert reader.kafka_offsets() == (0, len(messages))  # a reader that counted before the change
+    kl_cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path)]
+    change = ["--partitions", "3", "--segment-bytes", "4096", "--max-message-bytes", "512", "--headers", "--retention-ms", "9000"]
+    subprocess.run([*kl_cli, "topics", "alter", "t", *change], capture_output=True, check=True)
+    subprocess.run([*kl_cli, "produce", "t", "--partition", "0"], input=b"after\n", capture_output=True, check=True)
+    for log in (reader, kl.Root(tmp_path).log("t", 0)):
+        assert log.kafka_offsets() == (0, len(messages) + 1)
+        assert [log.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
+        assert log.kafka_position(len(messages)).offset == log.state().last_append_offset
+    assert [kl.Root(tmp_path).log("t", p).kafka_offsets() for p in (1, 2)] == [(0, 0), (0, 0)]
