@@ -47,7 +47,8 @@ APPEND_ALL = 107
 (``kl.log.log.append_all``).  Servers of version 2 on."""
 KAFKA_OFFSET = 108
 """kl: ``topic partition:int32 offset:int64`` -> ``kafka_offset:int64``: the Kafka offset of the message at
-``offset`` (a message start, or the log end: the next message's).  Servers of version 3 on."""
+``offset`` (a message start, or the log end: the next message's; unchecked, as ``Log.kafka_offset``: one
+inside a message names the next).  Servers of version 3 on."""
 NAMES = {
     PRODUCE: "PRODUCE",
     FETCH: "FETCH",
