@@ -1498,7 +1498,7 @@ class Log:
         segment files below it go.  Raises ``InvalidOffset`` unless the partition is
         empty and ends at or below ``offset``."""
         with self.locked():
-            state = self.counted(self.writable_state())
+            state = self.writable_state()
             if state.log_end_offset != state.log_start_offset or offset < state.log_end_offset:
                 raise InvalidOffset(
                     f"cannot start {self.directory} at offset {offset}: it holds offsets "
@@ -1524,7 +1524,7 @@ class Log:
         rebuilt by recovery); nothing else renumbers.  Raises ``InvalidOffset`` unless
         ``offset`` is the log end, or the shift would number a message below 0."""
         with self.locked():
-            state = self.counted(self.writable_state())
+            state = self.writable_state()
             shift = count - state.log_end_count
             start = self.kafka_offsets(state)[0]
             if offset != state.log_end_offset or start + shift < 0:
