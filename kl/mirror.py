@@ -57,6 +57,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kl.errors import (
+    CorruptMessage,
+    CorruptState,
     InvalidConfig,
     KlError,
     OffsetOutOfRange,
@@ -586,10 +588,19 @@ class Mirror:
         for _ in range(3):
             start = self.source.offsets(topic, partition)[0]
             try:
-                return start, self.source.kafka_offset(topic, partition, start) or 0
+                return start, self._source_count(topic, partition, start) or 0
             except OffsetOutOfRange:  # retention moved the start meanwhile: look again
                 continue
         raise SourceGap(f"{topic}/{partition}: the source's log start keeps moving")
+
+    def _source_count(self, topic: str, partition: int, offset: int) -> int | None:
+        """The source's Kafka offset at ``offset``; None where it cannot tell, or cannot
+        count its segments (damage, logged: the bytes are copied all the same, up to it)."""
+        try:
+            return self.source.kafka_offset(topic, partition, offset)
+        except (CorruptMessage, CorruptState) as e:
+            log.warning("%s/%d: the Kafka offsets of %s are not copied: %s", topic, partition, self.source.name, e)
+            return None
 
     def _number(self, topic: str, partition: int, offset: int, count: int) -> None:
         """Make the target partition's message at ``offset`` (its end) have Kafka offset
@@ -631,7 +642,7 @@ class Mirror:
                 f" (offsets {end} to {source_start} are gone from the source); delete the target topic to copy it afresh"
             )
         self._compare_tail(where, topic, partition, target, max(start, source_start, end - TAIL_CHECK_BYTES), end)
-        theirs = self.source.kafka_offset(topic, partition, end)
+        theirs = self._source_count(topic, partition, end)
         if theirs is not None and theirs != target.kafka_offset(end):
             return end, theirs
         return None
