@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import kl
-from kl.errors import OffsetOutOfRange
+from kl.errors import InvalidOffset, OffsetOutOfRange
 from kl.log import message as m
 from kl.log import offsetindex
 from kl.log.importer import import_topic
@@ -283,3 +283,25 @@ def test_kl_topics_alter_renumbers_nothing(tmp_path) -> None:
         assert [log.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
         assert log.kafka_position(len(messages)).offset == log.state().last_append_offset
     assert [kl.Root(tmp_path).log("t", p).kafka_offsets() for p in (1, 2)] == [(0, 0), (0, 0)]
+
+
+def test_renumber_shifts_every_kafka_offset_alike_and_start_at_takes_a_count(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    end = log.log_end_offset
+    with pytest.raises(InvalidOffset, match="it ends at"):
+        log.renumber(0, 5)  # not the log end
+    with pytest.raises(InvalidOffset, match="starts at Kafka offset 0"):
+        log.renumber(end, len(messages) - 1)  # the first message would be -1
+    assert log.renumber(end, len(messages) + 100) == 100
+    assert log.renumber(end, len(messages) + 100) == 0
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert fresh.kafka_offsets() == (100, len(messages) + 100)
+    assert [fresh.kafka_position(k + 100) for k in range(len(messages))] == [p for p, _ in messages]
+    root.create_topic("e")
+    empty = root.log("e", 0)
+    empty.start_at(1000, 77)
+    (appended,) = write(root, "e", [b"first"])
+    assert appended.offset == 1000
+    assert kl.Root(tmp_path).log("e", 0).kafka_offsets() == (77, 78)
