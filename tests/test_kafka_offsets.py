@@ -269,6 +269,22 @@ def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_befor
     assert not recover(again, deep=True).findings
 
 
+def test_a_shallow_repair_of_an_active_segment_cut_short_pads_from_its_last_whole_message(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    active = root.log("t", 0).segments()[-1]
+    last = messages[-1][0].offset
+    os.truncate(active.path, last - active.base_offset + 10)  # inside the last message set, below the committed end
+    done = subprocess.run([sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "recover", "--repair"], capture_output=True)
+    assert b"repaired" in done.stdout, done
+    log = kl.Root(tmp_path).log("t", 0)
+    assert not recover(log, deep=True).findings
+    lost = [k for k, (p, _) in enumerate(messages) if p.offset == last]
+    assert [p for p, _ in every_message(kl.Root(tmp_path), "t")] == [p for p, _ in messages[: lost[0]]]
+    assert log.kafka_offsets() == (len(lost), len(messages))
+    assert [log.kafka_position(k + len(lost)) for k in range(lost[0])] == [p for p, _ in messages[: lost[0]]]
+
+
 def test_kl_topics_alter_renumbers_nothing(tmp_path) -> None:
     root = kl.Root(tmp_path)
     messages = mixed(root, config=kl.TopicConfig(segment_bytes=256, max_message_bytes=256, headers=False))

@@ -372,8 +372,10 @@ class _Check:
             end, why = segment.good_end(stable, state.last_append_offset - base, published)
             if end < stable:
                 if not self.deep:
-                    problem = Damage(end, published, Corruption(Kind.SHORT_FILE, why or "file ends early"), False)
-                    self._damaged(segment, problem, active=True)
+                    short = Damage(end, published, Corruption(Kind.SHORT_FILE, why or "file ends early"), False)
+                    # a repair pads from where the last whole message ends, which a scan finds
+                    for damage in list(segment.damage(0, published)) if self.repair else [short]:
+                        self._damaged(segment, damage, active=True)
                     self._keep_numbers(segment)
                 return
             if end == file_size == published:
