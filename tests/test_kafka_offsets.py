@@ -269,20 +269,23 @@ def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_befor
     assert not recover(again, deep=True).findings
 
 
-def test_a_shallow_repair_of_an_active_segment_cut_short_pads_from_its_last_whole_message(tmp_path) -> None:
+@pytest.mark.parametrize("where", ["closed", "active"])
+def test_a_shallow_repair_of_a_segment_cut_short_pads_from_its_last_whole_message(tmp_path, where) -> None:
     root = kl.Root(tmp_path)
     messages = mixed(root)
-    active = root.log("t", 0).segments()[-1]
-    last = messages[-1][0].offset
-    os.truncate(active.path, last - active.base_offset + 10)  # inside the last message set, below the committed end
+    segments = root.log("t", 0).segments()
+    cut = segments[1] if where == "closed" else segments[-1]
+    last = max(p.offset for p, _ in messages if p.offset < cut.base_offset + cut.size_in_bytes)
+    os.truncate(cut.path, last - cut.base_offset + 10)  # inside its last message set, below the committed end
     done = subprocess.run([sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "recover", "--repair"], capture_output=True)
     assert b"repaired" in done.stdout, done
     log = kl.Root(tmp_path).log("t", 0)
     assert not recover(log, deep=True).findings
     lost = [k for k, (p, _) in enumerate(messages) if p.offset == last]
-    assert [p for p, _ in every_message(kl.Root(tmp_path), "t")] == [p for p, _ in messages[: lost[0]]]
+    kept = [(k if k > lost[-1] else k + len(lost), p) for k, (p, _) in enumerate(messages) if k not in lost]
+    assert [p for p, _ in every_message(kl.Root(tmp_path), "t")] == [p for _, p in kept]
     assert log.kafka_offsets() == (len(lost), len(messages))
-    assert [log.kafka_position(k + len(lost)) for k in range(lost[0])] == [p for p, _ in messages[: lost[0]]]
+    assert [log.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
 
 
 def test_kl_topics_alter_renumbers_nothing(tmp_path) -> None:

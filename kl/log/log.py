@@ -554,17 +554,18 @@ class Log:
 
     def messages(self, start: int, end: int) -> Iterator[Message]:
         """Every message from ``start`` (a message boundary) up to ``end``, read a
-        megabyte at a time; the inner messages of a compressed batch one by one."""
+        megabyte at a time; the inner messages of a compressed batch one by one (padding,
+        which may fill a read, stepped over)."""
         offset = start
         while offset < end:
-            progressed = False
-            for msg in self.read(offset, min(READ_CHUNK, end - offset)):
+            found = self.read(offset, min(READ_CHUNK, end - offset))
+            for msg in found:
                 if msg.offset >= end:
                     return
                 yield msg
-                offset, progressed = msg.next_offset, True
-            if not progressed:
+            if found.next_offset <= offset:
                 return
+            offset = found.next_offset
 
     def time_summary(self, info: SegmentInfo, *, keep: bool = True) -> timeindex.TimeSummary:
         """A closed segment's time summary: the one kept beside it when it still names

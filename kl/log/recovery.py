@@ -288,7 +288,9 @@ class _Check:
                 self.report.checked_bytes += size
                 self.progress(size)
             else:
-                damages = _size_damage(segment, size, expected)
+                damages = list(_size_damage(segment, size, expected))
+                if self.repair and any(d.problem.kind is Kind.SHORT_FILE for d in damages):
+                    damages = segment.damage(0, expected)  # padding begins where the last whole message ends
             for damage in list(damages):
                 self._damaged(segment, damage, active=False)
 
