@@ -284,14 +284,14 @@ class _Check:
             self.log.revalidate(segment.fd, segment.path)
             size = segment.size_in_bytes()
             if self.deep:
-                damages: Iterator[Damage] = segment.damage(0, expected)
+                damages = list(segment.damage(0, expected))
                 self.report.checked_bytes += size
                 self.progress(size)
             else:
                 damages = list(_size_damage(segment, size, expected))
                 if self.repair and any(d.problem.kind is Kind.SHORT_FILE for d in damages):
-                    damages = segment.damage(0, expected)  # padding begins where the last whole message ends
-            for damage in list(damages):
+                    damages = list(segment.damage(0, expected))  # padding begins where the last whole message ends
+            for damage in damages:
                 self._damaged(segment, damage, active=False)
 
     def _remove_orphans(self, closed: list[SegmentInfo], suffix: str, what: str, kind: str) -> None:
