@@ -5,7 +5,10 @@ the source's.  The source is read as a Kafka 0.7 fetch reads (bytes up to a size
 the end of a segment file, perhaps ending inside a message); only the complete,
 checksummed messages of a read are appended, through the target's normal append
 protocol (lock, tail repair, publish).  Segment files roll at their own places in the
-target; offsets do not depend on them.
+target; offsets do not depend on them.  Kafka offsets are copied too: a target partition
+starts with the source's count at the offset it starts at, so each message has the
+source's Kafka offset (a source that cannot tell, a Kafka 0.7 broker or a ``kl serve``
+older than protocol version 3, counts from 0 where the copy starts).
 
 The target's published log end is the only bookmark: a copy killed at any moment goes
 on from there, with no duplicate and no gap.  A killed mirror loses nothing it
@@ -35,7 +38,10 @@ topic before the target is changed (created, grown, recorded):
 * the source's next bytes, at the target's end, are whole valid messages.
 
 A target that ends below the source's log start (retention deleted what it still
-needs) is refused (``SourceGap``); an empty target starts at the source's log start.
+needs) is refused (``SourceGap``); an empty target starts at the source's log start,
+with its Kafka offset.  A target whose Kafka offset at its end is not the source's
+(copied by a kl that did not copy them, or its state record rebuilt by ``kl recover``)
+is renumbered to the source's (``Log.renumber``, logged).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kl.errors import (
+    CorruptMessage,
+    CorruptState,
     InvalidConfig,
     KlError,
     OffsetOutOfRange,
@@ -132,6 +140,11 @@ class Source(Protocol):
         """(log start, log end) of a partition."""
         ...
 
+    def kafka_offset(self, topic: str, partition: int, offset: int) -> int | None:
+        """The Kafka offset of the message at ``offset`` (a message start, or the log end:
+        the next message's); None where the source cannot tell.  Raises ``OffsetOutOfRange``."""
+        ...
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes at ``offset`` (empty at the log end), perhaps ending inside
         a message, never past one segment file.  Raises ``OffsetOutOfRange``."""
@@ -193,6 +206,9 @@ class LocalSource:
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         state = self.root.log(topic, partition).state()
         return state.log_start_offset, state.log_end_offset
+
+    def kafka_offset(self, topic: str, partition: int, offset: int) -> int | None:
+        return self.root.log(topic, partition).kafka_offset(offset)
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         return read_raw(self.root.log(topic, partition), offset, max_bytes)
@@ -286,6 +302,13 @@ class RemoteSource:
             raise wire.ProtocolError(f"{self.name} gave no offset for {topic}/{partition}")
         return reader.int64()
 
+    def kafka_offset(self, topic: str, partition: int, offset: int) -> int | None:
+        """KAFKA_OFFSET; None from a Kafka 0.7 broker or a server of protocol version 2 or less."""
+        if not self.kl or self.conn.version < 3:
+            return None
+        body = wire.partition_int64_body(topic, partition, offset)
+        return wire.Reader(self._call(wire.KAFKA_OFFSET, body, f"Kafka offset of {topic}/{partition} at {offset}")).int64()
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         fetch = wire.Fetch(topic, partition, offset, max_bytes)
         return bytes(self._call(wire.FETCH, wire.fetch_body(fetch), f"fetch {topic}/{partition} at {offset}"))
@@ -341,8 +364,9 @@ class _Plan:
     """The target's; None: the topic is created (after deleting the old one, with ``drop``)."""
     partitions: range
     """The partitions to copy from now on."""
-    starts: dict[int, int]
-    """Empty target partitions -> the source's log start, where they start."""
+    numbers: dict[int, tuple[int, int]]
+    """Target partitions -> (offset, the source's Kafka offset there): an empty one starts
+    there (the source's log start), one that holds messages is renumbered at its end."""
     drop: bool = False
     record: bool = False
     """Write ``MIRROR_RECORD``: the target copies the source's creation ``wanted.topic_id``."""
@@ -455,45 +479,45 @@ class Mirror:
             except TopicRecreated:
                 if not self.recreate:
                     raise
-                return _Plan(topic, wanted, None, range(wanted.partitions), self._starts(topic, 0, wanted), drop=True)
+                return _Plan(topic, wanted, None, range(wanted.partitions), self._numbers(topic, 0, wanted), drop=True)
             known = sum(1 for key in self._partitions if key[0] == topic)
             if wanted.partitions <= known:
                 return None
             config = self.target.read_config(topic)
             self._check_config(topic, wanted, config)
-            return _Plan(topic, wanted, config, range(known, wanted.partitions), self._starts(topic, known, wanted))
+            return _Plan(topic, wanted, config, range(known, wanted.partitions), self._numbers(topic, known, wanted))
         try:
             config = self.target.read_config(topic)
         except (TopicNotFound, RootNotFound):
-            return _Plan(topic, wanted, None, range(wanted.partitions), self._starts(topic, 0, wanted))
+            return _Plan(topic, wanted, None, range(wanted.partitions), self._numbers(topic, 0, wanted))
         self._lock(topic)
         copied = self._copied_id(topic, config)
         fresh = _Plan(topic, wanted, None, range(wanted.partitions), {}, drop=True)
         if wanted.topic_id and copied and copied != wanted.topic_id:
             if self.recreate:
-                fresh.starts = self._starts(topic, 0, wanted)
+                fresh.numbers = self._numbers(topic, 0, wanted)
                 return fresh
             raise self._recreated(topic, copied, wanted.topic_id)
         unproven = bool(wanted.topic_id) and not copied and config.topic_id != wanted.topic_id
         try:
             self._check_config(topic, wanted, config)
-            starts = self._starts(topic, config.partitions, wanted)
+            numbers = self._numbers(topic, config.partitions, wanted)
             for partition in range(config.partitions):
-                start = self._check_partition(topic, partition)
-                if start is not None:
-                    starts[partition] = start
+                number = self._check_partition(topic, partition)
+                if number is not None:
+                    numbers[partition] = number
         except (Diverged, SourceGap) as e:
             if not unproven:
                 raise
             if self.recreate:
-                fresh.starts = self._starts(topic, 0, wanted)
+                fresh.numbers = self._numbers(topic, 0, wanted)
                 return fresh
             raise type(e)(
                 f"{e} (the topic's id is {config.topic_id} in the target and {wanted.topic_id} in {self.source.name}:"
                 " if it was deleted and created again there, delete it from the target or give --recreate)"
             ) from None
         record = bool(wanted.topic_id) and not copied
-        return _Plan(topic, wanted, config, range(wanted.partitions), starts, record=record)
+        return _Plan(topic, wanted, config, range(wanted.partitions), numbers, record=record)
 
     def _apply(self, plan: _Plan) -> None:
         """Make the target topic what ``plan`` says (created, grown, recorded) and copy its partitions."""
@@ -525,8 +549,8 @@ class Mirror:
             self._write_record(topic, config.topic_id, wanted.topic_id)
         self._ids[topic] = wanted.topic_id
         self._skipped.pop(topic, None)
-        for partition, start in plan.starts.items():
-            self.target.log(topic, partition).start_at(start)
+        for partition, (offset, count) in plan.numbers.items():
+            self._number(topic, partition, offset, count)
         fetch = max(1, min(self.fetch_bytes, config.segment_bytes))
         for partition in plan.partitions:
             target = self.target.log(topic, partition)
@@ -553,14 +577,56 @@ class Mirror:
                 f" but only {config.max_message_bytes} in the target"
             )
 
-    def _starts(self, topic: str, first: int, wanted: TopicConfig) -> dict[int, int]:
-        """Partitions ``first`` on, still to be made in the target -> the source's log start, where above 0."""
-        starts = {p: self.source.offsets(topic, p)[0] for p in range(first, wanted.partitions)}
-        return {p: start for p, start in starts.items() if start > 0}
+    def _numbers(self, topic: str, first: int, wanted: TopicConfig) -> dict[int, tuple[int, int]]:
+        """Partitions ``first`` on, still to be made in the target -> the source's log start
+        and its Kafka offset, where not both 0."""
+        starts = {p: self._start(topic, p) for p in range(first, wanted.partitions)}
+        return {p: start for p, start in starts.items() if start != (0, 0)}
 
-    def _check_partition(self, topic: str, partition: int) -> int | None:
+    def _start(self, topic: str, partition: int) -> tuple[int, int]:
+        """The source's log start and its Kafka offset (0 where the source cannot tell)."""
+        for _ in range(3):
+            start = self.source.offsets(topic, partition)[0]
+            try:
+                return start, self._source_count(topic, partition, start) or 0
+            except OffsetOutOfRange:  # retention moved the start meanwhile: look again
+                continue
+        raise SourceGap(f"{topic}/{partition}: the source's log start keeps moving")
+
+    def _source_count(self, topic: str, partition: int, offset: int) -> int | None:
+        """The source's Kafka offset at ``offset``; None where it cannot tell, or cannot
+        count its segments (damage, logged: the bytes are copied all the same, up to it)."""
+        try:
+            return self.source.kafka_offset(topic, partition, offset)
+        except (CorruptMessage, CorruptState) as e:
+            log.warning("%s/%d: the Kafka offsets of %s are not copied: %s", topic, partition, self.source.name, e)
+            return None
+
+    def _number(self, topic: str, partition: int, offset: int, count: int) -> None:
+        """Make the target partition's message at ``offset`` (its end) have Kafka offset
+        ``count``: an empty one starts there, one that holds messages is renumbered."""
+        target = self.target.log(topic, partition)
+        state = target.state()
+        if state.log_start_offset == state.log_end_offset:
+            target.start_at(offset, count)
+            return
+        shift = target.renumber(offset, count)
+        if shift:
+            log.warning(
+                "%s/%d of %s: Kafka offsets renumbered by %+d to %s's (copied by a kl that did not copy them,"
+                " or its state record was rebuilt)",
+                topic,
+                partition,
+                self.target.path,
+                shift,
+                self.source.name,
+            )
+
+    def _check_partition(self, topic: str, partition: int) -> tuple[int, int] | None:
         """Check that the target partition is a prefix of the source's (see the module's
-        docstring); the source's log start where an empty one starts there instead."""
+        docstring).  Returns where it must be numbered anew (see ``_Plan.numbers``): at
+        the source's log start where an empty one starts there instead, at its end where
+        its Kafka offset there is not the source's; else None."""
         where = f"{topic}/{partition}"
         target = self.target.log(topic, partition)
         state = target.state()
@@ -569,13 +635,16 @@ class Mirror:
         if end > source_end:
             raise Diverged(f"{where}: the target ends at offset {end}, beyond the source's end {source_end}")
         if start == end and end < source_start:
-            return source_start
+            return self._start(topic, partition)
         if end < source_start:
             raise SourceGap(
                 f"{where}: the target ends at offset {end} but the source now starts at {source_start}"
                 f" (offsets {end} to {source_start} are gone from the source); delete the target topic to copy it afresh"
             )
         self._compare_tail(where, topic, partition, target, max(start, source_start, end - TAIL_CHECK_BYTES), end)
+        theirs = self._source_count(topic, partition, end)
+        if theirs is not None and theirs != target.kafka_offset(end):
+            return end, theirs
         return None
 
     def _compare_tail(self, where: str, topic: str, partition: int, target: Log, offset: int, end: int) -> None:

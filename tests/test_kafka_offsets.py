@@ -11,15 +11,16 @@ import sys
 import pytest
 
 import kl
-from kl.errors import OffsetOutOfRange
+from kl.errors import InvalidOffset, OffsetOutOfRange
 from kl.log import message as m
 from kl.log import offsetindex
+from kl.log.importer import import_topic
 from kl.log.log import Position
 from kl.log.messageset import wrap
 from kl.log.recovery import recover
 from kl.log.state import RECORD_V3, STATE_FILE, UNKNOWN, read_state
 
-from conftest import write
+from conftest import flip_byte, write
 
 SMALL = kl.TopicConfig(segment_bytes=256, max_message_bytes=256)
 
@@ -183,3 +184,143 @@ def test_recover_reports_a_damaged_or_wrong_offset_index_and_one_of_no_segment(t
     fresh = kl.Root(tmp_path).log("t", 0)
     assert [fresh.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
     assert not recover(kl.Root(tmp_path).log("t", 0)).findings
+
+
+def copied_partition(root: kl.Root, topic: str, to: str, keep: tuple[str, ...]) -> str:
+    """A copy of partition 0's segment files and of those of its other files named in
+    ``keep`` ("state", "indexes"), as ``cp`` without ``-p`` makes it (new modification times)."""
+    source = root.log(topic, 0).directory
+    os.makedirs(to)
+    for name in os.listdir(source):
+        wanted = (
+            name.endswith(".kl")
+            or (name == STATE_FILE and "state" in keep)
+            or (name.endswith(offsetindex.SUFFIX) and "indexes" in keep)
+        )
+        if wanted:
+            with open(os.path.join(source, name), "rb") as f, open(os.path.join(to, name), "wb") as out:
+                out.write(f.read())
+    return to
+
+
+@pytest.mark.parametrize("keep", [("state",), ("indexes",), ("state", "indexes")])
+def test_kl_topics_import_keeps_the_kafka_offsets_a_directory_tells(tmp_path, keep) -> None:
+    root = kl.Root(tmp_path / "old")
+    messages = mixed(root)
+    log = root.log("t", 0)
+    log.kafka_position(0)  # every closed segment indexed
+    second = log.segments()[1].base_offset
+    with log.locked():
+        log.delete_segments([log.segments()[0]], second)
+    kept = [(k, p) for k, (p, _) in enumerate(messages) if p.offset >= second]
+    directory = copied_partition(root, "t", str(tmp_path / "copy"), keep)
+    done = subprocess.run(
+        [sys.executable, "-m", "kl_cli", "--root", str(tmp_path / "new"), "topics", "import", "t", directory],
+        capture_output=True,
+        check=True,
+    )
+    assert done.stdout.decode().startswith(f"t/0: imported {directory}: ")
+    imported = kl.Root(tmp_path / "new").log("t", 0)
+    assert imported.kafka_offsets() == (kept[0][0], len(messages))
+    assert [imported.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+    assert [imported.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+
+
+def test_kl_topics_import_counts_from_0_where_a_directory_tells_no_kafka_offsets(tmp_path) -> None:
+    root = kl.Root(tmp_path / "old")
+    messages = mixed(root)
+    log = root.log("t", 0)
+    second = log.segments()[1].base_offset
+    with log.locked():
+        log.delete_segments([log.segments()[0]], second)
+    kept = [p for p, _ in messages if p.offset >= second]
+    new = kl.Root(tmp_path / "new")
+    (done,) = import_topic(new, "t", [copied_partition(root, "t", str(tmp_path / "copy"), ())])
+    assert done.kafka_offsets == (0, len(kept))
+    assert [new.log("t", 0).kafka_position(k) for k in range(len(kept))] == kept
+
+
+@pytest.mark.parametrize("where", ["closed", "active"])
+def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_before_it_up(tmp_path, where) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    segments = root.log("t", 0).segments()
+    damaged = segments[1] if where == "closed" else segments[-1]
+    with open(damaged.path, "rb") as f:
+        length = int.from_bytes(f.read(4), "big")
+    flip_byte(damaged.path, 4 + length - 1)  # the last byte of the segment's first message set
+    lost = [k for k, (p, _) in enumerate(messages) if p.offset == damaged.base_offset]
+    kl_cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path)]
+    done = subprocess.run([*kl_cli, "recover", "--deep", "--repair"], capture_output=True)
+    assert b"repaired" in done.stdout, done
+    kept = [(k if k > lost[-1] else k + len(lost), p) for k, (p, _) in enumerate(messages) if k not in lost]
+    fresh = kl.Root(tmp_path)
+    assert [p for p, _ in every_message(fresh, "t")] == [p for _, p in kept]
+    log = fresh.log("t", 0)
+    assert log.kafka_offsets() == (len(lost), len(messages))  # the log end's is kept
+    assert [log.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+    assert [log.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+    subprocess.run([*kl_cli, "produce", "t", "--partition", "0"], input=b"next\n", capture_output=True, check=True)
+    appended = kl.Root(tmp_path).log("t", 0).state().last_append_offset
+    write(kl.Root(tmp_path), "t", [b"x" * 100] * 6)  # rolls
+    again = kl.Root(tmp_path).log("t", 0)
+    assert again.kafka_offset(appended) == len(messages)
+    assert [again.kafka_offset(*p) for _, p in kept] == [k for k, _ in kept]
+    assert not recover(again, deep=True).findings
+
+
+@pytest.mark.parametrize("where", ["closed", "active"])
+def test_a_shallow_repair_of_a_segment_cut_short_pads_from_its_last_whole_message(tmp_path, where) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    segments = root.log("t", 0).segments()
+    cut = segments[1] if where == "closed" else segments[-1]
+    last = max(p.offset for p, _ in messages if p.offset < cut.base_offset + cut.size_in_bytes)
+    os.truncate(cut.path, last - cut.base_offset + 10)  # inside its last message set, below the committed end
+    done = subprocess.run([sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "recover", "--repair"], capture_output=True)
+    assert b"repaired" in done.stdout, done
+    log = kl.Root(tmp_path).log("t", 0)
+    assert not recover(log, deep=True).findings
+    lost = [k for k, (p, _) in enumerate(messages) if p.offset == last]
+    kept = [(k if k > lost[-1] else k + len(lost), p) for k, (p, _) in enumerate(messages) if k not in lost]
+    assert [p for p, _ in every_message(kl.Root(tmp_path), "t")] == [p for _, p in kept]
+    assert log.kafka_offsets() == (len(lost), len(messages))
+    assert [log.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+
+
+def test_kl_topics_alter_renumbers_nothing(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root, config=kl.TopicConfig(segment_bytes=256, max_message_bytes=256, headers=False))
+    reader = kl.Root(tmp_path).log("t", 0)
+    assert reader.kafka_offsets() == (0, len(messages))  # a reader that counted before the change
+    kl_cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path)]
+    change = ["--partitions", "3", "--segment-bytes", "4096", "--max-message-bytes", "512", "--headers", "--retention-ms", "9000"]
+    subprocess.run([*kl_cli, "topics", "alter", "t", *change], capture_output=True, check=True)
+    subprocess.run([*kl_cli, "produce", "t", "--partition", "0"], input=b"after\n", capture_output=True, check=True)
+    for log in (reader, kl.Root(tmp_path).log("t", 0)):
+        assert log.kafka_offsets() == (0, len(messages) + 1)
+        assert [log.kafka_position(k) for k in range(len(messages))] == [p for p, _ in messages]
+        assert log.kafka_position(len(messages)).offset == log.state().last_append_offset
+    assert [kl.Root(tmp_path).log("t", p).kafka_offsets() for p in (1, 2)] == [(0, 0), (0, 0)]
+
+
+def test_renumber_shifts_every_kafka_offset_alike_and_start_at_takes_a_count(tmp_path) -> None:
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    end = log.log_end_offset
+    with pytest.raises(InvalidOffset, match="it ends at"):
+        log.renumber(0, 5)  # not the log end
+    with pytest.raises(InvalidOffset, match="starts at Kafka offset 0"):
+        log.renumber(end, len(messages) - 1)  # the first message would be -1
+    assert log.renumber(end, len(messages) + 100) == 100
+    assert log.renumber(end, len(messages) + 100) == 0
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert fresh.kafka_offsets() == (100, len(messages) + 100)
+    assert [fresh.kafka_position(k + 100) for k in range(len(messages))] == [p for p, _ in messages]
+    root.create_topic("e")
+    empty = root.log("e", 0)
+    empty.start_at(1000, 77)
+    (appended,) = write(root, "e", [b"first"])
+    assert appended.offset == 1000
+    assert kl.Root(tmp_path).log("e", 0).kafka_offsets() == (77, 78)

@@ -23,6 +23,8 @@ from click.testing import CliRunner
 
 import kl
 from kl import mirror
+from kl.log import offsetindex
+from kl.log.log import Position
 from kl.net.server import ServeConfig, Server
 from kl_cli.main import cli
 
@@ -440,6 +442,101 @@ def test_killed_at_random_moments_and_resumed(source, target, server, processes)
     copies = run(source, target)
     assert [c.from_offset for c in copies] == copied and max(copied) > 0  # resumed where the target ends
     assert_same(source, target)
+
+
+# ----------------------------------------------------------------- Kafka offsets
+
+
+def numbered(root: kl.Root, topic: str, partition: int) -> list[tuple[Position, int]]:
+    """Each message's position (offset, and skip inside a compressed batch) and Kafka offset, by a fresh reader."""
+    with contextlib.closing(kl.Root(root.path)) as fresh:
+        log = fresh.log(topic, partition)
+        out, last, skip = [], -1, 0
+        for msg in log.messages(log.log_start_offset, log.log_end_offset):
+            skip = skip + 1 if msg.offset == last else 0
+            last = msg.offset
+            out.append((Position(msg.offset, skip), log.kafka_offset(msg.offset, skip)))
+        return out
+
+
+def assert_same_kafka_offsets(source: kl.Root, target: kl.Root, topic: str = "t") -> None:
+    """Every message of the target has the source's Kafka offset, each way of asking."""
+    for p in range(source.config(topic).partitions):
+        theirs = numbered(source, topic, p)
+        assert numbered(target, topic, p) == theirs
+        with contextlib.closing(kl.Root(source.path)) as src, contextlib.closing(kl.Root(target.path)) as copy:
+            assert copy.log(topic, p).kafka_offsets() == src.log(topic, p).kafka_offsets()
+            assert [copy.log(topic, p).kafka_position(k) for _, k in theirs] == [position for position, _ in theirs]
+
+
+def compressed(root: kl.Root, rounds: int, *, partitions: int = 2) -> None:
+    """``rounds`` zstd batches of 40 messages, round-robin over the partitions."""
+    producer = kl.Producer(root, compression="zstd")
+    for i in range(rounds):
+        producer.send_batch("t", [b"z%d-%d" % (i, j) for j in range(40)], partition=i % partitions)
+
+
+@pytest.mark.parametrize("via", ["root", "server"])
+def test_kafka_offsets_are_the_sources_from_a_start_retention_moved(source, target, server, via):
+    compressed(source, 6)
+    fill(source, "t", 200, start=300)
+    compressed(source, 4)
+    starts = [retain_to(source, "t", p, keep=2) for p in (0, 1)]
+    assert all(kl.Root(source.path).log("t", p).kafka_offsets()[0] > 0 for p in (0, 1))
+    run(source if via == "root" else server, target)
+    assert [target.log("t", p).log_start_offset for p in (0, 1)] == starts
+    assert any(position.skip for position, _ in numbered(target, "t", 0))  # compressed batches were copied
+    assert_same_kafka_offsets(source, target)
+    compressed(source, 3)
+    fill(source, "t", 50, start=500)
+    run(source if via == "root" else server, target)  # resumed
+    assert_same_kafka_offsets(source, target)
+
+
+def test_a_copy_recovery_renumbered_takes_the_source_s_kafka_offsets_again(source, target):
+    compressed(source, 4)
+    retain_to(source, "t", 0, keep=2)
+    run(source, target)
+    log = target.log("t", 0)
+    for info in log.segments():
+        offsetindex.remove(info.path)
+    os.unlink(log.state_path)
+    recovered = subprocess.run([*KL, "--root", target.path, "recover"], capture_output=True, timeout=60)
+    assert b"state record is missing" in recovered.stdout + recovered.stderr, recovered
+    with contextlib.closing(kl.Root(target.path)) as fresh:
+        assert fresh.log("t", 0).kafka_offsets()[0] == 0  # counted from the oldest segment: not the source's
+    fill(source, "t", 20, start=300)
+    done = subprocess.run([*KL, "mirror", source.path, target.path], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    start = kl.Root(source.path).log("t", 0).kafka_offsets()[0]
+    assert f"t/0 of {target.path}: Kafka offsets renumbered by +{start} to {source.path}'s" in done.stderr.decode()
+    assert_same(source, target)
+    assert_same_kafka_offsets(source, target)
+
+
+def test_a_server_that_cannot_tell_kafka_offsets_gives_a_copy_numbered_from_where_it_starts(source, target, server):
+    start = retain_to(source, "t", 0, keep=2)
+    src = mirror.open_source(server)
+    assert isinstance(src, mirror.RemoteSource)
+    src.conn.version = 2  # as a kl serve before KAFKA_OFFSET answers HELLO
+    try:
+        mirror.mirror(src, target)
+    finally:
+        src.close()
+    assert_same(source, target)
+    copy = numbered(target, "t", 0)
+    assert copy[0] == (Position(start), 0)
+    assert [k for _, k in copy] == list(range(len(copy)))
+
+
+def test_a_source_whose_kafka_offsets_cannot_be_counted_is_copied_up_to_its_damage(source, target, server, caplog):
+    log = source.log("t", 0)
+    first = log.segments()[0]
+    (damaged,) = [m for m in read_all(source, "t", 0) if m.offset == 0]
+    flip_byte(first.path, damaged.next_offset - 1)
+    with pytest.raises(mirror.Diverged, match="t/0: the source holds no valid message at offset 0, where the target ends"):
+        run(server, target)
+    assert "t/0: the Kafka offsets of 127.0.0.1:" in caplog.text and "are not copied" in caplog.text
 
 
 # ----------------------------------------------------------------- creations of a topic

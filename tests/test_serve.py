@@ -187,6 +187,29 @@ def test_fetch_multifetch_offsets_topics(root, running, three):
         assert json.loads(reader.string())["partitions"] == 3
 
 
+def kafka_offset(conn: wire.Connection, topic: str, partition: int, offset: int) -> int:
+    return wire.Reader(conn.call(wire.KAFKA_OFFSET, wire.partition_int64_body(topic, partition, offset))).int64()
+
+
+def test_kafka_offset_names_the_kafka_offset_of_a_message_and_of_the_log_end(root, running):
+    root.create_topic("k", kl.TopicConfig(partitions=1))
+    write(root, "k", [b"a", b"b"])
+    batch = write(root, "k", [b"z%d" % i for i in range(5)], compression="zstd")[0].offset
+    write(root, "k", [b"c"])
+    log = root.log("k", 0)
+    r = running()
+    with r.connect() as c:
+        assert c.version == wire.VERSION == 3
+        assert kafka_offset(c, "k", 0, 0) == 0
+        assert kafka_offset(c, "k", 0, batch) == 2  # its first inner message's
+        assert kafka_offset(c, "k", 0, batch + 3) == 7  # inside the batch: the next message's
+        assert kafka_offset(c, "k", 0, log.log_end_offset) == 8
+        with pytest.raises(kl.OffsetOutOfRange):
+            kafka_offset(c, "k", 0, log.log_end_offset + 1)
+        with pytest.raises(kl.TopicNotFound):
+            kafka_offset(c, "k", 1, 0)
+
+
 def test_a_fetch_never_spans_two_segments(root, running):
     root.create_topic("s", kl.TopicConfig(segment_bytes=4096, max_message_bytes=1024))
     write(root, "s", [bytes([65 + i % 26]) * 200 for i in range(100)])

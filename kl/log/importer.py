@@ -10,6 +10,11 @@ where the last one ends.  In a kl topic Kafka 0.7 segments are read, never writt
 next append starts a new ``.kl`` segment after them.  In a topic of format 0.7 they
 stay the active format and the next append goes on in the last one; ``.kl`` segments
 and magic 2 messages are refused there (Kafka 0.7 clients could not read them).
+
+Kafka offsets are kept where the directory tells them: its state record's count at the
+active segment's base, else the newest segment's offset index (``NAME.index``) that
+matches its segment (base offset, size and messages; the modification time may be a
+copy's).  Where neither does, the oldest segment's first message gets Kafka offset 0.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from kl.errors import InvalidConfig, KlError, RootNotFound, TopicNotFound
+from kl.log import offsetindex
 from kl.log.config import FORMAT_07, MiB, TopicConfig
 from kl.log.fsutil import fsync_dir, share, storage_error
 from kl.log.log import IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.message import CURRENT_MAGIC
 from kl.log.segment import SUFFIX, Segment, list_segments
-from kl.log.state import BOOT_ID, PartitionState
+from kl.log.state import BOOT_ID, STATE_FILE, UNKNOWN, PartitionState, read_state
 
 SCAN_LIMIT = 2**31 - 1
 """The largest message believed while checking files that belong to no topic yet."""
@@ -46,6 +52,8 @@ class ImportedPartition:
     log_start_offset: int
     log_end_offset: int
     largest_message_bytes: int
+    kafka_offsets: tuple[int, int]
+    """(log start, log end) as Kafka offsets."""
 
 
 class Checked(NamedTuple):
@@ -56,17 +64,22 @@ class Checked(NamedTuple):
     kl_data: str | None
     """Where it holds kl's data (a ``.kl`` file, a magic 2 message), which a topic of
     format 0.7 cannot take; None when it holds only Kafka 0.7's."""
+    messages: list[int]
+    """Each segment's messages, as Kafka offsets count them."""
+    base_count: int
+    """The Kafka offset of the first segment's first message (see ``kept_count``)."""
 
 
 def check_directory(directory: str) -> Checked:
-    """The segments of ``directory``, its largest message and where it holds kl's data;
-    or ``ImportRefused``."""
+    """The segments of ``directory``, its largest message, where it holds kl's data and
+    its Kafka offsets; or ``ImportRefused``."""
     if not os.path.isdir(directory) or os.path.islink(directory):
         raise ImportRefused(f"{directory} is not a directory")
     found = list_segments(directory)
     if not found:
         raise ImportRefused(f"{directory} holds no segment files (NNNNNNNNNNNNNNNNNNNN.kl or .kafka)")
     segments: list[SegmentInfo] = []
+    messages: list[int] = []
     largest = 0
     kl_data = None
     for base, name in found:
@@ -90,8 +103,35 @@ def check_directory(directory: str) -> Checked:
                 largest = max(largest, entry.size)
                 if kl_data is None and entry.magic >= CURRENT_MAGIC:
                     kl_data = f"{path} holds magic {entry.magic} messages (kl's), at offset {base + entry.position}"
+            counted = offsetindex.Counted(base, UNKNOWN)
+            counted.extend(segment, size)
         segments.append(SegmentInfo(base, path, size))
-    return Checked(segments, largest, kl_data)
+        messages.append(counted.count)
+    return Checked(segments, largest, kl_data, messages, kept_count(directory, segments, messages))
+
+
+def kept_count(directory: str, segments: list[SegmentInfo], messages: list[int]) -> int:
+    """The Kafka offset of the first segment's first message as ``directory`` keeps it:
+    from its state record's count at the active segment's base, else from the newest
+    offset index that matches its segment; 0 where neither gives one (or one below 0)."""
+    bases = [s.base_offset for s in segments]
+    known = []
+    try:
+        state = read_state(os.path.join(directory, STATE_FILE))
+    except (OSError, KlError):
+        state = None
+    if state is not None and state.active_base_count != UNKNOWN and state.active_base_offset in bases:
+        known.append((bases.index(state.active_base_offset), state.active_base_count))
+    for i in reversed(range(len(segments))):
+        index = offsetindex.read(segments[i].path, bases[i], segments[i].size_in_bytes, None)
+        if index is not None and index.base_count != UNKNOWN and index.messages == messages[i]:
+            known.append((i, index.base_count))
+            break
+    for i, count in known:
+        first = count - sum(messages[:i])
+        if first >= 0:
+            return first
+    return 0
 
 
 class Topics(Protocol):
@@ -149,7 +189,7 @@ def import_topic(root: Topics, name: str, directories: list[str], config: TopicC
             f" (at most {max(largest, MiB)} would do)"
         )
     logs = [root.log(name, p) for p in range(len(directories))]
-    for p, (log, (segments, _, _)) in enumerate(zip(logs, checked, strict=True)):
+    for p, (log, (segments, *_)) in enumerate(zip(logs, checked, strict=True)):
         state = log.state()
         if state.log_end_offset != 0:
             raise ImportRefused(f"partition {p} of topic {name!r} is not empty (it ends at {state.log_end_offset})")
@@ -161,9 +201,10 @@ def import_topic(root: Topics, name: str, directories: list[str], config: TopicC
                     f"partition {p} of topic {name!r} holds {present}, which is not being imported; move it away first"
                 )
     out = []
-    for p, (log, (segments, biggest, _), directory) in enumerate(zip(logs, checked, directories, strict=True)):
+    for p, (log, found, directory) in enumerate(zip(logs, checked, directories, strict=True)):
         with log.locked():
-            _adopt(log, segments)
+            _adopt(log, found)
+        segments = found.segments
         out.append(
             ImportedPartition(
                 p,
@@ -171,16 +212,18 @@ def import_topic(root: Topics, name: str, directories: list[str], config: TopicC
                 len(segments),
                 segments[0].base_offset,
                 segments[-1].base_offset + segments[-1].size_in_bytes,
-                biggest,
+                found.largest_message_bytes,
+                (found.base_count, found.base_count + sum(found.messages)),
             )
         )
     return out
 
 
-def _adopt(log: Log, segments: list[SegmentInfo]) -> None:
+def _adopt(log: Log, checked: Checked) -> None:
     """Under the lock: copy checked segment files into an empty partition (each to a
     temporary name, fsynced, renamed in), remove its other, empty, segment files, and
-    publish the copies as the whole log."""
+    publish the copies as the whole log, with their Kafka offsets."""
+    segments = checked.segments
     incoming = {os.path.basename(s.path) for s in segments}
     for info in segments:
         target = os.path.join(log.directory, os.path.basename(info.path))
@@ -205,4 +248,18 @@ def _adopt(log: Log, segments: list[SegmentInfo]) -> None:
     first, last = segments[0], segments[-1]
     end = last.base_offset + last.size_in_bytes
     now = time.time_ns() // 1_000_000
-    log.write_state(PartitionState(first.base_offset, last.base_offset, end, end, end, 0, now, BOOT_ID))
+    active = checked.base_count + sum(checked.messages[:-1])
+    log.write_state(
+        PartitionState(
+            first.base_offset,
+            last.base_offset,
+            end,
+            end,
+            end,
+            0,
+            now,
+            BOOT_ID,
+            active_base_count=active,
+            log_end_count=active + checked.messages[-1],
+        )
+    )

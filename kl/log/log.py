@@ -556,17 +556,18 @@ class Log:
 
     def messages(self, start: int, end: int) -> Iterator[Message]:
         """Every message from ``start`` (a message boundary) up to ``end``, read a
-        megabyte at a time; the inner messages of a compressed batch one by one."""
+        megabyte at a time; the inner messages of a compressed batch one by one (padding,
+        which may fill a read, stepped over)."""
         offset = start
         while offset < end:
-            progressed = False
-            for msg in self.read(offset, min(READ_CHUNK, end - offset)):
+            found = self.read(offset, min(READ_CHUNK, end - offset))
+            for msg in found:
                 if msg.offset >= end:
                     return
                 yield msg
-                offset, progressed = msg.next_offset, True
-            if not progressed:
+            if found.next_offset <= offset:
                 return
+            offset = found.next_offset
 
     def time_summary(self, info: SegmentInfo, *, keep: bool = True) -> timeindex.TimeSummary:
         """A closed segment's time summary: the one kept beside it when it still names
@@ -1528,12 +1529,13 @@ class Log:
             raise storage_error(e, "write", self.state_path) from None
         self.close()
 
-    def start_at(self, offset: int) -> None:
-        """Make an empty partition begin at ``offset``: a new empty active segment there,
-        published as its log start and end, so the next append lands at ``offset`` (a
-        copy of a partition whose start retention moved on).  The old empty segment
-        files below it go.  Raises ``InvalidOffset`` unless the partition is empty and
-        ends at or below ``offset``."""
+    def start_at(self, offset: int, count: int = 0) -> None:
+        """Make an empty partition begin at ``offset`` with Kafka offset ``count``: a new
+        empty active segment there, published as its log start and end with ``count``
+        messages before it, so the next append lands at ``offset`` and gets Kafka offset
+        ``count`` (a copy of a partition whose start retention moved on).  The old empty
+        segment files below it go.  Raises ``InvalidOffset`` unless the partition is
+        empty and ends at or below ``offset``."""
         with self.locked():
             state = self.writable_state()
             if state.log_end_offset != state.log_start_offset or offset < state.log_end_offset:
@@ -1542,15 +1544,37 @@ class Log:
                     f"{state.log_start_offset} to {state.log_end_offset} (only an empty partition can move ahead)"
                 )
             if offset == state.log_end_offset:
+                if count != state.log_end_count:
+                    self.write_state(state._replace(active_base_count=count, log_end_count=count, boot_id=BOOT_ID))
                 return
             Segment.create(self.directory, offset, self.config.max_message_bytes, self.suffix).close()  # an orphan is cut
             fsync_dir(self.directory)
-            self.write_state(PartitionState.empty(offset))
+            self.write_state(PartitionState.empty(offset, count))
             for base, name in list_segments(self.directory):
                 if base < offset:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(self.directory, name))
             fsync_dir(self.directory)
+
+    def renumber(self, offset: int, count: int) -> int:
+        """Shift every message's Kafka offset alike so that the next one, at the log end
+        ``offset``, gets ``count``; returns the shift.  For a mirror's copy whose numbers
+        are not its source's (made before Kafka offsets were copied, or its state record
+        rebuilt by recovery); nothing else renumbers.  Raises ``InvalidOffset`` unless
+        ``offset`` is the log end, or the shift would number a message below 0."""
+        with self.locked():
+            state = self.writable_state()
+            shift = count - state.log_end_count
+            start = self.kafka_offsets(state)[0]
+            if offset != state.log_end_offset or start + shift < 0:
+                raise InvalidOffset(
+                    f"cannot number {self.directory} from Kafka offset {count} at offset {offset}: it ends at "
+                    f"{state.log_end_offset}, Kafka offset {state.log_end_count}, and starts at Kafka offset {start}"
+                )
+            if shift:
+                base_count = state.active_base_count + shift
+                self.publish(state._replace(active_base_count=base_count, log_end_count=count, boot_id=BOOT_ID), durable=True)
+            return shift
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking

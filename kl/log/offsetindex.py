@@ -186,8 +186,9 @@ def index_path(segment_path: str) -> str:
     return segment_path + SUFFIX
 
 
-def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int) -> SegmentIndex | None:
-    """The index kept for the segment as it is now, or None (missing, damaged or stale)."""
+def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int | None) -> SegmentIndex | None:
+    """The index kept for the segment as it is now, or None (missing, damaged or stale);
+    ``mtime_ns`` None: of any modification time (a copy's, ``kl topics import``)."""
     path = index_path(segment_path)
     try:
         with open(path, "rb", buffering=0) as f:
@@ -198,7 +199,7 @@ def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int)
     if index is None:
         log.info("%s: offset index is damaged; rebuilding it", path)
         return None
-    if (index.base_offset, index.size_in_bytes, index.mtime_ns) != (base_offset, size_in_bytes, mtime_ns):
+    if (index.base_offset, index.size_in_bytes) != (base_offset, size_in_bytes) or mtime_ns not in (None, index.mtime_ns):
         log.info("%s: offset index is stale; rebuilding it", path)
         return None
     return index

@@ -16,6 +16,13 @@ message that provably follows is lost; a segment cut short is padded up to where
 next one begins.  Nothing valid is ever cut.  A topic of format 0.7 is checked and
 repaired the same way, in its own ``.kafka`` segments; its padding messages are magic 1
 ones, which Kafka 0.7 clients can parse (they receive them as values of zero bytes).
+
+Padding takes no Kafka offset, so the damaged messages' Kafka offsets cannot stay
+theirs.  A repair keeps every later message's and the log end's (those consumers hold
+positions at, and which new messages are numbered from): the messages before the damage
+move up by the number lost.  Counts run back from the active segment, so that holds by
+itself for a closed segment; for the active one the repair publishes its base count
+moved up (``_keep_numbers``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from kl.log.fsutil import file_time_ns, fsync_dir, open_file, storage_error
 from kl.log.log import DELETED_SUFFIX, IMPORTING_PREFIX, Log, SegmentInfo
 from kl.log.messageset import Corruption, Kind
 from kl.log.segment import Damage, Segment, list_segments, padding_min, parse_name, segment_name, segment_path
-from kl.log.state import BOOT_ID, PartitionState
+from kl.log.state import BOOT_ID, UNKNOWN, PartitionState
 from kl.log.state import SIZE as STATE_SIZE
 
 Progress = Callable[[int], None]
@@ -137,6 +144,8 @@ class _Check:
         self.limit = log.config.max_message_bytes
         self.names: list[str] = []
         """The partition directory's entries, as ``_segments`` listed them."""
+        self.padded_active = False
+        """Damage in the active segment was padded over (its messages must be numbered again)."""
 
     def run(self) -> bool:
         """Check the partition; False when it has no active segment."""
@@ -276,12 +285,14 @@ class _Check:
             self.log.revalidate(segment.fd, segment.path)
             size = segment.size_in_bytes()
             if self.deep:
-                damages: Iterator[Damage] = segment.damage(0, expected)
+                damages = list(segment.damage(0, expected))
                 self.report.checked_bytes += size
                 self.progress(size)
             else:
-                damages = _size_damage(segment, size, expected)
-            for damage in list(damages):
+                damages = list(_size_damage(segment, size, expected))
+                if self.repair and any(d.problem.kind is Kind.SHORT_FILE for d in damages):
+                    damages = list(segment.damage(0, expected))  # padding begins where the last whole message ends
+            for damage in damages:
                 self._damaged(segment, damage, active=False)
 
     def _remove_orphans(self, closed: list[SegmentInfo], suffix: str, what: str, kind: str) -> None:
@@ -357,14 +368,18 @@ class _Check:
                     if damage.problem.kind is Kind.LONG_FILE:
                         break  # the tail past the stable offset is checked below
                     self._damaged(segment, damage, active=True)
+                self._keep_numbers(segment)
             self.report.checked_bytes += max(file_size - checked, 0)
             self.progress(max(file_size - checked, 0))
             file_size = segment.size_in_bytes()
             end, why = segment.good_end(stable, state.last_append_offset - base, published)
             if end < stable:
                 if not self.deep:
-                    problem = Damage(end, published, Corruption(Kind.SHORT_FILE, why or "file ends early"), False)
-                    self._damaged(segment, problem, active=True)
+                    short = Damage(end, published, Corruption(Kind.SHORT_FILE, why or "file ends early"), False)
+                    # a repair pads from where the last whole message ends, which a scan finds
+                    for damage in list(segment.damage(0, published)) if self.repair else [short]:
+                        self._damaged(segment, damage, active=True)
+                    self._keep_numbers(segment)
                 return
             if end == file_size == published:
                 return
@@ -417,8 +432,31 @@ class _Check:
             return
         count = segment.pad(damage.start, damage.end, legacy=legacy)
         self.log.fsync(segment)
+        self.padded_active = self.padded_active or active
         how = f"{gap} bytes padded ({count} padding message{'s' if count != 1 else ''})"
         self.find(offset, segment.path, reason, f"repaired: {how}, original kept as {aside}", kind)
+
+    def _keep_numbers(self, active: Segment) -> None:
+        """After padding over damage in the active segment: publish its base count as the
+        log end's count less the messages it holds now, so that the messages after the
+        damage and the log end keep their Kafka offsets (those before move up by the
+        number lost).  Not where the record has no counts, nor where the segment cannot
+        be counted to the log end (damage too small to pad, a torn tail this run cuts):
+        the messages after the damage are then numbered on from those before."""
+        if not self.padded_active:
+            return
+        self.padded_active = False
+        state = self.log.state()
+        if state.log_end_count == UNKNOWN:
+            return
+        counted = offsetindex.Counted(active.base_offset, UNKNOWN)
+        try:
+            counted.extend(active, state.log_end_offset - active.base_offset)
+        except CorruptMessage:
+            return
+        base_count = state.log_end_count - counted.count
+        if base_count != state.active_base_count:
+            self.log.write_state(state._replace(active_base_count=base_count, boot_id=BOOT_ID))
 
     def _copy_aside(self, segment: Segment) -> str:
         aside = self.report.copies.get(segment.path)

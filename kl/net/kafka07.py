@@ -196,6 +196,9 @@ class Kafka07(FrontEnd):
     def _check_offset(self, conn: Connection, reader: Reader) -> None:
         self._lookup(conn, reader, lambda log, value: log.check_offset(value))
 
+    def _kafka_offset(self, conn: Connection, reader: Reader) -> None:
+        self._lookup(conn, reader, lambda log, value: log.kafka_offset(value))
+
     def _lookup(self, conn: Connection, reader: Reader, call) -> None:  # type: ignore[no-untyped-def]
         topic = reader.string()
         partition, value = reader.unpack(wire.PARTITION_INT64)
@@ -336,4 +339,5 @@ HANDLERS = {
     wire.CHECK_OFFSET: Kafka07._check_offset,
     wire.DESCRIBE: Kafka07._describe,
     wire.APPEND_ALL: Kafka07._append_all_request,
+    wire.KAFKA_OFFSET: Kafka07._kafka_offset,
 }

@@ -45,6 +45,10 @@ APPEND_ALL = 107
 """kl: ``fsync:int8 count:int16`` then per set ``topic partition:int32 count:int32 size:int32 set`` ->
 ``count:int32`` then ``offset:int64`` per set: sets for distinct partitions, appended all at once or none
 (``kl.log.log.append_all``).  Servers of version 2 on."""
+KAFKA_OFFSET = 108
+"""kl: ``topic partition:int32 offset:int64`` -> ``kafka_offset:int64``: the Kafka offset of the message at
+``offset`` (a message start, or the log end: the next message's; unchecked, as ``Log.kafka_offset``: one
+inside a message names the next).  Servers of version 3 on."""
 NAMES = {
     PRODUCE: "PRODUCE",
     FETCH: "FETCH",
@@ -59,9 +63,10 @@ NAMES = {
     CHECK_OFFSET: "CHECK_OFFSET",
     DESCRIBE: "DESCRIBE",
     APPEND_ALL: "APPEND_ALL",
+    KAFKA_OFFSET: "KAFKA_OFFSET",
 }
-VERSION = 2
-"""kl's protocol version, sent in HELLO: 2 has APPEND_ALL."""
+VERSION = 3
+"""kl's protocol version, sent in HELLO: 2 has APPEND_ALL, 3 KAFKA_OFFSET."""
 
 # Error codes: Kafka 0.7's (kafka.common.ErrorMapping), then kl's.
 NO_ERROR = 0
