@@ -20,7 +20,6 @@ from __future__ import annotations
 import enum
 import os
 import socket
-import struct
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -29,16 +28,14 @@ from kl.errors import (
     InvalidConfig,
     InvalidOffset,
     KlError,
+    OffsetOutOfRange,
     RootNotFound,
     TopicNotFound,
     UnsupportedCodec,
 )
-from kl.log import message as m
 from kl.log.config import same_creation
 from kl.log.fsutil import ensure_dir, file_time_ns
 from kl.log.log import Log, Position
-from kl.log.messageset import MessageSet, check
-from kl.log.segment import SCAN_CHUNK, Segment
 from kl.registry import (
     Committed,
     CorruptOffset,
@@ -68,11 +65,6 @@ __all__ = [
     "list_groups",
     "reset",
 ]
-
-_HEAD = struct.Struct(">iBB")
-"""length, magic, attrs (for magic 0, the first byte of its crc: ignored)."""
-_STAMP = struct.Struct(">q")
-
 
 class Status(enum.Enum):
     """Where a group's committed offset of a partition stands."""
@@ -517,92 +509,17 @@ def _lag(root: Root, topic: str, partition: int, committed: Position | None, now
         return start, end, None, None, None, Status.PAST_END
     status = Status.BEFORE_START if committed.offset < start else Status.OK
     first = max(committed.offset, start)
+    skip = committed.skip if first == committed.offset else 0
     try:
-        count, stamp = _count(log, first, end)
+        counted = log.counted(state)
+        count: int | None = counted.log_end_count - log.kafka_offset(first, skip, state=counted)
+        stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
     except TopicNotFound:
         return None, None, None, None, None, Status.GONE
-    if count is not None and first == committed.offset:
-        count = max(0, count - committed.skip)
+    except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
+        count, stamp = None, None
     age = None if stamp is None else max(0, now - stamp)
     return start, end, count, end - first, age, status
-
-
-def _count(log: Log, start: int, end: int) -> tuple[int | None, int | None]:
-    """(messages in ``[start, end)``, timestamp of the first), walking headers only; the
-    count is None where damage or a codec kl cannot read stops it."""
-    count, stamp, seen = 0, None, False
-    segments = log.segments()
-    for i, info in enumerate(segments):
-        base = info.base_offset
-        stop = min(end, segments[i + 1].base_offset if i + 1 < len(segments) else end)
-        if stop <= start or base >= end:
-            continue
-        try:
-            segment = log.open_segment(base)
-        except FileNotFoundError:  # deleted by retention meanwhile
-            continue
-        with segment:
-            n, first = _count_segment(segment, max(start, base) - base, stop - base)
-            if not seen and first is not None:
-                seen, stamp = True, _timestamp(segment, first)
-        if n is None:
-            return None, stamp
-        count += n
-    return count, stamp
-
-
-def _count_segment(segment: Segment, position: int, last: int) -> tuple[int | None, int | None]:
-    """(messages in the positions ``[position, last)`` of one segment, or None at damage;
-    the position of the first one, padding aside)."""
-    limit = segment.max_message_bytes
-    count, first = 0, None
-    while position < last:
-        buf = segment.read(position, min(SCAN_CHUNK, last - position))
-        at, size = 0, len(buf)
-        while at + _HEAD.size <= size:
-            length, magic, attrs = _HEAD.unpack_from(buf, at)
-            whole = m.LENGTH_SIZE + length
-            if magic >= len(m.MIN_LENGTH) or not m.MIN_LENGTH[magic] <= length <= limit - m.LENGTH_SIZE:
-                return None, first
-            if position + at + whole > last:
-                return None, first
-            attrs = attrs if magic else 0
-            if not attrs & m.ATTR_PADDING:
-                if first is None:
-                    first = position + at
-                if attrs & m.CODEC_MASK:
-                    data = buf[at : at + whole] if at + whole <= size else segment.read(position + at, whole)
-                    inner = _inner_count(data, limit)
-                    if inner is None:
-                        return None, first
-                    count += inner
-                else:
-                    count += 1
-            at += whole
-        if at == 0:
-            return None, first  # fewer bytes than a header: the file ends early
-        position += at
-    return count, first
-
-
-def _timestamp(segment: Segment, position: int) -> int | None:
-    """The timestamp of the message at ``position`` (None for magic 0 and 1)."""
-    head = segment.read(position, m.KEY_OFFSET)
-    if len(head) < m.KEY_OFFSET or head[m.MAGIC_OFFSET] < m.CURRENT_MAGIC:
-        return None
-    (stamp,) = _STAMP.unpack_from(head, m.TIMESTAMP_OFFSET)
-    return int(stamp)
-
-
-def _inner_count(data: bytes, limit: int) -> int | None:
-    """How many messages a compressed batch holds (None: damaged, or a codec kl cannot read)."""
-    entry = check(data, 0, len(data), limit)
-    if entry.problem is not None:
-        return None
-    try:
-        return len(MessageSet(data, max_message_bytes=limit, stable_offset=len(data)).decode(entry))
-    except (CorruptMessage, UnsupportedCodec):
-        return None
 
 
 def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], Position]:

@@ -150,7 +150,7 @@ def test_lag_counts_the_messages_inside_compressed_batches_and_no_padding(root):
     root.create_topic("t")
     write(root, "t", [b"a", b"b"])
     start = root.log("t", 0).log_end_offset
-    root.log("t", 0).append(m.encode(bytes(40), None, 0, m.ATTR_PADDING), 1)
+    root.log("t", 0).append(m.encode(bytes(40), None, 0, m.ATTR_PADDING), 0)  # (padding counts no message)
     stamp = now_ms() - 5 * HOUR
     write(root, "t", [b"z%d" % i for i in range(500)], compression="zstd", timestamp=stamp)
     write(root, "t", [b"c"])
