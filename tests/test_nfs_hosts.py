@@ -255,3 +255,41 @@ def test_retention_by_age_is_the_same_whichever_host_runs_it_and_a_skewed_produc
     assert seen["values"] == expected("c", range(2), size) + expected("A", range(1), size)
     print(f"\nretention: host c's messages stamped {(c_oldest - a_newest) / 1000:.0f} s after host a's; "
           f"{len(report['deleted'])} segments deleted by age from host c, none early, none unlinked before the delay")
+
+
+RETRIER = r"""
+import json, sys, kl
+from kl.errors import OutOfOrderSequence
+from kl.log.messageset import frame
+from kl.log.producers import Batch
+log = kl.Root(ROOT, lock_timeout=300).log(sys.argv[1], 0)
+offsets = []
+for s in range(int(sys.argv[2]), int(sys.argv[3])):
+    try:
+        offsets.append(log.append_counted(frame([b"i%04d" % s], 1700000000000), 1, fsync=True, producer=Batch(77, 0, s, s))[1])
+    except OutOfOrderSequence:  # more than five behind what another host appended: as Kafka answers
+        offsets.append(None)
+print(json.dumps(offsets), flush=True)
+""".replace("ROOT", repr(ROOT))
+
+
+def test_one_idempotent_producers_batches_retried_from_other_hosts_at_once_are_appended_once_in_order(lab):
+    """Host a sends an idempotent producer's batches 0-9; hosts b and c both send 5-29 at
+    once, as retries racing one another across daemons on different hosts: the
+    partition's producer journal, shared through NFS under the partition lock, appends
+    each once, in order, and answers every retry with its offset (a host more than five
+    batches behind the others is refused, as Kafka refuses such a retry)."""
+    create(lab, "retried")
+    done = lab.python("a", RETRIER, "retried", "0", "10")
+    assert done.returncode == 0 and json.loads(done.stdout) == list(range(10)), done.stderr[-2000:]
+    senders = {host: lab.spawn_python(host, RETRIER, "retried", "5", "30") for host in "bc"}
+    for host, sender in senders.items():
+        done = sender.wait(timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "append under way" not in done.stderr  # a retry answered leaves no append unfinished
+        answered = json.loads(done.stdout.splitlines()[-1])
+        assert all(k in (None, s) for s, k in enumerate(answered, start=5)), f"host {host}: {answered}"
+        assert answered[:5] == list(range(5, 10)), f"host {host}"  # the retries of host a's batches
+    seen = check(lab, "b", "retried")
+    assert seen["findings"] == []
+    assert seen["values"] == [f"i{s:04d}" for s in range(30)]

@@ -12,6 +12,7 @@ import os
 import pytest
 
 import kl
+import kl.log.log
 from kl.errors import InvalidProducerEpoch, OutOfOrderSequence
 from kl.log import producers
 from kl.log.log import Log
@@ -185,3 +186,24 @@ def test_a_state_record_rebuilt_by_recovery_keeps_the_journal(root, log):
     assert retry.append_counted(batch_of(b"v2"), 1, producer=Batch(1, 0, 2, 2))[1] == 2
     retry.append_counted(batch_of(b"v3"), 1, producer=Batch(1, 0, 3, 3))
     assert values(root) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+@pytest.mark.parametrize("outcome", ["retry", "refused"])
+def test_on_nfs_a_batch_answered_without_an_append_leaves_no_append_under_way(root, monkeypatch, caplog, outcome):
+    """The writer's "append under way" mark (NFS) goes when a retry is answered or a batch
+    refused: the next writer, on another host, finds nothing unfinished to fence."""
+    monkeypatch.setattr(kl.log.log, "mount_of", lambda directory: ("/", "nfs4", "rw"))
+    root.create_topic("t", kl.TopicConfig(segment_bytes=4096, max_message_bytes=1024))
+    log = root.log("t", 0)
+    log.append_counted(batch_of(b"a"), 1, producer=Batch(1, 0, 0, 0))
+    answering = other(root)
+    if outcome == "retry":
+        assert answering.append_counted(batch_of(b"a"), 1, producer=Batch(1, 0, 0, 0))[1] == 0
+    else:
+        with pytest.raises(OutOfOrderSequence):
+            answering.append_counted(batch_of(b"x"), 1, producer=Batch(1, 0, 5, 5))
+    answering.close()
+    with caplog.at_level(logging.WARNING):
+        other(root).append_counted(batch_of(b"b"), 1, producer=Batch(1, 0, 1, 1))
+    assert "append under way" not in caplog.text
+    assert len(log.segments()) == 1 and values(root) == [b"a", b"b"]

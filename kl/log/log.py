@@ -857,11 +857,15 @@ class Log:
             journal = self._journal = producers.Journal(self.directory)
         self.refresh_config()
         state = self.writable_state()
-        found = journal.check(producer, state.producer_serial, state.log_end_count)
+        try:
+            found = journal.check(producer, state.producer_serial, state.log_end_count)
+        except BaseException:
+            self._appended_nothing(state)
+            raise
         if found is not None:
+            self._appended_nothing(state)
             return found.offset, found.kafka_offset
-        staged = self._stage(data, fsync)
-        state = staged.state
+        staged = self._stage(data, fsync, state)
         start = state.log_end_offset if staged.new is None else staged.new.base_offset
         try:
             journal.write(producer, state.producer_serial + 1, start, state.log_end_count, durable=staged.fsync)
@@ -873,6 +877,13 @@ class Log:
         except BaseException:
             journal.forget()
             raise
+
+    def _appended_nothing(self, state: PartitionState) -> None:
+        """On NFS, after ``writable_state`` put up its "append under way" mark and nothing
+        was appended: ``state`` published again, unchanged, so the next writer finds no
+        append under way (and starts no new segment for it)."""
+        if self._nfs:
+            self.publish(state, durable=True)
 
     def _hold(self) -> locks.ProcessLock:
         """Take the partition's lock for an append."""
@@ -889,11 +900,13 @@ class Log:
             self._let_go()  # the data files' locks go before the partition's
         lock.release()
 
-    def _stage(self, data: bytes, fsync: bool) -> _Staged:
+    def _stage(self, data: bytes, fsync: bool, state: PartitionState | None = None) -> _Staged:
         """Under the lock: write ``data`` at the log end (into a new segment when the
-        active one is full), fsynced with ``fsync`` (and on NFS), and publish nothing."""
-        self.refresh_config()
-        state = self.writable_state()
+        active one is full), fsynced with ``fsync`` (and on NFS), and publish nothing.
+        ``state``: what ``writable_state`` gave this hold (on NFS it is taken once)."""
+        if state is None:
+            self.refresh_config()
+            state = self.writable_state()
         active = self._active
         assert active is not None
         size = state.log_end_offset - state.active_base_offset
