@@ -49,6 +49,8 @@ from kafka_oracle import Broker, Unavailable, install, tool, version
 from kafka_programs import Program, go_programs, java_command
 
 import kl
+from kl.log import message as m
+from kl.log import messageset
 
 from kafka_clients import Daemon
 
@@ -86,6 +88,12 @@ class Endpoint:
     """Whether its process still runs."""
     lib: Path
     """Kafka's jars: its tools (``kafka_oracle.tool``) are clients of either endpoint too."""
+    delete: Callable[[str], None]
+    """delete(topic), by the endpoint's own means (kl has no DeleteTopics), once clients
+    no longer find it."""
+    compressed: Callable[[str, list[Record]], None]
+    """compressed(topic, records): one zstd batch of them in partition 0 (kl keeps a client's
+    batch as plain messages: its own producer writes one of kl's compressed batches)."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
@@ -106,7 +114,19 @@ def kafka_endpoint(broker: Broker, lib: Path) -> Endpoint:
             assert time.monotonic() < deadline, broker.report(f"topic {topic} not in Kafka's metadata")
             time.sleep(0.05)
 
-    return Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib)
+    def delete(topic: str) -> None:
+        (future,) = admin.delete_topics([topic], request_timeout=CALL_TIMEOUT).values()
+        future.result(CALL_TIMEOUT)
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while admin.list_topics(topic, timeout=CALL_TIMEOUT).topics[topic].error is None:
+            assert time.monotonic() < deadline, broker.report(f"topic {topic} still in Kafka's metadata")
+            time.sleep(0.05)
+
+    def compressed(topic: str, records: list[Record]) -> None:
+        confluent_produce(endpoint, topic, records, **{"compression.type": "zstd", "linger.ms": 1000})
+
+    endpoint = Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib, delete, compressed)
+    return endpoint
 
 
 def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
@@ -118,7 +138,12 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
         lines = daemon.text().splitlines()[-30:]
         return f"{why}\nkl serve --kafka's log, its last 30 lines:\n" + "\n".join(lines)
 
-    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib)
+    def compressed(topic: str, records: list[Record]) -> None:
+        inner = b"".join(m.encode(v, k, t, m.CODEC_NONE, h) for k, v, h, t in records)
+        root.log(topic, 0).append(messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records)), len(records))
+
+    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
+                    compressed)  # fmt: skip
 
 
 def installed() -> Path:
@@ -681,6 +706,73 @@ def kafka_tools_offsets(endpoint: Endpoint, topic: str) -> Any:
     return {"latest": latest, **{k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}}
 
 
+# ----------------------------------------------------------------- scenarios: Kafka's console tools and offset resets
+
+
+CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
+"""kafka-console-producer.sh."""
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+"""kafka-console-consumer.sh."""
+
+
+def texts(count: int, at: int = T0) -> list[Record]:
+    """Records of text only (what the console tools print), keyed but every third, a
+    second apart."""
+    return [(None if i % 3 == 0 else b"k%d" % i, b"text %d" % i, [], at + 1000 * i) for i in range(count)]
+
+
+def console_tools(endpoint: Endpoint, topic: str) -> Any:
+    """Three records stamped a second apart, then five keyed lines from
+    kafka-console-producer (one gzip batch): what kafka-console-consumer prints of them
+    from the beginning and from an offset (with offsets and keys), and kafka-get-offsets'
+    latest, earliest and by-time offsets."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, texts(3))
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap, "--topic", topic)
+    lines = "".join(f"key {i}\tline {i}\n" for i in range(5))
+    tool(endpoint.lib, CONSOLE_PRODUCER, *bootstrap, "--reader-property", "parse.key=true", "--compression-codec", "gzip",
+         stdin=lines)  # fmt: skip
+    consume = (CONSOLE_CONSUMER, *bootstrap, "--timeout-ms", "10000")
+    printed = ("--formatter-property", "print.offset=true", "--formatter-property", "print.key=true")
+    offsets = (GET_OFFSETS, *bootstrap, "--time")
+    return {
+        "from the beginning": tool(endpoint.lib, *consume, "--from-beginning", "--max-messages", "8"),
+        "from offset 2": tool(endpoint.lib, *consume, "--partition", "0", "--offset", "2", "--max-messages", "4", *printed),
+        "latest": tool(endpoint.lib, *offsets, "-1"),
+        "earliest": tool(endpoint.lib, *offsets, "-2"),
+        "at the second": tool(endpoint.lib, *offsets, str(T0 + 1000)),
+        "after the second": tool(endpoint.lib, *offsets, str(T0 + 1001)),
+        "after them all": tool(endpoint.lib, *offsets, str(T0 + 10**12)),
+    }
+
+
+def reset_and_resume(endpoint: Endpoint, topic: str) -> Any:
+    """Ten records, the middle four in one compressed batch; a member of a group reads six
+    and commits: kafka-consumer-groups' description; then each reset (the tool's table) and
+    the records the group's next member reads from there."""
+    endpoint.create_topic(topic)
+    records = texts(11)
+    confluent_produce(endpoint, topic, records[:3])
+    endpoint.compressed(topic, records[3:7])
+    confluent_produce(endpoint, topic, records[7:10])
+    group = f"group-{topic}"
+    seen: dict[str, Any] = {"read": group_read(endpoint, "confluent", topic, group, 6)}
+    (row,) = described_group(endpoint, group)
+    seen["described"] = {k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}
+    reset = (CONSUMER_GROUPS, "--bootstrap-server", endpoint.bootstrap, "--group", group, "--topic", topic, "--reset-offsets",
+             "--execute")  # fmt: skip
+    at = time.strftime("%Y-%m-%dT%H:%M:%S.000", time.gmtime((T0 + 4000) // 1000))
+    for how, count in ((("--shift-by", "-3"), 2), (("--to-datetime", at + "Z"), 2), (("--to-earliest",), 1),
+                       (("--to-offset", "5"), 3), (("--to-latest",), 1)):  # fmt: skip
+        header, row = (line.split() for line in tool(endpoint.lib, *reset, *how).splitlines() if line.strip())
+        table = {k: v for k, v in zip(header, row, strict=True) if k == "NEW-OFFSET"}
+        assert row[:3] == [group, topic, "0"], row
+        if how == ("--to-latest",):
+            confluent_produce(endpoint, topic, records[10:])
+        seen[" ".join(how)] = {"reset": table, "read": group_read(endpoint, "confluent", topic, group, count)}
+    return seen
+
+
 # ----------------------------------------------------------------- scenarios: the Go and Java clients
 # Each drives one of the programs of tests/kafka_programs.py (a Go client's or the Java
 # client's driver, one process per endpoint for the module) through requests of JSON.
@@ -890,6 +982,29 @@ def test_watermarks_count_records(endpoints) -> None:
 
 def test_the_committed_offset_and_the_lag_count_records(endpoints) -> None:
     assert same(committed_offset_and_lag, endpoints, topic="committed") == {"committed": 3, "lag": 2}
+
+
+def test_kafkas_console_tools(endpoints) -> None:
+    seen = same(console_tools, endpoints, topic="console")
+    assert seen == {
+        "from the beginning": "".join(f"text {i}\n" for i in range(3)) + "".join(f"line {i}\n" for i in range(5)),
+        "from offset 2": "Offset:2\tk2\ttext 2\n" + "".join(f"Offset:{3 + i}\tkey {i}\tline {i}\n" for i in range(3)),
+        "latest": "console:0:8\n",
+        "earliest": "console:0:0\n",
+        "at the second": "console:0:1\n",
+        "after the second": "console:0:2\n",
+        "after them all": "",  # no record that new
+    }
+
+
+def test_kafka_consumer_groups_resets_and_the_group_resumes_there(endpoints) -> None:
+    seen = same(reset_and_resume, endpoints, topic="resets")
+    records = texts(11)
+    assert seen.pop("read") == records[:6]
+    assert seen.pop("described") == {"CURRENT-OFFSET": "6", "LOG-END-OFFSET": "10", "LAG": "4"}
+    at = {"--shift-by -3": (3, 2), "--to-datetime 2023-11-14T22:13:24.000Z": (4, 2), "--to-earliest": (0, 1),
+          "--to-offset 5": (5, 3), "--to-latest": (10, 1)}  # fmt: skip
+    assert seen == {how: {"reset": {"NEW-OFFSET": str(n)}, "read": records[n : n + count]} for how, (n, count) in at.items()}
 
 
 GO_AND_JAVA = ("franz", "sarama", "kafkago", "java")
