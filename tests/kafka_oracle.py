@@ -138,12 +138,13 @@ def version(lib: Path) -> str:
     return jar.stem.split("-", 1)[1]
 
 
-def tool(lib: Path, main: str, *args: str, timeout: float = 60) -> str:
+def tool(lib: Path, main: str, *args: str, timeout: float = 60, stdin: str = "") -> str:
     """What one of Kafka's tools (its main class, e.g. ``org.apache.kafka.tools.GetOffsetShell``,
-    the class behind ``kafka-get-offsets.sh``) prints on stdout, once it exited 0; raises
-    AssertionError with what it said otherwise (subprocess.TimeoutExpired past ``timeout``)."""
+    the class behind ``kafka-get-offsets.sh``) prints on stdout, once it exited 0, given
+    ``stdin``; raises AssertionError with what it said otherwise (subprocess.TimeoutExpired
+    past ``timeout``)."""
     command = [str(JAVA), *JVM_OPTIONS, "-cp", str(lib / "*"), main, *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, input=stdin)
     if done.returncode != 0:
         raise AssertionError(f"{main} {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
     return done.stdout

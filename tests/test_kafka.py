@@ -352,11 +352,28 @@ def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic)
     write_each(root, topic, [b"x"])
     _, client = served()
     answer = fetch(client, topic, 2)
-    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE and answer.high_watermark == 1
+    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE and answer.high_watermark == -1  # no offsets in an error, as Kafka's
     assert answer.records == b""  # empty, not null: librdkafka cannot read a null set
     assert fetch(client, topic, -5).error_code == kafka.OFFSET_OUT_OF_RANGE
     assert fetch(client, "missing", 0).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
     assert fetch(client, topic, 0, partition=3).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_newer_leader_epoch_and_the_zero_topic_id_are_refused(served, root, topic):
+    """As Kafka refuses them (tests/test_kafka_oracle.py): every leader epoch is 0."""
+    write_each(root, topic, [b"x"])
+    _, client = served()
+    fields = fetch_fields(topic, 0)
+    fields["topics"][0].partitions[0].current_leader_epoch = 1
+    (answer,) = client.call(FetchRequest, 12, **fields).responses[0].partitions
+    assert answer.error_code == kafka.UNKNOWN_LEADER_EPOCH and answer.high_watermark == -1
+    fields["topics"][0].partitions[0].current_leader_epoch = 0
+    assert client.call(FetchRequest, 12, **fields).responses[0].partitions[0].error_code == kafka.NONE
+    assert fetch(client, "", 0, version=13, topic_id=None).error_code == kafka.UNKNOWN_TOPIC_ID
+    part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, current_leader_epoch=1, timestamp=-1)
+    listed = ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[part])
+    (answer,) = client.call(ListOffsetsRequest, 6, replica_id=-1, isolation_level=0, topics=[listed]).topics[0].partitions
+    assert (answer.error_code, answer.offset) == (kafka.UNKNOWN_LEADER_EPOCH, -1)
 
 
 def test_a_compressed_kl_batch_is_served_expanded_and_a_client_can_resume_inside_it(served, root, topic):

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import base64
 import pprint
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,10 +47,19 @@ import kafka
 import kafka.errors
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
+from kafka.protocol.consumer.offsets import ListOffsetsRequest
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka_oracle import Broker, Unavailable, install, tool, version
 from kafka_programs import Program, go_programs, java_command
 
 import kl
+from kl.log import message as m
+from kl.log import messageset
+from kl.net.kafka import _responses
+from kl.net.kafka_errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
 
 from kafka_clients import Daemon
 
@@ -86,6 +97,12 @@ class Endpoint:
     """Whether its process still runs."""
     lib: Path
     """Kafka's jars: its tools (``kafka_oracle.tool``) are clients of either endpoint too."""
+    delete: Callable[[str], None]
+    """delete(topic), by the endpoint's own means (kl has no DeleteTopics), once clients
+    no longer find it."""
+    compressed: Callable[[str, list[Record]], None]
+    """compressed(topic, records): one zstd batch of them in partition 0 (kl keeps a client's
+    batch as plain messages: its own producer writes one of kl's compressed batches)."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
@@ -106,7 +123,19 @@ def kafka_endpoint(broker: Broker, lib: Path) -> Endpoint:
             assert time.monotonic() < deadline, broker.report(f"topic {topic} not in Kafka's metadata")
             time.sleep(0.05)
 
-    return Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib)
+    def delete(topic: str) -> None:
+        (future,) = admin.delete_topics([topic], request_timeout=CALL_TIMEOUT).values()
+        future.result(CALL_TIMEOUT)
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while admin.list_topics(topic, timeout=CALL_TIMEOUT).topics[topic].error is None:
+            assert time.monotonic() < deadline, broker.report(f"topic {topic} still in Kafka's metadata")
+            time.sleep(0.05)
+
+    def compressed(topic: str, records: list[Record]) -> None:
+        confluent_produce(endpoint, topic, records, **{"compression.type": "zstd", "linger.ms": 1000})
+
+    endpoint = Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib, delete, compressed)
+    return endpoint
 
 
 def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
@@ -118,7 +147,12 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
         lines = daemon.text().splitlines()[-30:]
         return f"{why}\nkl serve --kafka's log, its last 30 lines:\n" + "\n".join(lines)
 
-    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib)
+    def compressed(topic: str, records: list[Record]) -> None:
+        inner = b"".join(m.encode(v, k, t, m.CODEC_NONE, h) for k, v, h, t in records)
+        root.log(topic, 0).append(messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records)), len(records))
+
+    return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
+                    compressed)  # fmt: skip
 
 
 def installed() -> Path:
@@ -681,6 +715,249 @@ def kafka_tools_offsets(endpoint: Endpoint, topic: str) -> Any:
     return {"latest": latest, **{k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}}
 
 
+# ----------------------------------------------------------------- scenarios: Kafka's console tools and offset resets
+
+
+CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
+"""kafka-console-producer.sh."""
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+"""kafka-console-consumer.sh."""
+
+
+def texts(count: int, at: int = T0) -> list[Record]:
+    """Records of text only (what the console tools print), keyed but every third, a
+    second apart."""
+    return [(None if i % 3 == 0 else b"k%d" % i, b"text %d" % i, [], at + 1000 * i) for i in range(count)]
+
+
+def console_tools(endpoint: Endpoint, topic: str) -> Any:
+    """Three records stamped a second apart, then five keyed lines from
+    kafka-console-producer (one gzip batch): what kafka-console-consumer prints of them
+    from the beginning and from an offset (with offsets and keys), and kafka-get-offsets'
+    latest, earliest and by-time offsets."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, texts(3))
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap, "--topic", topic)
+    lines = "".join(f"key {i}\tline {i}\n" for i in range(5))
+    tool(endpoint.lib, CONSOLE_PRODUCER, *bootstrap, "--reader-property", "parse.key=true", "--compression-codec", "gzip",
+         stdin=lines)  # fmt: skip
+    consume = (CONSOLE_CONSUMER, *bootstrap, "--timeout-ms", "10000")
+    printed = ("--formatter-property", "print.offset=true", "--formatter-property", "print.key=true")
+    offsets = (GET_OFFSETS, *bootstrap, "--time")
+    return {
+        "from the beginning": tool(endpoint.lib, *consume, "--from-beginning", "--max-messages", "8"),
+        "from offset 2": tool(endpoint.lib, *consume, "--partition", "0", "--offset", "2", "--max-messages", "4", *printed),
+        "latest": tool(endpoint.lib, *offsets, "-1"),
+        "earliest": tool(endpoint.lib, *offsets, "-2"),
+        "after the second": tool(endpoint.lib, *offsets, str(T0 + 1001)),
+    }
+
+
+def reset_and_resume(endpoint: Endpoint, topic: str) -> Any:
+    """Ten records, the middle four in one compressed batch; a member of a group reads six
+    and commits: kafka-consumer-groups' description; then each reset (the tool's table) and
+    the records the group's next member reads from there."""
+    endpoint.create_topic(topic)
+    records = texts(11)
+    confluent_produce(endpoint, topic, records[:3])
+    endpoint.compressed(topic, records[3:7])
+    confluent_produce(endpoint, topic, records[7:10])
+    group = f"group-{topic}"
+    seen: dict[str, Any] = {"read": group_read(endpoint, "confluent", topic, group, 6)}
+    (row,) = described_group(endpoint, group)
+    seen["described"] = {k: row[k] for k in ("CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")}
+    reset = (CONSUMER_GROUPS, "--bootstrap-server", endpoint.bootstrap, "--group", group, "--topic", topic, "--reset-offsets",
+             "--execute")  # fmt: skip
+    at = time.strftime("%Y-%m-%dT%H:%M:%S.000", time.gmtime((T0 + 4000) // 1000))
+    for how, count in ((("--shift-by", "-3"), 2), (("--to-datetime", at + "Z"), 2), (("--to-earliest",), 1),
+                       (("--to-offset", "5"), 3), (("--to-latest",), 1)):  # fmt: skip
+        header, row = (line.split() for line in tool(endpoint.lib, *reset, *how).splitlines() if line.strip())
+        table = {k: v for k, v in zip(header, row, strict=True) if k == "NEW-OFFSET"}
+        assert row[:3] == [group, topic, "0"], row
+        if how == ("--to-latest",):
+            confluent_produce(endpoint, topic, records[10:])
+        seen[" ".join(how)] = {"reset": table, "read": group_read(endpoint, "confluent", topic, group, count)}
+    return seen
+
+
+# ----------------------------------------------------------------- scenarios: a topic created again
+
+
+def ask(endpoint: Endpoint, request: Any, version: int, **fields: Any) -> Any:
+    """One request (kafka-python's class of it) of ``version`` on a connection of its own, and
+    the answer as kafka-python decodes it."""
+    host, _, port = endpoint.bootstrap.rpartition(":")
+    message = request[version](**fields)
+    message.with_header(correlation_id=1, client_id="oracle")
+    response = _responses()[request.API_KEY]
+    with socket.create_connection((host, int(port)), timeout=CALL_TIMEOUT) as sock:
+        sock.sendall(message.encode(header=True, framed=True))
+        with sock.makefile("rb") as answer:
+            (size,) = struct.unpack(">i", answer.read(4))
+            data = answer.read(size)
+    return response.decode(data[5 if response.flexible_version_q(version) else 4 :], version=version)
+
+
+def fetch_answer(endpoint: Endpoint, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1) -> Any:
+    """A Fetch's answer for partition 0 from ``offset``, by name or (from version 13) by id,
+    with ``epoch`` as the client's current leader epoch (-1: none)."""
+    part = FetchRequest.FetchTopic.FetchPartition
+    parts = [part(partition=0, fetch_offset=offset, partition_max_bytes=1 << 20, log_start_offset=-1,
+                  current_leader_epoch=epoch, last_fetched_epoch=-1)]  # fmt: skip
+    topics = [FetchRequest.FetchTopic(topic=topic, topic_id=topic_id, partitions=parts)]
+    answer = ask(endpoint, FetchRequest, version, replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                 session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="", topics=topics)  # fmt: skip
+    (found,) = answer.responses
+    (p,) = found.partitions
+    return {"error": p.error_code, "high": p.high_watermark, "records": bool(p.records), "id": found.topic_id == topic_id}
+
+
+def list_answer(endpoint: Endpoint, topic: str, epoch: int = -1) -> Any:
+    """ListOffsets v6's (error, latest offset, leader epoch) for partition 0."""
+    part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition
+    topics = [ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[part(partition_index=0, current_leader_epoch=epoch,
+                                                                               timestamp=-1)])]  # fmt: skip
+    (found,) = ask(endpoint, ListOffsetsRequest, 6, replica_id=-1, isolation_level=0, topics=topics).topics[0].partitions
+    return found.error_code, found.offset, found.leader_epoch
+
+
+def commit_answer(endpoint: Endpoint, group: str, topic: str, offset: int) -> int:
+    """The error code of an OffsetCommit v9 of ``offset`` for partition 0 from outside the group."""
+    part = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+    parts = [part(partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")]
+    topics = [OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=parts)]
+    answer = ask(endpoint, OffsetCommitRequest, 9, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                 group_instance_id=None, retention_time_ms=-1, topics=topics)  # fmt: skip
+    return answer.topics[0].partitions[0].error_code
+
+
+def offset_fetch_answer(endpoint: Endpoint, group: str, topic: str) -> Any:
+    """OffsetFetch v8's (error, [(topic, [(error, committed offset)])]) for partition 0."""
+    group_class = OffsetFetchRequest.OffsetFetchRequestGroup
+    asked = [group_class(group_id=group, topics=[group_class.OffsetFetchRequestTopics(name=topic, partition_indexes=[0])])]
+    (found,) = ask(endpoint, OffsetFetchRequest, 8, require_stable=False, groups=asked).groups
+    return found.error_code, [(t.name, [(p.error_code, p.committed_offset) for p in t.partitions]) for t in found.topics]
+
+
+def metadata_answer(endpoint: Endpoint, topic: str) -> Any:
+    """Metadata v12's answer for ``topic``."""
+    (found,) = ask(endpoint, MetadataRequest, 12, topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                   allow_auto_topic_creation=False, include_topic_authorized_operations=False).topics  # fmt: skip
+    return found
+
+
+def answers_about_a_topic_created_again(endpoint: Endpoint, topic: str) -> Any:
+    """What Metadata, Fetch (by name and by id, with leader epochs), ListOffsets,
+    OffsetCommit and OffsetFetch answer about a topic of three records, once deleted, then
+    once created again with one."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, texts(3))
+    group = f"group-{topic}"
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while ask(endpoint, FindCoordinatorRequest, 3, key=group, key_type=0).error_code:  # Kafka: once its offsets topic is up
+        assert time.monotonic() < deadline, f"no coordinator for {group}"
+        time.sleep(0.1)
+    old_id = metadata_answer(endpoint, topic).topic_id
+
+    def seen() -> dict[str, Any]:
+        found = metadata_answer(endpoint, topic)
+        return {
+            "metadata": (found.error_code, found.topic_id == old_id, [p.leader_epoch for p in found.partitions]),
+            "fetch v12": fetch_answer(endpoint, 12, topic, None, 2),
+            "fetch v16 old id": fetch_answer(endpoint, 16, "", old_id, 2),
+            "fetch v13 old id": fetch_answer(endpoint, 13, "", old_id, 2),
+            "fetch v16 id": fetch_answer(endpoint, 16, "", found.topic_id, 0),
+            "list offsets": list_answer(endpoint, topic),
+            "offset fetch": offset_fetch_answer(endpoint, group, topic),
+            "commit": commit_answer(endpoint, group, topic, 2),
+        }
+
+    before = {
+        "fetch epoch 0": fetch_answer(endpoint, 16, "", old_id, 0, epoch=0),
+        "fetch epoch 5": fetch_answer(endpoint, 16, "", old_id, 0, epoch=5),
+        "list offsets epoch 0": list_answer(endpoint, topic, 0),
+        "list offsets epoch 5": list_answer(endpoint, topic, 5),
+        "commit": commit_answer(endpoint, group, topic, 2),
+    }
+    endpoint.delete(topic)
+    deleted = seen()
+    # Kafka deletes a group's offsets of a deleted topic a moment after its metadata no
+    # longer has the topic: what OffsetFetch answers meanwhile is a race.
+    del deleted["offset fetch"]
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, texts(1))
+    return {"before": before, "deleted": deleted, "created again": seen()}
+
+
+NOTICE = 1.0
+"""Seconds a consumer polls once its topic is deleted, and again once it is created again,
+before records come into it: time to find out from its fetches and metadata.  (A client
+that first fetches from the new topic after records came resumes at its old offset in it,
+against Kafka too: librdkafka's rd_kafka_topic_metadata_update has a FIXME for it.)"""
+
+
+def recreated(endpoint: Endpoint, client: str, how: str, topic: str) -> Any:
+    """A consumer (``how``: with assign() from the beginning, or subscribed as a member of a
+    group; kafka-python's with assign()) reads a topic's ten records; the topic is deleted
+    and created again while it polls, and 100 records come into the new one: what it reads
+    of them (and the errors it is told, by name)."""
+    endpoint.create_topic(topic)
+    old, new = texts(10), [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
+    confluent_produce(endpoint, topic, old)
+    errors: list[str] = []
+    if client == "confluent":
+        config = {"group.id": f"group-{topic}", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "fetch.wait.max.ms": 100, "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1000}  # fmt: skip
+        consumer = ck.Consumer(confluent_config(endpoint, **config))
+
+        def poll() -> list[Record]:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                return []
+            if msg.error():
+                errors.append(msg.error().name())
+                return []
+            return [(msg.key(), msg.value(), list(msg.headers() or []), msg.timestamp()[1])]
+
+        if how == "assign":
+            consumer.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+        else:
+            consumer.subscribe([topic])
+        close = consumer.close
+    else:
+        kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=None, auto_offset_reset="earliest"))
+        kconsumer.assign([kafka.TopicPartition(topic, 0)])
+
+        def poll() -> list[Record]:
+            try:
+                return kafka_python_poll(kconsumer)()
+            except kafka.errors.KafkaError as e:
+                errors.append(type(e).__name__)
+                return []
+
+        close = kconsumer.close
+    try:
+
+        def polled() -> list[Record]:
+            got: list[Record] = []
+            deadline = time.monotonic() + NOTICE
+            while time.monotonic() < deadline:
+                got += poll()
+            return got
+
+        seen: dict[str, Any] = {"old": read(poll, 10, most=10)}
+        endpoint.delete(topic)
+        seen["deleted"] = polled()
+        endpoint.create_topic(topic)
+        seen["created"] = polled()
+        confluent_produce(endpoint, topic, new)
+        seen["new"] = read(poll, 100)
+        seen["errors"] = errors
+        return seen
+    finally:
+        close()
+
+
 # ----------------------------------------------------------------- scenarios: the Go and Java clients
 # Each drives one of the programs of tests/kafka_programs.py (a Go client's or the Java
 # client's driver, one process per endpoint for the module) through requests of JSON.
@@ -890,6 +1167,62 @@ def test_watermarks_count_records(endpoints) -> None:
 
 def test_the_committed_offset_and_the_lag_count_records(endpoints) -> None:
     assert same(committed_offset_and_lag, endpoints, topic="committed") == {"committed": 3, "lag": 2}
+
+
+def test_kafkas_console_tools(endpoints) -> None:
+    seen = same(console_tools, endpoints, topic="console")
+    assert seen == {
+        "from the beginning": "".join(f"text {i}\n" for i in range(3)) + "".join(f"line {i}\n" for i in range(5)),
+        "from offset 2": "Offset:2\tk2\ttext 2\n" + "".join(f"Offset:{3 + i}\tkey {i}\tline {i}\n" for i in range(3)),
+        "latest": "console:0:8\n",
+        "earliest": "console:0:0\n",
+        "after the second": "console:0:2\n",
+    }
+
+
+def test_kafka_consumer_groups_resets_and_the_group_resumes_there(endpoints) -> None:
+    seen = same(reset_and_resume, endpoints, topic="resets")
+    records = texts(11)
+    assert seen.pop("read") == records[:6]
+    assert seen.pop("described") == {"CURRENT-OFFSET": "6", "LOG-END-OFFSET": "10", "LAG": "4"}
+    at = {"--shift-by -3": (3, 2), "--to-datetime 2023-11-14T22:13:24.000Z": (4, 2), "--to-earliest": (0, 1),
+          "--to-offset 5": (5, 3), "--to-latest": (10, 1)}  # fmt: skip
+    assert seen == {how: {"reset": {"NEW-OFFSET": str(n)}, "read": records[n : n + count]} for how, (n, count) in at.items()}
+
+
+@pytest.mark.parametrize(("client", "how"), [("confluent", "assign"), ("confluent", "subscribe"), ("kafka-python", "assign")])
+def test_a_consumer_reads_a_topic_created_again_from_its_start(endpoints, client, how) -> None:
+    seen = same(recreated, endpoints, client=client, how=how, topic=f"recreated-{client}-{how}")
+    new = [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
+    assert seen == {"old": texts(10), "deleted": [], "created": [], "new": new, "errors": []}
+
+
+def test_what_a_topic_created_again_answers(endpoints) -> None:
+    seen = same(answers_about_a_topic_created_again, endpoints, topic="answers-recreated")
+    fetched = {"error": 0, "high": 3, "id": True, "records": True}
+    refused = {"error": UNKNOWN_LEADER_EPOCH, "high": -1, "id": True, "records": False}
+    assert seen["before"] == {"fetch epoch 0": fetched, "fetch epoch 5": refused, "list offsets epoch 0": (0, 3, 0),
+                              "list offsets epoch 5": (UNKNOWN_LEADER_EPOCH, -1, -1), "commit": 0}  # fmt: skip
+    unknown_id = {"error": UNKNOWN_TOPIC_ID, "high": -1, "id": True, "records": False}
+    assert seen["deleted"] == {
+        "metadata": (UNKNOWN_TOPIC_OR_PARTITION, False, []),
+        "fetch v12": {**unknown_id, "error": UNKNOWN_TOPIC_OR_PARTITION},
+        "fetch v16 old id": unknown_id,
+        "fetch v13 old id": unknown_id,
+        "fetch v16 id": unknown_id,  # the zero id Metadata gives a topic it does not know
+        "list offsets": (UNKNOWN_TOPIC_OR_PARTITION, -1, -1),
+        "commit": UNKNOWN_TOPIC_OR_PARTITION,
+    }
+    assert seen["created again"] == {
+        "metadata": (0, False, [0]),
+        "fetch v12": {**unknown_id, "error": OFFSET_OUT_OF_RANGE},  # offset 2 of a topic of one record
+        "fetch v16 old id": unknown_id,
+        "fetch v13 old id": unknown_id,
+        "fetch v16 id": {"error": 0, "high": 1, "id": True, "records": True},
+        "list offsets": (0, 1, 0),
+        "offset fetch": (0, [("answers-recreated", [(0, -1)])]),  # the old topic's commit is gone
+        "commit": 0,
+    }
 
 
 GO_AND_JAVA = ("franz", "sarama", "kafkago", "java")

@@ -97,6 +97,7 @@ from kl.net.kafka_errors import (
     OFFSET_OUT_OF_RANGE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
     TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_LEADER_EPOCH,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -111,6 +112,9 @@ log = logging.getLogger("kl.serve")
 
 LATEST, EARLIEST = -1, -2
 """ListOffsets' special timestamps."""
+LEADER_EPOCH = 0
+"""Every partition's leader epoch, whichever daemon leads it: no daemon holds a copy of the
+log that could diverge from another's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
@@ -266,7 +270,7 @@ class Kafka(FrontEnd):
                     error_code=NONE,
                     partition_index=p,
                     leader_id=leader,
-                    leader_epoch=0,
+                    leader_epoch=LEADER_EPOCH,
                     replica_nodes=[leader],
                     isr_nodes=[leader],
                     offline_replicas=[],
@@ -404,11 +408,12 @@ class Kafka(FrontEnd):
         for topic in request.topics:
             parts = []
             topic_id = topic.topic_id if version >= 13 else None
-            name = topic.topic if topic_id is None else self._name_of(topic_id)
+            name = topic.topic if version < 13 else self._name_of(topic_id) if topic_id is not None else None
             for p in topic.partitions:
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
                 limit = min(p.partition_max_bytes, MAX_FETCH_BYTES if not total else room)
-                answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit)
+                epoch = p.current_leader_epoch if version >= 9 else -1
+                answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch)
                 parts.append(answer)
                 size = len(answer.records or b"")
                 room = max(0, room - size)
@@ -423,18 +428,27 @@ class Kafka(FrontEnd):
         return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
 
     def _fetch_partition(
-        self, conn: Connection, topic: str | None, topic_id: uuid.UUID | None, partition: int, offset: int, max_bytes: int
+        self,
+        conn: Connection,
+        topic: str | None,
+        topic_id: uuid.UUID | None,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        epoch: int,
     ) -> tuple[Any, tuple[Log, int] | None]:
         """A partition's answer, and what a wait for more would watch (None after an error).
         A fetch by topic id (version 13 on) must name the topic as it is now: one deleted
-        and created again has another id, and its old offsets mean nothing in it."""
+        and created again has another id, and its old offsets mean nothing in it.  An
+        error answer has no offsets (-1), as Kafka's."""
         data = FetchResponse.FetchableTopicResponse.PartitionData
         try:
             if topic is None:
-                raise Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
+                raise Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id or 0}")
             config = self.checked_config(topic, partition)
             if topic_id is not None and _uuid(config.topic_id) != topic_id:
                 raise Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")
+            _check_epoch(epoch)
             target = self.server.root.log(topic, partition)
             state = target.counted()
             start, end = target.kafka_offsets(state)
@@ -444,16 +458,13 @@ class Kafka(FrontEnd):
             batch = self._records(target, key, offset, max_bytes, state) if offset < end and max_bytes > 0 else b""
         except (Refused, KlError) as e:
             code = e.code if isinstance(e, Refused) else _code(e)
-            if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID):
+            if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH):
                 log.warning("%s: fetch of %s/%d at %d: %s", conn.peer, topic, partition, offset, e)
-            hw = -1
-            if code == OFFSET_OUT_OF_RANGE:
-                hw = end
             answer = data(
                 partition_index=partition,
                 error_code=code,
-                high_watermark=hw,
-                last_stable_offset=hw,
+                high_watermark=-1,
+                last_stable_offset=-1,
                 log_start_offset=-1,
                 records=b"",  # empty, never null: librdkafka cannot read a null set, and never sees the error
             )
@@ -548,10 +559,15 @@ class Kafka(FrontEnd):
             parts = []
             for p in topic.partitions:
                 try:
-                    offset, timestamp = self._offset(topic.name, p.partition_index, p.timestamp)
+                    epoch = p.current_leader_epoch if version >= 4 else -1
+                    offset, timestamp = self._offset(topic.name, p.partition_index, p.timestamp, epoch)
                     parts.append(
                         part(
-                            partition_index=p.partition_index, error_code=NONE, timestamp=timestamp, offset=offset, leader_epoch=0
+                            partition_index=p.partition_index,
+                            error_code=NONE,
+                            timestamp=timestamp,
+                            offset=offset,
+                            leader_epoch=LEADER_EPOCH,
                         )
                     )
                 except (Refused, KlError) as e:
@@ -560,9 +576,10 @@ class Kafka(FrontEnd):
             topics.append(answer(name=topic.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
-    def _offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
+    def _offset(self, topic: str, partition: int, timestamp: int, epoch: int) -> tuple[int, int]:
         """(offset, timestamp) ListOffsets answers for ``timestamp``."""
         self.checked_config(topic, partition)
+        _check_epoch(epoch)
         target = self.server.root.log(topic, partition)
         state = target.counted()
         if timestamp == LATEST:
@@ -638,6 +655,13 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
             parts.append(data)
             count += 1
     return b"".join(parts), count
+
+
+def _check_epoch(epoch: int) -> None:
+    """Raises ``Refused`` (UNKNOWN_LEADER_EPOCH) for a client's current leader epoch newer
+    than ``LEADER_EPOCH``, as Kafka's leader does (KIP-320); -1 names none."""
+    if epoch > LEADER_EPOCH:
+        raise Refused(UNKNOWN_LEADER_EPOCH, f"leader epoch {epoch} is newer than the partition's, {LEADER_EPOCH}")
 
 
 def _code(error: KlError) -> int:
