@@ -45,6 +45,7 @@ from typing import Any
 import confluent_kafka as ck
 import kafka
 import kafka.errors
+import kafkafuzz as fz
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.consumer.fetch import FetchRequest
@@ -52,6 +53,8 @@ from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchReques
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
+from kafka.protocol.producer.produce import ProduceRequest
+from kafka.protocol.producer.transaction import InitProducerIdRequest
 from kafka_oracle import Broker, Unavailable, install, tool, version
 from kafka_programs import Program, go_programs, java_command
 
@@ -798,6 +801,40 @@ def ask(endpoint: Endpoint, request: Any, version: int, **fields: Any) -> Any:
     return response.decode(data[5 if response.flexible_version_q(version) else 4 :], version=version)
 
 
+def idempotent_batches(endpoint: Endpoint, topic: str) -> Any:
+    """One idempotent producer's batches on the wire: a retry, a sequence that skips, a
+    new epoch, the old epoch again, a sequence that goes back: (error name, base offset)
+    of each answer, and the records stored."""
+    endpoint.create_topic(topic)
+    for _ in range(100):  # a broker just started may still be loading its coordinator (COORDINATOR_LOAD_IN_PROGRESS)
+        init = ask(endpoint, InitProducerIdRequest, 4, transactional_id=None, transaction_timeout_ms=-1, producer_id=-1,
+                   producer_epoch=-1)  # fmt: skip
+        if init.error_code != 14:
+            break
+        time.sleep(0.2)
+    assert init.error_code == 0 and init.producer_id >= 0
+
+    def send(epoch: int, sequence: int, values: list[bytes]) -> tuple[str, int]:
+        batch = fz.batch(fz.plain(values), len(values), producer=(init.producer_id, epoch, sequence))
+        parts = [ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch)]
+        answer = ask(endpoint, ProduceRequest, 9, transactional_id=None, acks=-1, timeout_ms=10_000,
+                     topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=parts)])  # fmt: skip
+        p = answer.responses[0].partition_responses[0]
+        return kafka.errors.for_code(p.error_code).__name__, p.base_offset if p.error_code == 0 else -1
+
+    steps = {
+        "first": send(0, 0, [b"a", b"b"]),
+        "retried": send(0, 0, [b"a", b"b"]),
+        "next": send(0, 2, [b"c"]),
+        "skips ahead": send(0, 9, [b"x"]),
+        "goes back": send(0, 1, [b"x"]),
+        "new epoch at 0": send(1, 0, [b"d"]),
+        "old epoch": send(0, 3, [b"x"]),
+        "new epoch not at 0": send(2, 4, [b"x"]),
+    }
+    return steps, [r[1] for r in confluent_consume(endpoint, topic, 0, 4)]
+
+
 def fetch_answer(endpoint: Endpoint, version: int, topic: str, topic_id: Any, offset: int, epoch: int = -1) -> Any:
     """A Fetch's answer for partition 0 from ``offset``, by name or (from version 13) by id,
     with ``epoch`` as the client's current leader epoch (-1: none)."""
@@ -1269,6 +1306,14 @@ def test_go_and_java_clients_offsets_count_records(endpoints, go, java, client) 
 
 def which_endpoint(endpoint: Endpoint) -> str:
     return endpoint.name
+
+
+def test_an_idempotent_producers_retries_and_bad_sequences_and_epochs(endpoints) -> None:
+    steps, stored = same(idempotent_batches, endpoints, topic="idempotent-wire")
+    assert steps["retried"] == steps["first"] == ("NoError", 0)
+    assert steps["skips ahead"][0] == steps["goes back"][0] == "OutOfOrderSequenceNumberError"
+    assert steps["old epoch"][0] == "InvalidProducerEpochError"
+    assert stored == [b"a", b"b", b"c", b"d"]
 
 
 def test_a_difference_is_reported_with_both_observations(endpoints) -> None:

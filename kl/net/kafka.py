@@ -11,10 +11,10 @@ its records; the records fields are opaque bytes to it, so the per-message work 
 
 The live daemons over a root are the brokers of one cluster, and each partition's leader
 is the one ``brokers.leader`` ranks first, whichever daemon is asked.
-Offsets are kl's byte offsets (see ``records``): a fetch at an offset inside a message
-answers from the next message, so a client that resumes at the last offset it saw plus
-one goes on where it stopped.  Specified in ``man/kl-protocol.5``
-and ``man/kl-serve.1`` (the versions advertised, and why).
+Offsets are Kafka offsets, one per message since the partition began (the log's counts
+and offset indexes, ``Log.kafka_position``), and idempotent producers' batches are
+appended once by the partition's producer journal (``kl.log.producers``).  Specified in
+``man/kl-protocol.5`` and ``man/kl-serve.1`` (the versions advertised, and why).
 """
 
 from __future__ import annotations
