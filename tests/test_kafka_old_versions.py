@@ -203,13 +203,38 @@ def test_fetch_v0_to_v3_answers_a_message_set_of_the_versions_magic_with_kafka_o
     assert old_fetch(client, topic, 4, version).error_code == kafka.OFFSET_OUT_OF_RANGE
 
 
-@pytest.mark.parametrize("compression", ["gzip", "zstd"])
-def test_a_compressed_kl_batch_is_served_uncompressed_record_by_record_from_the_offset_asked(served, root, topic, compression):
+def entries(answer) -> list[tuple[int, int]]:
+    """(offset, attributes) of each entry of a message set as it is on the wire."""
+    data, out = bytes(answer.records), []
+    while data:
+        offset, size, _, _, attrs = struct.unpack_from(">qiIBB", data)
+        out.append((offset, attrs))
+        data = data[12 + size :]
+    return out
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_gzip_kl_batch_is_served_as_a_gzip_wrapper_numbered_as_the_versions_clients_expect(served, root, topic, version):
+    """From the record asked for on; the wrapper's offset is its last record's; kafka-python
+    counts the inner offsets (magic 0 absolute, magic 1 relative) back to Kafka offsets."""
     write(root, topic, [b"first"])
-    write(root, topic, [b"v%d" % i for i in range(10)], compression=compression, timestamp=T0)
+    write(root, topic, [b"v%d" % i for i in range(10)], compression="gzip", timestamp=T0)
+    write(root, topic, [b"last"])
     _, client = served()
-    got = messages_of(old_fetch(client, topic, 4, 2))
-    assert [(o, v) for o, _, _, v, _ in got] == [(i, b"v%d" % (i - 1)) for i in range(4, 11)]
+    answer = old_fetch(client, topic, 4, version)
+    assert entries(answer) == [(10, 1), (11, 0)]
+    got = messages_of(answer)
+    assert [(o, v) for o, _, _, v, _ in got] == [(i, b"v%d" % (i - 1)) for i in range(4, 11)] + [(11, b"last")]
+    assert {t for *_, t in got[:-1]} == ({None} if version == 1 else {T0})
+
+
+def test_a_zstd_kl_batch_which_those_clients_cannot_read_is_served_as_plain_messages(served, root, topic):
+    write(root, topic, [b"first"])
+    write(root, topic, [b"v%d" % i for i in range(10)], compression="zstd", timestamp=T0)
+    _, client = served()
+    answer = old_fetch(client, topic, 4, 3)
+    assert entries(answer) == [(i, 0) for i in range(4, 11)]
+    assert [v for *_, v, _ in messages_of(answer)] == [b"v%d" % (i - 1) for i in range(4, 11)]
 
 
 def test_headers_are_dropped_and_null_values_served_as_null(served, root):
@@ -227,9 +252,9 @@ crc 4, magic and attributes 2, timestamp 8, the two lengths 8, the value 1."""
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_an_answer_ends_at_the_last_whole_message_within_max_bytes_and_the_next_fetch_goes_on(served, root, topic, version):
-    """Also inside a compressed kl batch, which is read whole and answered in parts."""
+    """Also inside a zstd kl batch, which is read whole and answered in parts."""
     write(root, topic, [b"%d" % (i % 10) for i in range(10)])
-    write(root, topic, [b"%d" % (i % 10) for i in range(10)], compression="gzip")
+    write(root, topic, [b"%d" % (i % 10) for i in range(10)], compression="zstd")
     _, client = served()
     offset, seen, sizes = 0, [], []
     while offset < 20:
@@ -254,13 +279,25 @@ def test_a_first_message_over_the_limit_is_cut_in_v0_to_v2_and_whole_in_v3(serve
 # ----------------------------------------------------------------- the clients of that time
 
 
+def polled(consumer: KafkaConsumer, count: int) -> list:
+    """``count`` records polled (waiting up to 10 s for them)."""
+    got: list = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        for records in consumer.poll(200).values():
+            got += records
+    return got
+
+
 @pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 0), (0, 9), (0, 8, 2)], ids=str)
 def test_kafka_pythons_clients_of_old_brokers_produce_and_consume_with_dense_offsets(served, root, topic, api_version):
     """(0, 10, 1) speaks Produce v2 and Fetch v3, (0, 10, 0) Fetch v2, (0, 9) Produce and
-    Fetch v1 (magic 0), (0, 8, 2) v0; gzip, keys; timestamps from magic 1 on."""
+    Fetch v1 (magic 0), (0, 8, 2) v0; gzip, keys; timestamps from magic 1 on.  kl's own
+    batches first, zstd (served as plain messages) and gzip (as a wrapper)."""
     running, _ = served(allow_produce=True)
     bootstrap = f"{running.address[0]}:{running.address[1]}"
-    write(root, topic, [b"kl-%d" % i for i in range(5)], compression="zstd", timestamp=T0 - 10)
+    write(root, topic, [b"kl-%d" % i for i in range(3)], compression="zstd", timestamp=T0 - 10)
+    write(root, topic, [b"kl-%d" % i for i in range(3, 5)], compression="gzip", timestamp=T0 - 10)
     producer = KafkaProducer(bootstrap_servers=bootstrap, api_version=api_version, compression_type="gzip",
                              linger_ms=20, acks=1, retries=0)  # fmt: skip
     try:
@@ -275,13 +312,12 @@ def test_kafka_pythons_clients_of_old_brokers_produce_and_consume_with_dense_off
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         consumer.seek(tp, 0)
-        got = []
-        deadline = time.monotonic() + 10
-        while len(got) < 25 and time.monotonic() < deadline:
-            for records in consumer.poll(200).values():
-                got += records
+        got = polled(consumer, 25)
+        consumer.seek(tp, 4)  # inside kl's gzip batch
+        again = polled(consumer, 21)
     finally:
         consumer.close()
+    assert again == got[4:]
     assert [r.offset for r in got] == list(range(25))
     assert [(r.key, r.value) for r in got] == [(None, b"kl-%d" % i) for i in range(5)] + [
         (b"key-%d" % i, b"value-%d" % i) for i in range(20)

@@ -567,12 +567,13 @@ class Kafka(FrontEnd):
         self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState, version: int
     ) -> bytes:
         """Fetch v0-3's records: the messages from Kafka offset ``offset`` on as a message
-        set of magic 0 (v0-1) or 1 (v2-3), uncompressed (a compressed kl batch's records
-        each a message, from the record at ``offset`` on) and without headers, which magic
-        0 and 1 cannot hold (as Kafka's down-conversion drops them).  At most
-        ``max_bytes``, but a first message larger goes whole in v3 (KIP-74) and in v0-2
-        as its first ``max_bytes`` bytes, which clients of that time report as a message
-        larger than their fetch size, as Kafka's brokers answered them."""
+        set of magic 0 (v0-1) or 1 (v2-3), without headers, which magic 0 and 1 cannot hold
+        (as Kafka's down-conversion drops them); a gzip kl batch as a gzip wrapper of its
+        records (from the one at ``offset`` on), a batch of a codec those clients cannot
+        read (zstd) as plain messages.  At most ``max_bytes``, but a first message larger
+        goes whole in v3 (KIP-74) and in v0-2 as its first ``max_bytes`` bytes, which
+        clients of that time report as a message larger than their fetch size, as
+        Kafka's brokers answered them."""
         found = self._read(target, key, offset, max_bytes, state)
         if found is None:
             return b""
@@ -587,9 +588,15 @@ class Kafka(FrontEnd):
             if step is None:
                 break
             after, group = step
-            for i in range(skip, len(group)):
-                msg = group[i]
-                data = message_sets.message(next_offset + i, magic, msg.timestamp, msg.key, msg.value)
+            if len(group) > skip and _codec(messages.buffer, pos) == m.CODEC_GZIP:
+                units = [(skip, message_sets.wrapper(next_offset + skip, magic, m.CODEC_GZIP, group[skip:]))]
+            else:
+                units = [
+                    (i, message_sets.message(next_offset + i, magic, msg.timestamp, msg.key, msg.value))
+                    for i, msg in enumerate(group)
+                    if i >= skip
+                ]
+            for i, data in units:  # i: how many of the group come before
                 if size + len(data) > max_bytes:
                     if not parts and version <= 2:
                         return data[:max_bytes]
@@ -759,6 +766,11 @@ def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.
         if served:
             return None
         raise
+
+
+def _codec(buf: Any, pos: int) -> int:
+    """The codec of the kl message at ``pos`` (magic 0 has none)."""
+    return buf[pos + m.ATTRIBUTES_OFFSET] & m.CODEC_MASK if buf[pos + m.MAGIC_OFFSET] else m.CODEC_NONE
 
 
 def _code(error: KlError) -> int:

@@ -6,11 +6,13 @@
 ``crc`` is CRC-32 of everything after it; lengths of -1 are null.  The attributes' low
 bits name a codec (1 gzip, 2 snappy, 3 lz4): the message is a wrapper whose value is a
 compressed inner message set; bit 3 (magic 1) says the log's append time is the
-timestamp.  kl keeps no offset a producer sends (it gives each record the next).
+timestamp.  The inner messages of a magic 0 wrapper carry their absolute offsets; those of
+a magic 1 wrapper offsets relative to the first (0, 1, ...), and the wrapper the absolute
+offset of the last.  kl keeps no offset a producer sends (it gives each record the next).
 
 A produce's set is read into one ``records.Batch`` of its records, so that they are
 checked and stored as those of a record batch are; a fetch's answer is made of
-uncompressed messages (see ``message``).
+``message`` and ``wrapper``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 
+from kl.log import message as m
 from kl.log import pycore
 from kl.net import records
 from kl.net.records import InvalidRecords
@@ -112,11 +115,21 @@ def _field(view: memoryview, pos: int, end: int, where: int) -> tuple[bytes | No
     return bytes(view[pos : pos + length]), pos + length
 
 
-def message(offset: int, magic: int, timestamp: int | None, key: bytes | None, value: bytes | None) -> bytes:
-    """One uncompressed entry of a fetch's message set (a timestamp of None, Kafka
-    0.7's messages, as -1; magic 0 has none)."""
-    fields = [b"\0" if magic == 0 else b"\0" + TIMESTAMP.pack(-1 if timestamp is None else timestamp)]
+def message(offset: int, magic: int, timestamp: int | None, key: bytes | None, value: bytes | None, attrs: int = 0) -> bytes:
+    """One entry of a fetch's message set (a timestamp of None, Kafka 0.7's messages,
+    as -1; magic 0 has none)."""
+    fields = [bytes((attrs,)) if magic == 0 else bytes((attrs,)) + TIMESTAMP.pack(-1 if timestamp is None else timestamp)]
     for data in (key, value):
         fields += (LENGTH.pack(-1),) if data is None else (LENGTH.pack(len(data)), data)
     body = bytes((magic,)) + b"".join(fields)
     return struct.pack(">qiI", offset, len(body) + 4, zlib.crc32(body)) + body
+
+
+def wrapper(offset: int, magic: int, codec: int, inner: list[m.Message]) -> bytes:
+    """One entry compressed with ``codec`` holding ``inner``, the first at Kafka offset
+    ``offset`` and the others at the next ones, numbered as the module says; its
+    timestamp (magic 1) is the newest inner one's, as Kafka's."""
+    relative = 0 if magic == 1 else offset
+    body = b"".join(message(relative + i, magic, msg.timestamp, msg.key, msg.value) for i, msg in enumerate(inner))
+    newest = max((msg.timestamp for msg in inner if msg.timestamp is not None), default=None)
+    return message(offset + len(inner) - 1, magic, newest, None, m.compress(codec, body), codec)
