@@ -8,6 +8,7 @@ import struct
 import time
 import zlib
 
+import cramjam
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.protocol.consumer.fetch import FetchRequest
@@ -138,13 +139,16 @@ def with_size(data: bytes, size: int) -> bytes:
     return data[:8] + struct.pack(">i", size) + data[12:]
 
 
-def nested() -> bytes:
-    """A gzip wrapper holding a gzip wrapper (each with a good crc)."""
-    inner = legacy([b"x"], codec=1)
-    body = b"\x01\x01" + struct.pack(">q", T0) + struct.pack(">i", -1)
-    compressed = zlib.compress(inner, wbits=31)
-    body += struct.pack(">i", len(compressed)) + compressed
+def wrapper(codec: int, value: bytes, magic: int = 1) -> bytes:
+    """A wrapper of ``codec`` whose value is ``value`` (its crc good)."""
+    body = bytes((magic, codec)) + (struct.pack(">q", T0) if magic else b"") + struct.pack(">ii", -1, len(value)) + value
     return struct.pack(">qiI", 0, len(body) + 4, zlib.crc32(body)) + body
+
+
+def header_checksum_flipped(frame: bytes) -> bytes:
+    """An lz4 frame (no content size) whose header checksum is wrong, as Kafka 0.8's and
+    0.9's were (KAFKA-3160)."""
+    return flip(frame, 6)
 
 
 HOSTILE = {
@@ -156,7 +160,9 @@ HOSTILE = {
     "an unknown magic": flip(legacy([b"one"]), 16),
     "a key length past the message": legacy([b"one"])[:30] + b"\x7f" + legacy([b"one"])[31:],
     "garbage compressed": flip(legacy([b"one" * 100], codec=1), 60),
-    "nested compression": nested(),
+    "nested compression": wrapper(1, zlib.compress(legacy([b"x"], codec=1), wbits=31)),
+    "a gzip wrapper of no set": wrapper(1, zlib.compress(b"", wbits=31)),
+    "an lz4 frame of Kafka 0.8": wrapper(3, header_checksum_flipped(bytes(cramjam.lz4.compress(legacy([b"x"], magic=0)))), 0),
     "nothing": b"",
 }
 

@@ -61,6 +61,8 @@ def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[
                 raise InvalidRecords(f"the {records.CODECS.get(codec, codec)} wrapper at byte {pos} has a null value")
             inner = memoryview(records.decompress(codec, memoryview(value), max_bytes))
             max_bytes -= len(inner)
+            if not inner:
+                raise InvalidRecords(f"the {records.CODECS[codec]} wrapper at byte {pos} holds no message")
             for inner_ts, inner_attrs, inner_key, inner_value, at in _messages(inner, pos):
                 if inner_attrs & CODEC_MASK:
                     raise InvalidRecords(f"the wrapper at byte {pos} holds a compressed message (at its byte {at})")
