@@ -10,6 +10,7 @@ import zlib
 
 import cramjam
 import pytest
+import zstandard
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -114,6 +115,23 @@ def test_produce_takes_compressed_wrappers_and_stores_each_inner_record(served, 
     assert produce(client, topic, data, version=2).base_offset == 50
 
 
+def append_time(entry: bytes) -> bytes:
+    """A one-message magic 1 set whose attributes say log append time (its crc mended)."""
+    body = entry[16:17] + bytes([entry[17] | 0x08]) + entry[18:]
+    return entry[:12] + struct.pack(">I", zlib.crc32(body)) + body
+
+
+def test_messages_that_say_log_append_time_are_stamped_when_appended(served, root, topic):
+    _, client = served(allow_produce=True)
+    before = time.time() * 1000
+    gzip = wrapper(1, zlib.compress(legacy([b"in", b"side"], timestamp=5), wbits=31))
+    data = append_time(gzip) + append_time(legacy([b"plain"], timestamp=5))
+    assert produce(client, topic, data, version=2).error_code == 0
+    got = stored(root, topic)
+    assert [v for _, v, _ in got] == [b"in", b"side", b"plain"]
+    assert all(before <= t <= time.time() * 1000 for *_, t in got)
+
+
 def test_a_null_value_is_stored_in_a_topic_that_holds_them_and_refused_elsewhere(served, root):
     root.create_topic("plain", kl.TopicConfig(headers=False))
     root.create_topic("tombstones", kl.TopicConfig(headers=True))
@@ -162,6 +180,7 @@ HOSTILE = {
     "garbage compressed": flip(legacy([b"one" * 100], codec=1), 60),
     "nested compression": wrapper(1, zlib.compress(legacy([b"x"], codec=1), wbits=31)),
     "a gzip wrapper of no set": wrapper(1, zlib.compress(b"", wbits=31)),
+    "a zstd wrapper (magic 2's codec)": wrapper(4, zstandard.ZstdCompressor().compress(legacy([b"x"]))),
     "an lz4 frame of Kafka 0.8": wrapper(3, header_checksum_flipped(bytes(cramjam.lz4.compress(legacy([b"x"], magic=0)))), 0),
     "nothing": b"",
 }

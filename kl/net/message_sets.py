@@ -37,6 +37,8 @@ LENGTH = struct.Struct(">i")
 MIN_SIZE = (14, 22)
 """The smallest message_size of magic 0 and 1 (a null key and value)."""
 CODEC_MASK = 0x07
+CODECS = {1: "gzip", 2: "snappy", 3: "lz4"}
+"""The codecs of magic 0 and 1 (zstd came with magic 2)."""
 LOG_APPEND_TIME = 0x08
 RECORD_BATCH_MAGIC = 2
 """The magic byte of a record batch, at the same place as a message set's (byte 16)."""
@@ -53,20 +55,24 @@ def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[
         return records.batches(view, max_records, max_bytes)
     found: list[tuple[int, bytes | None, bytes | None]] = []
     for timestamp, attrs, key, value, pos in _messages(view, 0):
+        if attrs & LOG_APPEND_TIME:
+            timestamp = -1  # stamped when appended
         codec = attrs & CODEC_MASK
         if not codec:
             found.append((timestamp, key, value))
-        else:
-            if value is None:
-                raise InvalidRecords(f"the {records.CODECS.get(codec, codec)} wrapper at byte {pos} has a null value")
-            inner = memoryview(records.decompress(codec, memoryview(value), max_bytes))
-            max_bytes -= len(inner)
-            if not inner:
-                raise InvalidRecords(f"the {records.CODECS[codec]} wrapper at byte {pos} holds no message")
-            for inner_ts, inner_attrs, inner_key, inner_value, at in _messages(inner, pos):
-                if inner_attrs & CODEC_MASK:
-                    raise InvalidRecords(f"the wrapper at byte {pos} holds a compressed message (at its byte {at})")
-                found.append((timestamp if attrs & LOG_APPEND_TIME else inner_ts, inner_key, inner_value))
+            continue
+        if codec not in CODECS:
+            raise InvalidRecords(f"the message at byte {pos} names codec {codec}: magic 0 and 1 take gzip, snappy and lz4")
+        if value is None:
+            raise InvalidRecords(f"the {CODECS[codec]} wrapper at byte {pos} has a null value")
+        inner = memoryview(records.decompress(codec, memoryview(value), max_bytes))
+        max_bytes -= len(inner)
+        if not inner:
+            raise InvalidRecords(f"the {CODECS[codec]} wrapper at byte {pos} holds no message")
+        for inner_ts, inner_attrs, inner_key, inner_value, at in _messages(inner, pos):
+            if inner_attrs & CODEC_MASK:
+                raise InvalidRecords(f"the wrapper at byte {pos} holds a compressed message (at its byte {at})")
+            found.append((-1 if attrs & LOG_APPEND_TIME else inner_ts, inner_key, inner_value))
         if len(found) > max_records:
             raise InvalidRecords(f"the message set holds more than {max_records} records")
     if not found:
