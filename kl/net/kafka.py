@@ -768,7 +768,7 @@ def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.
         raise
 
 
-def _codec(buf: Any, pos: int) -> int:
+def _codec(buf: bytes, pos: int) -> int:
     """The codec of the kl message at ``pos`` (magic 0 has none)."""
     return buf[pos + m.ATTRIBUTES_OFFSET] & m.CODEC_MASK if buf[pos + m.MAGIC_OFFSET] else m.CODEC_NONE
 

@@ -126,10 +126,12 @@ def _field(view: memoryview, pos: int, end: int, where: int) -> tuple[bytes | No
 def message(offset: int, magic: int, timestamp: int | None, key: bytes | None, value: bytes | None, attrs: int = 0) -> bytes:
     """One entry of a fetch's message set (a timestamp of None, Kafka 0.7's messages,
     as -1; magic 0 has none)."""
-    fields = [bytes((attrs,)) if magic == 0 else bytes((attrs,)) + TIMESTAMP.pack(-1 if timestamp is None else timestamp)]
+    fields = [bytes((magic, attrs))]
+    if magic:
+        fields.append(TIMESTAMP.pack(-1 if timestamp is None else timestamp))
     for data in (key, value):
         fields += (LENGTH.pack(-1),) if data is None else (LENGTH.pack(len(data)), data)
-    body = bytes((magic,)) + b"".join(fields)
+    body = b"".join(fields)
     return struct.pack(">qiI", offset, len(body) + 4, zlib.crc32(body)) + body
 
 
