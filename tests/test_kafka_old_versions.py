@@ -270,6 +270,20 @@ def test_headers_are_dropped_and_null_values_served_as_null(served, root):
     assert messages_of(old_fetch(client, "h", 0, 3)) == [(0, 1, b"gone", None, T0), (1, 1, None, b"kept", T0)]
 
 
+@pytest.mark.parametrize("version", [0, 2])
+def test_kafka_0_7s_messages_are_served_without_timestamps_and_refused_from_producers(served, root, version):
+    root.create_topic("old", kl.TopicConfig(format="0.7"))
+    write(root, "old", [b"a", b"b"])
+    write(root, "old", [b"c", b"d"], compression="gzip")
+    _, client = served(allow_produce=True)
+    magic = 0 if version == 0 else 1
+    stamp = None if version == 0 else -1
+    answer = old_fetch(client, "old", 1, version)
+    assert entries(answer) == [(1, 0), (3, 1)]
+    assert messages_of(answer) == [(1, magic, None, b"b", stamp), (2, magic, None, b"c", stamp), (3, magic, None, b"d", stamp)]
+    assert produce(client, "old", legacy([b"e"]), version=2).error_code == kafka.INVALID_RECORD
+
+
 MESSAGE_V1 = 35
 """Bytes of a magic 1 entry with a null key and a one-byte value: offset and size 12,
 crc 4, magic and attributes 2, timestamp 8, the two lengths 8, the value 1."""

@@ -31,7 +31,8 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka.protocol.admin.groups import (
@@ -578,40 +579,22 @@ class Kafka(FrontEnd):
         if found is None:
             return b""
         (start, skip), messages = found
-        magic = 0 if version <= 1 else 1
         parts: list[bytes] = []
         size = 0
-        pos, next_offset = 0, offset - skip  # the Kafka offset of the message at pos
-        resume = None
-        while resume is None:
-            step = _decoded(messages, pos, bool(parts))
-            if step is None:
-                break
-            after, group = step
-            if len(group) > skip and _codec(messages.buffer, pos) == m.CODEC_GZIP:
-                units = [(skip, message_sets.wrapper(next_offset + skip, magic, m.CODEC_GZIP, group[skip:]))]
-            else:
-                units = [
-                    (i, message_sets.message(next_offset + i, magic, msg.timestamp, msg.key, msg.value))
-                    for i, msg in enumerate(group)
-                    if i >= skip
-                ]
-            for i, data in units:  # i: how many of the group come before
-                if size + len(data) > max_bytes:
-                    if not parts and version <= 2:
-                        return data[:max_bytes]
-                    if parts:
-                        resume = next_offset + i, Position(start + pos, i)
-                        break
-                parts.append(data)
-                size += len(data)
-            else:
-                next_offset += len(group)
-                skip = 0
-                pos = after
+        resume = (offset, 0, 0)  # the next Kafka offset and where its message is (position, skip)
+        for data, after in _entries(messages, skip, offset - skip, 0 if version <= 1 else 1):
+            if size + len(data) > max_bytes:
+                if not parts and version <= 2:
+                    return data[:max_bytes]
+                if parts:
+                    break
+            parts.append(data)
+            size += len(data)
+            resume = after
         if not parts:
             return b""
-        self._remember_resume(key, *(resume or (next_offset, Position(start + pos))))  # where the client fetches next
+        next_offset, pos, skip = resume
+        self._remember_resume(key, next_offset, Position(start + pos, skip))  # where the client fetches next
         return b"".join(parts)
 
     def _read(
@@ -755,6 +738,47 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
             parts.append(data)
             count += 1
     return b"".join(parts), count
+
+
+def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> Iterator[tuple[bytes, tuple[int, int, int]]]:
+    """Fetch v0-3's entries (``message_sets``) of the messages from the start of
+    ``messages`` on, after the first ``skip`` of the batch there, whose first message has
+    Kafka offset ``kafka_offset``: each with the Kafka offset and the place in
+    ``messages`` (position, skip) of what comes after it.  Runs of plain messages are
+    read from their columns (``MessageSet.plain_run``), the others decoded; a gzip batch
+    becomes one wrapper."""
+    buf = messages.buffer
+    pos = 0
+    served = False
+    while True:
+        if not skip:
+            positions, stamps, key_lengths = (array("q", column) for column in messages.plain_run(pos)[:3])
+            for at, stamp, length in zip(positions, stamps, key_lengths, strict=True):
+                value_at = at + m.KEY_OFFSET + max(length, 0)
+                end = at + m.LENGTH_SIZE + int.from_bytes(buf[at : at + m.LENGTH_SIZE], "big")
+                key = None if length < 0 else bytes(buf[at + m.KEY_OFFSET : value_at])
+                data = message_sets.message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
+                kafka_offset += 1
+                pos = end
+                served = True
+                yield data, (kafka_offset, pos, 0)
+        step = _decoded(messages, pos, served)
+        if step is None:
+            return
+        after, group = step
+        if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
+            data = message_sets.wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
+            served = True
+            yield data, (kafka_offset + len(group), after, 0)
+        else:
+            for i in range(skip, len(group)):
+                msg = group[i]
+                data = message_sets.message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
+                served = True
+                yield data, (kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
+        kafka_offset += len(group)
+        skip = 0
+        pos = after
 
 
 def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.Message]] | None:
