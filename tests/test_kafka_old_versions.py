@@ -363,3 +363,17 @@ def test_kafka_pythons_clients_of_old_brokers_produce_and_consume_with_dense_off
     ]
     with_time = api_version >= (0, 10)
     assert [r.timestamp for r in got] == ([T0 - 10] * 5 + [T0 + i for i in range(20)] if with_time else [None] * 25)
+
+
+@pytest.mark.parametrize("codec", ["snappy", "lz4"])
+def test_kafka_pythons_producer_of_0_10_sends_each_codec_of_its_time(served, root, topic, codec):
+    running, _ = served(allow_produce=True)
+    producer = KafkaProducer(bootstrap_servers=f"{running.address[0]}:{running.address[1]}", api_version=(0, 10, 1),
+                             compression_type=codec, linger_ms=20, retries=0)  # fmt: skip
+    try:
+        futures = [producer.send(topic, b"value-%d" % i * 20, timestamp_ms=T0 + i) for i in range(30)]
+        producer.flush(10)
+        assert [f.get(10).offset for f in futures] == list(range(30))
+    finally:
+        producer.close(5)
+    assert stored(root, topic) == [(None, b"value-%d" % i * 20, T0 + i) for i in range(30)]
