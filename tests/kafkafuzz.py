@@ -3,8 +3,8 @@
 
 Real requests, as today's clients send them, are built with kafka-python's
 schema-generated classes (``requests``): ApiVersions, Metadata, Produce (record batches
-in each codec, idempotent or not), Fetch, ListOffsets and InitProducerId, in every
-version kl serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
+in each codec, idempotent or not, and the message sets of versions 0-2), Fetch,
+ListOffsets and InitProducerId, in every version kl serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
 (kind, bytes to send) pair; ``bomb`` is a batch that inflates far past any limit.
 ``attack`` sends one on a connection of its own and returns what came back before the
 daemon closed it.  ``Daemon`` runs ``kl serve --kafka`` as a subprocess over a root that
@@ -37,6 +37,7 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 import kl
 from kl.log import core
@@ -120,6 +121,36 @@ def values(count: int, size: int = 20, tag: bytes = b"fuzz") -> list[bytes]:
 
 def plain(vals: list[bytes]) -> bytes:
     return b"".join(record(i, v, key=b"k%d" % i) for i, v in enumerate(vals))
+
+
+def message_set(vals: list[bytes], magic: int, codec: str = "none") -> bytes:
+    """A message set of magic 0 or 1 as kafka-python's producer of that time builds it
+    (keyed, timestamps from magic 1 on)."""
+    builder = LegacyRecordBatchBuilder(magic=magic, compression_type=CODECS[codec], batch_size=1 << 24)
+    for i, v in enumerate(vals):
+        builder.append(i, timestamp=TIMESTAMP + i if magic else None, key=b"k%d" % i, value=v)
+    return bytes(builder.build())
+
+
+def hostile_set(rng: random.Random) -> bytes:
+    """A message set whose messages' CRC-32s are correct and whose content is hostile: a
+    size, length, magic or attributes field set to an extreme, or a wrapper's compressed
+    value damaged."""
+    magic = rng.randrange(2)
+    codec = rng.choice(["none", "gzip", "snappy"] + ["lz4"] * magic)
+    out = bytearray(message_set(values(rng.randint(1, 20), rng.randint(0, 50)), magic, codec))
+    if rng.random() < 0.5:  # magic, attributes, a length (a wrapper's key or value)
+        at, width = rng.choice([(16, 1), (17, 1), (18 + 8 * magic, 4), (22 + 8 * magic, 4)])
+        value = rng.choice(INTS + (2, 5, 0x0F, 0x08))
+        out[at : at + width] = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "big")
+    else:
+        for _ in range(rng.randint(1, 4)):
+            out[rng.randrange(26 + 8 * magic, len(out))] ^= 1 << rng.randrange(8)
+    if rng.random() < 0.2:  # its size too
+        out[8:12] = struct.pack(">i", rng.choice(INTS))
+    first = 12 + struct.unpack_from(">i", out, 8)[0]
+    out[12:16] = zlib.crc32(bytes(out[16:first])).to_bytes(4, "big") if 16 <= first <= len(out) else out[12:16]
+    return bytes(out)
 
 
 def bomb(codec: str, inflated: int) -> bytes:
@@ -262,6 +293,10 @@ def requests(topic: str) -> list[tuple[str, bytes]]:
             producer = (1000 + i, 0, 30 * ((v - low) // 2)) if (v - low) % 2 == 0 else (-1, -1, -1)
             out.append((f"Produce v{v} {codec}", produce(topic, [batch(plain(vals), 30, codec, producer)], v)))
         out.append((f"Produce {codec} headers", produce(topic, [batch(body, 30, codec)])))
+        for v in range(low, 3):
+            magic = min(v, 1)
+            if codec in ("none", "gzip", "snappy") or codec == "lz4" and magic:
+                out.append((f"Produce v{v} message set {codec}", produce(topic, [message_set(vals, magic, codec)], v)))
     return out
 
 
@@ -430,9 +465,11 @@ def attacks(rng: random.Random, real: list[tuple[str, bytes]], topic: str, count
         elif kind in (3, 4, 5):
             label, data = rng.choice(real)
             yield f"mutated {label}", mutate(rng, data)
-        elif kind == 6:
+        elif kind == 6 and i % 4:
             batches = [hostile_batch(rng) for _ in range(rng.choice([1, 1, 1, 2]))]
             yield "hostile batch", produce(topic, batches, rng.randrange(3, 10))
+        elif kind == 6:
+            yield "hostile message set", produce(topic, [hostile_set(rng)], rng.randrange(3))
         elif kind == 7:
             yield "hostile fields", hostile_fields(rng, topic)
         else:  # several at once, as clients pipeline them, one maybe damaged

@@ -31,7 +31,8 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka.protocol.admin.groups import (
@@ -79,8 +80,9 @@ from kl.log import core, producers
 from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
+from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
-from kl.net import brokers, kafka_groups, records
+from kl.net import brokers, kafka_groups, message_sets, records
 from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
     CORRUPT_MESSAGE,
@@ -183,7 +185,7 @@ class Kafka(FrontEnd):
             return
         if not api.low <= version <= api.high:
             # Kafka's brokers close the connection on a version they do not serve (Kafka 4
-            # on Produce v0-2, Fetch v0-3, ...): an answer without an error code to carry
+            # on ListOffsets v0, Produce v0-2, Fetch v0-3, ...): an answer without an error code to carry
             # UNSUPPORTED_VERSION would be empty, which a client reads as nothing refused
             # (kafka-go's Conn, on Produce v2: "reading a response left 4 unread bytes").
             raise Drop(f"{api.request.name} v{version} is not served here (versions {api.low}-{api.high})")
@@ -327,8 +329,12 @@ class Kafka(FrontEnd):
             code, text = refusal
             answers = [(t.name, [(p.index, code, -1, text) for p in t.partition_data]) for t in request.topic_data]
         else:
+            parse = records.batches if version >= 3 else message_sets.batches  # v0-2: message sets, no idempotence
             answers = [
-                (t.name, [self._produce_partition(conn, t.name, p.index, p.records, request.acks) for p in t.partition_data])
+                (
+                    t.name,
+                    [self._produce_partition(conn, t.name, p.index, p.records, request.acks, parse) for p in t.partition_data],
+                )
                 for t in request.topic_data
             ]
         if request.acks == 0:
@@ -356,7 +362,7 @@ class Kafka(FrontEnd):
         )
 
     def _produce_partition(
-        self, conn: Connection, topic: str, partition: int, data: Any, acks: int
+        self, conn: Connection, topic: str, partition: int, data: Any, acks: int, parse: Callable[..., list[records.Batch]]
     ) -> tuple[int, int, int, str | None]:
         """(partition, error code, base offset, error message) once the partition's batches
         are appended (all of them, or none)."""
@@ -367,7 +373,7 @@ class Kafka(FrontEnd):
             if data is None:
                 raise Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
-            found = records.batches(data, max_records=limit // 7, max_bytes=4 * limit)
+            found = parse(data, max_records=limit // 7, max_bytes=4 * limit)
             messages, count = _messages(found, topic, config)
             target = self.server.root.log(topic, partition)
             first, last = found[0], found[-1]
@@ -413,7 +419,7 @@ class Kafka(FrontEnd):
                 # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
                 limit = min(p.partition_max_bytes, MAX_FETCH_BYTES if not total else room)
                 epoch = p.current_leader_epoch if version >= 9 else -1
-                answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch)
+                answer, target = self._fetch_partition(conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch, version)
                 parts.append(answer)
                 size = len(answer.records or b"")
                 room = max(0, room - size)
@@ -436,6 +442,7 @@ class Kafka(FrontEnd):
         offset: int,
         max_bytes: int,
         epoch: int,
+        version: int,
     ) -> tuple[Any, tuple[Log, int] | None]:
         """A partition's answer, and what a wait for more would watch (None after an error).
         A fetch by topic id (version 13 on) must name the topic as it is now: one deleted
@@ -455,7 +462,12 @@ class Kafka(FrontEnd):
             if not start <= offset <= end:
                 raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}")
             key = (config.topic_id or topic, partition)
-            batch = self._records(target, key, offset, max_bytes, state) if offset < end and max_bytes > 0 else b""
+            if offset >= end or max_bytes <= 0:
+                batch = b""
+            elif version >= 4:
+                batch = self._records(target, key, offset, max_bytes, state)
+            else:
+                batch = self._message_set(target, key, offset, max_bytes, state, version)
         except (Refused, KlError) as e:
             code = e.code if isinstance(e, Refused) else _code(e)
             if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH):
@@ -485,10 +497,10 @@ class Kafka(FrontEnd):
         """Record batches of the messages from Kafka offset ``offset`` on: runs of plain
         messages converted by ``core.kafka_batch``, each other message (a compressed
         batch, Kafka 0.7's) through ``records.batch``, from the record at ``offset`` on."""
-        start, skip = self.message_at(target, key, offset, state)
-        if start >= state.log_end_offset:
+        found = self._read(target, key, offset, max_bytes, state)
+        if found is None:
             return b""
-        messages = target.read(start, max_bytes)
+        (start, skip), messages = found
         buf, limit = messages.buffer, messages.max_message_bytes
         parts: list[bytes] = []
         pos, next_offset = 0, offset - skip  # the Kafka offset of the message at pos
@@ -498,12 +510,7 @@ class Kafka(FrontEnd):
                 if batch:
                     parts.append(batch)
                     pos, next_offset = stop, next_offset + count
-            try:
-                step = messages.decode_at(pos)
-            except CorruptMessage:
-                if parts:
-                    break  # the next fetch says what is wrong
-                raise
+            step = _decoded(messages, pos, bool(parts))
             if step is None:
                 break
             after, group = step
@@ -517,6 +524,49 @@ class Kafka(FrontEnd):
             return b""
         self._remember_resume(key, next_offset, Position(start + pos))  # where the client fetches next
         return b"".join(parts)
+
+    def _message_set(
+        self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState, version: int
+    ) -> bytes:
+        """Fetch v0-3's records: the messages from Kafka offset ``offset`` on as a message
+        set of magic 0 (v0-1) or 1 (v2-3), without headers, which magic 0 and 1 cannot hold
+        (as Kafka's down-conversion drops them); a gzip kl batch as a gzip wrapper of its
+        records (from the one at ``offset`` on), a batch of a codec those clients cannot
+        read (zstd) as plain messages.  At most ``max_bytes``, but a first message larger
+        goes whole in v3 (KIP-74) and in v0-2 as its first ``max_bytes`` bytes, which
+        clients of that time report as a message larger than their fetch size, as
+        Kafka's brokers answered them."""
+        found = self._read(target, key, offset, max_bytes, state)
+        if found is None:
+            return b""
+        (start, skip), messages = found
+        parts: list[bytes] = []
+        size = 0
+        resume = (offset, 0, 0)  # the next Kafka offset and where its message is (position, skip)
+        for data, after in _entries(messages, skip, offset - skip, 0 if version <= 1 else 1):
+            if size + len(data) > max_bytes:
+                if not parts and version <= 2:
+                    return data[:max_bytes]
+                if parts:
+                    break
+            parts.append(data)
+            size += len(data)
+            resume = after
+        if not parts:
+            return b""
+        next_offset, pos, skip = resume
+        self._remember_resume(key, next_offset, Position(start + pos, skip))  # where the client fetches next
+        return b"".join(parts)
+
+    def _read(
+        self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState
+    ) -> tuple[Position, MessageSet] | None:
+        """Where the message of Kafka offset ``offset`` is and a read of at most
+        ``max_bytes`` from there (see ``Log.read``); None at the log end."""
+        position = self.message_at(target, key, offset, state)
+        if position.offset >= state.log_end_offset:
+            return None
+        return position, target.read(position.offset, max_bytes)
 
     def message_at(self, target: Log, key: tuple[str, int], offset: int, state: PartitionState | None = None) -> Position:
         """Where the message of Kafka offset ``offset`` is (see ``Log.kafka_position``),
@@ -664,6 +714,63 @@ def _check_epoch(epoch: int) -> None:
         raise Refused(UNKNOWN_LEADER_EPOCH, f"leader epoch {epoch} is newer than the partition's, {LEADER_EPOCH}")
 
 
+def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> Iterator[tuple[bytes, tuple[int, int, int]]]:
+    """Fetch v0-3's entries (``message_sets``) of the messages from the start of
+    ``messages`` on, after the first ``skip`` of the batch there, whose first message has
+    Kafka offset ``kafka_offset``: each with the Kafka offset and the place in
+    ``messages`` (position, skip) of what comes after it.  Runs of plain messages are
+    read from their columns (``MessageSet.plain_run``), the others decoded; a gzip batch
+    becomes one wrapper."""
+    buf = messages.buffer
+    pos = 0
+    served = False
+    while True:
+        if not skip:
+            positions, stamps, key_lengths = (array("q", column) for column in messages.plain_run(pos)[:3])
+            for at, stamp, length in zip(positions, stamps, key_lengths, strict=True):
+                value_at = at + m.KEY_OFFSET + max(length, 0)
+                end = at + m.LENGTH_SIZE + int.from_bytes(buf[at : at + m.LENGTH_SIZE], "big")
+                key = None if length < 0 else bytes(buf[at + m.KEY_OFFSET : value_at])
+                data = message_sets.message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
+                kafka_offset += 1
+                pos = end
+                served = True
+                yield data, (kafka_offset, pos, 0)
+        step = _decoded(messages, pos, served)
+        if step is None:
+            return
+        after, group = step
+        if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
+            data = message_sets.wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
+            served = True
+            yield data, (kafka_offset + len(group), after, 0)
+        else:
+            for i in range(skip, len(group)):
+                msg = group[i]
+                data = message_sets.message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
+                served = True
+                yield data, (kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
+        kafka_offset += len(group)
+        skip = 0
+        pos = after
+
+
+def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.Message]] | None:
+    """``messages.decode_at(pos)``; None at damage too once some records are ``served``
+    (the next fetch, from there, says what is wrong)."""
+    try:
+        return messages.decode_at(pos)
+    except CorruptMessage:
+        if served:
+            return None
+        raise
+
+
+def _codec(buf: bytes, pos: int) -> int:
+    """The codec of the kl message at ``pos`` (magic 0 has none)."""
+    return buf[pos + m.ATTRIBUTES_OFFSET] & m.CODEC_MASK if buf[pos + m.MAGIC_OFFSET] else m.CODEC_NONE
+
+
 def _code(error: KlError) -> int:
     if isinstance(error, OffsetOutOfRange):
         return OFFSET_OUT_OF_RANGE
@@ -761,8 +868,8 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 APIS = {
-    PRODUCE: _Api(ProduceRequest, ProduceResponse, 3, 9, Kafka._produce),
-    FETCH: _Api(FetchRequest, FetchResponse, 4, 16, Kafka._fetch),
+    PRODUCE: _Api(ProduceRequest, ProduceResponse, 0, 9, Kafka._produce),
+    FETCH: _Api(FetchRequest, FetchResponse, 0, 16, Kafka._fetch),
     LIST_OFFSETS: _Api(ListOffsetsRequest, ListOffsetsResponse, 1, 6, Kafka._list_offsets),
     METADATA: _Api(MetadataRequest, MetadataResponse, 0, 12, Kafka._metadata),
     API_VERSIONS: _Api(ApiVersionsRequest, ApiVersionsResponse, 0, 3, Kafka._api_versions),
