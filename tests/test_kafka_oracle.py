@@ -609,10 +609,14 @@ def group_read(endpoint: Endpoint, client: str, topic: str, group: str, count: i
         finally:
             consumer.close()
     consumer = kafka.KafkaConsumer(
-        topic, **kafka_python_config(endpoint, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-                                     session_timeout_ms=10_000, heartbeat_interval_ms=1000)  # fmt: skip
+        **kafka_python_config(endpoint, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+                              session_timeout_ms=10_000, heartbeat_interval_ms=1000)  # fmt: skip
     )
     try:
+        # The topic's metadata first: a member that joins without it assigns the topic no
+        # partitions ("No partition metadata"), and against Kafka too it then read nothing in time.
+        assert consumer.partitions_for_topic(topic)
+        consumer.subscribe([topic])
         got = read(kafka_python_poll(consumer, max_records=1), count, most=count)
         if got:
             consumer.commit()  # the position: after the last record poll returned
