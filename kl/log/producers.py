@@ -20,7 +20,6 @@ rewritten with only that.  See ``man/kl-format.5``.
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import struct
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from kl.errors import InvalidProducerEpoch, OutOfOrderSequence
-from kl.log.fsutil import open_file, storage_error, write_atomic
+from kl.log.fsutil import open_file, storage_error, write_all, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +157,7 @@ class Journal:
                 stat = os.fstat(fd)
                 if (stat.st_ino, stat.st_size) != (self._inode, self._size):  # a torn record, or another writer's
                     self._sync(fd, entry.serial - 1, entry.kafka_offset)
-                if os.write(fd, entry.encode()) != SIZE:  # (appended: a writer paused past its NFS lease overwrites nothing)
-                    raise OSError(errno.ENOSPC, "short write")
+                write_all(fd, entry.encode())  # (appended: a writer paused past its NFS lease overwrites nothing)
                 if durable:
                     os.fsync(fd)
                 self._size = os.fstat(fd).st_size
