@@ -264,8 +264,7 @@ class Log:
             try:
                 segment = self.open_segment(base)
             except FileNotFoundError:  # deleted by retention, or a stale listing: look again
-                if self.on_nfs():
-                    os.listdir(self.directory)  # NFS caches names
+                self._relist()
                 state = self.state()
                 self._check_range(offset, state)
                 self._bases = []
@@ -281,6 +280,12 @@ class Log:
                 raise storage_error(e, "read", segment.path) from None
             return segment, state, segment_end, stable
         raise TopicNotFound(f"segment for offset {offset} in {self.directory} keeps disappearing")
+
+    def _relist(self) -> None:
+        """Before looking for segments again: on NFS, a listing, so that names the client
+        cached (as there or as missing) are looked up afresh."""
+        if self.on_nfs():
+            os.listdir(self.directory)
 
     def _check_range(self, offset: int, state: PartitionState) -> None:
         if not state.log_start_offset <= offset <= state.log_end_offset:
@@ -621,8 +626,7 @@ class Log:
             start = self.state().log_start_offset
             if info.base_offset < start:  # every message from the new start is wanted, and fewer remain
                 return Position(start)
-            if self.on_nfs():
-                os.listdir(self.directory)  # NFS caches names
+            self._relist()
         raise TopicNotFound(f"segments of {self.directory} keep disappearing")
 
     # ----------------------------------------------------------------- Kafka offsets
@@ -642,8 +646,7 @@ class Log:
             try:
                 return lookup(self._count(state or self.state()))
             except FileNotFoundError:
-                if self.on_nfs():
-                    os.listdir(self.directory)  # NFS caches names
+                self._relist()
                 state = None
         raise TopicNotFound(f"segments of {self.directory} keep disappearing")
 
