@@ -15,7 +15,7 @@ from kl.errors import InvalidOffset, OffsetOutOfRange
 from kl.log import message as m
 from kl.log import offsetindex
 from kl.log.importer import import_topic
-from kl.log.log import Position
+from kl.log.log import Position, SegmentInfo
 from kl.log.messageset import wrap
 from kl.log.recovery import recover
 from kl.log.state import RECORD_V3, STATE_FILE, UNKNOWN, read_state
@@ -240,12 +240,18 @@ def test_kl_topics_import_counts_from_0_where_a_directory_tells_no_kafka_offsets
     assert [new.log("t", 0).kafka_position(k) for k in range(len(kept))] == kept
 
 
-@pytest.mark.parametrize("where", ["closed", "active"])
-def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_before_it_up(tmp_path, where) -> None:
-    root = kl.Root(tmp_path)
+def mixed_segment(path, where: str) -> tuple[list[tuple[Position, bytes]], SegmentInfo]:
+    """``mixed`` in a root at ``path``, and its second segment (``where`` "closed") or its
+    active one."""
+    root = kl.Root(path)
     messages = mixed(root)
     segments = root.log("t", 0).segments()
-    damaged = segments[1] if where == "closed" else segments[-1]
+    return messages, segments[1] if where == "closed" else segments[-1]
+
+
+@pytest.mark.parametrize("where", ["closed", "active"])
+def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_before_it_up(tmp_path, where) -> None:
+    messages, damaged = mixed_segment(tmp_path, where)
     with open(damaged.path, "rb") as f:
         length = int.from_bytes(f.read(4), "big")
     flip_byte(damaged.path, 4 + length - 1)  # the last byte of the segment's first message set
@@ -271,10 +277,7 @@ def test_a_repair_keeps_the_kafka_offsets_after_the_damage_and_moves_those_befor
 
 @pytest.mark.parametrize("where", ["closed", "active"])
 def test_a_shallow_repair_of_a_segment_cut_short_pads_from_its_last_whole_message(tmp_path, where) -> None:
-    root = kl.Root(tmp_path)
-    messages = mixed(root)
-    segments = root.log("t", 0).segments()
-    cut = segments[1] if where == "closed" else segments[-1]
+    messages, cut = mixed_segment(tmp_path, where)
     last = max(p.offset for p, _ in messages if p.offset < cut.base_offset + cut.size_in_bytes)
     os.truncate(cut.path, last - cut.base_offset + 10)  # inside its last message set, below the committed end
     done = subprocess.run([sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "recover", "--repair"], capture_output=True)
