@@ -103,10 +103,8 @@ def check_directory(directory: str) -> Checked:
                 largest = max(largest, entry.size)
                 if kl_data is None and entry.magic >= CURRENT_MAGIC:
                     kl_data = f"{path} holds magic {entry.magic} messages (kl's), at offset {base + entry.position}"
-            counted = offsetindex.Counted(base, UNKNOWN)
-            counted.extend(segment, size)
+            messages.append(offsetindex.segment_count(segment, size))
         segments.append(SegmentInfo(base, path, size))
-        messages.append(counted.count)
     return Checked(segments, largest, kl_data, messages, kept_count(directory, segments, messages))
 
 

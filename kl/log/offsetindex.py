@@ -216,6 +216,14 @@ def remove(segment_path: str) -> bool:
     return remove_file(index_path(segment_path))
 
 
+def segment_count(segment: Segment, end: int) -> int:
+    """How many Kafka offsets the messages of ``segment`` below position ``end`` take.
+    Raises ``CorruptMessage`` where they cannot be counted."""
+    counted = Counted(segment.base_offset, 0)  # (its base count does not matter here)
+    counted.extend(segment, end)
+    return counted.count
+
+
 def message_count(message: bytes, max_message_bytes: int) -> int:
     """How many Kafka offsets one valid message takes: its inner messages when it is a
     compressed batch, none when it is padding, else one."""

@@ -449,12 +449,10 @@ class _Check:
         state = self.log.state()
         if state.log_end_count == UNKNOWN:
             return
-        counted = offsetindex.Counted(active.base_offset, UNKNOWN)
         try:
-            counted.extend(active, state.log_end_offset - active.base_offset)
+            base_count = state.log_end_count - offsetindex.segment_count(active, state.log_end_offset - active.base_offset)
         except CorruptMessage:
             return
-        base_count = state.log_end_count - counted.count
         if base_count != state.active_base_count:
             self.log.write_state(state._replace(active_base_count=base_count, boot_id=BOOT_ID))
 
