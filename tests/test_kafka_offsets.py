@@ -13,7 +13,7 @@ import pytest
 import kl
 from kl.errors import InvalidOffset, OffsetOutOfRange
 from kl.log import message as m
-from kl.log import offsetindex
+from kl.log import offsetindex, retention
 from kl.log.importer import import_topic
 from kl.log.log import Position, SegmentInfo
 from kl.log.messageset import wrap
@@ -103,6 +103,30 @@ def test_retention_moves_the_start_and_renumbers_nothing(tmp_path) -> None:
         fresh.kafka_position(kept[0][0] - 1)
 
 
+@pytest.mark.parametrize("renumbered", [False, True])
+def test_recovery_of_a_lost_state_record_keeps_the_numbers_after_retention(tmp_path, renumbered) -> None:
+    """Retention deleted every closed segment, then the state record was lost: the
+    active segment's base count, kept beside it at its roll (and where a copy is
+    renumbered), still numbers its messages as before."""
+    root = kl.Root(tmp_path)
+    messages = mixed(root)
+    log = root.log("t", 0)
+    if renumbered:
+        log.renumber(log.log_end_offset, len(messages) + 1000)
+    shift = 1000 * renumbered
+    active = log.segments()[-1]
+    kept = [(k + shift, p) for k, (p, _) in enumerate(messages) if p.offset >= active.base_offset]
+    assert retention.retain(log, max_bytes=1, delete_delay=0).log_start_offset == active.base_offset
+    log.close()
+    os.unlink(log.state_path)
+    report = recover(kl.Root(tmp_path).log("t", 0))
+    assert [f.kind for f in report.findings] == ["STATE"]
+    fresh = kl.Root(tmp_path).log("t", 0)
+    assert fresh.kafka_offsets() == (kept[0][0], len(messages) + shift)
+    assert [fresh.kafka_position(k) for k, _ in kept] == [p for _, p in kept]
+    assert not recover(kl.Root(tmp_path).log("t", 0)).findings
+
+
 def test_a_partition_an_older_kl_wrote_gets_its_counts_on_first_open(tmp_path) -> None:
     root = kl.Root(tmp_path)
     messages = mixed(root)
@@ -146,9 +170,13 @@ def test_kl_consume_reads_from_a_kafka_offset_and_prints_them(tmp_path) -> None:
     messages = mixed(root)
     cli = [sys.executable, "-m", "kl_cli", "--root", str(tmp_path), "consume", "t"]
     for start in (0, 9, len(messages) - 1):
-        shown = subprocess.run(
-            [*cli, "-o", f"kafka:{start}", "--format", "{kafka_offset} {offset} {value}"], capture_output=True, check=True
-        ).stdout.decode().split("\n")[:-1]
+        shown = (
+            subprocess.run(
+                [*cli, "-o", f"kafka:{start}", "--format", "{kafka_offset} {offset} {value}"], capture_output=True, check=True
+            )
+            .stdout.decode()
+            .split("\n")[:-1]
+        )
         assert shown == [f"{k} {p.offset} {v.decode()}" for k, (p, v) in enumerate(messages) if k >= start]
     out_of_range = subprocess.run([*cli, "-o", f"kafka:{len(messages) + 1}"], capture_output=True)
     assert out_of_range.returncode == 1 and out_of_range.stderr.count(b"\n") == 1
@@ -204,15 +232,22 @@ def copied_partition(root: kl.Root, topic: str, to: str, keep: tuple[str, ...]) 
 
 
 @pytest.mark.parametrize("keep", [("state",), ("indexes",), ("state", "indexes")])
-def test_kl_topics_import_keeps_the_kafka_offsets_a_directory_tells(tmp_path, keep) -> None:
+@pytest.mark.parametrize("deleted", ["oldest", "closed"])
+def test_kl_topics_import_keeps_the_kafka_offsets_a_directory_tells(tmp_path, keep, deleted) -> None:
+    """With the oldest segment deleted, or every closed one (then only the active
+    segment's index, from its roll, tells its numbers)."""
     root = kl.Root(tmp_path / "old")
     messages = mixed(root)
     log = root.log("t", 0)
     log.kafka_position(0)  # every closed segment indexed
-    second = log.segments()[1].base_offset
+    segments = log.segments()
+    gone = segments[:1] if deleted == "oldest" else segments[:-1]
+    start = segments[len(gone)].base_offset
     with log.locked():
-        log.delete_segments([log.segments()[0]], second)
-    kept = [(k, p) for k, (p, _) in enumerate(messages) if p.offset >= second]
+        log.delete_segments(gone, start)
+    for info in gone:
+        offsetindex.remove(info.path)
+    kept = [(k, p) for k, (p, _) in enumerate(messages) if p.offset >= start]
     directory = copied_partition(root, "t", str(tmp_path / "copy"), keep)
     done = subprocess.run(
         [sys.executable, "-m", "kl_cli", "--root", str(tmp_path / "new"), "topics", "import", "t", directory],

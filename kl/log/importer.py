@@ -111,7 +111,8 @@ def check_directory(directory: str) -> Checked:
 def kept_count(directory: str, segments: list[SegmentInfo], messages: list[int]) -> int:
     """The Kafka offset of the first segment's first message as ``directory`` keeps it:
     from its state record's count at the active segment's base, else from the newest
-    offset index that matches its segment; 0 where neither gives one (or one below 0)."""
+    offset index that matches its segment, else from the base count kept beside the
+    newest segment; 0 where none gives one (or one below 0)."""
     bases = [s.base_offset for s in segments]
     known = []
     try:
@@ -125,6 +126,10 @@ def kept_count(directory: str, segments: list[SegmentInfo], messages: list[int])
         if index is not None and index.base_count != UNKNOWN and index.messages == messages[i]:
             known.append((i, index.base_count))
             break
+    if segments:  # the active segment's, as its roll kept it
+        last = offsetindex.kept_base_count(segments[-1].path, bases[-1])
+        if last is not None:
+            known.append((len(segments) - 1, last))
     for i, count in known:
         first = count - sum(messages[:i])
         if first >= 0:

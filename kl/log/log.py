@@ -661,8 +661,13 @@ class Log:
             return state._replace(active_base_count=base_count, log_end_count=base_count + active.count)
 
     def _derived_base_count(self, state: PartitionState) -> int:
-        """The active segment's base count from the oldest segment on: its offset index's
-        base count where it keeps one, else 0, plus every closed segment's messages."""
+        """The active segment's base count: as the index a roll wrote for it keeps it, else
+        from the oldest segment on: its offset index's base count where it keeps one,
+        else 0, plus every closed segment's messages."""
+        base = state.active_base_offset
+        kept = offsetindex.kept_base_count(segment_path(self.directory, base), base)
+        if kept is not None:
+            return kept
         count = UNKNOWN
         for info in self.segments(state):
             if info.base_offset < state.active_base_offset:
@@ -812,6 +817,14 @@ class Log:
             return
         offsetindex.write(path, counted.index(mtime))
 
+    def _keep_base_count(self, state: PartitionState) -> None:
+        """Keep the active segment's base count beside it (``offsetindex.keep_base_count``),
+        where ``state`` knows it: at a roll, and where recovery, a copy's start or its
+        renumbering set it."""
+        if state.active_base_count != UNKNOWN:
+            base = state.active_base_offset
+            offsetindex.keep_base_count(segment_path(self.directory, base), base, state.active_base_count)
+
     # ----------------------------------------------------------------- writing
 
     def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
@@ -942,6 +955,7 @@ class Log:
             )
             self._make_active(new, rolled)
             self._keep_counts(state)
+            self._keep_base_count(rolled)
             return new_base, first
         end = start + length
         if fsync:
@@ -1543,6 +1557,7 @@ class Log:
             write_state(self.state_path, state)
         except OSError as e:
             raise storage_error(e, "write", self.state_path) from None
+        self._keep_base_count(state)
         self.close()
 
     def start_at(self, offset: int, count: int = 0) -> None:
@@ -1589,7 +1604,9 @@ class Log:
                 )
             if shift:
                 base_count = state.active_base_count + shift
-                self.publish(state._replace(active_base_count=base_count, log_end_count=count, boot_id=BOOT_ID), durable=True)
+                renumbered = state._replace(active_base_count=base_count, log_end_count=count, boot_id=BOOT_ID)
+                self.publish(renumbered, durable=True)
+                self._keep_base_count(renumbered)
             return shift
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:

@@ -13,8 +13,10 @@ the segment's count, the base count the chain gave it, and a sparse index (a mes
 start and the messages before it, about one a megabyte) that a lookup scans on from.  As
 the time summary (``kl.log.timeindex``) it is a cache, believed only when its checksum
 holds and it names the segment as it is now (base offset, size and modification time);
-anything else is rebuilt.  The format is specified in ``man/kl-format.5`` (OFFSET
-INDEXES).
+anything else is rebuilt.  A roll also writes one for the new active segment, with its
+base count and nothing counted: stale at once, it still says where the active segment's
+numbers begin for a state record that recovery rebuilds (``kept_base_count``).  The
+format is specified in ``man/kl-format.5`` (OFFSET INDEXES).
 """
 
 from __future__ import annotations
@@ -203,6 +205,27 @@ def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int 
         log.info("%s: offset index is stale; rebuilding it", path)
         return None
     return index
+
+
+def kept_base_count(segment_path: str, base_offset: int) -> int | None:
+    """The base count an index kept for the segment at ``base_offset`` says, stale or not
+    (the active segment's, written when it was rolled to), or None (missing, damaged,
+    of another segment, unknown)."""
+    try:
+        with open(index_path(segment_path), "rb", buffering=0) as f:
+            index = SegmentIndex.decode(f.read(HEADER.size + MAX_ENTRIES * ENTRY.size + CRC.size + 1))
+    except OSError:
+        return None
+    if index is None or index.base_offset != base_offset or index.base_count < 0:
+        return None
+    return index.base_count
+
+
+def keep_base_count(segment_path: str, base_offset: int, base_count: int) -> bool:
+    """Keep the base count of the active segment at ``base_offset`` in an index of it
+    with no messages (stale as soon as it grows, but it says where its numbers begin,
+    for a state record that is lost); False when it cannot be written."""
+    return write(segment_path, SegmentIndex(base_offset, 0, 0, base_count, 0, array("q"), array("q")))
 
 
 def write(segment_path: str, index: SegmentIndex) -> bool:

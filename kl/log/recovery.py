@@ -154,7 +154,7 @@ class _Check:
         for segment, following in itertools.pairwise(segments):
             self._check_closed(segment, following.base_offset)
         self._check_time_summaries(segments[:-1])
-        self._check_offset_indexes(segments[:-1])
+        self._check_offset_indexes(segments)
         if segments:
             self._check_active(state, segments[-1])
         elif self.act:
@@ -295,11 +295,12 @@ class _Check:
             for damage in damages:
                 self._damaged(segment, damage, active=False)
 
-    def _remove_orphans(self, closed: list[SegmentInfo], suffix: str, what: str, kind: str) -> None:
-        """Report (and remove) the files kept beside segments, with ``suffix``, of no closed segment."""
-        for path in timeindex.orphans(self.log.directory, {s.base_offset for s in closed}, self.names, suffix):
+    def _remove_orphans(self, kept: list[SegmentInfo], suffix: str, what: str, kind: str) -> None:
+        """Report (and remove) the files kept beside segments, with ``suffix``, of none of
+        ``kept``: ``what`` says what they are."""
+        for path in timeindex.orphans(self.log.directory, {s.base_offset for s in kept}, self.names, suffix):
             base = parse_name(os.path.basename(path).removesuffix(suffix)) or 0
-            self.find(base, path, f"{what} of no closed segment", self.would("removed"), kind)
+            self.find(base, path, what, self.would("removed"), kind)
             if self.act:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -309,7 +310,7 @@ class _Check:
         it is: a damaged or stale one is rebuilt (a missing one is made when first
         needed), and one of no closed segment is removed."""
         log = self.log
-        self._remove_orphans(closed, timeindex.SUFFIX, "time summary", TIME_SUMMARY)
+        self._remove_orphans(closed, timeindex.SUFFIX, "time summary of no closed segment", TIME_SUMMARY)
         for info in closed:
             path = timeindex.summary_path(info.path)
             stat = os.stat(info.path, follow_symlinks=False)
@@ -321,14 +322,14 @@ class _Check:
                 with contextlib.suppress(CorruptMessage):  # made when first needed once the segment is mended
                     log.time_summary(info)
 
-    def _check_offset_indexes(self, closed: list[SegmentInfo]) -> None:
+    def _check_offset_indexes(self, segments: list[SegmentInfo]) -> None:
         """A closed segment's offset index (``kl.log.offsetindex``) must name the segment
         as it is and hold its messages' count: a damaged, stale or wrong one is rebuilt
         (keeping the base count it says, which recovery of a lost state record starts
-        from), and one of no closed segment is removed."""
+        from), and one of no segment is removed (the active one's keeps its base count)."""
         log = self.log
-        self._remove_orphans(closed, offsetindex.SUFFIX, "offset index", OFFSET_INDEX)
-        for info in closed:
+        self._remove_orphans(segments, offsetindex.SUFFIX, "offset index of no segment", OFFSET_INDEX)
+        for info in segments[:-1]:
             path = offsetindex.index_path(info.path)
             try:
                 with open(path, "rb") as f:
