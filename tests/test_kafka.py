@@ -215,16 +215,14 @@ def closed_without_an_answer(client: Client) -> bool:
 
 
 def test_a_version_kl_does_not_serve_closes_the_connection_as_kafka_does(served, root, topic):
-    """Kafka 4 closes the connection on ListOffsets v0 (and Produce v0-2, Fetch v0-3,
-    which kl serves: test_kafka_old_versions.py); an answer would have no error code to
-    refuse it with, and an empty one reads as nothing refused (kafka-go's Conn, on
-    Produce v2 before kl served it: "reading a response left 4 unread bytes").  Other
-    connections go on."""
+    """Kafka's brokers close the connection on a version they do not serve (Kafka 4 on
+    OffsetCommit v0-1, ...), as kl does (here on ListOffsets v7, past what ApiVersions
+    says it serves): an answer would have no error code to refuse it with, and an empty
+    one reads as nothing refused (kafka-go's Conn, on Produce v2 before kl served it:
+    "reading a response left 4 unread bytes").  Other connections go on."""
     running, client = served()
-    partition = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-        partition_index=0, timestamp=-1, max_num_offsets=1, current_leader_epoch=-1
-    )
-    client.send(ListOffsetsRequest, 0, replica_id=-1, isolation_level=0,
+    partition = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1, current_leader_epoch=-1)
+    client.send(ListOffsetsRequest, 7, replica_id=-1, isolation_level=0,
                 topics=[ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[partition])])  # fmt: skip
     assert closed_without_an_answer(client)
     other = Client(running.address)

@@ -1,5 +1,5 @@
-"""``kl serve --kafka`` serving Produce v0-2 and Fetch v0-3 (message sets of magic 0 and 1,
-which Kafka 4 no longer serves): request by request with kafka-python's protocol classes,
+"""``kl serve --kafka`` serving Produce v0-2, Fetch v0-3 (message sets of magic 0 and 1)
+and ListOffsets v0, which Kafka 4 no longer serves: request by request with kafka-python's protocol classes,
 then kafka-python's producer and consumer pinned to the broker versions of that time."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import zstandard
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
@@ -315,6 +316,37 @@ def test_a_first_message_over_the_limit_is_cut_in_v0_to_v2_and_whole_in_v3(serve
     assert [len(v) for *_, v, _ in messages_of(old_fetch(client, topic, 0, 3, max_bytes=100))] == [1000]
 
 
+# ----------------------------------------------------------------- ListOffsets v0
+
+
+def old_offsets(client, topic: str, timestamp: int, max_num_offsets: int, partition: int = 0):
+    part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+        partition_index=partition, timestamp=timestamp, max_num_offsets=max_num_offsets
+    )
+    topics = [ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[part])]
+    response = client.call(ListOffsetsRequest, 0, replica_id=-1, topics=topics)
+    (answer,) = response.topics[0].partitions
+    return answer.error_code, list(answer.old_style_offsets)
+
+
+def test_list_offsets_v0_answers_segment_starts_newest_first_as_kafka_0_10_did(served, root):
+    """Kafka offsets of the segments that begin at or before the time, and of the log end
+    when all of it does; -1 the log end, -2 the log start; at most ``max_num_offsets``."""
+    root.create_topic("seg", kl.TopicConfig(segment_bytes=256, max_message_bytes=256))
+    for i in range(4):
+        write(root, "seg", [b"%d-%d-%s" % (i, j, b"x" * 10) for j in range(5)], timestamp=T0 + 1000 * i)
+    assert len(root.log("seg", 0).segments()) == 4  # a segment a batch, each starting 5 records on
+    _, client = served()
+    assert old_offsets(client, "seg", -1, 1) == (0, [20])
+    assert old_offsets(client, "seg", -2, 1) == (0, [0])
+    assert old_offsets(client, "seg", T0 + 1500, 10) == (0, [5, 0])
+    assert old_offsets(client, "seg", T0 + 3000, 3) == (0, [15, 10, 5])
+    assert old_offsets(client, "seg", T0 - 1, 10) == (0, [])
+    assert old_offsets(client, "seg", -1, 0) == (0, [])
+    assert old_offsets(client, "seg", -1, 1, partition=7)[0] == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    assert old_offsets(client, "nosuch", -1, 1)[0] == kafka.UNKNOWN_TOPIC_OR_PARTITION
+
+
 # ----------------------------------------------------------------- the clients of that time
 
 
@@ -350,7 +382,9 @@ def test_kafka_pythons_clients_of_old_brokers_produce_and_consume_with_dense_off
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
-        consumer.seek(tp, 0)
+        ends = consumer.beginning_offsets([tp]), consumer.end_offsets([tp])  # by ListOffsets v0 before (0, 10, 1)
+        assert ends == ({tp: 0}, {tp: 25})
+        consumer.seek_to_beginning(tp)
         got = polled(consumer, 25)
         consumer.seek(tp, 4)  # inside kl's gzip batch
         again = polled(consumer, 21)

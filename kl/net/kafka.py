@@ -185,7 +185,7 @@ class Kafka(FrontEnd):
             return
         if not api.low <= version <= api.high:
             # Kafka's brokers close the connection on a version they do not serve (Kafka 4
-            # on ListOffsets v0, Produce v0-2, Fetch v0-3, ...): an answer without an error code to carry
+            # on OffsetCommit v0-1, ...): an answer without an error code to carry
             # UNSUPPORTED_VERSION would be empty, which a client reads as nothing refused
             # (kafka-go's Conn, on Produce v2: "reading a response left 4 unread bytes").
             raise Drop(f"{api.request.name} v{version} is not served here (versions {api.low}-{api.high})")
@@ -608,6 +608,9 @@ class Kafka(FrontEnd):
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
+                if version == 0:
+                    parts.append(self._old_style_offsets(topic.name, p))
+                    continue
                 try:
                     epoch = p.current_leader_epoch if version >= 4 else -1
                     offset, timestamp = self._offset(topic.name, p.partition_index, p.timestamp, epoch)
@@ -625,6 +628,21 @@ class Kafka(FrontEnd):
                     parts.append(part(partition_index=p.partition_index, error_code=code, timestamp=-1, offset=-1))
             topics.append(answer(name=topic.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
+
+    def _old_style_offsets(self, topic: str, p: Any) -> Any:
+        """ListOffsets v0's answer, as Kafka 0.10's brokers gave it (``Log.offsets_before``):
+        up to ``max_num_offsets`` Kafka offsets, newest first, of the segments that begin
+        at or before ``timestamp`` and of the log end when all of it does (-1: the log end,
+        -2: the log start)."""
+        part = ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse
+        try:
+            self.checked_config(topic, p.partition_index)
+            target = self.server.root.log(topic, p.partition_index)
+            offsets = [target.kafka_offset(o) for o in target.offsets_before(p.timestamp, max(0, p.max_num_offsets))]
+        except (Refused, KlError) as e:
+            code = e.code if isinstance(e, Refused) else _code(e)
+            return part(partition_index=p.partition_index, error_code=code, old_style_offsets=[])
+        return part(partition_index=p.partition_index, error_code=NONE, old_style_offsets=offsets)
 
     def _offset(self, topic: str, partition: int, timestamp: int, epoch: int) -> tuple[int, int]:
         """(offset, timestamp) ListOffsets answers for ``timestamp``."""
@@ -870,7 +888,7 @@ DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 APIS = {
     PRODUCE: _Api(ProduceRequest, ProduceResponse, 0, 9, Kafka._produce),
     FETCH: _Api(FetchRequest, FetchResponse, 0, 16, Kafka._fetch),
-    LIST_OFFSETS: _Api(ListOffsetsRequest, ListOffsetsResponse, 1, 6, Kafka._list_offsets),
+    LIST_OFFSETS: _Api(ListOffsetsRequest, ListOffsetsResponse, 0, 6, Kafka._list_offsets),
     METADATA: _Api(MetadataRequest, MetadataResponse, 0, 12, Kafka._metadata),
     API_VERSIONS: _Api(ApiVersionsRequest, ApiVersionsResponse, 0, 3, Kafka._api_versions),
     INIT_PRODUCER_ID: _Api(InitProducerIdRequest, InitProducerIdResponse, 0, 4, Kafka._init_producer_id),
