@@ -1,6 +1,6 @@
 """A message set fit to append: ``Checked``, its bytes and how many messages they hold.
 
-``Log.append`` takes nothing else, so that no caller hands a log bytes nobody checked or
+``Log.append`` takes nothing else (so its type says), so that no caller hands a log bytes nobody checked or
 a count that is not theirs (the count numbers the Kafka offsets the offset index and the
 state record keep).  The ways to get one: ``validate`` a set received from a client,
 which checks every message and counts them; ``walked``, for bytes ``messageset.walk``
@@ -36,7 +36,7 @@ class Checked(NamedTuple):
 def walked(data: bytes, max_message_bytes: int) -> Checked:
     """``data``, whole valid messages only (as ``messageset.walk`` found them), counted as
     ``Checked`` counts (``messageset.count_messages``); nothing is checked again."""
-    return tuple.__new__(Checked, (data, count_messages(data, max_message_bytes)))
+    return Checked.framed(data, count_messages(data, max_message_bytes))
 
 
 _READABLE = {
