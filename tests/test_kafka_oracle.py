@@ -153,7 +153,8 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
 
     def compressed(topic: str, records: list[Record]) -> None:
         inner = b"".join(m.encode(v, k, t, m.CODEC_NONE, h) for k, v, h, t in records)
-        root.log(topic, 0).append(Checked.framed(messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records)), len(records)))
+        wrapped = messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records))
+        root.log(topic, 0).append(Checked.framed(wrapped, len(records)))
 
     return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
                     compressed)  # fmt: skip
