@@ -56,6 +56,7 @@ _LAZY = {
     "TopicConfig": "kl.log.config",
     "Message": "kl.log.message",
     "MessageSet": "kl.log.messageset",
+    "Checked": "kl.log.validate",
     "RemoteConsumer": "kl.net.remote",
     "RemoteProducer": "kl.net.remote",
     "Appended": "kl.producer",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from kl.log.config import TopicConfig
     from kl.log.message import Message
     from kl.log.messageset import MessageSet
+    from kl.log.validate import Checked
     from kl.net.remote import RemoteConsumer, RemoteProducer
     from kl.producer import Appended, Producer, hash_partitioner, murmur2_partitioner
     from kl.registry import CorruptOffset, GroupActive, GroupNotFound, GroupTaken, InvalidImport, NotOwner
@@ -113,6 +115,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Appended",
     "Batch",
+    "Checked",
     "ConfigNotAlterable",
     "Consumer",
     "CorruptMessage",

@@ -115,7 +115,7 @@ class InvalidTime(InvalidConfig):
 
 
 class InvalidMessageSet(KlError):
-    """A message set received for appending fails a check (see ``messageset.validate_set``)."""
+    """A message set received for appending fails a check (see ``kl.log.validate.validate``)."""
 
     def __init__(self, position: int, reason: str):
         super().__init__(f"invalid message set: {reason} (at position {position})")

@@ -71,7 +71,8 @@ from kl.log import locks
 from kl.log.config import CONFIG_FILE, FORMAT_07, TopicConfig
 from kl.log.fsutil import storage_error, write_atomic
 from kl.log.log import EARLIEST, LATEST, Log
-from kl.log.messageset import INCOMPLETE, check, count_messages, walk
+from kl.log.messageset import INCOMPLETE, check, walk
+from kl.log.validate import walked
 from kl.net import wire
 from kl.topic import LOCKS_DIR, Root, validate_name
 
@@ -810,8 +811,8 @@ class Mirror:
                 )
             size = p.fetch_bytes
             data = data if length == len(data) else data[:length]
-            count = count_messages(data, p.max_message_bytes)  # a compressed batch counts its inner messages
-            at = p.log.append(data, count)
+            batch = walked(data, p.max_message_bytes)  # a compressed batch counts its inner messages
+            at = p.log.append(batch)
             if at != offset:
                 raise Diverged(
                     f"{where}: the target's end moved from offset {offset} to {at} while copying"
@@ -819,7 +820,7 @@ class Mirror:
                 )
             p.copy.to_offset = offset + length
             p.copy.bytes += length
-            p.copy.messages += count
+            p.copy.messages += batch.count
             done += length
             if self.on_progress is not None:
                 self.on_progress(p.copy)

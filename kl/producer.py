@@ -65,6 +65,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log
 from kl.log.messageset import frame, frame_v1, wrap, wrap_v1
 from kl.log.pycore import chunks
+from kl.log.validate import Checked
 from kl.topic import Root
 
 Partitioner = Callable[[bytes | None, int], int]
@@ -315,7 +316,7 @@ class Producer:
         if self.codec:
             offset, size, _ = self._put(log, data, 1, ts, config.max_message_bytes)
         else:  # _put without compression, one call less
-            offset = log.append(data, 1, fsync=self.fsync)
+            offset = log.append(tuple.__new__(Checked, (data, 1)), fsync=self.fsync)  # Checked.framed(data, 1), inline
             if log not in self._written:
                 self._note(log)
         return tuple.__new__(Appended, (topic, partition, offset, offset + size, 1))  # Appended(...) without its frame
@@ -940,9 +941,8 @@ class Producer:
         appends = []
         for p, (vals, ks, h) in groups.items():
             target = self.root.log(topic, p)
-            appends.append(
-                (target, self._packed(target, _frame(config, vals, ts, ks, h), ts, config.max_message_bytes)[0], len(vals))
-            )
+            packed = self._packed(target, _frame(config, vals, ts, ks, h), ts, config.max_message_bytes)[0]
+            appends.append((target, Checked.framed(packed, len(vals))))
         try:
             offsets = self.root.append_all(appends, fsync=self.fsync)
         except TopicNotFound:
@@ -950,12 +950,12 @@ class Producer:
                 raise
             again = None if config.legacy else ts
             return self.send_batch(topic, values, keys, timestamp=again, headers=headers)
-        for target, _, _ in appends:
+        for target, _ in appends:
             if target not in self._written:
                 self._note(target)
         return [
             Appended(topic, p, offset, offset + len(data), count)
-            for p, (_, data, count), offset in zip(groups, appends, offsets, strict=True)
+            for p, (_, (data, count)), offset in zip(groups, appends, offsets, strict=True)
         ]
 
     def _chunk_limit(self, config: TopicConfig) -> int:
@@ -969,7 +969,7 @@ class Producer:
         and it fits ``limit``, append it and note the log for ``flush``: (offset, bytes
         appended, whether compressed)."""
         data, wrapped = self._packed(log, data, ts, limit)
-        offset = log.append(data, count, fsync=self.fsync)
+        offset = log.append(Checked.framed(data, count), fsync=self.fsync)
         if log not in self._written:
             self._note(log)
         return offset, len(data), wrapped

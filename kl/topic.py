@@ -33,6 +33,7 @@ from kl.log.log import DEFAULT_LOCK_TIMEOUT, Log, append_all
 from kl.log.recovery import LEFTOVER_MIN_AGE, TEMPORARY, TEMPORARY_SUFFIX
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, segment_name
 from kl.log.state import STATE_FILE, PartitionState, deleted_record
+from kl.log.validate import Checked
 
 GROUPS_DIR = ".groups"
 """Consumer groups' files under the root (kl/registry.py)."""
@@ -393,8 +394,8 @@ class Root:
         except OSError as e:
             raise storage_error(e, "read", path) from None
 
-    def append_all(self, appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False) -> list[int]:
-        """``Log.append`` of each (log, set, count) at once, all or none (``kl.log.log.append_all``)."""
+    def append_all(self, appends: Sequence[tuple[Log, Checked]], *, fsync: bool = False) -> list[int]:
+        """``Log.append`` of each (log, checked set) at once, all or none (``kl.log.log.append_all``)."""
         return append_all(appends, fsync=fsync)
 
     def log(self, name: str, partition: int) -> Log:

@@ -12,6 +12,7 @@ import kl
 from kl.errors import StorageError
 from kl.log.log import append_all
 from kl.log.message import encode
+from kl.log.validate import Checked
 
 from faultlib import failing_writes, fresh_log, read_log, snapshot
 
@@ -19,8 +20,8 @@ TS = 1_700_000_000_000
 CONFIG = kl.TopicConfig(partitions=4, segment_bytes=2048, max_message_bytes=2048, flush_messages=0, flush_ms=0)
 
 
-def frame(*values: bytes) -> bytes:
-    return b"".join(encode(v, timestamp=TS) for v in values)
+def frame(*values: bytes) -> Checked:
+    return Checked.framed(b"".join(encode(v, timestamp=TS) for v in values), len(values))
 
 
 @pytest.mark.parametrize("fill", [0, 1500], ids=["in-place", "rolling"])
@@ -30,14 +31,14 @@ def test_a_failed_write_in_one_partition_publishes_none_and_leaves_every_file_as
     root.create_topic("t", CONFIG)
     logs = [root.log("t", p) for p in range(4)]
     for p, log in enumerate(logs):
-        log.append(frame(b"before-%d" % p + b"." * fill), 1)
+        log.append(frame(b"before-%d" % p + b"." * fill))
     before = [(snapshot(log.directory), log.state()) for log in logs]
     failing_writes(monkeypatch, logs[3].directory)
     with pytest.raises(StorageError, match="no space left"):
-        append_all([(log, frame(b"x" * 600), 1) for log in logs])
+        append_all([(log, frame(b"x" * 600)) for log in logs])
     assert [(snapshot(log.directory), log.state()) for log in logs] == before
     monkeypatch.undo()
-    offsets = append_all([(log, frame(b"after-%d" % p), 1) for p, log in enumerate(logs)])
+    offsets = append_all([(log, frame(b"after-%d" % p)) for p, log in enumerate(logs)])
     for p, log in enumerate(logs):
         assert [m.value for m in read_log(fresh_log(log))] == [b"before-%d" % p + b"." * fill, b"after-%d" % p]
         assert read_log(fresh_log(log), offsets[p])[0].value == b"after-%d" % p
@@ -66,7 +67,7 @@ def _append_in_order(path: str, order: list[int], rounds: int) -> None:
     root = kl.Root(path, lock_timeout=30)
     logs = [root.log("t", p) for p in order]
     for i in range(rounds):
-        append_all([(log, frame(b"%d-%d" % (order[0], i)), 1) for log in logs])
+        append_all([(log, frame(b"%d-%d" % (order[0], i))) for log in logs])
     root.close()
 
 

@@ -17,6 +17,7 @@ from kl.log.messageset import frame
 from kl.log.recovery import recover
 from kl.log.segment import list_segments, segment_name
 from kl.log.state import CRC, MARK_OFFSET, RECORD_V2, SIZE, STATE_FILE, UNKNOWN, PartitionState, StateFile
+from kl.log.validate import Checked
 
 from faultlib import append_bytes, fresh_log, read_log
 
@@ -124,11 +125,11 @@ def test_a_writer_that_finds_another_hosts_mark_before_publishing_publishes_noth
 
     monkeypatch.setattr(kl.Log, "fsync", fsync)
     with pytest.raises(kl.StorageError, match="lost its lock on the partition.*another host took it over"):
-        log.append(frame([b"stale"], TS), 1)
+        log.append(Checked.framed(frame([b"stale"], TS), 1))
     monkeypatch.setattr(kl.Log, "fsync", real_fsync)
     assert fresh_log(log).state() == before
     with pytest.raises(kl.StorageError, match="no further appends through this handle"):
-        log.append(frame([b"again"], TS), 1)
+        log.append(Checked.framed(frame([b"again"], TS), 1))
     send(root, b"next")  # another writer goes on, in a new segment
     assert fresh_log(log).state().active_base_offset == before.log_end_offset
     assert values(log) == [b"first", b"next"]
@@ -147,7 +148,7 @@ def test_a_writer_whose_record_changed_while_it_put_up_its_mark_writes_nothing(r
 
     monkeypatch.setattr(StateFile, "write_mark", write_mark)
     with pytest.raises(kl.StorageError, match="another host took it over"):
-        log.append(frame([b"stale"], TS), 1)
+        log.append(Checked.framed(frame([b"stale"], TS), 1))
     monkeypatch.setattr(StateFile, "write_mark", real_write_mark)
     assert os.path.getsize(os.path.join(log.directory, segment_name(0))) == before.log_end_offset
     assert values(log) == [b"first"]

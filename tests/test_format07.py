@@ -22,9 +22,10 @@ from click.testing import CliRunner, Result
 import kl
 from kl.log.importer import ImportRefused, import_topic
 from kl.log.log import EARLIEST, LATEST
-from kl.log.messageset import frame, validate_set, wrap, wrap_v1
+from kl.log.messageset import frame, wrap, wrap_v1
 from kl.log.recovery import recover
 from kl.log.retention import retain
+from kl.log.validate import Checked, validate, walked
 from kl_cli.main import cli
 
 from conftest import KAFKA07_SEGMENT, partition_dir, read_all, segment_files, v0, v1
@@ -219,13 +220,25 @@ def test_importing_kl_data_as_07_is_refused(root, tmp_path):
 # ----------------------------------------------------------------- checking a received set
 
 
-def test_validate_set_counts_kafka_07_messages():
+def test_validate_counts_kafka_07_messages():
     data = v1(b"a") + v0(b"b") + wrap_v1(v1(b"c") + v1(b"d"), 1)
-    assert validate_set(data, "0.7", 1024) == 4
+    assert validate(data, "0.7", 1024) == Checked(data, 4)
 
 
-def test_validate_set_counts_kl_messages():
-    assert validate_set(frame([b"a", b"b"], 1) + wrap(frame([b"c"], 1), 4, 1), "kl", 1024) == 3
+def test_validate_counts_kl_messages():
+    data = frame([b"a", b"b"], 1) + wrap(frame([b"c"], 1), 4, 1)
+    assert validate(data, "kl", 1024) == Checked(data, 3)
+
+
+def test_validate_gives_bytes_for_a_received_buffer():
+    data = frame([b"a"], 1)
+    assert validate(memoryview(data), "kl", 1024) == Checked(data, 1)
+    assert type(validate(bytearray(data), "kl", 1024).data) is bytes
+
+
+def test_walked_counts_a_compressed_batchs_inner_messages():
+    data = frame([b"a"], 1) + wrap(frame([b"b", b"c"], 1), 4, 1)
+    assert walked(data, 1024) == Checked(data, 3)
 
 
 @pytest.mark.parametrize(
@@ -244,9 +257,9 @@ def test_validate_set_counts_kl_messages():
         (v1(b"not gzip", 1), "0.7", "compressed batch: gzip"),
     ],
 )
-def test_validate_set_refuses(data, fmt, problem):
+def test_validate_refuses(data, fmt, problem):
     with pytest.raises(kl.InvalidMessageSet, match=problem):
-        validate_set(data, fmt, 64)
+        validate(data, fmt, 64)
 
 
 # ----------------------------------------------------------------- time by file mtime

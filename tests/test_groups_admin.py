@@ -21,6 +21,7 @@ from kl.groups import AtTime, OffsetChange, ShiftBy, Status
 from kl.log import message as m
 from kl.log.log import Position
 from kl.log.retention import retain
+from kl.log.validate import Checked
 from kl.registry import Registry
 from kl.timespec import format_iso
 from kl_cli.main import cli
@@ -150,7 +151,7 @@ def test_lag_counts_the_messages_inside_compressed_batches_and_no_padding(root):
     root.create_topic("t")
     write(root, "t", [b"a", b"b"])
     start = root.log("t", 0).log_end_offset
-    root.log("t", 0).append(m.encode(bytes(40), None, 0, m.ATTR_PADDING), 0)  # (padding counts no message)
+    root.log("t", 0).append(Checked.framed(m.encode(bytes(40), None, 0, m.ATTR_PADDING), 0))  # (padding counts no message)
     stamp = now_ms() - 5 * HOUR
     write(root, "t", [b"z%d" % i for i in range(500)], compression="zstd", timestamp=stamp)
     write(root, "t", [b"c"])

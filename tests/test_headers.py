@@ -19,8 +19,8 @@ from kl import groups
 from kl.log import message as m
 from kl.log.config import CONFIG_FILE, TopicConfig
 from kl.log.dump import dump_file
-from kl.log.messageset import validate_set
 from kl.log.recovery import recover
+from kl.log.validate import validate
 from kl.registry import Registry
 
 from conftest import active_segment, flip_byte, read_all
@@ -201,15 +201,15 @@ def test_bad_headers_are_refused_before_anything_is_written(root, topic):
 
 def test_a_received_set_may_hold_magic_3_only_where_the_topic_has_headers():
     data = m.encode(b"v", headers=[("h", b"1")]) + m.encode(None)
-    assert validate_set(data, "kl", 1 << 20, headers=True) == 2
+    assert validate(data, "kl", 1 << 20, headers=True).count == 2
     with pytest.raises(kl.InvalidMessageSet, match="magic 3 .* without the headers setting"):
-        validate_set(data, "kl", 1 << 20)
+        validate(data, "kl", 1 << 20)
     inner = m.encode(m.compress(m.CODEC_ZSTD, data), None, 0, m.CODEC_ZSTD)
-    assert validate_set(inner, "kl", 1 << 20, headers=True) == 2
+    assert validate(inner, "kl", 1 << 20, headers=True).count == 2
     with pytest.raises(kl.InvalidMessageSet, match="inner message of magic 3"):
-        validate_set(inner, "kl", 1 << 20)
+        validate(inner, "kl", 1 << 20)
     with pytest.raises(kl.InvalidMessageSet, match="magic 3 in a topic of format 0.7"):
-        validate_set(data, "0.7", 1 << 20, headers=True)
+        validate(data, "0.7", 1 << 20, headers=True)
 
 
 def test_deep_recovery_accepts_magic_3_and_still_finds_damage_in_it(root, topic):

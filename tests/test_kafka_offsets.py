@@ -19,6 +19,7 @@ from kl.log.log import Position, SegmentInfo
 from kl.log.messageset import wrap
 from kl.log.recovery import recover
 from kl.log.state import RECORD_V3, STATE_FILE, UNKNOWN, read_state
+from kl.log.validate import Checked
 
 from conftest import flip_byte, write
 
@@ -155,9 +156,9 @@ def test_offsets_for_times_inside_a_compressed_batch(tmp_path) -> None:
     root = kl.Root(tmp_path)
     root.create_topic("t")
     log = root.log("t", 0)
-    log.append(m.encode(b"before", None, 500), 1)
+    log.append(Checked.framed(m.encode(b"before", None, 500), 1))
     inner = b"".join(m.encode(b"v%d" % i, None, 1000 * i) for i in range(1, 6))  # stamped 1000 to 5000
-    at = log.append(wrap(inner, m.CODEC_ZSTD, 1000), 5)
+    at = log.append(Checked.framed(wrap(inner, m.CODEC_ZSTD, 1000), 5))
     for time_ms, kafka_offset in ((900, 1), (1000, 1), (2500, 3), (5000, 5)):
         position, msg = log.message_for_time(time_ms)
         assert (position, log.kafka_offset(*position)) == (Position(at, kafka_offset - 1), kafka_offset)

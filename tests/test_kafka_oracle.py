@@ -61,6 +61,7 @@ from kafka_programs import Program, go_programs, java_command
 import kl
 from kl.log import message as m
 from kl.log import messageset
+from kl.log.validate import Checked
 from kl.net.kafka import _responses
 from kl.net.kafka_errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
 
@@ -152,7 +153,8 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
 
     def compressed(topic: str, records: list[Record]) -> None:
         inner = b"".join(m.encode(v, k, t, m.CODEC_NONE, h) for k, v, h, t in records)
-        root.log(topic, 0).append(messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records)), len(records))
+        wrapped = messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records))
+        root.log(topic, 0).append(Checked.framed(wrapped, len(records)))
 
     return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
                     compressed)  # fmt: skip

@@ -29,6 +29,7 @@ from kl.errors import TopicRecreated
 from kl.log.messageset import frame
 from kl.log.recovery import recover
 from kl.log.retention import retain
+from kl.log.validate import Checked
 from kl.spark import journal
 from kl.spark.journal import Limits, LoadDataLoss, LoadRunning, Settings
 from kl.spark.load import SparkRunner, load, unwrap
@@ -682,7 +683,7 @@ def test_a_failing_task_is_one_error_line_and_the_plan_stays_to_be_finished(spar
 def test_a_timestamp_out_of_range_fails_naming_the_message_until_a_run_clamps_it(spark, root, out):
     root.create_topic("t")
     produce(root, "t", 3)
-    far = root.log("t", 0).append(frame([b"far"], 253402300800000), 1)  # year 10000, as old data may hold
+    far = root.log("t", 0).append(Checked.framed(frame([b"far"], 253402300800000), 1))  # year 10000, as old data may hold
     produce(root, "t", 2, tag="n")
     result = cli_run(root, "t", "-o", str(out))
     assert result.exit_code == 1

@@ -15,6 +15,7 @@ from kl.log import message as m
 from kl.log import segment as segment_module
 from kl.log.segment import list_segments, parse_name, segment_name
 from kl.log.state import STATE_FILE, PartitionState, read_state
+from kl.log.validate import Checked
 
 from conftest import (
     active_segment,
@@ -556,7 +557,7 @@ def test_flush_messages_triggers_a_flush(root):
 def test_no_flush_policy_leaves_data_unflushed_until_flush(root):
     root.create_topic("f", kl.TopicConfig(flush_messages=0, flush_ms=0))
     log = root.log("f", 0)
-    log.append(m.encode(b"a"), 1)
+    log.append(Checked.framed(m.encode(b"a"), 1))
     assert log.state().flushed_offset == 0
     log.flush()
     assert log.state().flushed_offset == 23

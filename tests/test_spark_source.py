@@ -16,6 +16,7 @@ import pytest
 import kl
 from kl.log.importer import import_topic
 from kl.log.retention import retain
+from kl.log.validate import Checked
 from kl.spark import ranges
 from kl.timespec import TIME_FORMS
 
@@ -351,7 +352,7 @@ def test_a_timestamp_out_of_range_fails_naming_the_message_or_reads_as_null_or_c
     from kl.log.messageset import frame
 
     root.create_topic("far")
-    root.log("far", 0).append(frame([b"a"], 1000) + frame([b"b"], 9223372036854775807), 2)
+    root.log("far", 0).append(Checked.framed(frame([b"a"], 1000) + frame([b"b"], 9223372036854775807), 2))
     assert "topic 'far' partition 0 offset 23: timestamp 9223372036854775807 is outside the range kl stores" in error_of(
         lambda: read(spark, root, topics="far").collect()
     )

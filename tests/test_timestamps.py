@@ -18,6 +18,7 @@ from kl.log import timeindex
 from kl.log.message import MAX_TIMESTAMP, MIN_TIMESTAMP
 from kl.log.recovery import recover
 from kl.log.retention import retain
+from kl.log.validate import Checked
 from kl_cli.main import cli
 
 from conftest import partition_locked_elsewhere, write_each
@@ -316,7 +317,7 @@ def with_bad_stamps(root: kl.Root, topic: str, compressed: bool = False) -> None
     data = b"".join(frame([b"m%d" % i], ts) for i, ts in enumerate(stamps))
     if compressed:
         data = wrap(data, kl.log.message.CODEC_GZIP, 2000)
-    root.log(topic, 0).append(data, len(stamps))
+    root.log(topic, 0).append(Checked.framed(data, len(stamps)))
 
 
 def arrow_stamps(root: kl.Root, topic: str, policy: str) -> list:

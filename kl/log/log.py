@@ -53,6 +53,7 @@ from kl.log.messageset import INCOMPLETE, MessageSet
 from kl.log.offsetindex import Counted
 from kl.log.segment import LEGACY_SUFFIX, SUFFIX, Segment, list_segments, segment_name, segment_path
 from kl.log.state import BOOT_ID, NO_TOKEN, STATE_FILE, UNKNOWN, PartitionState, StateFile, read_state, write_state
+from kl.log.validate import Checked
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -827,9 +828,9 @@ class Log:
 
     # ----------------------------------------------------------------- writing
 
-    def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
-        """Append a framed message set of ``count`` messages (as ``count_messages`` counts
-        them: each of a compressed batch's, no padding); returns the offset it starts at.
+    def append(self, batch: Checked, *, fsync: bool = False) -> int:
+        """Append a checked message set (``kl.log.validate``: validated, or framed by kl,
+        and counted); returns the offset it starts at.
 
         The set is written whole at the end of the active segment and then published.
         With ``fsync`` the data and state are flushed before this returns; otherwise the
@@ -837,11 +838,9 @@ class Log:
         left as it was) and ``CorruptMessage`` when the tail is damaged below its
         committed end (run ``kl recover``).  ``append_all`` appends to several at once.
         """
-        return self.append_counted(data, count, fsync=fsync)[0]
+        return self.append_counted(batch, fsync=fsync)[0]
 
-    def append_counted(
-        self, data: bytes, count: int, *, fsync: bool = False, producer: producers.Batch | None = None
-    ) -> tuple[int, int]:
+    def append_counted(self, batch: Checked, *, fsync: bool = False, producer: producers.Batch | None = None) -> tuple[int, int]:
         """``append``, returning the offset the set starts at and the Kafka offset of its
         first message.  ``producer``: the set is an idempotent producer's batch, appended
         once (a retry answers where it was appended; see ``kl.log.producers``).  Raises
@@ -854,8 +853,8 @@ class Log:
         lock.acquire(self.lock_timeout)  # as _hold and _unhold, inline: the hot path
         try:
             if producer is not None:
-                return self._append_once(data, count, fsync, producer)
-            return self._publish_append(self._stage(data, fsync), count)
+                return self._append_once(batch, fsync, producer)
+            return self._publish_append(self._stage(batch.data, fsync), batch.count)
         except BaseException:
             if self._nfs:
                 self.close()  # a failed hold keeps nothing
@@ -865,7 +864,7 @@ class Log:
                 self._let_go()  # the data files' locks go before the partition's
             lock.release()
 
-    def _append_once(self, data: bytes, count: int, fsync: bool, producer: producers.Batch) -> tuple[int, int]:
+    def _append_once(self, batch: Checked, fsync: bool, producer: producers.Batch) -> tuple[int, int]:
         """Under the lock: an idempotent producer's batch checked against the journal,
         appended unless it is a retry, and its record written before it is published."""
         journal = self._journal
@@ -881,7 +880,7 @@ class Log:
         if found is not None:
             self._appended_nothing(state)
             return found.offset, found.kafka_offset
-        staged = self._stage(data, fsync, state)
+        staged = self._stage(batch.data, fsync, state)
         start = state.log_end_offset if staged.new is None else staged.new.base_offset
         try:
             journal.write(producer, state.producer_serial + 1, start, state.log_end_count, durable=staged.fsync)
@@ -889,7 +888,7 @@ class Log:
             self._unstage(staged)
             raise
         try:
-            return self._publish_append(staged, count, journaled=True)
+            return self._publish_append(staged, batch.count, journaled=True)
         except BaseException:
             journal.forget()
             raise
@@ -1627,8 +1626,8 @@ LATEST = -1
 EARLIEST = -2
 
 
-def append_all(appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False) -> list[int]:
-    """``Log.append`` of each (log, data, count), to distinct partitions, all at once:
+def append_all(appends: Sequence[tuple[Log, Checked]], *, fsync: bool = False) -> list[int]:
+    """``Log.append`` of each (log, checked set), to distinct partitions, all at once:
     every partition's lock is taken (in the order of their paths, so that two of these
     never wait for each other), every set written, and only then is any published.  A
     failed lock, write or fsync publishes none (what was written is undone).  Only a
@@ -1644,10 +1643,11 @@ def append_all(appends: Sequence[tuple[Log, bytes, int]], *, fsync: bool = False
             target = appends[i][0]
             held.append((target, target._hold()))
         for i in order:
-            target, data, _ = appends[i]
-            staged[i] = target._stage(data, fsync)
+            target, batch = appends[i]
+            staged[i] = target._stage(batch.data, fsync)
         for i in order:  # a set whose publishing was tried may be published: it is not undone
-            offsets[i] = appends[i][0]._publish_append(staged.pop(i), appends[i][2])[0]
+            target, batch = appends[i]
+            offsets[i] = target._publish_append(staged.pop(i), batch.count)[0]
     except BaseException:
         for i, undone in staged.items():
             appends[i][0]._unstage(undone)

@@ -19,10 +19,9 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple, cast
 
-from kl.errors import CorruptMessage, InvalidMessageSet, Kind, UnsupportedCodec
+from kl.errors import CorruptMessage, Kind, UnsupportedCodec
 from kl.log import core
 from kl.log import message as m
-from kl.log.config import FORMAT_07, FORMAT_KL
 from kl.log.message import Message
 
 
@@ -154,74 +153,6 @@ def frame_v1(values: Iterable[bytes]) -> bytes:
 def wrap_v1(inner: bytes, codec: int) -> bytes:
     """One magic 1 wrapper holding the compressed ``inner`` set, as Kafka 0.7 wrote it."""
     return m.encode_v1(m.compress(codec, inner), codec)
-
-
-_READABLE = {
-    FORMAT_07: ((0, m.LEGACY_MAGIC), (m.CODEC_NONE, m.CODEC_GZIP)),
-    FORMAT_KL: ((m.CURRENT_MAGIC,), (m.CODEC_NONE, m.CODEC_GZIP, m.CODEC_ZSTD)),
-}
-"""Per topic format: the magics and codecs a received message may have."""
-
-
-def validate_set(data: Buffer, format: str, max_message_bytes: int, headers: bool = False) -> int:
-    """Check a message set received for appending, before any of it is written; returns
-    how many messages it holds (a compressed batch counts its inner messages).
-
-    Every message must be complete, within ``max_message_bytes``, pass its checksum and
-    have a magic and codec the topic's ``format`` stores: magic 0 or 1 and gzip for
-    ``"0.7"``, magic 2 and gzip or zstd for ``"kl"``, and magic 3 (headers or a null
-    value, never compressed itself) too where the topic has the ``headers`` setting.  A
-    compressed batch's inner messages are checked too.  Raises ``InvalidMessageSet``
-    naming the position and the problem (an empty set, a partial message at the end
-    included).
-    """
-    if not data:
-        raise InvalidMessageSet(0, "empty message set")
-    magics, codecs = _READABLE[format]
-    if headers and format == FORMAT_KL:
-        magics = (m.CURRENT_MAGIC, m.HEADERS_MAGIC)
-    messages = MessageSet(bytes(data), max_message_bytes=max_message_bytes, stable_offset=len(data), ends_at_eof=True)
-    count = 0
-    for entry in messages.entries():
-        if entry.problem is not None:
-            raise InvalidMessageSet(entry.position, _what(messages.buffer, entry, max_message_bytes))
-        codec = entry.attrs & m.CODEC_MASK
-        if entry.magic not in magics:
-            if entry.magic == m.HEADERS_MAGIC and format == FORMAT_KL:
-                raise InvalidMessageSet(entry.position, f"magic 3 (headers or a null value) in a topic {_NO_HEADERS}")
-            raise InvalidMessageSet(entry.position, f"magic {entry.magic} in a topic of format {format}")
-        if entry.attrs & ~m.CODEC_MASK or codec not in codecs:
-            what = f"attributes {entry.attrs:#04x} (codec {m.CODEC_NAMES.get(codec, codec)})"
-            raise InvalidMessageSet(entry.position, f"{what} in a topic of format {format}")
-        if codec == m.CODEC_NONE:
-            count += 1
-            continue
-        try:
-            inner = messages.decode(entry)
-        except CorruptMessage as e:
-            raise InvalidMessageSet(entry.position, e.reason) from None
-        legacy = format == FORMAT_07
-        if any((msg.timestamp is None) != legacy for msg in inner):  # only magic 2 and 3 have timestamps
-            raise InvalidMessageSet(entry.position, f"compressed batch: an inner message's magic is not for format {format}")
-        if not headers and any(msg.headers or msg.value is None for msg in inner):
-            raise InvalidMessageSet(entry.position, f"compressed batch: an inner message of magic 3 in a topic {_NO_HEADERS}")
-        count += len(inner)
-    return count
-
-
-_NO_HEADERS = "without the headers setting (kl topics alter TOPIC --headers)"
-
-
-def _what(buf: bytes, entry: Entry, max_message_bytes: int) -> str:
-    """What is wrong with a bad entry of a received set, in words."""
-    assert entry.problem is not None
-    if entry.problem.kind is INCOMPLETE:
-        return f"partial message at the end ({len(buf) - entry.position} of {entry.size} bytes)"
-    if entry.problem.kind is Kind.BAD_LENGTH:
-        (length,) = struct.unpack_from(">i", buf, entry.position)
-        if m.LENGTH_SIZE + length > max_message_bytes:
-            return f"message of {m.LENGTH_SIZE + length} bytes exceeds max_message_bytes {max_message_bytes}"
-    return entry.problem.reason
 
 
 class MessageSet:

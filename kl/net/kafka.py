@@ -82,6 +82,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
+from kl.log.validate import Checked
 from kl.net import brokers, kafka_groups, message_sets, records
 from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
@@ -374,14 +375,14 @@ class Kafka(FrontEnd):
                 raise Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
             found = parse(data, max_records=limit // 7, max_bytes=4 * limit)
-            messages, count = _messages(found, topic, config)
+            messages = _messages(found, topic, config)
             target = self.server.root.log(topic, partition)
             first, last = found[0], found[-1]
             producer = None
             if first.producer_id >= 0:  # idempotent: appended once (kl.log.producers)
                 last_sequence = (last.base_sequence + last.size - 1) & producers.MAX_SEQUENCE
                 producer = producers.Batch(first.producer_id, first.producer_epoch, first.base_sequence, last_sequence)
-            return partition, NONE, target.append_counted(messages, count, fsync=acks == -1, producer=producer)[1], None
+            return partition, NONE, target.append_counted(messages, fsync=acks == -1, producer=producer)[1], None
         except Refused as e:
             return self._refused(conn, topic, partition, e.code, str(e))
         except InvalidRecords as e:
@@ -683,7 +684,7 @@ class Kafka(FrontEnd):
         return config
 
 
-def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tuple[bytes, int]:
+def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> Checked:
     """kl's messages for the batches' records, every one checked against the topic (one
     append): most through ``core.kafka_records``, the rest record by record, which says
     what is wrong."""
@@ -722,7 +723,7 @@ def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tu
                 )
             parts.append(data)
             count += 1
-    return b"".join(parts), count
+    return Checked.framed(b"".join(parts), count)
 
 
 def _check_epoch(epoch: int) -> None:

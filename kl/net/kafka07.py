@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.log.config import TopicConfig
 from kl.log.log import append_all
-from kl.log.messageset import validate_set
+from kl.log.validate import Checked, validate
 from kl.net import wire
 from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Span, Wait
 from kl.net.wire import Fetch, ProtocolError, Reader
@@ -132,12 +132,12 @@ class Kafka07(FrontEnd):
                 checked.append((p, *self._checked(conn, p.topic, p.partition, p.data, None)))
             except (_Refused, KlError) as e:
                 raise Drop(f"produce to {p.topic}/{p.partition} refused: {_coded(e)[1]}") from None
-        for p, partition, count in checked:
-            self.server.root.log(p.topic, partition).append(p.data, count)
+        for p, partition, batch in checked:
+            self.server.root.log(p.topic, partition).append(batch)
 
-    def _checked(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None) -> tuple[int, int]:
-        """The partition a set goes to (Kafka 0.7's -1: a random one) and its message count,
-        once produce is allowed there and every message checked."""
+    def _checked(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None) -> tuple[int, Checked]:
+        """The partition a set goes to (Kafka 0.7's -1: a random one) and the set checked,
+        once produce is allowed there; ``count``: what the client says it holds."""
         if not self.server.config.allow_produce:
             raise _Refused(wire.NOT_ALLOWED, KlError("produce is off on this server (kl serve --allow-produce)"))
         if partition == -1:
@@ -146,10 +146,10 @@ class Kafka07(FrontEnd):
             partition = random.randrange(config.partitions)
         config = self._topic(conn, topic, partition, strict=True)
         assert config is not None
-        found = validate_set(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes, headers=config.holds_headers)
-        if count is not None and count != found:
-            raise _Refused(wire.INVALID_MESSAGE, KlError(f"the set holds {found} messages, not {count}"))
-        return partition, found
+        batch = validate(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes, headers=config.holds_headers)
+        if count is not None and count != batch.count:
+            raise _Refused(wire.INVALID_MESSAGE, KlError(f"the set holds {batch.count} messages, not {count}"))
+        return partition, batch
 
     def _hello(self, conn: Connection, reader: Reader) -> None:
         reader.int16()
@@ -219,8 +219,8 @@ class Kafka07(FrontEnd):
         data = bytes(reader.take(size))
         reader.done()
         try:
-            partition, count = self._checked(conn, topic, partition, data, count)
-            offset = self.server.root.log(topic, partition).append(data, count, fsync=bool(fsync))
+            partition, batch = self._checked(conn, topic, partition, data, count)
+            offset = self.server.root.log(topic, partition).append(batch, fsync=bool(fsync))
         except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
@@ -239,9 +239,9 @@ class Kafka07(FrontEnd):
         try:
             appends = []
             for topic, partition, data, messages in sets:
-                partition, messages = self._checked(conn, topic, partition, data, messages)
-                appends.append((self.server.root.log(topic, partition), data, messages))
-            if len({id(target) for target, _, _ in appends}) < len(appends):
+                partition, batch = self._checked(conn, topic, partition, data, messages)
+                appends.append((self.server.root.log(topic, partition), batch))
+            if len({id(target) for target, _ in appends}) < len(appends):
                 raise _Refused(wire.KL_ERROR, KlError("APPEND_ALL names a partition twice"))
             offsets = append_all(appends, fsync=bool(fsync))
         except (_Refused, KlError) as e:

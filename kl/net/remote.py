@@ -47,6 +47,7 @@ from kl.log.log import EARLIEST, LATEST, Position
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX
 from kl.log.messageset import INCOMPLETE, MessageSet
 from kl.log.segment import Segment
+from kl.log.validate import Checked
 from kl.net import wire
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer
 from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
@@ -226,12 +227,12 @@ class RemoteRoot:
                     raise
         raise AssertionError("unreachable")
 
-    def append_all(self, appends: Sequence[tuple[RemoteLog, bytes, int]], *, fsync: bool = False) -> list[int]:
+    def append_all(self, appends: Sequence[tuple[RemoteLog, Checked]], *, fsync: bool = False) -> list[int]:
         """``Root.append_all`` (APPEND_ALL): all or none.  A server older than version 2
         gets the appends one after the other.  Not sent again on a broken connection."""
         if self._connection().version < 2:
-            return [target.append(data, count, fsync=fsync) for target, data, count in appends]
-        body = wire.append_all_body([(t.topic, t.partition, data, count) for t, data, count in appends], fsync)
+            return [target.append(batch, fsync=fsync) for target, batch in appends]
+        body = wire.append_all_body([(t.topic, t.partition, *batch) for t, batch in appends], fsync)
         answer = wire.Reader(self.call(wire.APPEND_ALL, body, retry=False))
         offsets = [answer.int64() for _ in range(answer.int32())]
         if len(offsets) != len(appends):
@@ -497,10 +498,11 @@ class RemoteLog:
                 found = segment.resync(bad, size)
         return offset + size if found is None else offset + found
 
-    def append(self, data: bytes, count: int, *, fsync: bool = False) -> int:
-        """``Log.append`` (APPEND): the offset where the set starts.  Not sent again on a
+    def append(self, batch: Checked, *, fsync: bool = False) -> int:
+        """``Log.append`` (APPEND): the offset where the set starts.  The server checks the
+        set again and refuses it if its count is not ``batch.count``.  Not sent again on a
         broken connection: it may have been appended."""
-        body = wire.append_body(self.topic, self.partition, data, count, fsync)
+        body = wire.append_body(self.topic, self.partition, batch.data, batch.count, fsync)
         return wire.Reader(self.root.call(wire.APPEND, body, retry=False)).int64()
 
     def flush(self) -> None:
