@@ -82,7 +82,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
-from kl.net import brokers, kafka_groups, message_sets, records
+from kl.net import brokers, kafka_groups, records
 from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
     CORRUPT_MESSAGE,
@@ -329,7 +329,7 @@ class Kafka(FrontEnd):
             code, text = refusal
             answers = [(t.name, [(p.index, code, -1, text) for p in t.partition_data]) for t in request.topic_data]
         else:
-            parse = records.batches if version >= 3 else message_sets.batches  # v0-2: message sets, no idempotence
+            parse = records.batches if version >= 3 else records.message_set_batches  # v0-2: no idempotence
             answers = [
                 (
                     t.name,
@@ -715,7 +715,7 @@ def _check_epoch(epoch: int) -> None:
 
 
 def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> Iterator[tuple[bytes, tuple[int, int, int]]]:
-    """Fetch v0-3's entries (``message_sets``) of the messages from the start of
+    """Fetch v0-3's entries (``records.message``, ``records.wrapper``) of the messages from the start of
     ``messages`` on, after the first ``skip`` of the batch there, whose first message has
     Kafka offset ``kafka_offset``: each with the Kafka offset and the place in
     ``messages`` (position, skip) of what comes after it.  Runs of plain messages are
@@ -731,7 +731,7 @@ def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> 
                 value_at = at + m.KEY_OFFSET + max(length, 0)
                 end = at + m.LENGTH_SIZE + int.from_bytes(buf[at : at + m.LENGTH_SIZE], "big")
                 key = None if length < 0 else bytes(buf[at + m.KEY_OFFSET : value_at])
-                data = message_sets.message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
+                data = records.message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
                 kafka_offset += 1
                 pos = end
                 served = True
@@ -741,13 +741,13 @@ def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> 
             return
         after, group = step
         if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
-            data = message_sets.wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
+            data = records.wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
             served = True
             yield data, (kafka_offset + len(group), after, 0)
         else:
             for i in range(skip, len(group)):
                 msg = group[i]
-                data = message_sets.message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
+                data = records.message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
                 served = True
                 yield data, (kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
         kafka_offset += len(group)
