@@ -26,6 +26,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 import kl
 from kl.net import kafka, records
+from kl.net.kafka_errors import INVALID_TIMESTAMP
 from kl.net.server import ServeConfig, Server
 
 from conftest import read_all, write, write_each
@@ -204,7 +205,6 @@ def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_conn
         include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False,
     ).topics
-
 
 
 def closed_without_an_answer(client: Client) -> bool:
@@ -495,7 +495,7 @@ def test_refused_produces_append_nothing_and_say_why(served, root, topic):
     both = built([b"good"]) + bytes(batch)  # one good batch, one bad: neither is appended
     assert produce(client, topic, both).error_code == kafka.CORRUPT_MESSAGE
     late = produce(client, topic, built([b"x"], timestamp=kl.log.message.MAX_TIMESTAMP + 1))
-    assert late.error_code == kafka.INVALID_TIMESTAMP
+    assert late.error_code == INVALID_TIMESTAMP
     assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka.INVALID_REQUIRED_ACKS
     assert read_all(root, topic) == []
 
@@ -583,7 +583,6 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated_naming_the_limit(
     name = "snappy" if codec == "xerial" else codec
     with pytest.raises(records.InvalidRecords, match=f"^a {name} batch decompresses to more than {1 << 20} bytes$"):
         records.batches(bomb, 10, 1 << 20)
-
 
 
 # ----------------------------------------------------------------- the command

@@ -91,10 +91,8 @@ from kl.net.kafka_errors import (
     INVALID_RECORD,
     INVALID_REQUEST,
     INVALID_REQUIRED_ACKS,
-    INVALID_TIMESTAMP,
     INVALID_TOPIC_EXCEPTION,
     KAFKA_STORAGE_ERROR,
-    MESSAGE_TOO_LARGE,
     NONE,
     OFFSET_OUT_OF_RANGE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -374,7 +372,7 @@ class Kafka(FrontEnd):
                 raise Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
             found = parse(data, max_records=limit // 7, max_bytes=4 * limit)
-            messages, count = _messages(found, topic, config)
+            messages, count = records.kl_messages(found, topic, config)
             target = self.server.root.log(topic, partition)
             first, last = found[0], found[-1]
             producer = None
@@ -663,48 +661,6 @@ class Kafka(FrontEnd):
                 UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic} has partitions 0 to {config.partitions - 1}, not {partition}"
             )
         return config
-
-
-def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> tuple[bytes, int]:
-    """kl's messages for the batches' records, every one checked against the topic (one
-    append): most through ``core.kafka_records``, the rest record by record, which says
-    what is wrong."""
-    if config.legacy:
-        raise Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
-    now = int(time.time() * 1000)
-    parts = []
-    count = 0
-    for batch in found:
-        try:
-            fast = core.kafka_records(
-                batch.body, batch.size, batch.base_timestamp, now if batch.append_time else -1, now, config.max_message_bytes
-            )
-        except ValueError as e:
-            raise InvalidRecords(f"a record batch is malformed: {e}") from None
-        if fast is not None:
-            parts.append(fast[0])
-            count += fast[1]
-            continue
-        for record in batch.records():
-            if (record.value is None or record.headers) and not config.holds_headers:
-                raise Refused(
-                    INVALID_RECORD,
-                    f"topic {topic} was created without headers and cannot hold headers or null values: allow them "
-                    f"with kl topics alter {topic} --headers (kl versions before headers then refuse the topic)",
-                )
-            timestamp = now if record.timestamp == records.NO_TIMESTAMP else record.timestamp
-            problem = m.timestamp_problem(timestamp)
-            if problem is not None:
-                raise Refused(INVALID_TIMESTAMP, problem)
-            data = m.encode(record.value, record.key, timestamp, m.CODEC_NONE, record.headers)
-            if len(data) > config.max_message_bytes:
-                raise Refused(
-                    MESSAGE_TOO_LARGE,
-                    f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}",
-                )
-            parts.append(data)
-            count += 1
-    return b"".join(parts), count
 
 
 def _check_epoch(epoch: int) -> None:

@@ -1,6 +1,6 @@
 """Kafka's records, both wire generations: what a produce carries read into ``Batch``es
-(``batches``, ``message_set_batches``), and a fetch's records built (``batch``,
-``message``, ``wrapper``).
+(``batches``, ``message_set_batches``) and made the kl messages of one append
+(``kl_messages``), and a fetch's records built (``batch``, ``message``, ``wrapper``).
 
 Record batches (magic 2; Produce v3 and later, Fetch v4 and later): a 61-byte header,
 then its records::
@@ -38,6 +38,7 @@ message, so a client that resumes after a batch lands exactly on it.
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -45,6 +46,8 @@ from typing import NamedTuple
 from kl.errors import KlError
 from kl.log import core, pycore
 from kl.log import message as m
+from kl.log.config import TopicConfig
+from kl.net.kafka_errors import INVALID_RECORD, INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, Refused
 
 BATCH = pycore.KAFKA_BATCH
 LENGTH_END = pycore.KAFKA_LENGTH_END
@@ -237,6 +240,53 @@ def _field(view: memoryview, pos: int, end: int, where: int) -> tuple[bytes | No
     if not 0 <= length <= end - pos:
         raise InvalidRecords(f"the message at byte {where} has a field of length {length} with {end - pos} bytes left")
     return bytes(view[pos : pos + length]), pos + length
+
+
+def kl_messages(found: list[Batch], topic: str, config: TopicConfig) -> tuple[bytes, int]:
+    """kl's messages for the batches' records and how many, every one checked against
+    the topic (one append): most through ``core.kafka_records``, the rest record by
+    record, which says what is wrong.  Raises ``InvalidRecords``, and ``Refused`` for
+    what the topic does not take."""
+    if config.legacy:
+        raise Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
+    now = int(time.time() * 1000)
+    parts = []
+    count = 0
+    for batch in found:
+        try:
+            fast = core.kafka_records(
+                batch.body, batch.size, batch.base_timestamp, now if batch.append_time else -1, now, config.max_message_bytes
+            )
+        except ValueError as e:
+            raise InvalidRecords(f"a record batch is malformed: {e}") from None
+        if fast is not None:
+            parts.append(fast[0])
+            count += fast[1]
+            continue
+        for record in batch.records():
+            parts.append(_kl_message(record, topic, config, now))
+            count += 1
+    return b"".join(parts), count
+
+
+def _kl_message(record: Record, topic: str, config: TopicConfig, now: int) -> bytes:
+    """The kl message of one record, checked against the topic.  Raises ``Refused``."""
+    if (record.value is None or record.headers) and not config.holds_headers:
+        raise Refused(
+            INVALID_RECORD,
+            f"topic {topic} was created without headers and cannot hold headers or null values: allow them "
+            f"with kl topics alter {topic} --headers (kl versions before headers then refuse the topic)",
+        )
+    timestamp = now if record.timestamp == NO_TIMESTAMP else record.timestamp
+    problem = m.timestamp_problem(timestamp)
+    if problem is not None:
+        raise Refused(INVALID_TIMESTAMP, problem)
+    data = m.encode(record.value, record.key, timestamp, m.CODEC_NONE, record.headers)
+    if len(data) > config.max_message_bytes:
+        raise Refused(
+            MESSAGE_TOO_LARGE, f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}"
+        )
+    return data
 
 
 # ----------------------------------------------------------------------------- writing
