@@ -23,6 +23,7 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 import kl
 from kl.net import kafka, records
@@ -574,6 +575,30 @@ def test_batches_reads_what_kafka_python_builds(root):
         (b"x", b"a", 1_700_000_000_000),
         (None, b"b", 1_700_000_000_001),
     ]
+
+
+def records_in(data: bytes) -> list[tuple[int, bytes | None]]:
+    """(offset, value) of each record kafka-python's reader finds in a fetch's records."""
+    out, found = [], MemoryRecords(data)
+    while (batch := found.next_batch()) is not None:
+        out += [(r.offset, r.value) for r in batch]
+    return out
+
+
+@pytest.mark.parametrize("version", [2, 4])
+def test_a_read_inside_a_compressed_batch_converts_from_the_record_asked_for_and_resumes_after_it(root, topic, version):
+    write(root, topic, [b"a"])
+    write(root, topic, [b"b", b"c", b"d"], compression="gzip")
+    log = root.log(topic, 0)
+    start, skip = log.kafka_position(2)
+    assert skip == 1
+    messages = log.read(start, 1 << 20)
+    if version >= 4:
+        data, resume = records.record_batches(messages, 2 - skip, skip)
+    else:
+        data, resume = records.message_set(messages, 2 - skip, skip, 1 << 20, version)
+    assert records_in(data) == [(2, b"c"), (3, b"d")]
+    assert resume == records.Resume(4, len(messages.buffer))
 
 
 @pytest.mark.parametrize("codec", ["gzip", "zstd", "lz4", "snappy", "xerial"])

@@ -1,6 +1,5 @@
-"""Kafka's records, both wire generations: what a produce carries read into ``Batch``es
-(``batches``, ``message_set_batches``) and made the kl messages of one append
-(``kl_messages``), and a fetch's records built (``batch``, ``message``, ``wrapper``).
+"""Kafka's records, both ways: a produce's records into the kl message set of one
+append, and messages read from the log into a fetch's records.  Both wire generations.
 
 Record batches (magic 2; Produce v3 and later, Fetch v4 and later): a 61-byte header,
 then its records::
@@ -28,11 +27,21 @@ timestamp.  The inner messages of a magic 0 wrapper carry their absolute offsets
 a magic 1 wrapper offsets relative to the first (0, 1, ...), and the wrapper the absolute
 offset of the last.
 
-kl keeps no offset a producer sends: the log gives each record the next.  Offsets are
-Kafka offsets: a record's offset is its message's ordinal in the partition
-(``Log.kafka_position``), each inner message of a compressed kl batch has its own.  A
-record batch's ``last_offset_delta`` puts ``base + last_offset_delta + 1`` at the next
-message, so a client that resumes after a batch lands exactly on it.
+Produce: ``batches`` (record batches) and ``message_set_batches`` check and decompress a
+partition's records into ``Batch``es, ``kl_messages`` makes those the kl messages of one
+append and their count.  kl keeps no offset a producer sends: the log gives each record
+the next.
+
+Fetch: ``record_batches`` and ``message_set`` convert a read of the log (a
+``MessageSet``, the Kafka offset of its first message, how many of the compressed
+batch there to skip) and say where the message of the Kafka offset after their last
+record is (a ``Resume``, for the front end's memory of where clients fetch next).
+
+Offsets are Kafka offsets: a record's offset is its message's ordinal in the partition
+(``Log.kafka_position``), each inner message of a compressed kl batch has its own, and a
+fetch at offset N starts with record N, or with the batch holding it sent from record N
+on.  A record batch's ``last_offset_delta`` puts ``base + last_offset_delta + 1`` at the
+next message, so a client that resumes after a batch lands exactly on it.
 """
 
 from __future__ import annotations
@@ -40,13 +49,15 @@ from __future__ import annotations
 import struct
 import time
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from kl.errors import KlError
+from kl.errors import CorruptMessage, KlError
 from kl.log import core, pycore
 from kl.log import message as m
 from kl.log.config import TopicConfig
+from kl.log.messageset import MessageSet
 from kl.net.kafka_errors import INVALID_RECORD, INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, Refused
 
 BATCH = pycore.KAFKA_BATCH
@@ -125,7 +136,16 @@ class Batch(NamedTuple):
         return out
 
 
-# ----------------------------------------------------------------------------- reading
+class Resume(NamedTuple):
+    """Where the message of Kafka offset ``offset`` is in a read: at byte ``position``,
+    after the first ``skip`` messages of the batch there."""
+
+    offset: int
+    position: int
+    skip: int = 0
+
+
+# ----------------------------------------------------------------------------- produce: Kafka -> kl
 
 
 def batches(data: bytes | memoryview, max_records: int, max_bytes: int) -> list[Batch]:
@@ -289,7 +309,117 @@ def _kl_message(record: Record, topic: str, config: TopicConfig, now: int) -> by
     return data
 
 
-# ----------------------------------------------------------------------------- writing
+# ----------------------------------------------------------------------------- fetch: kl -> Kafka
+
+
+def record_batches(messages: MessageSet, kafka_offset: int, skip: int) -> tuple[bytes, Resume | None]:
+    """Fetch v4+'s records: ``messages`` (read from the log, the first at Kafka offset
+    ``kafka_offset``) as record batches, after the first ``skip`` messages of the batch
+    at their start: runs of plain messages converted by ``core.kafka_batch``, each other
+    message (a compressed batch, Kafka 0.7's) through ``batch``.  With where the next
+    Kafka offset's message is (None: nothing served)."""
+    buf, limit = messages.buffer, messages.max_message_bytes
+    parts: list[bytes] = []
+    pos = 0
+    while True:
+        if not skip:
+            run, count, stop = core.kafka_batch(buf, pos, kafka_offset, limit)
+            if run:
+                parts.append(run)
+                pos, kafka_offset = stop, kafka_offset + count
+        step = _decoded(messages, pos, bool(parts))
+        if step is None:
+            break
+        after, group = step
+        rows = [(kafka_offset + i, msg.timestamp, msg.key, msg.value, msg.headers) for i, msg in enumerate(group) if i >= skip]
+        if rows:
+            parts.append(batch(rows, kafka_offset + len(group)))
+        kafka_offset += len(group)
+        skip = 0
+        pos = after
+    if not parts:
+        return b"", None
+    return b"".join(parts), Resume(kafka_offset, pos)
+
+
+def message_set(messages: MessageSet, kafka_offset: int, skip: int, max_bytes: int, version: int) -> tuple[bytes, Resume | None]:
+    """Fetch v0-3's records: ``messages`` as ``record_batches`` takes them, as a message
+    set of magic 0 (v0-1) or 1 (v2-3), without headers, which magic 0 and 1 cannot hold
+    (as Kafka's down-conversion drops them); a gzip kl batch as a gzip wrapper of its
+    records (from the one after ``skip`` on), a batch of a codec those clients cannot
+    read (zstd) as plain messages.  At most ``max_bytes``, but a first message larger
+    goes whole in v3 (KIP-74) and in v0-2 as its first ``max_bytes`` bytes, which
+    clients of that time report as a message larger than their fetch size, as Kafka's
+    brokers answered them.  With where the next Kafka offset's message is (None:
+    nothing served whole)."""
+    parts: list[bytes] = []
+    size = 0
+    resume = None
+    for data, after in _entries(messages, kafka_offset, skip, 0 if version <= 1 else 1):
+        if size + len(data) > max_bytes:
+            if not parts and version <= 2:
+                return data[:max_bytes], None
+            if parts:
+                break
+        parts.append(data)
+        size += len(data)
+        resume = after
+    return b"".join(parts), resume
+
+
+def _entries(messages: MessageSet, kafka_offset: int, skip: int, magic: int) -> Iterator[tuple[bytes, Resume]]:
+    """The message set entries of ``messages`` as ``message_set`` takes them, each with
+    where the Kafka offset after it is.  Runs of plain messages are read from their
+    columns (``MessageSet.plain_run``), the others decoded; a gzip batch becomes one
+    wrapper."""
+    buf = messages.buffer
+    pos = 0
+    served = False
+    while True:
+        if not skip:
+            positions, stamps, key_lengths = (array("q", column) for column in messages.plain_run(pos)[:3])
+            for at, stamp, length in zip(positions, stamps, key_lengths, strict=True):
+                value_at = at + m.KEY_OFFSET + max(length, 0)
+                end = at + m.LENGTH_SIZE + int.from_bytes(buf[at : at + m.LENGTH_SIZE], "big")
+                key = None if length < 0 else bytes(buf[at + m.KEY_OFFSET : value_at])
+                data = message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
+                kafka_offset += 1
+                pos = end
+                served = True
+                yield data, Resume(kafka_offset, pos)
+        step = _decoded(messages, pos, served)
+        if step is None:
+            return
+        after, group = step
+        if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
+            data = wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
+            served = True
+            yield data, Resume(kafka_offset + len(group), after)
+        else:
+            for i in range(skip, len(group)):
+                msg = group[i]
+                data = message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
+                served = True
+                yield data, Resume(kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
+        kafka_offset += len(group)
+        skip = 0
+        pos = after
+
+
+def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.Message]] | None:
+    """``messages.decode_at(pos)``; None at damage too once some records are ``served``
+    (the next fetch, from there, says what is wrong)."""
+    try:
+        return messages.decode_at(pos)
+    except CorruptMessage:
+        if served:
+            return None
+        raise
+
+
+def _codec(buf: bytes, pos: int) -> int:
+    """The codec of the kl message at ``pos`` (magic 0 has none)."""
+    return buf[pos + m.ATTRIBUTES_OFFSET] & m.CODEC_MASK if buf[pos + m.MAGIC_OFFSET] else m.CODEC_NONE
 
 
 Row = tuple[int, "int | None", "bytes | None", "bytes | None", "Sequence[tuple[str, bytes | None]]"]
