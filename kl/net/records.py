@@ -364,10 +364,10 @@ def message_set(messages: MessageSet, kafka_offset: int, skip: int, max_bytes: i
         parts.append(data)
         size += len(data)
         resume = after
-    return b"".join(parts), resume
+    return b"".join(parts), None if resume is None else Resume(*resume)
 
 
-def _entries(messages: MessageSet, kafka_offset: int, skip: int, magic: int) -> Iterator[tuple[bytes, Resume]]:
+def _entries(messages: MessageSet, kafka_offset: int, skip: int, magic: int) -> Iterator[tuple[bytes, tuple[int, int, int]]]:
     """The message set entries of ``messages`` as ``message_set`` takes them, each with
     where the Kafka offset after it is.  Runs of plain messages are read from their
     columns (``MessageSet.plain_run``), the others decoded; a gzip batch becomes one
@@ -386,7 +386,7 @@ def _entries(messages: MessageSet, kafka_offset: int, skip: int, magic: int) -> 
                 kafka_offset += 1
                 pos = end
                 served = True
-                yield data, Resume(kafka_offset, pos)
+                yield data, (kafka_offset, pos, 0)
         step = _decoded(messages, pos, served)
         if step is None:
             return
@@ -394,13 +394,13 @@ def _entries(messages: MessageSet, kafka_offset: int, skip: int, magic: int) -> 
         if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
             data = wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
             served = True
-            yield data, Resume(kafka_offset + len(group), after)
+            yield data, (kafka_offset + len(group), after, 0)
         else:
             for i in range(skip, len(group)):
                 msg = group[i]
                 data = message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
                 served = True
-                yield data, Resume(kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
+                yield data, (kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
         kafka_offset += len(group)
         skip = 0
         pos = after
