@@ -23,9 +23,11 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 import kl
 from kl.net import kafka, records
+from kl.net.kafka_errors import INVALID_TIMESTAMP
 from kl.net.server import ServeConfig, Server
 
 from conftest import read_all, write, write_each
@@ -204,7 +206,6 @@ def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_conn
         include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False,
     ).topics
-
 
 
 def closed_without_an_answer(client: Client) -> bool:
@@ -493,7 +494,7 @@ def test_refused_produces_append_nothing_and_say_why(served, root, topic):
     both = built([b"good"]) + bytes(batch)  # one good batch, one bad: neither is appended
     assert produce(client, topic, both).error_code == kafka.CORRUPT_MESSAGE
     late = produce(client, topic, built([b"x"], timestamp=kl.log.message.MAX_TIMESTAMP + 1))
-    assert late.error_code == kafka.INVALID_TIMESTAMP
+    assert late.error_code == INVALID_TIMESTAMP
     assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka.INVALID_REQUIRED_ACKS
     assert read_all(root, topic) == []
 
@@ -574,6 +575,30 @@ def test_batches_reads_what_kafka_python_builds(root):
     ]
 
 
+def records_in(data: bytes) -> list[tuple[int, bytes | None]]:
+    """(offset, value) of each record kafka-python's reader finds in a fetch's records."""
+    out, found = [], MemoryRecords(data)
+    while (batch := found.next_batch()) is not None:
+        out += [(r.offset, r.value) for r in batch]
+    return out
+
+
+@pytest.mark.parametrize("version", [2, 4])
+def test_a_read_inside_a_compressed_batch_converts_from_the_record_asked_for_and_resumes_after_it(root, topic, version):
+    write(root, topic, [b"a"])
+    write(root, topic, [b"b", b"c", b"d"], compression="gzip")
+    log = root.log(topic, 0)
+    start, skip = log.kafka_position(2)
+    assert skip == 1
+    messages = log.read(start, 1 << 20)
+    if version >= 4:
+        data, resume = records.record_batches(messages, 2 - skip, skip)
+    else:
+        data, resume = records.message_set(messages, 2 - skip, skip, 1 << 20, version)
+    assert records_in(data) == [(2, b"c"), (3, b"d")]
+    assert resume == records.Resume(4, len(messages.buffer))
+
+
 @pytest.mark.parametrize("codec", ["gzip", "zstd", "lz4", "snappy", "xerial"])
 def test_a_decompression_bomb_is_refused_before_it_is_inflated_naming_the_limit(codec):
     bomb = kafkafuzz.bomb(codec, 64 << 20)
@@ -581,7 +606,6 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated_naming_the_limit(
     name = "snappy" if codec == "xerial" else codec
     with pytest.raises(records.InvalidRecords, match=f"^a {name} batch decompresses to more than {1 << 20} bytes$"):
         records.batches(bomb, 10, 1 << 20)
-
 
 
 # ----------------------------------------------------------------- the command

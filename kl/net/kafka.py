@@ -31,8 +31,7 @@ import struct
 import threading
 import time
 import uuid
-from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kafka.protocol.admin.groups import (
@@ -76,14 +75,12 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.log import core, producers
-from kl.log import message as m
+from kl.log import producers
 from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
-from kl.log.validate import Checked
-from kl.net import brokers, kafka_groups, message_sets, records
+from kl.net import brokers, kafka_groups, records
 from kl.net.coordinator import Coordinator
 from kl.net.kafka_errors import (
     CORRUPT_MESSAGE,
@@ -92,10 +89,8 @@ from kl.net.kafka_errors import (
     INVALID_RECORD,
     INVALID_REQUEST,
     INVALID_REQUIRED_ACKS,
-    INVALID_TIMESTAMP,
     INVALID_TOPIC_EXCEPTION,
     KAFKA_STORAGE_ERROR,
-    MESSAGE_TOO_LARGE,
     NONE,
     OFFSET_OUT_OF_RANGE,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -330,7 +325,7 @@ class Kafka(FrontEnd):
             code, text = refusal
             answers = [(t.name, [(p.index, code, -1, text) for p in t.partition_data]) for t in request.topic_data]
         else:
-            parse = records.batches if version >= 3 else message_sets.batches  # v0-2: message sets, no idempotence
+            parse = records.batches if version >= 3 else records.message_set_batches  # v0-2: no idempotence
             answers = [
                 (
                     t.name,
@@ -375,7 +370,7 @@ class Kafka(FrontEnd):
                 raise Refused(INVALID_RECORD, "the partition's records are null")
             limit = self.server.config.max_request_bytes
             found = parse(data, max_records=limit // 7, max_bytes=4 * limit)
-            messages = _messages(found, topic, config)
+            messages = records.kl_messages(found, topic, config)
             target = self.server.root.log(topic, partition)
             first, last = found[0], found[-1]
             producer = None
@@ -463,12 +458,7 @@ class Kafka(FrontEnd):
             if not start <= offset <= end:
                 raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} holds {start} to {end}")
             key = (config.topic_id or topic, partition)
-            if offset >= end or max_bytes <= 0:
-                batch = b""
-            elif version >= 4:
-                batch = self._records(target, key, offset, max_bytes, state)
-            else:
-                batch = self._message_set(target, key, offset, max_bytes, state, version)
+            batch = b"" if offset >= end or max_bytes <= 0 else self._records(target, key, offset, max_bytes, state, version)
         except (Refused, KlError) as e:
             code = e.code if isinstance(e, Refused) else _code(e)
             if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH):
@@ -494,70 +484,23 @@ class Kafka(FrontEnd):
         )
         return answer, (target, state.log_end_offset)  # a wait is for what comes past the end
 
-    def _records(self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState) -> bytes:
-        """Record batches of the messages from Kafka offset ``offset`` on: runs of plain
-        messages converted by ``core.kafka_batch``, each other message (a compressed
-        batch, Kafka 0.7's) through ``records.batch``, from the record at ``offset`` on."""
-        found = self._read(target, key, offset, max_bytes, state)
-        if found is None:
-            return b""
-        (start, skip), messages = found
-        buf, limit = messages.buffer, messages.max_message_bytes
-        parts: list[bytes] = []
-        pos, next_offset = 0, offset - skip  # the Kafka offset of the message at pos
-        while True:
-            if not skip:
-                batch, count, stop = core.kafka_batch(buf, pos, next_offset, limit)
-                if batch:
-                    parts.append(batch)
-                    pos, next_offset = stop, next_offset + count
-            step = _decoded(messages, pos, bool(parts))
-            if step is None:
-                break
-            after, group = step
-            rows = [(next_offset + i, msg.timestamp, msg.key, msg.value, msg.headers) for i, msg in enumerate(group) if i >= skip]
-            if rows:
-                parts.append(records.batch(rows, next_offset + len(group)))
-            next_offset += len(group)
-            skip = 0
-            pos = after
-        if not parts:
-            return b""
-        self._remember_resume(key, next_offset, Position(start + pos))  # where the client fetches next
-        return b"".join(parts)
-
-    def _message_set(
+    def _records(
         self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState, version: int
     ) -> bytes:
-        """Fetch v0-3's records: the messages from Kafka offset ``offset`` on as a message
-        set of magic 0 (v0-1) or 1 (v2-3), without headers, which magic 0 and 1 cannot hold
-        (as Kafka's down-conversion drops them); a gzip kl batch as a gzip wrapper of its
-        records (from the one at ``offset`` on), a batch of a codec those clients cannot
-        read (zstd) as plain messages.  At most ``max_bytes``, but a first message larger
-        goes whole in v3 (KIP-74) and in v0-2 as its first ``max_bytes`` bytes, which
-        clients of that time report as a message larger than their fetch size, as
-        Kafka's brokers answered them."""
+        """The messages from Kafka offset ``offset`` on as record batches (v4 on,
+        ``records.record_batches``) or a message set (v0-3, ``records.message_set``), once
+        where the client fetches next is remembered."""
         found = self._read(target, key, offset, max_bytes, state)
         if found is None:
             return b""
         (start, skip), messages = found
-        parts: list[bytes] = []
-        size = 0
-        resume = (offset, 0, 0)  # the next Kafka offset and where its message is (position, skip)
-        for data, after in _entries(messages, skip, offset - skip, 0 if version <= 1 else 1):
-            if size + len(data) > max_bytes:
-                if not parts and version <= 2:
-                    return data[:max_bytes]
-                if parts:
-                    break
-            parts.append(data)
-            size += len(data)
-            resume = after
-        if not parts:
-            return b""
-        next_offset, pos, skip = resume
-        self._remember_resume(key, next_offset, Position(start + pos, skip))  # where the client fetches next
-        return b"".join(parts)
+        if version >= 4:
+            data, resume = records.record_batches(messages, offset - skip, skip)
+        else:
+            data, resume = records.message_set(messages, offset - skip, skip, max_bytes, version)
+        if resume is not None:
+            self._remember_resume(key, resume.offset, Position(start + resume.position, resume.skip))
+        return data
 
     def _read(
         self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState
@@ -684,110 +627,11 @@ class Kafka(FrontEnd):
         return config
 
 
-def _messages(found: list[records.Batch], topic: str, config: TopicConfig) -> Checked:
-    """kl's messages for the batches' records, every one checked against the topic (one
-    append): most through ``core.kafka_records``, the rest record by record, which says
-    what is wrong."""
-    if config.legacy:
-        raise Refused(INVALID_RECORD, "this topic is in Kafka 0.7's format: write to it with a Kafka 0.7 client")
-    now = int(time.time() * 1000)
-    parts = []
-    count = 0
-    for batch in found:
-        try:
-            fast = core.kafka_records(
-                batch.body, batch.size, batch.base_timestamp, now if batch.append_time else -1, now, config.max_message_bytes
-            )
-        except ValueError as e:
-            raise InvalidRecords(f"a record batch is malformed: {e}") from None
-        if fast is not None:
-            parts.append(fast[0])
-            count += fast[1]
-            continue
-        for record in batch.records():
-            if (record.value is None or record.headers) and not config.holds_headers:
-                raise Refused(
-                    INVALID_RECORD,
-                    f"topic {topic} was created without headers and cannot hold headers or null values: allow them "
-                    f"with kl topics alter {topic} --headers (kl versions before headers then refuse the topic)",
-                )
-            timestamp = now if record.timestamp == records.NO_TIMESTAMP else record.timestamp
-            problem = m.timestamp_problem(timestamp)
-            if problem is not None:
-                raise Refused(INVALID_TIMESTAMP, problem)
-            data = m.encode(record.value, record.key, timestamp, m.CODEC_NONE, record.headers)
-            if len(data) > config.max_message_bytes:
-                raise Refused(
-                    MESSAGE_TOO_LARGE,
-                    f"a message of {len(data)} bytes is over the topic's max_message_bytes, {config.max_message_bytes}",
-                )
-            parts.append(data)
-            count += 1
-    return Checked.framed(b"".join(parts), count)
-
-
 def _check_epoch(epoch: int) -> None:
     """Raises ``Refused`` (UNKNOWN_LEADER_EPOCH) for a client's current leader epoch newer
     than ``LEADER_EPOCH``, as Kafka's leader does (KIP-320); -1 names none."""
     if epoch > LEADER_EPOCH:
         raise Refused(UNKNOWN_LEADER_EPOCH, f"leader epoch {epoch} is newer than the partition's, {LEADER_EPOCH}")
-
-
-def _entries(messages: MessageSet, skip: int, kafka_offset: int, magic: int) -> Iterator[tuple[bytes, tuple[int, int, int]]]:
-    """Fetch v0-3's entries (``message_sets``) of the messages from the start of
-    ``messages`` on, after the first ``skip`` of the batch there, whose first message has
-    Kafka offset ``kafka_offset``: each with the Kafka offset and the place in
-    ``messages`` (position, skip) of what comes after it.  Runs of plain messages are
-    read from their columns (``MessageSet.plain_run``), the others decoded; a gzip batch
-    becomes one wrapper."""
-    buf = messages.buffer
-    pos = 0
-    served = False
-    while True:
-        if not skip:
-            positions, stamps, key_lengths = (array("q", column) for column in messages.plain_run(pos)[:3])
-            for at, stamp, length in zip(positions, stamps, key_lengths, strict=True):
-                value_at = at + m.KEY_OFFSET + max(length, 0)
-                end = at + m.LENGTH_SIZE + int.from_bytes(buf[at : at + m.LENGTH_SIZE], "big")
-                key = None if length < 0 else bytes(buf[at + m.KEY_OFFSET : value_at])
-                data = message_sets.message(kafka_offset, magic, stamp, key, bytes(buf[value_at:end]))
-                kafka_offset += 1
-                pos = end
-                served = True
-                yield data, (kafka_offset, pos, 0)
-        step = _decoded(messages, pos, served)
-        if step is None:
-            return
-        after, group = step
-        if len(group) > skip and _codec(buf, pos) == m.CODEC_GZIP:
-            data = message_sets.wrapper(kafka_offset + skip, magic, m.CODEC_GZIP, group[skip:])
-            served = True
-            yield data, (kafka_offset + len(group), after, 0)
-        else:
-            for i in range(skip, len(group)):
-                msg = group[i]
-                data = message_sets.message(kafka_offset + i, magic, msg.timestamp, msg.key, msg.value)
-                served = True
-                yield data, (kafka_offset + i + 1, *((pos, i + 1) if i + 1 < len(group) else (after, 0)))
-        kafka_offset += len(group)
-        skip = 0
-        pos = after
-
-
-def _decoded(messages: MessageSet, pos: int, served: bool) -> tuple[int, list[m.Message]] | None:
-    """``messages.decode_at(pos)``; None at damage too once some records are ``served``
-    (the next fetch, from there, says what is wrong)."""
-    try:
-        return messages.decode_at(pos)
-    except CorruptMessage:
-        if served:
-            return None
-        raise
-
-
-def _codec(buf: bytes, pos: int) -> int:
-    """The codec of the kl message at ``pos`` (magic 0 has none)."""
-    return buf[pos + m.ATTRIBUTES_OFFSET] & m.CODEC_MASK if buf[pos + m.MAGIC_OFFSET] else m.CODEC_NONE
 
 
 def _code(error: KlError) -> int:
