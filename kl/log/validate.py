@@ -1,8 +1,8 @@
 """A message set fit to append: ``Checked``, its bytes and how many messages they hold.
 
-``Log.append`` takes nothing else (so its type says), so that no caller hands a log bytes nobody checked or
-a count that is not theirs (the count numbers the Kafka offsets the offset index and the
-state record keep).  The ways to get one: ``validate`` a set received from a client,
+``Log.append`` takes nothing else (so its type says), so that no caller hands a log
+bytes nobody checked or a count that is not theirs (the count numbers the Kafka offsets
+the offset index and the state record keep).  The ways to get one: ``validate`` a set received from a client,
 which checks every message and counts them; ``walked``, for bytes ``messageset.walk``
 found whole and valid (a mirror's copy), which counts them; or ``Checked.framed``, for a
 set kl framed itself (a producer's, Kafka records converted), where the caller vouches
