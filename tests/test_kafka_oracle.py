@@ -1128,8 +1128,14 @@ def client_recreated(endpoint: Endpoint, clients: Programs, how: str, topic: str
     """``recreated`` with a Go or Java client (``how``: "assign" from the earliest offset, or
     "group", a member subscribed): the program's watch op reads while this thread, once the
     ten old records are read (the lines of a file in ``progress``, a directory), deletes the topic, polls NOTICE,
-    creates it again, polls NOTICE and produces the 100 new records; what it read is split
-    where each step began."""
+    creates it again, polls NOTICE and produces the 100 new records, and ends the watch once
+    nothing came for 2 NOTICE; what it read is split where each step began.  What each client
+    does is its own, against Kafka too, and made the same every time: sarama's retries of a
+    lost partition are 0.1 s apart (its 2 s default would fetch from the new topic before or
+    after its records came, by chance), so it always fetches offset 10 while the new topic is
+    empty and shuts the partition down (a member joins again and reads from the start);
+    kafka-go waits at offset 10 whenever it first fetches; kgo, its metadata at most 0.1 s
+    old, keeps the old topic's id and reads nothing more."""
     client = clients[endpoint.name]
     endpoint.create_topic(topic)
     old, new = texts(10), [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
