@@ -58,6 +58,20 @@ func produce(ctx context.Context, r *drive.Request) (any, error) {
 	return map[string]any{"offsets": offsets, "errors": errors}, nil
 }
 
+// records are the fetches' records, the last kept in last.
+func records(fetches kgo.Fetches, last **kgo.Record) []drive.Record {
+	more := []drive.Record{}
+	fetches.EachRecord(func(m *kgo.Record) {
+		headers := [][2][]byte{}
+		for _, h := range m.Headers {
+			headers = append(headers, [2][]byte{[]byte(h.Key), h.Value})
+		}
+		more = append(more, drive.Read(m.Offset, m.Key, m.Value, headers, m.Timestamp))
+		*last = m
+	})
+	return more
+}
+
 func read(ctx context.Context, client *kgo.Client, r *drive.Request, most int) ([]drive.Record, *kgo.Record, error) {
 	var last *kgo.Record
 	got, err := drive.Collect(ctx, r.Count, drive.Seconds(r.Quiet), func(until time.Time) ([]drive.Record, error) {
@@ -69,16 +83,7 @@ func read(ctx context.Context, client *kgo.Client, r *drive.Request, most int) (
 				return nil, e.Err
 			}
 		}
-		more := []drive.Record{}
-		fetches.EachRecord(func(m *kgo.Record) {
-			headers := [][2][]byte{}
-			for _, h := range m.Headers {
-				headers = append(headers, [2][]byte{[]byte(h.Key), h.Value})
-			}
-			more = append(more, drive.Read(m.Offset, m.Key, m.Value, headers, m.Timestamp))
-			last = m
-		})
-		return more, nil
+		return records(fetches, &last), nil
 	})
 	return got, last, err
 }
@@ -202,15 +207,8 @@ func watch(ctx context.Context, r *drive.Request) (any, error) {
 				failed = append(failed, e.Err)
 			}
 		}
-		more := []drive.Record{}
-		fetches.EachRecord(func(m *kgo.Record) {
-			headers := [][2][]byte{}
-			for _, h := range m.Headers {
-				headers = append(headers, [2][]byte{[]byte(h.Key), h.Value})
-			}
-			more = append(more, drive.Read(m.Offset, m.Key, m.Value, headers, m.Timestamp))
-		})
-		return more, nil
+		var last *kgo.Record
+		return records(fetches, &last), nil
 	}
 	return drive.Watch(ctx, r, next, func(err error) string {
 		var code *kerr.Error

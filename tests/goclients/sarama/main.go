@@ -173,13 +173,19 @@ func (m *member) ConsumeClaim(session sarama.ConsumerGroupSession, claim sarama.
 	}
 }
 
-func group(ctx context.Context, r *drive.Request) (any, error) {
-	c := config(r)
+// grouped is c for a group's member: from the oldest offset where nothing is committed,
+// committing only when told to.
+func grouped(c *sarama.Config) *sarama.Config {
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.AutoCommit.Enable = false
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = time.Second
-	g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, c)
+	return c
+}
+
+func group(ctx context.Context, r *drive.Request) (any, error) {
+	c := config(r)
+	g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, grouped(c))
 	if err != nil {
 		return nil, err
 	}
@@ -267,10 +273,7 @@ func watch(ctx context.Context, r *drive.Request) (any, error) {
 	var messages <-chan *sarama.ConsumerMessage
 	var failures <-chan error
 	if r.How == "group" {
-		c.Consumer.Offsets.AutoCommit.Enable = false
-		c.Consumer.Group.Session.Timeout = 10 * time.Second
-		c.Consumer.Group.Heartbeat.Interval = time.Second
-		g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, c)
+		g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, grouped(c))
 		if err != nil {
 			return nil, err
 		}
