@@ -968,8 +968,14 @@ def recreated(endpoint: Endpoint, client: str, how: str, topic: str) -> Any:
             consumer.subscribe([topic])
         close = consumer.close
     else:
-        kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=None, auto_offset_reset="earliest"))
-        kconsumer.assign([kafka.TopicPartition(topic, 0)])
+        if how == "assign":
+            kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=None, auto_offset_reset="earliest"))
+            kconsumer.assign([kafka.TopicPartition(topic, 0)])
+        else:
+            config = {"group_id": f"group-{topic}", "enable_auto_commit": False, "auto_offset_reset": "earliest",
+                      "fetch_max_wait_ms": 100, "session_timeout_ms": 10_000, "heartbeat_interval_ms": 1000}  # fmt: skip
+            kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, **config))
+            kconsumer.subscribe([topic])
 
         def poll() -> list[Record]:
             try:
@@ -1120,6 +1126,69 @@ def client_offsets(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
     return {"delivered": delivered, "read": read, "listed": listed, "committed": committed}
 
 
+def client_recreated(endpoint: Endpoint, clients: Programs, how: str, topic: str, progress: Path) -> Any:
+    """``recreated`` with a Go or Java client (``how``: "assign" from the earliest offset, or
+    "group", a member subscribed): the program's watch op reads while this thread, once the
+    ten old records are read (the lines of a file in ``progress``, a directory), deletes the topic, polls NOTICE,
+    creates it again, polls NOTICE and produces the 100 new records, and ends the watch once
+    nothing came for 2 NOTICE; what it read is split where each step began.  What each client
+    does is its own, against Kafka too, and made the same every time: sarama's retries of a
+    lost partition are 0.1 s apart (its 2 s default would fetch from the new topic before or
+    after its records came, by chance), so it always fetches offset 10 while the new topic is
+    empty and shuts the partition down (a member joins again and reads from the start);
+    kafka-go waits at offset 10 whenever it first fetches; kgo, its metadata at most 0.1 s
+    old, keeps the old topic's id and reads nothing more."""
+    client = clients[endpoint.name]
+    endpoint.create_topic(topic)
+    old, new = texts(10), [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
+    confluent_produce(endpoint, topic, old)
+    progress = progress / endpoint.name
+    progress.write_text("")
+    stop = progress.with_name(progress.name + ".stop")
+    stop.unlink(missing_ok=True)
+    request = {"op": "watch", "bootstrap": endpoint.bootstrap, "topic": topic, "how": how, "group": f"group-{topic}",
+               "count": 110, "quiet": QUIET, "seconds": 2 * CALL_TIMEOUT, "progress": str(progress),
+               "timeout": 3 * CALL_TIMEOUT}  # fmt: skip
+    answers: list[Any] = []
+
+    def watch() -> None:
+        try:
+            answers.append(client.ask(request))
+        except AssertionError as e:  # raised again in the scenario's thread
+            answers.append(e)
+
+    watching = threading.Thread(target=watch, daemon=True)
+    watching.start()
+
+    def lines() -> int:
+        return progress.read_bytes().count(b"\n")
+
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while lines() < 10 and watching.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    steps = [lines()]
+    endpoint.delete(topic)
+    time.sleep(NOTICE)
+    steps.append(lines())
+    endpoint.create_topic(topic)
+    time.sleep(NOTICE)
+    steps.append(lines())
+    confluent_produce(endpoint, topic, new)
+    deadline, last, since = time.monotonic() + CALL_TIMEOUT, lines(), time.monotonic()
+    while watching.is_alive() and time.monotonic() < min(deadline, since + 2 * NOTICE):
+        time.sleep(0.05)
+        if lines() != last:
+            last, since = lines(), time.monotonic()
+    stop.touch()  # nothing came for 2 NOTICE: the watch ends
+    watching.join(CALL_TIMEOUT + 15)
+    assert answers, f"the watch of {topic} did not answer"
+    if isinstance(answers[0], AssertionError):
+        raise answers[0]
+    read = as_records(answers[0]["records"])
+    (a, b, c) = steps
+    return {"old": read[:a], "deleted": read[a:b], "created": read[b:c], "new": read[c:], "errors": answers[0]["errors"]}
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1233,7 +1302,10 @@ def test_kafka_consumer_groups_resets_and_the_group_resumes_there(endpoints) -> 
     assert seen == {how: {"reset": {"NEW-OFFSET": str(n)}, "read": records[n : n + count]} for how, (n, count) in at.items()}
 
 
-@pytest.mark.parametrize(("client", "how"), [("confluent", "assign"), ("confluent", "subscribe"), ("kafka-python", "assign")])
+@pytest.mark.parametrize(
+    ("client", "how"),
+    [("confluent", "assign"), ("confluent", "subscribe"), ("kafka-python", "assign"), ("kafka-python", "subscribe")],
+)
 def test_a_consumer_reads_a_topic_created_again_from_its_start(endpoints, client, how) -> None:
     seen = same(recreated, endpoints, client=client, how=how, topic=f"recreated-{client}-{how}")
     new = [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
@@ -1316,6 +1388,27 @@ def test_go_and_java_clients_offsets_count_records(endpoints, go, java, client) 
     delivered = [None] * 4 if client == "kafkago" else [0, 1, 2, 3]  # kafka-go's Writer reports no offsets
     assert seen == {"delivered": delivered, "read": [0, 1, 2, 3], "listed": {"earliest": 0, "latest": 4, "timestamp": 2},
                     "committed": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("client", "how"),
+    [("franz", "assign"), ("franz", "group"), ("sarama", "assign"), ("sarama", "group"), ("kafkago", "assign"),
+     ("kafkago", "group"), ("java", "assign"), ("java", "group")],
+)  # fmt: skip
+def test_go_and_java_clients_read_a_topic_created_again_from_its_start(endpoints, go, java, client, how, tmp_path) -> None:
+    seen = same(client_recreated, endpoints, clients=programs(client, go, java), how=how, topic=f"recreated-{client}-{how}",
+                progress=tmp_path)  # fmt: skip
+    new = [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
+    unknown = "kafka server: Request was for a topic or partition that does not exist on this broker"
+    out_of_range = ("kafka server: The requested offset is outside the range of offsets maintained by the server for the given "
+                    "topic/partition")
+    read, errors = {
+        "java": (new, []),
+        "franz": ([], []),  # kgo keeps fetching the old topic's id, and says nothing
+        "sarama": (new if how == "group" else [], [unknown, out_of_range]),  # shut down at 10; a member joins again
+        "kafkago": (new[10:], []),  # waits at offset 10 of the new topic for it to be there
+    }[client]
+    assert seen == {"old": texts(10), "deleted": [], "created": [], "new": read, "errors": errors}
 
 
 # ----------------------------------------------------------------- the harness itself

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -44,6 +45,12 @@ type Record struct {
 //     closed the connection instead of answering.
 //   - offsets: the earliest and latest offsets of Topic/Partition and, with Timestamp,
 //     the first at or after it; answers {"earliest", "latest", "timestamp"}.
+//   - watch: read Topic/Partition from the earliest offset, with assign (How "assign") or
+//     as a member of Group subscribed to Topic (How "group", nothing committed), until
+//     Count records have come and Quiet seconds more passed, or Seconds, or a file named
+//     Progress + ".stop" is there, appending a line to the file Progress as each record
+//     comes (so that the tests can change the topic meanwhile); answers {"records", "errors"}, the errors the client gave its reader
+//     (by name where it has names), each once, in the order they first came.
 type Request struct {
 	Op          string          `json:"op"`
 	Bootstrap   string          `json:"bootstrap"`
@@ -61,6 +68,9 @@ type Request struct {
 	Version     int16           `json:"version"`
 	Timeout     float64         `json:"timeout"`
 	Quiet       float64         `json:"quiet"`
+	How         string          `json:"how"`
+	Seconds     float64         `json:"seconds"`
+	Progress    string          `json:"progress"`
 }
 
 // Start is where a consume begins: Earliest, Latest, else Offset.
@@ -149,6 +159,47 @@ func Collect(ctx context.Context, count int, quiet time.Duration, next func(unti
 		}
 	}
 	return got, nil
+}
+
+var errStopped = fmt.Errorf("the stop file is there")
+
+// Watch is the watch op's reading (Collect, within Seconds, polls of 0.1 s at most, until
+// the stop file is there) of what next gives: each record a line of the Progress file as it
+// comes, each error's name (by name) kept once.
+func Watch(ctx context.Context, r *Request, next func(until time.Time) ([]Record, error), name func(error) string) (any, error) {
+	progress, err := os.OpenFile(r.Progress, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer progress.Close()
+	ctx, cancel := context.WithTimeout(ctx, Seconds(r.Seconds))
+	defer cancel()
+	errors := []string{}
+	got, err := Collect(ctx, r.Count, Seconds(r.Quiet), func(until time.Time) ([]Record, error) {
+		if _, err := os.Stat(r.Progress + ".stop"); err == nil {
+			return nil, errStopped
+		}
+		if soon := time.Now().Add(100 * time.Millisecond); soon.Before(until) {
+			until = soon
+		}
+		more, err := next(until)
+		if err != nil {
+			if n := name(err); !slices.Contains(errors, n) {
+				errors = append(errors, n)
+			}
+			time.Sleep(50 * time.Millisecond) // a client that fails at once fails again
+		}
+		for range more {
+			if _, err := progress.WriteString("\n"); err != nil {
+				return nil, err
+			}
+		}
+		return more, nil
+	})
+	if err != nil && err != errStopped {
+		return nil, err
+	}
+	return map[string]any{"records": got, "errors": errors}, nil
 }
 
 // Op is one operation: its answer to a request, within the request's deadline (ctx).

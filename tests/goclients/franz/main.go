@@ -4,17 +4,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"kl.tests/goclients/drive"
 )
 
 func main() {
-	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets})
+	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "watch": watch})
 }
 
 var codecs = map[string]kgo.CompressionCodec{
@@ -56,6 +58,20 @@ func produce(ctx context.Context, r *drive.Request) (any, error) {
 	return map[string]any{"offsets": offsets, "errors": errors}, nil
 }
 
+// records are the fetches' records, the last kept in last.
+func records(fetches kgo.Fetches, last **kgo.Record) []drive.Record {
+	more := []drive.Record{}
+	fetches.EachRecord(func(m *kgo.Record) {
+		headers := [][2][]byte{}
+		for _, h := range m.Headers {
+			headers = append(headers, [2][]byte{[]byte(h.Key), h.Value})
+		}
+		more = append(more, drive.Read(m.Offset, m.Key, m.Value, headers, m.Timestamp))
+		*last = m
+	})
+	return more
+}
+
 func read(ctx context.Context, client *kgo.Client, r *drive.Request, most int) ([]drive.Record, *kgo.Record, error) {
 	var last *kgo.Record
 	got, err := drive.Collect(ctx, r.Count, drive.Seconds(r.Quiet), func(until time.Time) ([]drive.Record, error) {
@@ -67,16 +83,7 @@ func read(ctx context.Context, client *kgo.Client, r *drive.Request, most int) (
 				return nil, e.Err
 			}
 		}
-		more := []drive.Record{}
-		fetches.EachRecord(func(m *kgo.Record) {
-			headers := [][2][]byte{}
-			for _, h := range m.Headers {
-				headers = append(headers, [2][]byte{[]byte(h.Key), h.Value})
-			}
-			more = append(more, drive.Read(m.Offset, m.Key, m.Value, headers, m.Timestamp))
-			last = m
-		})
-		return more, nil
+		return records(fetches, &last), nil
 	})
 	return got, last, err
 }
@@ -166,4 +173,48 @@ func offsets(ctx context.Context, r *drive.Request) (any, error) {
 		}
 	}
 	return answer, nil
+}
+
+// watch: with ConsumePartitions at the start (assign), or as a member of a group; each
+// error of a poll's fetches kept, by kerr's name where it is a Kafka error code.
+func watch(ctx context.Context, r *drive.Request) (any, error) {
+	// Metadata at most 0.1 s old when a fetch's error asks for it: the topic's loss is
+	// seen within the tests' NOTICE.
+	options := []kgo.Opt{kgo.SeedBrokers(r.Bootstrap), kgo.FetchMaxWait(100 * time.Millisecond), kgo.MetadataMinAge(100 * time.Millisecond)}
+	if r.How == "group" {
+		options = append(options, kgo.ConsumerGroup(r.Group), kgo.ConsumeTopics(r.Topic), kgo.DisableAutoCommit(),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.SessionTimeout(10*time.Second), kgo.HeartbeatInterval(time.Second))
+	} else {
+		options = append(options, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.Topic: {r.Partition: kgo.NewOffset().AtStart()}}))
+	}
+	client, err := kgo.NewClient(options...)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	var failed []error
+	next := func(until time.Time) ([]drive.Record, error) {
+		if len(failed) > 0 {
+			err := failed[0]
+			failed = failed[1:]
+			return nil, err
+		}
+		poll, cancel := context.WithDeadline(ctx, until)
+		defer cancel()
+		fetches := client.PollFetches(poll)
+		for _, e := range fetches.Errors() {
+			if e.Err != context.DeadlineExceeded && e.Err != context.Canceled {
+				failed = append(failed, e.Err)
+			}
+		}
+		var last *kgo.Record
+		return records(fetches, &last), nil
+	}
+	return drive.Watch(ctx, r, next, func(err error) string {
+		var code *kerr.Error
+		if errors.As(err, &code) {
+			return code.Message
+		}
+		return err.Error()
+	})
 }

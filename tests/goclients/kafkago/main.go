@@ -23,7 +23,7 @@ import (
 )
 
 func main() {
-	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "versioned": versioned})
+	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "versioned": versioned, "watch": watch})
 }
 
 var codecs = map[string]compress.Compression{
@@ -258,4 +258,33 @@ func versioned(ctx context.Context, r *drive.Request) (any, error) {
 		}
 	}
 	return map[string]any{"partitions": partitions}, nil
+}
+
+// watch: a Reader of the partition from FirstOffset (assign), or of a group (StartOffset
+// FirstOffset, nothing committed); the errors FetchMessage returns, by kafka.Error's
+// title where they are Kafka error codes.
+func watch(ctx context.Context, r *drive.Request) (any, error) {
+	config := kafka.ReaderConfig{Brokers: []string{r.Bootstrap}, Topic: r.Topic, MaxWait: readerWait, MinBytes: 1,
+		MaxBytes: 10 << 20, ErrorLogger: kafka.LoggerFunc(log.Printf)}
+	if r.How == "group" {
+		config.GroupID, config.StartOffset, config.CommitInterval = r.Group, kafka.FirstOffset, 0
+		config.SessionTimeout, config.HeartbeatInterval = 10*time.Second, time.Second
+		config.RebalanceTimeout, config.JoinGroupBackoff = 10*time.Second, 200*time.Millisecond
+	} else {
+		config.Partition = int(r.Partition)
+	}
+	reader := kafka.NewReader(config)
+	defer reader.Close()
+	if r.How != "group" {
+		if err := reader.SetOffset(kafka.FirstOffset); err != nil {
+			return nil, err
+		}
+	}
+	return drive.Watch(ctx, r, next(ctx, reader, &kafka.Message{}), func(err error) string {
+		var code kafka.Error
+		if errors.As(err, &code) {
+			return code.Title()
+		}
+		return err.Error()
+	})
 }

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,7 +14,7 @@ import (
 )
 
 func main() {
-	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets})
+	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "watch": watch})
 }
 
 var codecs = map[string]sarama.CompressionCodec{
@@ -172,13 +173,19 @@ func (m *member) ConsumeClaim(session sarama.ConsumerGroupSession, claim sarama.
 	}
 }
 
-func group(ctx context.Context, r *drive.Request) (any, error) {
-	c := config(r)
+// grouped is c for a group's member: from the oldest offset where nothing is committed,
+// committing only when told to.
+func grouped(c *sarama.Config) *sarama.Config {
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.AutoCommit.Enable = false
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = time.Second
-	g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, c)
+	return c
+}
+
+func group(ctx context.Context, r *drive.Request) (any, error) {
+	c := config(r)
+	g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, grouped(c))
 	if err != nil {
 		return nil, err
 	}
@@ -230,4 +237,117 @@ func offsets(_ context.Context, r *drive.Request) (any, error) {
 		answer[name] = offset
 	}
 	return answer, nil
+}
+
+// watcher hands the messages of its claims to the watch op's reader, marking none.
+type watcher chan *sarama.ConsumerMessage
+
+func (w watcher) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (w watcher) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (w watcher) ConsumeClaim(session sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for {
+		select {
+		case msg, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			select {
+			case w <- msg:
+			case <-session.Context().Done():
+				return nil
+			}
+		case <-session.Context().Done():
+			return nil
+		}
+	}
+}
+
+// watch: ConsumePartition at the oldest offset (assign), or a ConsumerGroup's Consume,
+// called again while the watch lasts; the errors its consumer returns (Return.Errors),
+// by their Kafka error's text where they have one.
+func watch(ctx context.Context, r *drive.Request) (any, error) {
+	c := config(r)
+	c.Consumer.Return.Errors = true
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Retry.Backoff = 100 * time.Millisecond // a partition lost finds its topic again within the tests' NOTICE
+	var messages <-chan *sarama.ConsumerMessage
+	var failures <-chan error
+	if r.How == "group" {
+		g, err := sarama.NewConsumerGroup([]string{r.Bootstrap}, r.Group, grouped(c))
+		if err != nil {
+			return nil, err
+		}
+		w := make(watcher)
+		consumed := make(chan error, 1)
+		failed := make(chan error, 16)
+		session, stop := context.WithCancel(ctx)
+		go func() {
+			for session.Err() == nil {
+				if err := g.Consume(session, []string{r.Topic}, w); err != nil && session.Err() == nil {
+					select {
+					case failed <- err:
+					default:
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			consumed <- nil
+		}()
+		go func() {
+			for err := range g.Errors() {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		}()
+		defer func() {
+			stop()
+			<-consumed
+			g.Close() // leaves the group
+		}()
+		messages, failures = w, failed
+	} else {
+		consumer, err := sarama.NewConsumer([]string{r.Bootstrap}, c)
+		if err != nil {
+			return nil, err
+		}
+		defer consumer.Close()
+		partition, err := consumer.ConsumePartition(r.Topic, r.Partition, sarama.OffsetOldest)
+		if err != nil {
+			return nil, err
+		}
+		defer partition.AsyncClose()
+		failed := make(chan error, 16)
+		go func() {
+			for e := range partition.Errors() {
+				select {
+				case failed <- e:
+				default:
+				}
+			}
+		}()
+		messages, failures = partition.Messages(), failed
+	}
+	next := func(until time.Time) ([]drive.Record, error) {
+		select {
+		case m, ok := <-messages:
+			if !ok { // the partition consumer shut down: nothing more comes
+				messages = nil
+				return nil, nil
+			}
+			return []drive.Record{record(m)}, nil
+		case e := <-failures:
+			return nil, e
+		case <-time.After(time.Until(until)):
+			return nil, nil
+		}
+	}
+	return drive.Watch(ctx, r, next, func(err error) string {
+		var code sarama.KError
+		if errors.As(err, &code) {
+			return code.Error()
+		}
+		return err.Error()
+	})
 }

@@ -11,6 +11,11 @@
 //            commitSync(record.offset() + 1) of the last, close (leave): {"records", "committed"}
 //   offsets  beginningOffsets, endOffsets and, with timestamp, offsetsForTimes: {"earliest",
 //            "latest", "timestamp"} (null where no record is stamped at or after it)
+//   watch    assign() the partition and seekToBeginning (how "assign"), or subscribe() as a
+//            member of group (how "group", nothing committed); poll until count records and
+//            quiet seconds more, or seconds, or until a file progress + ".stop" is there, a line appended to the file progress as each
+//            record comes: {"records", "errors"}, the class names of the exceptions poll
+//            threw, each once, in the order they first came
 //
 // A request that fails is answered {"error": "ExceptionClass: message"}; the JVM goes on.
 import com.fasterxml.jackson.databind.JsonNode;
@@ -64,6 +69,7 @@ public final class Driver {
             case "consume": return consume(r);
             case "group": return group(r);
             case "offsets": return offsets(r);
+            case "watch": return watch(r);
             default: throw new IllegalArgumentException("no op " + r.path("op"));
         }
     }
@@ -229,6 +235,49 @@ public final class Driver {
                 answer.put("timestamp", found == null ? null : found.offset());
             }
         }
+        return answer;
+    }
+
+    static Object watch(JsonNode r) throws Exception {
+        boolean group = r.path("how").asText().equals("group");
+        int count = r.path("count").asInt();
+        double quiet = r.path("quiet").asDouble(0);
+        List<Map<String, Object>> got = new ArrayList<>();
+        List<String> errors = new ArrayList<>();
+        java.nio.file.Path progress = java.nio.file.Path.of(r.path("progress").asText());
+        try (KafkaConsumer<byte[], byte[]> consumer = consumer(r, group ? r.path("group").asText() : null);
+             java.io.OutputStream lines = java.nio.file.Files.newOutputStream(progress, java.nio.file.StandardOpenOption.CREATE,
+                     java.nio.file.StandardOpenOption.APPEND)) {
+            if (group) {
+                consumer.subscribe(List.of(r.path("topic").asText()));
+            } else {
+                TopicPartition tp = new TopicPartition(r.path("topic").asText(), r.path("partition").asInt(0));
+                consumer.assign(List.of(tp));
+                consumer.seekToBeginning(List.of(tp));
+            }
+            long end = System.nanoTime() + (long) (r.path("seconds").asDouble() * 1e9);
+            java.nio.file.Path stop = java.nio.file.Path.of(r.path("progress").asText() + ".stop");
+            while (got.size() <= count && System.nanoTime() < end && !java.nio.file.Files.exists(stop)) {
+                if (got.size() >= count) {
+                    end = Math.min(end, System.nanoTime() + (long) (quiet * 1e9));
+                }
+                try {
+                    for (ConsumerRecord<byte[], byte[]> m : consumer.poll(Duration.ofMillis(100))) {
+                        got.add(record(m));
+                        lines.write('\n');
+                        lines.flush();
+                    }
+                } catch (org.apache.kafka.common.KafkaException e) {
+                    if (!errors.contains(e.getClass().getSimpleName())) {
+                        errors.add(e.getClass().getSimpleName());
+                    }
+                    Thread.sleep(50);
+                }
+            }
+        }
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("records", got);
+        answer.put("errors", errors);
         return answer;
     }
 }
