@@ -943,7 +943,13 @@ def recreated(endpoint: Endpoint, client: str, how: str, topic: str) -> Any:
     """A consumer (``how``: with assign() from the beginning, or subscribed as a member of a
     group; kafka-python's with assign()) reads a topic's ten records; the topic is deleted
     and created again while it polls, and 100 records come into the new one: what it reads
-    of them (and the errors it is told, by name)."""
+    of them (and the errors it is told, by name).
+
+    kafka-python 3.0.12 subscribed is not observed: a rebalance whose SyncGroup answer
+    comes as its poll() times out is never completed by the next poll (``need_rejoin`` is
+    False by then), so the member takes no assignment and stops its heartbeats until its
+    session times out.  The topic created again makes it rebalance twice; under the suite's
+    load it lost the race in 4 of 12 runs against Kafka 4 and 9 of 47 against kl."""
     endpoint.create_topic(topic)
     old, new = texts(10), [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
     confluent_produce(endpoint, topic, old)
@@ -968,14 +974,8 @@ def recreated(endpoint: Endpoint, client: str, how: str, topic: str) -> Any:
             consumer.subscribe([topic])
         close = consumer.close
     else:
-        if how == "assign":
-            kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=None, auto_offset_reset="earliest"))
-            kconsumer.assign([kafka.TopicPartition(topic, 0)])
-        else:
-            config = {"group_id": f"group-{topic}", "enable_auto_commit": False, "auto_offset_reset": "earliest",
-                      "fetch_max_wait_ms": 100, "session_timeout_ms": 10_000, "heartbeat_interval_ms": 1000}  # fmt: skip
-            kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, **config))
-            kconsumer.subscribe([topic])
+        kconsumer = kafka.KafkaConsumer(**kafka_python_config(endpoint, group_id=None, auto_offset_reset="earliest"))
+        kconsumer.assign([kafka.TopicPartition(topic, 0)])
 
         def poll() -> list[Record]:
             try:
@@ -1302,10 +1302,7 @@ def test_kafka_consumer_groups_resets_and_the_group_resumes_there(endpoints) -> 
     assert seen == {how: {"reset": {"NEW-OFFSET": str(n)}, "read": records[n : n + count]} for how, (n, count) in at.items()}
 
 
-@pytest.mark.parametrize(
-    ("client", "how"),
-    [("confluent", "assign"), ("confluent", "subscribe"), ("kafka-python", "assign"), ("kafka-python", "subscribe")],
-)
+@pytest.mark.parametrize(("client", "how"), [("confluent", "assign"), ("confluent", "subscribe"), ("kafka-python", "assign")])
 def test_a_consumer_reads_a_topic_created_again_from_its_start(endpoints, client, how) -> None:
     seen = same(recreated, endpoints, client=client, how=how, topic=f"recreated-{client}-{how}")
     new = [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
