@@ -6,15 +6,15 @@ the caller stores ``next_offset`` wherever suits it (with its output, for exactl
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, cast
 
-from kl.errors import CorruptMessage, InvalidConfig, OffsetOutOfRange
+from kl.errors import InvalidConfig
 from kl.follow import Watch
+from kl.log.cursor import Cursor
 from kl.log.log import EARLIEST, LATEST, Position
 from kl.log.message import Message
 from kl.log.messageset import MessageSet
@@ -177,13 +177,12 @@ class Consumer:
         one_topic = isinstance(topic, str)
         ends = {key: self.latest_offset(*key) for key in keys}
         starts = {key: self._start_position(key, start, ends, len(keys), one_topic) for key in keys}
-        offsets = {key: position.offset for key, position in starts.items()}
-        skips = {key: position.skip for key, position in starts.items() if position.skip}
+        cursors = {key: self._cursor(key, starts[key], reset, skip_corrupt, on_skip) for key in keys}
         stops = _stops(until, keys, one_topic, None if follow else ends)  # None: nowhere (following)
         max_bytes = max_bytes or self.max_bytes
         remaining = max_messages
         # a start past the log end stays, for its read to raise OffsetOutOfRange
-        active = [key for key in keys if (stop := stops[key]) is None or offsets[key] < stop or offsets[key] > ends[key]]
+        active = [key for key in keys if (stop := stops[key]) is None or not stop <= starts[key].offset <= ends[key]]
         with Watch(poll_interval) as watch:
             if follow:
                 for key in keys:  # before the first reads, so nothing published after them is missed
@@ -192,38 +191,33 @@ class Consumer:
             while active and remaining != 0:
                 progressed = False
                 for key in list(active):
-                    (t, p), offset, stop = key, offsets[key], stops[key]
+                    (t, p), cursor, stop = key, cursors[key], stops[key]
+                    offset = cursor.position.offset
                     size = max_bytes if stop is None else max(1, min(max_bytes, stop - offset))
                     try:  # with a time bound, the messages (their timestamps) even for values only
-                        got, offsets[key], damage = self._read(
-                            t, p, offset, size, values_only and until_time is None, remaining, skips.pop(key, 0)
-                        )  # a skip: at the start only
-                    except OffsetOutOfRange as e:
-                        if reset == "fail":
-                            raise
-                        got, offsets[key], damage = [], e.log_start_offset if reset == "earliest" else e.log_end_offset, None
+                        got, damage = cursor.read(size, values_only=values_only and until_time is None, limit=remaining)
                     finally:
                         if follow:  # what was read (or failed) is of the topic followed, not of one created again
                             watch.check()
                     if until_time is not None:
                         got, at = _before(cast("list[Message]", got), until_time, values_only)
                         if at is not None:  # the time bound: this partition ends here, before any damage after it
-                            offsets[key] = stops[key] = at
+                            cursor.position, stops[key] = Position(at), at
                             damage = None
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
-                        yield Batch(t, p, offset, offsets[key], got)
+                        yield Batch(t, p, offset, cursor.position.offset, got)
                         if remaining == 0:
                             return
                     if damage is not None:
-                        if not skip_corrupt:
-                            raise damage
-                        offsets[key] = self.skip(t, p, offsets[key], damage, on_skip)  # from where the damage starts
-                    moved = offsets[key] != offset
+                        cursor.damaged(damage)
+                    moved = cursor.position.offset != offset
                     progressed = progressed or moved
                     stop = stops[key]
-                    if (stop is not None and offsets[key] >= stop) or (not moved and not follow):  # at its bound, or caught up
+                    if (stop is not None and cursor.position.offset >= stop) or (
+                        not moved and not follow
+                    ):  # at its bound, or caught up
                         active.remove(key)
                     elif not moved and until_time is not None and time.time() * 1000 >= until_time:  # caught up past the time
                         active.remove(key)
@@ -231,7 +225,8 @@ class Consumer:
                     for key in self._added(keys):  # by kl topics alter
                         self._watch(watch, *key)
                         keys.append(key)
-                        offsets[key] = self.earliest_offset(*key)  # all of it is newer than this follow
+                        start_at = Position(self.earliest_offset(*key))  # all of it is newer than this follow
+                        cursors[key] = self._cursor(key, start_at, reset, skip_corrupt, on_skip)
                         stops[key] = _stops(until if isinstance(until, Mapping) else None, [key], one_topic, None)[key]
                         active.append(key)
                 if follow and progressed:
@@ -271,17 +266,17 @@ class Consumer:
             known[t] = max(known.get(t, 0), p + 1)
         return [(t, p) for t, count in known.items() for p in range(count, self.root.config(t).partitions)]
 
-    def skip(
-        self, topic: str, partition: int, offset: int, damage: CorruptMessage, on_skip: Callable[[Skipped], None] | None = None
-    ) -> int:
-        """Step over the ``damage`` found at ``offset``: where the next valid message starts.
-        What was stepped over goes to ``on_skip`` (by default logged as a warning)."""
-        skipped = Skipped(topic, partition, offset, self.root.log(topic, partition).skip_corrupt(offset), damage.reason)
-        if on_skip is None:
-            log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
-        else:
-            on_skip(skipped)
-        return skipped.next_offset
+    def _cursor(
+        self,
+        key: tuple[str, int],
+        position: Position,
+        reset: ResetPolicy,
+        skip_corrupt: bool,
+        on_skip: Callable[[Skipped], None] | None,
+    ) -> Cursor:
+        """A cursor over the partition ``key`` at ``position``, with ``consume``'s policy."""
+        report = skip_report(*key, on_skip)
+        return Cursor(self.root.log(*key), position, reset=reset, skip_corrupt=skip_corrupt, on_skip=report)
 
     def _watch(self, watch: Watch, topic: str, partition: int) -> None:
         """Have ``watch`` wake ``consume`` when the partition grows (a remote consumer adds
@@ -307,30 +302,6 @@ class Consumer:
             value = start[wanted]  # type: ignore[index]
             return value if isinstance(value, Position) else Position(value)
         raise InvalidConfig(f"start must be earliest, latest, an offset or a mapping of offsets, not {start!r}")
-
-    def _read(
-        self, topic: str, partition: int, offset: int, max_bytes: int, values_only: bool, limit: int | None, skip: int = 0
-    ) -> tuple[list[Message] | list[bytes | None], int, CorruptMessage | None]:
-        """The valid messages (at most ``limit``) of one fetch, where to read next, and
-        the damage that ended them early (its offset is where to read next then).
-        ``skip`` leaves out the first messages read: a ``Position``'s inside a compressed
-        batch (a batch is read whole, so they are all in this fetch)."""
-        if skip:
-            got, next_offset, damage = self._read(
-                topic, partition, offset, max_bytes, values_only, None if limit is None else limit + skip
-            )
-            del got[:skip]
-            return got, next_offset, damage
-        try:
-            return *_take(self.fetch(topic, partition, offset, max_bytes), values_only, limit), None
-        except CorruptMessage as e:
-            if e.offset is None or e.offset < offset:
-                raise
-            damage, at = e, e.offset
-        if at == offset:
-            return [], offset, damage
-        got, _ = _take(self.fetch(topic, partition, offset, at - offset), values_only, limit)
-        return got, at, damage
 
     def stream(
         self,
@@ -397,15 +368,15 @@ def _before(messages: list[Message], time_ms: int, values_only: bool) -> tuple[l
     return ([msg.value for msg in messages] if values_only else messages), at
 
 
-def _take(messages: MessageSet, values_only: bool, limit: int | None) -> tuple[list[Message] | list[bytes | None], int]:
-    """Up to ``limit`` messages (or values) of a set, and the offset after the last one."""
-    if values_only:
-        values, next_offset = messages.values()
-        if limit is None or len(values) <= limit:
-            return values, next_offset
-    if limit is None:
-        got = list(messages)
-        return got, messages.next_offset
-    got = list(itertools.islice(messages, limit))
-    next_offset = got[-1].next_offset if len(got) == limit else messages.next_offset
-    return [msg.value for msg in got] if values_only else got, next_offset
+def skip_report(topic: str, partition: int, on_skip: Callable[[Skipped], None] | None = None) -> Callable[[int, int, str], None]:
+    """A cursor's ``on_skip`` for the partition: a ``Skipped`` to ``on_skip``, by default
+    logged as a warning."""
+
+    def report(offset: int, next_offset: int, reason: str) -> None:
+        skipped = Skipped(topic, partition, offset, next_offset, reason)
+        if on_skip is None:
+            log.warning("skipped damaged data of %s/%d from offset %d to %d: %s", *skipped)
+        else:
+            on_skip(skipped)
+
+    return report

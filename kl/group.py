@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeVar, cast
 
-from kl.consumer import DEFAULT_MAX_BYTES, Batch, Consumer
+from kl.consumer import DEFAULT_MAX_BYTES, Batch, ResetPolicy, skip_report
 from kl.errors import (
     CorruptMessage,
     CorruptState,
@@ -58,6 +58,7 @@ from kl.errors import (
 )
 from kl.follow import Watch
 from kl.log.config import same_creation
+from kl.log.cursor import Cursor, advance
 from kl.log.log import Log, Position
 from kl.log.message import Headers, Message
 from kl.log.messageset import MessageSet
@@ -266,20 +267,19 @@ class MessageStream:
                 continue
             max_bytes = consumer.max_bytes if follow else max(1, min(consumer.max_bytes, claim.end - start.offset))
             try:
-                pieces, position, damage = read_from(
-                    consumer._reader, claim.topic, claim.partition, start, max_bytes, values_only, limit, piece_bytes
-                )
-            except OffsetOutOfRange as e:
+                cursor = consumer._cursor(claim)
+                pieces, damage = read_from(cursor, max_bytes, values_only, limit, piece_bytes)
+            except OffsetOutOfRange as e:  # under reset "fail", or of a topic created again
                 if not consumer._recreated(claim.topic):
-                    claim.position = Position(consumer._reset_position(claim, e))
+                    consumer._reset_position(claim, e)
                 continue
             except TopicNotFound:
                 continue  # deleted: the coordinator lets it go
             if damage is not None and consumer._recreated(claim.topic):
                 continue  # what looks damaged is another topic of the same name: the coordinator starts it afresh
-            claim.position = position
+            claim.position = cursor.position
             if damage is not None:
-                consumer._damaged(claim, damage)
+                consumer._damaged(claim, cursor, damage)
             if pieces:
                 self._turn = (self._turn + k + 1) % len(claims)
                 batches, at = [], start.offset
@@ -369,7 +369,6 @@ class GroupConsumer:
         self.poll_interval, self.session_timeout = poll_interval, session_timeout
         self.max_bytes = max_bytes
         self.on_lost = on_lost
-        self._reader = Consumer(self.root, max_bytes=max_bytes)
         self._subscription: dict[str, object] | None = None
         self._streams: list[MessageStream] = []
         self._route: Callable[[str, int], MessageStream] = lambda topic, partition: self._streams[0]
@@ -788,11 +787,30 @@ class GroupConsumer:
         log.warning("%s; going on from the %s offset %d", error, self.reset, to)
         return to
 
-    def _damaged(self, claim: _Claim, damage: CorruptMessage) -> None:
-        if self.skip_corrupt:
-            claim.position = Position(self._reader.skip(claim.topic, claim.partition, claim.position.offset, damage))
-        else:
-            claim.error = damage
+    def _cursor(self, claim: _Claim) -> Cursor:
+        """A cursor at ``claim``'s position, with this member's ``reset`` and ``skip_corrupt``."""
+        return Cursor(
+            self.root.log(claim.topic, claim.partition),
+            claim.position,
+            reset=cast(ResetPolicy, self.reset),  # checked by __init__
+            skip_corrupt=self.skip_corrupt,
+            on_skip=skip_report(claim.topic, claim.partition),
+            on_loss=lambda error, to: self._going_on(claim.topic, error, to),
+        )
+
+    def _going_on(self, topic: str, error: OffsetOutOfRange, to: int) -> None:
+        """A cursor's ``on_loss``: log that it goes on at ``to``; raise ``error`` where the
+        topic is another one now (the coordinator starts it afresh)."""
+        if self._recreated(topic):
+            raise error
+        log.warning("%s; going on from the %s offset %d", error, self.reset, to)
+
+    def _damaged(self, claim: _Claim, cursor: Cursor, damage: CorruptMessage) -> None:
+        try:
+            cursor.damaged(damage)
+        except CorruptMessage as e:
+            claim.error = e
+        claim.position = cursor.position
 
     def _drop(self, claim: _Claim, lost: str | None = None) -> None:
         """Stop reading ``claim``'s partition and forget it, reporting it ``lost`` if given why."""
@@ -949,68 +967,37 @@ class GroupConsumer:
             self.on_lost(claim.topic, claim.partition, why)
 
 
-def advance(position: Position, message: Message) -> Position:
-    """Where to resume after ``message``, read on from ``position``: after it, or, inside a
-    compressed batch (all but its last message resume at the batch), after one more of
-    the batch's messages."""
-    if message.next_offset != message.offset:
-        return Position(message.next_offset)
-    return Position(message.offset, position.skip + 1 if position.offset == message.offset else 1)
-
-
 Piece = tuple["list[Message] | list[bytes | None]", Position]
 """Some messages (or values) of one fetch, and where to resume after them."""
 
 
 def read_from(
-    reader: Consumer,
-    topic: str,
-    partition: int,
-    start: Position,
-    max_bytes: int,
-    values_only: bool,
-    limit: int | None,
-    piece_bytes: int | None = None,
-) -> tuple[list[Piece], Position, CorruptMessage | None]:
-    """``Consumer._read`` from a position: the messages of one fetch (at most ``limit``)
-    after the ``start.skip`` first ones of the batch at ``start.offset``, in pieces that
-    hold about ``piece_bytes`` of values and keys each (a compressed batch is cut inside;
-    one piece if None), where to go on, and the damage that ended them early."""
+    cursor: Cursor, max_bytes: int, values_only: bool, limit: int | None, piece_bytes: int | None = None
+) -> tuple[list[Piece], CorruptMessage | None]:
+    """``Cursor.read``: the messages of one fetch (at most ``limit``) in pieces that hold
+    about ``piece_bytes`` of values and keys each (a compressed batch is cut inside; one
+    piece if None), each with where to resume after it, and the damage that ended them early."""
+    start = cursor.position
     if values_only and limit is None and not start.skip:  # whole batches: the fast path
-        try:
-            found = reader.fetch(topic, partition, start.offset, max_bytes)
-            return _value_pieces(found, piece_bytes), Position(found.next_offset), None
-        except CorruptMessage:  # the valid messages before it, then the damage
-            values, offset, damage = reader._read(topic, partition, start.offset, max_bytes, True, None)
-            return ([(values, Position(offset))] if values else []), Position(offset), damage
-    got, offset, damage = reader._read(
-        topic, partition, start.offset, max_bytes, False, None if limit is None else limit + start.skip
-    )
+        runs, damage = cursor.read_with(max_bytes, lambda found: (_value_pieces(found, piece_bytes), found.next_offset))
+        return runs or [], damage
+    got, damage = cursor.read(max_bytes, limit=limit)
     messages = cast("list[Message]", got)
-    skipped = 0
-    while skipped < min(start.skip, len(messages)) and messages[skipped].offset == start.offset:
-        skipped += 1
     pieces: list[Piece] = []
-    position, piece, size = Position(start.offset), cast("list[Message]", []), 0
+    position, piece, size = start, cast("list[Message]", []), 0
     for i, message in enumerate(messages):
         position = advance(position, message)
-        if i < skipped:
-            continue
         piece.append(message)
         if piece_bytes is not None:
             size += len(message.value or b"") + len(message.key or b"")
             if size >= piece_bytes and i + 1 < len(messages):
                 pieces.append((piece, position))
                 piece, size = [], 0
-    if not piece and offset == start.offset:
-        position = start  # nothing read
-    elif not position.skip:
-        position = Position(offset)  # past the last message, and padding after it
     if piece:
-        pieces.append((piece, position))
+        pieces.append((piece, cursor.position))
     if values_only:
-        return [([msg.value for msg in cast("list[Message]", part)], end) for part, end in pieces], position, damage
-    return pieces, position, damage
+        return [([msg.value for msg in cast("list[Message]", part)], end) for part, end in pieces], damage
+    return pieces, damage
 
 
 def _value_pieces(found: MessageSet, piece_bytes: int | None) -> list[Piece]:

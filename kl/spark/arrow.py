@@ -23,6 +23,8 @@ import pyarrow as pa
 
 from kl.errors import CorruptMessage, InvalidConfig, InvalidTimestamp, KlError, OffsetOutOfRange
 from kl.log import message as m
+from kl.log.cursor import Cursor
+from kl.log.log import Position
 from kl.log.message import Message
 from kl.log.messageset import MessageSet
 from kl.spark.ranges import DataLoss, Range, log_loss
@@ -91,35 +93,34 @@ def read_range(
     ``bad_timestamps`` ("fail", "clamp", "null") says.
     """
     check_bad_timestamps(bad_timestamps)
-    partition_log = root.log(r.topic, r.partition)
-    offset = r.start
-    while offset < r.end:
+
+    def lost(error: OffsetOutOfRange, to: int) -> None:
+        if error.offset >= error.log_start_offset:  # not deleted: the log ends before it
+            raise error
+        loss = DataLoss(r.topic, r.partition, error.offset, min(to, r.end))
+        if fail_on_data_loss:
+            raise loss from None
+        (on_loss or log_loss)(loss)
+
+    def skipped(offset: int, next_offset: int, reason: str) -> None:
+        (on_skip or _log_skip)(Skip(r.topic, r.partition, offset, next_offset, reason))
+
+    log_ = root.log(r.topic, r.partition)
+    cursor = Cursor(log_, Position(r.start), reset="earliest", skip_corrupt=skip_corrupt, on_skip=skipped, on_loss=lost)
+    while (offset := cursor.position.offset) < r.end:
         try:
-            messages = partition_log.read(offset, min(read_bytes, r.end - offset))
-        except OffsetOutOfRange as e:
-            if offset >= e.log_start_offset:
-                raise
-            loss = DataLoss(r.topic, r.partition, offset, min(e.log_start_offset, r.end))
-            if fail_on_data_loss:
-                raise loss from None
-            (on_loss or log_loss)(loss)
-            offset = e.log_start_offset
-            continue
-        try:
-            batch, offset = _columns(messages, r, bad_timestamps, headers)
+            batch, damage = cursor.read_with(
+                min(read_bytes, r.end - offset), lambda found: _columns(found, r, bad_timestamps, headers)
+            )
+            if damage is not None:
+                cursor.damaged(damage)
         except CorruptMessage as e:
-            if not skip_corrupt or e.offset is None:
-                raise CorruptMessage(
-                    e.path, e.position, f"{e.reason} (topic {r.topic!r} partition {r.partition})", offset=e.offset, kind=e.kind
-                ) from None
-            before = partition_log.read(offset, e.offset - offset) if e.offset > offset else None
-            batch, offset = _columns(before, r, bad_timestamps, headers) if before is not None else (None, offset)
-            resume = partition_log.skip_corrupt(e.offset)
-            (on_skip or _log_skip)(Skip(r.topic, r.partition, e.offset, resume, e.reason))
-            offset = resume
+            raise CorruptMessage(
+                e.path, e.position, f"{e.reason} (topic {r.topic!r} partition {r.partition})", offset=e.offset, kind=e.kind
+            ) from None
         if batch is not None and batch.num_rows:
             yield batch
-        if offset == messages.offset and batch is None:
+        if cursor.position.offset == offset and batch is None:
             raise KlError(
                 f"topic {r.topic!r} partition {r.partition}: nothing readable at offset {offset}, before the planned end {r.end}"
             )
