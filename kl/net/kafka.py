@@ -77,6 +77,7 @@ from kl.errors import (
 )
 from kl.log import producers
 from kl.log.config import TopicConfig
+from kl.log.cursor import Cursor
 from kl.log.log import Log, Position
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
@@ -506,11 +507,16 @@ class Kafka(FrontEnd):
         self, target: Log, key: tuple[str, int], offset: int, max_bytes: int, state: PartitionState
     ) -> tuple[Position, MessageSet] | None:
         """Where the message of Kafka offset ``offset`` is and a read of at most
-        ``max_bytes`` from there (see ``Log.read``); None at the log end."""
+        ``max_bytes`` from there, through a ``Cursor`` (the valid messages before damage;
+        the damage itself raised where nothing comes before it); None at the log end."""
         position = self.message_at(target, key, offset, state)
         if position.offset >= state.log_end_offset:
             return None
-        return position, target.read(position.offset, max_bytes)
+        messages, damage = Cursor(target, position).read_with(max_bytes, _whole)
+        if messages is None:
+            assert damage is not None  # (the cursor's reset "fail" raises what left the log)
+            raise damage
+        return position, messages
 
     def message_at(self, target: Log, key: tuple[str, int], offset: int, state: PartitionState | None = None) -> Position:
         """Where the message of Kafka offset ``offset`` is (see ``Log.kafka_position``),
@@ -625,6 +631,11 @@ class Kafka(FrontEnd):
                 UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic} has partitions 0 to {config.partitions - 1}, not {partition}"
             )
         return config
+
+
+def _whole(messages: MessageSet) -> tuple[MessageSet, int]:
+    """A cursor's read taken whole (``Cursor.read_with``)."""
+    return messages, messages.next_offset
 
 
 def _check_epoch(epoch: int) -> None:
