@@ -527,6 +527,36 @@ def test_produce_with_acks_0_gets_no_answer_and_appends(served, root, topic):
 # ----------------------------------------------------------------- ListOffsets
 
 
+@pytest.mark.parametrize("where", ["active", "closed"])
+def test_damage_in_acknowledged_data_stops_fetches_at_it_and_not_before_it(served, root, where):
+    """Bit rot (a message's length field) in the active segment, or in the oldest closed
+    one (counted at its roll, not since): the records before it are served at their Kafka
+    offsets, a fetch at it gets CORRUPT_MESSAGE (as a Kafka client finds a batch failing
+    its CRC at that offset), the high watermark stands, and the segments after it are read
+    as before."""
+    root.create_topic("t", kl.TopicConfig(segment_bytes=256 if where == "closed" else 1 << 20, max_message_bytes=256))
+    write_each(root, "t", [b"value-%02d" % i for i in range(30)])
+    log = root.log("t", 0)
+    first = log.segments()[0]
+    in_first = [m.offset for m in log.messages(0, log.log_end_offset) if m.offset < first.base_offset + first.size_in_bytes]
+    with open(first.path, "r+b") as f:
+        f.seek(in_first[2] - first.base_offset)
+        f.write(b"\xff")
+    _, client = served()
+    before = fetch(client, "t", 0)
+    assert before.error_code == 0 and before.high_watermark == 30
+    assert [(r.offset, r.value) for b in batches_of(before) for r in b] == [(0, b"value-00"), (1, b"value-01")]
+    assert [r.offset for b in batches_of(fetch(client, "t", 1)) for r in b] == [1]
+    at = fetch(client, "t", 2)
+    assert (at.error_code, at.records) == (kafka.CORRUPT_MESSAGE, b"")
+    if where == "active":
+        assert fetch(client, "t", 29).error_code == kafka.CORRUPT_MESSAGE  # past it: no count reaches it
+    else:
+        after = len(in_first)
+        assert [r.offset for b in batches_of(fetch(client, "t", after)) for r in b][:1] == [after]
+        assert [r.value for b in batches_of(fetch(client, "t", 29)) for r in b] == [b"value-29"]
+
+
 def test_list_offsets_earliest_latest_and_by_time_with_timestamps_out_of_order(served, root, topic):
     for ts in (1000, 5000, 3000, 7000):
         write_each(root, topic, [b"x"], timestamp=ts)

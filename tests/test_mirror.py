@@ -529,14 +529,16 @@ def test_a_server_that_cannot_tell_kafka_offsets_gives_a_copy_numbered_from_wher
     assert [k for _, k in copy] == list(range(len(copy)))
 
 
-def test_a_source_whose_kafka_offsets_cannot_be_counted_is_copied_up_to_its_damage(source, target, server, caplog):
+def test_a_source_damaged_at_its_start_is_still_numbered_and_copied_up_to_its_damage(source, target, server, caplog):
+    """Its first message damaged: the count its segment's roll kept still numbers the
+    log, so the copy would keep its Kafka offsets; nothing valid is there to copy."""
     log = source.log("t", 0)
     first = log.segments()[0]
     (damaged,) = [m for m in read_all(source, "t", 0) if m.offset == 0]
     flip_byte(first.path, damaged.next_offset - 1)
     with pytest.raises(mirror.Diverged, match="t/0: the source holds no valid message at offset 0, where the target ends"):
         run(server, target)
-    assert "t/0: the Kafka offsets of 127.0.0.1:" in caplog.text and "are not copied" in caplog.text
+    assert "are not copied" not in caplog.text
 
 
 # ----------------------------------------------------------------- creations of a topic

@@ -702,6 +702,8 @@ class Log:
         with self._count_lock:
             for info, counted in self._chain(state):
                 if info.base_offset <= offset:
+                    if offset - info.base_offset > counted.size_in_bytes:
+                        self._count_on(info, counted)
                     with self.open_segment(info.base_offset) as segment:
                         return counted.base_count + counted.find(segment, position=offset - info.base_offset)[1] + skip
         raise self._missing(state, f"no segment of {self.directory} holds offset {offset}")
@@ -726,6 +728,8 @@ class Log:
         with self._count_lock:
             for info, counted in self._chain(state):
                 if counted.base_count <= kafka_offset:
+                    if kafka_offset - counted.base_count > counted.count and counted.size_in_bytes < info.size_in_bytes:
+                        self._count_on(info, counted)
                     with self.open_segment(info.base_offset) as segment:
                         position, skip = counted.find(segment, count=kafka_offset - counted.base_count)
                     return Position(info.base_offset + position, skip)
@@ -745,7 +749,7 @@ class Log:
         base = state.active_base_offset
         yield (
             SegmentInfo(base, segment_path(self.directory, base), state.log_end_offset - base),
-            self._active_counts(state, state.active_base_count),
+            self._active_counts(state, state.active_base_count, to_damage=True),
         )
         base_count = state.active_base_count
         for info in reversed(self.segments(state)):
@@ -755,8 +759,10 @@ class Log:
             base_count = counted.base_count
             yield info, counted
 
-    def _active_counts(self, state: PartitionState, base_count: int) -> Counted:
-        """The active segment's messages, counted up to the log end.  Under ``_count_lock``."""
+    def _active_counts(self, state: PartitionState, base_count: int, *, to_damage: bool = False) -> Counted:
+        """The active segment's messages, counted up to the log end; with ``to_damage``, up
+        to damage that stops the count (the messages before it keep their numbers: see
+        ``_count_on``).  Under ``_count_lock``."""
         base = state.active_base_offset
         counted = self._counted.get(base)
         if counted is None or counted.base_count != base_count or counted.size_in_bytes > state.log_end_offset - base:
@@ -765,8 +771,18 @@ class Log:
                 del self._counted[other]  # segments of a partition created again, or cut back by recovery
         if counted.size_in_bytes < state.log_end_offset - base:
             with self.open_segment(base) as segment:
-                counted.extend(segment, state.log_end_offset - base)
+                try:
+                    counted.extend(segment, state.log_end_offset - base)
+                except CorruptMessage:
+                    if not to_damage:
+                        raise
         return counted
+
+    def _count_on(self, info: SegmentInfo, counted: Counted) -> None:
+        """Count ``info`` on to its end, for a lookup past where damage stopped its count:
+        raises the damage (``CorruptMessage``) while it is there."""
+        with self.open_segment(info.base_offset) as segment:
+            counted.extend(segment, info.size_in_bytes)
 
     def _closed_counts(self, info: SegmentInfo, following: int) -> Counted:
         """A closed segment's messages: as counted before, as its offset index keeps them,
@@ -783,7 +799,14 @@ class Log:
             else:
                 counted = Counted(info.base_offset, UNKNOWN if kept is None else kept.base_count)
                 with self.open_segment(info.base_offset) as segment:
-                    counted.extend(segment, info.size_in_bytes)
+                    try:
+                        counted.extend(segment, info.size_in_bytes)
+                    except CorruptMessage:
+                        if not self._counted_before(info, counted):
+                            raise
+                        self._counted[info.base_offset] = counted
+                        self._base_from(counted, following)
+                        return counted
             self._counted[info.base_offset] = counted
             kept_base = counted.base_count
             self._base_from(counted, following)
@@ -794,6 +817,20 @@ class Log:
         else:
             self._base_from(counted, following)
         return counted
+
+    @staticmethod
+    def _counted_before(info: SegmentInfo, counted: Counted) -> bool:
+        """After damage stopped the count of closed segment ``info``: take its count from
+        its index (the roll's, of the segment as it was then, whatever its modification
+        time now), so the chain numbers the older segments past it, and lookups in it
+        stop at the damage; False without one."""
+        kept = offsetindex.read(info.path, info.base_offset, info.size_in_bytes, None)
+        if kept is None:
+            return False
+        counted.count = kept.messages
+        if counted.base_count == UNKNOWN:
+            counted.base_count = kept.base_count
+        return True
 
     @staticmethod
     def _base_from(counted: Counted, following: int) -> None:
