@@ -262,11 +262,13 @@ import json, sys, kl
 from kl.errors import OutOfOrderSequence
 from kl.log.messageset import frame
 from kl.log.producers import Batch
+from kl.log.validate import Checked
 log = kl.Root(ROOT, lock_timeout=300).log(sys.argv[1], 0)
 offsets = []
 for s in range(int(sys.argv[2]), int(sys.argv[3])):
     try:
-        offsets.append(log.append_counted(frame([b"i%04d" % s], 1700000000000), 1, fsync=True, producer=Batch(77, 0, s, s))[1])
+        batch = Checked.framed(frame([b"i%04d" % s], 1700000000000), 1)
+        offsets.append(log.append_counted(batch, fsync=True, producer=Batch(77, 0, s, s))[1])
     except OutOfOrderSequence:  # more than five behind what another host appended: as Kafka answers
         offsets.append(None)
 print(json.dumps(offsets), flush=True)
