@@ -254,6 +254,22 @@ def test_metadata_names_this_daemon_the_leader_of_every_partition_with_each_topi
     assert [(t.name, t.error_code) for t in answer.topics] == [("c", 0), ("nope", kafka.UNKNOWN_TOPIC_OR_PARTITION)]
 
 
+def test_metadata_v0_asks_all_topics_with_an_empty_list_and_later_versions_with_null(served, root):
+    """As Kafka reads it: version 0 has no null array, so its empty list means every topic;
+    from version 1 an empty list means none."""
+    for name in ("a", "b"):
+        root.create_topic(name)
+    _, client = served()
+
+    def names(version: int, topics) -> list[str]:
+        answer = client.call(MetadataRequest, version, topics=topics, allow_auto_topic_creation=False)
+        return sorted(t.name for t in answer.topics)
+
+    assert names(0, []) == ["a", "b"]
+    assert names(1, []) == []
+    assert names(1, None) == ["a", "b"]
+
+
 def test_metadata_of_all_topics_asked_at_once_looks_them_up_once_and_the_next_sees_new_topics(served, root, monkeypatch):
     for name in ("a", "b"):
         root.create_topic(name)

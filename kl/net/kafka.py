@@ -235,7 +235,7 @@ class Kafka(FrontEnd):
 
     def _metadata(self, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
         peers = self._peers()
-        if request.topics is None:
+        if request.topics is None or (version == 0 and not request.topics):  # v0 has no null: its empty list is all
             topics = self._all_topics(peers)
         else:
             topics = self._topics([t.name for t in request.topics if t.name is not None], peers)
