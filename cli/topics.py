@@ -14,17 +14,19 @@ import kl
 from kl.log.config import FORMATS, PARTITIONERS
 from kl.log.importer import import_topic
 from kl_cli import complete
-from kl_cli.common import F, aligned, get_root, note, print_line, server_option
+from kl_cli.common import DURATION, F, aligned, get_root, note, print_line, server_option
 
 CONFIG_OPTIONS = [
     ("--partitions", "partitions", "Number of partitions."),
     ("--segment-bytes", "segment_bytes", "Roll to a new segment file past this size."),
     ("--max-message-bytes", "max_message_bytes", "Largest message, header included."),
     ("--flush-messages", "flush_messages", "fsync after this many messages (0: off)."),
-    ("--flush-ms", "flush_ms", "fsync after this many milliseconds (0: off)."),
-    ("--retention-ms", "retention_ms", "Keep segments this long."),
+    ("--flush-ms", "flush_ms", "fsync after this long (a duration: 500ms, 2s, ...; 0: off)."),
+    ("--retention-ms", "retention_ms", "Keep segments this long (a duration: 7d, 36h, ...; digits alone: ms)."),
     ("--retention-bytes", "retention_bytes", "Keep at most this many bytes per partition (0: no limit)."),
 ]
+DURATIONS = {"flush_ms", "retention_ms"}
+"""The settings that are times: given as durations (``kl.timespec.parse_duration``), kept in milliseconds."""
 DEFAULTS = kl.TopicConfig()
 
 
@@ -52,7 +54,8 @@ def config_options(f: F) -> F:
     )(f)
     for flag, name, text in reversed(CONFIG_OPTIONS):
         default = getattr(DEFAULTS, name)
-        f = click.option(flag, name, type=int, metavar="N", help=f"{text}  [default: {default}]")(f)
+        kind, metavar = (DURATION, "DURATION") if name in DURATIONS else (int, "N")
+        f = click.option(flag, name, type=kind, metavar=metavar, help=f"{text}  [default: {default}]")(f)
     return f
 
 
@@ -78,8 +81,8 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
 @click.option("--segment-bytes", "segment_bytes", type=int, metavar="N", help="Roll past this size (from the next append).")
 @click.option("--max-message-bytes", "max_message_bytes", type=int, metavar="N", help="Largest message (never smaller).")
 @click.option("--flush-messages", "flush_messages", type=int, metavar="N", help="fsync after this many messages (0: off).")
-@click.option("--flush-ms", "flush_ms", type=int, metavar="N", help="fsync after this many milliseconds (0: off).")
-@click.option("--retention-ms", "retention_ms", type=int, metavar="N", help="Keep segments this long.")
+@click.option("--flush-ms", "flush_ms", type=DURATION, metavar="DURATION", help="fsync after this long (0: off).")
+@click.option("--retention-ms", "retention_ms", type=DURATION, metavar="DURATION", help="Keep segments this long (7d, 36h, ...).")
 @click.option("--retention-bytes", "retention_bytes", type=int, metavar="N", help="Keep at most this many bytes per partition.")
 @click.option(
     "--headers",

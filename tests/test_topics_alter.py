@@ -476,3 +476,19 @@ def test_cli_alter_has_no_format_option(root):
     result = kl_cli(root, "topics", "alter", "t", "--format", "0.7")
     assert result.exit_code == 2
     assert config_bytes(root, "t") == kl.Root(root.path).config("t").to_json()
+
+
+def test_time_settings_take_durations_as_kl_retain_does(root):
+    """--retention-ms and --flush-ms take 7d, 36h, 2s, PT1H30M or digits alone (ms), in
+    create and alter alike; what is not a duration is refused naming the option."""
+    result = kl_cli(root, "topics", "create", "t", "--retention-ms", "7d", "--flush-ms", "2s")
+    assert result.exit_code == 0, result.output
+    config = kl.Root(root.path).config("t")
+    assert (config.retention_ms, config.flush_ms) == (7 * 86_400_000, 2000)
+    for given, ms in (("36h", 36 * 3_600_000), ("PT1H30M", 5_400_000), ("86400000", 86_400_000)):
+        assert kl_cli(root, "topics", "alter", "t", "--retention-ms", given).exit_code == 0
+        assert kl.Root(root.path).config("t").retention_ms == ms
+    refused = kl_cli(root, "topics", "alter", "t", "--retention-ms", "7x")
+    assert refused.exit_code == 2
+    assert "Invalid value for '--retention-ms': '7x' is not a duration" in refused.output
+    assert kl.Root(root.path).config("t").retention_ms == 86_400_000
