@@ -192,10 +192,8 @@ def read(segment_path: str, base_offset: int, size_in_bytes: int, mtime_ns: int 
     """The index kept for the segment as it is now, or None (missing, damaged or stale);
     ``mtime_ns`` None: of any modification time (a copy's, ``kl topics import``)."""
     path = index_path(segment_path)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            data = f.read(HEADER.size + MAX_ENTRIES * ENTRY.size + CRC.size + 1)
-    except OSError:
+    data = _contents(path)
+    if data is None:
         return None
     index = SegmentIndex.decode(data)
     if index is None:
@@ -211,14 +209,21 @@ def kept_base_count(segment_path: str, base_offset: int) -> int | None:
     """The base count an index kept for the segment at ``base_offset`` says, stale or not
     (the active segment's, written when it was rolled to), or None (missing, damaged,
     of another segment, unknown)."""
-    try:
-        with open(index_path(segment_path), "rb", buffering=0) as f:
-            index = SegmentIndex.decode(f.read(HEADER.size + MAX_ENTRIES * ENTRY.size + CRC.size + 1))
-    except OSError:
-        return None
+    data = _contents(index_path(segment_path))
+    index = None if data is None else SegmentIndex.decode(data)
     if index is None or index.base_offset != base_offset or index.base_count < 0:
         return None
     return index.base_count
+
+
+def _contents(path: str) -> bytes | None:
+    """An index file's bytes (one byte past the largest index: a longer file reads as
+    damaged), or None where it cannot be read."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(HEADER.size + MAX_ENTRIES * ENTRY.size + CRC.size + 1)
+    except OSError:
+        return None
 
 
 def keep_base_count(segment_path: str, base_offset: int, base_count: int) -> bool:
