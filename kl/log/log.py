@@ -804,15 +804,11 @@ class Log:
                     except CorruptMessage:
                         if not self._counted_before(info, counted):
                             raise
-                        self._counted[info.base_offset] = counted
-                        self._base_from(counted, following)
-                        return counted
             self._counted[info.base_offset] = counted
             kept_base = counted.base_count
             self._base_from(counted, following)
-            if (kept is None or kept_base != counted.base_count or not offsetindex.complete(kept)) and (
-                stat.st_size == info.size_in_bytes
-            ):
+            whole = counted.size_in_bytes == stat.st_size == info.size_in_bytes  # (not where damage stopped the count)
+            if whole and (kept is None or kept_base != counted.base_count or not offsetindex.complete(kept)):
                 offsetindex.write(info.path, counted.index(stat.st_mtime_ns))
         else:
             self._base_from(counted, following)
