@@ -461,7 +461,7 @@ class Kafka(FrontEnd):
             key = (config.topic_id or topic, partition)
             batch = b"" if offset >= end or max_bytes <= 0 else self._records(target, key, offset, max_bytes, state, version)
         except (Refused, KlError) as e:
-            code = e.code if isinstance(e, Refused) else _code(e)
+            code = _code(e)
             if code not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH):
                 log.warning("%s: fetch of %s/%d at %d: %s", conn.peer, topic, partition, offset, e)
             answer = data(
@@ -574,7 +574,7 @@ class Kafka(FrontEnd):
                         )
                     )
                 except (Refused, KlError) as e:
-                    code = e.code if isinstance(e, Refused) else _code(e)
+                    code = _code(e)
                     parts.append(part(partition_index=p.partition_index, error_code=code, timestamp=-1, offset=-1))
             topics.append(answer(name=topic.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
@@ -590,7 +590,7 @@ class Kafka(FrontEnd):
             target = self.server.root.log(topic, p.partition_index)
             offsets = [target.kafka_offset(o) for o in target.offsets_before(p.timestamp, max(0, p.max_num_offsets))]
         except (Refused, KlError) as e:
-            code = e.code if isinstance(e, Refused) else _code(e)
+            code = _code(e)
             return part(partition_index=p.partition_index, error_code=code, old_style_offsets=[])
         return part(partition_index=p.partition_index, error_code=NONE, old_style_offsets=offsets)
 
@@ -645,7 +645,10 @@ def _check_epoch(epoch: int) -> None:
         raise Refused(UNKNOWN_LEADER_EPOCH, f"leader epoch {epoch} is newer than the partition's, {LEADER_EPOCH}")
 
 
-def _code(error: KlError) -> int:
+def _code(error: KlError | Refused) -> int:
+    """The Kafka error code of a refusal, or of what kl raised."""
+    if isinstance(error, Refused):
+        return error.code
     if isinstance(error, OffsetOutOfRange):
         return OFFSET_OUT_OF_RANGE
     if isinstance(error, TopicNotFound):
