@@ -838,8 +838,7 @@ class GroupConsumer:
                 self._unless_busy(topic, partition, store)
                 claim.committed = claim.consumed
             release = functools.partial(self.registry.release, topic, partition, me, claim.generation)
-            if not self._unless_busy(topic, partition, release):
-                self._lost(claim, "another member took it over meanwhile")
+            self._unless_busy(topic, partition, release)
         except LockTimeout:
             return  # tried again next poll
         except NotOwner as e:

@@ -399,15 +399,11 @@ class Registry:
             if held:
                 claims.unlock(partition)
 
-    def release(self, topic: str, partition: int, member: str, generation: int, *, force: bool = False) -> bool:
-        """Give the partition up, if ``member`` still owns it in ``generation``; whether it did."""
-        with self._claims(topic) as claims:
-            try:
-                with self._owned(claims, partition, member, generation, f"release of {topic}/{partition}", force):
-                    claims.set_owner(partition, None, generation)
-            except NotOwner:
-                return False
-        return True
+    def release(self, topic: str, partition: int, member: str, generation: int, *, force: bool = False) -> None:
+        """Give the partition up, if ``member`` still owns it in ``generation``; else raise
+        ``NotOwner`` (naming who does)."""
+        with self._claims(topic) as claims, self._owned(claims, partition, member, generation, f"release of {topic}/{partition}", force):
+            claims.set_owner(partition, None, generation)
 
     def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:
         with self._claims(topic) as claims:

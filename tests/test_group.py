@@ -795,8 +795,13 @@ def test_claims_and_releases_are_not_fsynced_and_an_owner_record_a_crash_emptied
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
     generation = registry.claim("t", 0, "m1", {})
-    assert registry.release("t", 0, "m1", generation)
+    registry.release("t", 0, "m1", generation)
     assert synced == []  # 1,000 partitions joined cost 2,000 fsyncs
+    with pytest.raises(kl.NotOwner, match="the partition is released"):
+        registry.release("t", 0, "m1", generation)
+    registry.claim("t", 0, "m2", {})
+    with pytest.raises(kl.NotOwner, match="owned by m2"):
+        registry.release("t", 0, "m1", generation)
     registry.commit("t", 1, 0, "m0", 1)
     assert synced  # offsets stay durable
     monkeypatch.undo()
