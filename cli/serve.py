@@ -17,7 +17,8 @@ import click
 
 from kl.errors import KlError
 from kl.net import brokers
-from kl.net.server import Network, ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.server import Network, ServeConfig
 from kl_cli.common import get_root
 
 LIST_COLUMNS = ["address", "kafka", "pid", "since", "topics", "produce"]
@@ -166,7 +167,7 @@ def serve(
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request
-    server = Server(root, config)
+    server = Daemon(root, config)
     logger = logging.getLogger("kl.serve")
     kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
     info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce, kafka_address)

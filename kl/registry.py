@@ -402,7 +402,10 @@ class Registry:
     def release(self, topic: str, partition: int, member: str, generation: int, *, force: bool = False) -> None:
         """Give the partition up, if ``member`` still owns it in ``generation``; else raise
         ``NotOwner`` (naming who does)."""
-        with self._claims(topic) as claims, self._owned(claims, partition, member, generation, f"release of {topic}/{partition}", force):
+        with (
+            self._claims(topic) as claims,
+            self._owned(claims, partition, member, generation, f"release of {topic}/{partition}", force),
+        ):
             claims.set_owner(partition, None, generation)
 
     def owns(self, topic: str, partition: int, member: str, generation: int) -> bool:

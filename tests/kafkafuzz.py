@@ -41,7 +41,8 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 import kl
 from kl.log import core
-from kl.net import kafka, records
+from kl.net.kafka import frontend, records
+from kl.net.kafka.list_offsets import EARLIEST, LATEST
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "xerial": 2, "lz4": 3, "zstd": 4}
 """Each way a client may compress a batch (snappy raw, as librdkafka sends it, or in
@@ -270,22 +271,22 @@ def requests(topic: str) -> list[tuple[str, bytes]]:
     """(label, request) of every kind kl serves, in every version it serves, as today's
     clients build them; the produce requests append to ``topic``'s partition 0."""
     out = []
-    for v in range(kafka.APIS[kafka.API_VERSIONS].low, kafka.APIS[kafka.API_VERSIONS].high + 1):
+    for v in range(frontend.APIS[ApiVersionsRequest.API_KEY].low, frontend.APIS[ApiVersionsRequest.API_KEY].high + 1):
         out.append((f"ApiVersions v{v}", framed(ApiVersionsRequest, v, client_software_name="fuzz", client_software_version="1")))
-    for v in range(kafka.APIS[kafka.METADATA].low, kafka.APIS[kafka.METADATA].high + 1):
+    for v in range(frontend.APIS[MetadataRequest.API_KEY].low, frontend.APIS[MetadataRequest.API_KEY].high + 1):
         out.append((f"Metadata v{v}", metadata([topic, "nope"], v)))
         out.append((f"Metadata v{v} all", metadata(None if v else [], v)))
-    for v in range(kafka.APIS[kafka.FETCH].low, kafka.APIS[kafka.FETCH].high + 1):
+    for v in range(frontend.APIS[FetchRequest.API_KEY].low, frontend.APIS[FetchRequest.API_KEY].high + 1):
         out.append((f"Fetch v{v}", fetch(topic, 0, v)))
-    for v in range(kafka.APIS[kafka.LIST_OFFSETS].low, kafka.APIS[kafka.LIST_OFFSETS].high + 1):
-        for ts in (kafka.EARLIEST, kafka.LATEST, TIMESTAMP):
+    for v in range(frontend.APIS[ListOffsetsRequest.API_KEY].low, frontend.APIS[ListOffsetsRequest.API_KEY].high + 1):
+        for ts in (EARLIEST, LATEST, TIMESTAMP):
             out.append((f"ListOffsets v{v} {ts}", list_offsets(topic, ts, v)))
-    for v in range(kafka.APIS[kafka.INIT_PRODUCER_ID].low, kafka.APIS[kafka.INIT_PRODUCER_ID].high + 1):
+    for v in range(frontend.APIS[InitProducerIdRequest.API_KEY].low, frontend.APIS[InitProducerIdRequest.API_KEY].high + 1):
         out.append(
             (f"InitProducerId v{v}", framed(InitProducerIdRequest, v, transactional_id=None, transaction_timeout_ms=-1,
                                             producer_id=-1, producer_epoch=-1))
         )  # fmt: skip
-    low, high = kafka.APIS[kafka.PRODUCE].low, kafka.APIS[kafka.PRODUCE].high
+    low, high = frontend.APIS[ProduceRequest.API_KEY].low, frontend.APIS[ProduceRequest.API_KEY].high
     for i, codec in enumerate(CODECS):
         vals = values(30, 40, codec.encode())
         body = b"".join(record(j, v, key=b"k", headers=[(b"h", b"x")] if j % 7 == 6 else ()) for j, v in enumerate(vals))
@@ -596,8 +597,8 @@ def call(address, request: bytes):
     key, version, correlation = struct.unpack_from(">hhi", request, 4)
     ((got, body),) = answers(attack(address, request))
     assert got == correlation
-    response = kafka._responses()[key]
-    flexible = response.flexible_version_q(version) and key != kafka.API_VERSIONS
+    response = frontend._responses()[key]
+    flexible = response.flexible_version_q(version) and key != ApiVersionsRequest.API_KEY
     return response.decode(body[int(flexible) :], version=version)
 
 
@@ -618,7 +619,7 @@ def refused_whole(request: bytes, answer: bytes) -> bool:
     if len(request) < 8 or struct.unpack_from(">i", request)[0] != len(request) - 4 or not got:
         return False
     key, version = struct.unpack_from(">hh", request, 4)
-    if key != kafka.PRODUCE or not kafka.APIS[key].low <= version <= kafka.APIS[key].high:
+    if key != ProduceRequest.API_KEY or not frontend.APIS[key].low <= version <= frontend.APIS[key].high:
         return False
     body = got[0][1][int(ProduceResponse.flexible_version_q(version)) :]
     response = ProduceResponse.decode(body, version=version)

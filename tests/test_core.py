@@ -575,7 +575,7 @@ RECORD_FIELDS = st.one_of(st.none(), st.binary(max_size=12))
     st.data(),
 )
 def test_both_cores_read_a_batchs_records_alike(records, base_ts, append_ts, max_message_bytes, draw):
-    from kl.net import records as kafka_records
+    from kl.net.kafka import records as kafka_records
 
     rows = [(i, ts, k, v, [("h", b"v")] if headers else ()) for i, (k, v, ts, headers) in enumerate(records)]
     body = bytearray(kafka_records.batch(rows, len(rows))[61:])
@@ -596,7 +596,7 @@ def test_both_cores_read_a_batchs_records_alike(records, base_ts, append_ts, max
 
 
 def test_records_become_kl_messages_unless_kl_must_look_closer(each_core):
-    from kl.net import records as kafka_records
+    from kl.net.kafka import records as kafka_records
 
     body = kafka_records.batch([(0, 7, b"k", b"v", ()), (1, -1, None, b"", ())], 2)[61:]
     data, count = core.kafka_records(body, 2, 7, -1, 99, 1 << 20)  # 7: the batch's base timestamp

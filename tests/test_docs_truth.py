@@ -82,8 +82,8 @@ def test_every_json_object_in_the_spark_page_parses_as_rendered(rendering):
 
 def test_the_spark_slice_example_reads_only_the_slice_of_one_partition(root):
     pytest.importorskip("pyspark")
+    from kl.spark.options import Options
     from kl.spark.ranges import Range
-    from kl.spark.source import Options
 
     lines = examples(MAN / "kl-spark.7")
     example = "".join(line.strip() for line in lines if line.lstrip().startswith((".option", "spark.read")))

@@ -26,9 +26,12 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.memory_records import MemoryRecords
 
 import kl
-from kl.net import kafka, records
-from kl.net.kafka_errors import INVALID_TIMESTAMP
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.kafka import errors as kafka_errors
+from kl.net.kafka import frontend, records
+from kl.net.kafka.broker import Broker, topic_uuid
+from kl.net.kafka.errors import INVALID_TIMESTAMP
+from kl.net.server import ServeConfig
 
 from conftest import read_all, write, write_each
 
@@ -39,7 +42,7 @@ class Running:
     """A ``Server`` serving only the Kafka protocol, in a thread of the test process."""
 
     def __init__(self, root: kl.Root, **config):
-        self.server = Server(root, ServeConfig(port=None, kafka_port=0, **config))
+        self.server = Daemon(root, ServeConfig(port=None, kafka_port=0, **config))
         self.address = ("127.0.0.1", self.server.kafka_port)
         self.thread = threading.Thread(target=self.server.serve_forever)
         self.thread.start()
@@ -65,7 +68,7 @@ class Client:
 
     def receive(self, request, version: int):
         """The answer to the last request sent (an ApiVersions answer's header is never flexible)."""
-        response = kafka._responses()[request.API_KEY]
+        response = frontend._responses()[request.API_KEY]
         size = struct.unpack(">i", self._exactly(4))[0]
         data = self._exactly(size)
         assert struct.unpack_from(">i", data)[0] == self.correlation
@@ -184,20 +187,20 @@ def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_vers
     answer = client.call(ApiVersionsRequest, 3, client_software_name="test", client_software_version="1")
     assert answer.error_code == 0
     got = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
-    assert got == {key: (api.low, api.high) for key, api in kafka.APIS.items()}
+    assert got == {key: (api.low, api.high) for key, api in frontend.APIS.items()}
     # A version the daemon does not serve: the protocol's answer is version 0 with the list.
     client.correlation += 1
     header = struct.pack(">hhih", 18, 99, client.correlation, 4) + b"test" + b"\0\0"  # v99: a flexible header
     client.sock.sendall(struct.pack(">i", len(header)) + header)
     answer = client.receive(ApiVersionsRequest, 0)
-    assert answer.error_code == kafka.UNSUPPORTED_VERSION
-    assert {k.api_key for k in answer.api_keys} == set(kafka.APIS)
+    assert answer.error_code == kafka_errors.UNSUPPORTED_VERSION
+    assert {k.api_key for k in answer.api_keys} == set(frontend.APIS)
 
 
 def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_connection(served, root, topic):
     _, client = served()
     answer = client.call(DescribeClusterRequest, 0, include_cluster_authorized_operations=False)
-    assert answer.error_code == kafka.UNSUPPORTED_VERSION
+    assert answer.error_code == kafka_errors.UNSUPPORTED_VERSION
     assert client.call(
         MetadataRequest,
         9,
@@ -243,7 +246,7 @@ def test_metadata_names_this_daemon_the_leader_of_every_partition_with_each_topi
     assert set(topics) == {"a", "b"}
     assert [p.partition_index for p in topics["a"].partitions] == [0, 1, 2]
     assert all(p.leader_id == broker.node_id for p in topics["a"].partitions)
-    assert kafka._uuid(root.config("a").topic_id) == topics["a"].topic_id
+    assert topic_uuid(root.config("a").topic_id) == topics["a"].topic_id
     assert str(topics["a"].topic_id) != str(topics["b"].topic_id)
     root.create_topic("c")  # created while the daemon runs: found by the next Metadata
     answer = client.call(
@@ -251,7 +254,7 @@ def test_metadata_names_this_daemon_the_leader_of_every_partition_with_each_topi
         1,
         topics=[MetadataRequest.MetadataRequestTopic(name="c"), MetadataRequest.MetadataRequestTopic(name="nope")],
     )
-    assert [(t.name, t.error_code) for t in answer.topics] == [("c", 0), ("nope", kafka.UNKNOWN_TOPIC_OR_PARTITION)]
+    assert [(t.name, t.error_code) for t in answer.topics] == [("c", 0), ("nope", kafka_errors.UNKNOWN_TOPIC_OR_PARTITION)]
 
 
 def test_metadata_v0_asks_all_topics_with_an_empty_list_and_later_versions_with_null(served, root):
@@ -278,20 +281,20 @@ def test_metadata_of_all_topics_asked_at_once_looks_them_up_once_and_the_next_se
     asked = []
     both_asked = threading.Event()
     lookups = []
-    real_all_topics, real_topics = kafka.Kafka._all_topics, kl.Root.topics
+    real_served_topics, real_topics = Broker.served_topics, kl.Root.topics
 
-    def all_topics(self, peers):
+    def served_topics(self, look):
         asked.append(1)
         if len(asked) == 2:
             both_asked.set()
-        return real_all_topics(self, peers)
+        return real_served_topics(self, look)
 
     def slow_topics(self):
         lookups.append(1)
         assert both_asked.wait(10)  # the second request arrived during this lookup
         return real_topics(self)
 
-    monkeypatch.setattr(kafka.Kafka, "_all_topics", all_topics)
+    monkeypatch.setattr(Broker, "served_topics", served_topics)
     monkeypatch.setattr(kl.Root, "topics", slow_topics)
     everything = dict(topics=None, allow_auto_topic_creation=False)
     first.send(MetadataRequest, 4, **everything)
@@ -311,7 +314,7 @@ def test_topics_outside_the_pattern_are_not_listed_and_are_refused(served, root)
     _, client = served(topics=__import__("re").compile("open"))
     answer = client.call(MetadataRequest, 4, topics=None, allow_auto_topic_creation=False)
     assert [t.name for t in answer.topics] == ["open"]
-    assert fetch(client, "secret", 0).error_code == kafka.TOPIC_AUTHORIZATION_FAILED
+    assert fetch(client, "secret", 0).error_code == kafka_errors.TOPIC_AUTHORIZATION_FAILED
 
 
 # ----------------------------------------------------------------- Fetch
@@ -338,15 +341,15 @@ def test_a_fetch_at_any_offset_answers_from_that_record(served, root, topic, ver
 @pytest.mark.parametrize("version", [13, 16])
 def test_a_fetch_by_topic_id_reads_that_topic_and_not_one_created_again_under_its_name(served, root, topic, version):
     offsets = write_each(root, topic, [b"old"])
-    old_id = kafka._uuid(root.config(topic).topic_id)
+    old_id = topic_uuid(root.config(topic).topic_id)
     _, client = served()
     answer = fetch(client, "", 0, version=version, topic_id=old_id)
     assert [(o, v) for o, _, v, _ in decoded(answer)] == [(offsets[0], b"old")]
     root.delete_topic(topic)
     root.create_topic(topic)
     write_each(root, topic, [b"new"])
-    assert fetch(client, "", 0, version=version, topic_id=old_id).error_code == kafka.UNKNOWN_TOPIC_ID
-    new_id = kafka._uuid(root.config(topic).topic_id)
+    assert fetch(client, "", 0, version=version, topic_id=old_id).error_code == kafka_errors.UNKNOWN_TOPIC_ID
+    new_id = topic_uuid(root.config(topic).topic_id)
     assert [v for _, _, v, _ in decoded(fetch(client, "", 0, version=version, topic_id=new_id))] == [b"new"]
 
 
@@ -354,11 +357,12 @@ def test_fetch_offsets_out_of_range_get_offset_out_of_range(served, root, topic)
     write_each(root, topic, [b"x"])
     _, client = served()
     answer = fetch(client, topic, 2)
-    assert answer.error_code == kafka.OFFSET_OUT_OF_RANGE and answer.high_watermark == -1  # no offsets in an error, as Kafka's
+    # no offsets in an error, as Kafka's
+    assert answer.error_code == kafka_errors.OFFSET_OUT_OF_RANGE and answer.high_watermark == -1
     assert answer.records == b""  # empty, not null: librdkafka cannot read a null set
-    assert fetch(client, topic, -5).error_code == kafka.OFFSET_OUT_OF_RANGE
-    assert fetch(client, "missing", 0).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
-    assert fetch(client, topic, 0, partition=3).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    assert fetch(client, topic, -5).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
+    assert fetch(client, "missing", 0).error_code == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert fetch(client, topic, 0, partition=3).error_code == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION
 
 
 def test_a_newer_leader_epoch_and_the_zero_topic_id_are_refused(served, root, topic):
@@ -368,14 +372,14 @@ def test_a_newer_leader_epoch_and_the_zero_topic_id_are_refused(served, root, to
     fields = fetch_fields(topic, 0)
     fields["topics"][0].partitions[0].current_leader_epoch = 1
     (answer,) = client.call(FetchRequest, 12, **fields).responses[0].partitions
-    assert answer.error_code == kafka.UNKNOWN_LEADER_EPOCH and answer.high_watermark == -1
+    assert answer.error_code == kafka_errors.UNKNOWN_LEADER_EPOCH and answer.high_watermark == -1
     fields["topics"][0].partitions[0].current_leader_epoch = 0
-    assert client.call(FetchRequest, 12, **fields).responses[0].partitions[0].error_code == kafka.NONE
-    assert fetch(client, "", 0, version=13, topic_id=None).error_code == kafka.UNKNOWN_TOPIC_ID
+    assert client.call(FetchRequest, 12, **fields).responses[0].partitions[0].error_code == kafka_errors.NONE
+    assert fetch(client, "", 0, version=13, topic_id=None).error_code == kafka_errors.UNKNOWN_TOPIC_ID
     part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, current_leader_epoch=1, timestamp=-1)
     listed = ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[part])
     (answer,) = client.call(ListOffsetsRequest, 6, replica_id=-1, isolation_level=0, topics=[listed]).topics[0].partitions
-    assert (answer.error_code, answer.offset) == (kafka.UNKNOWN_LEADER_EPOCH, -1)
+    assert (answer.error_code, answer.offset) == (kafka_errors.UNKNOWN_LEADER_EPOCH, -1)
 
 
 def test_a_compressed_kl_batch_is_served_expanded_and_a_client_can_resume_inside_it(served, root, topic):
@@ -493,25 +497,25 @@ def test_a_retried_idempotent_batch_is_appended_once_and_answered_with_its_offse
     assert [m.value for m in read_all(root, topic)] == [b"a", b"b"]
     assert produce(client, topic, built([b"c"], producer=(pid.producer_id, 0, 2))).error_code == 0
     skipped = produce(client, topic, built([b"e"], producer=(pid.producer_id, 0, 9)))
-    assert skipped.error_code == kafka.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert skipped.error_code == kafka_errors.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert [m.value for m in read_all(root, topic)] == [b"a", b"b", b"c"]
 
 
 def test_refused_produces_append_nothing_and_say_why(served, root, topic):
     _, client = served()
     off = produce(client, topic, built([b"x"]))
-    assert off.error_code == kafka.TOPIC_AUTHORIZATION_FAILED and "--allow-produce" in off.error_message
+    assert off.error_code == kafka_errors.TOPIC_AUTHORIZATION_FAILED and "--allow-produce" in off.error_message
     _, client = served(allow_produce=True)
-    assert produce(client, "missing", built([b"x"])).error_code == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    assert produce(client, "missing", built([b"x"])).error_code == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION
     batch = bytearray(built([b"x", b"y"]))
     batch[-1] ^= 0xFF
     bad = produce(client, topic, bytes(batch))
-    assert bad.error_code == kafka.CORRUPT_MESSAGE and "CRC" in bad.error_message
+    assert bad.error_code == kafka_errors.CORRUPT_MESSAGE and "CRC" in bad.error_message
     both = built([b"good"]) + bytes(batch)  # one good batch, one bad: neither is appended
-    assert produce(client, topic, both).error_code == kafka.CORRUPT_MESSAGE
+    assert produce(client, topic, both).error_code == kafka_errors.CORRUPT_MESSAGE
     late = produce(client, topic, built([b"x"], timestamp=kl.log.message.MAX_TIMESTAMP + 1))
     assert late.error_code == INVALID_TIMESTAMP
-    assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka.INVALID_REQUIRED_ACKS
+    assert produce(client, topic, built([b"x"]), acks=2).error_code == kafka_errors.INVALID_REQUIRED_ACKS
     assert read_all(root, topic) == []
 
 
@@ -529,7 +533,7 @@ def test_a_topic_without_headers_refuses_them_and_says_how_to_allow_them(served,
     root.create_topic("old", kl.TopicConfig(headers=False))
     _, client = served(allow_produce=True)
     answer = produce(client, "old", built([b"v"], headers=[[("h", b"x")]]))
-    assert answer.error_code == kafka.INVALID_RECORD and "kl topics alter old --headers" in answer.error_message
+    assert answer.error_code == kafka_errors.INVALID_RECORD and "kl topics alter old --headers" in answer.error_message
     assert read_all(root, "old") == []
 
 
@@ -564,9 +568,9 @@ def test_damage_in_acknowledged_data_stops_fetches_at_it_and_not_before_it(serve
     assert [(r.offset, r.value) for b in batches_of(before) for r in b] == [(0, b"value-00"), (1, b"value-01")]
     assert [r.offset for b in batches_of(fetch(client, "t", 1)) for r in b] == [1]
     at = fetch(client, "t", 2)
-    assert (at.error_code, at.records) == (kafka.CORRUPT_MESSAGE, b"")
+    assert (at.error_code, at.records) == (kafka_errors.CORRUPT_MESSAGE, b"")
     if where == "active":
-        assert fetch(client, "t", 29).error_code == kafka.CORRUPT_MESSAGE  # past it: no count reaches it
+        assert fetch(client, "t", 29).error_code == kafka_errors.CORRUPT_MESSAGE  # past it: no count reaches it
     else:
         after = len(in_first)
         assert [r.offset for b in batches_of(fetch(client, "t", after)) for r in b][:1] == [after]

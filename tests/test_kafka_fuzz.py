@@ -26,8 +26,10 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 import kl
 from kl.log import producers
-from kl.net import kafka
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.kafka import errors as kafka_errors
+from kl.net.kafka import fetch
+from kl.net.server import ServeConfig
 from kl_cli.main import cli
 
 from conftest import write
@@ -143,12 +145,12 @@ def test_arrays_sent_null_where_the_protocol_never_has_them_close_the_connection
 
 @pytest.fixture
 def in_process(root):
-    """Start a ``Server`` of the Kafka protocol in a thread of the test process (where a
+    """Start a ``Daemon`` of the Kafka protocol in a thread of the test process (where a
     test can change its constants and look at its state)."""
-    started: list[tuple[Server, threading.Thread]] = []
+    started: list[tuple[Daemon, threading.Thread]] = []
 
-    def start(**config) -> Server:
-        server = Server(root, ServeConfig(port=None, kafka_port=0, allow_produce=True, **config))
+    def start(**config) -> Daemon:
+        server = Daemon(root, ServeConfig(port=None, kafka_port=0, allow_produce=True, **config))
         thread = threading.Thread(target=server.serve_forever)
         thread.start()
         started.append((server, thread))
@@ -161,7 +163,7 @@ def in_process(root):
 
 
 def test_a_fetch_answer_is_bounded_whatever_the_client_asks(root, in_process, monkeypatch):
-    monkeypatch.setattr(kafka, "MAX_FETCH_BYTES", 64 << 10)
+    monkeypatch.setattr(fetch, "MAX_FETCH_BYTES", 64 << 10)
     root.create_topic("big")
     write(root, "big", fz.values(2000, 200, b"big"))
     address = ("127.0.0.1", in_process().kafka_port)
@@ -208,7 +210,7 @@ def test_decompression_bombs_are_refused_without_the_memory(root, daemon, filled
         assert len(request) < 2 << 20
         with ThreadPoolExecutor(4) as pool:  # one for each worker at once
             errors = list(pool.map(produce_error, [d.address] * 4, [request] * 4))
-        assert errors == [kafka.CORRUPT_MESSAGE] * 4, codec
+        assert errors == [kafka_errors.CORRUPT_MESSAGE] * 4, codec
     assert d.memory_kb("VmHWM") - start < 100_000  # each of 4 workers stopped at 8 MiB
     assert fz.ends(root, "f") == [0, 0]
     fz.healthy(d.address, filled)

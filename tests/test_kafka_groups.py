@@ -33,7 +33,7 @@ from test_kafka import Client, Running, decoded, fetch
 import kl
 from kl.log.log import Position
 from kl.net import brokers
-from kl.net.kafka_errors import (
+from kl.net.kafka.errors import (
     ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL,
     INVALID_SESSION_TIMEOUT,

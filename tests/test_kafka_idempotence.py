@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaProducer
 
 import kl
-from kl.net import kafka
+from kl.net.kafka import errors as kafka_errors
 
 from kafka_clients import Daemon
 
@@ -187,25 +187,25 @@ def test_retries_across_restarts_kills_and_daemons_and_a_woken_daemon_are_append
     other = Daemon(root.path, tmp_path / "serve-1")
     try:
         a, b = address_of(first), address_of(other)
-        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka.NONE, 0)
+        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka_errors.NONE, 0)
         os.kill(first.proc.pid, signal.SIGKILL)  # the answer may have been lost: the client retries
         first.proc.wait()
         first = Daemon(root.path, tmp_path / "serve-2", address=f"127.0.0.1:{port}")
-        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka.NONE, 0)  # after the restart
-        assert produced(a, 11, 0, 2, [b"r2"]) == (kafka.NONE, 2)
-        assert produced(b, 11, 0, 2, [b"r2"]) == (kafka.NONE, 2)  # moved to another daemon
+        assert produced(a, 11, 0, 0, [b"r0", b"r1"]) == (kafka_errors.NONE, 0)  # after the restart
+        assert produced(a, 11, 0, 2, [b"r2"]) == (kafka_errors.NONE, 2)
+        assert produced(b, 11, 0, 2, [b"r2"]) == (kafka_errors.NONE, 2)  # moved to another daemon
         os.kill(first.proc.pid, signal.SIGSTOP)  # a request queued at a stopped daemon ...
         queued: list[tuple[int, int]] = []
         sender = threading.Thread(target=lambda: queued.append(produced(a, 11, 0, 3, [b"r3"])))
         sender.start()
         time.sleep(0.5)
-        assert produced(b, 11, 0, 3, [b"r3"]) == (kafka.NONE, 3)  # ... retried at the other one
+        assert produced(b, 11, 0, 3, [b"r3"]) == (kafka_errors.NONE, 3)  # ... retried at the other one
         os.kill(first.proc.pid, signal.SIGCONT)
         sender.join(30)
-        assert queued == [(kafka.NONE, 3)]  # the woken daemon finds it appended
-        assert produced(b, 11, 0, 5, [b"x"])[0] == kafka.OUT_OF_ORDER_SEQUENCE_NUMBER
-        assert produced(a, 11, 1, 0, [b"r4"]) == (kafka.NONE, 4)  # a new epoch
-        assert produced(b, 11, 0, 4, [b"x"])[0] == kafka.INVALID_PRODUCER_EPOCH  # the old one, fenced
+        assert queued == [(kafka_errors.NONE, 3)]  # the woken daemon finds it appended
+        assert produced(b, 11, 0, 5, [b"x"])[0] == kafka_errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert produced(a, 11, 1, 0, [b"r4"]) == (kafka_errors.NONE, 4)  # a new epoch
+        assert produced(b, 11, 0, 4, [b"x"])[0] == kafka_errors.INVALID_PRODUCER_EPOCH  # the old one, fenced
     finally:
         for d in (first, other):
             os.kill(d.proc.pid, signal.SIGCONT)

@@ -21,7 +21,7 @@ from kafka.record.memory_records import MemoryRecords
 from test_kafka import Client, Running, built, produce
 
 import kl
-from kl.net import kafka
+from kl.net.kafka import errors as kafka_errors
 
 from conftest import read_all, write
 
@@ -83,8 +83,8 @@ def test_api_versions_advertises_produce_and_fetch_from_version_0(served):
     _, client = served()
     answer = client.call(ApiVersionsRequest, 3, client_software_name="test", client_software_version="1")
     got = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
-    assert got[kafka.PRODUCE] == (0, 9)
-    assert got[kafka.FETCH] == (0, 16)
+    assert got[ProduceRequest.API_KEY] == (0, 9)
+    assert got[FetchRequest.API_KEY] == (0, 16)
 
 
 @pytest.mark.parametrize(("version", "magic"), [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)])
@@ -137,7 +137,7 @@ def test_a_null_value_is_stored_in_a_topic_that_holds_them_and_refused_elsewhere
     root.create_topic("plain", kl.TopicConfig(headers=False))
     root.create_topic("tombstones", kl.TopicConfig(headers=True))
     _, client = served(allow_produce=True)
-    assert produce(client, "plain", legacy([None], keys=[b"k"]), version=2).error_code == kafka.INVALID_RECORD
+    assert produce(client, "plain", legacy([None], keys=[b"k"]), version=2).error_code == kafka_errors.INVALID_RECORD
     assert produce(client, "tombstones", legacy([None], keys=[b"k"]), version=2).error_code == 0
     assert stored(root, "tombstones") == [(b"k", None, T0)]
 
@@ -146,7 +146,7 @@ def test_produce_v2_takes_record_batches_too_and_v3_still_refuses_message_sets(s
     """Kafka's brokers before 4 took either in Produce v0-2; from v3 only record batches."""
     _, client = served(allow_produce=True)
     assert produce(client, topic, built([b"batch"]), version=2).error_code == 0
-    assert produce(client, topic, legacy([b"set"]), version=3).error_code == kafka.CORRUPT_MESSAGE
+    assert produce(client, topic, legacy([b"set"]), version=3).error_code == kafka_errors.CORRUPT_MESSAGE
     assert [v for _, v, _ in stored(root, topic)] == [b"batch"]
 
 
@@ -203,9 +203,9 @@ def test_a_malformed_message_set_is_refused_as_corrupt_and_nothing_is_appended(s
     response = client.call(ProduceRequest, 2, transactional_id=None, acks=1, timeout_ms=1000, topic_data=topic_data)
     codes = [p.error_code for p in response.responses[0].partition_responses]
     if data:  # a good message after damage is no excuse
-        assert codes == [kafka.CORRUPT_MESSAGE, kafka.CORRUPT_MESSAGE]
+        assert codes == [kafka_errors.CORRUPT_MESSAGE, kafka_errors.CORRUPT_MESSAGE]
     else:
-        assert codes == [0, kafka.CORRUPT_MESSAGE]
+        assert codes == [0, kafka_errors.CORRUPT_MESSAGE]
     assert stored(root, topic) == ([] if data else [(None, b"good", T0)])
     assert produce(client, topic, good, version=2).error_code == 0  # the same connection goes on
 
@@ -226,7 +226,7 @@ def test_fetch_v0_to_v3_answers_a_message_set_of_the_versions_magic_with_kafka_o
         assert messages_of(answer) == [(0, 1, b"k", b"one", T0), (1, 1, None, b"two", T0), (2, 1, None, b"three", T0 + 1)]
     assert [m[0] for m in messages_of(old_fetch(client, topic, 1, version))] == [1, 2]
     assert old_fetch(client, topic, 3, version).records == b""
-    assert old_fetch(client, topic, 4, version).error_code == kafka.OFFSET_OUT_OF_RANGE
+    assert old_fetch(client, topic, 4, version).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
 
 
 def entries(answer) -> list[tuple[int, int]]:
@@ -282,7 +282,7 @@ def test_kafka_0_7s_messages_are_served_without_timestamps_and_refused_from_prod
     answer = old_fetch(client, "old", 1, version)
     assert entries(answer) == [(1, 0), (3, 1)]
     assert messages_of(answer) == [(1, magic, None, b"b", stamp), (2, magic, None, b"c", stamp), (3, magic, None, b"d", stamp)]
-    assert produce(client, "old", legacy([b"e"]), version=2).error_code == kafka.INVALID_RECORD
+    assert produce(client, "old", legacy([b"e"]), version=2).error_code == kafka_errors.INVALID_RECORD
 
 
 MESSAGE_V1 = 35
@@ -343,8 +343,8 @@ def test_list_offsets_v0_answers_segment_starts_newest_first_as_kafka_0_10_did(s
     assert old_offsets(client, "seg", T0 + 3000, 3) == (0, [15, 10, 5])
     assert old_offsets(client, "seg", T0 - 1, 10) == (0, [])
     assert old_offsets(client, "seg", -1, 0) == (0, [])
-    assert old_offsets(client, "seg", -1, 1, partition=7)[0] == kafka.UNKNOWN_TOPIC_OR_PARTITION
-    assert old_offsets(client, "nosuch", -1, 1)[0] == kafka.UNKNOWN_TOPIC_OR_PARTITION
+    assert old_offsets(client, "seg", -1, 1, partition=7)[0] == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert old_offsets(client, "nosuch", -1, 1)[0] == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION
 
 
 # ----------------------------------------------------------------- the clients of that time

@@ -62,8 +62,8 @@ import kl
 from kl.log import message as m
 from kl.log import messageset
 from kl.log.validate import Checked
-from kl.net.kafka import _responses
-from kl.net.kafka_errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
+from kl.net.kafka.errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
+from kl.net.kafka.frontend import _responses
 
 from kafka_clients import Daemon
 

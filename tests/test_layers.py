@@ -1,7 +1,7 @@
 """kl's layers (shared/STYLE.md, "Layout"): the storage layer, ``kl.log``, imports nothing
-above it, the errors sit at the bottom, and no modules of kl import each other in a circle
-(as they load: at the top and under TYPE_CHECKING; an import inside a function waits for
-its call)."""
+above it, the errors sit at the bottom, the network server's core knows no protocol, and
+no modules of kl import each other in a circle (counting every import: at the top, under
+TYPE_CHECKING and inside functions)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(node: ast.AST, modules: set[str], *, in_functions: bool) -> set[str]:
+def imported(node: ast.AST, modules: set[str]) -> set[str]:
     """The modules of kl that the imports under ``node`` name (``from kl.log import core``
     names kl.log.core; ``from kl.log import Log`` names kl.log)."""
     found: set[str] = set()
@@ -31,23 +31,22 @@ def imported(node: ast.AST, modules: set[str], *, in_functions: bool) -> set[str
             for alias in child.names:
                 submodule = f"{child.module}.{alias.name}"
                 found.add(submodule if submodule in modules else child.module)
-        elif in_functions or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found |= imported(child, modules, in_functions=in_functions)
+        else:
+            found |= imported(child, modules)
     return found & modules
 
 
-def imports(*, in_functions: bool) -> dict[str, set[str]]:
-    """Each module of kl and the modules of kl it imports (also inside its functions, or not)."""
+def imports() -> dict[str, set[str]]:
+    """Each module of kl and the modules of kl it imports, anywhere in it (the compiled
+    core, built from ``kl/log/_core.c``, counts as a module importing nothing)."""
     paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    return {
-        name: imported(ast.parse(path.read_text(), str(path)), set(paths), in_functions=in_functions) - {name}
-        for name, path in paths.items()
-    }
+    compiled = {module_name(path.with_suffix(".py")) for path in PACKAGE.rglob("*.c")}
+    modules = set(paths) | compiled
+    found = {name: imported(ast.parse(path.read_text(), str(path)), modules) - {name} for name, path in paths.items()}
+    return found | {name: set() for name in compiled}
 
 
-GRAPH = imports(in_functions=True)
-AT_LOAD = imports(in_functions=False)
-"""What each module imports as it loads (a function's import waits for its call)."""
+GRAPH = imports()
 
 
 def test_the_storage_layer_imports_only_itself_and_the_errors() -> None:
@@ -62,10 +61,29 @@ def test_the_storage_layer_imports_only_itself_and_the_errors() -> None:
     assert {name for name in GRAPH if name.startswith("kl.log.")} >= {
         f"kl.log.{module}"
         for module in (
-            "message", "messageset", "segment", "state", "log", "locks", "flusher", "fsutil",
-            "recovery", "retention", "importer", "dump", "config", "core", "pycore",
+            "message",
+            "messageset",
+            "segment",
+            "state",
+            "log",
+            "locks",
+            "flusher",
+            "fsutil",
+            "recovery",
+            "retention",
+            "importer",
+            "dump",
+            "config",
+            "core",
+            "pycore",
         )
     }
+
+
+def test_the_server_core_imports_no_protocol() -> None:
+    protocols = ("kl.net.kafka", "kl.net.wire", "kl.net.remote")
+    assert not {target for target in GRAPH["kl.net.server"] if target.startswith(protocols)}
+    assert "kl.net.server" in GRAPH["kl.net.daemon"]
 
 
 def test_the_errors_import_nothing_of_kl() -> None:
@@ -77,7 +95,7 @@ def cycle_through(start: str) -> list[str] | None:
     stack, seen = [(start, [start])], set()
     while stack:
         name, path = stack.pop()
-        for target in AT_LOAD[name]:
+        for target in GRAPH[name]:
             if target == start:
                 return path + [start]
             if target not in seen:

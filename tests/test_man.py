@@ -95,7 +95,7 @@ def test_top_page_lists_every_command():
 
 @pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
 def test_every_option_of_the_spark_source_is_documented():
-    from kl.spark.source import KNOWN_OPTIONS
+    from kl.spark.options import KNOWN_OPTIONS
 
     text = plain_text(MAN / "kl-spark.7")
     options = set(re.findall(r"^ {7}(\w+)", text, re.M))

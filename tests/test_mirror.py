@@ -25,7 +25,8 @@ import kl
 from kl import mirror
 from kl.log import offsetindex
 from kl.log.log import Position
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.server import ServeConfig
 from kl_cli.main import cli
 
 from conftest import flip_byte, read_all
@@ -87,7 +88,7 @@ def target(tmp_path: Path) -> Iterator[kl.Root]:
 
 @pytest.fixture
 def server(source: kl.Root) -> Iterator[str]:
-    srv = Server(source, ServeConfig(port=0))
+    srv = Daemon(source, ServeConfig(port=0))
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"127.0.0.1:{srv.port}"

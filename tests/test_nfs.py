@@ -190,7 +190,7 @@ except kl.KlError as e:
 COORDINATOR = r"""
 import signal, sys, time, kl
 from kl.log.log import Position
-from kl.net.coordinator import Coordinator, GroupWait
+from kl.net.kafka.coordinator import Coordinator, GroupWait
 # A Kafka group's coordinator (kl serve --kafka's, without its sockets): it takes the
 # group's coordinator lock, has one member join and commit, then (SIGUSR1) commits again.
 host, then = sys.argv[1], sys.argv[2]

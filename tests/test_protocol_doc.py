@@ -17,7 +17,8 @@ import pytest
 
 import kl
 from kl.net import wire
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.server import ServeConfig
 
 PAGE = Path(__file__).resolve().parents[1] / "man" / "kl-protocol.5"
 TEXT = PAGE.read_text()
@@ -55,7 +56,7 @@ def test_error_codes_are_wire_s() -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[kl.Root, int]]:
     root = kl.Root(tmp_path / "root")
-    server = Server(root, ServeConfig(port=0))
+    server = Daemon(root, ServeConfig(port=0))
     thread = threading.Thread(target=server.serve_forever)
     thread.start()
     yield root, server.port

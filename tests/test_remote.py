@@ -19,8 +19,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 import kl
+from kl.net.daemon import Daemon
 from kl.net.remote import RemoteRoot
-from kl.net.server import ServeConfig, Server
+from kl.net.server import ServeConfig
 from kl_cli.main import cli
 
 from conftest import flip_byte
@@ -30,7 +31,7 @@ VALUES = [b"v%03d" % i * (1 + i % 7) for i in range(300)]
 
 
 def serve(root: kl.Root, **options: object) -> Iterator[str]:
-    server = Server(root, ServeConfig(port=0, **options))  # type: ignore[arg-type]
+    server = Daemon(root, ServeConfig(port=0, **options))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

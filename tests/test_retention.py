@@ -19,7 +19,8 @@ import pytest
 import kl
 from kl.log.retention import DELETED_SUFFIX, retain
 from kl.log.segment import list_segments
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon
+from kl.net.server import ServeConfig
 
 from faultlib import OrderChecker, fresh_log, payload, read_log, snapshot
 
@@ -361,7 +362,7 @@ def test_readers_racing_a_kl_retain_loop_retry_or_get_offset_out_of_range(root):
     for k in range(40):
         producer.send_batch("race", [b"s%02dm%06d" % (k, i) for i in range(PER_SEGMENT)], partition=0)
     stop = threading.Event()
-    server = Server(root, ServeConfig(port=0))
+    server = Daemon(root, ServeConfig(port=0))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     retain_loop = subprocess.Popen(
         ["bash", "-c", 'for i in $(seq 8); do "$@" retain race --max-bytes 8192 --delete-delay 0 >/dev/null || exit 1; done',

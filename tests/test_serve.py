@@ -27,7 +27,8 @@ import kl
 from kl.log.messageset import frame
 from kl.log.retention import retain
 from kl.net import brokers, server, wire
-from kl.net.server import ServeConfig, Server
+from kl.net.daemon import Daemon as InProcess
+from kl.net.server import ServeConfig
 from kl.net.wire import Fetch
 from kl_cli.main import cli
 
@@ -60,7 +61,7 @@ class Running:
     """A ``Server`` in a thread of the test process."""
 
     def __init__(self, root: kl.Root, **config):
-        self.server = Server(root, ServeConfig(port=0, **config))
+        self.server = InProcess(root, ServeConfig(port=0, **config))
         self.address = ("127.0.0.1", self.server.port)
         self.thread = threading.Thread(target=self.server.serve_forever)
         self.thread.start()

@@ -202,7 +202,7 @@ def test_starting_and_ending_timestamps(spark, events):
 
 
 def test_timestamps_take_every_time_form_of_kl(spark, events):
-    from kl.spark.source import Options
+    from kl.spark.options import Options
 
     start, end = "2023-11-14T22:13:20Z", "2023-11-14T22:13:20.010Z"
     iso = read(spark, events, topics="events", startingTimestamp=start, endingTimestamp=end)

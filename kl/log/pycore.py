@@ -535,7 +535,7 @@ def read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
 KAFKA_BATCH = struct.Struct(">qiiBIhiqqqhii")
 """A Kafka record batch's header: base_offset, batch_length, leader_epoch, magic, crc,
 attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
-base_sequence, record_count (kl.net.records describes the format)."""
+base_sequence, record_count (kl.net.kafka.records describes the format)."""
 KAFKA_LENGTH_END = 12
 """Bytes of a batch up to and including its batch_length, which counts the bytes after it."""
 KAFKA_CRC_AT = 21

@@ -1,8 +1,9 @@
 """``kl serve``'s core: connections, limits and workers, shared by its protocols' front ends.
 
-A front end (``FrontEnd``) answers one protocol: Kafka 0.7's (``kafka07``) or today's
-Kafka protocol (``kafka``); the daemon listens on one port per protocol.  Both frame a
-request as an int32 size and the bytes it counts.
+A front end (``FrontEnd``) answers one protocol; the server listens on one port per
+protocol, each protocol's front end given by the caller (``kl.net.daemon`` wires Kafka
+0.7's, ``kl.net.kafka07``, and today's Kafka protocol's, ``kl.net.kafka``).  The core knows
+no protocol but that a request is framed as an int32 size and the bytes it counts.
 
 The seed's broker: one thread accepts connections and reads requests (a selector
 over non-blocking sockets), N worker threads answer them.  A connection has at most
@@ -35,6 +36,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kl.errors import KlError
@@ -42,7 +44,7 @@ from kl.follow import Watch
 from kl.log.config import CONFIG_FILE, TopicConfig
 from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
-from kl.net.wire import SIZE, ProtocolError
+from kl.net.frames import SIZE, ProtocolError
 from kl.topic import Root
 
 log = logging.getLogger("kl.serve")
@@ -171,7 +173,7 @@ class Wait:
     """A request waiting for data: until the partitions in ``logs`` (each with the end it
     had) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
     first; ``request`` is whatever the front end needs to answer it then.  (A subclass
-    waits for something else: ``kl.net.coordinator.GroupWait``, for the rest of a group.)"""
+    waits for something else: ``kl.net.kafka.coordinator.GroupWait``, for the rest of a group.)"""
 
     __slots__ = ("logs", "min_bytes", "deadline", "request")
 
@@ -221,27 +223,30 @@ class Drop(Exception):
     """Close this connection, logging the reason (bad request, a peer gone)."""
 
 
+Listener = tuple[str, int, Callable[["Server"], "FrontEnd"]]
+"""Where a protocol is served (address, port: 0 for any free one) and its front end's
+maker, given the server."""
+
+
 class Server:
-    """Serves ``root`` as configured; ``serve_forever`` until ``stop``."""
+    """Serves ``root`` as configured, a front end on each listener; ``serve_forever``
+    until ``stop``."""
 
-    def __init__(self, root: Root | str | os.PathLike[str], config: ServeConfig | None = None):
-        from kl.net.kafka07 import Kafka07
-
+    def __init__(
+        self,
+        root: Root | str | os.PathLike[str],
+        config: ServeConfig | None = None,
+        listeners: Sequence[Listener] = (),
+    ):
         self.root = root if isinstance(root, Root) else Root(root)
         self.config = config or ServeConfig()
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
         """Each protocol's listening socket and front end."""
-        self.port: int | None = None
-        """Kafka 0.7's port (the one bound, when 0 was asked)."""
-        self.kafka_port: int | None = None
-        """Today's Kafka protocol's port."""
+        self.ports: list[int] = []
+        """Each listener's port (the one bound, where 0 was asked), in their order."""
         try:
-            if self.config.port is not None:
-                self.port = self._listen(self.config.bind, self.config.port, Kafka07(self))
-            if self.config.kafka_port is not None:
-                from kl.net.kafka import Kafka  # kafka-python's classes: loaded only for the Kafka protocol
-
-                self.kafka_port = self._listen(self.config.kafka_bind or self.config.bind, self.config.kafka_port, Kafka(self))
+            for bind, port, front_end in listeners:
+                self.ports.append(self._listen(bind, port, front_end(self)))
         except BaseException:
             for sock, _ in self.listeners:
                 sock.close()

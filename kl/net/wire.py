@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from kl import errors
 from kl.errors import KlError
+from kl.net.frames import ProtocolError
 
 PRODUCE = 0
 FETCH = 1
@@ -93,7 +94,6 @@ _CODES: dict[type[KlError], int] = {
     errors.InvalidOffset: INVALID_OFFSET,
 }
 
-SIZE = struct.Struct(">i")
 HEAD = struct.Struct(">ih")
 """A request's size and type, or a response's size and error code."""
 INT16 = struct.Struct(">h")
@@ -114,10 +114,6 @@ PARTITION_COUNT_SIZE = struct.Struct(">iii")
 """partition, count, size of one set of an APPEND_ALL."""
 MAX_RESPONSE = 1 << 31
 """Kafka 0.7's sizes are int32."""
-
-
-class ProtocolError(KlError):
-    """A peer sent bytes that are not this protocol (or closed the connection mid-way)."""
 
 
 class ServerError(KlError):

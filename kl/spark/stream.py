@@ -33,8 +33,9 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from kl.errors import InvalidConfig, KlError, TopicRecreated
 from kl.log.config import same_creation
 from kl.spark import ranges
+from kl.spark.batch import KlPartition, read_partition
+from kl.spark.options import Options
 from kl.spark.ranges import DataLoss, Range
-from kl.spark.source import KlPartition, Options, read_partition
 from kl.topic import Root
 
 try:

@@ -3,6 +3,16 @@ exception a handler raises to answer one."""
 
 from __future__ import annotations
 
+from kl.errors import (
+    CorruptMessage,
+    InvalidProducerEpoch,
+    KlError,
+    OffsetOutOfRange,
+    OutOfOrderSequence,
+    StorageError,
+    TopicNotFound,
+)
+
 UNKNOWN_SERVER_ERROR = -1
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
@@ -43,3 +53,22 @@ class Refused(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+def code_of(error: KlError | Refused) -> int:
+    """The Kafka error code of a refusal, or of what kl raised."""
+    if isinstance(error, Refused):
+        return error.code
+    if isinstance(error, OffsetOutOfRange):
+        return OFFSET_OUT_OF_RANGE
+    if isinstance(error, TopicNotFound):
+        return UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(error, CorruptMessage):
+        return CORRUPT_MESSAGE
+    if isinstance(error, StorageError):
+        return KAFKA_STORAGE_ERROR
+    if isinstance(error, OutOfOrderSequence):
+        return OUT_OF_ORDER_SEQUENCE_NUMBER
+    if isinstance(error, InvalidProducerEpoch):
+        return INVALID_PRODUCER_EPOCH
+    return UNKNOWN_SERVER_ERROR

@@ -53,7 +53,7 @@ from kl.log import locks
 from kl.log.fsutil import ensure_dir, mount_of, open_file, storage_error
 from kl.log.log import Position
 from kl.net import brokers
-from kl.net.kafka_errors import (
+from kl.net.kafka.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_ID_NOT_FOUND,
     ILLEGAL_GENERATION,

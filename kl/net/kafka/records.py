@@ -59,7 +59,7 @@ from kl.log import message as m
 from kl.log.config import TopicConfig
 from kl.log.messageset import MessageSet
 from kl.log.validate import Checked
-from kl.net.kafka_errors import INVALID_RECORD, INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, Refused
+from kl.net.kafka.errors import INVALID_RECORD, INVALID_TIMESTAMP, MESSAGE_TOO_LARGE, Refused
 
 BATCH = pycore.KAFKA_BATCH
 LENGTH_END = pycore.KAFKA_LENGTH_END

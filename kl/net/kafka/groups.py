@@ -1,7 +1,7 @@
 """Kafka's consumer group requests, answered by ``kl serve --kafka``: FindCoordinator,
 JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
 DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out; the groups themselves are
-``kl.net.coordinator``'s.
+``kl.net.kafka.coordinator``'s.
 
 A committed Kafka offset is stored in the group's files as the position of its message
 (inside a compressed batch: the batch and how many of its messages come before), which
@@ -13,26 +13,39 @@ kl members resume each other's commits exactly.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
-from kafka.protocol.admin.groups import DeleteGroupsResponse, DescribeGroupsResponse, ListGroupsResponse
+from kafka.protocol.admin.groups import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from kafka.protocol.consumer.group import (
+    HeartbeatRequest,
     HeartbeatResponse,
+    JoinGroupRequest,
     JoinGroupResponse,
+    LeaveGroupRequest,
     LeaveGroupResponse,
+    OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetFetchRequest,
     OffsetFetchResponse,
+    SyncGroupRequest,
     SyncGroupResponse,
 )
-from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
 from kl.errors import InvalidTopicName, KlError
-from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
-from kl.log.state import PartitionState
 from kl.net import brokers
-from kl.net.coordinator import Coordinator, GroupWait, JoinResult, SyncResult
-from kl.net.kafka_errors import (
+from kl.net.kafka.api import Api
+from kl.net.kafka.broker import Broker
+from kl.net.kafka.coordinator import GroupWait, JoinResult, SyncResult
+from kl.net.kafka.errors import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_GROUP_ID,
     NONE,
@@ -40,27 +53,15 @@ from kl.net.kafka_errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
-from kl.net.server import Connection, Server, Wait
+from kl.net.server import Connection, Wait
 from kl.registry import validate_group
-
-
-class Kafka(Protocol):
-    """What the handlers use of the Kafka front end (``kl.net.kafka.Kafka``)."""
-
-    groups: Coordinator
-    server: Server
-
-    def checked_config(self, topic: str, partition: int | None = None) -> TopicConfig: ...
-
-    def message_at(self, target: Log, key: tuple[str, int], offset: int, state: PartitionState | None = None) -> Position: ...
-
 
 log = logging.getLogger("kl.serve")
 
 
-def find_coordinator(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def find_coordinator(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     keys = request.coordinator_keys if version >= 4 else [request.key]
-    found = [_coordinator(front, conn, key, request.key_type if version >= 1 else 0) for key in keys]
+    found = [_coordinator(broker, conn, key, request.key_type if version >= 1 else 0) for key in keys]
     if version >= 4:
         coordinator = FindCoordinatorResponse.Coordinator
         return FindCoordinatorResponse(
@@ -74,12 +75,12 @@ def find_coordinator(front: Kafka, conn: Connection, version: int, request: Any,
     return FindCoordinatorResponse(throttle_time_ms=0, error_code=code, error_message=text, node_id=node, host=host, port=port)
 
 
-def _coordinator(front: Kafka, conn: Connection, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
+def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
     """(error code, error message, node id, host, port) of a group's coordinator."""
     if key_type != 0:
         return COORDINATOR_NOT_AVAILABLE, "kl has no transactions", -1, "", -1
     try:
-        address = front.groups.coordinator(key)
+        address = broker.groups.coordinator(key)
     except InvalidTopicName as e:
         return INVALID_GROUP_ID, str(e), -1, "", -1
     except KlError as e:
@@ -91,9 +92,9 @@ def _coordinator(front: Kafka, conn: Connection, key: str, key_type: int) -> tup
     return NONE, None, brokers.node_id(address), host.strip("[]"), int(port)
 
 
-def join_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def join_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if wait is None:
-        outcome = front.groups.join(
+        outcome = broker.groups.join(
             request.group_id,
             request.member_id,
             request.group_instance_id if version >= 5 else None,
@@ -107,7 +108,7 @@ def join_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
             conn=conn,
         )
         if isinstance(outcome, GroupWait):
-            front.server.park(conn, outcome)
+            broker.server.park(conn, outcome)
             return None
     else:
         outcome = getattr(wait, "result", None) or JoinResult(COORDINATOR_NOT_AVAILABLE, request.member_id)
@@ -126,9 +127,9 @@ def join_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
     )
 
 
-def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def sync_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if wait is None:
-        outcome = front.groups.sync(
+        outcome = broker.groups.sync(
             request.group_id,
             request.generation_id,
             request.member_id,
@@ -138,7 +139,7 @@ def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
             conn,
         )
         if isinstance(outcome, GroupWait):
-            front.server.park(conn, outcome)
+            broker.server.park(conn, outcome)
             return None
     else:
         outcome = getattr(wait, "result", None) or SyncResult(COORDINATOR_NOT_AVAILABLE)
@@ -152,17 +153,17 @@ def sync_group(front: Kafka, conn: Connection, version: int, request: Any, wait:
     )
 
 
-def heartbeat(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
-    code = front.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn, hold=wait is None)
+def heartbeat(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    code = broker.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn, hold=wait is None)
     if isinstance(code, GroupWait):
-        front.server.park(conn, code)
+        broker.server.park(conn, code)
         return None
     return HeartbeatResponse(throttle_time_ms=0, error_code=code)
 
 
-def leave_group(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def leave_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     leaving = [(m.member_id, m.group_instance_id) for m in request.members] if version >= 3 else [(request.member_id, None)]
-    code, codes = front.groups.leave(request.group_id, [member for member, _ in leaving])
+    code, codes = broker.groups.leave(request.group_id, [member for member, _ in leaving])
     if version < 3:
         return LeaveGroupResponse(throttle_time_ms=0, error_code=codes[0])
     answer = LeaveGroupResponse.MemberResponse
@@ -176,13 +177,13 @@ def leave_group(front: Kafka, conn: Connection, version: int, request: Any, wait
     )
 
 
-def offset_commit(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def offset_commit(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     offsets: list[tuple[str, int, Position | int, str, str]] = []
     for topic in request.topics:
         for p in topic.partitions:
-            at = _position(front, topic.name, p.partition_index, p.committed_offset)
+            at = _position(broker, topic.name, p.partition_index, p.committed_offset)
             offsets.append((topic.name, p.partition_index, *at, p.committed_metadata or ""))
-    codes = iter(front.groups.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets))
+    codes = iter(broker.groups.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets))
     answer = OffsetCommitResponse.OffsetCommitResponseTopic
     return OffsetCommitResponse(
         throttle_time_ms=0,
@@ -199,12 +200,12 @@ def offset_commit(front: Kafka, conn: Connection, version: int, request: Any, wa
     )
 
 
-def _position(front: Kafka, topic: str, partition: int, offset: int) -> tuple[Position | int, str]:
+def _position(broker: Broker, topic: str, partition: int, offset: int) -> tuple[Position | int, str]:
     """Where a committed Kafka offset is in kl's partition, and the topic's id; or an
     error code in place of the position."""
     try:
-        config = front.checked_config(topic, partition)
-        target = front.server.root.log(topic, partition)
+        config = broker.checked_config(topic, partition)
+        target = broker.server.root.log(topic, partition)
         state = target.counted()
         if offset < 0:
             return OFFSET_OUT_OF_RANGE, ""
@@ -213,7 +214,7 @@ def _position(front: Kafka, topic: str, partition: int, offset: int) -> tuple[Po
             return Position(state.log_start_offset), config.topic_id or ""  # (a place retention removed)
         if offset >= end:  # past the log end: the message that will be there
             return Position(state.log_end_offset, offset - end), config.topic_id or ""
-        return front.message_at(target, (config.topic_id or topic, partition), offset, state), config.topic_id or ""
+        return broker.message_at(target, (config.topic_id or topic, partition), offset, state), config.topic_id or ""
     except Refused as e:
         return e.code, ""
     except KlError as e:
@@ -221,7 +222,7 @@ def _position(front: Kafka, topic: str, partition: int, offset: int) -> tuple[Po
         return UNKNOWN_TOPIC_OR_PARTITION, ""
 
 
-def offset_fetch(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def offset_fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if version >= 8:
         group = OffsetFetchResponse.OffsetFetchResponseGroup
         topic_class = group.OffsetFetchResponseTopics
@@ -230,7 +231,7 @@ def offset_fetch(front: Kafka, conn: Connection, version: int, request: Any, wai
             groups=[
                 group(
                     group_id=g.group_id,
-                    topics=_fetched(front, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions),
+                    topics=_fetched(broker, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions),
                     error_code=_group_error(g.group_id),
                 )
                 for g in request.groups
@@ -239,7 +240,7 @@ def offset_fetch(front: Kafka, conn: Connection, version: int, request: Any, wai
     topic_class = OffsetFetchResponse.OffsetFetchResponseTopic
     return OffsetFetchResponse(
         throttle_time_ms=0,
-        topics=_fetched(front, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
+        topics=_fetched(broker, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
         error_code=_group_error(request.group_id),
     )
 
@@ -263,13 +264,13 @@ def _group_error(name: str) -> int:
     return NONE
 
 
-def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
+def _fetched(broker: Broker, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
     """The committed offsets of ``topics`` (None: of every partition with one)."""
     if _group_error(name):
         return []
     if topics is None:
         wanted: dict[str, list[int]] = {}
-        for topic, partition in front.groups.committed_partitions(name):
+        for topic, partition in broker.groups.committed_partitions(name):
             wanted.setdefault(topic, []).append(partition)
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
@@ -279,11 +280,11 @@ def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_c
         for partition in partitions:
             offset, metadata, code = -1, "", NONE
             try:
-                config = front.checked_config(topic, partition)
-                found, code = front.groups.committed(name, topic, partition, config.topic_id or "")
+                config = broker.checked_config(topic, partition)
+                found, code = broker.groups.committed(name, topic, partition, config.topic_id or "")
                 if found is not None:
                     offset, metadata = (
-                        _kafka_offset(front.server.root.log(topic, partition), Position(found.offset, found.skip)),
+                        _kafka_offset(broker.server.root.log(topic, partition), Position(found.offset, found.skip)),
                         found.metadata,
                     )
             except (Refused, KlError):
@@ -301,7 +302,7 @@ def _fetched(front: Kafka, name: str, topics: Any, topic_class: Any, partition_c
     return answers
 
 
-def list_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def list_groups(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     states = {s.lower() for s in request.states_filter} if version >= 4 else set()
     types = {t.lower() for t in request.types_filter} if version >= 5 else set()
     listed = ListGroupsResponse.ListedGroup
@@ -310,13 +311,13 @@ def list_groups(front: Kafka, conn: Connection, version: int, request: Any, wait
         error_code=NONE,
         groups=[
             listed(group_id=name, protocol_type=kind, group_state=state, group_type="classic")
-            for name, kind, state in front.groups.listed()
+            for name, kind, state in broker.groups.listed()
             if (not states or state.lower() in states) and (not types or "classic" in types)
         ],
     )
 
 
-def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def describe_groups(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     described = DescribeGroupsResponse.DescribedGroup
     member = described.DescribedGroupMember
     answers = []
@@ -326,7 +327,7 @@ def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, 
                 described(error_code=INVALID_GROUP_ID, group_id=name, group_state="Dead", protocol_type="", protocol_data="")
             )
             continue
-        found = front.groups.describe(name)
+        found = broker.groups.describe(name)
         answers.append(
             described(
                 error_code=found.error,
@@ -352,11 +353,25 @@ def describe_groups(front: Kafka, conn: Connection, version: int, request: Any, 
     return DescribeGroupsResponse(throttle_time_ms=0, groups=answers)
 
 
-def delete_groups(front: Kafka, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+def delete_groups(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     result = DeleteGroupsResponse.DeletableGroupResult
     return DeleteGroupsResponse(
         throttle_time_ms=0,
         results=[
-            result(group_id=name, error_code=_group_error(name) or front.groups.delete(name)) for name in request.groups_names
+            result(group_id=name, error_code=_group_error(name) or broker.groups.delete(name)) for name in request.groups_names
         ],
     )
+
+
+APIS = [
+    Api(OffsetCommitRequest, OffsetCommitResponse, 2, 9, offset_commit),
+    Api(OffsetFetchRequest, OffsetFetchResponse, 1, 8, offset_fetch),
+    Api(FindCoordinatorRequest, FindCoordinatorResponse, 0, 4, find_coordinator),
+    Api(JoinGroupRequest, JoinGroupResponse, 0, 9, join_group),
+    Api(HeartbeatRequest, HeartbeatResponse, 0, 4, heartbeat),
+    Api(LeaveGroupRequest, LeaveGroupResponse, 0, 5, leave_group),
+    Api(SyncGroupRequest, SyncGroupResponse, 0, 5, sync_group),
+    Api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5, describe_groups),
+    Api(ListGroupsRequest, ListGroupsResponse, 0, 5, list_groups),
+    Api(DeleteGroupsRequest, DeleteGroupsResponse, 0, 2, delete_groups),
+]

@@ -1,0 +1,35 @@
+"""``kl serve``'s daemon: the server core (``kl.net.server``) with the protocols its
+config names, Kafka 0.7's (``kl.net.kafka07``) and today's Kafka protocol
+(``kl.net.kafka``)."""
+
+from __future__ import annotations
+
+import os
+
+from kl.net.kafka07 import Kafka07
+from kl.net.server import FrontEnd, Listener, ServeConfig, Server
+from kl.topic import Root
+
+
+class Daemon(Server):
+    """Serves ``root`` on the ports ``config`` gives, each protocol on its own."""
+
+    def __init__(self, root: Root | str | os.PathLike[str], config: ServeConfig | None = None):
+        config = config or ServeConfig()
+        listeners: list[Listener] = []
+        if config.port is not None:
+            listeners.append((config.bind, config.port, Kafka07))
+        if config.kafka_port is not None:
+            listeners.append((config.kafka_bind or config.bind, config.kafka_port, _kafka))
+        super().__init__(root, config, listeners)
+        ports = iter(self.ports)
+        self.port = None if config.port is None else next(ports)
+        """Kafka 0.7's port (the one bound, when 0 was asked)."""
+        self.kafka_port = None if config.kafka_port is None else next(ports)
+        """Today's Kafka protocol's port."""
+
+
+def _kafka(server: Server) -> FrontEnd:
+    from kl.net.kafka.frontend import Kafka  # kafka-python's classes: loaded only for the Kafka protocol
+
+    return Kafka(server)

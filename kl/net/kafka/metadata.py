@@ -1,0 +1,62 @@
+"""Metadata: the brokers (the live daemons over the root) and the served topics, each
+partition led by the daemon ``Broker.leaders`` names, its only replica."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+
+from kl.net import brokers
+from kl.net.kafka.api import Api
+from kl.net.kafka.broker import LEADER_EPOCH, Broker, topic_uuid
+from kl.net.kafka.errors import NONE, Refused
+from kl.net.server import Connection, Wait
+
+Topic = MetadataResponse.MetadataResponseTopic
+Partition = Topic.MetadataResponsePartition
+
+
+def metadata(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    peers = broker.peers()
+    if request.topics is None or (version == 0 and not request.topics):  # v0 has no null: its empty list is all
+        topics = broker.served_topics(lambda names: _topics(broker, names, peers))
+    else:
+        topics = _topics(broker, [t.name for t in request.topics if t.name is not None], peers)
+    nodes = broker.nodes(peers)
+    return MetadataResponse(
+        throttle_time_ms=0,
+        brokers=[MetadataResponse.MetadataResponseBroker(node_id=n, host=h, port=p, rack=None) for n, h, p in nodes],
+        cluster_id=broker.cluster_id,
+        controller_id=min(n for n, _, _ in nodes),
+        topics=topics,
+    )
+
+
+def _topics(broker: Broker, names: list[str], peers: dict[str, brokers.BrokerInfo]) -> list[Any]:
+    topics = []
+    for name in names:
+        try:
+            config = broker.checked_config(name)
+        except Refused as e:
+            topics.append(Topic(error_code=e.code, name=name, partitions=[]))
+            continue
+        partitions = [
+            Partition(
+                error_code=NONE,
+                partition_index=p,
+                leader_id=leader,
+                leader_epoch=LEADER_EPOCH,
+                replica_nodes=[leader],
+                isr_nodes=[leader],
+                offline_replicas=[],
+            )
+            for p, leader in enumerate(broker.leaders(name, config.partitions, peers))
+        ]
+        topics.append(
+            Topic(error_code=NONE, name=name, topic_id=topic_uuid(config.topic_id), is_internal=False, partitions=partitions)
+        )
+    return topics
+
+
+APIS = [Api(MetadataRequest, MetadataResponse, 0, 12, metadata)]
