@@ -79,6 +79,21 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     help="Serve only connections from these networks (default: loopback); needed to bind elsewhere.",
 )
 @click.option("--allow-produce", is_flag=True, help="Accept PRODUCE, MULTIPRODUCE and APPEND (off by default).")
+@click.option(
+    "--allow-admin", is_flag=True, help="Take changes to topics from Kafka's admin clients and tools (off by default)."
+)
+@click.option(
+    "--auto-create", is_flag=True, help="Create a topic a Kafka client names in Metadata or Produce that does not exist."
+)
+@click.option(
+    "--partitions",
+    "default_partitions",
+    metavar="N",
+    type=click.IntRange(1, 100_000),
+    default=1,
+    show_default=True,
+    help="Partitions of a topic created without a number (--auto-create, CreateTopics).",
+)
 @click.option("--topics", "topics", metavar="REGEX", callback=_pattern, help="Serve only topics whose whole name matches.")
 @click.option(
     "--workers", metavar="N", type=click.IntRange(min=1), default=8, show_default=True, help="Threads answering requests."
@@ -126,6 +141,9 @@ def serve(
     advertise: str | None,
     allow: tuple[Network, ...],
     allow_produce: bool,
+    allow_admin: bool,
+    auto_create: bool,
+    default_partitions: int,
     topics: re.Pattern[str] | None,
     workers: int,
     max_connections: int,
@@ -158,6 +176,9 @@ def serve(
         advertised=advertise,
         allow=allow,
         allow_produce=allow_produce,
+        allow_admin=allow_admin,
+        auto_create=auto_create,
+        default_partitions=default_partitions,
         topics=topics,
         workers=workers,
         max_connections=max_connections,

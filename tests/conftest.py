@@ -18,8 +18,9 @@ import struct
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import hypothesis
@@ -143,6 +144,25 @@ def each_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     core.use(request.param)
     yield request.param
     core.use(was)
+
+
+@pytest.fixture
+def served(root: kl.Root) -> Iterator[Callable[..., tuple[Any, Any]]]:
+    """start(**config): a ``kl serve --kafka`` daemon over ``root`` in a thread of the test
+    (``test_kafka.Running``, the ``ServeConfig`` given) and a client of it
+    (``test_kafka.Client``); stopped at the end of the test."""
+    from test_kafka import Client, Running
+
+    started: list[Running] = []
+
+    def start(**config: Any) -> tuple[Running, Client]:
+        running = Running(root, **config)
+        started.append(running)
+        return running, Client(running.address)
+
+    yield start
+    for running in started:
+        running.stop()
 
 
 @pytest.fixture

@@ -91,20 +91,6 @@ class Client:
         self.sock.close()
 
 
-@pytest.fixture
-def served(root):
-    started: list[Running] = []
-
-    def start(**config) -> tuple[Running, Client]:
-        running = Running(root, **config)
-        started.append(running)
-        return running, Client(running.address)
-
-    yield start
-    for running in started:
-        running.stop()
-
-
 def fetch(client: Client, topic: str, offset: int, *, partition: int = 0, version: int = 12, max_wait_ms: int = 0, topic_id=None):
     fields = fetch_fields(topic, offset, partition=partition, max_wait_ms=max_wait_ms, topic_id=topic_id)
     response = client.call(FetchRequest, version, **fields)

@@ -18,7 +18,7 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
-from test_kafka import Client, Running, built, produce
+from test_kafka import built, produce
 
 import kl
 from kl.net.kafka import errors as kafka_errors
@@ -27,20 +27,6 @@ from conftest import read_all, write
 
 T0 = 1_700_000_000_000
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3}
-
-
-@pytest.fixture
-def served(root):
-    """start(**config): a daemon over ``root`` and a client of it."""
-    started: list[Running] = []
-
-    def start(**config) -> tuple[Running, Client]:
-        started.append(Running(root, **config))
-        return started[-1], Client(started[-1].address)
-
-    yield start
-    for running in started:
-        running.stop()
 
 
 def legacy(values, *, magic: int = 1, keys=None, codec: int = 0, timestamp: int = T0) -> bytes:

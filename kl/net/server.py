@@ -90,6 +90,12 @@ class ServeConfig:
     allow: tuple[Network, ...] = ()
     """The only networks connections may come from (default: loopback); needed to bind elsewhere."""
     allow_produce: bool = False
+    allow_admin: bool = False
+    """Take changes to topics from Kafka's admin clients (create, delete, configure)."""
+    auto_create: bool = False
+    """Create a topic a Kafka client names (Metadata, Produce) that does not exist."""
+    default_partitions: int = 1
+    """The partitions of a topic created without a number (Kafka's ``num.partitions``)."""
     topics: re.Pattern[str] | None = None
     """Serve only topics whose whole name matches."""
     workers: int = 8
@@ -115,7 +121,7 @@ class ServeConfig:
                 raise ServerError(f"binding to {bind} needs --allow CIDR naming who may connect")
             if not 0 <= port < 65536:
                 raise ServerError(f"port {port} is not between 0 and 65535")
-        for name in ("workers", "max_connections", "max_request_bytes"):
+        for name in ("workers", "max_connections", "max_request_bytes", "default_partitions"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
         for name in ("idle_timeout", "request_timeout"):

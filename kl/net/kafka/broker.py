@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from kl.errors import InvalidTopicName, KlError, TopicNotFound
+from kl.errors import InvalidTopicName, KlError, TopicExists, TopicNotFound
 from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.state import PartitionState
@@ -31,7 +31,7 @@ from kl.net.kafka.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
-from kl.net.server import Server
+from kl.net.server import Connection, Server
 from kl.topic import validate_name
 
 log = logging.getLogger("kl.serve")
@@ -42,6 +42,9 @@ log that could diverge from another's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
+MAX_UNKNOWN = 10_000
+"""Names of missing topics remembered as logged (past them, a client asking for ever new
+ones is not logged again)."""
 
 
 class Broker:
@@ -63,6 +66,9 @@ class Broker:
         """Held while the served topics are looked up."""
         self._listed: tuple[float, list[Any]] = (-1.0, [])
         """When the last such lookup finished, and what it made of them."""
+        self._unknown: set[str] = set()
+        """The names of topics that do not exist that clients asked for, as logged."""
+        self._unknown_lock = threading.Lock()
 
     def listening(self, address: str, port: int) -> None:
         host = self.server.config.advertised or brokers.host_of(address)
@@ -118,8 +124,12 @@ class Broker:
                 self._listed = (time.monotonic(), found)
         return found
 
-    def checked_config(self, topic: str, partition: int | None = None) -> TopicConfig:
-        """The topic's config after the checks every request gets."""
+    def checked_config(
+        self, topic: str, partition: int | None = None, *, named_by: Connection | None = None, create: bool = True
+    ) -> TopicConfig:
+        """The topic's config after the checks every request gets.  A topic a client
+        names (``named_by``) that does not exist is ``first_use``'s: created if
+        ``create`` (and this daemon creates topics on first use), else logged once."""
         try:
             validate_name(topic)
         except InvalidTopicName as e:
@@ -129,12 +139,38 @@ class Broker:
         try:
             config = self.server.topic_config(topic)
         except TopicNotFound as e:
-            raise Refused(UNKNOWN_TOPIC_OR_PARTITION, str(e)) from None
+            if named_by is None or not self.first_use(named_by, topic, create):
+                raise Refused(UNKNOWN_TOPIC_OR_PARTITION, str(e), logged=named_by is not None) from None
+            config = self.server.topic_config(topic)
         if partition is not None and not 0 <= partition < config.partitions:
             raise Refused(
                 UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic} has partitions 0 to {config.partitions - 1}, not {partition}"
             )
         return config
+
+    def first_use(self, conn: Connection, topic: str, create: bool) -> bool:
+        """A client named ``topic``, a valid name this daemon serves, which does not
+        exist: create it with the root's defaults (and ``--partitions``) if ``create``
+        and this daemon creates topics on first use (``kl serve --auto-create``); whether
+        it exists now.  Else log the name, once."""
+        config = self.server.config
+        if create and config.auto_create:
+            try:
+                self.server.root.create_topic(topic, TopicConfig(partitions=config.default_partitions))
+            except TopicExists:
+                return True
+            except KlError as e:
+                log.warning("%s: topic %r could not be created on first use: %s", conn.peer, topic, e)
+                return False
+            log.info("%s: created topic %s on first use (%d partitions)", conn.peer, topic, config.default_partitions)
+            return True
+        with self._unknown_lock:
+            told = topic in self._unknown
+            if not told and len(self._unknown) < MAX_UNKNOWN:
+                self._unknown.add(topic)
+        if not told:
+            log.warning("%s: asked for topic %r, which does not exist (kl serve --auto-create makes it)", conn.peer, topic)
+        return False
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         """The name of the served topic with this id (None: none has it)."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from kl.errors import (
     CorruptMessage,
+    InvalidConfig,
     InvalidProducerEpoch,
+    InvalidTopicName,
     KlError,
     OffsetOutOfRange,
     OutOfOrderSequence,
     StorageError,
+    TopicExists,
     TopicNotFound,
 )
 
@@ -31,9 +34,16 @@ UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
 TOPIC_AUTHORIZATION_FAILED = 29
+CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_TIMESTAMP = 32
 UNSUPPORTED_VERSION = 35
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_REPLICA_ASSIGNMENT = 39
+INVALID_CONFIG = 40
 INVALID_REQUEST = 42
+POLICY_VIOLATION = 44
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
 KAFKA_STORAGE_ERROR = 56
@@ -50,9 +60,11 @@ class Refused(Exception):
     """A partition's (or a request's) answer is this error code (the message goes to the
     log and, where the response has a field for it, to the client)."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, *, logged: bool = False):
         super().__init__(message)
         self.code = code
+        self.logged = logged
+        """Whether the daemon logged it already (not to be logged again per request)."""
 
 
 def code_of(error: KlError | Refused) -> int:
@@ -71,4 +83,10 @@ def code_of(error: KlError | Refused) -> int:
         return OUT_OF_ORDER_SEQUENCE_NUMBER
     if isinstance(error, InvalidProducerEpoch):
         return INVALID_PRODUCER_EPOCH
+    if isinstance(error, TopicExists):
+        return TOPIC_ALREADY_EXISTS
+    if isinstance(error, InvalidTopicName):
+        return INVALID_TOPIC_EXCEPTION
+    if isinstance(error, InvalidConfig):
+        return INVALID_CONFIG
     return UNKNOWN_SERVER_ERROR

@@ -30,7 +30,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
-from kl.net.kafka import fetch, groups, list_offsets, metadata, produce
+from kl.net.kafka import fetch, groups, list_offsets, metadata, produce, topics
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
@@ -205,6 +205,7 @@ APIS = {
         *list_offsets.APIS,
         *metadata.APIS,
         *groups.APIS,
+        *topics.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""

@@ -20,9 +20,11 @@ Partition = Topic.MetadataResponsePartition
 def metadata(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     peers = broker.peers()
     if request.topics is None or (version == 0 and not request.topics):  # v0 has no null: its empty list is all
-        topics = broker.served_topics(lambda names: _topics(broker, names, peers))
+        topics = broker.served_topics(lambda names: _topics(broker, names, peers, None, False))
     else:
-        topics = _topics(broker, [t.name for t in request.topics if t.name is not None], peers)
+        create = version < 4 or request.allow_auto_topic_creation
+        names = [t.name for t in request.topics if t.name is not None]
+        topics = _topics(broker, names, peers, conn, create)
     nodes = broker.nodes(peers)
     return MetadataResponse(
         throttle_time_ms=0,
@@ -33,11 +35,14 @@ def metadata(broker: Broker, conn: Connection, version: int, request: Any, wait:
     )
 
 
-def _topics(broker: Broker, names: list[str], peers: dict[str, brokers.BrokerInfo]) -> list[Any]:
+def _topics(
+    broker: Broker, names: list[str], peers: dict[str, brokers.BrokerInfo], named_by: Connection | None, create: bool
+) -> list[Any]:
+    """The topics' metadata (``named_by``, ``create``: see ``Broker.checked_config``)."""
     topics = []
     for name in names:
         try:
-            config = broker.checked_config(name)
+            config = broker.checked_config(name, named_by=named_by, create=create)
         except Refused as e:
             topics.append(Topic(error_code=e.code, name=name, partitions=[]))
             continue

@@ -84,7 +84,7 @@ def _partition(
     try:
         if not broker.server.config.allow_produce:
             raise Refused(TOPIC_AUTHORIZATION_FAILED, "produce is off on this server (kl serve --allow-produce)")
-        config = broker.checked_config(topic, partition)
+        config = broker.checked_config(topic, partition, named_by=conn)
         if data is None:
             raise Refused(INVALID_RECORD, "the partition's records are null")
         limit = broker.server.config.max_request_bytes
@@ -98,14 +98,15 @@ def _partition(
             producer = producers.Batch(first.producer_id, first.producer_epoch, first.base_sequence, last_sequence)
         return partition, NONE, target.append_counted(messages, fsync=acks == -1, producer=producer)[1], None
     except InvalidRecords as e:
-        return _refused(conn, topic, partition, CORRUPT_MESSAGE, str(e))
+        return _refused(conn, topic, partition, CORRUPT_MESSAGE, e)
     except (Refused, KlError) as e:
-        return _refused(conn, topic, partition, code_of(e), str(e))
+        return _refused(conn, topic, partition, code_of(e), e)
 
 
-def _refused(conn: Connection, topic: str, partition: int, code: int, text: str) -> Answer:
-    log.warning("%s: produce to %s/%d refused: %s", conn.peer, topic, partition, text)
-    return partition, code, -1, text
+def _refused(conn: Connection, topic: str, partition: int, code: int, error: Exception) -> Answer:
+    if not getattr(error, "logged", False):
+        log.warning("%s: produce to %s/%d refused: %s", conn.peer, topic, partition, error)
+    return partition, code, -1, str(error)
 
 
 def init_producer_id(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
