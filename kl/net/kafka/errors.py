@@ -67,26 +67,22 @@ class Refused(Exception):
         """Whether the daemon logged it already (not to be logged again per request)."""
 
 
+_CODES: list[tuple[type[KlError], int]] = [
+    (OffsetOutOfRange, OFFSET_OUT_OF_RANGE),
+    (TopicNotFound, UNKNOWN_TOPIC_OR_PARTITION),
+    (CorruptMessage, CORRUPT_MESSAGE),
+    (StorageError, KAFKA_STORAGE_ERROR),
+    (OutOfOrderSequence, OUT_OF_ORDER_SEQUENCE_NUMBER),
+    (InvalidProducerEpoch, INVALID_PRODUCER_EPOCH),
+    (TopicExists, TOPIC_ALREADY_EXISTS),
+    (InvalidTopicName, INVALID_TOPIC_EXCEPTION),
+    (InvalidConfig, INVALID_CONFIG),
+]
+"""kl's errors a Kafka error code stands for (the first class that matches)."""
+
+
 def code_of(error: KlError | Refused) -> int:
     """The Kafka error code of a refusal, or of what kl raised."""
     if isinstance(error, Refused):
         return error.code
-    if isinstance(error, OffsetOutOfRange):
-        return OFFSET_OUT_OF_RANGE
-    if isinstance(error, TopicNotFound):
-        return UNKNOWN_TOPIC_OR_PARTITION
-    if isinstance(error, CorruptMessage):
-        return CORRUPT_MESSAGE
-    if isinstance(error, StorageError):
-        return KAFKA_STORAGE_ERROR
-    if isinstance(error, OutOfOrderSequence):
-        return OUT_OF_ORDER_SEQUENCE_NUMBER
-    if isinstance(error, InvalidProducerEpoch):
-        return INVALID_PRODUCER_EPOCH
-    if isinstance(error, TopicExists):
-        return TOPIC_ALREADY_EXISTS
-    if isinstance(error, InvalidTopicName):
-        return INVALID_TOPIC_EXCEPTION
-    if isinstance(error, InvalidConfig):
-        return INVALID_CONFIG
-    return UNKNOWN_SERVER_ERROR
+    return next((code for kind, code in _CODES if isinstance(error, kind)), UNKNOWN_SERVER_ERROR)
