@@ -112,7 +112,7 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     type=click.IntRange(min=1024),
     default=8 << 20,
     show_default=True,
-    help="The largest request with --allow-produce (without it: 64 KiB).",
+    help="The largest request with --allow-produce (without it: 1 MiB).",
 )
 @click.option(
     "--idle-timeout",
@@ -128,7 +128,7 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
     show_default=True,
-    help="Close a connection that takes longer to send a request or to take a response.",
+    help="Close a connection that takes longer to send a request, or takes nothing of an answer for this long.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
 @click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")

@@ -47,7 +47,7 @@ from kl.net.kafka.list_offsets import EARLIEST, LATEST
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "xerial": 2, "lz4": 3, "zstd": 4}
 """Each way a client may compress a batch (snappy raw, as librdkafka sends it, or in
 snappy-java's framing, as the Java client does) and its codec number."""
-SIZES = (0, 1, -1, -(1 << 31), (1 << 31) - 1, (64 << 10) + 1, (8 << 20) + 1, 1 << 30)
+SIZES = (0, 1, -1, -(1 << 31), (1 << 31) - 1, (1 << 20) + 1, (8 << 20) + 1, 1 << 30)
 """Size prefixes: too small, negative, past either request limit, huge."""
 INTS = (0, -1, 1, -(1 << 31), (1 << 31) - 1, 0x7FFF, -0x8000, 0xFFFF, 0x8000)
 """What an overwritten field is set to."""

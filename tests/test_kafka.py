@@ -445,6 +445,20 @@ def fetch_fields(topic: str, offset: int, *, partition: int = 0, max_wait_ms: in
     )
 
 
+def test_a_fetch_of_thousands_of_partitions_is_answered_without_produce_on(served, root):
+    """The request limit without --allow-produce fits the fetch of a consumer assigned
+    2,000 partitions (84 KB): answered, not a closed connection the client retries forever."""
+    root.create_topic("t", kl.TopicConfig(partitions=3))
+    write_each(root, "t", [b"a"], partition=2)
+    _, client = served()
+    fields = fetch_fields("t", 0)
+    fields["topics"][0].partitions = [fetch_fields("t", 0, partition=p)["topics"][0].partitions[0] for p in range(2000)]
+    response = client.call(FetchRequest, 12, **fields)
+    parts = response.responses[0].partitions
+    assert [p.error_code for p in parts[:4]] == [0, 0, 0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION]
+    assert len(parts) == 2000 and [v for _, _, v, _ in decoded(parts[2])] == [b"a"]
+
+
 # ----------------------------------------------------------------- Produce
 
 

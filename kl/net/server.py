@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import ipaddress
 import logging
 import os
@@ -33,6 +34,8 @@ import queue
 import re
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -51,8 +54,10 @@ log = logging.getLogger("kl.serve")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOOPBACK: tuple[Network, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
-SMALL_REQUEST = 64 << 10
-"""The largest request when produce is off: fetches, offsets and kl's lookups are tiny."""
+SMALL_REQUEST = 1 << 20
+"""The largest request when produce is off: a Kafka fetch of every partition a consumer
+may be assigned (2,000 partitions are 84 KB; this takes about 25,000), an admin request
+naming thousands of topics."""
 RECV_CHUNK = 256 << 10
 FILES_PER_CONNECTION = 16
 """The most segment files an answer holds open while it waits to be sent: the spans past
@@ -105,7 +110,8 @@ class ServeConfig:
     idle_timeout: float = 600.0
     """Close a connection that sent no request for this long."""
     request_timeout: float = 30.0
-    """Close a connection that takes longer to send one request, or to take one whole response."""
+    """Close a connection that takes longer to send one request, or that takes nothing of
+    its answer for this long."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -490,7 +496,10 @@ class Server:
         config = self.config
         for conn in [c for c in self._connections if self._registered(c)]:
             if conn.out is not None:
-                if now > conn.out.deadline:
+                unsent = _unsent(conn.sock)
+                if unsent != conn.out.unsent:  # the client took some since the last look: it reads, if slowly
+                    conn.out.unsent, conn.out.deadline = unsent, now + config.request_timeout
+                elif now > conn.out.deadline:
                     self._close(conn, "response not taken within the request timeout")
             elif conn.started is not None and now - conn.started > config.request_timeout:
                 self._close(conn, f"request not complete after {config.request_timeout:g} s")
@@ -556,6 +565,7 @@ class Server:
         False when the socket is full (the rest waits).  TCP_CORK makes one stream of it."""
         out, sock = conn.out, conn.sock
         assert out is not None
+        out.deadline = time.monotonic() + self.config.request_timeout  # the socket took more: the client reads
         if not out.corked:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             out.corked = True
@@ -727,13 +737,16 @@ class Span:
 class Response:
     """What is left to send of a connection's answer: bytes and segment spans, in order."""
 
-    __slots__ = ("pieces", "deadline", "corked")
+    __slots__ = ("pieces", "deadline", "corked", "unsent")
 
     def __init__(self, deadline: float):
         self.pieces: deque[memoryview | Span] = deque()
         self.deadline = deadline
-        """When the client must have taken all of it (the request timeout)."""
+        """When the client must have taken more of it: the request timeout after the
+        answer began or the client last took some (a slow reader is not cut off)."""
         self.corked = False
+        self.unsent = -1
+        """The bytes the socket held unsent at the last look (``_unsent``)."""
 
     def close(self) -> None:
         for piece in self.pieces:
@@ -746,6 +759,16 @@ READ, WRITE, CLOSE = "read", "write", "close"
 STOP_WAITING, EXIT, CHECK = "stop waiting", "exit", "check"
 """What the waiter is told besides connections."""
 """What the loop does with a connection a worker gives back."""
+
+
+def _unsent(sock: socket.socket) -> int:
+    """The bytes a socket's send queue holds that the peer has not taken (SIOCOUTQ; -1
+    where it cannot tell): they go down while the client reads, even when too little
+    was read for the socket to take more of the answer."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except OSError:
+        return -1
 
 
 def _discard(conn: Connection) -> None:
