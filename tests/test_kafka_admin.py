@@ -174,7 +174,7 @@ def test_create_partitions_grows_a_topic_and_refuses_fewer_or_as_many(served, ro
             topics=[grow(name="t", count=count, assignments=None)],
         )
         assert (
-            answer.results[0].error_code == kafka_errors.INVALID_PARTITIONS and "4 partitions" in answer.results[0].error_message
+            answer.results[0].error_code == kafka_errors.INVALID_PARTITIONS and "4 partition(s)" in answer.results[0].error_message
         )
     assigned = CreatePartitionsRequest.CreatePartitionsTopic.CreatePartitionsAssignment
     answer = client.call(

@@ -189,7 +189,7 @@ def endpoints(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     path = tmp_path_factory.mktemp("oracle-kl") / "root"
     path.mkdir()
     root = kl.Root(path)
-    daemon = Daemon(root.path, path.parent / "serve.log")
+    daemon = Daemon(root.path, path.parent / "serve.log", "--allow-admin")
     lib = installed()
     yield kafka_endpoint(broker, lib), kl_endpoint(root, daemon, lib)
     code = daemon.stop()
@@ -762,6 +762,44 @@ def console_tools(endpoint: Endpoint, topic: str) -> Any:
     }
 
 
+TOPICS = "org.apache.kafka.tools.TopicCommand"
+"""kafka-topics.sh."""
+
+
+def refusal(lib: Path, main: str, *args: str) -> str:
+    """The error line one of Kafka's tools prints when it exits non-zero ("" when it exits 0)."""
+    try:
+        tool(lib, main, *args)
+    except AssertionError as e:
+        return next((line for line in str(e).splitlines() if line.startswith("Error")), str(e))
+    return ""
+
+
+def topics_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-topics creating a topic (and again: refused, or nothing with --if-not-exists),
+    growing it (and shrinking it: refused), listing it and deleting it."""
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    lib = endpoint.lib
+
+    def listed() -> bool:
+        return topic in tool(lib, TOPICS, *bootstrap, "--list").split()
+
+    seen = {
+        "created": tool(lib, TOPICS, *bootstrap, "--create", "--topic", topic, "--partitions", "2", "--replication-factor", "1"),
+        "again": refusal(lib, TOPICS, *bootstrap, "--create", "--topic", topic, "--partitions", "2"),
+        "if not exists": tool(lib, TOPICS, *bootstrap, "--create", "--if-not-exists", "--topic", topic, "--partitions", "2"),
+        "grown": tool(lib, TOPICS, *bootstrap, "--alter", "--topic", topic, "--partitions", "3"),
+        "shrunk": refusal(lib, TOPICS, *bootstrap, "--alter", "--topic", topic, "--partitions", "2"),
+        "listed": listed(),
+        "deleted": tool(lib, TOPICS, *bootstrap, "--delete", "--topic", topic),
+    }
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while listed():  # Kafka deletes a topic once its controller's change reached the broker
+        assert time.monotonic() < deadline, endpoint.report(f"{topic} still listed after its deletion")
+        time.sleep(0.2)
+    return seen
+
+
 def reset_and_resume(endpoint: Endpoint, topic: str) -> Any:
     """Ten records, the middle four in one compressed batch; a member of a group reads six
     and commits: kafka-consumer-groups' description; then each reset (the tool's table) and
@@ -1290,6 +1328,13 @@ def test_kafkas_console_tools(endpoints) -> None:
         "earliest": "console:0:0\n",
         "after the second": "console:0:2\n",
     }
+
+
+def test_kafka_topics_creates_grows_lists_and_deletes_a_topic(endpoints) -> None:
+    seen = same(topics_tool, endpoints, topic="tool-made")
+    assert seen["created"] == "Created topic tool-made.\n" and seen["listed"]
+    assert "already exists" in seen["again"] and seen["if not exists"] == ""
+    assert "3 partitions" in seen["shrunk"]
 
 
 def test_kafka_consumer_groups_resets_and_the_group_resumes_there(endpoints) -> None:

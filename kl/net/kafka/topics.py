@@ -115,7 +115,7 @@ def _create(broker: Broker, topic: Any, validate_only: bool) -> TopicConfig:
     config = TopicConfig(partitions=broker.server.config.default_partitions if partitions == DEFAULT else partitions)
     config = _configured(config, {c.name: c.value for c in topic.configs})
     if os.path.lexists(broker.server.root.topic_path(name)):  # as create_topic finds it
-        raise Refused(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        raise Refused(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")  # Kafka's words
     if validate_only:
         return config
     return broker.server.root.create_topic(name, config)
@@ -262,9 +262,10 @@ def _grow(broker: Broker, topic: Any, validate_only: bool) -> bool:
     except TopicNotFound:
         raise Refused(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist") from None
     if topic.count < now:
-        raise Refused(INVALID_PARTITIONS, f"topic has {now} partitions, which is higher than the requested {topic.count}")
+        increase = f"{topic.count} would not be an increase"
+        raise Refused(INVALID_PARTITIONS, f"The topic {name} currently has {now} partition(s); {increase}.")  # Kafka's words
     if topic.count == now:
-        raise Refused(INVALID_PARTITIONS, f"topic already has {now} partitions")
+        raise Refused(INVALID_PARTITIONS, f"Topic already has {now} partition(s).")
     _bounded(topic.count)
     if topic.assignments is not None:
         if len(topic.assignments) != topic.count - now:
