@@ -668,11 +668,18 @@ class GroupConsumer:
             self._committed_at = 0.0  # a lock was held: tried again next poll
 
     def _expired(self, members: list[Member], now: float) -> dict[str, int]:
-        """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat."""
+        """Members whose heartbeat has not moved for ``session_timeout``: id -> that heartbeat.
+
+        ``now`` was taken before ``members`` was read; a heartbeat seen moved counts from
+        after the read.  (Counted from ``now``, a member stopped between the two, SIGSTOP or
+        a hung host, would count the time it stood still against the others: on waking, its
+        next poll, at once, would expire every member that had not beaten again since the
+        read, and take their partitions.)"""
         seen = {}
+        read = time.monotonic()
         for m in members:
             last = self._seen.get(m.id)
-            seen[m.id] = last if last is not None and last[0] == m.beat else (m.beat, now)
+            seen[m.id] = last if last is not None and last[0] == m.beat else (m.beat, read)
         self._seen = seen
         me = self.member_id
         return {mid: beat for mid, (beat, since) in seen.items() if mid != me and now - since > self.session_timeout}

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 from test_group import MEMBER, STARTED, Member, _no_member_outlives_its_test, _owned, wait_for  # noqa: F401 - a fixture
@@ -149,3 +150,45 @@ def test_a_group_member_whose_root_is_deleted_exits_with_one_line_within_a_poll_
     assert (member.returncode, err.decode()) == (1, f"Error: root {root.path} does not exist (is it mounted?)\n")
     assert took < 0.5 + MARGIN, f"the member took {took:.1f}s to notice"  # its poll interval (0.5 s), and then some
     assert not os.path.exists(root.path), "the member created the root again"
+
+
+def test_a_member_stopped_in_the_middle_of_its_poll_takes_no_live_member_for_expired_when_it_wakes_up(root, monkeypatch):
+    """A member that stood still between the start of its poll and its reading of the
+    members (SIGSTOP, a hung host: what the stopped-holder test does to a, stopped in its
+    ownership check) counts the others' heartbeats as seen when it read them, not when its
+    poll began: else its next poll, at once on waking, expired every member that had not
+    beaten again since and took their partitions (CI: b, live, lost t/0 to a that way)."""
+    clock = [1000.0]
+    monkeypatch.setattr(kl.group, "time", types.SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    registry = Registry(root.path, "g")
+    # The clock stands still: the coordinator threads do not poll by themselves (and, their
+    # locks held here, could not); the test drives each poll.
+    a = kl.GroupConsumer(root, "g", ["t"], poll_interval=1.0, session_timeout=SESSION)
+    b = kl.GroupConsumer(root, "g", ["t"], poll_interval=1.0, session_timeout=SESSION)
+    assert a.member_id is not None and b.member_id is not None
+    try:
+        with a._lock, b._lock:
+            for member in (a, b, a, b):
+                member._poll()
+            owners = {p: registry.owner("t", p).member for p in (0, 1)}
+            assert set(owners.values()) == {a.member_id, b.member_id}, owners
+            mine = a.assignment()["t"]
+            members = a.registry.members
+
+            def stopped_after_its_poll_began() -> list[kl.registry.Member]:
+                clock[0] += 3 * SESSION  # a stands still; b beats on meanwhile, as it polls
+                assert b._registration is not None
+                b._registration.beat()
+                return members()
+
+            a.registry.members = stopped_after_its_poll_began  # type: ignore[method-assign]
+            a._poll()  # woken up: sees b's heartbeat moved
+            a.registry.members = members  # type: ignore[method-assign]
+            a._poll()  # at once (its poll interval counts from before it stood still): b has not beaten since
+            assert {p: registry.owner("t", p).member for p in (0, 1)} == owners
+            assert a.assignment() == {"t": mine}
+            assert a._expired_now == {}
+    finally:
+        a.close()
+        b.close()
