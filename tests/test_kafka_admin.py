@@ -173,9 +173,8 @@ def test_create_partitions_grows_a_topic_and_refuses_fewer_or_as_many(served, ro
             validate_only=False,
             topics=[grow(name="t", count=count, assignments=None)],
         )
-        assert (
-            answer.results[0].error_code == kafka_errors.INVALID_PARTITIONS and "4 partition(s)" in answer.results[0].error_message
-        )
+        (result,) = answer.results
+        assert result.error_code == kafka_errors.INVALID_PARTITIONS and "4 partition(s)" in result.error_message
     assigned = CreatePartitionsRequest.CreatePartitionsTopic.CreatePartitionsAssignment
     answer = client.call(
         CreatePartitionsRequest, 3, timeout_ms=5000, validate_only=False,
