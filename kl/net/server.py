@@ -247,9 +247,11 @@ class Server:
     def __init__(
         self,
         root: Root | str | os.PathLike[str],
-        config: ServeConfig | None = None,
-        listeners: Sequence[Listener] = (),
+        config: ServeConfig | None,
+        listeners: Sequence[Listener],
     ):
+        if not listeners:
+            raise ValueError("a server needs a listener (kl.net.daemon.Daemon gives one per configured port)")
         self.root = root if isinstance(root, Root) else Root(root)
         self.config = config or ServeConfig()
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
