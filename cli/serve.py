@@ -115,6 +115,14 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     help="The largest request with --allow-produce (without it: 1 MiB).",
 )
 @click.option(
+    "--answer-memory",
+    metavar="BYTES",
+    type=click.IntRange(min=1 << 20),
+    default=256 << 20,
+    show_default=True,
+    help="Answers held for clients yet to take them, in all; past it a fetch gets one message.",
+)
+@click.option(
     "--idle-timeout",
     metavar="SECONDS",
     type=click.FloatRange(min=0, min_open=True),
@@ -148,6 +156,7 @@ def serve(
     workers: int,
     max_connections: int,
     max_request_bytes: int,
+    answer_memory: int,
     idle_timeout: float,
     request_timeout: float,
     as_json: bool,
@@ -183,6 +192,7 @@ def serve(
         workers=workers,
         max_connections=max_connections,
         max_request_bytes=max_request_bytes,
+        answer_memory=answer_memory,
         idle_timeout=idle_timeout,
         request_timeout=request_timeout,
     )

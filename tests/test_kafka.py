@@ -459,6 +459,46 @@ def test_a_fetch_of_thousands_of_partitions_is_answered_without_produce_on(serve
     assert len(parts) == 2000 and [v for _, _, v, _ in decoded(parts[2])] == [b"a"]
 
 
+def big_fetch(client: Client, topic: str) -> None:
+    """Send a Fetch asking for all it can get (16 MiB, the daemon's most) from offset 0."""
+    fields = fetch_fields(topic, 0)
+    fields["max_bytes"] = fields["topics"][0].partitions[0].partition_max_bytes = 0x7FFFFFFF
+    client.send(FetchRequest, 12, **fields)
+
+
+def test_answers_held_for_clients_that_never_read_stay_within_the_answer_memory(served, root, topic):
+    write_each(root, topic, [bytes(100_000)] * 200)  # 20 MB: more than the sockets' buffers take
+    running, client = served(answer_memory=4 << 20)
+    hoarders = []
+    deadline = time.monotonic() + 30
+    for _ in range(3):  # one after the other (answers built at once may each take their 16 MiB)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.connect(running.address)
+        hoarder = Client.__new__(Client)
+        hoarder.sock, hoarder.correlation = sock, 0
+        big_fetch(hoarder, topic)  # and never read
+        hoarders.append(hoarder)
+        while running.server.answer_room() > 0:  # the first hoarder's answer, built and held
+            assert time.monotonic() < deadline, "no answer was held"
+            time.sleep(0.05)
+    big_fetch(client, topic)
+    assert len(decoded(client.receive(FetchRequest, 12).responses[0].partitions[0])) == 1  # past the memory: one message
+    held = running.server.config.answer_memory - running.server.answer_room()
+    assert 4 << 20 < held < (17 << 20) + 2 * 200_000  # one whole answer, and at most a message for each other hoarder
+    for hoarder in hoarders:
+        hoarder.close()
+    while True:  # once they are gone, their answers are let go, and answers are whole again
+        big_fetch(client, topic)
+        got = decoded(client.receive(FetchRequest, 12).responses[0].partitions[0])
+        if len(got) > 1:
+            break
+        assert time.monotonic() < deadline + 30, "the hoarders' answers were never let go"
+        time.sleep(0.1)
+    assert [offset for offset, *_ in got] == list(range(len(got))) and len(got) >= 100
+    assert running.server.answer_room() == running.server.config.answer_memory
+
+
 # ----------------------------------------------------------------- Produce
 
 

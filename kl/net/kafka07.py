@@ -280,7 +280,7 @@ class Kafka07(FrontEnd):
         return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
 
     def _reply(self, conn: Connection, code: int, body: bytes) -> None:
-        self.server.answer(conn).pieces.append(memoryview(wire.HEAD.pack(2 + len(body), code) + body))
+        self.server.queue(conn, memoryview(wire.HEAD.pack(2 + len(body), code) + body))
 
     def _reply_error(self, conn: Connection, code: int, error: BaseException, plain: bytes = b"") -> None:
         """An error answer: the JSON on a kl connection, Kafka 0.7's ``plain`` bytes on another."""
@@ -305,10 +305,9 @@ class Kafka07(FrontEnd):
             else:
                 pieces.append(memoryview(wire.HEAD.pack(2 + len(part[1]), part[0]) + part[1]))
                 room -= len(part[1])
-        out = self.server.answer(conn)
         if outer is not None:
-            out.pieces.append(memoryview(wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer)))
-        out.pieces.extend(pieces)
+            pieces.insert(0, memoryview(wire.HEAD.pack(2 + MAX_PAYLOAD - room, outer)))
+        self.server.queue(conn, *pieces)
 
 
 _Part = tuple[int, bytes] | Span

@@ -112,6 +112,9 @@ class ServeConfig:
     request_timeout: float = 30.0
     """Close a connection that takes longer to send one request, or that takes nothing of
     its answer for this long."""
+    answer_memory: int = 256 << 20
+    """The bytes of answers held in memory for clients yet to take them, in all: past it
+    a fetch answer carries one message (``Server.answer_room``)."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -127,7 +130,7 @@ class ServeConfig:
                 raise ServerError(f"binding to {bind} needs --allow CIDR naming who may connect")
             if not 0 <= port < 65536:
                 raise ServerError(f"port {port} is not between 0 and 65535")
-        for name in ("workers", "max_connections", "max_request_bytes", "default_partitions"):
+        for name in ("workers", "max_connections", "max_request_bytes", "default_partitions", "answer_memory"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
         for name in ("idle_timeout", "request_timeout"):
@@ -209,7 +212,7 @@ class Wait:
 
 class FrontEnd:
     """One protocol's side of the daemon: ``handle`` answers a request (the bytes after
-    its size) by adding to ``server.answer(conn)``, or parks it (``server.park``) to be
+    its size) by queueing its answer (``server.queue``), or parks it (``server.park``) to be
     ``resume``d once its wait is over."""
 
     def __init__(self, server: Server):
@@ -282,6 +285,9 @@ class Server:
         self._stopping = threading.Event()
         self._identities: dict[str, tuple[int, int]] = {}
         """topic -> (device, inode) of the topic.json its cached config was read from."""
+        self._held = 0
+        """The bytes in memory of the answers under way (``Response.held``), in all."""
+        self._held_lock = threading.Lock()
         self._parked: queue.SimpleQueue[Connection | str] = queue.SimpleQueue()
         """Connections handed to the waiter, or STOP_WAITING (answer everything at once
         from now on), CHECK (look at the waits now) or EXIT."""
@@ -338,7 +344,7 @@ class Server:
             for sock, _ in self.listeners:
                 sock.close()
             for conn in self._connections:
-                _discard(conn)
+                self._discard(conn)
             for _, front in self.listeners:
                 front.close()
             if finished:  # else a stuck worker may still wake it
@@ -522,7 +528,7 @@ class Server:
         if self._registered(conn):
             self._selector.unregister(conn.sock)
         self._connections.discard(conn)
-        _discard(conn)
+        self._discard(conn)
         conn.front.closed(conn)
 
     # ----------------------------------------------------------------- workers
@@ -586,6 +592,7 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return False
             pieces.popleft()
+        self._release(out)
         conn.out = None
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
@@ -593,11 +600,35 @@ class Server:
 
     # ----------------------------------------------------------------- for front ends
 
-    def answer(self, conn: Connection) -> Response:
-        """The connection's answer being put together (sent by ``_flush``)."""
+    def queue(self, conn: Connection, *pieces: memoryview | Span) -> None:
+        """Add ``pieces`` to the connection's answer (sent by ``_flush``, in order); the
+        bytes in memory count against ``answer_memory`` until the answer is done."""
         if conn.out is None:
             conn.out = Response(time.monotonic() + self.config.request_timeout)
-        return conn.out
+        held = sum(piece.nbytes for piece in pieces if isinstance(piece, memoryview))
+        conn.out.pieces.extend(pieces)
+        conn.out.held += held
+        with self._held_lock:
+            self._held += held
+
+    def answer_room(self) -> int:
+        """The bytes answers may still hold in memory (``answer_memory`` less those held:
+        negative past it).  A front end past it answers with as little as will do, as
+        connections that take nothing of their answers must not grow the daemon."""
+        return self.config.answer_memory - self._held
+
+    def _release(self, out: Response) -> None:
+        with self._held_lock:
+            self._held -= out.held
+        out.held = 0
+
+    def _discard(self, conn: Connection) -> None:
+        """Close a connection's socket and the files of its unsent answer."""
+        if conn.out is not None:
+            conn.out.close()
+            self._release(conn.out)
+            conn.out = None
+        conn.sock.close()
 
     def park(self, conn: Connection, wait: Wait) -> None:
         """Answer the request later: once ``wait`` is over, a worker calls the front end's
@@ -739,10 +770,12 @@ class Span:
 class Response:
     """What is left to send of a connection's answer: bytes and segment spans, in order."""
 
-    __slots__ = ("pieces", "deadline", "corked", "unsent")
+    __slots__ = ("pieces", "deadline", "corked", "unsent", "held")
 
     def __init__(self, deadline: float):
         self.pieces: deque[memoryview | Span] = deque()
+        self.held = 0
+        """The bytes of its pieces in memory (``Server.queue``), counted until it is done."""
         self.deadline = deadline
         """When the client must have taken more of it: the request timeout after the
         answer began or the client last took some (a slow reader is not cut off)."""
@@ -773,12 +806,6 @@ def _unsent(sock: socket.socket) -> int:
         return -1
 
 
-def _discard(conn: Connection) -> None:
-    """Close a connection's socket and the files of its unsent answer."""
-    if conn.out is not None:
-        conn.out.close()
-        conn.out = None
-    conn.sock.close()
 
 
 def _reason(error: OSError) -> str:

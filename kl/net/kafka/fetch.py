@@ -36,7 +36,8 @@ log = logging.getLogger("kl.serve")
 MAX_FETCH_BYTES = 16 << 20
 """The most bytes of messages one fetch answer reads, whatever the client asks (Kafka's
 brokers cap it too, with fetch.max.bytes): answers are built in memory, several times
-that size while they are."""
+that size while they are, and held there until the client has taken them, within the
+daemon's ``answer_memory`` (past it, an answer carries its first message only)."""
 QUIET = (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH)
 """A fetch's errors that are the client's to handle, not logged."""
 
@@ -44,7 +45,9 @@ QUIET = (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKN
 def fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if version >= 7 and (request.session_id != 0 or request.session_epoch > 0):
         return FetchResponse(throttle_time_ms=0, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
-    room = min(max(0, request.max_bytes), MAX_FETCH_BYTES)
+    spare = broker.server.answer_room()
+    first = MAX_FETCH_BYTES if spare > 0 else 1  # past the daemon's answer memory: one message
+    room = min(max(0, request.max_bytes), MAX_FETCH_BYTES, max(0, spare))
     waits: list[tuple[Log, int]] = []
     topics = []
     total = 0
@@ -54,7 +57,7 @@ def fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wa
         name = topic.topic if version < 13 else broker.name_of(topic_id) if topic_id is not None else None
         for p in topic.partitions:
             # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
-            limit = min(p.partition_max_bytes, MAX_FETCH_BYTES if not total else room)
+            limit = min(p.partition_max_bytes, first if not total else room)
             epoch = p.current_leader_epoch if version >= 9 else -1
             answer, target = _partition(broker, conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch, version)
             parts.append(answer)

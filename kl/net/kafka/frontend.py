@@ -118,7 +118,7 @@ class Kafka(FrontEnd):
     def _send(self, conn: Connection, correlation: int, response: ApiMessage, version: int, flexible: bool) -> None:
         data = response.encode(version=version)
         head = struct.pack(">ii", 4 + int(flexible) + len(data), correlation) + (b"\0" if flexible else b"")
-        self.server.answer(conn).pieces.extend((memoryview(head), memoryview(data)))  # TCP_CORK makes one stream
+        self.server.queue(conn, memoryview(head), memoryview(data))  # TCP_CORK makes one stream
 
 
 def api_versions(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
