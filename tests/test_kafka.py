@@ -516,6 +516,19 @@ def test_produce_appends_each_record_as_a_kl_message_and_answers_the_first_offse
     ]
 
 
+def test_a_message_as_large_as_its_topic_takes_is_appended_past_the_request_limit(served, root):
+    root.create_topic("large", kl.TopicConfig(max_message_bytes=10 << 20, segment_bytes=64 << 20))
+    root.create_topic("small")
+    _, client = served(allow_produce=True, max_request_bytes=1 << 20)
+    value = bytes(range(256)) * (9_000_000 // 256)  # 9 MB: past the daemon's 1 MiB, within the topic's 10 MiB
+    assert produce(client, "large", built([value])).error_code == 0
+    assert [m.value for m in read_all(root, "large", max_bytes=16 << 20)] == [value]
+    assert produce(client, "small", built([value])).error_code == kafka_errors.MESSAGE_TOO_LARGE  # small's 1 MiB
+    with pytest.raises((AssertionError, ConnectionError)):  # past every topic's: closed, as Kafka past socket.request.max.bytes
+        produce(client, "large", built([value + value]))
+    assert [m.value for m in read_all(root, "large", max_bytes=16 << 20)] == [value]
+
+
 @pytest.mark.parametrize("codec", [1, 4], ids=["gzip", "zstd"])
 def test_produce_takes_compressed_batches(served, root, topic, codec):
     _, client = served(allow_produce=True)

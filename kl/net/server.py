@@ -58,6 +58,11 @@ SMALL_REQUEST = 1 << 20
 """The largest request when produce is off: a Kafka fetch of every partition a consumer
 may be assigned (2,000 partitions are 84 KB; this takes about 25,000), an admin request
 naming thousands of topics."""
+REQUEST_AROUND = 64 << 10
+"""Room in a produce request for what is around its largest message (its header, topic
+and partition names, a batch's header)."""
+LARGEST_RECHECK = 5.0
+"""How long the largest message served topics take is trusted (``Server._request_limit``)."""
 RECV_CHUNK = 256 << 10
 FILES_PER_CONNECTION = 16
 """The most segment files an answer holds open while it waits to be sent: the spans past
@@ -285,6 +290,8 @@ class Server:
         self._stopping = threading.Event()
         self._identities: dict[str, tuple[int, int]] = {}
         """topic -> (device, inode) of the topic.json its cached config was read from."""
+        self._largest: tuple[float, int] = (0.0, 0)
+        """(until when it holds, the largest max_message_bytes of the served topics)."""
         self._held = 0
         """The bytes in memory of the answers under way (``Response.held``), in all."""
         self._held_lock = threading.Lock()
@@ -479,9 +486,27 @@ class Server:
         if len(conn.buffer) < SIZE.size:
             return SIZE.size - len(conn.buffer)
         (size,) = SIZE.unpack_from(conn.buffer)
-        if not 2 <= size <= self.config.request_limit:
-            raise Drop(f"request of {size} bytes refused (limit {self.config.request_limit})")
+        if not 2 <= size <= self.config.request_limit and (size < 2 or size > self._request_limit()):
+            raise Drop(f"request of {size} bytes refused (limit {self._request_limit()})")
         return SIZE.size + size - len(conn.buffer)
+
+    def _request_limit(self) -> int:
+        """The largest request taken: the configured one or, with produce on, one that
+        holds the largest message a served topic takes (its ``max_message_bytes``), so that
+        such a message is appended, not cut off with its connection (its client would send
+        it again until its delivery timeout).  The topics are looked at again only for a
+        request past the configured limit, at most every ``LARGEST_RECHECK`` seconds."""
+        if not self.config.allow_produce:
+            return self.config.request_limit
+        until, largest = self._largest
+        if time.monotonic() >= until:
+            largest = 0
+            with contextlib.suppress(KlError):
+                for topic in filter(self.served, self.root.topics()):
+                    with contextlib.suppress(KlError):
+                        largest = max(largest, self.topic_config(topic).max_message_bytes)
+            self._largest = (time.monotonic() + LARGEST_RECHECK, largest)
+        return max(self.config.request_limit, largest + REQUEST_AROUND)
 
     def _take_back(self, stopping: bool = False) -> None:
         """Connections a worker is done with: read their next request (unless
