@@ -4,7 +4,8 @@
 Real requests, as today's clients send them, are built with kafka-python's
 schema-generated classes (``requests``): ApiVersions, Metadata, Produce (record batches
 in each codec, idempotent or not, and the message sets of versions 0-2), Fetch,
-ListOffsets and InitProducerId, in every version kl serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
+ListOffsets, InitProducerId and the admin requests (``admin``), in every version kl
+serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
 (kind, bytes to send) pair; ``bomb`` is a batch that inflates far past any limit.
 ``attack`` sends one on a connection of its own and returns what came back before the
 daemon closed it.  ``Daemon`` runs ``kl serve --kafka`` as a subprocess over a root that
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import cramjam
 import zstandard
+from kafka.protocol.admin.topics import CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -267,26 +269,53 @@ def metadata(names: list[str] | None, version: int = 12) -> bytes:
     )
 
 
+ADMIN_TOPIC = "admin-made"
+"""What the admin requests create, grow and delete: a name no mutation of theirs turns into t or f."""
+
+
+def versions(request) -> range:
+    return range(frontend.APIS[request.API_KEY].low, frontend.APIS[request.API_KEY].high + 1)
+
+
+def admin() -> list[tuple[str, bytes]]:
+    """(label, request): creating ``ADMIN_TOPIC`` (2 partitions, or as validate-only),
+    growing it to 3 and deleting it, in each version served."""
+    out = []
+    creatable = CreateTopicsRequest.CreatableTopic
+    for v in versions(CreateTopicsRequest):
+        for only in (True, False) if v else (False,):
+            made = creatable(name=ADMIN_TOPIC, num_partitions=2, replication_factor=-1, assignments=[], configs=[])
+            out.append((f"CreateTopics v{v}", framed(CreateTopicsRequest, v, topics=[made], timeout_ms=1000, validate_only=only)))
+    for v in versions(CreatePartitionsRequest):
+        grown = CreatePartitionsRequest.CreatePartitionsTopic(name=ADMIN_TOPIC, count=3, assignments=None)
+        grow = framed(CreatePartitionsRequest, v, topics=[grown], timeout_ms=1000, validate_only=False)
+        out.append((f"CreatePartitions v{v}", grow))
+    for v in versions(DeleteTopicsRequest):
+        named = {"topics": [DeleteTopicsRequest.DeleteTopicState(name=ADMIN_TOPIC)]} if v >= 6 else {"topic_names": [ADMIN_TOPIC]}
+        out.append((f"DeleteTopics v{v}", framed(DeleteTopicsRequest, v, timeout_ms=1000, **named)))
+    return out
+
+
 def requests(topic: str) -> list[tuple[str, bytes]]:
     """(label, request) of every kind kl serves, in every version it serves, as today's
     clients build them; the produce requests append to ``topic``'s partition 0."""
     out = []
-    for v in range(frontend.APIS[ApiVersionsRequest.API_KEY].low, frontend.APIS[ApiVersionsRequest.API_KEY].high + 1):
+    for v in versions(ApiVersionsRequest):
         out.append((f"ApiVersions v{v}", framed(ApiVersionsRequest, v, client_software_name="fuzz", client_software_version="1")))
-    for v in range(frontend.APIS[MetadataRequest.API_KEY].low, frontend.APIS[MetadataRequest.API_KEY].high + 1):
+    for v in versions(MetadataRequest):
         out.append((f"Metadata v{v}", metadata([topic, "nope"], v)))
         out.append((f"Metadata v{v} all", metadata(None if v else [], v)))
-    for v in range(frontend.APIS[FetchRequest.API_KEY].low, frontend.APIS[FetchRequest.API_KEY].high + 1):
+    for v in versions(FetchRequest):
         out.append((f"Fetch v{v}", fetch(topic, 0, v)))
-    for v in range(frontend.APIS[ListOffsetsRequest.API_KEY].low, frontend.APIS[ListOffsetsRequest.API_KEY].high + 1):
+    for v in versions(ListOffsetsRequest):
         for ts in (EARLIEST, LATEST, TIMESTAMP):
             out.append((f"ListOffsets v{v} {ts}", list_offsets(topic, ts, v)))
-    for v in range(frontend.APIS[InitProducerIdRequest.API_KEY].low, frontend.APIS[InitProducerIdRequest.API_KEY].high + 1):
+    for v in versions(InitProducerIdRequest):
         out.append(
             (f"InitProducerId v{v}", framed(InitProducerIdRequest, v, transactional_id=None, transaction_timeout_ms=-1,
                                             producer_id=-1, producer_epoch=-1))
         )  # fmt: skip
-    low, high = frontend.APIS[ProduceRequest.API_KEY].low, frontend.APIS[ProduceRequest.API_KEY].high
+    low, high = versions(ProduceRequest).start, versions(ProduceRequest).stop - 1
     for i, codec in enumerate(CODECS):
         vals = values(30, 40, codec.encode())
         body = b"".join(record(j, v, key=b"k", headers=[(b"h", b"x")] if j % 7 == 6 else ()) for j, v in enumerate(vals))
@@ -298,7 +327,7 @@ def requests(topic: str) -> list[tuple[str, bytes]]:
             magic = min(v, 1)
             if codec in ("none", "gzip", "snappy") or codec == "lz4" and magic:
                 out.append((f"Produce v{v} message set {codec}", produce(topic, [message_set(vals, magic, codec)], v)))
-    return out
+    return out + admin()
 
 
 def captured(port: int, topic: str) -> list[tuple[str, bytes]]:

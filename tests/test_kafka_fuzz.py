@@ -63,17 +63,28 @@ def filled(root) -> list[bytes]:
 
 
 def test_hostile_requests_leave_it_serving_in_bounded_memory_with_its_data_whole(root, daemon, filled):
-    d = daemon("--workers", "4", "--request-timeout", "2", "--advertise", "127.0.0.2")
+    d = daemon("--workers", "4", "--request-timeout", "2", "--advertise", "127.0.0.2", "--allow-admin")
     confluent = fz.captured(d.address[1], "f")  # what librdkafka sends, if installed: 5 x 20 messages
     appended = len(consumed(root, "f"))
     assert appended == (100 if confluent else 0)
     real = fz.requests("f")
+    admin: list[tuple[str, int]] = []
     for label, request in real:  # every real request is answered; each produce appends
         answer = fz.call(d.address, request)
         if label.startswith("Produce"):
             (part,) = answer.responses[0].partition_responses
             assert part.error_code == 0, (label, part)
             appended += 30
+        elif label.startswith(("CreateTopics", "CreatePartitions", "DeleteTopics")):
+            (result,) = getattr(answer, "topics", None) or getattr(answer, "results", None) or answer.responses
+            admin.append((label, result.error_code))
+    again = {  # each family's first request does it; the others find it done
+        "CreateTopics": kafka_errors.TOPIC_ALREADY_EXISTS,
+        "CreatePartitions": kafka_errors.INVALID_PARTITIONS,
+        "DeleteTopics": kafka_errors.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+    families = [label.split()[0] for label, _ in admin]
+    assert [code for _, code in admin] == [again[f] if f in families[:i] else 0 for i, f in enumerate(families)], admin
     before, held = consumed(root, "t"), consumed(root, "f")
     assert len(held) == appended
     fz.healthy(d.address, filled)
@@ -97,6 +108,8 @@ def test_hostile_requests_leave_it_serving_in_bounded_memory_with_its_data_whole
     now = consumed(root, "f")  # whole: every message reads back, the ones there before unchanged
     assert now[: len(held)] == held
     d.stop()
+    checked = CliRunner().invoke(cli, ["--root", root.path, "recover", "--deep", "--dry-run"])  # what admin made is whole too
+    assert checked.exit_code == 0, checked.output
 
 
 def served(address) -> bool:
