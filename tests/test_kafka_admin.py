@@ -42,7 +42,7 @@ def codes(answers: dict) -> dict[str, int]:
     return {name: found[0] for name, found in answers.items()}
 
 
-def test_create_topics_creates_each_topic_as_kl_topics_create_does_and_refuses_what_kafka_refuses(served, root):
+def test_create_topics_creates_each_topic_as_kl_topics_create_does_and_refuses_what_kafka_refuses(served, root, caplog):
     root.create_topic("old")
     running, client = served(allow_admin=True, default_partitions=3)
     answers = create(
@@ -77,6 +77,8 @@ def test_create_topics_creates_each_topic_as_kl_topics_create_does_and_refuses_w
         "huge": kafka_errors.INVALID_PARTITIONS,
     }
     assert all(answers[n][1] for n in codes(answers) if codes(answers)[n])  # every refusal says why
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("'bad name!'" in line for line in warned) and not any("'old'" in line for line in warned)  # (made at each start)
     assert sorted(root.topics()) == ["assigned", "default", "old", "two"]
     assert [root.config(n).partitions for n in ("assigned", "default", "two")] == [2, 3, 2]
     listed = client.call(

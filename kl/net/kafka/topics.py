@@ -95,7 +95,7 @@ def create_topics(broker: Broker, conn: Connection, version: int, request: Any, 
         try:
             config = _create(broker, topic, request.validate_only)
         except (Refused, KlError) as e:
-            if not request.validate_only:
+            if not request.validate_only and code_of(e) != TOPIC_ALREADY_EXISTS:  # (applications create theirs at each start)
                 log.warning("%s: creation of topic %r refused: %s", conn.peer, topic.name, e)
             answers.append(_created(topic.name, None, code_of(e), str(e)))
             continue
