@@ -119,7 +119,7 @@ class ServeConfig:
     its answer for this long."""
     answer_memory: int = 256 << 20
     """The bytes of answers held in memory for clients yet to take them, in all: past it
-    a fetch answer carries one message (``Server.answer_room``)."""
+    a fetch answer carries one message (``Server.reserve``)."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -636,11 +636,24 @@ class Server:
         with self._held_lock:
             self._held += held
 
-    def answer_room(self) -> int:
-        """The bytes answers may still hold in memory (``answer_memory`` less those held:
-        negative past it).  A front end past it answers with as little as will do, as
-        connections that take nothing of their answers must not grow the daemon."""
-        return self.config.answer_memory - self._held
+    def reserve(self, wanted: int) -> int:
+        """Room in memory for an answer being built, up to ``wanted`` bytes, taken from
+        ``answer_memory`` until ``unreserve``d (0 past it: the answer holds as little as
+        will do, as connections that take nothing of their answers must not grow the
+        daemon).  The builder queues its answer before giving the room back."""
+        with self._held_lock:
+            granted = max(0, min(wanted, self.config.answer_memory - self._held))
+            self._held += granted
+        return granted
+
+    def unreserve(self, granted: int) -> None:
+        with self._held_lock:
+            self._held -= granted
+
+    @property
+    def answers_held(self) -> int:
+        """The bytes in memory of the answers under way and the room reserved for them."""
+        return self._held
 
     def _release(self, out: Response) -> None:
         with self._held_lock:

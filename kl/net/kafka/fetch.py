@@ -17,7 +17,7 @@ from kl.log.log import Log, Position
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
 from kl.net.kafka import records
-from kl.net.kafka.api import Api
+from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker, check_epoch, topic_uuid
 from kl.net.kafka.errors import (
     FETCH_SESSION_ID_NOT_FOUND,
@@ -37,7 +37,8 @@ MAX_FETCH_BYTES = 16 << 20
 """The most bytes of messages one fetch answer reads, whatever the client asks (Kafka's
 brokers cap it too, with fetch.max.bytes): answers are built in memory, several times
 that size while they are, and held there until the client has taken them, within the
-daemon's ``answer_memory`` (past it, an answer carries its first message only)."""
+daemon's ``answer_memory`` (past it, an answer carries its first message only), their
+records never copied into the encoded answer (``Spliced``)."""
 QUIET = (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKNOWN_LEADER_EPOCH)
 """A fetch's errors that are the client's to handle, not logged."""
 
@@ -45,9 +46,19 @@ QUIET = (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, UNKN
 def fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if version >= 7 and (request.session_id != 0 or request.session_epoch > 0):
         return FetchResponse(throttle_time_ms=0, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
-    spare = broker.server.answer_room()
-    first = MAX_FETCH_BYTES if spare > 0 else 1  # past the daemon's answer memory: one message
-    room = min(max(0, request.max_bytes), MAX_FETCH_BYTES, max(0, spare))
+    answer = Spliced(None, broker.server.reserve(min(max(0, request.max_bytes), MAX_FETCH_BYTES)))
+    try:
+        answer.message = _answer(broker, conn, version, request, wait, answer)
+    finally:
+        if answer.message is None:  # parked (or failed): the room goes back now, not once queued
+            broker.server.unreserve(answer.reserved)
+    return None if answer.message is None else answer
+
+
+def _answer(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None, answer: Spliced) -> Any:
+    """The fetch's answer within the room reserved for it (past the daemon's answer
+    memory, none: the first message alone); None when it is parked to wait for more."""
+    room = answer.reserved
     waits: list[tuple[Log, int]] = []
     topics = []
     total = 0
@@ -56,12 +67,13 @@ def fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wa
         topic_id = topic.topic_id if version >= 13 else None
         name = topic.topic if version < 13 else broker.name_of(topic_id) if topic_id is not None else None
         for p in topic.partitions:
-            # The first records go whole even past max_bytes, as Kafka's (KIP-74); then the room left.
-            limit = min(p.partition_max_bytes, first if not total else room)
+            # The first message goes whole even past max_bytes, as Kafka's (KIP-74); then the room left.
+            limit = min(p.partition_max_bytes, max(1, room) if not total else room)
             epoch = p.current_leader_epoch if version >= 9 else -1
-            answer, target = _partition(broker, conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch, version)
-            parts.append(answer)
-            size = len(answer.records or b"")
+            part, target = _partition(broker, conn, name, topic_id, p.partition, p.fetch_offset, limit, epoch, version)
+            size = len(part.records)
+            part.records = answer.mark(part.records)
+            parts.append(part)
             room = max(0, room - size)
             total += size
             if target is not None:

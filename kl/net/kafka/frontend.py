@@ -31,7 +31,7 @@ from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kl.net.kafka import fetch, groups, list_offsets, metadata, produce, topics
-from kl.net.kafka.api import Api
+from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
 from kl.net.server import Connection, Drop, FrontEnd, Server, Wait
@@ -115,10 +115,44 @@ class Kafka(FrontEnd):
             answer.error_code = UNSUPPORTED_VERSION
         self._send(conn, correlation, answer, version, response.flexible_version_q(version))
 
-    def _send(self, conn: Connection, correlation: int, response: ApiMessage, version: int, flexible: bool) -> None:
-        data = response.encode(version=version)
-        head = struct.pack(">ii", 4 + int(flexible) + len(data), correlation) + (b"\0" if flexible else b"")
-        self.server.queue(conn, memoryview(head), memoryview(data))  # TCP_CORK makes one stream
+    def _send(self, conn: Connection, correlation: int, response: ApiMessage | Spliced, version: int, flexible: bool) -> None:
+        if not isinstance(response, Spliced):
+            response = Spliced(response)
+        try:
+            pieces = _spliced(response, response.message.encode(version=version), flexible)
+            size = 4 + int(flexible) + sum(piece.nbytes for piece in pieces)
+            head = struct.pack(">ii", size, correlation) + (b"\0" if flexible else b"")
+            self.server.queue(conn, memoryview(head), *pieces)  # TCP_CORK makes one stream
+        finally:
+            self.server.unreserve(response.reserved)
+
+
+def _spliced(answer: Spliced, data: bytes | bytearray, flexible: bool) -> list[memoryview]:
+    """The encoded message with each mark (a bytes field of 16 bytes: its length before
+    it) replaced by the length and the bytes it stands for."""
+    view = memoryview(data)
+    marked = struct.pack(">i", 16) if not flexible else _uvarint_of(17)  # (compact: length + 1)
+    pieces, done = [], 0
+    for at, mark in sorted((data.find(mark), mark) for mark in answer.parts):
+        start = at - len(marked)
+        if at < 0 or view[start:at] != marked:
+            raise RuntimeError(f"a spliced field's mark is not where its encoding puts it ({at})")
+        part = answer.parts[mark]
+        length = struct.pack(">i", len(part)) if not flexible else _uvarint_of(len(part) + 1)
+        pieces += [view[done:start], memoryview(length), memoryview(part)]
+        done = at + len(mark)
+    pieces.append(view[done:])
+    return pieces
+
+
+def _uvarint_of(n: int) -> bytes:
+    """``n`` as an unsigned varint (a compact field's length)."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def api_versions(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
