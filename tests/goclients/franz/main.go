@@ -16,7 +16,7 @@ import (
 )
 
 func main() {
-	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "watch": watch})
+	drive.Serve(map[string]drive.Op{"produce": produce, "consume": consume, "group": group, "offsets": offsets, "watch": watch, "admin": admin})
 }
 
 var codecs = map[string]kgo.CompressionCodec{

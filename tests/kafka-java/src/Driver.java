@@ -16,6 +16,7 @@
 //            quiet seconds more, or seconds, or until a file progress + ".stop" is there, a line appended to the file progress as each
 //            record comes: {"records", "errors"}, the class names of the exceptions poll
 //            threw, each once, in the order they first came
+//   admin    a topic's life through the Admin client, step by step (AdminOps.java)
 //
 // A request that fails is answered {"error": "ExceptionClass: message"}; the JVM goes on.
 import com.fasterxml.jackson.databind.JsonNode;
@@ -70,6 +71,7 @@ public final class Driver {
             case "group": return group(r);
             case "offsets": return offsets(r);
             case "watch": return watch(r);
+            case "admin": return AdminOps.admin(r);
             default: throw new IllegalArgumentException("no op " + r.path("op"));
         }
     }
