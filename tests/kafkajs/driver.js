@@ -132,7 +132,77 @@ async function group () {
   out({ closed: read })
 }
 
-const ops = { produce, offsets, watch, group }
+// admin: a topic's life through KafkaJS's admin client, step by step as the Java and Go
+// drivers take it (tests/kafka-java/src/AdminOps.java), each step observed on its own (a
+// step that fails is {"error": the error's type, or its name}), printed as one JSON line.
+// KafkaJS alters configs with AlterConfigs, which sets a resource's configs whole: "altered"
+// sets retention.ms alone, so max.message.bytes returns to its default.  It has no way to
+// delete a group's offsets: "groups" sets offset 4 for the group, fetches and deletes it.
+async function admin () {
+  const { ConfigResourceTypes } = require('kafkajs')
+  const client = kafka.admin()
+  await client.connect()
+  const topic = spec.topic
+  const group = `${topic}-group`
+  const resource = { type: ConfigResourceTypes.TOPIC, name: topic }
+  const seen = {}
+  const step = async (name, fn) => {
+    try {
+      seen[name] = await fn()
+    } catch (e) {
+      seen[name] = { error: e.type || e.name }
+    }
+  }
+  const created = async () => client.createTopics({
+    topics: [{ topic, numPartitions: 2, replicationFactor: 1, configEntries: [{ name: 'retention.ms', value: '3600000' }] }],
+    waitForLeaders: true,
+  })
+  const partitions = async () => (await client.fetchTopicMetadata({ topics: [topic] })).topics[0].partitions
+    .map((p) => [p.partitionId, p.replicas.length, p.isr.length]).sort((a, b) => a[0] - b[0])
+  const configs = async (...names) => {
+    const { resources } = await client.describeConfigs({ resources: [{ ...resource, configNames: names }], includeSynonyms: false })
+    const found = {}
+    for (const name of names) found[name] = null
+    for (const e of resources[0].configEntries) found[e.configName] = [e.configValue, e.isDefault, e.readOnly]
+    return found
+  }
+  await step('create', created)
+  await step('again', created)
+  await step('listed', async () => (await client.listTopics()).includes(topic))
+  await step('described', partitions)
+  await step('grown', async () => {
+    await client.createPartitions({ topicPartitions: [{ topic, count: 3 }] })
+    return (await partitions()).length
+  })
+  await step('configs', () => configs('retention.ms', 'max.message.bytes', 'cleanup.policy'))
+  await step('altered', async () => {
+    await client.alterConfigs({ resources: [{ ...resource, configEntries: [{ name: 'retention.ms', value: '7200000' }] }] })
+    return configs('retention.ms', 'max.message.bytes')
+  })
+  await step('records', async () => {
+    const producer = kafka.producer({ allowAutoTopicCreation: false })
+    await producer.connect()
+    await producer.send({ topic, acks: -1, messages: [0, 1, 2, 3, 4, 5].map((i) => ({ value: `v${i}`, partition: 0 })) })
+    await producer.disconnect()
+    await client.deleteTopicRecords({ topic, partitions: [{ partition: 0, offset: '2' }] })
+    return Number((await client.fetchTopicOffsets(topic)).find((p) => p.partition === 0).low)
+  })
+  await step('groups', async () => {
+    await client.setOffsets({ groupId: group, topic, partitions: [{ partition: 0, offset: '4' }] })
+    const listed = (await client.listGroups()).groups.some((g) => g.groupId === group)
+    const [{ partitions: offsets }] = await client.fetchOffsets({ groupId: group, topics: [topic] })
+    await client.deleteGroups([group])
+    return { listed, offsets: offsets.map((p) => [p.partition, Number(p.offset)]).sort((a, b) => a[0] - b[0]) }
+  })
+  await step('deleted', async () => {
+    await client.deleteTopics({ topics: [topic] })
+    return (await client.listTopics()).includes(topic)
+  })
+  out(seen)
+  await client.disconnect()
+}
+
+const ops = { produce, offsets, watch, group, admin }
 if (!ops[spec.op]) {
   process.stderr.write(`unknown op ${spec.op}\n`)
   process.exit(1)
