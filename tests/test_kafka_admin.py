@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 
 import confluent_kafka.admin as confluent_admin
 import kafka.admin as kafka_admin
 import pytest
+from click.testing import CliRunner
 from kafka.protocol.admin.topics import CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
-from test_kafka import built, produce
+from test_kafka import Client, built, produce
 
 import kl
 from kl.net.kafka import errors as kafka_errors
 from kl.net.kafka.broker import topic_uuid
+from kl_cli.main import cli
+
+from kafka_clients import Daemon
 
 
 def creatable(name: str, partitions: int = 1, replication: int = 1, assignments=(), configs=()):
@@ -238,3 +243,45 @@ def test_auto_create_makes_a_topic_a_producer_names_and_without_it_the_name_is_l
 def _peer(client) -> str:
     host, port = client.sock.getsockname()[:2]
     return f"{host}:{port}"
+
+
+def test_creates_racing_deletes_of_one_name_through_two_daemons_leave_the_root_whole(served, root, tmp_path):
+    """A create and a delete of one name at once, again and again, through two daemons (one
+    a process of its own): each is answered as its turn makes it, and the root stays whole."""
+    root.create_topic("bystander")
+    _, near = served(allow_admin=True)
+    far = Daemon(root.path, tmp_path / "far.log", "--allow-admin")
+    try:
+        host, port = far.bootstrap.rsplit(":", 1)
+        other = Client((host, int(port)))
+        answers: dict[str, list[int]] = {"create": [], "delete": []}
+        rounds = threading.Barrier(2, timeout=60)  # each round, both at once
+
+        def creates() -> None:
+            for _ in range(60):
+                rounds.wait()
+                answers["create"].append(create(near, creatable("race", partitions=3))["race"][0])
+
+        def deletes() -> None:
+            for _ in range(60):
+                rounds.wait()
+                named = [DeleteTopicsRequest.DeleteTopicState(name="race")]
+                answer = other.call(DeleteTopicsRequest, 6, topics=named, timeout_ms=5000)
+                answers["delete"].append(answer.responses[0].error_code)
+
+        threads = [threading.Thread(target=creates), threading.Thread(target=deletes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert set(answers["create"]) <= {0, kafka_errors.TOPIC_ALREADY_EXISTS} and 0 in answers["create"], answers
+        assert set(answers["delete"]) <= {0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION} and 0 in answers["delete"], answers
+        left = kl.Root(root.path).topics()
+        assert answers["create"].count(0) - answers["delete"].count(0) == int("race" in left)  # each done once
+        assert "race" not in left or kl.Root(root.path).config("race").partitions == 3
+        checked = CliRunner().invoke(cli, ["--root", root.path, "recover", "--deep", "--dry-run"])
+        assert checked.exit_code == 0 and all(": ok (" in line for line in checked.output.splitlines()), checked.output
+        assert kl.Root(root.path).strays() == []  # no half-made or half-deleted topic left behind
+        assert far.proc.poll() is None and "unexpected" not in far.text() and "Traceback" not in far.text()
+    finally:
+        far.stop()
