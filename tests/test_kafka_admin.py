@@ -5,6 +5,7 @@ created on first use with ``--auto-create``."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from kl.net.kafka import errors as kafka_errors
 from kl.net.kafka.broker import topic_uuid
 from kl_cli.main import cli
 
+from conftest import read_all
 from kafka_clients import Daemon
 
 
@@ -285,3 +287,51 @@ def test_creates_racing_deletes_of_one_name_through_two_daemons_leave_the_root_w
         assert far.proc.poll() is None and "unexpected" not in far.text() and "Traceback" not in far.text()
     finally:
         far.stop()
+
+
+def test_a_topic_deleted_under_a_producer_and_readers_elsewhere_ends_them_cleanly(served, root, tmp_path):
+    """DeleteTopics through a daemon while kl's own producer and a follower append to and read
+    the topic on the root (another host's processes): both stop with the topic gone, nothing
+    of the old creation reaches the one created again, and the root stays whole."""
+    root.create_topic("live", kl.TopicConfig(partitions=2))
+    daemon = Daemon(root.path, tmp_path / "serve.log", "--allow-admin")
+    try:
+        host, port = daemon.bootstrap.rsplit(":", 1)
+        client = Client((host, int(port)))
+        ended: dict[str, BaseException] = {}
+        appended = threading.Event()
+
+        def produce_on() -> None:
+            producer = kl.Producer(kl.Root(root.path))
+            try:
+                for i in itertools.count():
+                    producer.send("live", b"old %d" % i, partition=i % 2)
+                    appended.set()
+            except kl.KlError as e:
+                ended["producer"] = e
+
+        def follow_on() -> None:
+            try:
+                for _ in kl.Consumer(kl.Root(root.path)).stream("live", 0, 0, idle_timeout=30):
+                    pass
+            except kl.KlError as e:
+                ended["reader"] = e
+
+        threads = [threading.Thread(target=produce_on), threading.Thread(target=follow_on)]
+        for t in threads:
+            t.start()
+        assert appended.wait(30)
+        named = [DeleteTopicsRequest.DeleteTopicState(name="live")]
+        assert client.call(DeleteTopicsRequest, 6, topics=named, timeout_ms=5000).responses[0].error_code == 0
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a producer or reader of the deleted topic went on"
+        assert {type(e) for e in ended.values()} <= {kl.TopicNotFound, kl.TopicRecreated} and len(ended) == 2, ended
+        assert create(client, creatable("live", partitions=2))["live"][0] == 0
+        kl.Producer(kl.Root(root.path)).send("live", b"new", partition=0)
+        assert [m.value for p in (0, 1) for m in read_all(kl.Root(root.path), "live", partition=p)] == [b"new"]
+        checked = CliRunner().invoke(cli, ["--root", root.path, "recover", "--deep", "--dry-run"])
+        assert checked.exit_code == 0 and all(": ok (" in line for line in checked.output.splitlines()), checked.output
+        assert kl.Root(root.path).strays() == [] and daemon.proc.poll() is None and "unexpected" not in daemon.text()
+    finally:
+        daemon.stop()
