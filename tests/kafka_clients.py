@@ -239,6 +239,16 @@ if __name__ == "__main__":
         sys.exit(f"scripts/test: the KafkaJS tests will be skipped or fail: {e}")
 
 
+def kafkajs_modules() -> Path:
+    """KafkaJS's node_modules (``install_kafkajs``), or a test's skip saying why not."""
+    import pytest
+
+    try:
+        return install_kafkajs()
+    except Unavailable as e:
+        pytest.skip(f"KafkaJS: {e}")
+
+
 def module_fixtures(name: str) -> tuple[Any, Any, Any, Any]:
     """The fixtures of a test module of Kafka clients: ``root`` (a new root under a temporary
     directory ``name``), ``daemon`` (one ``kl serve --kafka`` over it for the module, which
@@ -265,10 +275,7 @@ def module_fixtures(name: str) -> tuple[Any, Any, Any, Any]:
 
     @pytest.fixture(scope="module")
     def kafkajs() -> Path:
-        try:
-            return install_kafkajs()
-        except Unavailable as e:
-            pytest.skip(f"KafkaJS: {e}")
+        return kafkajs_modules()
 
     @pytest.fixture(autouse=True)
     def no_client_left() -> Any:
