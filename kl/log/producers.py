@@ -255,15 +255,8 @@ class Journal:
 def last_serial(directory: str) -> int:
     """The serial of the last whole record of the partition's journal (0: none), for a
     state record rebuilt from the segments (by ``kl recover``), which publishes them all."""
-    try:
-        with open(os.path.join(directory, FILE), "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return 0
-    except OSError as e:
-        raise storage_error(e, "read", os.path.join(directory, FILE)) from None
     serial = 0
-    for _, entry in _entries(data, os.path.join(directory, FILE)):
+    for entry in _records(directory):
         serial = max(serial, entry.serial)
     return serial
 
@@ -290,3 +283,30 @@ def _entries(data: bytes, path: str) -> Iterator[tuple[int, Entry]]:
             log.warning("%s: damaged record at byte %d skipped (run 'kl recover')", path, position)
             continue
         yield position + SIZE, entry
+
+
+def last_batches(directory: str, serial: int, log_end_count: int) -> dict[int, Entry]:
+    """Each producer's last batch (by producer id) as the journal holds it, read without
+    the lock: of the appends published (``serial`` and ``log_end_count`` the published
+    state's), from producers heard from within ``EXPIRY_MS``."""
+    found: dict[int, Entry] = {}
+    for entry in _records(directory):
+        if entry.serial <= serial and entry.kafka_offset < log_end_count:
+            known = found.get(entry.producer_id)
+            if known is None or entry.serial > known.serial:
+                found[entry.producer_id] = entry
+    now = now_ms()
+    return {pid: entry for pid, entry in found.items() if now - entry.time_ms < EXPIRY_MS}
+
+
+def _records(directory: str) -> list[Entry]:
+    """The whole records of the partition's journal (none where there is none)."""
+    path = os.path.join(directory, FILE)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise storage_error(e, "read", path) from None
+    return [entry for _, entry in _entries(data, path)]

@@ -30,7 +30,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
-from kl.net.kafka import fetch, groups, list_offsets, metadata, produce, topics
+from kl.net.kafka import cluster, delete_records, fetch, groups, list_offsets, metadata, produce, topics, transactions
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
@@ -240,6 +240,9 @@ APIS = {
         *metadata.APIS,
         *groups.APIS,
         *topics.APIS,
+        *delete_records.APIS,
+        *cluster.APIS,
+        *transactions.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""

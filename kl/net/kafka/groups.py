@@ -42,6 +42,7 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, Fin
 from kl.errors import InvalidTopicName, KlError
 from kl.log.log import Log, Position
 from kl.net import brokers
+from kl.net.kafka import transactions
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.coordinator import GroupWait, JoinResult, SyncResult
@@ -77,8 +78,8 @@ def find_coordinator(broker: Broker, conn: Connection, version: int, request: An
 
 def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> tuple[int, str | None, int, str, int]:
     """(error code, error message, node id, host, port) of a group's coordinator."""
-    if key_type != 0:
-        return COORDINATOR_NOT_AVAILABLE, "kl has no transactions", -1, "", -1
+    if key_type != 0:  # a transaction's: refused, fatal to the producer (kl.net.kafka.transactions)
+        return transactions.refused(conn, "FindCoordinator", key), transactions.NO_TRANSACTIONS, -1, "", -1
     try:
         address = broker.groups.coordinator(key)
     except InvalidTopicName as e:

@@ -1,6 +1,7 @@
 """Produce and InitProducerId: appending a client's records (converted by
 ``kl.net.kafka.records``), an idempotent producer's batches once each (the partition's
-producer journal, ``kl.log.producers``)."""
+producer journal, ``kl.log.producers``); a transactional producer's refused
+(``transactions``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from kl.errors import KlError
 from kl.log import producers
-from kl.net.kafka import records
+from kl.net.kafka import records, transactions
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,
-    INVALID_REQUEST,
     INVALID_REQUIRED_ACKS,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
@@ -42,7 +42,7 @@ def produce(broker: Broker, conn: Connection, version: int, request: Any, wait: 
     if request.acks not in (0, 1, -1):
         refusal = INVALID_REQUIRED_ACKS, f"acks must be 0, 1 or -1, not {request.acks}"
     elif request.transactional_id is not None:
-        refusal = INVALID_REQUEST, "kl has no transactions"
+        refusal = transactions.refused(conn, "Produce", request.transactional_id), transactions.NO_TRANSACTIONS
     if refusal is not None:
         code, text = refusal
         answers = [(t.name, [(p.index, code, -1, text) for p in t.partition_data]) for t in request.topic_data]
@@ -111,10 +111,8 @@ def _refused(conn: Connection, topic: str, partition: int, code: int, error: Exc
 
 def init_producer_id(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     if request.transactional_id is not None:
-        log.warning(
-            "%s: InitProducerId for transactional id %r refused: kl has no transactions", conn.peer, request.transactional_id
-        )
-        return InitProducerIdResponse(throttle_time_ms=0, error_code=INVALID_REQUEST, producer_id=-1, producer_epoch=-1)
+        code = transactions.refused(conn, "InitProducerId", request.transactional_id)
+        return InitProducerIdResponse(throttle_time_ms=0, error_code=code, producer_id=-1, producer_epoch=-1)
     # A random id: two daemons over one root, or one restarted, never hand out the same.
     return InitProducerIdResponse(throttle_time_ms=0, error_code=NONE, producer_id=random.getrandbits(62), producer_epoch=0)
 

@@ -1,0 +1,89 @@
+"""DeleteRecords: moving a partition's log start up to a Kafka offset, as ``kl retain``
+moves it (``Log.delete_segments``: the new start published first, so readers asking
+for older offsets get OFFSET_OUT_OF_RANGE, then the segments renamed aside, so a reader
+still inside one finishes it; ``kl retain`` unlinks them after its delay).
+
+kl's log starts at a segment's first message (recovery sets aside every segment below
+the log start, and a segment is the unit every reader's lookup begins from), so the
+log start moves to the start of the segment holding the offset asked: the segments
+wholly before it are deleted, the records of that segment before the offset stay
+readable, and the answer's low watermark is the real new log start, at or below the
+offset asked (Kafka's is the offset itself).  The active segment is never deleted, as
+by retention.  Needs ``--allow-admin``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka.protocol.admin.topics import DeleteRecordsRequest, DeleteRecordsResponse
+
+from kl.errors import KlError
+from kl.log import offsetindex, timeindex
+from kl.log.log import Log
+from kl.net.kafka.api import Api
+from kl.net.kafka.broker import Broker
+from kl.net.kafka.errors import NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, Refused, code_of
+from kl.net.kafka.topics import admin_allowed
+from kl.net.server import Connection, Wait
+
+log = logging.getLogger("kl.serve")
+
+HIGH_WATERMARK = -1
+"""The offset that asks for every record to go."""
+
+
+def delete_records(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    result = DeleteRecordsResponse.DeleteRecordsTopicResult
+    part = result.DeleteRecordsPartitionResult
+    topics = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            try:
+                low = _delete(broker, topic.name, p.partition_index, p.offset)
+            except (Refused, KlError) as e:
+                if code_of(e) not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION):
+                    log.warning("%s: deleting records of %s/%d refused: %s", conn.peer, topic.name, p.partition_index, e)
+                parts.append(part(partition_index=p.partition_index, low_watermark=-1, error_code=code_of(e)))
+                continue
+            log.info("%s: records of %s/%d before %d deleted: it starts at %d", conn.peer, topic.name, p.partition_index,
+                     p.offset, low)  # fmt: skip
+            parts.append(part(partition_index=p.partition_index, low_watermark=low, error_code=NONE))
+        topics.append(result(name=topic.name, partitions=parts))
+    return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
+
+
+def _delete(broker: Broker, topic: str, partition: int, offset: int) -> int:
+    """Delete the segments of the partition wholly before Kafka offset ``offset`` (-1: the
+    high watermark); the Kafka offset it starts at then."""
+    admin_allowed(broker, topic)
+    broker.checked_config(topic, partition)
+    target = broker.server.root.log(topic, partition)
+    with target.locked():
+        state = target.counted(target.writable_state())
+        start, end = target.kafka_offsets(state)
+        if offset == HIGH_WATERMARK:
+            offset = end
+        if not 0 <= offset <= end:
+            raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} ends at {end}")
+        if offset <= start:
+            return start
+        position = target.kafka_position(offset, state=state)
+        segments = target.segments(state)
+        gone = [s for s, after in zip(segments, segments[1:], strict=False) if after.base_offset <= position.offset]
+        if gone:
+            _set_aside(target, gone, segments[len(gone)].base_offset)
+    return target.kafka_offsets()[0]
+
+
+def _set_aside(target: Log, gone: list[Any], new_start: int) -> None:
+    """Retention's deletion of the segments ``gone``, ``new_start`` the new log start (under the lock)."""
+    target.delete_segments(gone, new_start)
+    for segment in gone:  # caches: nobody reads them through an open handle
+        timeindex.remove(segment.path)
+        offsetindex.remove(segment.path)
+
+
+APIS = [Api(DeleteRecordsRequest, DeleteRecordsResponse, 0, 2, delete_records)]
