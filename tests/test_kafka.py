@@ -15,7 +15,7 @@ import time
 
 import kafkafuzz
 import pytest
-from kafka.protocol.admin.cluster import DescribeClusterRequest
+from kafka.protocol.admin.acl import DescribeAclsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -185,7 +185,8 @@ def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_vers
 
 def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_connection(served, root, topic):
     _, client = served()
-    answer = client.call(DescribeClusterRequest, 0, include_cluster_authorized_operations=False)
+    answer = client.call(DescribeAclsRequest, 1, resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+                         principal_filter=None, host_filter=None, operation=1, permission_type=1)  # fmt: skip
     assert answer.error_code == kafka_errors.UNSUPPORTED_VERSION
     assert client.call(
         MetadataRequest,

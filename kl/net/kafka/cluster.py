@@ -49,8 +49,6 @@ from kl.net.server import Connection, Wait
 
 BROKERS = 1
 """DescribeCluster's endpoint type of brokers (2: controllers, which kl has none of)."""
-NOT_ASKED = -(2**31)
-"""Authorized operations not asked for (Kafka's answer then)."""
 DESCRIBE, CREATE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE = 8, 5, 7, 10, 11, 12
 """Kafka's ACL operations (``AclOperation``) on a cluster that kl's daemons grant."""
 
@@ -70,7 +68,7 @@ def describe_cluster(broker: Broker, conn: Connection, version: int, request: An
             cluster_id=broker.cluster_id,
             controller_id=-1,
             brokers=[],
-            cluster_authorized_operations=NOT_ASKED,
+            authorized_operations=None,  # (encoded as Kafka's -2^31: not asked)
         )
     nodes = broker.nodes(broker.peers())
     return answer(
@@ -81,17 +79,17 @@ def describe_cluster(broker: Broker, conn: Connection, version: int, request: An
         cluster_id=broker.cluster_id,
         controller_id=min(n for n, _, _ in nodes),
         brokers=[answer.DescribeClusterBroker(broker_id=n, host=h, port=p, rack=None, is_fenced=False) for n, h, p in nodes],
-        cluster_authorized_operations=_operations(broker) if request.include_cluster_authorized_operations else NOT_ASKED,
+        authorized_operations=_operations(broker) if request.include_cluster_authorized_operations else None,
     )
 
 
-def _operations(broker: Broker) -> int:
-    """The bit set of the operations on the cluster this daemon lets clients do."""
+def _operations(broker: Broker) -> set[int]:
+    """The operations on the cluster this daemon lets clients do (their bits, encoded)."""
     config = broker.server.config
     granted = [DESCRIBE, DESCRIBE_CONFIGS]
     granted += [IDEMPOTENT_WRITE] if config.allow_produce else []
     granted += [CREATE, ALTER, ALTER_CONFIGS] if config.allow_admin else []
-    return sum(1 << op for op in granted)
+    return set(granted)
 
 
 # ----------------------------------------------------------------- DescribeLogDirs

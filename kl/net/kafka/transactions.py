@@ -64,7 +64,7 @@ def refused(conn: Connection, what: str, transactional_id: str | None) -> int:
 def add_partitions_to_txn(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     answer = AddPartitionsToTxnResponse
     topic = answer.AddPartitionsToTxnTopicResult
-    part = answer.AddPartitionsToTxnPartitionResult
+    part = topic.AddPartitionsToTxnPartitionResult
 
     def results(topics: Any, code: int) -> list[Any]:
         return [

@@ -1,0 +1,371 @@
+"""``kl serve --kafka`` answering Kafka's cluster requests: DeleteRecords (under a live
+producer and reader), DescribeCluster, DescribeLogDirs, ElectLeaders, the partition
+reassignments, DescribeProducers, and transactions refused at once, through raw
+requests and through confluent-kafka's and kafka-python's clients."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import confluent_kafka
+import confluent_kafka.admin as confluent_admin
+import kafka
+import kafka.admin as kafka_admin
+import kafka.errors
+import pytest
+from click.testing import CliRunner
+from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeLogDirsRequest
+from kafka.protocol.admin.topics import (
+    AlterPartitionReassignmentsRequest,
+    DeleteRecordsRequest,
+    ElectLeadersRequest,
+    ListPartitionReassignmentsRequest,
+)
+from kafka.protocol.admin.transactions import DescribeProducersRequest, DescribeTransactionsRequest, ListTransactionsRequest
+from kafka.protocol.consumer.offsets import ListOffsetsRequest
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsToTxnRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    TxnOffsetCommitRequest,
+)
+from kafka.structs import TopicPartition
+from kl_cli.main import cli
+from test_kafka import Client, batches_of, built, fetch, produce
+
+import kl
+from kl.log.config import TopicConfig
+from kl.net.kafka import errors as kafka_errors
+
+SMALL = TopicConfig(max_message_bytes=1024, segment_bytes=1024)
+"""Segments of about ten records of the tests' size."""
+
+
+def delete(client, topic: str, offsets: dict[int, int], version: int = 2) -> dict[int, tuple[int, int]]:
+    """partition -> (error code, low watermark) of a DeleteRecords."""
+    t = DeleteRecordsRequest.DeleteRecordsTopic
+    asked = [t(name=topic, partitions=[t.DeleteRecordsPartition(partition_index=p, offset=o) for p, o in offsets.items()])]
+    answer = client.call(DeleteRecordsRequest, version, topics=asked, timeout_ms=5000)
+    return {p.partition_index: (p.error_code, p.low_watermark) for p in answer.topics[0].partitions}
+
+
+def earliest(client, topic: str, partition: int = 0) -> int:
+    t = ListOffsetsRequest.ListOffsetsTopic
+    asked = [t(name=topic, partitions=[t.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=-2)])]
+    answer = client.call(ListOffsetsRequest, 6, replica_id=-1, isolation_level=0, topics=asked)
+    return answer.topics[0].partitions[0].offset
+
+
+def records_of(answer) -> list[tuple[int, bytes]]:
+    return [(r.offset, r.value) for b in batches_of(answer) for r in b]
+
+
+def fill(client, topic: str, count: int, partition: int = 0) -> None:
+    for i in range(count):
+        assert produce(client, topic, built([b"%04d" % i + b"." * 40]), partition=partition).error_code == 0
+
+
+def recover_clean(root: kl.Root) -> None:
+    result = CliRunner().invoke(cli, ["--root", root.path, "recover", "--deep", "--dry-run"], env={"KL_ROOT": None})
+    assert result.exit_code == 0, result.output
+
+
+def segment_starts(root: kl.Root, topic: str, partition: int = 0) -> list[int]:
+    """The Kafka offset each segment of the partition starts at."""
+    target = root.log(topic, partition)
+    return [target.kafka_offset(s.base_offset) for s in target.segments()]
+
+
+# ----------------------------------------------------------------- DeleteRecords
+
+
+def test_delete_records_moves_the_log_start_to_the_segment_holding_the_offset(served, root):
+    root.create_topic("t", dataclasses.replace(SMALL, partitions=2))
+    _, client = served(allow_admin=True, allow_produce=True)
+    fill(client, "t", 50)
+    starts = segment_starts(root, "t")
+    assert len(starts) > 3
+    inside = starts[2] + 3  # three records into the third segment
+    assert delete(client, "t", {0: inside}) == {0: (0, starts[2])}  # the segment holding it stays whole
+    assert earliest(client, "t") == starts[2] == root.log("t", 0).kafka_offsets()[0]
+    assert fetch(client, "t", starts[2] - 1).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
+    assert records_of(fetch(client, "t", starts[2]))[0] == (starts[2], b"%04d" % starts[2] + b"." * 40)
+    assert delete(client, "t", {0: 1}) == {0: (0, starts[2])}  # below the start: nothing to do, as in Kafka
+    assert delete(client, "t", {0: -1}) == {0: (0, starts[-1])}  # the high watermark: all but the active segment
+    assert delete(client, "t", {0: 51, 1: -2}) == {
+        0: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
+        1: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
+    }
+    assert delete(client, "t", {1: 0, 2: 0}, version=0) == {1: (0, 0), 2: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
+    assert delete(client, "nope", {0: 0}) == {0: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
+    assert records_of(fetch(client, "t", 49))[0][0] == 49  # nothing after the start lost
+    recover_clean(root)
+
+    _, plain = served(allow_produce=True)
+    assert delete(plain, "t", {0: -1}) == {0: (kafka_errors.TOPIC_AUTHORIZATION_FAILED, -1)}  # no --allow-admin
+
+
+def test_admin_clients_delete_records(served, root):
+    root.create_topic("t", SMALL)
+    running, client = served(allow_admin=True, allow_produce=True)
+    fill(client, "t", 40)
+    starts = segment_starts(root, "t")
+    bootstrap = f"127.0.0.1:{running.server.kafka_port}"
+    python = kafka_admin.KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        answer = python.delete_records({TopicPartition("t", 0): starts[1]})
+        assert answer[TopicPartition("t", 0)]["low_watermark"] == starts[1]
+        with pytest.raises(kafka.errors.OffsetOutOfRangeError):
+            python.delete_records({TopicPartition("t", 0): 41})
+    finally:
+        python.close()
+    admin = confluent_admin.AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.delete_records([confluent_kafka.TopicPartition("t", 0, starts[2] + 1)], request_timeout=10).values()
+    assert future.result(10).low_watermark == starts[2]
+    recover_clean(root)
+
+
+def test_delete_records_under_a_live_producer_and_reader_loses_nothing_after_the_start(served, root):
+    root.create_topic("t", SMALL)
+    _, client = served(allow_admin=True, allow_produce=True)
+    stop = threading.Event()
+    produced: list[int] = []
+    seen: list[tuple[float, list[tuple[int, bytes]]]] = []  # (when the fetch was sent, its records)
+    errors: list[BaseException] = []
+
+    def producing():
+        writer = Client(client.sock.getpeername())
+        try:
+            for i in range(100_000):
+                if stop.is_set():
+                    return
+                assert produce(writer, "t", built([b"%04d" % i + b"." * 40])).error_code == 0
+                produced.append(i)
+        except BaseException as e:
+            errors.append(e)
+
+    def reading():
+        reader = Client(client.sock.getpeername())
+        offset = 0
+        try:
+            while not stop.is_set():
+                sent = time.monotonic()
+                answer = fetch(reader, "t", offset)
+                if answer.error_code == kafka_errors.OFFSET_OUT_OF_RANGE:
+                    offset = earliest(reader, "t")  # as a consumer with auto.offset.reset=earliest
+                    continue
+                assert answer.error_code == 0
+                found = records_of(answer)
+                seen.append((sent, found))
+                if found:
+                    offset = found[-1][0] + 1
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=producing), threading.Thread(target=reading)]
+    for thread in threads:
+        thread.start()
+    deleted: list[tuple[float, int]] = []  # (when the answer came, the low watermark)
+    try:
+        while len(deleted) < 10 and not errors:
+            if len(produced) > 30 * (len(deleted) + 1):
+                [(code, low)] = delete(client, "t", {0: len(produced) - 5}).values()
+                assert code == 0
+                deleted.append((time.monotonic(), low))
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors
+    assert deleted[-1][1] > 0
+    for sent, found in seen:  # no fetch sent after a deletion answered gets a record below its low watermark
+        floor = max((low for answered, low in deleted if answered < sent), default=0)
+        assert all(offset >= floor for offset, _ in found)
+    for _, found in seen:  # what the reader got is what was produced there
+        assert all(value[:4] == b"%04d" % offset for offset, value in found)
+    start = deleted[-1][1]
+    got = []
+    while len(got) < len(produced) - start:
+        got += records_of(fetch(client, "t", start + len(got)))
+    assert [offset for offset, _ in got] == list(range(start, len(produced)))  # nothing after the start lost
+    assert all(value[:4] == b"%04d" % offset for offset, value in got)
+    recover_clean(root)
+
+
+# ----------------------------------------------------------------- the cluster
+
+
+def test_describe_cluster_names_this_daemon_the_controller_and_what_it_allows(served, root):
+    running, client = served(allow_produce=True)
+    answer = client.call(DescribeClusterRequest, 1, include_cluster_authorized_operations=False, endpoint_type=1)
+    [node] = [front.broker.node_id for _, front in running.server.listeners]
+    assert answer.error_code == 0
+    [(broker_id, port)] = [(b.broker_id, b.port) for b in answer.brokers]
+    assert port == running.server.kafka_port and answer.controller_id == broker_id
+    assert node == broker_id
+    assert answer.authorized_operations is None  # not asked: Kafka's -2^31
+    answer = client.call(DescribeClusterRequest, 2, include_cluster_authorized_operations=True, endpoint_type=1,
+                         include_fenced_brokers=True)  # fmt: skip
+    assert answer.authorized_operations == {8, 10, 12}  # describe, describe configs, idempotent write
+    answer = client.call(DescribeClusterRequest, 1, include_cluster_authorized_operations=False, endpoint_type=2)
+    assert answer.error_code == kafka_errors.UNSUPPORTED_ENDPOINT_TYPE and "controllers" in answer.error_message
+
+    bootstrap = f"127.0.0.1:{running.server.kafka_port}"
+    python = kafka_admin.KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        described = python.describe_cluster()
+        assert described["controller_id"] == broker_id and described["cluster_id"]
+        assert [(b["broker_id"], b["port"], b["is_fenced"]) for b in described["brokers"]] == [(broker_id, port, False)]
+    finally:
+        python.close()
+    admin = confluent_admin.AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.describe_cluster(request_timeout=10).result(10)
+    assert described.controller.id == broker_id and [n.port for n in described.nodes] == [port]
+    assert described.cluster_id == answer.cluster_id
+
+
+def test_describe_log_dirs_gives_the_root_and_each_partitions_bytes(served, root):
+    root.create_topic("t", dataclasses.replace(SMALL, partitions=2))
+    root.create_topic("u")
+    running, client = served(allow_produce=True)
+    fill(client, "t", 30)
+    sizes = {p: root.log("t", p).size_in_bytes() for p in range(2)}
+    assert sizes[0] > 1024 and sizes[1] == 0
+    t = DescribeLogDirsRequest.DescribableLogDirTopic
+    answer = client.call(DescribeLogDirsRequest, 4, topics=[t(topic="t", partitions=[0, 1, 7]), t(topic="nope", partitions=[0])])
+    [result] = answer.results
+    assert result.error_code == 0 and result.log_dir == root.path and result.total_bytes >= result.usable_bytes > 0
+    assert [(x.name, [(p.partition_index, p.partition_size, p.offset_lag, p.is_future_key) for p in x.partitions])
+            for x in result.topics] == [("t", [(0, sizes[0], 0, False), (1, 0, 0, False)])]  # fmt: skip
+    answer = client.call(DescribeLogDirsRequest, 1, topics=None)
+    assert sorted(x.name for x in answer.results[0].topics) == ["t", "u"]
+
+    python = kafka_admin.KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{running.server.kafka_port}", request_timeout_ms=10_000)
+    try:
+        [described] = python.describe_log_dirs({"t": [0]})
+        [log_dir] = described["log_dirs"]
+        assert log_dir["log_dir"] == root.path
+        assert [(p["partition_index"], p["partition_size"]) for p in log_dir["topics"][0]["partitions"]] == [(0, sizes[0])]
+    finally:
+        python.close()
+
+
+def test_elections_are_never_needed_and_partitions_never_move(served, root):
+    root.create_topic("t", TopicConfig(partitions=2))
+    running, client = served(allow_admin=True)
+    tp = ElectLeadersRequest.TopicPartitions
+    answer = client.call(ElectLeadersRequest, 2, election_type=0, timeout_ms=1000,
+                         topic_partitions=[tp(topic="t", partitions=[0, 1, 5]), tp(topic="nope", partitions=[0])])  # fmt: skip
+    assert answer.error_code == 0
+    assert [(r.topic, [(p.partition_id, p.error_code) for p in r.partition_result]) for r in answer.replica_election_results] == [
+        ("t", [(0, kafka_errors.ELECTION_NOT_NEEDED), (1, kafka_errors.ELECTION_NOT_NEEDED),
+               (5, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION)]),
+        ("nope", [(0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION)]),
+    ]  # fmt: skip
+    assert client.call(ElectLeadersRequest, 1, election_type=0, timeout_ms=1000, topic_partitions=None).replica_election_results == []
+
+    answer = client.call(ListPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=None)
+    assert (answer.error_code, answer.topics) == (0, [])
+    rt = AlterPartitionReassignmentsRequest.ReassignableTopic
+    [leader] = [front.broker.node_id for _, front in running.server.listeners]
+    answer = client.call(AlterPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=[rt(name="t", partitions=[
+        rt.ReassignablePartition(partition_index=0, replicas=[leader]),
+        rt.ReassignablePartition(partition_index=1, replicas=[leader + 1]),
+        rt.ReassignablePartition(partition_index=0, replicas=None),
+    ])])  # fmt: skip
+    codes = [(p.partition_index, p.error_code) for p in answer.responses[0].partitions]
+    assert codes == [(0, 0), (1, kafka_errors.INVALID_REPLICA_ASSIGNMENT), (0, kafka_errors.NO_REASSIGNMENT_IN_PROGRESS)]
+    assert "one replica" in answer.responses[0].partitions[1].error_message
+
+    python = kafka_admin.KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{running.server.kafka_port}", request_timeout_ms=10_000)
+    try:
+        python.elect_leaders(0, {"t": [0, 1]})  # ELECTION_NOT_NEEDED is no error to it
+        assert python.list_partition_reassignments() == {}
+        assert python.alter_partition_reassignments({TopicPartition("t", 0): [leader]}) == {TopicPartition("t", 0): None}
+    finally:
+        python.close()
+
+    _, plain = served()
+    answer = plain.call(ElectLeadersRequest, 2, election_type=0, timeout_ms=1000, topic_partitions=[tp(topic="t", partitions=[0])])
+    assert answer.error_code == kafka_errors.CLUSTER_AUTHORIZATION_FAILED
+    answer = plain.call(AlterPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=[])
+    assert answer.error_code == kafka_errors.CLUSTER_AUTHORIZATION_FAILED and "--allow-admin" in answer.error_message
+
+
+# ----------------------------------------------------------------- producers and transactions
+
+
+def test_describe_producers_lists_the_idempotent_producers_of_the_journal(served, root):
+    root.create_topic("t", TopicConfig(partitions=2))
+    running, client = served(allow_produce=True)
+    bootstrap = f"127.0.0.1:{running.server.kafka_port}"
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+    try:
+        for i in range(3):
+            producer.send("t", b"v%d" % i, partition=0).get(10)
+        producer.flush(10)
+    finally:
+        producer.close(10)
+    t = DescribeProducersRequest.TopicRequest
+    answer = client.call(DescribeProducersRequest, 0, topics=[t(name="t", partition_indexes=[0, 1, 9])])
+    [p0, p1, p9] = answer.topics[0].partitions
+    [state] = p0.active_producers
+    assert (p0.error_code, state.producer_epoch, state.last_sequence, state.current_txn_start_offset) == (0, 0, 2, -1)
+    assert abs(state.last_timestamp - time.time() * 1000) < 60_000
+    assert (p1.error_code, p1.active_producers) == (0, [])
+    assert p9.error_code == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION and p9.error_message
+
+
+def test_every_transaction_request_is_refused_at_once(served, root):
+    root.create_topic("t")
+    _, client = served(allow_produce=True)
+    answer = client.call(FindCoordinatorRequest, 3, key="tx", key_type=1)
+    assert (answer.error_code, answer.error_message) == (kafka_errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "kl has no transactions")
+    answer = client.call(InitProducerIdRequest, 4, transactional_id="tx", transaction_timeout_ms=60_000, producer_id=-1,
+                         producer_epoch=-1)  # fmt: skip
+    assert answer.error_code == kafka_errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    topic = AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
+    answer = client.call(AddPartitionsToTxnRequest, 3, v3_and_below_transactional_id="tx", v3_and_below_producer_id=1,
+                         v3_and_below_producer_epoch=0, v3_and_below_topics=[topic(name="t", partitions=[0])])  # fmt: skip
+    assert answer.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 53
+    answer = client.call(AddOffsetsToTxnRequest, 3, transactional_id="tx", producer_id=1, producer_epoch=0, group_id="g")
+    assert answer.error_code == 53
+    assert client.call(EndTxnRequest, 3, transactional_id="tx", producer_id=1, producer_epoch=0, committed=True).error_code == 53
+    ot = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+    answer = client.call(TxnOffsetCommitRequest, 3, transactional_id="tx", group_id="g", producer_id=1, producer_epoch=0,
+                         generation_id=-1, member_id="", group_instance_id=None, topics=[ot(name="t", partitions=[
+                             ot.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=0,
+                                                                committed_leader_epoch=-1, committed_metadata=None)])])  # fmt: skip
+    assert answer.topics[0].partitions[0].error_code == 53
+    answer = client.call(ListTransactionsRequest, 1, state_filters=[], producer_id_filters=[], duration_filter=-1)
+    assert (answer.error_code, answer.transaction_states) == (0, [])
+    answer = client.call(DescribeTransactionsRequest, 0, transactional_ids=["tx"])
+    assert answer.transaction_states[0].error_code == kafka_errors.TRANSACTIONAL_ID_NOT_FOUND
+
+
+def test_transactional_producers_fail_init_transactions_at_once(served, root, caplog):
+    root.create_topic("t")
+    running, _ = served(allow_produce=True)
+    bootstrap = f"127.0.0.1:{running.server.kafka_port}"
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx-c"})
+    began = time.monotonic()
+    with pytest.raises(confluent_kafka.KafkaException) as raised:
+        producer.init_transactions(60)
+    assert time.monotonic() - began < 10
+    error = raised.value.args[0]
+    assert error.fatal() and error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error
+
+    python = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id="tx-p", max_block_ms=60_000)
+    try:
+        began = time.monotonic()
+        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
+            python.init_transactions()
+        assert time.monotonic() - began < 10
+    finally:
+        python.close(0)
+    assert any("kl has no transactions" in r.getMessage() and "'tx-p'" in r.getMessage() for r in caplog.records)
