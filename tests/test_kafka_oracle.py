@@ -32,9 +32,11 @@ every client and in Kafka's own tools).
 from __future__ import annotations
 
 import base64
+import json
 import pprint
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -107,6 +109,9 @@ class Endpoint:
     compressed: Callable[[str, list[Record]], None]
     """compressed(topic, records): one zstd batch of them in partition 0 (kl keeps a client's
     batch as plain messages: its own producer writes one of kl's compressed batches)."""
+    segmented: Callable[[str], None] = lambda topic: None
+    """segmented(topic): its segments made as small as they may be, where segments bound
+    what DeleteRecords deletes (kl's, of whole segments; Kafka cuts anywhere)."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
@@ -156,8 +161,11 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
         wrapped = messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records))
         root.log(topic, 0).append(Checked.framed(wrapped, len(records)))
 
+    def segmented(topic: str) -> None:
+        root.alter_topic(topic, segment_bytes=root.config(topic).max_message_bytes)
+
     return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
-                    compressed)  # fmt: skip
+                    compressed, segmented)  # fmt: skip
 
 
 def installed() -> Path:
@@ -1227,6 +1235,68 @@ def client_recreated(endpoint: Endpoint, clients: Programs, how: str, topic: str
     return {"old": read[:a], "deleted": read[a:b], "created": read[b:c], "new": read[c:], "errors": answers[0]["errors"]}
 
 
+# ----------------------------------------------------------------- scenarios: kafka-delete-records and kafka-log-dirs
+
+
+DELETE_RECORDS = "org.apache.kafka.tools.DeleteRecordsCommand"
+"""kafka-delete-records.sh."""
+LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
+"""kafka-log-dirs.sh."""
+HALF_A_SEGMENT = 600_000
+"""Bytes of a record that fills a segment of kl's smallest size (1 MiB, its max message
+size) past its half: each record in a segment of its own."""
+
+
+def delete_records(endpoint: Endpoint, topic: str, offsets: dict[int, int]) -> list[str]:
+    """The lines kafka-delete-records prints deleting records of ``topic`` before
+    ``offsets`` (partition -> offset), from its offsets file."""
+    asked = {"version": 1, "partitions": [{"topic": topic, "partition": p, "offset": o} for p, o in offsets.items()]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(asked, f)
+        f.flush()
+        printed = tool(endpoint.lib, DELETE_RECORDS, "--bootstrap-server", endpoint.bootstrap, "--offset-json-file", f.name)
+    return sorted(line for line in printed.splitlines() if line.startswith("partition:"))
+
+
+def delete_records_tool(endpoint: Endpoint, topic: str) -> Any:
+    """Six records in partition 0 of two, each in a segment of its own on kl: what
+    kafka-delete-records prints deleting those before offset 4 (and none of the empty
+    partition 1), the earliest offsets kafka-get-offsets gives then and the first record a
+    consumer from the beginning reads; past the high watermark (refused), then to it."""
+    endpoint.create_topic(topic, partitions=2)
+    endpoint.segmented(topic)
+    confluent_produce(endpoint, topic, [(None, b"%d" % i + b"." * HALF_A_SEGMENT, [], T0 + i) for i in range(6)])
+    earliest = (GET_OFFSETS, "--bootstrap-server", endpoint.bootstrap, "--topic", topic, "--time", "-2")
+    seen: dict[str, Any] = {"deleted": delete_records(endpoint, topic, {0: 4, 1: -1})}
+    seen["earliest"] = tool(endpoint.lib, *earliest)
+    value = confluent_consume(endpoint, topic, ck.OFFSET_BEGINNING, 1)[0][1]
+    seen["first read"] = value[:1] if value else value
+    seen["past the end"] = delete_records(endpoint, topic, {0: 7})
+    seen["to the end"] = delete_records(endpoint, topic, {0: -1})
+    return seen
+
+
+def log_dirs_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-log-dirs describing a topic of two partitions, three records in the first:
+    what it prints, the broker's id, its log directory and the sizes (Kafka's record
+    batches are not kl's messages) normalized to whether there are bytes."""
+    endpoint.create_topic(topic, partitions=2)
+    confluent_produce(endpoint, topic, sample(3))
+    printed = tool(endpoint.lib, LOG_DIRS, "--bootstrap-server", endpoint.bootstrap, "--describe", "--topic-list", topic)
+    *said, described = [line for line in printed.splitlines() if line.strip()]
+    found = json.loads(described)
+    [broker] = found["brokers"]
+    [log_dir] = broker["logDirs"]
+    partitions = sorted(log_dir["partitions"], key=lambda p: p["partition"])
+    return {
+        "said": [line.replace(str(broker["broker"]), "BROKER") for line in said],
+        "version": found["version"],
+        "error": log_dir["error"],
+        "absolute": log_dir["logDir"].startswith("/"),
+        "partitions": [{**p, "size": "bytes" if p["size"] > 0 else 0} for p in partitions],
+    }
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1501,3 +1571,32 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
         assert time.monotonic() - started < 1
     finally:
         b.stop()
+
+
+def test_kafka_delete_records_moves_the_log_start(endpoints) -> None:
+    """The same as Kafka's where kl's segments hold a record each, but one stated
+    difference: kl never deletes the active segment (as retention never does), so
+    deleting up to the high watermark leaves its last record, whose offset is the low
+    watermark; Kafka's is the high watermark."""
+    oracle, kl_serve = endpoints
+    expected = observe(delete_records_tool, oracle, topic="deleted-records")
+    got = observe(delete_records_tool, kl_serve, topic="deleted-records")
+    assert expected["to the end"] == ["partition: deleted-records-0\tlow_watermark: 6"]
+    assert got.pop("to the end") == ["partition: deleted-records-0\tlow_watermark: 5"]  # the active segment stays
+    expected.pop("to the end")
+    if got != expected:
+        raise Differs(f"delete_records_tool: kl observed\n{shown(got)}\nKafka observed\n{shown(expected)}")
+    assert expected["deleted"] == [
+        "partition: deleted-records-0\tlow_watermark: 4",
+        "partition: deleted-records-1\tlow_watermark: 0",
+    ]
+    assert expected["earliest"] == "deleted-records:0:4\ndeleted-records:1:0\n" and expected["first read"] == b"4"
+    assert "OffsetOutOfRangeException" in expected["past the end"][0]
+
+
+def test_kafka_log_dirs_describes_each_partition(endpoints) -> None:
+    seen = same(log_dirs_tool, endpoints, topic="log-dirs")
+    assert seen["partitions"] == [
+        {"partition": "log-dirs-0", "size": "bytes", "offsetLag": 0, "isFuture": False},
+        {"partition": "log-dirs-1", "size": 0, "offsetLag": 0, "isFuture": False},
+    ]
