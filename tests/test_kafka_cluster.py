@@ -290,6 +290,10 @@ def test_elections_are_never_needed_and_partitions_never_move(served, root):
         assert python.alter_partition_reassignments({TopicPartition("t", 0): [leader]}) == {TopicPartition("t", 0): None}
     finally:
         python.close()
+    admin = confluent_admin.AdminClient({"bootstrap.servers": f"127.0.0.1:{running.server.kafka_port}"})
+    asked = [confluent_kafka.TopicPartition("t", 0)]
+    [(_, error)] = admin.elect_leaders(confluent_kafka.ElectionType.PREFERRED, asked).result(10).items()
+    assert error.code() == confluent_kafka.KafkaError.ELECTION_NOT_NEEDED
 
     _, plain = served()
     answer = plain.call(ElectLeadersRequest, 2, election_type=0, timeout_ms=1000,
