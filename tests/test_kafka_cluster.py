@@ -170,8 +170,10 @@ def test_delete_records_under_a_live_producer_and_reader_loses_nothing_after_the
     for thread in threads:
         thread.start()
     deleted: list[tuple[float, int]] = []  # (when the answer came, the low watermark)
+    deadline = time.monotonic() + 60
     try:
         while len(deleted) < 10 and not errors:
+            assert time.monotonic() < deadline, f"{len(produced)} records produced, {len(deleted)} deletions"
             if len(produced) > 30 * (len(deleted) + 1):
                 [(code, low)] = delete(client, "t", {0: len(produced) - 5}).values()
                 assert code == 0
