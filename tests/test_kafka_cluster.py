@@ -380,3 +380,31 @@ def test_transactional_producers_fail_init_transactions_at_once(served, root, ca
     finally:
         python.close(0)
     assert any("kl has no transactions" in r.getMessage() and "'tx-p'" in r.getMessage() for r in caplog.records)
+
+
+def test_hostile_names_partitions_and_offsets_get_a_code_each_and_the_root_stays_whole(served, root):
+    root.create_topic("t", SMALL)
+    _, client = served(allow_admin=True, allow_produce=True)
+    fill(client, "t", 20)
+    names = ["../t", "a/b", "x" * 300, "", "."]
+    t = DeleteRecordsRequest.DeleteRecordsTopic
+    asked = [t(name=n, partitions=[t.DeleteRecordsPartition(partition_index=0, offset=0)]) for n in names]
+    asked.append(t(name="t", partitions=[t.DeleteRecordsPartition(partition_index=p, offset=o)
+                                         for p, o in ((-1, 0), (2**31 - 1, 0), (0, 2**63 - 1), (0, -(2**63)))]))  # fmt: skip
+    answer = client.call(DeleteRecordsRequest, 2, topics=asked, timeout_ms=5000)
+    codes = [[p.error_code for p in topic.partitions] for topic in answer.topics]
+    assert codes == [[kafka_errors.INVALID_TOPIC_EXCEPTION]] * len(names) + [[
+        kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION,
+        kafka_errors.OFFSET_OUT_OF_RANGE, kafka_errors.OFFSET_OUT_OF_RANGE,
+    ]]  # fmt: skip
+    d = DescribeLogDirsRequest.DescribableLogDirTopic
+    answer = client.call(DescribeLogDirsRequest, 4, topics=[d(topic=n, partitions=[0]) for n in names] +
+                         [d(topic="t", partitions=[-1, 2**31 - 1, *range(10_000)])])  # fmt: skip
+    assert [(x.name, [p.partition_index for p in x.partitions]) for x in answer.results[0].topics] == [("t", [0])]
+    p = DescribeProducersRequest.TopicRequest
+    answer = client.call(DescribeProducersRequest, 0, topics=[p(name=n, partition_indexes=[0, -1]) for n in [*names, "t"]])
+    assert [[q.error_code for q in x.partitions] for x in answer.topics] == [
+        [kafka_errors.INVALID_TOPIC_EXCEPTION] * 2
+    ] * len(names) + [[0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION]]
+    assert root.topics() == ["t"] and fetch(client, "t", 19).error_code == 0  # still serving, nothing lost
+    recover_clean(root)
