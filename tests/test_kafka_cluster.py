@@ -403,8 +403,10 @@ def test_hostile_names_partitions_and_offsets_get_a_code_each_and_the_root_stays
     assert [(x.name, [p.partition_index for p in x.partitions]) for x in answer.results[0].topics] == [("t", [0])]
     p = DescribeProducersRequest.TopicRequest
     answer = client.call(DescribeProducersRequest, 0, topics=[p(name=n, partition_indexes=[0, -1]) for n in [*names, "t"]])
+    invalid = [[kafka_errors.INVALID_TOPIC_EXCEPTION] * 2] * len(names)
     assert [[q.error_code for q in x.partitions] for x in answer.topics] == [
-        [kafka_errors.INVALID_TOPIC_EXCEPTION] * 2
-    ] * len(names) + [[0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION]]
+        *invalid,
+        [0, kafka_errors.UNKNOWN_TOPIC_OR_PARTITION],
+    ]
     assert root.topics() == ["t"] and fetch(client, "t", 19).error_code == 0  # still serving, nothing lost
     recover_clean(root)
