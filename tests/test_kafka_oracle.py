@@ -1297,6 +1297,22 @@ def log_dirs_tool(endpoint: Endpoint, topic: str) -> Any:
     }
 
 
+PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
+"""kafka-producer-perf-test.sh: with --transactional-id, a transactional Java producer."""
+
+
+def transactional_java_producer(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-producer-perf-test sending one record in a transaction: how long it took and
+    the exception it failed with (None: it sent it)."""
+    endpoint.create_topic(topic)
+    began = time.monotonic()
+    said = refusal(endpoint.lib, PRODUCER_PERFORMANCE, "--topic", topic, "--num-records", "1", "--record-size", "10",
+                   "--throughput", "-1", "--producer-props", f"bootstrap.servers={endpoint.bootstrap}",
+                   "--transactional-id", f"tx-{topic}")  # fmt: skip
+    thrown = next((line.split(":")[0].split()[-1] for line in said.splitlines() if line.startswith("Exception")), None)
+    return {"seconds": time.monotonic() - began, "thrown": thrown if said else None}
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1600,3 +1616,14 @@ def test_kafka_log_dirs_describes_each_partition(endpoints) -> None:
         {"partition": "log-dirs-0", "size": "bytes", "offsetLag": 0, "isFuture": False},
         {"partition": "log-dirs-1", "size": 0, "offsetLag": 0, "isFuture": False},
     ]
+
+
+def test_a_transactional_java_producer_fails_at_once_on_kl(endpoints) -> None:
+    """A stated difference: kl has no transactions, and Kafka's Java client fails
+    initTransactions() at once on kl's TRANSACTIONAL_ID_AUTHORIZATION_FAILED (no
+    time-out: its max.block.ms is 60 s)."""
+    oracle, kl_serve = endpoints
+    assert observe(transactional_java_producer, oracle, topic="transactional")["thrown"] is None
+    refused = observe(transactional_java_producer, kl_serve, topic="transactional")
+    assert refused["thrown"] == "org.apache.kafka.common.errors.TransactionalIdAuthorizationException"
+    assert refused["seconds"] < 30  # a JVM's start included
