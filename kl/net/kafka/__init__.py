@@ -1,4 +1,5 @@
 """Today's Kafka protocol, served by ``kl serve --kafka``: the front end (``frontend``:
 decoding, dispatch, encoding), what every handler shares (``broker``), one module per
 request family (``produce``, ``fetch``, ``list_offsets``, ``metadata``, ``groups`` over the
-``coordinator``), the record conversion (``records``) and the error codes (``errors``)."""
+``coordinator``, ``topics``, ``delete_records``, ``cluster``, ``transactions``), the record
+conversion (``records``) and the error codes (``errors``)."""
