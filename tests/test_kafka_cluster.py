@@ -38,8 +38,11 @@ from test_kafka import Client, batches_of, built, fetch, produce
 
 import kl
 from kl.log.config import TopicConfig
+from kl.net import brokers
 from kl.net.kafka import errors as kafka_errors
 from kl_cli.main import cli
+
+from kafka_clients import Daemon
 
 SMALL = TopicConfig(max_message_bytes=1024, segment_bytes=1024)
 """Segments of about ten records of the tests' size."""
@@ -303,6 +306,49 @@ def test_elections_are_never_needed_and_partitions_never_move(served, root):
     assert answer.error_code == kafka_errors.CLUSTER_AUTHORIZATION_FAILED
     answer = plain.call(AlterPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=[])
     assert answer.error_code == kafka_errors.CLUSTER_AUTHORIZATION_FAILED and "--allow-admin" in answer.error_message
+
+
+def test_two_daemons_describe_the_same_cluster_and_leaders(root, tmp_path):
+    """Each daemon lists both as brokers and names the same controller (the lowest node
+    id), and takes a reassignment only to the leader both name."""
+    root.create_topic("t", TopicConfig(partitions=8))
+    first = Daemon(root.path, tmp_path / "first.log", "--allow-admin")
+    second = Daemon(root.path, tmp_path / "second.log", "--allow-admin")
+    try:
+        nodes = {brokers.node_id(d.bootstrap): int(d.bootstrap.rsplit(":", 1)[1]) for d in (first, second)}
+        pool = sorted([first.bootstrap, second.bootstrap])
+        leaders = [brokers.node_id(brokers.leader("t", p, pool)) for p in range(8)]
+        assert len(set(leaders)) == 2  # some partitions led by each
+        rt = AlterPartitionReassignmentsRequest.ReassignableTopic
+        moves = [rt.ReassignablePartition(partition_index=p, replicas=[n]) for p in range(8) for n in sorted(nodes)]
+        for daemon in (first, second):
+            client = Client(tuple_of(daemon.bootstrap))
+            deadline = time.monotonic() + 20
+            while len((answer := client.call(DescribeClusterRequest, 1, include_cluster_authorized_operations=False,
+                                             endpoint_type=1)).brokers) < 2:  # fmt: skip
+                assert time.monotonic() < deadline, "the other daemon is not listed"
+                time.sleep(0.1)
+            assert {b.broker_id: b.port for b in answer.brokers} == nodes and answer.controller_id == min(nodes)
+            answer = client.call(AlterPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=[rt(name="t", partitions=moves)])
+            taken = [(p.partition_index, m.replicas[0]) for p, m in zip(answer.responses[0].partitions, moves, strict=True)
+                     if p.error_code == 0]  # fmt: skip
+            assert taken == list(enumerate(leaders))
+            client.close()
+        python = kafka_admin.KafkaAdminClient(bootstrap_servers=first.bootstrap, request_timeout_ms=10_000)
+        try:
+            described = python.describe_log_dirs({"t": [0]})  # asks every broker
+            assert sorted(d["broker"] for d in described) == sorted(nodes)
+            assert {d["log_dirs"][0]["log_dir"] for d in described} == {root.path}
+        finally:
+            python.close()
+    finally:
+        first.stop()
+        second.stop()
+
+
+def tuple_of(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
 
 
 # ----------------------------------------------------------------- producers and transactions
