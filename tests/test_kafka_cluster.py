@@ -98,14 +98,20 @@ def test_delete_records_moves_the_log_start_to_the_segment_holding_the_offset(se
     assert fetch(client, "t", starts[2] - 1).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
     assert records_of(fetch(client, "t", starts[2]))[0] == (starts[2], b"%04d" % starts[2] + b"." * 40)
     assert delete(client, "t", {0: 1}) == {0: (0, starts[2])}  # below the start: nothing to do, as in Kafka
-    assert delete(client, "t", {0: -1}) == {0: (0, starts[-1])}  # the high watermark: all but the active segment
+    assert delete(client, "t", {0: starts[-1] + 1}) == {0: (0, starts[-1])}  # in the active segment: it stays
+    assert records_of(fetch(client, "t", 49))[0][0] == 49  # nothing after the start lost
     assert delete(client, "t", {0: 51, 1: -2}) == {
         0: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
         1: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
     }
     assert delete(client, "t", {1: 0, 2: 0}, version=0) == {1: (0, 0), 2: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
     assert delete(client, "nope", {0: 0}) == {0: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
-    assert records_of(fetch(client, "t", 49))[0][0] == 49  # nothing after the start lost
+    recover_clean(root)
+    assert delete(client, "t", {0: -1}) == {0: (0, 50)}  # the high watermark: every record, as in Kafka
+    assert earliest(client, "t") == 50 and fetch(client, "t", 49).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
+    assert delete(client, "t", {0: -1}) == {0: (0, 50)}  # (nothing left to roll)
+    assert produce(client, "t", built([b"next"])).base_offset == 50
+    assert records_of(fetch(client, "t", 50)) == [(50, b"next")]
     recover_clean(root)
 
     _, plain = served(allow_produce=True)

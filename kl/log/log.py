@@ -1641,6 +1641,17 @@ class Log:
                 self._keep_base_count(renumbered)
             return shift
 
+    def roll(self) -> bool:
+        """Under the lock: close the active segment at the log end and begin a new, empty
+        one there, so that every message is in a closed segment (DeleteRecords up to the
+        log end deletes them all); False where the active segment is empty."""
+        state = self.counted(self.writable_state())
+        if state.log_end_offset == state.active_base_offset:
+            self._appended_nothing(state)
+            return False
+        self._publish_append(_Staged(state, 0, True, self._write_rolled(state, b"", True)), 0)
+        return True
+
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking
         for older offsets get ``OffsetOutOfRange``, then rename ``segments`` aside (they

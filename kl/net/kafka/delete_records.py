@@ -8,8 +8,9 @@ the log start, and a segment is the unit every reader's lookup begins from), so 
 log start moves to the start of the segment holding the offset asked: the segments
 wholly before it are deleted, the records of that segment before the offset stay
 readable, and the answer's low watermark is the real new log start, at or below the
-offset asked (Kafka's is the offset itself).  The active segment is never deleted, as
-by retention.  Needs ``--allow-admin``.
+offset asked (Kafka's is the offset itself).  Up to the high watermark, every record
+goes, as in Kafka: the active segment is closed first (``Log.roll``), an empty one
+begun at the log end.  Needs ``--allow-admin``.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def _delete(broker: Broker, topic: str, partition: int, offset: int) -> int:
     admin_allowed(broker, topic)
     broker.checked_config(topic, partition)
     target = broker.server.root.log(topic, partition)
-    with target.locked():
-        state = target.counted(target.writable_state())
+    with target.locked():  # the published state: taken for writing, an unused hold would leave its mark on NFS
+        state = target.counted(target.state())
         start, end = target.kafka_offsets(state)
         if offset == HIGH_WATERMARK:
             offset = end
@@ -70,6 +71,8 @@ def _delete(broker: Broker, topic: str, partition: int, offset: int) -> int:
             raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} ends at {end}")
         if offset <= start:
             return start
+        if offset == end and target.roll():  # every record goes: the active segment too, closed first
+            state = target.counted(target.state())
         position = target.kafka_position(offset, state=state)
         segments = target.segments(state)
         gone = [s for s, after in zip(segments, segments[1:], strict=False) if after.base_offset <= position.offset]
