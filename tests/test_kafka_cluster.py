@@ -183,8 +183,8 @@ def test_delete_records_under_a_live_producer_and_reader_loses_nothing_after_the
     try:
         while len(deleted) < 10 and not errors:
             assert time.monotonic() < deadline, f"{len(produced)} records produced, {len(deleted)} deletions"
-            if len(produced) > 30 * (len(deleted) + 1):
-                [(code, low)] = delete(client, "t", {0: len(produced) - 5}).values()
+            if len(produced) > 30 * (len(deleted) + 1):  # every third deletion up to the high watermark
+                [(code, low)] = delete(client, "t", {0: -1 if len(deleted) % 3 == 2 else len(produced) - 5}).values()
                 assert code == 0
                 deleted.append((time.monotonic(), low))
             time.sleep(0.01)
@@ -379,6 +379,16 @@ def test_describe_producers_lists_the_idempotent_producers_of_the_journal(served
     assert abs(state.last_timestamp - time.time() * 1000) < 60_000
     assert (p1.error_code, p1.active_producers) == (0, [])
     assert p9.error_code == kafka_errors.UNKNOWN_TOPIC_OR_PARTITION and p9.error_message
+
+    python = kafka_admin.KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        [(tp, found)] = python.describe_producers([TopicPartition("t", 0)]).items()
+        assert [(p.producer_id, p.last_sequence) for p in found.active_producers] == [(state.producer_id, 2)]
+        assert list(python.list_transactions().values()) == [[]]  # (by broker)
+        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
+            python.describe_transactions(["tx"])  # its coordinator is refused, as init_transactions' is
+    finally:
+        python.close()
 
 
 def test_every_transaction_request_is_refused_at_once(served, root):
