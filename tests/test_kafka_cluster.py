@@ -194,6 +194,7 @@ def test_delete_records_under_a_live_producer_and_reader_loses_nothing_after_the
             thread.join(30)
     assert not errors
     assert deleted[-1][1] > 0
+    assert any(found and sent > deleted[0][0] for sent, found in seen)  # the reader read on under the deletions
     for sent, found in seen:  # no fetch sent after a deletion answered gets a record below its low watermark
         floor = max((low for answered, low in deleted if answered < sent), default=0)
         assert all(offset >= floor for offset, _ in found)
