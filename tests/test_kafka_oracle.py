@@ -1297,6 +1297,26 @@ def log_dirs_tool(endpoint: Endpoint, topic: str) -> Any:
     }
 
 
+LEADER_ELECTION = "org.apache.kafka.tools.LeaderElectionCommand"
+"""kafka-leader-election.sh."""
+REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+"""kafka-reassign-partitions.sh."""
+
+
+def elections_and_reassignments(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-leader-election for a partition and for all of them, and
+    kafka-reassign-partitions listing the reassignments under way, on a cluster of one
+    replica per partition."""
+    endpoint.create_topic(topic, partitions=2)
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    election = (LEADER_ELECTION, *bootstrap, "--election-type", "PREFERRED")
+    return {
+        "one": tool(endpoint.lib, *election, "--topic", topic, "--partition", "0"),
+        "all": tool(endpoint.lib, *election, "--all-topic-partitions"),
+        "reassignments": tool(endpoint.lib, REASSIGN, *bootstrap, "--list"),
+    }
+
+
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
 """kafka-producer-perf-test.sh: with --transactional-id, a transactional Java producer."""
 
@@ -1619,3 +1639,12 @@ def test_a_transactional_java_producer_fails_at_once_on_kl(endpoints) -> None:
     refused = observe(transactional_java_producer, kl_serve, topic="transactional")
     assert refused["thrown"] == "org.apache.kafka.common.errors.TransactionalIdAuthorizationException"
     assert refused["seconds"] < 30  # a JVM's start included
+
+
+def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -> None:
+    seen = same(elections_and_reassignments, endpoints, topic="elected")
+    assert seen == {
+        "one": "Valid replica already elected for partitions elected-0\n",
+        "all": "",
+        "reassignments": "No partition reassignments found.\n",
+    }
