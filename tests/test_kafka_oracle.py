@@ -1310,11 +1310,25 @@ def elections_and_reassignments(endpoint: Endpoint, topic: str) -> Any:
     endpoint.create_topic(topic, partitions=2)
     bootstrap = ("--bootstrap-server", endpoint.bootstrap)
     election = (LEADER_ELECTION, *bootstrap, "--election-type", "PREFERRED")
-    return {
+    seen = {
         "one": tool(endpoint.lib, *election, "--topic", topic, "--partition", "0"),
         "all": tool(endpoint.lib, *election, "--all-topic-partitions"),
         "reassignments": tool(endpoint.lib, REASSIGN, *bootstrap, "--list"),
     }
+    admin = AdminClient({"bootstrap.servers": endpoint.bootstrap})
+    leader = admin.list_topics(topic, timeout=CALL_TIMEOUT).topics[topic].partitions[0].leader
+    plan = {"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": [leader]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(plan, f)
+        f.flush()
+        said = tool(endpoint.lib, REASSIGN, *bootstrap, "--execute", "--reassignment-json-file", f.name)
+    lines = said.splitlines()  # (--verify clears throttles: it needs IncrementalAlterConfigs)
+    current = json.loads(next(line for line in lines if line.startswith("{")))
+    for p in current["partitions"]:  # the broker's id and log directory
+        p["replicas"] = ["LEADER" if r == leader else r for r in p["replicas"]]
+        p["log_dirs"] = ["absolute" if d.startswith("/") else d for d in p["log_dirs"]]
+    seen["to its leader"] = {"current": current, "said": [line for line in lines if not line.startswith("{")]}
+    return seen
 
 
 PRODUCER_PERFORMANCE = "org.apache.kafka.tools.ProducerPerformance"
@@ -1647,4 +1661,6 @@ def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -
         "one": "Valid replica already elected for partitions elected-0\n",
         "all": "",
         "reassignments": "No partition reassignments found.\n",
+        "to its leader": seen["to its leader"],
     }
+    assert seen["to its leader"]["said"][-1] == "Successfully started partition reassignment for elected-0"
