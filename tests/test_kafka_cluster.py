@@ -86,36 +86,53 @@ def segment_starts(root: kl.Root, topic: str, partition: int = 0) -> list[int]:
 # ----------------------------------------------------------------- DeleteRecords
 
 
-def test_delete_records_moves_the_log_start_to_the_segment_holding_the_offset(served, root):
+def test_delete_records_moves_the_log_start_to_the_offset_asked(served, root):
     root.create_topic("t", dataclasses.replace(SMALL, partitions=2))
     _, client = served(allow_admin=True, allow_produce=True)
     fill(client, "t", 50)
     starts = segment_starts(root, "t")
     assert len(starts) > 3
     inside = starts[2] + 3  # three records into the third segment
-    assert delete(client, "t", {0: inside}) == {0: (0, starts[2])}  # the segment holding it stays whole
-    assert earliest(client, "t") == starts[2] == root.log("t", 0).kafka_offsets()[0]
-    assert fetch(client, "t", starts[2] - 1).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
-    assert records_of(fetch(client, "t", starts[2]))[0] == (starts[2], b"%04d" % starts[2] + b"." * 40)
-    assert delete(client, "t", {0: 1}) == {0: (0, starts[2])}  # below the start: nothing to do, as in Kafka
-    assert delete(client, "t", {0: starts[-1] + 1}) == {0: (0, starts[-1])}  # in the active segment: it stays
-    assert records_of(fetch(client, "t", 49))[0][0] == 49  # nothing after the start lost
-    assert delete(client, "t", {0: 51, 1: -2}) == {
+    assert delete(client, "t", {0: inside}) == {0: (0, inside)}
+    assert earliest(client, "t") == inside == root.log("t", 0).kafka_offsets()[0]
+    assert segment_starts(root, "t") == [inside, *starts[3:]]  # the rest of its segment, a segment of its own
+    assert fetch(client, "t", inside - 1).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
+    assert records_of(fetch(client, "t", inside))[0] == (inside, b"%04d" % inside + b"." * 40)
+    assert delete(client, "t", {0: 1}) == {0: (0, inside)}  # below the start: nothing to do, as in Kafka
+    assert delete(client, "t", {0: starts[-1] + 1}) == {0: (0, starts[-1] + 1)}  # inside the active segment
+    assert records_of(fetch(client, "t", starts[-1] + 1))[0][0] == starts[-1] + 1
+    assert produce(client, "t", built([b"appended"])).base_offset == 50  # to the new active segment
+    assert records_of(fetch(client, "t", 49))[-2:] == [(49, b"0049" + b"." * 40), (50, b"appended")]
+    assert delete(client, "t", {0: 52, 1: -2}) == {
         0: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
         1: (kafka_errors.OFFSET_OUT_OF_RANGE, -1),
     }
     assert delete(client, "t", {1: 0, 2: 0}, version=0) == {1: (0, 0), 2: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
     assert delete(client, "nope", {0: 0}) == {0: (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
     recover_clean(root)
-    assert delete(client, "t", {0: -1}) == {0: (0, 50)}  # the high watermark: every record, as in Kafka
-    assert earliest(client, "t") == 50 and fetch(client, "t", 49).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
-    assert delete(client, "t", {0: -1}) == {0: (0, 50)}  # (nothing left to roll)
-    assert produce(client, "t", built([b"next"])).base_offset == 50
-    assert records_of(fetch(client, "t", 50)) == [(50, b"next")]
+    assert delete(client, "t", {0: -1}) == {0: (0, 51)}  # the high watermark: every record
+    assert earliest(client, "t") == 51 and fetch(client, "t", 50).error_code == kafka_errors.OFFSET_OUT_OF_RANGE
+    assert delete(client, "t", {0: -1}) == {0: (0, 51)}
+    assert produce(client, "t", built([b"next"])).base_offset == 51
+    assert records_of(fetch(client, "t", 51)) == [(51, b"next")]
     recover_clean(root)
 
     _, plain = served(allow_produce=True)
     assert delete(plain, "t", {0: -1}) == {0: (kafka_errors.TOPIC_AUTHORIZATION_FAILED, -1)}  # no --allow-admin
+
+
+def test_inside_a_compressed_kl_batch_the_log_starts_at_the_batch(served, root):
+    """kl's own producer stores a compressed batch as one message: the log start cannot
+    fall inside it (a Kafka client's records are stored one by one)."""
+    root.create_topic("t")
+    _, client = served(allow_admin=True, allow_produce=True)
+    fill(client, "t", 2)
+    producer = kl.Producer(root, compression="gzip")
+    producer.send_batch("t", [b"a", b"b", b"c", b"d"], partition=0)
+    producer.close()
+    assert delete(client, "t", {0: 4}) == {0: (0, 2)}  # the batch holds offsets 2 to 5
+    assert [offset for offset, _ in records_of(fetch(client, "t", 2))] == [2, 3, 4, 5]
+    recover_clean(root)
 
 
 def test_admin_clients_delete_records(served, root):
@@ -126,15 +143,15 @@ def test_admin_clients_delete_records(served, root):
     bootstrap = f"127.0.0.1:{running.server.kafka_port}"
     python = kafka_admin.KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     try:
-        answer = python.delete_records({TopicPartition("t", 0): starts[1]})
-        assert answer[TopicPartition("t", 0)]["low_watermark"] == starts[1]
+        answer = python.delete_records({TopicPartition("t", 0): starts[1] + 1})
+        assert answer[TopicPartition("t", 0)]["low_watermark"] == starts[1] + 1
         with pytest.raises(kafka.errors.OffsetOutOfRangeError):
             python.delete_records({TopicPartition("t", 0): 41})
     finally:
         python.close()
     admin = confluent_admin.AdminClient({"bootstrap.servers": bootstrap})
     [future] = admin.delete_records([confluent_kafka.TopicPartition("t", 0, starts[2] + 1)], request_timeout=10).values()
-    assert future.result(10).low_watermark == starts[2]
+    assert future.result(10).low_watermark == starts[2] + 1
     recover_clean(root)
 
 

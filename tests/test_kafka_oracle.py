@@ -109,9 +109,6 @@ class Endpoint:
     compressed: Callable[[str, list[Record]], None]
     """compressed(topic, records): one zstd batch of them in partition 0 (kl keeps a client's
     batch as plain messages: its own producer writes one of kl's compressed batches)."""
-    segmented: Callable[[str], None] = lambda topic: None
-    """segmented(topic): its segments made as small as they may be, where segments bound
-    what DeleteRecords deletes (kl's, of whole segments; Kafka cuts anywhere)."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
@@ -161,11 +158,8 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
         wrapped = messageset.wrap(inner, m.CODEC_ZSTD, max(t for *_, t in records))
         root.log(topic, 0).append(Checked.framed(wrapped, len(records)))
 
-    def segmented(topic: str) -> None:
-        root.alter_topic(topic, segment_bytes=root.config(topic).max_message_bytes)
-
     return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
-                    compressed, segmented)  # fmt: skip
+                    compressed)  # fmt: skip
 
 
 def installed() -> Path:
@@ -1242,9 +1236,6 @@ DELETE_RECORDS = "org.apache.kafka.tools.DeleteRecordsCommand"
 """kafka-delete-records.sh."""
 LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
 """kafka-log-dirs.sh."""
-HALF_A_SEGMENT = 600_000
-"""Bytes of a record that fills a segment of kl's smallest size (1 MiB, its max message
-size) past its half: each record in a segment of its own."""
 
 
 def delete_records(endpoint: Endpoint, topic: str, offsets: dict[int, int]) -> list[str]:
@@ -1259,18 +1250,16 @@ def delete_records(endpoint: Endpoint, topic: str, offsets: dict[int, int]) -> l
 
 
 def delete_records_tool(endpoint: Endpoint, topic: str) -> Any:
-    """Six records in partition 0 of two, each in a segment of its own on kl: what
-    kafka-delete-records prints deleting those before offset 4 (and none of the empty
-    partition 1), the earliest offsets kafka-get-offsets gives then and the first record a
-    consumer from the beginning reads; past the high watermark (refused), then to it."""
+    """Six records in partition 0 of two: what kafka-delete-records prints deleting those
+    before offset 4 (and none of the empty partition 1), the earliest offsets
+    kafka-get-offsets gives then and the first record a consumer from the beginning
+    reads; past the high watermark (refused), then up to it."""
     endpoint.create_topic(topic, partitions=2)
-    endpoint.segmented(topic)
-    confluent_produce(endpoint, topic, [(None, b"%d" % i + b"." * HALF_A_SEGMENT, [], T0 + i) for i in range(6)])
+    confluent_produce(endpoint, topic, sample(6))
     earliest = (GET_OFFSETS, "--bootstrap-server", endpoint.bootstrap, "--topic", topic, "--time", "-2")
     seen: dict[str, Any] = {"deleted": delete_records(endpoint, topic, {0: 4, 1: -1})}
     seen["earliest"] = tool(endpoint.lib, *earliest)
-    value = confluent_consume(endpoint, topic, ck.OFFSET_BEGINNING, 1)[0][1]
-    seen["first read"] = value[:1] if value else value
+    seen["first read"] = confluent_consume(endpoint, topic, ck.OFFSET_BEGINNING, 1)[0]
     seen["past the end"] = delete_records(endpoint, topic, {0: 7})
     seen["to the end"] = delete_records(endpoint, topic, {0: -1})
     return seen
@@ -1624,14 +1613,12 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
 
 
 def test_kafka_delete_records_moves_the_log_start(endpoints) -> None:
-    """The same as Kafka's where kl's segments hold a record each (kl deletes whole
-    segments: kl-serve(1))."""
     seen = same(delete_records_tool, endpoints, topic="deleted-records")
     assert seen["deleted"] == [
         "partition: deleted-records-0\tlow_watermark: 4",
         "partition: deleted-records-1\tlow_watermark: 0",
     ]
-    assert seen["earliest"] == "deleted-records:0:4\ndeleted-records:1:0\n" and seen["first read"] == b"4"
+    assert seen["earliest"] == "deleted-records:0:4\ndeleted-records:1:0\n" and seen["first read"] == sample(6)[4]
     assert "OffsetOutOfRangeException" in seen["past the end"][0]
     assert seen["to the end"] == ["partition: deleted-records-0\tlow_watermark: 6"]
 

@@ -47,7 +47,7 @@ from kl.errors import (
 )
 from kl.log import flusher, locks, offsetindex, openfiles, producers, timeindex
 from kl.log.config import CONFIG_FILE, TopicConfig, config_generation
-from kl.log.fsutil import file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error
+from kl.log.fsutil import create_file, file_time_ns, fsync_dir, mount_of, nfs_locking_problem, storage_error, write_all
 from kl.log.message import LENGTH_SIZE, MIN_LENGTH, PREFIX, Message
 from kl.log.messageset import INCOMPLETE, MessageSet
 from kl.log.offsetindex import Counted
@@ -1641,16 +1641,73 @@ class Log:
                 self._keep_base_count(renumbered)
             return shift
 
-    def roll(self) -> bool:
-        """Under the lock: close the active segment at the log end and begin a new, empty
-        one there, so that every message is in a closed segment (DeleteRecords up to the
-        log end deletes them all); False where the active segment is empty."""
+    def start_within(self, offset: int) -> None:
+        """Under the lock: make the message at ``offset`` (where a message of the log
+        starts) the log start, for DeleteRecords.  Inside a segment, the rest of it is
+        copied into a new segment beginning there, whole before it is renamed in (a
+        ``.tmp`` file until then, which recovery removes), so that the files agree at
+        every step: a reader of the old segment reads the same bytes past ``offset`` as
+        one of the copy.  The new start is then published (the copy made the active
+        segment where it is the active one's) and the segments below it set aside, as
+        retention sets them aside.  Raises ``OffsetOutOfRange``."""
         state = self.counted(self.writable_state())
-        if state.log_end_offset == state.active_base_offset:
-            self._appended_nothing(state)
-            return False
-        self._publish_append(_Staged(state, 0, True, self._write_rolled(state, b"", True)), 0)
-        return True
+        self._check_range(offset, state)
+        segments = self.segments(state)
+        holding = [s for s in segments if s.base_offset <= offset][-1]
+        if holding.base_offset < offset:
+            copy = self._copy_tail(holding, offset)
+            if holding.base_offset != state.active_base_offset:
+                copy.close()
+            else:
+                count = self._kafka_offset(state, offset, 0)
+                moved = state._replace(
+                    log_start_offset=offset,
+                    active_base_offset=offset,
+                    flushed_offset=state.log_end_offset,  # (the copy was fsynced)
+                    last_append_offset=max(state.last_append_offset, offset),
+                    active_base_count=count,
+                    boot_id=BOOT_ID,
+                )
+                if self._nfs:
+                    copy.write_through()
+                    locks.lock_file(copy.fd, copy.path, self.lock_timeout)
+                self._make_active(copy, moved)
+                self._keep_base_count(moved)
+        gone = [s for s in segments if s.base_offset < offset]
+        self.delete_segments(gone, offset)
+        for segment in gone:  # caches: nobody reads them through an open handle
+            timeindex.remove(segment.path)
+            offsetindex.remove(segment.path)
+
+    def _copy_tail(self, holding: SegmentInfo, offset: int) -> Segment:
+        """A new segment at ``offset`` with the bytes of ``holding`` from there to its end
+        (fsynced, renamed in whole), open for writing."""
+        path = os.path.join(self.directory, segment_name(offset, self.suffix))
+        tmp = os.path.join(self.directory, f".{os.path.basename(path)}.tmp")
+        end = holding.size_in_bytes
+        try:
+            with Segment.open(holding.path, holding.base_offset, self.config.max_message_bytes) as source:
+                fd = create_file(tmp)
+                try:
+                    position = offset - holding.base_offset
+                    while position < end:
+                        chunk = source.read(position, min(READ_CHUNK, end - position))
+                        if not chunk:
+                            raise StorageError(f"{holding.path} ends at {position}, before {end}")
+                        write_all(fd, chunk)
+                        position += len(chunk)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.rename(tmp, path)
+            fsync_dir(self.directory)
+            return Segment.open(path, offset, self.config.max_message_bytes, writable=True)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise storage_error(e, "copy the rest of", holding.path) from None
+            raise
 
     def delete_segments(self, segments: list[SegmentInfo], log_start_offset: int) -> None:
         """Retention's deletion: publish ``log_start_offset`` first, so readers asking

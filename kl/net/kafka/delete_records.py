@@ -1,16 +1,13 @@
 """DeleteRecords: moving a partition's log start up to a Kafka offset, as ``kl retain``
-moves it (``Log.delete_segments``: the new start published first, so readers asking
-for older offsets get OFFSET_OUT_OF_RANGE, then the segments renamed aside, so a reader
-still inside one finishes it; ``kl retain`` unlinks them after its delay).
+moves it (``Log.start_within``: the new start published first, so readers asking for
+older offsets get OFFSET_OUT_OF_RANGE, then the segments below it renamed aside, so a
+reader still inside one finishes it; ``kl retain`` unlinks them after its delay).
 
-kl's log starts at a segment's first message (recovery sets aside every segment below
-the log start, and a segment is the unit every reader's lookup begins from), so the
-log start moves to the start of the segment holding the offset asked: the segments
-wholly before it are deleted, the records of that segment before the offset stay
-readable, and the answer's low watermark is the real new log start, at or below the
-offset asked (Kafka's is the offset itself).  Up to the high watermark, every record
-goes, as in Kafka: the active segment is closed first (``Log.roll``), an empty one
-begun at the log end.  Needs ``--allow-admin``.
+A log starts at a segment's first message, so a start inside a segment begins a new
+one: the rest of the segment is copied (up to ``segment_bytes``, a cost Kafka has not).
+The answer's low watermark is the offset asked, as Kafka's, but inside a compressed kl
+batch (one stored message: a Kafka client's records are stored one by one), whose
+start it is.  Needs ``--allow-admin``.
 """
 
 from __future__ import annotations
@@ -21,8 +18,6 @@ from typing import Any
 from kafka.protocol.admin.topics import DeleteRecordsRequest, DeleteRecordsResponse
 
 from kl.errors import KlError
-from kl.log import offsetindex, timeindex
-from kl.log.log import Log
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, Refused, code_of
@@ -57,8 +52,8 @@ def delete_records(broker: Broker, conn: Connection, version: int, request: Any,
 
 
 def _delete(broker: Broker, topic: str, partition: int, offset: int) -> int:
-    """Delete the segments of the partition wholly before Kafka offset ``offset`` (-1: the
-    high watermark); the Kafka offset it starts at then."""
+    """Delete the records of the partition before Kafka offset ``offset`` (-1: the high
+    watermark); the Kafka offset it starts at then."""
     admin_allowed(broker, topic)
     broker.checked_config(topic, partition)
     target = broker.server.root.log(topic, partition)
@@ -69,24 +64,9 @@ def _delete(broker: Broker, topic: str, partition: int, offset: int) -> int:
             offset = end
         if not 0 <= offset <= end:
             raise Refused(OFFSET_OUT_OF_RANGE, f"offset {offset} is out of range: {topic}/{partition} ends at {end}")
-        if offset <= start:
-            return start
-        if offset == end and target.roll():  # every record goes: the active segment too, closed first
-            state = target.counted(target.state())
-        position = target.kafka_position(offset, state=state)
-        segments = target.segments(state)
-        gone = [s for s, after in zip(segments, segments[1:], strict=False) if after.base_offset <= position.offset]
-        if gone:
-            _set_aside(target, gone, segments[len(gone)].base_offset)
+        if offset > start:
+            target.start_within(target.kafka_position(offset, state=state).offset)
     return target.kafka_offsets()[0]
-
-
-def _set_aside(target: Log, gone: list[Any], new_start: int) -> None:
-    """Retention's deletion of the segments ``gone``, ``new_start`` the new log start (under the lock)."""
-    target.delete_segments(gone, new_start)
-    for segment in gone:  # caches: nobody reads them through an open handle
-        timeindex.remove(segment.path)
-        offsetindex.remove(segment.path)
 
 
 APIS = [Api(DeleteRecordsRequest, DeleteRecordsResponse, 0, 2, delete_records)]
