@@ -121,6 +121,26 @@ def test_delete_records_moves_the_log_start_to_the_offset_asked(served, root):
     assert delete(plain, "t", {0: -1}) == {0: (kafka_errors.TOPIC_AUTHORIZATION_FAILED, -1)}  # no --allow-admin
 
 
+def test_a_reader_inside_the_segment_cut_reads_the_same_bytes_as_one_of_the_copy(served, root):
+    root.create_topic("t", SMALL)
+    _, client = served(allow_admin=True, allow_produce=True)
+    fill(client, "t", 30)
+    starts = segment_starts(root, "t")
+    target = root.log("t", 0)
+    at = target.kafka_position(starts[1] + 5).offset
+    held, position, size = target.span(at, 1 << 20)  # open in the segment that is cut
+    try:
+        assert delete(client, "t", {0: starts[1] + 2}) == {0: (0, starts[1] + 2)}
+        before = held.read(position, size)
+    finally:
+        held.close()
+    copy, position, size = target.span(at, 1 << 20)
+    with copy:
+        assert copy.base_offset == target.kafka_position(starts[1] + 2).offset  # a segment of its own
+        assert copy.read(position, size) == before and len(before) > 0
+    recover_clean(root)
+
+
 def test_inside_a_compressed_kl_batch_the_log_starts_at_the_batch(served, root):
     """kl's own producer stores a compressed batch as one message: the log start cannot
     fall inside it (a Kafka client's records are stored one by one)."""
