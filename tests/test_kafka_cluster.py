@@ -559,6 +559,7 @@ def test_log_starts_moved_inside_segments_on_one_nfs_host_while_the_other_produc
     assert produced.returncode == 0, produced.stderr[-2000:]
     assert cut.returncode == 0, cut.stdout[-2000:] + cut.stderr[-2000:]
     cuts, start = (int(x) for x in cut.stdout.split()[-2:])
+    assert "never finished" not in produced.stderr + cut.stderr  # no hold left its append mark: no writer fenced
     assert cuts > 0 and start > 0
     done = lab.python("b", NFS_CHECK, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

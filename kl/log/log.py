@@ -1652,29 +1652,31 @@ class Log:
         retention sets them aside.  Raises ``OffsetOutOfRange``."""
         state = self.counted(self.writable_state())
         self._check_range(offset, state)
+        if offset == state.log_start_offset:
+            self._appended_nothing(state)
+            return
         segments = self.segments(state)
         holding = [s for s in segments if s.base_offset <= offset][-1]
-        if holding.base_offset < offset:
-            copy = self._copy_tail(holding, offset)
-            if holding.base_offset != state.active_base_offset:
+        moved = state._replace(log_start_offset=offset, boot_id=BOOT_ID)
+        copy = self._copy_tail(holding, offset) if holding.base_offset < offset else None
+        if copy is not None and holding.base_offset == state.active_base_offset:
+            moved = moved._replace(
+                active_base_offset=offset,
+                flushed_offset=state.log_end_offset,  # (the copy was fsynced)
+                last_append_offset=max(state.last_append_offset, offset),
+                active_base_count=self._kafka_offset(state, offset, 0),
+            )
+            if self._nfs:
+                copy.write_through()
+                locks.lock_file(copy.fd, copy.path, self.lock_timeout)
+            self._make_active(copy, moved)
+            self._keep_base_count(moved)
+        else:
+            if copy is not None:
                 copy.close()
-            else:
-                count = self._kafka_offset(state, offset, 0)
-                moved = state._replace(
-                    log_start_offset=offset,
-                    active_base_offset=offset,
-                    flushed_offset=state.log_end_offset,  # (the copy was fsynced)
-                    last_append_offset=max(state.last_append_offset, offset),
-                    active_base_count=count,
-                    boot_id=BOOT_ID,
-                )
-                if self._nfs:
-                    copy.write_through()
-                    locks.lock_file(copy.fd, copy.path, self.lock_timeout)
-                self._make_active(copy, moved)
-                self._keep_base_count(moved)
+            self.publish(moved, durable=True)
         gone = [s for s in segments if s.base_offset < offset]
-        self.delete_segments(gone, offset)
+        self._set_aside(gone)
         for segment in gone:  # caches: nobody reads them through an open handle
             timeindex.remove(segment.path)
             offsetindex.remove(segment.path)
@@ -1715,6 +1717,10 @@ class Log:
         are unlinked later, so a reader still inside one finishes it)."""
         state = self.writable_state()
         self.publish(state._replace(log_start_offset=log_start_offset, boot_id=BOOT_ID), durable=True)
+        self._set_aside(segments)
+
+    def _set_aside(self, segments: list[SegmentInfo]) -> None:
+        """Rename ``segments``, below the published log start, aside."""
         for segment in segments:
             try:
                 os.rename(segment.path, segment.path + DELETED_SUFFIX)
