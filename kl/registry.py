@@ -182,7 +182,7 @@ def group_of(root_path: str, name: str) -> str | None:
     if "%~" in name:
         try:
             with open(os.path.join(root_path, GROUPS_DIR, name, ID_FILE), "rb") as f:
-                group = f.read(1 << 16).decode("utf-8")
+                group = f.read().decode("utf-8")
         except (OSError, UnicodeDecodeError):
             return None
     elif name == "%":

@@ -50,8 +50,8 @@ PLAIN = ["g", "-x", "a.b", "A_9-z", "_", "x" * 249, "loaders.v2"]
 root, daemon, kafkajs, no_client_left = module_fixtures("group-ids")
 
 
-def kl_run(r: kl.Root, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*KL, "--root", r.path, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+def kl_run(r: kl.Root, *args: str, input: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KL, "--root", r.path, *args], capture_output=True, text=True, timeout=60, input=input)
 
 
 def on_disk(r: kl.Root) -> set[str]:
@@ -189,9 +189,7 @@ def test_delete_offsets(events):
 
 def test_cli_takes_and_shows_ids(events):
     for g in ("app:v1", "my group", "ü", "[bold]x[/bold]"):
-        imported = subprocess.run(
-            [*KL, "--root", events.path, "groups", "import", g], input="other 0 0\nevents 1 0\n", capture_output=True, text=True
-        )
+        imported = kl_run(events, "groups", "import", g, input="other 0 0\nevents 1 0\n")
         assert imported.returncode == 0, imported.stderr
     listed = kl_run(events, "groups", "list")
     assert listed.stdout.splitlines() == sorted(["app:v1", "my group", "ü", "[bold]x[/bold]"])
@@ -207,6 +205,12 @@ def test_cli_takes_and_shows_ids(events):
     assert (again.returncode, again.stdout) == (0, "")
     missing = kl_run(events, "groups", "delete-offsets", "nope:1", "events")
     assert missing.returncode == 1 and missing.stderr.splitlines()[-1].startswith("Error: no group 'nope:1'")
+    consumed = kl_run(events, "consume", "events", "--group", "app:v1")
+    assert (consumed.returncode, sorted(consumed.stdout.split())) == (0, ["a", "b", "c"])
+    assert kl_run(events, "consume", "events", "--group", "app:v1").stdout == ""  # from its commits
+    assert kl_run(events, "groups", "import", "--", "-x", input="other 0 0\n").returncode == 0
+    assert json.loads(kl_run(events, "groups", "describe", "--json", "--", "-x").stdout)["group"] == "-x"
+    assert kl_run(events, "groups", "delete", "--", "-x").returncode == 0
     assert kl_run(events, "groups", "delete", "my group").returncode == 0
     assert kl_run(events, "groups", "list").stdout.splitlines() == sorted(["app:v1", "ü", "[bold]x[/bold]"])
 
