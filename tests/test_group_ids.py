@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -213,6 +214,35 @@ def test_cli_takes_and_shows_ids(events):
     assert kl_run(events, "groups", "delete", "--", "-x").returncode == 0
     assert kl_run(events, "groups", "delete", "my group").returncode == 0
     assert kl_run(events, "groups", "list").stdout.splitlines() == sorted(["app:v1", "ü", "[bold]x[/bold]"])
+
+
+def on_a_terminal(r: kl.Root, *args: str) -> str:
+    """What ``kl ARGS`` prints with stdout on a pseudo-terminal (its tables)."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "200"}
+    process = subprocess.Popen([*KL, "--root", r.path, *args], stdout=slave, stderr=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert process.wait(30) == 0
+    return seen.decode()
+
+
+def test_tables_show_ids_as_they_are(events):
+    for g in ("[bold]x[/bold]", "ü:1"):
+        groups.import_offsets(events, g, "other 0 0\n")
+    listed = on_a_terminal(events, "groups", "list")
+    assert "[bold]x[/bold]" in listed and "ü:1" in listed
+    described = on_a_terminal(events, "groups", "describe", "[bold]x[/bold]")
+    assert "group [bold]x[/bold]: no live members" in described
 
 
 # ----------------------------------------------------------------- Kafka's clients
