@@ -31,6 +31,7 @@ from kl import groups
 from kl.log.log import Position
 from kl.net.kafka.errors import (
     GROUP_ID_NOT_FOUND,
+    GROUP_SUBSCRIBED_TO_TOPIC,
     INVALID_GROUP_ID,
     NONE,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -391,4 +392,17 @@ def test_offset_delete_follows_kafkas_rules(root, daemon):
     assert offset_delete(client, "od:g", {"od-a": [0]}) == (NONE, {"od-a": [(0, NONE)]})  # nothing left: still fine
     assert offset_delete(client, "od:g", {"od-a": [7]}) == (NONE, {"od-a": [(7, UNKNOWN_TOPIC_OR_PARTITION)]})
     admin.close()
+    client.close()
+
+
+def test_offset_delete_keeps_the_topics_kl_members_subscribe_to(root, daemon):
+    root.create_topic("od-kl-a")
+    root.create_topic("od-kl-b")
+    write(root, "od-kl-a", [b"1"])
+    groups.import_offsets(root, "kl:members", "od-kl-a 0 0\nod-kl-b 0 0\n")
+    client = Client(address(daemon))
+    with kl.GroupConsumer(root, "kl:members", ["od-kl-a"]):
+        answer = offset_delete(client, "kl:members", {"od-kl-a": [0], "od-kl-b": [0]})
+        assert answer == (NONE, {"od-kl-a": [(0, GROUP_SUBSCRIBED_TO_TOPIC)], "od-kl-b": [(0, NONE)]})
+    assert groups.export(root, "kl:members") == "od-kl-a 0 0\n"
     client.close()
