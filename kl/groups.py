@@ -3,8 +3,9 @@ delete, export and import a group's offsets, delete some of them.  What ``kl gro
 
 A group is named by its id, any string (Kafka's rule: ``app:v1``, ``my group``); its files
 are ``kl.registry``'s, under a name made of the id.  Changes (``reset``, ``delete``,
-``import_offsets``) are refused with ``GroupActive`` while the group has live members, unless forced: a
-member keeps its position in memory and would commit over them.  The check is made once,
+``import_offsets``, ``delete_offsets``) are refused with ``GroupActive`` while the group
+has live members, unless forced: a member keeps its position in memory and would commit
+over them.  The check is made once,
 before anything is written; a member that joins meanwhile may start from the old offsets.
 
 Lag is counted from the committed offset to the log end by walking the message headers

@@ -345,9 +345,9 @@ class Coordinator:
     ) -> JoinResult | GroupWait:
         """A JoinGroup: its answer, or the wait for it.  ``ids_first``: a new member is
         given its id and asked to join again with it (JoinGroup v4 on)."""
-        group = self._group(name)
         if not name:
             return JoinResult(INVALID_GROUP_ID, member_id)
+        group = self._group(name)
         if group is None:
             return JoinResult(NOT_COORDINATOR, member_id)
         session, rebalance = session_ms / 1000, max(session_ms, rebalance_ms) / 1000
@@ -404,9 +404,9 @@ class Coordinator:
         conn: object,
     ) -> SyncResult | GroupWait:
         """A SyncGroup: its answer, or the wait for the leader's."""
-        group = self._group(name)
         if not name:
             return SyncResult(INVALID_GROUP_ID)
+        group = self._group(name)
         if group is None:
             return SyncResult(NOT_COORDINATOR)
         now = time.monotonic()
@@ -443,9 +443,9 @@ class Coordinator:
     def heartbeat(self, name: str, generation: int, member_id: str, conn: object, hold: bool = True) -> int | GroupWait:
         """A Heartbeat: its error code, or (``hold``) the wait for another member's session
         about to run out."""
-        group = self._group(name)
         if not name:
             return INVALID_GROUP_ID
+        group = self._group(name)
         if group is None:
             return NOT_COORDINATOR
         with group.lock:
@@ -472,9 +472,9 @@ class Coordinator:
 
     def leave(self, name: str, member_ids: list[str]) -> tuple[int, list[int]]:
         """A LeaveGroup: the request's error, and each member's."""
-        group = self._group(name)
         if not name:
             return INVALID_GROUP_ID, [INVALID_GROUP_ID] * len(member_ids)
+        group = self._group(name)
         if group is None:
             return NOT_COORDINATOR, [NOT_COORDINATOR] * len(member_ids)
         now = time.monotonic()

@@ -1,7 +1,8 @@
 """Kafka's consumer group requests, answered by ``kl serve --kafka``: FindCoordinator,
 JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete,
-ListGroups, DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out; the groups themselves are
-``kl.net.kafka.coordinator``'s.
+ListGroups, DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out;
+the groups themselves are ``kl.net.kafka.coordinator``'s.  A group id is any string, as in
+Kafka; the empty one is refused where Kafka refuses it.
 
 A committed Kafka offset is stored in the group's files as the position of its message
 (inside a compressed batch: the batch and how many of its messages come before), which
