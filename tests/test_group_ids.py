@@ -22,7 +22,7 @@ import kafka
 import kafka.errors
 import pytest
 from hypothesis import strategies as st
-from kafka.protocol.consumer.group import OffsetDeleteRequest
+from kafka.protocol.consumer.group import JoinGroupRequest, OffsetDeleteRequest
 from test_kafka import Client
 from test_kafka_groups import Member, commit, fetched, find_coordinator
 
@@ -33,6 +33,7 @@ from kl.net.kafka.errors import (
     GROUP_ID_NOT_FOUND,
     GROUP_SUBSCRIBED_TO_TOPIC,
     INVALID_GROUP_ID,
+    NON_EMPTY_GROUP,
     NONE,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
@@ -406,3 +407,32 @@ def test_offset_delete_keeps_the_topics_kl_members_subscribe_to(root, daemon):
         assert answer == (NONE, {"od-kl-a": [(0, GROUP_SUBSCRIBED_TO_TOPIC)], "od-kl-b": [(0, NONE)]})
     assert groups.export(root, "kl:members") == "od-kl-a 0 0\n"
     client.close()
+
+
+def test_offset_delete_refuses_a_group_of_another_protocol_while_it_has_members(root, daemon):
+    root.create_topic("od-connect")
+    groups.import_offsets(root, "connect:workers", "od-connect 0 0\n")
+    client = Client(address(daemon))
+    assert find_coordinator(client, "connect:workers")[0] == NONE
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol
+    joined = client.call(
+        JoinGroupRequest,
+        3,
+        group_id="connect:workers",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        member_id="",
+        protocol_type="connect",
+        protocols=[protocol(name="sessioned", metadata=b"")],
+    )
+    assert joined.error_code == NONE
+    assert offset_delete(client, "connect:workers", {"od-connect": [0]}) == (NON_EMPTY_GROUP, {})
+    client.close()  # its member goes with its connection
+    admin = Client(address(daemon))
+    deadline = time.monotonic() + 30
+    while (answer := offset_delete(admin, "connect:workers", {"od-connect": [0]}))[0] == NON_EMPTY_GROUP:
+        assert time.monotonic() < deadline, daemon.text()
+        time.sleep(0.2)
+    assert answer == (NONE, {"od-connect": [(0, NONE)]})
+    assert groups.export(root, "connect:workers") == ""
+    admin.close()
