@@ -1501,3 +1501,71 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
         assert time.monotonic() - started < 1
     finally:
         b.stop()
+
+
+# ----------------------------------------------------------------- group ids and OffsetDelete (issue 36)
+
+
+SPACED_GROUP = "app:v1 blue"
+"""A group id Kafka takes that earlier kl versions refused: a colon and a space."""
+
+
+def group_tool(endpoint: Endpoint, group: str, *args: str) -> str:
+    """kafka-consumer-groups on ``group``: what it prints, or its error line when it fails."""
+    try:
+        return tool(endpoint.lib, CONSUMER_GROUPS, "--bootstrap-server", endpoint.bootstrap, "--group", group, *args)
+    except AssertionError as e:
+        return next((line for line in str(e).splitlines() if line.startswith("Error")), str(e))
+
+
+def delete_offsets_tool(endpoint: Endpoint, topic: str) -> Any:
+    """A group whose id has a colon and a space: kafka-console-consumer reads (and commits)
+    ``topic`` in it, a confluent-kafka member ``topic``-b; kafka-consumer-groups lists and
+    describes it, deletes its offsets of ``topic`` (partition 0, then all), is refused
+    those of ``topic``-b while a member subscribed to it lives, and for a group unknown;
+    a member of ``topic`` then reads from the earliest again."""
+    other = f"{topic}-b"
+    endpoint.create_topic(topic, partitions=2)
+    endpoint.create_topic(other)
+    confluent_produce(endpoint, topic, texts(3))
+    confluent_produce(endpoint, topic, texts(2), partition=1)
+    confluent_produce(endpoint, other, texts(2))
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    console = (CONSOLE_CONSUMER, *bootstrap, "--topic", topic, "--group", SPACED_GROUP, "--from-beginning")
+    seen: dict[str, Any] = {
+        "console consumer": sorted(tool(endpoint.lib, *console, "--max-messages", "5", "--timeout-ms", "20000").splitlines()),
+        "member": group_read(endpoint, "confluent", other, SPACED_GROUP, 2),
+        "listed": SPACED_GROUP in tool(endpoint.lib, CONSUMER_GROUPS, *bootstrap, "--list").splitlines(),
+        "described": group_tool(endpoint, SPACED_GROUP, "--describe"),
+        "delete partition 0": group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", f"{topic}:0"),
+        "delete the topic": group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", topic),
+        "unknown group": group_tool(endpoint, "no such group", "--delete-offsets", "--topic", topic),
+    }
+    config = {"group.id": SPACED_GROUP, "auto.offset.reset": "earliest", "session.timeout.ms": 10_000,
+              "heartbeat.interval.ms": 1000, "fetch.wait.max.ms": 100}  # fmt: skip
+    consumer = ck.Consumer(confluent_config(endpoint, **config))
+    try:
+        consumer.subscribe([other])
+        write_to = texts(1, at=T0 + 10_000)
+        confluent_produce(endpoint, other, write_to)
+        seen["live member reads"] = read(confluent_poll(consumer), 1, most=1)
+        seen["subscribed topic"] = group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", other)
+    finally:
+        consumer.close()
+    seen["described after"] = group_tool(endpoint, SPACED_GROUP, "--describe")
+    seen["read again"] = sorted(group_read(endpoint, "confluent", topic, SPACED_GROUP, 5), key=lambda r: (r[1], r[3]))
+    return seen
+
+
+def test_kafka_consumer_groups_deletes_offsets_of_a_group_whose_id_has_a_colon_and_a_space(endpoints) -> None:
+    seen = same(delete_offsets_tool, endpoints, topic="deleted-offsets")
+    assert seen["console consumer"] == sorted(["text 0", "text 1", "text 2", "text 0", "text 1"])
+    assert seen["listed"] and len(seen["read again"]) == 5
+    rows = [line.split()[-6:-3] for line in seen["described"].splitlines()[2:]]  # current offset, log end, lag
+    assert rows == [["3", "3", "0"], ["2", "2", "0"], ["2", "2", "0"]]
+    assert seen["delete partition 0"].startswith(f"Request succeeded for deleting offsets from group {SPACED_GROUP}.")
+    assert seen["delete the topic"].splitlines()[-2:] == ["deleted-offsets 0          Successful     ",
+                                                           "deleted-offsets 1          Successful     "]  # fmt: skip
+    assert "GroupSubscribedToTopicException" in seen["subscribed topic"]
+    assert seen["unknown group"].splitlines()[1] == "Error: The group id does not exist."
+    assert [line.split()[-6:-3] for line in seen["described after"].splitlines()[2:]] == [["3", "3", "0"]]
