@@ -119,57 +119,96 @@ def _never_text(value: int) -> str:
 
 SETTINGS = (
     Setting(
-        "cleanup.policy", "LIST", "log.cleanup.policy", "delete: old segments are deleted by retention (kl does not compact)",
-        kl_name=None, from_kafka=_policy, fixed="delete",
+        "cleanup.policy",
+        "LIST",
+        "log.cleanup.policy",
+        "delete: old segments are deleted by retention (kl does not compact)",
+        kl_name=None,
+        from_kafka=_policy,
+        fixed="delete",
     ),
     Setting(
-        "compression.type", "STRING", "compression.type",
-        "uncompressed: kl stores a producer's compressed batches as plain messages", fixed="uncompressed",
+        "compression.type",
+        "STRING",
+        "compression.type",
+        "uncompressed: kl stores a producer's compressed batches as plain messages",
+        fixed="uncompressed",
     ),
     Setting(
-        "flush.messages", "LONG", "log.flush.interval.messages",
+        "flush.messages",
+        "LONG",
+        "log.flush.interval.messages",
         "fsync a partition after this many messages (Long.MAX: never)",
-        kl_name="flush_messages", to_kafka=_never_text, from_kafka=_never("flush.messages", 1),
+        kl_name="flush_messages",
+        to_kafka=_never_text,
+        from_kafka=_never("flush.messages", 1),
     ),
     Setting(
-        "flush.ms", "LONG", "log.flush.interval.ms",
+        "flush.ms",
+        "LONG",
+        "log.flush.interval.ms",
         "fsync a partition this many milliseconds after its last fsync (Long.MAX: never)",
-        kl_name="flush_ms", to_kafka=_never_text,
+        kl_name="flush_ms",
+        to_kafka=_never_text,
         from_kafka=_never("flush.ms", 0, "kl has no fsync at every append by time; flush.messages=1 fsyncs every message"),
     ),
     Setting(
-        "max.message.bytes", "INT", "message.max.bytes", "the largest message, kl's header included",
-        kl_name="max_message_bytes", from_kafka=_plain("max.message.bytes", INT_MAX),
+        "max.message.bytes",
+        "INT",
+        "message.max.bytes",
+        "the largest message, kl's header included",
+        kl_name="max_message_bytes",
+        from_kafka=_plain("max.message.bytes", INT_MAX),
     ),
     Setting(
-        "message.timestamp.type", "STRING", "log.message.timestamp.type",
-        "CreateTime: every message keeps the timestamp its producer gave it", fixed="CreateTime",
+        "message.timestamp.type",
+        "STRING",
+        "log.message.timestamp.type",
+        "CreateTime: every message keeps the timestamp its producer gave it",
+        fixed="CreateTime",
     ),
     Setting(
-        "min.insync.replicas", "INT", "min.insync.replicas",
-        "1: the one copy on the shared file system is every replica", fixed="1",
+        "min.insync.replicas",
+        "INT",
+        "min.insync.replicas",
+        "1: the one copy on the shared file system is every replica",
+        fixed="1",
     ),
     Setting("preallocate", "BOOLEAN", "log.preallocate", "false: segment files grow as they are written", fixed="false"),
     Setting("remote.storage.enable", "BOOLEAN", "remote.log.storage.system.enable", "false: no tiered storage", fixed="false"),
     Setting(
-        "retention.bytes", "LONG", "log.retention.bytes",
+        "retention.bytes",
+        "LONG",
+        "log.retention.bytes",
         "delete the oldest closed segments past this many bytes per partition (-1: no limit)",
-        kl_name="retention_bytes", to_kafka=_limit_text, from_kafka=_unlimited("retention.bytes"),
+        kl_name="retention_bytes",
+        to_kafka=_limit_text,
+        from_kafka=_unlimited("retention.bytes"),
     ),
     Setting(
-        "retention.ms", "LONG", "log.retention.ms", "delete closed segments older than this many milliseconds (-1: no limit)",
-        kl_name="retention_ms", to_kafka=_limit_text, from_kafka=_unlimited("retention.ms"),
+        "retention.ms",
+        "LONG",
+        "log.retention.ms",
+        "delete closed segments older than this many milliseconds (-1: no limit)",
+        kl_name="retention_ms",
+        to_kafka=_limit_text,
+        from_kafka=_unlimited("retention.ms"),
     ),
     Setting(
-        "segment.bytes", "INT", "log.segment.bytes", "roll to a new segment file past this size",
-        kl_name="segment_bytes", from_kafka=_plain("segment.bytes"),
+        "segment.bytes",
+        "INT",
+        "log.segment.bytes",
+        "roll to a new segment file past this size",
+        kl_name="segment_bytes",
+        from_kafka=_plain("segment.bytes"),
     ),
+    Setting("segment.ms", "LONG", "log.roll.ms", "Long.MAX: kl rolls segments by size only, never by age", fixed=str(LONG_MAX)),
     Setting(
-        "segment.ms", "LONG", "log.roll.ms", "Long.MAX: kl rolls segments by size only, never by age", fixed=str(LONG_MAX)
-    ),
-    Setting(
-        "unclean.leader.election.enable", "BOOLEAN", "unclean.leader.election.enable",
-        "false: no replica can be behind the one copy", fixed="false",
+        "unclean.leader.election.enable",
+        "BOOLEAN",
+        "unclean.leader.election.enable",
+        "false: no replica can be behind the one copy",
+        fixed="false",
     ),
 )
 """Every topic config kl reports, by Kafka's name in Kafka's order (alphabetical)."""
@@ -185,8 +224,16 @@ _KL_NAMES = re.compile(r"\b(" + "|".join(KAFKA_NAME) + r")\b")
 def kafka_configs(config: TopicConfig) -> list[KafkaConfig]:
     """``config`` as Kafka's topic configs, in Kafka's order."""
     return [
-        KafkaConfig(s.name, _value(s, config), _value(s, _DEFAULTS), s.fixed is not None and s.from_kafka is None,
-                    s.kl_name, s.doc, s.type, s.broker_name)  # fmt: skip
+        KafkaConfig(
+            s.name,
+            _value(s, config),
+            _value(s, _DEFAULTS),
+            s.fixed is not None and s.from_kafka is None,
+            s.kl_name,
+            s.doc,
+            s.type,
+            s.broker_name,
+        )
         for s in SETTINGS
     ]
 
