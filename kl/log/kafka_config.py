@@ -17,12 +17,18 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kl.errors import InvalidConfig
+from kl.errors import ConfigNotAlterable, InvalidConfig
 from kl.log.config import TopicConfig
 
 LONG_MAX = (1 << 63) - 1
 """Java's Long.MAX_VALUE: Kafka's "never" for flush.messages and flush.ms."""
 INT_MAX = (1 << 31) - 1
+SOURCE_TOPIC = 1
+"""Kafka's config source DYNAMIC_TOPIC_CONFIG: a value set on the topic."""
+SOURCE_BROKER = 4
+"""STATIC_BROKER_CONFIG: a value the broker was started with (``kl serve``'s options)."""
+SOURCE_DEFAULT = 5
+"""DEFAULT_CONFIG: the default value."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ class KafkaConfig:
     @property
     def is_default(self) -> bool:
         return self.value == self.default
+
+    @property
+    def source(self) -> int:
+        """Where the value comes from, as Kafka says it: the topic's own (a value other than
+        the default: kl keeps every setting in ``topic.json``, one equal to the default
+        reads as the default) or the default."""
+        return SOURCE_DEFAULT if self.is_default else SOURCE_TOPIC
 
 
 def _long(name: str, text: str, low: int, high: int = LONG_MAX) -> int:
@@ -247,7 +260,8 @@ def _value(setting: Setting, config: TopicConfig) -> str:
 def kl_settings(configs: Mapping[str, str | None]) -> dict[str, int | None]:
     """Kafka-named ``configs`` as kl's settings (None stays None: back to the default).
     A read-only config may be given its fixed value (or its default: the same).  Raises
-    ``InvalidConfig`` naming the Kafka config that is unknown, read-only or out of range."""
+    ``InvalidConfig`` naming the Kafka config that is unknown or out of range,
+    ``ConfigNotAlterable`` one that is read-only."""
     settings: dict[str, int | None] = {}
     for name, text in configs.items():
         setting = BY_NAME.get(name)
@@ -256,7 +270,7 @@ def kl_settings(configs: Mapping[str, str | None]) -> dict[str, int | None]:
         if setting.from_kafka is None:
             if text is None or text.strip() == setting.fixed:
                 continue  # what it is already
-            raise InvalidConfig(f"{name} cannot be set: kl's topics always have {name}={setting.fixed}")
+            raise ConfigNotAlterable(f"{name} cannot be set: kl's topics always have {name}={setting.fixed}")
         if text is None:
             value = None if setting.kl_name is None else getattr(_DEFAULTS, setting.kl_name)
         else:
@@ -268,8 +282,9 @@ def kl_settings(configs: Mapping[str, str | None]) -> dict[str, int | None]:
 
 def with_kafka_configs(config: TopicConfig, configs: Mapping[str, str | None]) -> TopicConfig:
     """``config`` with Kafka-named ``configs`` set (a value of None: back to kl's
-    default).  Raises ``InvalidConfig`` with a one-line message in Kafka's names; the
-    rules of an alteration (what only grows) are ``TopicConfig.altered``'s."""
+    default).  Raises ``InvalidConfig`` and ``ConfigNotAlterable`` with a one-line
+    message in Kafka's names; the rules of an alteration (what only grows) are
+    ``TopicConfig.altered``'s."""
     changes = kl_settings(configs)
     try:
         return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
