@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import pprint
+import re
 import socket
 import struct
 import threading
@@ -1227,6 +1228,64 @@ def client_recreated(endpoint: Endpoint, clients: Programs, how: str, topic: str
     return {"old": read[:a], "deleted": read[a:b], "created": read[b:c], "new": read[c:], "errors": answers[0]["errors"]}
 
 
+# ----------------------------------------------------------------- scenarios: topics' configs
+
+CONFIGS = "org.apache.kafka.tools.ConfigCommand"
+"""kafka-configs.sh."""
+BROKER_DEFAULTS = ("min.insync.replicas=1", "flush.messages=9223372036854775807")
+"""What Kafka's ``kafka-topics --describe`` lists of the oracle's broker settings beside a
+topic's own (a cluster default and a static setting of kafka_oracle.SETTINGS): no setting
+of the topic's, absent from kl's, which has no such broker settings."""
+
+
+def _own_synonyms(printed: str) -> str:
+    """kafka-configs' description with each config's synonyms cut to the topic's own
+    (DYNAMIC_TOPIC_CONFIG): the broker's defaults behind them are the oracle's settings
+    and names (log.retention.ms=-1, log.retention.hours=168), kl's its own defaults."""
+
+    def own(found: re.Match[str]) -> str:
+        kept = [s for s in found.group(1).split(", ") if s.startswith("DYNAMIC_TOPIC_CONFIG:")]
+        return "synonyms={" + ", ".join(kept) + "}"
+
+    return re.sub(r"synonyms=\{([^}]*)\}", own, printed)
+
+
+def _described_topic(printed: str) -> dict[str, Any]:
+    """kafka-topics --describe's first line as fields, its configs sorted, without the
+    broker's (``BROKER_DEFAULTS``) and the topic id (another each creation)."""
+    fields = dict(field.split(": ", 1) for field in printed.splitlines()[0].split("\t") if ": " in field)
+    configs = sorted(c for c in fields.pop("Configs", "").split(",") if c and c not in BROKER_DEFAULTS)
+    fields.pop("TopicId")
+    return {**fields, "Configs": configs}
+
+
+def configs_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-topics creating a topic with configs (and again with --if-not-exists:
+    nothing), describing it; kafka-configs describing its configs, adding two, deleting
+    one, describing them after each."""
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    lib = endpoint.lib
+    entity = (*bootstrap, "--entity-type", "topics", "--entity-name", topic)
+
+    def configs() -> str:
+        return _own_synonyms(tool(lib, CONFIGS, *entity, "--describe"))
+
+    create = (TOPICS, *bootstrap, "--create", "--if-not-exists", "--topic", topic, "--partitions", "2",
+              "--config", "retention.ms=3600000", "--config", "segment.bytes=2000000")  # fmt: skip
+    seen: dict[str, Any] = {"created": tool(lib, *create), "again": tool(lib, *create)}
+    seen["described"] = _described_topic(tool(lib, TOPICS, *bootstrap, "--describe", "--topic", topic))
+    seen["configs"] = configs()
+    seen["added"] = tool(lib, CONFIGS, *entity, "--alter", "--add-config", "retention.ms=7200000,max.message.bytes=2000000")
+    seen["configs after adding"] = configs()
+    seen["deleted"] = tool(lib, CONFIGS, *entity, "--alter", "--delete-config", "retention.ms")
+    seen["configs after deleting"] = configs()
+    try:
+        tool(lib, CONFIGS, *entity, "--alter", "--add-config", "retention.ms=-5")
+    except AssertionError as e:  # the cause, without the arguments (its bootstrap address) the error line repeats
+        seen["out of range"] = next(line for line in str(e).splitlines() if line.startswith("Caused by: "))
+    return seen
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1501,3 +1560,31 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
         assert time.monotonic() - started < 1
     finally:
         b.stop()
+
+
+def test_kafka_configs_and_kafka_topics_create_describe_alter_and_delete_configs(endpoints) -> None:
+    """Stated differences, normalized in the scenario: the synonyms behind a topic's
+    config (the broker's defaults: the oracle's settings, kl's defaults) and the broker
+    settings kafka-topics lists beside a topic's own (``BROKER_DEFAULTS``)."""
+    seen = same(configs_tool, endpoints, topic="configured")
+    own = "sensitive=false synonyms={{DYNAMIC_TOPIC_CONFIG:{0}}}"
+    assert seen == {
+        "created": "Created topic configured.\n",
+        "again": "",
+        "described": {"Topic": "configured", "PartitionCount": "2", "ReplicationFactor": "1",
+                      "Configs": ["retention.ms=3600000", "segment.bytes=2000000"]},
+        "configs": "Dynamic configs for topic configured are:\n"
+                   f"  retention.ms=3600000 {own.format('retention.ms=3600000')}\n"
+                   f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "added": "Completed updating config for topic configured.\n",
+        "configs after adding": "Dynamic configs for topic configured are:\n"
+                                f"  max.message.bytes=2000000 {own.format('max.message.bytes=2000000')}\n"
+                                f"  retention.ms=7200000 {own.format('retention.ms=7200000')}\n"
+                                f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "deleted": "Completed updating config for topic configured.\n",
+        "configs after deleting": "Dynamic configs for topic configured are:\n"
+                                  f"  max.message.bytes=2000000 {own.format('max.message.bytes=2000000')}\n"
+                                  f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "out of range": "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value -5 for "
+                        "configuration retention.ms: Value must be at least -1",
+    }  # fmt: skip

@@ -516,8 +516,9 @@ def test_create_and_alter_take_kafkas_config_names_with_durations_for_times(root
     ("args", "code", "error"),
     [
         (["--config", "cleanup.policy=compact"], 1,
-         "Error: invalid value 'compact' for cleanup.policy: kl does not compact; only delete is taken"),
-        (["--config", "retention.ms=0"], 1, "Error: invalid value 0 for retention.ms: kl takes -1 (no limit) or more than 0"),
+         "Error: Invalid value compact for configuration cleanup.policy: kl does not compact; only delete is taken"),
+        (["--config", "retention.ms=0"], 1,
+         "Error: Invalid value 0 for configuration retention.ms: kl takes -1 (no limit) or more than 0"),
         (["--config", "min.insync.replicas=2"], 1,
          "Error: min.insync.replicas cannot be set: kl's topics always have min.insync.replicas=1"),
         (["--config", "segment.jitter.ms=5"], 1, "Error: unknown topic config segment.jitter.ms: kl takes cleanup.policy, "

@@ -75,15 +75,22 @@ class KafkaConfig:
         return SOURCE_DEFAULT if self.is_default else SOURCE_TOPIC
 
 
-def _long(name: str, text: str, low: int, high: int = LONG_MAX) -> int:
-    """Kafka's value ``text`` of ``name``, a whole number from ``low`` to ``high``."""
+def _long(name: str, text: str, low: int, kind: str = "LONG") -> int:
+    """Kafka's value ``text`` of ``name``, a whole number of ``kind`` (``INT``, ``LONG``)
+    from ``low``; refused in Kafka's words."""
     try:
         value = int(text.strip(), 10)
     except (ValueError, AttributeError):
-        raise InvalidConfig(f"invalid value {text!r} for {name}: not a whole number") from None
-    if not low <= value <= high:
-        raise InvalidConfig(f"invalid value {value} for {name}: it must be from {low} to {high}")
+        value = None
+    if value is None or not -(1 << 63) <= value <= (INT_MAX if kind == "INT" else LONG_MAX):
+        raise InvalidConfig(f"{_invalid(name, text)}Not a number of type {kind}")
+    if value < low:
+        raise InvalidConfig(f"{_invalid(name, value)}Value must be at least {low}")
     return value
+
+
+def _invalid(name: str, value: object) -> str:
+    return f"Invalid value {value} for configuration {name}: "
 
 
 def _unlimited(name: str) -> Callable[[str], int]:
@@ -93,7 +100,7 @@ def _unlimited(name: str) -> Callable[[str], int]:
     def from_kafka(text: str) -> int:
         value = _long(name, text, -1)
         if value == 0:
-            raise InvalidConfig(f"invalid value 0 for {name}: kl takes -1 (no limit) or more than 0")
+            raise InvalidConfig(f"{_invalid(name, 0)}kl takes -1 (no limit) or more than 0")
         return max(value, 0)
 
     return from_kafka
@@ -105,20 +112,20 @@ def _never(name: str, low: int, zero: str = "") -> Callable[[str], int]:
     def from_kafka(text: str) -> int:
         value = _long(name, text, low)
         if value == 0:
-            raise InvalidConfig(f"invalid value 0 for {name}: {zero}")
+            raise InvalidConfig(f"{_invalid(name, 0)}{zero}")
         return 0 if value == LONG_MAX else value
 
     return from_kafka
 
 
-def _plain(name: str, high: int = LONG_MAX) -> Callable[[str], int]:
-    return lambda text: _long(name, text, 0, high)
+def _plain(name: str, kind: str) -> Callable[[str], int]:
+    return lambda text: _long(name, text, 0, kind)
 
 
 def _policy(text: str) -> int:
     policies = [p.strip() for p in text.split(",")]
     if policies != ["delete"]:
-        raise InvalidConfig(f"invalid value {text!r} for cleanup.policy: kl does not compact; only delete is taken")
+        raise InvalidConfig(f"{_invalid('cleanup.policy', text)}kl does not compact; only delete is taken")
     return 0
 
 
@@ -171,7 +178,7 @@ SETTINGS = (
         "message.max.bytes",
         "the largest message, kl's header included",
         kl_name="max_message_bytes",
-        from_kafka=_plain("max.message.bytes", INT_MAX),
+        from_kafka=_plain("max.message.bytes", "INT"),
     ),
     Setting(
         "message.timestamp.type",
@@ -213,7 +220,7 @@ SETTINGS = (
         "log.segment.bytes",
         "roll to a new segment file past this size",
         kl_name="segment_bytes",
-        from_kafka=_plain("segment.bytes"),
+        from_kafka=_plain("segment.bytes", "INT"),
     ),
     Setting("segment.ms", "LONG", "log.roll.ms", "Long.MAX: kl rolls segments by size only, never by age", fixed=str(LONG_MAX)),
     Setting(
