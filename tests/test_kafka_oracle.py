@@ -1262,7 +1262,8 @@ def _described_topic(printed: str) -> dict[str, Any]:
 def configs_tool(endpoint: Endpoint, topic: str) -> Any:
     """kafka-topics creating a topic with configs (and again with --if-not-exists:
     nothing), describing it; kafka-configs describing its configs, adding two, deleting
-    one, describing them after each."""
+    one, describing them after each, refusing a value out of range; and describing the
+    broker's dynamic configs."""
     bootstrap = ("--bootstrap-server", endpoint.bootstrap)
     lib = endpoint.lib
     entity = (*bootstrap, "--entity-type", "topics", "--entity-name", topic)
@@ -1283,7 +1284,22 @@ def configs_tool(endpoint: Endpoint, topic: str) -> Any:
         tool(lib, CONFIGS, *entity, "--alter", "--add-config", "retention.ms=-5")
     except AssertionError as e:  # the cause, without the arguments (its bootstrap address) the error line repeats
         seen["out of range"] = next(line for line in str(e).splitlines() if line.startswith("Caused by: "))
+    admin = AdminClient({"bootstrap.servers": endpoint.bootstrap, "socket.timeout.ms": 10_000})
+    (node,) = admin.list_topics(timeout=CALL_TIMEOUT).brokers
+    broker = tool(lib, CONFIGS, *bootstrap, "--describe", "--entity-type", "brokers", "--entity-name", str(node))
+    seen["broker"] = broker.replace(f"broker {node} ", "broker N ")  # Kafka's is 1, kl's from its address
     return seen
+
+
+def compacted(endpoint: Endpoint, topic: str) -> str:
+    """kafka-configs setting cleanup.policy=compact: the cause it prints ("" when taken)."""
+    endpoint.create_topic(topic)
+    entity = ("--bootstrap-server", endpoint.bootstrap, "--entity-type", "topics", "--entity-name", topic)
+    try:
+        tool(endpoint.lib, CONFIGS, *entity, "--alter", "--add-config", "cleanup.policy=compact")
+    except AssertionError as e:
+        return next(line for line in str(e).splitlines() if line.startswith("Caused by: "))
+    return ""
 
 
 # ----------------------------------------------------------------- tests
@@ -1587,4 +1603,15 @@ def test_kafka_configs_and_kafka_topics_create_describe_alter_and_delete_configs
                                   f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
         "out of range": "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value -5 for "
                         "configuration retention.ms: Value must be at least -1",
+        "broker": "Dynamic configs for broker N are:\n",  # none: kl's are its options, Kafka's oracle's static
     }  # fmt: skip
+
+
+def test_kafka_configs_setting_compaction_is_refused_by_kl_which_does_not_compact(endpoints) -> None:
+    """A stated difference (kl-topics(1)): Kafka takes cleanup.policy=compact, kl refuses it."""
+    oracle, kl_serve = endpoints
+    assert observe(compacted, oracle, topic="compacted") == ""
+    assert observe(compacted, kl_serve, topic="compacted") == (
+        "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value compact for configuration "
+        "cleanup.policy: kl does not compact; only delete is taken"
+    )
