@@ -16,7 +16,7 @@ from test_kafka_admin import creatable
 
 import kl
 from kl.log.config import CONFIG_FILE
-from kl.log.kafka_config import LONG_MAX
+from kl.log.kafka_config import BY_NAME, LONG_MAX, kafka_configs, with_kafka_configs
 from kl.net.kafka import errors as kafka_errors
 
 TOPIC, BROKER = 2, 4
@@ -320,3 +320,27 @@ def test_confluent_admin_client_creates_with_configs_describes_and_alters(served
     (broker,) = admin.describe_configs([confluent_admin.ConfigResource("broker", str(node))], request_timeout=10).values()
     entries = broker.result(10)
     assert entries["num.partitions"].value == "1" and entries["num.partitions"].is_read_only
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "kl_values"),
+    [
+        ("retention.ms", ["-1", "1", "604800000", str(LONG_MAX)], [0, 1, 604_800_000, LONG_MAX]),
+        ("retention.bytes", ["-1", "1", str(1 << 40)], [0, 1, 1 << 40]),
+        ("flush.messages", ["1", "1000", str(LONG_MAX)], [1, 1000, 0]),
+        ("flush.ms", ["1", "1000", str(LONG_MAX)], [1, 1000, 0]),
+        ("segment.bytes", ["1048576", str((1 << 31) - 1)], [1 << 20, (1 << 31) - 1]),
+        ("max.message.bytes", ["64", "1048576"], [64, 1 << 20]),
+    ],
+)
+def test_kafkas_values_convert_to_kls_settings_and_back_exactly(name, values, kl_values):
+    setting = BY_NAME[name].kl_name
+    for value, kl_value in zip(values, kl_values, strict=True):
+        config = with_kafka_configs(kl.TopicConfig(max_message_bytes=64, segment_bytes=1 << 20), {name: value})
+        assert getattr(config, setting) == kl_value
+        assert {c.name: c.value for c in kafka_configs(config)}[name] == value
+
+
+def test_a_kafka_config_back_to_its_default_is_kls_default():
+    set_ = with_kafka_configs(kl.TopicConfig(), {"retention.ms": "-1", "flush.ms": str(LONG_MAX)})
+    assert with_kafka_configs(set_, {"retention.ms": None, "flush.ms": None}) == kl.TopicConfig()
