@@ -92,12 +92,13 @@ def _described(broker: Broker, kind: int, name: str) -> list[tuple[KafkaConfig, 
         if name == "":
             return []  # the cluster's dynamic defaults: kl has none
         if name != str(broker.node_id):
-            raise Refused(INVALID_REQUEST, f"this is broker {broker.node_id}, not {name}")
-        return broker_configs(broker)
+            text = f"Unexpected broker id, expected {broker.node_id} or empty string, but received {name}"  # Kafka's words
+            raise Refused(INVALID_REQUEST, text)
+        return _broker_configs(broker)
     raise Refused(INVALID_REQUEST, f"resources of type {kind} have no configs here (topics: 2, brokers: 4)")
 
 
-def broker_configs(broker: Broker) -> list[tuple[KafkaConfig, int]]:
+def _broker_configs(broker: Broker) -> list[tuple[KafkaConfig, int]]:
     """The daemon's settings under Kafka's broker config names, read-only: its options
     (as a broker's static config) and, as the defaults of topics' configs, kl's defaults."""
     config = broker.server.config
