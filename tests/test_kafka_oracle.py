@@ -1302,6 +1302,26 @@ def compacted(endpoint: Endpoint, topic: str) -> str:
     return ""
 
 
+CONFIG_STEPS = ("create", "again", "configs", "altered")
+"""The steps of a program's admin op (tests/kafka-java/src/AdminOps.java, franz/admin.go)
+about topics' configs."""
+
+
+def admin_client_configs(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A program's admin op (the Java Admin client's, franz-go's kadm): its steps about a
+    topic's configs (``CONFIG_STEPS``), max.message.bytes at its default shown as
+    "default": kl's is 1 MiB of messages (its header counted), Kafka's 1 MiB batches and
+    their overhead (1048588) -- a stated difference."""
+    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
+    seen = clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10})
+    steps = {name: seen[name] for name in CONFIG_STEPS}
+    for name in ("configs", "altered"):
+        found = steps[name].get("max.message.bytes") if isinstance(steps[name], dict) else None
+        if isinstance(found, list) and found[1:2] == ["DEFAULT_CONFIG"]:
+            found[0] = "default"
+    return steps
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1615,3 +1635,13 @@ def test_kafka_configs_setting_compaction_is_refused_by_kl_which_does_not_compac
         "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value compact for configuration "
         "cleanup.policy: kl does not compact; only delete is taken"
     )
+
+
+@pytest.mark.parametrize("client", ["java", "franz"])
+def test_the_java_and_franz_admin_clients_create_describe_and_alter_configs_alike(endpoints, go, java, client) -> None:
+    seen = same(admin_client_configs, endpoints, clients=programs(client, go, java), topic=f"admin-configs-{client}")
+    assert seen["create"] == "ok" and seen["again"] == {"error": seen["again"]["error"]}
+    retention = seen["configs"]["retention.ms"]
+    assert retention[:2] == ["3600000", "DYNAMIC_TOPIC_CONFIG"]
+    assert seen["altered"]["retention.ms"][:2] == ["7200000", "DYNAMIC_TOPIC_CONFIG"]
+    assert seen["altered"]["max.message.bytes"][:2] == ["default", "DEFAULT_CONFIG"]
