@@ -159,10 +159,10 @@ def alter(ctx: click.Context, topic: str, configs: dict[str, str], **settings: i
     turned off.
     """
     changes = {name: value for name, value in _with_configs(settings, configs).items() if value is not None}
-    if not changes:
+    if not changes and not configs:
         raise click.UsageError("nothing to change: give at least one setting (see --help)")
     root = get_root(ctx)
-    old = root.config(topic)
+    old = root.config(topic)  # and with only configs kl has already (cleanup.policy=delete), that it exists
     root.alter_topic(topic, **changes)
     done = [f"{name} {getattr(old, name)} -> {value}" for name, value in changes.items() if getattr(old, name) != value]
     note(f"altered topic {topic}: {', '.join(done)}" if done else f"topic {topic} already has these settings")

@@ -553,3 +553,13 @@ def test_create_if_not_exists_changes_nothing_of_a_topic_there(root):
     assert made.exit_code == 0 and kl.Root(root.path).config("u").retention_ms == 3_600_000
     refused = kl_cli(root, "topics", "create", "v", "--if-not-exists", "--config", "cleanup.policy=compact")
     assert refused.exit_code == 1 and "kl does not compact" in refused.stderr and "v" not in kl.Root(root.path).topics()
+
+
+def test_alter_to_configs_kl_has_already_changes_nothing_and_succeeds(root):
+    root.create_topic("t")
+    before = config_bytes(root, "t")
+    result = kl_cli(root, "topics", "alter", "t", "--config", "cleanup.policy=delete", "--config", "min.insync.replicas=1")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+    assert config_bytes(root, "t") == before
+    missing = kl_cli(root, "topics", "alter", "nope", "--config", "cleanup.policy=delete")
+    assert missing.exit_code == 1 and "does not exist" in missing.stderr
