@@ -96,8 +96,8 @@ def test_describe_configs_shows_a_topics_settings_under_kafkas_names_with_source
     old = topic_configs(client, "t", version=1)
     assert old["retention.ms"].value == str(HOUR) and old["retention.ms"].config_source == 1
 
-    (only,) = describe(client, (TOPIC, "t", ["retention.bytes", "no.such.config"]))
-    assert list(only[2]) == ["retention.bytes"]
+    (only, none) = describe(client, (TOPIC, "t", ["retention.bytes", "no.such.config"]), (TOPIC, "t", []))
+    assert list(only[2]) == ["retention.bytes"] and none[2].keys() == values.keys()  # no keys: all, as Kafka answers
     missing, bad_type = describe(client, (TOPIC, "nope", None), (8, "1", None))
     assert missing[:1] == (kafka_errors.UNKNOWN_TOPIC_OR_PARTITION,) and missing[2] == {}
     assert bad_type[0] == kafka_errors.INVALID_REQUEST and bad_type[1]
@@ -147,11 +147,11 @@ def test_incremental_alter_configs_sets_and_deletes_and_refuses_per_resource(ser
     assert topic_configs(client, "a")["retention.ms"].config_source == 5
 
     refusals = {
-        "append to a number": ([("retention.ms", APPEND, "5")], kafka_errors.INVALID_CONFIG, "append is not allowed"),
+        "append to a number": ([("retention.ms", APPEND, "5")], kafka_errors.INVALID_CONFIG, "type is not LIST"),
         "append compact": ([("cleanup.policy", APPEND, "compact")], kafka_errors.INVALID_CONFIG, "kl does not compact"),
         "subtract delete": ([("cleanup.policy", SUBTRACT, "delete")], kafka_errors.INVALID_CONFIG, "cleanup.policy"),
         "read-only": ([("min.insync.replicas", SET, "2")], kafka_errors.POLICY_VIOLATION, "min.insync.replicas=1"),
-        "unknown": ([("segment.jitter.ms", SET, "5")], kafka_errors.INVALID_CONFIG, "unknown topic config segment.jitter.ms"),
+        "unknown": ([("segment.jitter.ms", SET, "5")], kafka_errors.INVALID_CONFIG, "Unknown topic config name"),
         "out of range": ([("retention.ms", SET, "-2")], kafka_errors.INVALID_CONFIG, "retention.ms"),
         "zero retention": ([("retention.bytes", SET, "0")], kafka_errors.INVALID_CONFIG, "-1 (no limit)"),
         "never by time 0": ([("flush.ms", SET, "0")], kafka_errors.INVALID_CONFIG, "flush.messages=1"),
@@ -159,7 +159,7 @@ def test_incremental_alter_configs_sets_and_deletes_and_refuses_per_resource(ser
         "smaller messages": ([("max.message.bytes", SET, "1000")], kafka_errors.POLICY_VIOLATION, "can only grow"),
         "segments below messages": ([("segment.bytes", SET, "1000")], kafka_errors.INVALID_CONFIG,
                                     "segment.bytes (1000) must be at least max.message.bytes"),
-        "twice": ([("retention.ms", SET, "1"), ("retention.ms", SET, "2")], kafka_errors.INVALID_REQUEST, "more than once"),
+        "twice": ([("retention.ms", SET, "1"), ("retention.ms", SET, "2")], kafka_errors.INVALID_REQUEST, "duplicate config"),
     }  # fmt: skip
     before = root.config("a")
     for what, (changes, code, text) in refusals.items():

@@ -521,8 +521,8 @@ def test_create_and_alter_take_kafkas_config_names_with_durations_for_times(root
          "Error: Invalid value 0 for configuration retention.ms: kl takes -1 (no limit) or more than 0"),
         (["--config", "min.insync.replicas=2"], 1,
          "Error: min.insync.replicas cannot be set: kl's topics always have min.insync.replicas=1"),
-        (["--config", "segment.jitter.ms=5"], 1, "Error: unknown topic config segment.jitter.ms: kl takes cleanup.policy, "
-         "flush.messages, flush.ms, max.message.bytes, retention.bytes, retention.ms, segment.bytes"),
+        (["--config", "segment.jitter.ms=5"], 1, "Error: Unknown topic config name: segment.jitter.ms (kl takes cleanup.policy, "
+         "flush.messages, flush.ms, max.message.bytes, retention.bytes, retention.ms, segment.bytes)"),
         (["--config", "max.message.bytes=100"], 1, "Error: max_message_bytes can only grow: the topic has 1048576, not 100"),
         (["--config", "retention.ms=7x"], 2, "Error: Invalid value for '--config': '7x' is not a duration such as 2d, 12h, "
          "90m, 1h30m, 45s, 500ms or PT1H30M"),

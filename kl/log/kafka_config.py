@@ -273,7 +273,7 @@ def kl_settings(configs: Mapping[str, str | None]) -> dict[str, int | None]:
     for name, text in configs.items():
         setting = BY_NAME.get(name)
         if setting is None:
-            raise InvalidConfig(f"unknown topic config {name}: kl takes {', '.join(ALTERABLE)}")
+            raise InvalidConfig(f"Unknown topic config name: {name} (kl takes {', '.join(ALTERABLE)})")
         if setting.from_kafka is None:
             if text is None or text.strip() == setting.fixed:
                 continue  # what it is already

@@ -78,7 +78,7 @@ def describe_configs(broker: Broker, conn: Connection, version: int, request: An
         configs = [
             _entry(entry, source, request.include_synonyms, request.include_documentation)
             for entry, source in entries
-            if keys is None or entry.name in keys
+            if not keys or entry.name in keys  # none: all, as Kafka answers
         ]
         results.append(result(error_code=NONE, error_message=None, resource_type=kind, resource_name=name, configs=configs))
     return DescribeConfigsResponse(throttle_time_ms=0, results=results)
@@ -167,7 +167,7 @@ def _unique(names: Iterable[str]) -> None:
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise Refused(INVALID_REQUEST, f"config {name} is named more than once")
+            raise Refused(INVALID_REQUEST, f"Error due to duplicate config keys: {name}")  # Kafka's words
         seen.add(name)
 
 
@@ -182,8 +182,8 @@ def _operated(change: Any, current: dict[str, str]) -> str | None:
         raise Refused(INVALID_REQUEST, f"unknown config operation {op} for {name}")
     setting = kafka_config.BY_NAME.get(name)
     if setting is None or setting.type != "LIST":
-        verb = "append" if op == APPEND else "subtract"
-        raise Refused(INVALID_CONFIG, f"Config value {verb} is not allowed for config key: {name}")  # Kafka's words
+        verb = "APPEND" if op == APPEND else "SUBTRACT"
+        raise Refused(INVALID_CONFIG, f"Can't {verb} to key {name} because its type is not LIST.")  # Kafka's words
     values = [v for v in current[name].split(",") if v]
     given = [v.strip() for v in (change.value or "").split(",") if v.strip()]
     if op == APPEND:

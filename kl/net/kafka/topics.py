@@ -161,7 +161,7 @@ def _configured(config: TopicConfig, configs: list[Any]) -> TopicConfig:
     named = collections.Counter(c.name for c in configs)
     for c in configs:
         if named[c.name] > 1:
-            raise Refused(INVALID_REQUEST, f"config {c.name} is named more than once")
+            raise Refused(INVALID_REQUEST, f"Error due to duplicate config keys: {c.name}")  # Kafka's words
         if c.value is None:
             raise Refused(INVALID_REQUEST, f"Null value not supported for topic configs: {c.name}")  # Kafka's words
     try:
