@@ -49,6 +49,7 @@ import kafka.errors
 import kafkafuzz as fz
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.admin.configs import DescribeConfigsRequest, IncrementalAlterConfigsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
@@ -63,7 +64,15 @@ import kl
 from kl.log import message as m
 from kl.log import messageset
 from kl.log.validate import Checked
-from kl.net.kafka.errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
+from kl.net.kafka.errors import (
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    INVALID_TOPIC_EXCEPTION,
+    OFFSET_OUT_OF_RANGE,
+    UNKNOWN_LEADER_EPOCH,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from kl.net.kafka.frontend import _responses
 
 from kafka_clients import Daemon
@@ -1322,6 +1331,42 @@ def admin_client_configs(endpoint: Endpoint, clients: Programs, topic: str) -> A
     return steps
 
 
+def configs_refused(endpoint: Endpoint, topic: str) -> Any:
+    """DescribeConfigs and IncrementalAlterConfigs (validate-only) on the wire: the error
+    codes of what both refuse, how many configs no keys and two keys (one unknown) give,
+    and Kafka's words for an APPEND to a number."""
+    endpoint.create_topic(topic)
+    asked = DescribeConfigsRequest.DescribeConfigsResource
+
+    def described(kind: int, name: str, keys: list[str] | None) -> tuple[int, int]:
+        (result,) = ask(endpoint, DescribeConfigsRequest, 4, resources=[asked(resource_type=kind, resource_name=name,
+                        configuration_keys=keys)], include_synonyms=False, include_documentation=False).results  # fmt: skip
+        return result.error_code, len(result.configs)
+
+    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
+
+    def altered(*changes: tuple[str, int, str]) -> tuple[int, str | None]:
+        configs = [resource.AlterableConfig(name=k, config_operation=op, value=v) for k, op, v in changes]
+        (answer,) = ask(endpoint, IncrementalAlterConfigsRequest, 1, validate_only=True,
+                        resources=[resource(resource_type=2, resource_name=topic, configs=configs)]).responses  # fmt: skip
+        return answer.error_code, answer.error_message
+
+    everything = described(2, topic, None)
+    (node,) = ask(endpoint, MetadataRequest, 12, topics=[], allow_auto_topic_creation=False,
+                  include_topic_authorized_operations=False).brokers  # fmt: skip
+    return {
+        "no keys is all": described(2, topic, []) == everything and everything[1] > 1,
+        "two keys": described(2, topic, ["retention.ms", "no.such.config"]),
+        "no topic": described(2, f"{topic}-nope", None)[0],
+        "bad name": described(2, "bad name!", None)[0],
+        "another broker": described(4, str(node.node_id + 1), None)[0],
+        "append to a number": altered(("retention.ms", 2, "5")),
+        "unknown": altered(("no.such.config", 0, "5"))[0],
+        "twice": altered(("retention.ms", 0, "1"), ("retention.ms", 0, "2"))[0],
+        "taken": altered(("retention.ms", 0, "7200000")),
+    }
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1645,3 +1690,18 @@ def test_the_java_and_franz_admin_clients_create_describe_and_alter_configs_alik
     assert retention[:2] == ["3600000", "DYNAMIC_TOPIC_CONFIG"]
     assert seen["altered"]["retention.ms"][:2] == ["7200000", "DYNAMIC_TOPIC_CONFIG"]
     assert seen["altered"]["max.message.bytes"][:2] == ["default", "DEFAULT_CONFIG"]
+
+
+def test_describe_and_alter_configs_refuse_what_kafka_refuses_with_its_codes(endpoints) -> None:
+    seen = same(configs_refused, endpoints, topic="configs-refused")
+    assert seen == {
+        "no keys is all": True,
+        "two keys": (0, 1),
+        "no topic": UNKNOWN_TOPIC_OR_PARTITION,
+        "bad name": INVALID_TOPIC_EXCEPTION,
+        "another broker": INVALID_REQUEST,
+        "append to a number": (INVALID_CONFIG, "Can't APPEND to key retention.ms because its type is not LIST."),
+        "unknown": INVALID_CONFIG,
+        "twice": INVALID_REQUEST,
+        "taken": (0, None),
+    }
