@@ -1345,7 +1345,7 @@ def configs_refused(endpoint: Endpoint, topic: str) -> Any:
 
     resource = IncrementalAlterConfigsRequest.AlterConfigsResource
 
-    def altered(*changes: tuple[str, int, str]) -> tuple[int, str | None]:
+    def altered(*changes: tuple[str, int, str | None]) -> tuple[int, str | None]:
         configs = [resource.AlterableConfig(name=k, config_operation=op, value=v) for k, op, v in changes]
         (answer,) = ask(endpoint, IncrementalAlterConfigsRequest, 1, validate_only=True,
                         resources=[resource(resource_type=2, resource_name=topic, configs=configs)]).responses  # fmt: skip
@@ -1363,6 +1363,7 @@ def configs_refused(endpoint: Endpoint, topic: str) -> Any:
         "append to a number": altered(("retention.ms", 2, "5")),
         "unknown": altered(("no.such.config", 0, "5"))[0],
         "twice": altered(("retention.ms", 0, "1"), ("retention.ms", 0, "2"))[0],
+        "null": altered(("retention.ms", 0, None)),
         "taken": altered(("retention.ms", 0, "7200000")),
     }
 
@@ -1703,5 +1704,6 @@ def test_describe_and_alter_configs_refuse_what_kafka_refuses_with_its_codes(end
         "append to a number": (INVALID_CONFIG, "Can't APPEND to key retention.ms because its type is not LIST."),
         "unknown": INVALID_CONFIG,
         "twice": INVALID_REQUEST,
+        "null": (INVALID_REQUEST, "Null value not supported for : retention.ms"),
         "taken": (0, None),
     }

@@ -146,7 +146,7 @@ def alter_configs(broker: Broker, conn: Connection, version: int, request: Any, 
     def changes(resource: Any, config: TopicConfig) -> dict[str, str | None]:
         """The whole config: what is not named goes back to its default."""
         _unique(c.name for c in resource.configs)
-        return dict.fromkeys(kafka_config.ALTERABLE) | {c.name: c.value for c in resource.configs}
+        return dict.fromkeys(kafka_config.ALTERABLE) | {c.name: _not_null(c.name, c.value) for c in resource.configs}
 
     answers = _altered(broker, conn, request, changes, AlterConfigsResponse.AlterConfigsResourceResponse)
     return AlterConfigsResponse(throttle_time_ms=0, responses=answers)
@@ -171,11 +171,17 @@ def _unique(names: Iterable[str]) -> None:
         seen.add(name)
 
 
+def _not_null(name: str, value: str | None) -> str:
+    if value is None:
+        raise Refused(INVALID_REQUEST, f"Null value not supported for : {name}")  # Kafka's words
+    return value
+
+
 def _operated(change: Any, current: dict[str, str]) -> str | None:
     """The value one IncrementalAlterConfigs operation leaves (None: the default)."""
     op, name = change.config_operation, change.name
     if op == SET:
-        return change.value
+        return _not_null(name, change.value)
     if op == DELETE:
         return None
     if op not in (APPEND, SUBTRACT):
