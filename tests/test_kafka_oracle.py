@@ -50,6 +50,7 @@ import kafkafuzz as fz
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.admin.configs import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+from kafka.protocol.admin.topics import CreateTopicsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
@@ -1368,6 +1369,29 @@ def configs_refused(endpoint: Endpoint, topic: str) -> Any:
     }
 
 
+def created_with_configs(endpoint: Endpoint, topic: str) -> Any:
+    """CreateTopics v7 (validate-only) with configs: each answer's error code and message
+    (the code alone for an unknown config: kl names the ones it takes) and, where it is
+    taken, retention.ms as the answer gives it."""
+    asked = CreateTopicsRequest.CreatableTopic
+    cases = {
+        "twice": [("retention.ms", "1"), ("retention.ms", "2")],
+        "null": [("retention.ms", None)],
+        "unknown": [("no.such.config", "1")],
+        "out of range": [("retention.ms", "-5")],
+        "unlimited": [("retention.ms", "-1")],
+    }
+    seen: dict[str, Any] = {}
+    for case, configs in cases.items():
+        wanted = asked(name=topic, num_partitions=1, replication_factor=1, assignments=[],
+                       configs=[asked.CreatableTopicConfig(name=k, value=v) for k, v in configs])  # fmt: skip
+        (answer,) = ask(endpoint, CreateTopicsRequest, 7, topics=[wanted], timeout_ms=5000, validate_only=True).topics
+        retention = [(c.value, c.config_source) for c in answer.configs or [] if c.name == "retention.ms"]
+        message = None if case == "unknown" else answer.error_message
+        seen[case] = (answer.error_code, message, retention)
+    return seen
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1706,4 +1730,15 @@ def test_describe_and_alter_configs_refuse_what_kafka_refuses_with_its_codes(end
         "twice": INVALID_REQUEST,
         "null": (INVALID_REQUEST, "Null value not supported for : retention.ms"),
         "taken": (0, None),
+    }
+
+
+def test_create_topics_takes_configs_and_refuses_them_as_kafka_does(endpoints) -> None:
+    seen = same(created_with_configs, endpoints, topic="created-configured")
+    assert seen == {
+        "twice": (0, None, [("2", 1)]),  # the last value
+        "null": (INVALID_CONFIG, "Null value not supported for topic configs: retention.ms", []),
+        "unknown": (INVALID_CONFIG, None, []),
+        "out of range": (INVALID_CONFIG, "Invalid value -5 for configuration retention.ms: Value must be at least -1", []),
+        "unlimited": (0, None, [("-1", 1)]),
     }

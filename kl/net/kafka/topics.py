@@ -34,6 +34,7 @@ from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker, topic_uuid
 from kl.net.kafka.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
+    INVALID_CONFIG,
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REPLICATION_FACTOR,
@@ -157,13 +158,11 @@ def _check_replicas(replica_lists: Any) -> None:
 
 
 def _configured(config: TopicConfig, configs: list[Any]) -> TopicConfig:
-    """``config`` with the Kafka-named settings of a CreateTopics (``kl.log.kafka_config``)."""
-    named = collections.Counter(c.name for c in configs)
+    """``config`` with the Kafka-named settings of a CreateTopics (``kl.log.kafka_config``);
+    a config named twice has its last value, as in Kafka."""
     for c in configs:
-        if named[c.name] > 1:
-            raise Refused(INVALID_REQUEST, f"Error due to duplicate config keys: {c.name}")  # Kafka's words
         if c.value is None:
-            raise Refused(INVALID_REQUEST, f"Null value not supported for topic configs: {c.name}")  # Kafka's words
+            raise Refused(INVALID_CONFIG, f"Null value not supported for topic configs: {c.name}")  # Kafka's words
     try:
         return kafka_config.with_kafka_configs(config, {c.name: c.value for c in configs})
     except ConfigNotAlterable as e:
