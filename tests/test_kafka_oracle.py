@@ -49,7 +49,7 @@ import kafka.errors
 import kafkafuzz as fz
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.admin.configs import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+from kafka.protocol.admin.configs import AlterConfigsRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest
 from kafka.protocol.admin.topics import CreateTopicsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
@@ -1392,6 +1392,41 @@ def created_with_configs(endpoint: Endpoint, topic: str) -> Any:
     return seen
 
 
+def replaced_configs(endpoint: Endpoint, topic: str) -> Any:
+    """AlterConfigs (not incremental) of a topic created with retention.ms: what it leaves
+    of the configs it does not name, and its answers to a key twice and a null value."""
+    asked = CreateTopicsRequest.CreatableTopic
+    wanted = asked(name=topic, num_partitions=1, replication_factor=1, assignments=[],
+                   configs=[asked.CreatableTopicConfig(name="retention.ms", value="3600000")])  # fmt: skip
+    (created,) = ask(endpoint, CreateTopicsRequest, 7, topics=[wanted], timeout_ms=5000, validate_only=False).topics
+    assert created.error_code == 0, created.error_message
+    resource = AlterConfigsRequest.AlterConfigsResource
+
+    def replaced(*configs: tuple[str, str | None], validate_only: bool = False) -> int:
+        changes = [resource.AlterableConfig(name=k, value=v) for k, v in configs]
+        (answer,) = ask(endpoint, AlterConfigsRequest, 2, validate_only=validate_only,
+                        resources=[resource(resource_type=2, resource_name=topic, configs=changes)]).responses  # fmt: skip
+        return answer.error_code
+
+    def own() -> dict[str, str]:
+        """The configs set on the topic (DYNAMIC_TOPIC_CONFIG)."""
+        described = DescribeConfigsRequest.DescribeConfigsResource(resource_type=2, resource_name=topic, configuration_keys=None)
+        (result,) = ask(endpoint, DescribeConfigsRequest, 4, resources=[described], include_synonyms=False,
+                        include_documentation=False).results  # fmt: skip
+        return {c.name: c.value for c in result.configs if c.config_source == 1}
+
+    seen: dict[str, Any] = {"created": own()}
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while not seen["created"] and time.monotonic() < deadline:  # Kafka's broker has the topic's configs once its metadata does
+        time.sleep(0.1)
+        seen["created"] = own()
+    seen["validated"] = (replaced(("segment.bytes", "2000000"), validate_only=True), own())
+    seen["replaced"] = (replaced(("segment.bytes", "2000000")), own())
+    seen["twice"] = replaced(("retention.ms", "1"), ("retention.ms", "2"))
+    seen["null"] = replaced(("retention.ms", None))
+    return seen
+
+
 # ----------------------------------------------------------------- tests
 
 
@@ -1742,3 +1777,11 @@ def test_create_topics_takes_configs_and_refuses_them_as_kafka_does(endpoints) -
         "out of range": (INVALID_CONFIG, "Invalid value -5 for configuration retention.ms: Value must be at least -1", []),
         "unlimited": (0, None, [("-1", 1)]),
     }
+
+
+def test_alter_configs_replaces_a_topics_whole_config_as_kafka_does(endpoints) -> None:
+    seen = same(replaced_configs, endpoints, topic="replaced-configs")
+    assert seen["created"] == {"retention.ms": "3600000"}
+    assert seen["validated"] == (0, {"retention.ms": "3600000"})
+    assert seen["replaced"] == (0, {"segment.bytes": "2000000"})  # retention.ms, not named, back to its default
+    assert (seen["twice"], seen["null"]) == (INVALID_REQUEST, INVALID_REQUEST)
