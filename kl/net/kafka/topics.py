@@ -7,8 +7,9 @@ Changes are refused unless the daemon was started with ``--allow-admin`` (as pro
 without ``--allow-produce``).  A topic lives once on the shared file system: any
 replication factor is taken and answered as 1, the one copy there is, and a replica
 assignment only says how many partitions there are (every partition is led by the
-daemon ``Broker.leaders`` names, whichever brokers it lists).  ``validate_only`` checks
-everything and writes nothing.
+daemon ``Broker.leaders`` names, whichever brokers it lists).  A new topic's configs are
+Kafka's names (``kl.log.kafka_config``), and its answer lists them all as DescribeConfigs
+does.  ``validate_only`` checks everything and writes nothing.
 """
 
 from __future__ import annotations
