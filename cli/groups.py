@@ -1,4 +1,4 @@
-"""``kl groups list|describe|reset|delete|export|import``: consumer group administration.
+"""``kl groups list|describe|reset|delete|delete-offsets|export|import``: consumer group administration.
 
 The work is ``kl.groups``'s; this parses, calls it and renders: tables on a terminal,
 plain columns when piped, JSON with ``--json``.
@@ -29,7 +29,7 @@ NUMERIC = {"pid", "partition", "committed", "log end", "lag", "lag bytes", "lag 
 
 @click.group()
 def groups() -> None:
-    """List, describe, reset, delete, export and import consumer groups."""
+    """List, describe, reset, delete, export and import consumer groups, and delete their offsets."""
 
 
 @groups.command("list", short_help="List the groups.")
@@ -205,6 +205,34 @@ def delete(ctx: click.Context, group: str, force: bool) -> None:
     note(f"deleted group {group}")
 
 
+@groups.command("delete-offsets", short_help="Delete a group's committed offsets of a topic.")
+@click.argument("group", shell_complete=complete.groups)
+@click.argument("topic", shell_complete=complete.topics)
+@click.option(
+    "-p",
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="N",
+    shell_complete=complete.partitions("topic"),
+    help="Delete the offset of partition N only (repeatable; default: every partition of TOPIC).",
+)
+@click.option("--force", is_flag=True, help="Delete even while live members subscribe to TOPIC.")
+@click.pass_context
+def delete_offsets(ctx: click.Context, group: str, topic: str, partitions: tuple[int, ...], force: bool) -> None:
+    """Delete GROUP's committed offsets of TOPIC (kafka-consumer-groups --delete-offsets):
+    a member starting on those partitions goes by its reset policy.
+
+    Refused while a live member subscribes to TOPIC (or Kafka clients are members),
+    unless --force.  Prints one line per offset deleted: TOPIC/PARTITION: OFFSET -> deleted.
+    """
+    gone = admin.delete_offsets(get_root(ctx), group, topic, list(partitions) or None, force=force)
+    sys.stdout.write("".join(f"{topic}/{p}: {_number(old)} -> deleted\n" for p, old in gone))
+    if not gone:
+        note(f"group {group} has no committed offset of {topic}{' there' if partitions else ''}")
+
+
 @groups.command(short_help="Write committed offsets to stdout.")
 @click.argument("group", shell_complete=complete.groups)
 @click.pass_context
@@ -296,9 +324,10 @@ def _columns(header: tuple[str, ...], rows: list[list[str]]) -> list[str]:
 def _table(title: str | None, header: list[str], rows: list[list[str]], numeric: set[str]) -> None:
     from rich.console import Console
     from rich.table import Column, Table
+    from rich.text import Text
 
     columns = [Column(name, justify="right" if name in numeric else "left") for name in header]
-    table = Table(*columns, title=title, title_justify="left", box=None)
+    table = Table(*columns, title=None if title is None else Text(title), title_justify="left", box=None)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # taken as they are (a group id may hold "[b]"), not as markup
     Console().print(table)

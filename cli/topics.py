@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import click
 
 import kl
+from kl.log import kafka_config
 from kl.log.config import FORMATS, PARTITIONERS
 from kl.log.importer import import_topic
 from kl_cli import complete
@@ -59,6 +60,44 @@ def config_options(f: F) -> F:
     return f
 
 
+def _kafka_configs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """``--config KEY=VALUE``s by Kafka's name; a ``*.ms`` value may be a duration (7d, 36h)."""
+    configs: dict[str, str] = {}
+    for given in values:
+        key, equals, value = given.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key:
+            raise click.BadParameter(f"{given!r} is not KEY=VALUE", ctx, param)
+        if key in configs:
+            raise click.BadParameter(f"{key} is given more than once", ctx, param)
+        if key.endswith(".ms") and not value.lstrip("-").isdigit():
+            value = str(DURATION.convert(value, param, ctx))
+        configs[key] = value
+    return configs
+
+
+def config_option(what: str) -> Callable[[F], F]:
+    return click.option(
+        "--config",
+        "configs",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_kafka_configs,
+        help=f"{what} one of Kafka's topic configs by its name (retention.ms=7d, max.message.bytes=2000000, ...; "
+        "see kl-topics(1)); repeatable.",
+    )
+
+
+def _with_configs(settings: dict[str, object], configs: dict[str, str]) -> dict[str, object]:
+    """The settings given as options and as ``--config``s (kl's names), one way each."""
+    from_configs = kafka_config.kl_settings(configs)
+    both = sorted(name for name in from_configs if settings.get(name) is not None)
+    if both:
+        twice = ", ".join(f"--{name.replace('_', '-')} and --config {kafka_config.KAFKA_NAME[name]}" for name in both)
+        raise click.UsageError(f"{twice} set the same setting: give one")
+    return settings | from_configs
+
+
 @click.group()
 def topics() -> None:
     """Create, alter, list, describe and delete topics."""
@@ -67,11 +106,20 @@ def topics() -> None:
 @topics.command()
 @click.argument("topic")
 @config_options
+@config_option("Set")
+@click.option("--if-not-exists", is_flag=True, help="Exit 0, changing nothing, if TOPIC exists already.")
 @click.pass_context
-def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None:
+def create(ctx: click.Context, topic: str, configs: dict[str, str], if_not_exists: bool, **settings: int | str | None) -> None:
     """Create TOPIC with all its partitions."""
+    config = kl.TopicConfig.with_overrides(**_with_configs(settings, configs))  # type: ignore[arg-type]
     root = get_root(ctx)
-    config = root.create_topic(topic, kl.TopicConfig.with_overrides(**settings))
+    try:
+        config = root.create_topic(topic, config)
+    except kl.TopicExists:
+        if not if_not_exists:
+            raise
+        note(f"topic {topic} exists already: nothing changed")
+        return
     note(f"created topic {topic} with {config.partitions} partition{'s' if config.partitions != 1 else ''}")
 
 
@@ -97,8 +145,9 @@ def create(ctx: click.Context, topic: str, **settings: int | str | None) -> None
     type=click.Choice(PARTITIONERS),
     help="Partition keys with CRC-32 or murmur2 from now on (a key's later messages may go to another partition).",
 )
+@config_option("Change")
 @click.pass_context
-def alter(ctx: click.Context, topic: str, **settings: int | str | None) -> None:
+def alter(ctx: click.Context, topic: str, configs: dict[str, str], **settings: int | str | None) -> None:
     """Change settings of TOPIC; it keeps its data and its topic id.
 
     Producers, consumers and groups running take the change up without a restart.
@@ -109,11 +158,11 @@ def alter(ctx: click.Context, topic: str, **settings: int | str | None) -> None:
     change, nor can partitions or --max-message-bytes go down, nor --headers be
     turned off.
     """
-    changes = {name: value for name, value in settings.items() if value is not None}
-    if not changes:
+    changes = {name: value for name, value in _with_configs(settings, configs).items() if value is not None}
+    if not changes and not configs:
         raise click.UsageError("nothing to change: give at least one setting (see --help)")
     root = get_root(ctx)
-    old = root.config(topic)
+    old = root.config(topic)  # and with only configs kl has already (cleanup.policy=delete), that it exists
     root.alter_topic(topic, **changes)
     done = [f"{name} {getattr(old, name)} -> {value}" for name, value in changes.items() if getattr(old, name) != value]
     note(f"altered topic {topic}: {', '.join(done)}" if done else f"topic {topic} already has these settings")
@@ -177,13 +226,12 @@ def describe(ctx: click.Context, topic: str, as_json: bool, server: str | None) 
         return
     config: dict[str, object] = _config(info.config)
     config["headers"] = str(config["headers"]).lower()
-    width = max(map(len, config))
-    lines = [f"{'topic':<{width}}  {info.name}"]
-    lines += [f"{name:<{width}}  {value}" for name, value in config.items()]
+    kafka = {c.kl_name: f"{c.name}={c.value}" for c in kafka_config.kafka_configs(info.config)}
+    settings = [["topic", info.name, ""]] + [[name, str(value), kafka.pop(name, "")] for name, value in config.items()]
+    settings += [["", "", fixed] for fixed in kafka_config_lines(info.config)]
     header = [field.name for field in dataclasses.fields(kl.PartitionInfo)]
     rows = [header] + [[str(v) for v in dataclasses.astuple(p)] for p in info.partitions]
-    lines.append("")
-    lines += aligned(rows)
+    lines = aligned(settings) + [""] + aligned(rows)
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -211,11 +259,17 @@ def _config(config: kl.TopicConfig) -> dict[str, object]:
     return vars(config) | {"headers": config.holds_headers}  # its fields are plain values: asdict's copies cost more
 
 
+def kafka_config_lines(config: kl.TopicConfig) -> list[str]:
+    """``NAME=VALUE`` of the Kafka configs that are no setting of kl's (its fixed values)."""
+    return [f"{c.name}={c.value}" for c in kafka_config.kafka_configs(config) if c.kl_name is None]
+
+
 def _info_json(info: kl.TopicInfo) -> dict[str, object]:
-    """``topics describe --json``'s object: topic, config, partitions."""
+    """``topics describe --json``'s object: topic, config, its Kafka configs, partitions."""
     return {
         "topic": info.name,
         "config": _config(info.config),
+        "kafka_config": {c.name: c.value for c in kafka_config.kafka_configs(info.config)},
         "partitions": [dict(vars(p)) for p in info.partitions],
     }
 

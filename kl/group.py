@@ -355,6 +355,8 @@ class GroupConsumer:
         skip_corrupt: bool = False,
         on_lost: OnLost | None = None,
     ):
+        if not group:
+            raise InvalidConfig("a group id cannot be empty (Kafka's rule for a group's members)")
         if start not in ("earliest", "latest"):
             raise InvalidConfig(f"start must be earliest or latest, not {start!r}")
         if reset not in ("earliest", "latest", "fail"):

@@ -1,9 +1,11 @@
 """Consumer group administration: list, describe (owners, committed offsets, lag), reset,
-delete, export and import a group's offsets.  What ``kl groups`` does.
+delete, export and import a group's offsets, delete some of them.  What ``kl groups`` does.
 
-A group's files are ``kl.registry``'s.  Changes (``reset``, ``delete``, ``import_offsets``)
-are refused with ``GroupActive`` while the group has live members, unless forced: a
-member keeps its position in memory and would commit over them.  The check is made once,
+A group is named by its id, any string (Kafka's rule: ``app:v1``, ``my group``); its files
+are ``kl.registry``'s, under a name made of the id.  Changes (``reset``, ``delete``,
+``import_offsets``, ``delete_offsets``) are refused with ``GroupActive`` while the group
+has live members, unless forced: a member keeps its position in memory and would commit
+over them.  The check is made once,
 before anything is written; a member that joins meanwhile may start from the old offsets.
 
 Lag is counted from the committed offset to the log end by walking the message headers
@@ -34,7 +36,7 @@ from kl.errors import (
     UnsupportedCodec,
 )
 from kl.log.config import same_creation
-from kl.log.fsutil import ensure_dir, file_time_ns
+from kl.log.fsutil import file_time_ns
 from kl.log.log import Log, Position
 from kl.registry import (
     Committed,
@@ -59,6 +61,7 @@ __all__ = [
     "PartitionLag",
     "Status",
     "delete",
+    "delete_offsets",
     "describe",
     "export",
     "import_offsets",
@@ -283,6 +286,30 @@ def delete(root: RootLike, group: str, *, force: bool = False) -> None:
     registry.delete()
 
 
+def delete_offsets(
+    root: RootLike, group: str, topic: str, partitions: list[int] | None = None, *, force: bool = False
+) -> list[tuple[int, Position | None]]:
+    """Forget the group's committed offsets of ``topic`` (of its ``partitions``; None: of
+    every partition with one), as kafka-consumer-groups' ``--delete-offsets`` does: a
+    member starting there goes by its reset policy.  Returns (partition, the position
+    forgotten; None for a damaged offset file) of each one that had an offset.  Raises
+    ``GroupNotFound``, and ``GroupActive`` while a live member subscribes to ``topic``
+    (Kafka clients' subscriptions are their coordinator's: any of them counts; to delete
+    the offsets of another topic while they live, ask it: kafka-consumer-groups
+    --delete-offsets), unless ``force``."""
+    r = _root(root)
+    registry = _registry(r, group)
+    validate_name(topic)
+    members = registry.members()
+    _refuse_if_active(registry, [m for m in members if "kafka" in m.subscription or m.subscribes(topic)], force)
+    held = {p for t, p in registry.partitions("offsets") if t == topic}
+    found = sorted(held if partitions is None else held & set(partitions))
+    gone = [(partition, _old(registry, topic, partition)) for partition in found]
+    if found:
+        registry.forget_offsets(topic, found, _who("delete-offsets"))
+    return gone
+
+
 def export(root: RootLike, group: str) -> str:
     """The group's committed offsets, one ``TOPIC PARTITION OFFSET`` line each
     (``OFFSET+SKIP`` inside a compressed batch), sorted by topic and partition: what
@@ -324,7 +351,7 @@ def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False
         wanted[key] = offset
     _refuse_if_active(registry, registry.members(), force)
     changes = [OffsetChange(t, p, _old(registry, t, p), offset) for (t, p), offset in wanted.items()]
-    ensure_dir(registry.path)
+    registry.create()
     _write(r, registry, changes, _who("import"))
     return changes
 

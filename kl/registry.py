@@ -8,9 +8,18 @@
                                            of a partition, its last line the one that counts
     ROOT/.groups/GROUP/offsets/TOPIC/P     a committed position of a kl before commits files (text,
                                            checksummed), read where commits/TOPIC has no line of P
+    ROOT/.groups/GROUP/id                  the group's id, where GROUP is a digest (below)
     ROOT/.groups/.coordinators/GROUP       the group's Kafka coordinator (kl serve --kafka), locked
                                            while it coordinates: its address and its members'
                                            longest session timeout, rewritten every second
+
+A group id is any string (Kafka's rule); GROUP is its name on the file system
+(``group_name``): the id itself when it is 1-249 characters from A-Z a-z 0-9 . _ - not
+starting with a dot (every name an older kl accepted), else its UTF-8 bytes with each one
+outside A-Z a-z 0-9 . _ - (and a leading dot) written ``%XX`` (``app:v1`` is ``app%3Av1``;
+the empty id is ``%``); where that is longer than 249 bytes, its first bytes, ``%~`` and
+the SHA-256 of the id, with the id in ``GROUP/id``.  No name made so starts with a dot
+or holds a ``/``, a control character or a NUL, and no two ids share one.
 
 Two files per topic, whatever its number of partitions: a member joining 1,000 partitions
 claims them through one open file and commits where each starts with one append and one
@@ -52,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -66,7 +76,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kl.errors import CorruptState, InvalidTopicName, KlError, LockTimeout, StorageError
+from kl.errors import CorruptState, InvalidConfig, KlError, LockTimeout, StorageError
 from kl.log import locks
 from kl.log.fsutil import (
     ensure_dir,
@@ -132,14 +142,58 @@ class InvalidImport(KlError):
     """A line of offsets to import is malformed, or names a partition or offset that does not exist."""
 
 
-def validate_group(name: str) -> str:
-    """Return ``name`` if it is a valid group name (the rules of topic names)."""
+MAX_NAME = 249
+"""The longest group name stored as it is (the longest topic name); longer ones are digests."""
+DIGEST_PREFIX = 150
+"""Bytes of a long group name kept before its digest."""
+ID_FILE = "id"
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_PLAIN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,248}")
+"""The group names of an older kl (the rules of topic names): stored as they are."""
+
+
+def group_name(group: str) -> str:
+    """The name of the group ``group``'s files on the file system (see the module's
+    docstring).  Raises ``InvalidConfig`` for an id that is not a string of Unicode
+    characters (a lone surrogate has no UTF-8)."""
+    if not isinstance(group, str):
+        raise InvalidConfig(f"a group id is a string, not {group!r}")
     try:
-        return validate_name(name)
-    except InvalidTopicName:
-        raise InvalidTopicName(
-            f"invalid group name {name!r}: use 1-249 characters from A-Z a-z 0-9 . _ - not starting with a dot"
-        ) from None
+        data = group.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidConfig(f"group id {group!r} is not valid Unicode text") from None
+    if _PLAIN.fullmatch(group):
+        return group
+    if not data:
+        return "%"
+    name = "".join(chr(b) if b in _KEPT and not (i == 0 and b == ord(".")) else f"%{b:02X}" for i, b in enumerate(data))
+    if len(name) <= MAX_NAME:
+        return name
+    prefix = name[:DIGEST_PREFIX]
+    cut = prefix.rfind("%", len(prefix) - 2)
+    return f"{prefix[:cut] if cut >= 0 else prefix}%~{hashlib.sha256(data).hexdigest()}"
+
+
+def group_of(root_path: str, name: str) -> str | None:
+    """The id of the group stored under ``name``, or None where ``name`` is no group's
+    (kl's own files, names no id is stored under, a digest whose id file is missing)."""
+    if name.startswith("."):
+        return None
+    if "%~" in name:
+        try:
+            with open(os.path.join(root_path, GROUPS_DIR, name, ID_FILE), "rb") as f:
+                group = f.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+    elif name == "%":
+        group = ""
+    else:
+        parts = re.split(r"%([0-9A-F]{2})", name)  # text, escaped byte, text, ...
+        try:
+            group = b"".join(bytes.fromhex(p) if i % 2 else p.encode("ascii") for i, p in enumerate(parts)).decode("utf-8")
+        except ValueError:  # (UnicodeError is one)
+            return None
+    return group if group_name(group) == name else None
 
 
 @dataclass(frozen=True)
@@ -250,19 +304,29 @@ class Registry:
     """The files of one group.  Safe across threads and processes."""
 
     def __init__(self, root_path: str, group: str, *, lock_timeout: float = 10.0):
-        self.group = validate_group(group)
-        self.path = os.path.join(root_path, GROUPS_DIR, group)
+        self.name = group_name(group)
+        self.group = group
+        self.path = os.path.join(root_path, GROUPS_DIR, self.name)
         self.lock_timeout = lock_timeout
 
     def exists(self) -> bool:
         return os.path.isdir(self.path)
 
+    def create(self, kind: str = "") -> str:
+        """Make the group's directory where missing (with its id file, where its name is a
+        digest), and its directory ``kind`` in it; the path of that."""
+        if "%~" in self.name and not os.path.isfile(os.path.join(self.path, ID_FILE)):
+            ensure_dir(self.path)
+            write_atomic(os.path.join(self.path, ID_FILE), self.group.encode())
+        path = os.path.join(self.path, kind) if kind else self.path
+        ensure_dir(path)
+        return path
+
     # ----------------------------------------------------------------- members
 
     def register(self, subscription: dict[str, object]) -> Registration:
         """Join: write ``ids/HOST:UUID``, locked before it appears under its name."""
-        ids = os.path.join(self.path, "ids")
-        ensure_dir(ids)
+        ids = self.create("ids")
         problem = nfs_locking_problem(ids)
         if problem is not None:
             raise StorageError(problem)
@@ -307,8 +371,8 @@ class Registry:
 
     def _claims(self, topic: str) -> _Claims:
         """The topic's claims file, open for one operation (made where missing)."""
+        self.create(CLAIMS)
         path = self._topic_file(CLAIMS, topic)
-        ensure_dir(os.path.dirname(path))
         return _Claims(path, self.lock_timeout, self.group)
 
     def owner(self, topic: str, partition: int) -> Owner:
@@ -504,11 +568,7 @@ class Registry:
             committed = Committed(o.position.offset, member, now_ms, o.position.skip, o.topic_id, o.metadata)
             by_topic.setdefault(o.topic, []).append(encode_commit(o.partition, committed, None))
         for topic, lines in by_topic.items():
-            with self._claims(topic) as claims:
-                claims.lock_commits(False)
-                if before_write is not None:
-                    before_write()
-                self._append(topic, lines, True)
+            self._append_locked(topic, lines, before_write)
 
     def delete_offset(self, topic: str, partition: int, member: str, generation: int) -> None:
         """Forget the committed offset (of a topic deleted and created again), if ``member``
@@ -519,6 +579,22 @@ class Registry:
             with self._owned(claims, partition, member, generation, f"forgetting the committed offset of {topic}/{partition}"):
                 self._append(topic, [encode_forgotten(partition, member)], True)
 
+    def forget_offsets(
+        self, topic: str, partitions: Sequence[int], member: str, *, before_write: Callable[[], None] | None = None
+    ) -> None:
+        """Forget the committed offsets of ``partitions`` of ``topic`` without asking who
+        owns them (admin tools, OffsetDelete): one append to its commits file, as
+        :meth:`write_offsets` makes (``before_write`` and what it raises too)."""
+        self._append_locked(topic, [encode_forgotten(p, member) for p in partitions], before_write)
+
+    def _append_locked(self, topic: str, lines: list[bytes], before_write: Callable[[], None] | None) -> None:
+        """:meth:`_append` under the topic's commits lock; ``before_write`` runs once it is held."""
+        with self._claims(topic) as claims:
+            claims.lock_commits(False)
+            if before_write is not None:
+                before_write()
+            self._append(topic, lines, True)
+
     def _append(self, topic: str, lines: list[bytes], exclusive: bool) -> None:
         """Append ``lines`` to the topic's commits file and fsync it; its caller holds the
         commits lock (``exclusive``) or went on without it.  A line a crashed writer left
@@ -528,8 +604,7 @@ class Registry:
         if not lines:
             return
         path = self._topic_file(COMMITS, topic)
-        directory = os.path.dirname(path)
-        ensure_dir(directory)
+        directory = self.create(COMMITS)
         try:
             fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
         except OSError as e:
@@ -629,7 +704,7 @@ COORDINATORS_DIR = ".coordinators"
 
 def coordinator_path(root_path: str, group: str) -> str:
     """The Kafka coordinator's file of ``group``."""
-    return os.path.join(root_path, GROUPS_DIR, COORDINATORS_DIR, validate_group(group))
+    return os.path.join(root_path, GROUPS_DIR, COORDINATORS_DIR, group_name(group))
 
 
 def encode_coordinator(address: str, session_ms: int) -> bytes:
@@ -679,8 +754,9 @@ def kafka_lease(root_path: str, group: str) -> tuple[str, float | None] | None:
 
 
 def groups(root_path: str) -> list[str]:
-    """Names of the groups under the root, sorted."""
-    return sorted(n for n in list_dir(os.path.join(root_path, GROUPS_DIR)) if not n.startswith("."))
+    """Ids of the groups under the root, sorted."""
+    found = (group_of(root_path, name) for name in list_dir(os.path.join(root_path, GROUPS_DIR)))
+    return sorted(group for group in found if group is not None)
 
 
 def decode_offset(data: bytes, path: str) -> Committed:

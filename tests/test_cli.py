@@ -542,16 +542,24 @@ def test_topics_create_list_describe_delete(tmp_path):
     assert ok(root, "topics", "describe", "b").decode() == (
         "topic              b\n"
         "partitions         2\n"
-        "segment_bytes      2000000\n"
-        "max_message_bytes  1000\n"
-        "flush_messages     0\n"
-        "flush_ms           1000\n"
-        "retention_ms       604800000\n"
-        "retention_bytes    0\n"
+        "segment_bytes      2000000                 segment.bytes=2000000\n"
+        "max_message_bytes  1000                    max.message.bytes=1000\n"
+        "flush_messages     0                       flush.messages=9223372036854775807\n"
+        "flush_ms           1000                    flush.ms=1000\n"
+        "retention_ms       604800000               retention.ms=604800000\n"
+        "retention_bytes    0                       retention.bytes=-1\n"
         "format             kl\n"
         "headers            true\n"
         "partitioner        crc32\n"
         f"topic_id           {b_id}\n"
+        "                                           cleanup.policy=delete\n"
+        "                                           compression.type=uncompressed\n"
+        "                                           message.timestamp.type=CreateTime\n"
+        "                                           min.insync.replicas=1\n"
+        "                                           preallocate=false\n"
+        "                                           remote.storage.enable=false\n"
+        "                                           segment.ms=9223372036854775807\n"
+        "                                           unclean.leader.election.enable=false\n"
         "\n"
         "partition  segments  log_start_offset  log_end_offset  size_in_bytes\n"
         "0          1         0                 0               0\n"
@@ -572,6 +580,22 @@ def test_topics_create_list_describe_delete(tmp_path):
             "headers": True,
             "partitioner": "crc32",
             "topic_id": kl.Root(root).config("a").topic_id,
+        },
+        "kafka_config": {
+            "cleanup.policy": "delete",
+            "compression.type": "uncompressed",
+            "flush.messages": "9223372036854775807",  # kl's 0: never
+            "flush.ms": "9223372036854775807",
+            "max.message.bytes": str(1 << 20),
+            "message.timestamp.type": "CreateTime",
+            "min.insync.replicas": "1",
+            "preallocate": "false",
+            "remote.storage.enable": "false",
+            "retention.bytes": "7",
+            "retention.ms": "5",
+            "segment.bytes": str(1 << 30),
+            "segment.ms": "9223372036854775807",
+            "unclean.leader.election.enable": "false",
         },
         "partitions": [{"partition": 0, "segments": 1, "log_start_offset": 0, "log_end_offset": 0, "size_in_bytes": 0}],
     }

@@ -325,8 +325,8 @@ def test_bad_arguments_are_named(root):
     root.create_topic("t")
     with pytest.raises(kl.InvalidConfig, match="topics or with a pattern"):
         kl.GroupConsumer(root, "g", ["t"], pattern="t")
-    with pytest.raises(kl.InvalidTopicName, match="invalid group name"):
-        kl.GroupConsumer(root, "../x", ["t"])
+    with pytest.raises(kl.InvalidConfig, match="a group id cannot be empty"):
+        kl.GroupConsumer(root, "", ["t"])
     with pytest.raises(kl.InvalidConfig, match="bad topic pattern"):
         kl.GroupConsumer(root, "g", pattern="(")
     with pytest.raises(kl.InvalidConfig, match="session_timeout"):

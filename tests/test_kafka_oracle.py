@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import json
 import pprint
+import re
 import socket
 import struct
 import tempfile
@@ -50,6 +51,8 @@ import kafka.errors
 import kafkafuzz as fz
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.admin.configs import AlterConfigsRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest
+from kafka.protocol.admin.topics import CreateTopicsRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
@@ -64,7 +67,15 @@ import kl
 from kl.log import message as m
 from kl.log import messageset
 from kl.log.validate import Checked
-from kl.net.kafka.errors import OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
+from kl.net.kafka.errors import (
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    INVALID_TOPIC_EXCEPTION,
+    OFFSET_OUT_OF_RANGE,
+    UNKNOWN_LEADER_EPOCH,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from kl.net.kafka.frontend import _responses
 
 from kafka_clients import Daemon
@@ -1229,6 +1240,195 @@ def client_recreated(endpoint: Endpoint, clients: Programs, how: str, topic: str
     return {"old": read[:a], "deleted": read[a:b], "created": read[b:c], "new": read[c:], "errors": answers[0]["errors"]}
 
 
+# ----------------------------------------------------------------- scenarios: topics' configs
+
+CONFIGS = "org.apache.kafka.tools.ConfigCommand"
+"""kafka-configs.sh."""
+BROKER_DEFAULTS = ("min.insync.replicas=1", "flush.messages=9223372036854775807")
+"""What Kafka's ``kafka-topics --describe`` lists of the oracle's broker settings beside a
+topic's own (a cluster default and a static setting of kafka_oracle.SETTINGS): no setting
+of the topic's, absent from kl's, which has no such broker settings."""
+
+
+def _own_synonyms(printed: str) -> str:
+    """kafka-configs' description with each config's synonyms cut to the topic's own
+    (DYNAMIC_TOPIC_CONFIG): the broker's defaults behind them are the oracle's settings
+    and names (log.retention.ms=-1, log.retention.hours=168), kl's its own defaults."""
+
+    def own(found: re.Match[str]) -> str:
+        kept = [s for s in found.group(1).split(", ") if s.startswith("DYNAMIC_TOPIC_CONFIG:")]
+        return "synonyms={" + ", ".join(kept) + "}"
+
+    return re.sub(r"synonyms=\{([^}]*)\}", own, printed)
+
+
+def _described_topic(printed: str) -> dict[str, Any]:
+    """kafka-topics --describe's first line as fields, its configs sorted, without the
+    broker's (``BROKER_DEFAULTS``) and the topic id (another each creation)."""
+    fields = dict(field.split(": ", 1) for field in printed.splitlines()[0].split("\t") if ": " in field)
+    configs = sorted(c for c in fields.pop("Configs", "").split(",") if c and c not in BROKER_DEFAULTS)
+    fields.pop("TopicId")
+    return {**fields, "Configs": configs}
+
+
+def configs_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-topics creating a topic with configs (and again with --if-not-exists:
+    nothing), describing it; kafka-configs describing its configs, adding two, deleting
+    one, describing them after each, refusing a value out of range; and describing the
+    broker's dynamic configs."""
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    lib = endpoint.lib
+    entity = (*bootstrap, "--entity-type", "topics", "--entity-name", topic)
+
+    def configs() -> str:
+        return _own_synonyms(tool(lib, CONFIGS, *entity, "--describe"))
+
+    create = (TOPICS, *bootstrap, "--create", "--if-not-exists", "--topic", topic, "--partitions", "2",
+              "--config", "retention.ms=3600000", "--config", "segment.bytes=2000000")  # fmt: skip
+    seen: dict[str, Any] = {"created": tool(lib, *create), "again": tool(lib, *create)}
+    seen["described"] = _described_topic(tool(lib, TOPICS, *bootstrap, "--describe", "--topic", topic))
+    seen["configs"] = configs()
+    seen["added"] = tool(lib, CONFIGS, *entity, "--alter", "--add-config", "retention.ms=7200000,max.message.bytes=2000000")
+    seen["configs after adding"] = configs()
+    seen["deleted"] = tool(lib, CONFIGS, *entity, "--alter", "--delete-config", "retention.ms")
+    seen["configs after deleting"] = configs()
+    try:
+        tool(lib, CONFIGS, *entity, "--alter", "--add-config", "retention.ms=-5")
+    except AssertionError as e:  # the cause, without the arguments (its bootstrap address) the error line repeats
+        seen["out of range"] = next(line for line in str(e).splitlines() if line.startswith("Caused by: "))
+    admin = AdminClient({"bootstrap.servers": endpoint.bootstrap, "socket.timeout.ms": 10_000})
+    (node,) = admin.list_topics(timeout=CALL_TIMEOUT).brokers
+    broker = tool(lib, CONFIGS, *bootstrap, "--describe", "--entity-type", "brokers", "--entity-name", str(node))
+    seen["broker"] = broker.replace(f"broker {node} ", "broker N ")  # Kafka's is 1, kl's from its address
+    return seen
+
+
+def compacted(endpoint: Endpoint, topic: str) -> str:
+    """kafka-configs setting cleanup.policy=compact: the cause it prints ("" when taken)."""
+    endpoint.create_topic(topic)
+    entity = ("--bootstrap-server", endpoint.bootstrap, "--entity-type", "topics", "--entity-name", topic)
+    try:
+        tool(endpoint.lib, CONFIGS, *entity, "--alter", "--add-config", "cleanup.policy=compact")
+    except AssertionError as e:
+        return next(line for line in str(e).splitlines() if line.startswith("Caused by: "))
+    return ""
+
+
+CONFIG_STEPS = ("create", "again", "configs", "altered")
+"""The steps of a program's admin op (tests/kafka-java/src/AdminOps.java, franz/admin.go)
+about topics' configs."""
+
+
+def admin_client_configs(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A program's admin op (the Java Admin client's, franz-go's kadm): its steps about a
+    topic's configs (``CONFIG_STEPS``), max.message.bytes at its default shown as
+    "default": kl's is 1 MiB of messages (its header counted), Kafka's 1 MiB batches and
+    their overhead (1048588) -- a stated difference."""
+    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
+    seen = clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10})
+    steps = {name: seen[name] for name in CONFIG_STEPS}
+    for name in ("configs", "altered"):
+        found = steps[name].get("max.message.bytes") if isinstance(steps[name], dict) else None
+        if isinstance(found, list) and found[1:2] == ["DEFAULT_CONFIG"]:
+            found[0] = "default"
+    return steps
+
+
+def configs_refused(endpoint: Endpoint, topic: str) -> Any:
+    """DescribeConfigs and IncrementalAlterConfigs (validate-only) on the wire: the error
+    codes of what both refuse, how many configs no keys and two keys (one unknown) give,
+    and Kafka's words for an APPEND to a number."""
+    endpoint.create_topic(topic)
+    asked = DescribeConfigsRequest.DescribeConfigsResource
+
+    def described(kind: int, name: str, keys: list[str] | None) -> tuple[int, int]:
+        (result,) = ask(endpoint, DescribeConfigsRequest, 4, resources=[asked(resource_type=kind, resource_name=name,
+                        configuration_keys=keys)], include_synonyms=False, include_documentation=False).results  # fmt: skip
+        return result.error_code, len(result.configs)
+
+    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
+
+    def altered(*changes: tuple[str, int, str | None]) -> tuple[int, str | None]:
+        configs = [resource.AlterableConfig(name=k, config_operation=op, value=v) for k, op, v in changes]
+        (answer,) = ask(endpoint, IncrementalAlterConfigsRequest, 1, validate_only=True,
+                        resources=[resource(resource_type=2, resource_name=topic, configs=configs)]).responses  # fmt: skip
+        return answer.error_code, answer.error_message
+
+    everything = described(2, topic, None)
+    (node,) = ask(endpoint, MetadataRequest, 12, topics=[], allow_auto_topic_creation=False,
+                  include_topic_authorized_operations=False).brokers  # fmt: skip
+    return {
+        "no keys is all": described(2, topic, []) == everything and everything[1] > 1,
+        "two keys": described(2, topic, ["retention.ms", "no.such.config"]),
+        "no topic": described(2, f"{topic}-nope", None)[0],
+        "bad name": described(2, "bad name!", None)[0],
+        "another broker": described(4, str(node.node_id + 1), None)[0],
+        "append to a number": altered(("retention.ms", 2, "5")),
+        "unknown": altered(("no.such.config", 0, "5"))[0],
+        "twice": altered(("retention.ms", 0, "1"), ("retention.ms", 0, "2"))[0],
+        "null": altered(("retention.ms", 0, None)),
+        "taken": altered(("retention.ms", 0, "7200000")),
+    }
+
+
+def created_with_configs(endpoint: Endpoint, topic: str) -> Any:
+    """CreateTopics v7 (validate-only) with configs: each answer's error code and message
+    (the code alone for an unknown config: kl names the ones it takes) and, where it is
+    taken, retention.ms as the answer gives it."""
+    asked = CreateTopicsRequest.CreatableTopic
+    cases = {
+        "twice": [("retention.ms", "1"), ("retention.ms", "2")],
+        "null": [("retention.ms", None)],
+        "unknown": [("no.such.config", "1")],
+        "out of range": [("retention.ms", "-5")],
+        "unlimited": [("retention.ms", "-1")],
+    }
+    seen: dict[str, Any] = {}
+    for case, configs in cases.items():
+        wanted = asked(name=topic, num_partitions=1, replication_factor=1, assignments=[],
+                       configs=[asked.CreatableTopicConfig(name=k, value=v) for k, v in configs])  # fmt: skip
+        (answer,) = ask(endpoint, CreateTopicsRequest, 7, topics=[wanted], timeout_ms=5000, validate_only=True).topics
+        retention = [(c.value, c.config_source) for c in answer.configs or [] if c.name == "retention.ms"]
+        message = None if case == "unknown" else answer.error_message
+        seen[case] = (answer.error_code, message, retention)
+    return seen
+
+
+def replaced_configs(endpoint: Endpoint, topic: str) -> Any:
+    """AlterConfigs (not incremental) of a topic created with retention.ms: what it leaves
+    of the configs it does not name, and its answers to a key twice and a null value."""
+    asked = CreateTopicsRequest.CreatableTopic
+    wanted = asked(name=topic, num_partitions=1, replication_factor=1, assignments=[],
+                   configs=[asked.CreatableTopicConfig(name="retention.ms", value="3600000")])  # fmt: skip
+    (created,) = ask(endpoint, CreateTopicsRequest, 7, topics=[wanted], timeout_ms=5000, validate_only=False).topics
+    assert created.error_code == 0, created.error_message
+    resource = AlterConfigsRequest.AlterConfigsResource
+
+    def replaced(*configs: tuple[str, str | None], validate_only: bool = False) -> int:
+        changes = [resource.AlterableConfig(name=k, value=v) for k, v in configs]
+        (answer,) = ask(endpoint, AlterConfigsRequest, 2, validate_only=validate_only,
+                        resources=[resource(resource_type=2, resource_name=topic, configs=changes)]).responses  # fmt: skip
+        return answer.error_code
+
+    def own() -> dict[str, str]:
+        """The configs set on the topic (DYNAMIC_TOPIC_CONFIG)."""
+        described = DescribeConfigsRequest.DescribeConfigsResource(resource_type=2, resource_name=topic, configuration_keys=None)
+        (result,) = ask(endpoint, DescribeConfigsRequest, 4, resources=[described], include_synonyms=False,
+                        include_documentation=False).results  # fmt: skip
+        return {c.name: c.value for c in result.configs if c.config_source == 1}
+
+    seen: dict[str, Any] = {"created": own()}
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while not seen["created"] and time.monotonic() < deadline:  # Kafka's broker has the topic's configs once its metadata does
+        time.sleep(0.1)
+        seen["created"] = own()
+    seen["validated"] = (replaced(("segment.bytes", "2000000"), validate_only=True), own())
+    seen["replaced"] = (replaced(("segment.bytes", "2000000")), own())
+    seen["twice"] = replaced(("retention.ms", "1"), ("retention.ms", "2"))
+    seen["null"] = replaced(("retention.ms", None))
+    return seen
+
+
 # ----------------------------------------------------------------- scenarios: kafka-delete-records and kafka-log-dirs
 
 
@@ -1610,6 +1810,158 @@ def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -
         assert time.monotonic() - started < 1
     finally:
         b.stop()
+
+
+# ----------------------------------------------------------------- group ids and OffsetDelete (issue 36)
+
+
+SPACED_GROUP = "app:v1 blue"
+"""A group id Kafka takes that earlier kl versions refused: a colon and a space."""
+
+
+def group_tool(endpoint: Endpoint, group: str, *args: str) -> str:
+    """kafka-consumer-groups on ``group``: what it prints, or its error line when it fails."""
+    try:
+        return tool(endpoint.lib, CONSUMER_GROUPS, "--bootstrap-server", endpoint.bootstrap, "--group", group, *args)
+    except AssertionError as e:
+        return next((line for line in str(e).splitlines() if line.startswith("Error")), str(e))
+
+
+def delete_offsets_tool(endpoint: Endpoint, topic: str) -> Any:
+    """A group whose id has a colon and a space: kafka-console-consumer reads (and commits)
+    ``topic`` in it, a confluent-kafka member ``topic``-b; kafka-consumer-groups lists and
+    describes it, deletes its offsets of ``topic`` (partition 0, then all), is refused
+    those of ``topic``-b while a member subscribed to it lives, and for a group unknown;
+    a member of ``topic`` then reads from the earliest again."""
+    other = f"{topic}-b"
+    endpoint.create_topic(topic, partitions=2)
+    endpoint.create_topic(other)
+    confluent_produce(endpoint, topic, texts(3))
+    confluent_produce(endpoint, topic, texts(2), partition=1)
+    confluent_produce(endpoint, other, texts(2))
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    console = (CONSOLE_CONSUMER, *bootstrap, "--topic", topic, "--group", SPACED_GROUP, "--from-beginning")
+    seen: dict[str, Any] = {
+        "console consumer": sorted(tool(endpoint.lib, *console, "--max-messages", "5", "--timeout-ms", "20000").splitlines()),
+        "member": group_read(endpoint, "confluent", other, SPACED_GROUP, 2),
+        "listed": SPACED_GROUP in tool(endpoint.lib, CONSUMER_GROUPS, *bootstrap, "--list").splitlines(),
+        "described": group_tool(endpoint, SPACED_GROUP, "--describe"),
+        "delete partition 0": group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", f"{topic}:0"),
+        "delete the topic": group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", topic),
+        "unknown group": group_tool(endpoint, "no such group", "--delete-offsets", "--topic", topic),
+    }
+    config = {"group.id": SPACED_GROUP, "auto.offset.reset": "earliest", "session.timeout.ms": 10_000,
+              "heartbeat.interval.ms": 1000, "fetch.wait.max.ms": 100}  # fmt: skip
+    consumer = ck.Consumer(confluent_config(endpoint, **config))
+    try:
+        consumer.subscribe([other])
+        write_to = texts(1, at=T0 + 10_000)
+        confluent_produce(endpoint, other, write_to)
+        seen["live member reads"] = read(confluent_poll(consumer), 1, most=1)
+        seen["subscribed topic"] = group_tool(endpoint, SPACED_GROUP, "--delete-offsets", "--topic", other)
+    finally:
+        consumer.close()
+    seen["described after"] = group_tool(endpoint, SPACED_GROUP, "--describe")
+    seen["read again"] = sorted(group_read(endpoint, "confluent", topic, SPACED_GROUP, 5), key=lambda r: (r[1], r[3]))
+    return seen
+
+
+def test_kafka_consumer_groups_deletes_offsets_of_a_group_whose_id_has_a_colon_and_a_space(endpoints) -> None:
+    seen = same(delete_offsets_tool, endpoints, topic="deleted-offsets")
+    assert seen["console consumer"] == sorted(["text 0", "text 1", "text 2", "text 0", "text 1"])
+    assert seen["listed"] and len(seen["read again"]) == 5
+    rows = [line.split()[-6:-3] for line in seen["described"].splitlines()[2:]]  # current offset, log end, lag
+    assert rows == [["3", "3", "0"], ["2", "2", "0"], ["2", "2", "0"]]
+    assert seen["delete partition 0"].startswith(f"Request succeeded for deleting offsets from group {SPACED_GROUP}.")
+    assert seen["delete the topic"].splitlines()[-2:] == ["deleted-offsets 0          Successful     ",
+                                                           "deleted-offsets 1          Successful     "]  # fmt: skip
+    assert "GroupSubscribedToTopicException" in seen["subscribed topic"]
+    assert seen["unknown group"].splitlines()[1] == "Error: The group id does not exist."
+    assert [line.split()[-6:-3] for line in seen["described after"].splitlines()[2:]] == [["3", "3", "0"]]
+
+
+def test_kafka_configs_and_kafka_topics_create_describe_alter_and_delete_configs(endpoints) -> None:
+    """Stated differences, normalized in the scenario: the synonyms behind a topic's
+    config (the broker's defaults: the oracle's settings, kl's defaults) and the broker
+    settings kafka-topics lists beside a topic's own (``BROKER_DEFAULTS``)."""
+    seen = same(configs_tool, endpoints, topic="configured")
+    own = "sensitive=false synonyms={{DYNAMIC_TOPIC_CONFIG:{0}}}"
+    assert seen == {
+        "created": "Created topic configured.\n",
+        "again": "",
+        "described": {"Topic": "configured", "PartitionCount": "2", "ReplicationFactor": "1",
+                      "Configs": ["retention.ms=3600000", "segment.bytes=2000000"]},
+        "configs": "Dynamic configs for topic configured are:\n"
+                   f"  retention.ms=3600000 {own.format('retention.ms=3600000')}\n"
+                   f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "added": "Completed updating config for topic configured.\n",
+        "configs after adding": "Dynamic configs for topic configured are:\n"
+                                f"  max.message.bytes=2000000 {own.format('max.message.bytes=2000000')}\n"
+                                f"  retention.ms=7200000 {own.format('retention.ms=7200000')}\n"
+                                f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "deleted": "Completed updating config for topic configured.\n",
+        "configs after deleting": "Dynamic configs for topic configured are:\n"
+                                  f"  max.message.bytes=2000000 {own.format('max.message.bytes=2000000')}\n"
+                                  f"  segment.bytes=2000000 {own.format('segment.bytes=2000000')}\n",
+        "out of range": "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value -5 for "
+                        "configuration retention.ms: Value must be at least -1",
+        "broker": "Dynamic configs for broker N are:\n",  # none: kl's are its options, Kafka's oracle's static
+    }  # fmt: skip
+
+
+def test_kafka_configs_setting_compaction_is_refused_by_kl_which_does_not_compact(endpoints) -> None:
+    """A stated difference (kl-topics(1)): Kafka takes cleanup.policy=compact, kl refuses it."""
+    oracle, kl_serve = endpoints
+    assert observe(compacted, oracle, topic="compacted") == ""
+    assert observe(compacted, kl_serve, topic="compacted") == (
+        "Caused by: org.apache.kafka.common.errors.InvalidConfigurationException: Invalid value compact for configuration "
+        "cleanup.policy: kl does not compact; only delete is taken"
+    )
+
+
+@pytest.mark.parametrize("client", ["java", "franz"])
+def test_the_java_and_franz_admin_clients_create_describe_and_alter_configs_alike(endpoints, go, java, client) -> None:
+    seen = same(admin_client_configs, endpoints, clients=programs(client, go, java), topic=f"admin-configs-{client}")
+    assert seen["create"] == "ok" and seen["again"] == {"error": seen["again"]["error"]}
+    retention = seen["configs"]["retention.ms"]
+    assert retention[:2] == ["3600000", "DYNAMIC_TOPIC_CONFIG"]
+    assert seen["altered"]["retention.ms"][:2] == ["7200000", "DYNAMIC_TOPIC_CONFIG"]
+    assert seen["altered"]["max.message.bytes"][:2] == ["default", "DEFAULT_CONFIG"]
+
+
+def test_describe_and_alter_configs_refuse_what_kafka_refuses_with_its_codes(endpoints) -> None:
+    seen = same(configs_refused, endpoints, topic="configs-refused")
+    assert seen == {
+        "no keys is all": True,
+        "two keys": (0, 1),
+        "no topic": UNKNOWN_TOPIC_OR_PARTITION,
+        "bad name": INVALID_TOPIC_EXCEPTION,
+        "another broker": INVALID_REQUEST,
+        "append to a number": (INVALID_CONFIG, "Can't APPEND to key retention.ms because its type is not LIST."),
+        "unknown": INVALID_CONFIG,
+        "twice": INVALID_REQUEST,
+        "null": (INVALID_REQUEST, "Null value not supported for : retention.ms"),
+        "taken": (0, None),
+    }
+
+
+def test_create_topics_takes_configs_and_refuses_them_as_kafka_does(endpoints) -> None:
+    seen = same(created_with_configs, endpoints, topic="created-configured")
+    assert seen == {
+        "twice": (0, None, [("2", 1)]),  # the last value
+        "null": (INVALID_CONFIG, "Null value not supported for topic configs: retention.ms", []),
+        "unknown": (INVALID_CONFIG, None, []),
+        "out of range": (INVALID_CONFIG, "Invalid value -5 for configuration retention.ms: Value must be at least -1", []),
+        "unlimited": (0, None, [("-1", 1)]),
+    }
+
+
+def test_alter_configs_replaces_a_topics_whole_config_as_kafka_does(endpoints) -> None:
+    seen = same(replaced_configs, endpoints, topic="replaced-configs")
+    assert seen["created"] == {"retention.ms": "3600000"}
+    assert seen["validated"] == (0, {"retention.ms": "3600000"})
+    assert seen["replaced"] == (0, {"segment.bytes": "2000000"})  # retention.ms, not named, back to its default
+    assert (seen["twice"], seen["null"]) == (INVALID_REQUEST, INVALID_REQUEST)
 
 
 def test_kafka_delete_records_moves_the_log_start(endpoints) -> None:

@@ -492,3 +492,74 @@ def test_time_settings_take_durations_as_kl_retain_does(root):
     assert refused.exit_code == 2
     assert "Invalid value for '--retention-ms': '7x' is not a duration" in refused.output
     assert kl.Root(root.path).config("t").retention_ms == 86_400_000
+
+
+# ----------------------------------------------------------------- Kafka's names: --config, --if-not-exists
+
+
+def test_create_and_alter_take_kafkas_config_names_with_durations_for_times(root):
+    result = kl_cli(root, "topics", "create", "t", "--partitions", "2", "--config", "retention.ms=36h", "--config",
+                    "flush.ms=500ms", "--config", "retention.bytes=-1", "--config", "flush.messages=9223372036854775807",
+                    "--config", "max.message.bytes=2000000", "--config", "cleanup.policy=delete")  # fmt: skip
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+    config = kl.Root(root.path).config("t")
+    assert (config.partitions, config.retention_ms, config.flush_ms) == (2, 36 * 3_600_000, 500)
+    assert (config.retention_bytes, config.flush_messages, config.max_message_bytes) == (0, 0, 2_000_000)
+    result = kl_cli(root, "topics", "alter", "t", "--config", "retention.ms=-1", "--config", "segment.bytes=4000000",
+                    "--flush-messages", "10")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = kl.Root(root.path).config("t")
+    assert (config.retention_ms, config.segment_bytes, config.flush_messages) == (0, 4_000_000, 10)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "error"),
+    [
+        (["--config", "cleanup.policy=compact"], 1,
+         "Error: Invalid value compact for configuration cleanup.policy: kl does not compact; only delete is taken"),
+        (["--config", "retention.ms=0"], 1,
+         "Error: Invalid value 0 for configuration retention.ms: kl takes -1 (no limit) or more than 0"),
+        (["--config", "min.insync.replicas=2"], 1,
+         "Error: min.insync.replicas cannot be set: kl's topics always have min.insync.replicas=1"),
+        (["--config", "segment.jitter.ms=5"], 1, "Error: Unknown topic config name: segment.jitter.ms (kl takes cleanup.policy, "
+         "flush.messages, flush.ms, max.message.bytes, retention.bytes, retention.ms, segment.bytes)"),
+        (["--config", "max.message.bytes=100"], 1, "Error: max_message_bytes can only grow: the topic has 1048576, not 100"),
+        (["--config", "retention.ms=7x"], 2, "Error: Invalid value for '--config': '7x' is not a duration such as 2d, 12h, "
+         "90m, 1h30m, 45s, 500ms or PT1H30M"),
+        (["--config", "retention.ms"], 2, "Error: Invalid value for '--config': 'retention.ms' is not KEY=VALUE"),
+        (["--config", "retention.ms=1", "--config", "retention.ms=2"], 2,
+         "Error: Invalid value for '--config': retention.ms is given more than once"),
+        (["--config", "retention.ms=1d", "--retention-ms", "2d"], 2,
+         "Error: --retention-ms and --config retention.ms set the same setting: give one"),
+    ],
+)  # fmt: skip
+def test_alter_refuses_a_kafka_config_kl_cannot_take_with_one_line(root, args, code, error):
+    root.create_topic("t")
+    before = tree(root.path)
+    result = kl_cli(root, "topics", "alter", "t", *args)
+    assert (result.exit_code, result.stdout, result.stderr.splitlines()[-1]) == (code, "", error)
+    assert tree(root.path) == before
+
+
+def test_create_if_not_exists_changes_nothing_of_a_topic_there(root):
+    root.create_topic("t", kl.TopicConfig(partitions=3))
+    before = tree(root.path)
+    result = kl_cli(root, "topics", "create", "t", "--if-not-exists", "--partitions", "1", "--config", "retention.ms=1h")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+    assert tree(root.path) == before
+    again = kl_cli(root, "topics", "create", "t")
+    assert (again.exit_code, again.stderr) == (1, f"Error: topic 't' already exists in {root.path}\n")
+    made = kl_cli(root, "topics", "create", "u", "--if-not-exists", "--config", "retention.ms=1h")
+    assert made.exit_code == 0 and kl.Root(root.path).config("u").retention_ms == 3_600_000
+    refused = kl_cli(root, "topics", "create", "v", "--if-not-exists", "--config", "cleanup.policy=compact")
+    assert refused.exit_code == 1 and "kl does not compact" in refused.stderr and "v" not in kl.Root(root.path).topics()
+
+
+def test_alter_to_configs_kl_has_already_changes_nothing_and_succeeds(root):
+    root.create_topic("t")
+    before = config_bytes(root, "t")
+    result = kl_cli(root, "topics", "alter", "t", "--config", "cleanup.policy=delete", "--config", "min.insync.replicas=1")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+    assert config_bytes(root, "t") == before
+    missing = kl_cli(root, "topics", "alter", "nope", "--config", "cleanup.policy=delete")
+    assert missing.exit_code == 1 and "does not exist" in missing.stderr

@@ -41,12 +41,15 @@ import contextlib
 import logging
 import os
 import queue
+import struct
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
 from kl.errors import KlError, LockTimeout
 from kl.log import locks
@@ -56,8 +59,10 @@ from kl.net import brokers
 from kl.net.kafka.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_ID_NOT_FOUND,
+    GROUP_SUBSCRIBED_TO_TOPIC,
     ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_GROUP_ID,
     INVALID_SESSION_TIMEOUT,
     KAFKA_STORAGE_ERROR,
     MEMBER_ID_REQUIRED,
@@ -81,7 +86,6 @@ from kl.registry import (
     decode_coordinator,
     encode_coordinator,
     groups,
-    validate_group,
 )
 from kl.registry import (
     Member as RegisteredMember,
@@ -235,7 +239,6 @@ class Coordinator:
     def coordinator(self, name: str) -> str | None:
         """``HOST:PORT`` of the group's coordinator: this daemon if nobody holds the group's
         lock (it takes it); None while the holder has not written its address yet."""
-        validate_group(name)
         with self._lock:
             if name in self._held:
                 return self.address
@@ -342,6 +345,8 @@ class Coordinator:
     ) -> JoinResult | GroupWait:
         """A JoinGroup: its answer, or the wait for it.  ``ids_first``: a new member is
         given its id and asked to join again with it (JoinGroup v4 on)."""
+        if not name:
+            return JoinResult(INVALID_GROUP_ID, member_id)
         group = self._group(name)
         if group is None:
             return JoinResult(NOT_COORDINATOR, member_id)
@@ -399,6 +404,8 @@ class Coordinator:
         conn: object,
     ) -> SyncResult | GroupWait:
         """A SyncGroup: its answer, or the wait for the leader's."""
+        if not name:
+            return SyncResult(INVALID_GROUP_ID)
         group = self._group(name)
         if group is None:
             return SyncResult(NOT_COORDINATOR)
@@ -436,6 +443,8 @@ class Coordinator:
     def heartbeat(self, name: str, generation: int, member_id: str, conn: object, hold: bool = True) -> int | GroupWait:
         """A Heartbeat: its error code, or (``hold``) the wait for another member's session
         about to run out."""
+        if not name:
+            return INVALID_GROUP_ID
         group = self._group(name)
         if group is None:
             return NOT_COORDINATOR
@@ -463,6 +472,8 @@ class Coordinator:
 
     def leave(self, name: str, member_ids: list[str]) -> tuple[int, list[int]]:
         """A LeaveGroup: the request's error, and each member's."""
+        if not name:
+            return INVALID_GROUP_ID, [INVALID_GROUP_ID] * len(member_ids)
         group = self._group(name)
         if group is None:
             return NOT_COORDINATOR, [NOT_COORDINATOR] * len(member_ids)
@@ -587,6 +598,45 @@ class Coordinator:
                 return KAFKA_STORAGE_ERROR
             log.info("group %s deleted", name)
             return NONE
+
+    def delete_offsets(self, name: str, topics: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
+        """OffsetDelete of the partitions of ``topics``: the request's error, and each
+        topic's (its partitions share it).  Kafka's rules: refused for a group unknown
+        (GROUP_ID_NOT_FOUND), or with members of another protocol than "consumer"
+        (NON_EMPTY_GROUP); a topic its members subscribe to keeps its offsets
+        (GROUP_SUBSCRIBED_TO_TOPIC), the others' are forgotten."""
+        if not name:
+            return INVALID_GROUP_ID, {}
+        group = self._group(name)
+        if group is None and self.coordinated_elsewhere(name):
+            return NOT_COORDINATOR, {}
+        with group.lock if group is not None else contextlib.nullcontext():
+            registry = Registry(self.root.path, name)
+            if not registry.exists():
+                return GROUP_ID_NOT_FOUND, {}
+            if group is not None and group.members:
+                if group.protocol_type != "consumer":
+                    return NON_EMPTY_GROUP, {}
+                subscribed = _subscribed(group, topics)
+            else:
+                native = _kl_members(registry)
+                subscribed = {t for t in topics if any(m.subscribes(t) for m in native)}
+            codes = {t: GROUP_SUBSCRIBED_TO_TOPIC if t in subscribed else NONE for t in topics}
+            before = (lambda: self._holds(name)) if group is not None else None
+            for topic, partitions in topics.items():
+                if codes[topic]:
+                    continue
+                try:
+                    registry.forget_offsets(topic, partitions, "kafka", before_write=before)
+                except _Lost as e:
+                    log.warning("group %s: lost its coordinator lock (%s): its offsets stay", name, e)
+                    codes[topic] = NOT_COORDINATOR
+                except KlError as e:
+                    log.warning("group %s: the offsets of %s stay: %s", name, topic, e)
+                    codes[topic] = KAFKA_STORAGE_ERROR
+                else:
+                    log.info("group %s: committed offsets of %s deleted (partitions %s)", name, topic, partitions)
+            return NONE, codes
 
     def describe(self, name: str) -> Described:
         """The group as DescribeGroups tells it: its Kafka members', or else from its files
@@ -795,6 +845,18 @@ def _answer(member: Member, join: JoinResult | None, sync: SyncResult | None) ->
 def _kl_members(registry: Registry) -> list[RegisteredMember]:
     """The group's live kl members (``kl consume --group``), not its Kafka clients' mark."""
     return [m for m in registry.members() if "kafka" not in m.subscription]
+
+
+def _subscribed(group: Group, topics: dict[str, list[int]]) -> set[str]:
+    """Those of ``topics`` the group's members subscribe to (in their subscriptions of the
+    group's protocol); all of them where one cannot be read, as Kafka takes it."""
+    found: set[str] = set()
+    for member in group.members.values():
+        try:
+            found.update(ConsumerProtocolSubscription.decode(dict(member.protocols)[group.protocol or ""]).topics)
+        except (KeyError, ValueError, struct.error):  # (no protocol chosen yet, or not a subscription)
+            return set(topics)
+    return found & set(topics)
 
 
 def _common(members: list[Member], protocols: list[tuple[str, bytes]]) -> set[str]:

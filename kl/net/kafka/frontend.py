@@ -1,7 +1,7 @@
 """Today's Kafka protocol, the front end of ``kl serve --kafka``: each request decoded,
 handed to its family's handler (one module per family, each declaring the versions it
-serves: ``produce``, ``fetch``, ``list_offsets``, ``metadata``, ``groups``) and the
-answer encoded.
+serves: ``produce``, ``fetch``, ``list_offsets``, ``metadata``, ``groups``, ``topics``,
+``configs``) and the answer encoded.
 
 Requests and responses are encoded by kafka-python's protocol classes, generated from
 Kafka's own message schemas (``kafka.protocol``); the records inside them by
@@ -30,7 +30,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
-from kl.net.kafka import cluster, delete_records, fetch, groups, list_offsets, metadata, produce, topics, transactions
+from kl.net.kafka import cluster, configs, delete_records, fetch, groups, list_offsets, metadata, produce, topics, transactions
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
@@ -240,6 +240,7 @@ APIS = {
         *metadata.APIS,
         *groups.APIS,
         *topics.APIS,
+        *configs.APIS,
         *delete_records.APIS,
         *cluster.APIS,
         *transactions.APIS,

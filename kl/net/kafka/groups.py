@@ -1,7 +1,8 @@
 """Kafka's consumer group requests, answered by ``kl serve --kafka``: FindCoordinator,
-JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups,
-DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out; the groups themselves are
-``kl.net.kafka.coordinator``'s.
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete,
+ListGroups, DescribeGroups and DeleteGroups.  The requests' fields in, the responses' out;
+the groups themselves are ``kl.net.kafka.coordinator``'s.  A group id is any string, as in
+Kafka; the empty one is refused where Kafka refuses it.
 
 A committed Kafka offset is stored in the group's files as the position of its message
 (inside a compressed batch: the batch and how many of its messages come before), which
@@ -32,6 +33,8 @@ from kafka.protocol.consumer.group import (
     LeaveGroupResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
@@ -39,7 +42,7 @@ from kafka.protocol.consumer.group import (
 )
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
-from kl.errors import InvalidTopicName, KlError
+from kl.errors import InvalidConfig, KlError
 from kl.log.log import Log, Position
 from kl.net import brokers
 from kl.net.kafka import transactions
@@ -55,7 +58,6 @@ from kl.net.kafka.errors import (
     Refused,
 )
 from kl.net.server import Connection, Wait
-from kl.registry import validate_group
 
 log = logging.getLogger("kl.serve")
 
@@ -82,7 +84,7 @@ def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> t
         return transactions.refused(conn, "FindCoordinator", key), transactions.NO_TRANSACTIONS, -1, "", -1
     try:
         address = broker.groups.coordinator(key)
-    except InvalidTopicName as e:
+    except InvalidConfig as e:
         return INVALID_GROUP_ID, str(e), -1, "", -1
     except KlError as e:
         log.warning("%s: no coordinator for group %s: %s", conn.peer, key, e)
@@ -233,7 +235,7 @@ def offset_fetch(broker: Broker, conn: Connection, version: int, request: Any, w
                 group(
                     group_id=g.group_id,
                     topics=_fetched(broker, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions),
-                    error_code=_group_error(g.group_id),
+                    error_code=NONE,
                 )
                 for g in request.groups
             ],
@@ -242,7 +244,7 @@ def offset_fetch(broker: Broker, conn: Connection, version: int, request: Any, w
     return OffsetFetchResponse(
         throttle_time_ms=0,
         topics=_fetched(broker, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
-        error_code=_group_error(request.group_id),
+        error_code=NONE,
     )
 
 
@@ -257,18 +259,8 @@ def _kafka_offset(target: Log, found: Position) -> int:
     return target.kafka_offset(found.offset, found.skip, state=state)
 
 
-def _group_error(name: str) -> int:
-    try:
-        validate_group(name)
-    except InvalidTopicName:
-        return INVALID_GROUP_ID
-    return NONE
-
-
 def _fetched(broker: Broker, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
     """The committed offsets of ``topics`` (None: of every partition with one)."""
-    if _group_error(name):
-        return []
     if topics is None:
         wanted: dict[str, list[int]] = {}
         for topic, partition in broker.groups.committed_partitions(name):
@@ -323,11 +315,6 @@ def describe_groups(broker: Broker, conn: Connection, version: int, request: Any
     member = described.DescribedGroupMember
     answers = []
     for name in request.groups:
-        if _group_error(name):
-            answers.append(
-                described(error_code=INVALID_GROUP_ID, group_id=name, group_state="Dead", protocol_type="", protocol_data="")
-            )
-            continue
         found = broker.groups.describe(name)
         answers.append(
             described(
@@ -359,7 +346,43 @@ def delete_groups(broker: Broker, conn: Connection, version: int, request: Any, 
     return DeleteGroupsResponse(
         throttle_time_ms=0,
         results=[
-            result(group_id=name, error_code=_group_error(name) or broker.groups.delete(name)) for name in request.groups_names
+            result(group_id=name, error_code=broker.groups.delete(name)) for name in request.groups_names
+        ],
+    )
+
+
+def offset_delete(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    """Partitions of topics not served or not there are refused as Kafka refuses them
+    (UNKNOWN_TOPIC_OR_PARTITION); the others' offsets are the coordinator's to delete."""
+    refused: dict[tuple[str, int], int] = {}
+    wanted: dict[str, list[int]] = {}
+    for topic in request.topics:
+        for p in topic.partitions:
+            try:
+                broker.checked_config(topic.name, p.partition_index)
+            except Refused as e:
+                refused[topic.name, p.partition_index] = e.code
+            else:
+                wanted.setdefault(topic.name, []).append(p.partition_index)
+    code, codes = broker.groups.delete_offsets(request.group_id, wanted)
+    if code:
+        return OffsetDeleteResponse(throttle_time_ms=0, error_code=code, topics=[])
+    answer = OffsetDeleteResponse.OffsetDeleteResponseTopic
+    return OffsetDeleteResponse(
+        throttle_time_ms=0,
+        error_code=NONE,
+        topics=[
+            answer(
+                name=topic.name,
+                partitions=[
+                    answer.OffsetDeleteResponsePartition(
+                        partition_index=p.partition_index,
+                        error_code=refused.get((topic.name, p.partition_index), codes.get(topic.name, NONE)),
+                    )
+                    for p in topic.partitions
+                ],
+            )
+            for topic in request.topics
         ],
     )
 
@@ -375,4 +398,5 @@ APIS = [
     Api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5, describe_groups),
     Api(ListGroupsRequest, ListGroupsResponse, 0, 5, list_groups),
     Api(DeleteGroupsRequest, DeleteGroupsResponse, 0, 2, delete_groups),
+    Api(OffsetDeleteRequest, OffsetDeleteResponse, 0, 0, offset_delete),
 ]

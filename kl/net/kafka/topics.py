@@ -7,8 +7,9 @@ Changes are refused unless the daemon was started with ``--allow-admin`` (as pro
 without ``--allow-produce``).  A topic lives once on the shared file system: any
 replication factor is taken and answered as 1, the one copy there is, and a replica
 assignment only says how many partitions there are (every partition is led by the
-daemon ``Broker.leaders`` names, whichever brokers it lists).  ``validate_only`` checks
-everything and writes nothing.
+daemon ``Broker.leaders`` names, whichever brokers it lists).  A new topic's configs are
+Kafka's names (``kl.log.kafka_config``), and its answer lists them all as DescribeConfigs
+does.  ``validate_only`` checks everything and writes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from kafka.protocol.admin.topics import (
     DeleteTopicsResponse,
 )
 
-from kl.errors import InvalidConfig, InvalidTopicName, KlError, TopicNotFound
+from kl.errors import ConfigNotAlterable, InvalidConfig, InvalidTopicName, KlError, TopicNotFound
+from kl.log import kafka_config
 from kl.log.config import TopicConfig
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker, topic_uuid
@@ -40,6 +42,7 @@ from kl.net.kafka.errors import (
     INVALID_REQUEST,
     INVALID_TOPIC_EXCEPTION,
     NONE,
+    POLICY_VIOLATION,
     TOPIC_ALREADY_EXISTS,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
@@ -113,7 +116,7 @@ def _create(broker: Broker, topic: Any, validate_only: bool) -> TopicConfig:
         raise Refused(INVALID_REPLICATION_FACTOR, f"replication factor must be larger than 0, not {topic.replication_factor}")
     partitions = _partitions(topic)
     config = TopicConfig(partitions=broker.server.config.default_partitions if partitions == DEFAULT else partitions)
-    config = _configured(config, {c.name: c.value for c in topic.configs})
+    config = _configured(config, topic.configs)
     if os.path.lexists(broker.server.root.topic_path(name)):  # as create_topic finds it
         raise Refused(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")  # Kafka's words
     if validate_only:
@@ -155,11 +158,16 @@ def _check_replicas(replica_lists: Any) -> None:
             raise Refused(INVALID_REPLICA_ASSIGNMENT, f"a partition's replica list names a broker twice: {list(replicas)}")
 
 
-def _configured(config: TopicConfig, configs: dict[str, str | None]) -> TopicConfig:
-    """``config`` with the Kafka-named settings of a CreateTopics."""
-    if configs:
-        raise Refused(INVALID_CONFIG, f"topic configs are not taken yet: {', '.join(sorted(configs))}")
-    return config
+def _configured(config: TopicConfig, configs: list[Any]) -> TopicConfig:
+    """``config`` with the Kafka-named settings of a CreateTopics (``kl.log.kafka_config``);
+    a config named twice has its last value, as in Kafka."""
+    for c in configs:
+        if c.value is None:
+            raise Refused(INVALID_CONFIG, f"Null value not supported for topic configs: {c.name}")  # Kafka's words
+    try:
+        return kafka_config.with_kafka_configs(config, {c.name: c.value for c in configs})
+    except ConfigNotAlterable as e:
+        raise Refused(POLICY_VIOLATION, str(e)) from None
 
 
 def _created(name: str, config: TopicConfig | None, code: int, text: str | None) -> Any:
@@ -170,7 +178,14 @@ def _created(name: str, config: TopicConfig | None, code: int, text: str | None)
         error_message=text,
         num_partitions=-1 if config is None else config.partitions,
         replication_factor=-1 if config is None else 1,
-        configs=[],
+        configs=[] if config is None else [_config_entry(entry) for entry in kafka_config.kafka_configs(config)],
+    )
+
+
+def _config_entry(entry: kafka_config.KafkaConfig) -> Any:
+    """A created topic's config as CreateTopics v5+ answers it (as DescribeConfigs does)."""
+    return CreateTopicsResponse.CreatableTopicResult.CreatableTopicConfigs(
+        name=entry.name, value=entry.value, read_only=entry.read_only, config_source=entry.source, is_sensitive=False
     )
 
 
