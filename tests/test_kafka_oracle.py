@@ -1486,6 +1486,19 @@ def log_dirs_tool(endpoint: Endpoint, topic: str) -> Any:
     }
 
 
+CLUSTER_STEPS = ("records", "cluster", "log dirs")
+"""The steps of a program's admin op about records and the cluster: DeleteRecords, then
+the low watermark and the earliest offset; DescribeCluster; DescribeLogDirs."""
+
+
+def admin_client_cluster(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A program's admin op (the Java Admin client's, franz-go's kadm): its steps about
+    records and the cluster (``CLUSTER_STEPS``, those it takes: franz's has no "cluster")."""
+    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
+    seen = clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10})
+    return {name: seen[name] for name in CLUSTER_STEPS if name in seen}
+
+
 LEADER_ELECTION = "org.apache.kafka.tools.LeaderElectionCommand"
 """kafka-leader-election.sh."""
 REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
@@ -2003,3 +2016,9 @@ def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -
         "to its leader": seen["to its leader"],
     }
     assert seen["to its leader"]["said"][-1] == "Successfully started partition reassignment for elected-0"
+
+
+@pytest.mark.parametrize("client", ["java", "franz"])
+def test_the_java_and_franz_admin_clients_delete_records_and_describe_the_cluster_alike(endpoints, go, java, client) -> None:
+    seen = same(admin_client_cluster, endpoints, clients=programs(client, go, java), topic=f"admin-cluster-{client}")
+    assert {"records", "log dirs"} <= set(seen) and all("error" not in str(step) for step in seen.values()), seen
