@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pprint
 import re
 import socket
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -78,7 +80,7 @@ from kl.net.kafka.errors import (
 )
 from kl.net.kafka.frontend import _responses
 
-from kafka_clients import Daemon
+from kafka_clients import KAFKAJS, NODE, Daemon, kafkajs_modules
 
 CLIENTS = ("confluent", "kafka-python")
 SCENARIO_TIMEOUT = 90.0
@@ -1314,26 +1316,6 @@ def compacted(endpoint: Endpoint, topic: str) -> str:
     return ""
 
 
-CONFIG_STEPS = ("create", "again", "configs", "altered")
-"""The steps of a program's admin op (tests/kafka-java/src/AdminOps.java, franz/admin.go)
-about topics' configs."""
-
-
-def admin_client_configs(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
-    """A program's admin op (the Java Admin client's, franz-go's kadm): its steps about a
-    topic's configs (``CONFIG_STEPS``), max.message.bytes at its default shown as
-    "default": kl's is 1 MiB of messages (its header counted), Kafka's 1 MiB batches and
-    their overhead (1048588) -- a stated difference."""
-    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
-    seen = clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10})
-    steps = {name: seen[name] for name in CONFIG_STEPS}
-    for name in ("configs", "altered"):
-        found = steps[name].get("max.message.bytes") if isinstance(steps[name], dict) else None
-        if isinstance(found, list) and found[1:2] == ["DEFAULT_CONFIG"]:
-            found[0] = "default"
-    return steps
-
-
 def configs_refused(endpoint: Endpoint, topic: str) -> Any:
     """DescribeConfigs and IncrementalAlterConfigs (validate-only) on the wire: the error
     codes of what both refuse, how many configs no keys and two keys (one unknown) give,
@@ -1484,19 +1466,6 @@ def log_dirs_tool(endpoint: Endpoint, topic: str) -> Any:
         "absolute": log_dir["logDir"].startswith("/"),
         "partitions": [{**p, "size": "bytes" if p["size"] > 0 else 0} for p in partitions],
     }
-
-
-CLUSTER_STEPS = ("records", "cluster", "log dirs")
-"""The steps of a program's admin op about records and the cluster: DeleteRecords, then
-the low watermark and the earliest offset; DescribeCluster; DescribeLogDirs."""
-
-
-def admin_client_cluster(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
-    """A program's admin op (the Java Admin client's, franz-go's kadm): its steps about
-    records and the cluster (``CLUSTER_STEPS``, those it takes: franz's has no "cluster")."""
-    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
-    seen = clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10})
-    return {name: seen[name] for name in CLUSTER_STEPS if name in seen}
 
 
 LEADER_ELECTION = "org.apache.kafka.tools.LeaderElectionCommand"
@@ -1795,34 +1764,76 @@ def test_a_difference_is_reported_with_both_observations(endpoints) -> None:
         same(which_endpoint, endpoints)
 
 
-def read_after_a_kill(endpoint: Endpoint, topic: str, broker: Broker) -> Any:
-    """A record written, the broker killed, then a client that waits for it as long as a
-    call may take (a consumer itself would linger in the process after the test, its
-    threads opening sockets to the dead broker while later tests count descriptors)."""
-    endpoint.create_topic(topic)
-    confluent_produce(endpoint, topic, sample(1))
-    broker.kill()
-    time.sleep(CALL_TIMEOUT)
+# ----------------------------------------------------------------- admin clients
 
 
-def test_a_broker_killed_mid_scenario_fails_it_and_those_after(tmp_path: Path) -> None:
-    """A scenario whose broker dies under it fails at once with the broker's log, whatever
-    the client makes of it (here it waits on, as a stuck client would); the next scenario
-    fails at once too."""
-    lib = installed()
-    b = Broker(lib, tmp_path)
-    endpoint = kafka_endpoint(b, lib)
-    try:
-        started = time.monotonic()
-        with pytest.raises(AssertionError, match=r"(?s)died meanwhile\nthe broker \(exited with -9.*Kafka Server started"):
-            observe(read_after_a_kill, endpoint, topic="killed", broker=b)
-        assert time.monotonic() - started < CALL_TIMEOUT
-        started = time.monotonic()
-        with pytest.raises(AssertionError, match="kafka is not running"):
-            observe(round_trip, endpoint, client="confluent", topic="after")
-        assert time.monotonic() - started < 1
-    finally:
-        b.stop()
+def admin_steps(endpoint: Endpoint, clients: Programs, topic: str) -> Any:
+    """A topic's life through a program's admin op, step by step (the Java Admin client's
+    in tests/kafka-java/src/AdminOps.java, franz-go's kadm in tests/goclients/franz/admin.go)."""
+    request = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "seconds": CALL_TIMEOUT / 3}
+    return defaults_shown(clients[endpoint.name].ask({**request, "timeout": SCENARIO_TIMEOUT - 10}))
+
+
+def defaults_shown(seen: dict[str, Any]) -> dict[str, Any]:
+    """An admin op's steps with max.message.bytes at its default shown as "default": kl's
+    is 1 MiB of messages (its header counted), Kafka's 1 MiB batches and their overhead
+    (1048588) -- a stated difference."""
+    for name in ("configs", "altered"):
+        found = seen[name].get("max.message.bytes") if isinstance(seen[name], dict) else None
+        if isinstance(found, list) and found[1] in ("DEFAULT_CONFIG", True):  # (KafkaJS: isDefault)
+            found[0] = "default"
+    return seen
+
+
+def kafkajs_admin(endpoint: Endpoint, modules: Path, topic: str) -> Any:
+    """The same steps through KafkaJS's admin client (tests/kafkajs/driver.js, op admin)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
+        json.dump({"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "timeout": SCENARIO_TIMEOUT - 10}, spec)
+        spec.flush()
+        env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
+        done = subprocess.run([str(NODE), str(KAFKAJS / "driver.js"), spec.name], env=env, capture_output=True, text=True,
+                              timeout=SCENARIO_TIMEOUT - 5)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return defaults_shown(json.loads(done.stdout))
+
+
+@pytest.fixture(scope="module")
+def kafkajs() -> Path:
+    return kafkajs_modules()
+
+
+@pytest.mark.parametrize("client", ["java", "franz"])
+def test_admin_clients_manage_a_topic_as_on_kafka(endpoints, go, java, client) -> None:
+    seen = same(admin_steps, endpoints, clients=programs(client, go, java), topic=f"admin-{client}")
+    exists = "TopicExistsException" if client == "java" else "TOPIC_ALREADY_EXISTS"
+    assert (seen.pop("create"), seen.pop("again")) == ("ok", {"error": exists})
+    assert seen.pop("described") == [[0, 1, 1], [1, 1, 1]] and seen.pop("grown") == 3  # one replica, in sync
+    configs, altered = seen.pop("configs"), seen.pop("altered")
+    assert [configs[n][:2] for n in ("retention.ms", "max.message.bytes", "cleanup.policy")] == [
+        ["3600000", "DYNAMIC_TOPIC_CONFIG"], ["default", "DEFAULT_CONFIG"], ["delete", "DEFAULT_CONFIG"]]  # fmt: skip
+    assert [altered[n][:2] for n in ("retention.ms", "max.message.bytes")] == [
+        ["7200000", "DYNAMIC_TOPIC_CONFIG"], ["default", "DEFAULT_CONFIG"]]  # fmt: skip
+    assert seen.pop("records") == [2, 2]  # DeleteRecords' low watermark, then the log start clients see
+    assert seen.pop("log dirs") == [0, 1, 2]
+    assert seen.pop("groups") == {"listed": True, "offsets": {f"admin-{client}-0": 4}, "after delete-offsets": {}}
+    assert seen == {"listed": True, **({"cluster": [1, True]} if client == "java" else {}), "deleted": False}
+
+
+def test_kafkajs_admin_manages_a_topic_as_on_kafka(endpoints, kafkajs) -> None:
+    seen = same(kafkajs_admin, endpoints, modules=kafkajs, topic="admin-kafkajs")
+    assert seen == {
+        "create": True,
+        "again": False,  # KafkaJS's answer for a topic that exists
+        "listed": True,
+        "described": [[0, 1, 1], [1, 1, 1]],
+        "grown": 3,
+        "configs": {"retention.ms": ["3600000", False, False], "max.message.bytes": ["default", True, False],
+                    "cleanup.policy": ["delete", True, False]},
+        "altered": {"retention.ms": ["7200000", False, False], "max.message.bytes": ["default", True, False]},
+        "records": 2,
+        "groups": {"listed": True, "offsets": [[0, 4], [1, -1], [2, -1]]},
+        "deleted": False,
+    }  # fmt: skip
 
 
 # ----------------------------------------------------------------- group ids and OffsetDelete (issue 36)
@@ -1932,16 +1943,6 @@ def test_kafka_configs_setting_compaction_is_refused_by_kl_which_does_not_compac
     )
 
 
-@pytest.mark.parametrize("client", ["java", "franz"])
-def test_the_java_and_franz_admin_clients_create_describe_and_alter_configs_alike(endpoints, go, java, client) -> None:
-    seen = same(admin_client_configs, endpoints, clients=programs(client, go, java), topic=f"admin-configs-{client}")
-    assert seen["create"] == "ok" and seen["again"] == {"error": seen["again"]["error"]}
-    retention = seen["configs"]["retention.ms"]
-    assert retention[:2] == ["3600000", "DYNAMIC_TOPIC_CONFIG"]
-    assert seen["altered"]["retention.ms"][:2] == ["7200000", "DYNAMIC_TOPIC_CONFIG"]
-    assert seen["altered"]["max.message.bytes"][:2] == ["default", "DEFAULT_CONFIG"]
-
-
 def test_describe_and_alter_configs_refuse_what_kafka_refuses_with_its_codes(endpoints) -> None:
     seen = same(configs_refused, endpoints, topic="configs-refused")
     assert seen == {
@@ -2016,9 +2017,3 @@ def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -
         "to its leader": seen["to its leader"],
     }
     assert seen["to its leader"]["said"][-1] == "Successfully started partition reassignment for elected-0"
-
-
-@pytest.mark.parametrize("client", ["java", "franz"])
-def test_the_java_and_franz_admin_clients_delete_records_and_describe_the_cluster_alike(endpoints, go, java, client) -> None:
-    seen = same(admin_client_cluster, endpoints, clients=programs(client, go, java), topic=f"admin-cluster-{client}")
-    assert {"records", "log dirs"} <= set(seen) and all("error" not in str(step) for step in seen.values()), seen
