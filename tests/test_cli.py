@@ -554,6 +554,8 @@ def test_topics_create_list_describe_delete(tmp_path):
         f"topic_id           {b_id}\n"
         "                                           cleanup.policy=delete\n"
         "                                           compression.type=uncompressed\n"
+        "                                           follower.replication.throttled.replicas=\n"
+        "                                           leader.replication.throttled.replicas=\n"
         "                                           message.timestamp.type=CreateTime\n"
         "                                           min.insync.replicas=1\n"
         "                                           preallocate=false\n"
@@ -586,6 +588,8 @@ def test_topics_create_list_describe_delete(tmp_path):
             "compression.type": "uncompressed",
             "flush.messages": "9223372036854775807",  # kl's 0: never
             "flush.ms": "9223372036854775807",
+            "follower.replication.throttled.replicas": "",
+            "leader.replication.throttled.replicas": "",
             "max.message.bytes": str(1 << 20),
             "message.timestamp.type": "CreateTime",
             "min.insync.replicas": "1",

@@ -69,6 +69,8 @@ def test_describe_configs_shows_a_topics_settings_under_kafkas_names_with_source
         "compression.type": "uncompressed",
         "flush.messages": str(LONG_MAX),  # kl's 0: never
         "flush.ms": str(LONG_MAX),
+        "follower.replication.throttled.replicas": "",  # no replica follows
+        "leader.replication.throttled.replicas": "",
         "max.message.bytes": "1048576",
         "message.timestamp.type": "CreateTime",
         "min.insync.replicas": "1",
@@ -123,6 +125,8 @@ def test_describe_configs_of_the_broker_shows_the_daemons_options_read_only(serv
     assert other == kafka_errors.INVALID_REQUEST and str(node.node_id) in other_text
     ((refused, why),) = incremental(client, (BROKER, str(node.node_id), [("num.partitions", SET, "5")]))
     assert refused == kafka_errors.INVALID_CONFIG and "kl serve" in why
+    throttles = [(name, DELETE, None) for name in ("leader.replication.throttled.rate", "follower.replication.throttled.rate")]
+    assert incremental(client, (BROKER, str(node.node_id), throttles)) == [(0, None)]  # none set: deleted, no change
 
 
 def test_incremental_alter_configs_sets_and_deletes_and_refuses_per_resource(served, root):

@@ -1493,12 +1493,14 @@ def elections_and_reassignments(endpoint: Endpoint, topic: str) -> Any:
         json.dump(plan, f)
         f.flush()
         said = tool(endpoint.lib, REASSIGN, *bootstrap, "--execute", "--reassignment-json-file", f.name)
-    lines = said.splitlines()  # (--verify clears throttles: it needs IncrementalAlterConfigs)
+        seen["verified"] = tool(endpoint.lib, REASSIGN, *bootstrap, "--verify", "--reassignment-json-file", f.name)
+    lines = said.splitlines()
     current = json.loads(next(line for line in lines if line.startswith("{")))
     for p in current["partitions"]:  # the broker's id and log directory
         p["replicas"] = ["LEADER" if r == leader else r for r in p["replicas"]]
         p["log_dirs"] = ["absolute" if d.startswith("/") else d for d in p["log_dirs"]]
     seen["to its leader"] = {"current": current, "said": [line for line in lines if not line.startswith("{")]}
+    seen["verified"] = seen["verified"].replace(f"broker {leader}\n", "broker LEADER\n")
     return seen
 
 
@@ -2015,5 +2017,7 @@ def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -
         "all": "",
         "reassignments": "No partition reassignments found.\n",
         "to its leader": seen["to its leader"],
+        "verified": seen["verified"],
     }
+    assert "Reassignment of partition elected-0 is completed." in seen["verified"]  # and its throttles cleared
     assert seen["to its leader"]["said"][-1] == "Successfully started partition reassignment for elected-0"

@@ -173,6 +173,20 @@ SETTINGS = (
         from_kafka=_never("flush.ms", 0, "kl has no fsync at every append by time; flush.messages=1 fsyncs every message"),
     ),
     Setting(
+        "follower.replication.throttled.replicas",
+        "LIST",
+        "follower.replication.throttled.replicas",
+        "empty: no replica follows, none is throttled",
+        fixed="",
+    ),
+    Setting(
+        "leader.replication.throttled.replicas",
+        "LIST",
+        "leader.replication.throttled.replicas",
+        "empty: no replica follows, none is throttled",
+        fixed="",
+    ),
+    Setting(
         "max.message.bytes",
         "INT",
         "message.max.bytes",

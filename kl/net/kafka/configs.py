@@ -219,6 +219,8 @@ def _altered(broker: Broker, conn: Connection, request: Any, changes: Any, answe
 def _alter(broker: Broker, resource: Any, changes: Any, validate_only: bool) -> dict[str, int]:
     """Alter (or only check) one resource's configs; kl's settings changed."""
     if resource.resource_type == BROKER:
+        if all(getattr(c, "config_operation", None) == DELETE for c in resource.configs):
+            return {}  # a dynamic broker config the daemon has none of, deleted (kafka-reassign-partitions' throttles)
         raise Refused(INVALID_CONFIG, "a broker's configs are kl serve's options: they cannot change while it runs")
     if resource.resource_type != TOPIC:
         raise Refused(INVALID_REQUEST, f"resources of type {resource.resource_type} have no configs here (topics: 2)")
