@@ -4,8 +4,8 @@
 Real requests, as today's clients send them, are built with kafka-python's
 schema-generated classes (``requests``): ApiVersions, Metadata, Produce (record batches
 in each codec, idempotent or not, and the message sets of versions 0-2), Fetch,
-ListOffsets, InitProducerId and the admin requests (``admin``), in every version kl
-serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
+ListOffsets, InitProducerId and the admin requests (``admin``, ``inspections``), in
+every version kl serves.  ``attacks`` turns them, and random bytes, into hostile ones, each a
 (kind, bytes to send) pair; ``bomb`` is a batch that inflates far past any limit.
 ``attack`` sends one on a connection of its own and returns what came back before the
 daemon closed it.  ``Daemon`` runs ``kl serve --kafka`` as a subprocess over a root that
@@ -31,7 +31,17 @@ from pathlib import Path
 
 import cramjam
 import zstandard
-from kafka.protocol.admin.topics import CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest
+from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeLogDirsRequest
+from kafka.protocol.admin.configs import DescribeConfigsRequest, IncrementalAlterConfigsRequest
+from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteRecordsRequest,
+    DeleteTopicsRequest,
+    ElectLeadersRequest,
+    ListPartitionReassignmentsRequest,
+)
+from kafka.protocol.admin.transactions import DescribeProducersRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -290,9 +300,45 @@ def admin() -> list[tuple[str, bytes]]:
         grown = CreatePartitionsRequest.CreatePartitionsTopic(name=ADMIN_TOPIC, count=3, assignments=None)
         grow = framed(CreatePartitionsRequest, v, topics=[grown], timeout_ms=1000, validate_only=False)
         out.append((f"CreatePartitions v{v}", grow))
+    out += inspections()
     for v in versions(DeleteTopicsRequest):
         named = {"topics": [DeleteTopicsRequest.DeleteTopicState(name=ADMIN_TOPIC)]} if v >= 6 else {"topic_names": [ADMIN_TOPIC]}
         out.append((f"DeleteTopics v{v}", framed(DeleteTopicsRequest, v, timeout_ms=1000, **named)))
+    return out
+
+
+def inspections() -> list[tuple[str, bytes]]:
+    """(label, request): describing and altering ``ADMIN_TOPIC``'s configs (validate-only),
+    deleting its records, describing the cluster, its log dirs, producers, elections and
+    reassignments, in each version served."""
+    out = []
+    topic = DescribeConfigsRequest.DescribeConfigsResource(resource_type=2, resource_name=ADMIN_TOPIC, configuration_keys=None)
+    for v in versions(DescribeConfigsRequest):
+        described = framed(DescribeConfigsRequest, v, resources=[topic], include_synonyms=True, include_documentation=True)
+        out.append((f"DescribeConfigs v{v}", described))
+    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
+    change = resource.AlterableConfig(name="retention.ms", config_operation=0, value="7200000")
+    for v in versions(IncrementalAlterConfigsRequest):
+        altered = [resource(resource_type=2, resource_name=ADMIN_TOPIC, configs=[change])]
+        alter = framed(IncrementalAlterConfigsRequest, v, resources=altered, validate_only=True)
+        out.append((f"IncrementalAlterConfigs v{v}", alter))
+    cut = DeleteRecordsRequest.DeleteRecordsTopic
+    for v in versions(DeleteRecordsRequest):
+        topics = [cut(name=ADMIN_TOPIC, partitions=[cut.DeleteRecordsPartition(partition_index=0, offset=-1)])]
+        out.append((f"DeleteRecords v{v}", framed(DeleteRecordsRequest, v, topics=topics, timeout_ms=1000)))
+    for v in versions(DescribeClusterRequest):
+        cluster = {"include_cluster_authorized_operations": True, "endpoint_type": 1, "include_fenced_brokers": True}
+        out.append((f"DescribeCluster v{v}", framed(DescribeClusterRequest, v, **cluster)))
+    for v in versions(DescribeLogDirsRequest):
+        dirs = [DescribeLogDirsRequest.DescribableLogDirTopic(topic=ADMIN_TOPIC, partitions=[0, 1])]
+        out.append((f"DescribeLogDirs v{v}", framed(DescribeLogDirsRequest, v, topics=dirs)))
+    named = [DescribeProducersRequest.TopicRequest(name=ADMIN_TOPIC, partition_indexes=[0, 7])]
+    out.append(("DescribeProducers v0", framed(DescribeProducersRequest, 0, topics=named)))
+    elected = [ElectLeadersRequest.TopicPartitions(topic=ADMIN_TOPIC, partitions=[0])]
+    for v in versions(ElectLeadersRequest):
+        elect = framed(ElectLeadersRequest, v, election_type=0, topic_partitions=elected, timeout_ms=1000)
+        out.append((f"ElectLeaders v{v}", elect))
+    out.append(("ListPartitionReassignments v0", framed(ListPartitionReassignmentsRequest, 0, timeout_ms=1000, topics=None)))
     return out
 
 
