@@ -15,7 +15,8 @@ import time
 
 import kafkafuzz
 import pytest
-from kafka.protocol.admin.acl import DescribeAclsRequest
+from kafka.protocol.admin.acl import CreateAclsRequest, DescribeAclsRequest
+from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, DescribeClientQuotasRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -183,11 +184,9 @@ def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_vers
     assert {k.api_key for k in answer.api_keys} == set(frontend.APIS)
 
 
-def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_connection(served, root, topic):
+def test_a_request_kl_does_not_serve_gets_unsupported_version_or_a_closed_connection_never_an_empty_answer(served, root, topic):
     _, client = served()
-    answer = client.call(DescribeAclsRequest, 1, resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
-                         principal_filter=None, host_filter=None, operation=1, permission_type=1)  # fmt: skip
-    assert answer.error_code == kafka_errors.UNSUPPORTED_VERSION
+    assert client.call(DescribeClientQuotasRequest, 1, components=[], strict=False).error_code == kafka_errors.UNSUPPORTED_VERSION
     assert client.call(
         MetadataRequest,
         9,
@@ -195,7 +194,21 @@ def test_a_request_kl_does_not_serve_gets_unsupported_version_not_a_dropped_conn
         allow_auto_topic_creation=False,
         include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False,
-    ).topics
+    ).topics  # the connection serves on
+    with pytest.raises(AssertionError, match="closed the connection"):  # no error code for the whole: closed, as by Kafka
+        client.call(AlterClientQuotasRequest, 1, entries=[], validate_only=True)
+
+
+def test_acl_requests_are_answered_as_by_kafka_without_an_authorizer(served, root, topic):
+    _, client = served()
+    described = client.call(DescribeAclsRequest, 1, resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+                            principal_filter=None, host_filter=None, operation=1, permission_type=1)  # fmt: skip
+    disabled = (kafka_errors.SECURITY_DISABLED, "No Authorizer is configured on the broker")  # Kafka's words
+    assert (described.error_code, described.error_message) == disabled
+    creation = CreateAclsRequest.AclCreation(resource_type=2, resource_name="t", resource_pattern_type=3, principal="User:a",
+                                             host="*", operation=3, permission_type=3)  # fmt: skip
+    created = client.call(CreateAclsRequest, 3, creations=[creation, creation])
+    assert [r.error_code for r in created.results] == [kafka_errors.SECURITY_DISABLED] * 2
 
 
 def closed_without_an_answer(client: Client) -> bool:

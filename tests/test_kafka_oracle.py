@@ -1838,6 +1838,30 @@ def test_kafkajs_admin_manages_a_topic_as_on_kafka(endpoints, kafkajs) -> None:
     }  # fmt: skip
 
 
+ACLS = "org.apache.kafka.tools.AclCommand"
+"""kafka-acls.sh."""
+
+
+def acls_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-acls listing, adding and removing an ACL on a broker without an authorizer
+    (kl serve has no authentication: no principal for an ACL to name)."""
+    endpoint.create_topic(topic)
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    acl = ("--allow-principal", "User:reader", "--operation", "Read", "--topic", topic)
+    return {
+        "listed": refusal(endpoint.lib, ACLS, *bootstrap, "--list"),
+        "added": refusal(endpoint.lib, ACLS, *bootstrap, "--add", *acl),
+        "removed": refusal(endpoint.lib, ACLS, *bootstrap, "--remove", "--force", *acl),
+    }
+
+
+def test_kafka_acls_finds_security_disabled_as_on_kafka_without_an_authorizer(endpoints) -> None:
+    seen = same(acls_tool, endpoints, topic="acls")
+    disabled = "Error while executing ACL command: org.apache.kafka.common.errors.SecurityDisabledException: "
+    disabled += "No Authorizer is configured"
+    assert seen == {"listed": disabled + " on the broker", "added": disabled + " on the broker", "removed": disabled + "."}
+
+
 # ----------------------------------------------------------------- group ids and OffsetDelete (issue 36)
 
 

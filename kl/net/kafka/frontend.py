@@ -30,7 +30,19 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
-from kl.net.kafka import cluster, configs, delete_records, fetch, groups, list_offsets, metadata, produce, topics, transactions
+from kl.net.kafka import (
+    acls,
+    cluster,
+    configs,
+    delete_records,
+    fetch,
+    groups,
+    list_offsets,
+    metadata,
+    produce,
+    topics,
+    transactions,
+)
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
@@ -103,16 +115,18 @@ class Kafka(FrontEnd):
         self._send(conn, correlation, response, version, flexible)
 
     def _unsupported(self, conn: Connection, key: int, version: int, correlation: int) -> None:
-        """Answer a request of a type kl does not serve with UNSUPPORTED_VERSION where the
-        response has an error code (its other fields empty); close the connection when
-        kafka-python knows no such response to encode."""
+        """Answer a request of a type kl does not serve (nor advertise) with UNSUPPORTED_VERSION
+        where its response has an error code for the whole request (its other fields
+        empty); else close the connection, as Kafka's brokers do: an answer of empty lists
+        would read as nothing refused."""
         response = _responses().get(key)
         if response is None or not 0 <= version <= response.max_version:
             raise Drop(f"request type {key} version {version} is not one kl or kafka-python knows")
-        log.warning("%s: %s v%d is not served here: answered UNSUPPORTED_VERSION", conn.peer, response.name, version)
         answer = response()
-        if hasattr(answer, "error_code"):
-            answer.error_code = UNSUPPORTED_VERSION
+        if not hasattr(answer, "error_code"):
+            raise Drop(f"{response.name} v{version} is not served here (nor advertised)")
+        log.warning("%s: %s v%d is not served here: answered UNSUPPORTED_VERSION", conn.peer, response.name, version)
+        answer.error_code = UNSUPPORTED_VERSION
         self._send(conn, correlation, answer, version, response.flexible_version_q(version))
 
     def _send(self, conn: Connection, correlation: int, response: ApiMessage | Spliced, version: int, flexible: bool) -> None:
@@ -244,6 +258,7 @@ APIS = {
         *delete_records.APIS,
         *cluster.APIS,
         *transactions.APIS,
+        *acls.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""
