@@ -1821,6 +1821,84 @@ def test_admin_clients_manage_a_topic_as_on_kafka(endpoints, go, java, client) -
     assert seen == {"listed": True, **({"cluster": [1, True]} if client == "java" else {}), "deleted": False}
 
 
+def confluent_admin(endpoint: Endpoint, topic: str) -> Any:
+    """The same steps through confluent-kafka's AdminClient (librdkafka's admin API), each
+    observed on its own (a step that fails: its error's name)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicCollection, TopicPartition
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": endpoint.bootstrap, "socket.timeout.ms": 10_000})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    group = f"{topic}-group"
+    seen: dict[str, Any] = {}
+
+    def step(name: str, run: Callable[[], Any]) -> None:
+        try:
+            seen[name] = run()
+        except ck.KafkaException as e:
+            seen[name] = {"error": e.args[0].name()}
+
+    def one(futures: Any) -> Any:
+        (future,) = futures.values()
+        return future.result(CALL_TIMEOUT)
+
+    def configs(*names: str) -> dict[str, Any]:
+        found = one(admin.describe_configs([resource]))
+        return {n: [found[n].value, found[n].source == ck.admin.ConfigSource.DEFAULT_CONFIG.value] for n in names}
+
+    def partitions() -> list[list[int]]:
+        described = one(admin.describe_topics(TopicCollection([topic])))
+        return [[p.id, len(p.replicas), len(p.isr)] for p in described.partitions]
+
+    created = NewTopic(topic, 2, 1, config={"retention.ms": "3600000"})
+    step("create", lambda: one(admin.create_topics([created], request_timeout=CALL_TIMEOUT)))
+    step("again", lambda: one(admin.create_topics([created], request_timeout=CALL_TIMEOUT)))
+    step("described", partitions)
+    def grown() -> int:
+        one(admin.create_partitions([NewPartitions(topic, 3)]))
+        deadline = time.monotonic() + CALL_TIMEOUT  # Kafka's broker has them once its metadata does
+        while len(found := partitions()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(found)
+
+    step("grown", grown)
+    step("configs", lambda: configs("retention.ms", "max.message.bytes", "cleanup.policy"))
+    changes = [ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET),
+               ConfigEntry("max.message.bytes", "", incremental_operation=AlterConfigOpType.DELETE)]  # fmt: skip
+    altered = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=changes)
+    step("altered", lambda: (one(admin.incremental_alter_configs([altered])), configs("retention.ms", "max.message.bytes"))[1])
+    confluent_produce(endpoint, topic, sample(6))
+    step("records", lambda: one(admin.delete_records([TopicPartition(topic, 0, 2)])).low_watermark)
+    step("cluster", lambda: len(admin.describe_cluster().result(CALL_TIMEOUT).nodes))
+    at = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 4)])]
+    step("groups", lambda: [(p.partition, p.offset) for p in one(admin.alter_consumer_group_offsets(at)).topic_partitions])
+    listed = [ConsumerGroupTopicPartitions(group)]
+    step("offsets", lambda: [(p.partition, p.offset) for p in one(admin.list_consumer_group_offsets(listed)).topic_partitions])
+    step("deleted", lambda: one(admin.delete_topics([topic])))
+    for name in ("configs", "altered"):  # max.message.bytes's default: a stated difference (defaults_shown)
+        if isinstance(seen[name], dict) and seen[name].get("max.message.bytes", [None, False])[1]:
+            seen[name]["max.message.bytes"][0] = "default"
+    return seen
+
+
+def test_confluent_kafkas_admin_client_manages_a_topic_as_on_kafka(endpoints) -> None:
+    seen = same(confluent_admin, endpoints, topic="admin-confluent")
+    assert seen == {
+        "create": None,
+        "again": {"error": "TOPIC_ALREADY_EXISTS"},
+        "described": [[0, 1, 1], [1, 1, 1]],
+        "grown": 3,
+        "configs": {"retention.ms": ["3600000", False], "max.message.bytes": ["default", True],
+                    "cleanup.policy": ["delete", True]},
+        "altered": {"retention.ms": ["7200000", False], "max.message.bytes": ["default", True]},
+        "records": 2,
+        "cluster": 1,
+        "groups": [(0, 4)],
+        "offsets": [(0, 4)],
+        "deleted": None,
+    }
+
+
 def test_kafkajs_admin_manages_a_topic_as_on_kafka(endpoints, kafkajs) -> None:
     seen = same(kafkajs_admin, endpoints, modules=kafkajs, topic="admin-kafkajs")
     assert seen == {

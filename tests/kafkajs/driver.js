@@ -172,6 +172,9 @@ async function admin () {
   await step('described', partitions)
   await step('grown', async () => {
     await client.createPartitions({ topicPartitions: [{ topic, count: 3 }] })
+    for (const end = Date.now() + 10000; (await partitions()).length < 3 && Date.now() < end;) {
+      await new Promise((resolve) => setTimeout(resolve, 50))  // Kafka's broker has them once its metadata does
+    }
     return (await partitions()).length
   })
   await step('configs', () => configs('retention.ms', 'max.message.bytes', 'cleanup.policy'))

@@ -74,8 +74,13 @@ func admin(ctx context.Context, r *drive.Request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		found, err := partitions(c)
-		return len(found), err
+		for { // Kafka's broker has them once its metadata does
+			found, err := partitions(c)
+			if err != nil || len(found) >= 3 || c.Err() != nil {
+				return len(found), err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	})
 	configs := func(c context.Context, names ...string) (any, error) {
 		described, err := adm.DescribeTopicConfigs(c, topic)

@@ -70,6 +70,8 @@ final class AdminOps {
             step(seen, "described", () -> partitions(admin, topic));
             step(seen, "grown", () -> {
                 admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all().get();
+                long end = System.nanoTime() + timeout * 1_000_000;  // Kafka's broker has them once its metadata does
+                while (partitions(admin, topic).size() < 3 && System.nanoTime() < end) Thread.sleep(50);
                 return partitions(admin, topic).size();
             });
             step(seen, "configs", () -> configs(admin, resource, "retention.ms", "max.message.bytes", "cleanup.policy"));
