@@ -1916,6 +1916,25 @@ def test_kafkajs_admin_manages_a_topic_as_on_kafka(endpoints, kafkajs) -> None:
     }  # fmt: skip
 
 
+TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
+"""kafka-transactions.sh."""
+
+
+def transactions_tool(endpoint: Endpoint, topic: str) -> Any:
+    """kafka-transactions describing a partition's producers after an idempotent producer
+    wrote to it (the producer id and timestamp shown as such), and listing transactions."""
+    endpoint.create_topic(topic)
+    confluent_produce(endpoint, topic, sample(3), **{"enable.idempotence": True})
+    bootstrap = ("--bootstrap-server", endpoint.bootstrap)
+    described = tool(endpoint.lib, TRANSACTIONS, *bootstrap, "describe-producers", "--topic", topic, "--partition", "0")
+    head, *rows = [line.split() for line in described.splitlines() if line.strip()]
+    producers = [dict(zip(head, row, strict=True)) for row in rows]
+    for p in producers:
+        p["ProducerId"] = "id" if int(p["ProducerId"]) >= 0 else p["ProducerId"]
+        p["LastTimestamp"] = "stamped" if int(p["LastTimestamp"]) > 0 else p["LastTimestamp"]
+    return {"producers": producers, "listed": tool(endpoint.lib, TRANSACTIONS, *bootstrap, "list").split()}
+
+
 ACLS = "org.apache.kafka.tools.AclCommand"
 """kafka-acls.sh."""
 
@@ -1931,6 +1950,13 @@ def acls_tool(endpoint: Endpoint, topic: str) -> Any:
         "added": refusal(endpoint.lib, ACLS, *bootstrap, "--add", *acl),
         "removed": refusal(endpoint.lib, ACLS, *bootstrap, "--remove", "--force", *acl),
     }
+
+
+def test_kafka_transactions_describes_a_partitions_producers_as_on_kafka(endpoints) -> None:
+    seen = same(transactions_tool, endpoints, topic="producers")
+    producer = {"ProducerId": "id", "ProducerEpoch": "0", "LatestCoordinatorEpoch": "-1", "LastSequence": "2",
+                "LastTimestamp": "stamped", "CurrentTransactionStartOffset": "None"}  # fmt: skip
+    assert seen == {"producers": [producer], "listed": ["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]}
 
 
 def test_kafka_acls_finds_security_disabled_as_on_kafka_without_an_authorizer(endpoints) -> None:
