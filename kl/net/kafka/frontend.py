@@ -29,6 +29,7 @@ from typing import Any
 
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
 from kl.net.kafka import (
     acls,
@@ -145,28 +146,18 @@ def _spliced(answer: Spliced, data: bytes | bytearray, flexible: bool) -> list[m
     """The encoded message with each mark (a bytes field of 16 bytes: its length before
     it) replaced by the length and the bytes it stands for."""
     view = memoryview(data)
-    marked = struct.pack(">i", 16) if not flexible else _uvarint_of(17)  # (compact: length + 1)
+    marked = struct.pack(">i", 16) if not flexible else UnsignedVarInt32.encode(17)  # (compact: length + 1)
     pieces, done = [], 0
     for at, mark in sorted((data.find(mark), mark) for mark in answer.parts):
         start = at - len(marked)
         if at < 0 or view[start:at] != marked:
             raise RuntimeError(f"a spliced field's mark is not where its encoding puts it ({at})")
         part = answer.parts[mark]
-        length = struct.pack(">i", len(part)) if not flexible else _uvarint_of(len(part) + 1)
+        length = struct.pack(">i", len(part)) if not flexible else UnsignedVarInt32.encode(len(part) + 1)
         pieces += [view[done:start], memoryview(length), memoryview(part)]
         done = at + len(mark)
     pieces.append(view[done:])
     return pieces
-
-
-def _uvarint_of(n: int) -> bytes:
-    """``n`` as an unsigned varint (a compact field's length)."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def api_versions(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
