@@ -486,7 +486,7 @@ class Server:
         if len(conn.buffer) < SIZE.size:
             return SIZE.size - len(conn.buffer)
         (size,) = SIZE.unpack_from(conn.buffer)
-        if not 2 <= size <= self.config.request_limit and (size < 2 or size > self._request_limit()):
+        if size < 2 or size > self.config.request_limit and size > self._request_limit():  # (topics read only then)
             raise Drop(f"request of {size} bytes refused (limit {self._request_limit()})")
         return SIZE.size + size - len(conn.buffer)
 
@@ -656,8 +656,7 @@ class Server:
         return self._held
 
     def _release(self, out: Response) -> None:
-        with self._held_lock:
-            self._held -= out.held
+        self.unreserve(out.held)
         out.held = 0
 
     def _discard(self, conn: Connection) -> None:
