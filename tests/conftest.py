@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
 import shutil
 import signal
 import struct
@@ -163,6 +164,26 @@ def served(root: kl.Root) -> Iterator[Callable[..., tuple[Any, Any]]]:
     yield start
     for running in started:
         running.stop()
+
+
+def run_on_a_terminal(command: list[str], env: dict[str, str], stream: str = "stdout") -> tuple[int, bytes]:
+    """Run ``command`` with its ``stream`` ("stdout" or "stderr") on a pseudo-terminal and
+    the other to /dev/null; its exit status and what the terminal got."""
+    master, slave = pty.openpty()
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: slave}
+    process = subprocess.Popen(command, env=env, **streams)  # type: ignore[call-overload]
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return process.wait(30), seen
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ pipe, and stderr a terminal (``kl dump``'s progress bar) or not."""
 from __future__ import annotations
 
 import os
-import pty
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 
 import kl
+
+from conftest import run_on_a_terminal
 
 KL = str(Path(sys.executable).parent / "kl")
 """The ``kl`` command installed beside this Python, as a user runs it."""
@@ -70,21 +71,7 @@ def test_consume_writes_everything_to_a_file(kl_root, tmp_path):
 def on_a_terminal(root: str, *args: str) -> tuple[int, bytes]:
     """Run ``kl ARGS`` with stderr on a pseudo-terminal and stdout to /dev/null; its exit
     status and what the terminal got."""
-    master, slave = pty.openpty()
-    env = {**os.environ, "KL_ROOT": root, "TERM": "xterm", "COLUMNS": "100"}
-    process = subprocess.Popen([KL, *args], stdout=subprocess.DEVNULL, stderr=slave, env=env)
-    os.close(slave)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:  # EIO: the terminal's other end is closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    return process.wait(30), seen
+    return run_on_a_terminal([KL, *args], {**os.environ, "KL_ROOT": root, "TERM": "xterm", "COLUMNS": "100"}, "stderr")
 
 
 def test_dump_shows_a_progress_bar_when_stderr_is_a_terminal(kl_root):

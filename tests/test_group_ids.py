@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ from kl.net.kafka.errors import (
 )
 from kl.registry import Registry, group_name, group_of
 
-from conftest import write
+from conftest import run_on_a_terminal, write
 from kafka_clients import module_fixtures
 
 KL = [sys.executable, "-m", "kl_cli"]
@@ -220,21 +219,9 @@ def test_cli_takes_and_shows_ids(events):
 
 def on_a_terminal(r: kl.Root, *args: str) -> str:
     """What ``kl ARGS`` prints with stdout on a pseudo-terminal (its tables)."""
-    master, slave = pty.openpty()
     env = {**os.environ, "TERM": "xterm", "COLUMNS": "200"}
-    process = subprocess.Popen([*KL, "--root", r.path, *args], stdout=slave, stderr=subprocess.DEVNULL, env=env)
-    os.close(slave)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:  # EIO: the terminal's other end is closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    assert process.wait(30) == 0
+    code, seen = run_on_a_terminal([*KL, "--root", r.path, *args], env)
+    assert code == 0
     return seen.decode()
 
 
