@@ -57,8 +57,14 @@ class Running:
 class Client:
     """One connection speaking the protocol with kafka-python's message classes."""
 
-    def __init__(self, address):
-        self.sock = socket.create_connection(address, timeout=10)
+    def __init__(self, address, receive_buffer: int | None = None):
+        if receive_buffer is None:
+            self.sock = socket.create_connection(address, timeout=10)
+        else:  # set before connecting: the window it offers
+            self.sock = socket.socket()
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            self.sock.settimeout(10)
+            self.sock.connect(address)
         self.correlation = 0
 
     def send(self, request, version: int, **fields) -> None:
@@ -486,11 +492,7 @@ def test_answers_held_for_clients_that_never_read_stay_within_the_answer_memory(
     hoarders = []
     deadline = time.monotonic() + 30
     for _ in range(3):
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
-        sock.connect(running.address)
-        hoarder = Client.__new__(Client)
-        hoarder.sock, hoarder.correlation = sock, 0
+        hoarder = Client(running.address, receive_buffer=4096)  # a small window
         big_fetch(hoarder, topic)  # and never read
         hoarders.append(hoarder)
         while running.server.answers_held < 3 << 20:  # the first hoarder's answer, as large as the memory, held
