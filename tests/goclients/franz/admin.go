@@ -26,7 +26,9 @@ import (
 // committed for the group; listed, its offsets, DeleteOffsets, the offsets left,
 // DeleteGroup), deleted (then whether ListTopics names it).
 func admin(ctx context.Context, r *drive.Request) (any, error) {
-	client, err := kgo.NewClient(kgo.SeedBrokers(r.Bootstrap))
+	// Metadata at most 0.1 s old: kgo answers a Metadata request from its cache younger
+	// than that, and the grown partitions must show once Kafka's broker has them.
+	client, err := kgo.NewClient(kgo.SeedBrokers(r.Bootstrap), kgo.MetadataMinAge(100*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
