@@ -118,7 +118,14 @@ func admin(ctx context.Context, r *drive.Request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return configs(c, "retention.ms", "max.message.bytes")
+		for { // Kafka's broker answers with the new value once its metadata has it
+			found, err := configs(c, "retention.ms", "max.message.bytes")
+			retention, _ := found.(map[string]any)["retention.ms"].([]any)
+			if err != nil || c.Err() != nil || len(retention) > 0 && retention[0] == "7200000" {
+				return found, err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	})
 	step("records", func(c context.Context) (any, error) {
 		producer, err := kgo.NewClient(kgo.SeedBrokers(r.Bootstrap), kgo.RecordPartitioner(kgo.ManualPartitioner()))
