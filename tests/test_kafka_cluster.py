@@ -357,16 +357,17 @@ def test_elections_are_never_needed_and_partitions_never_move(served, root):
 def test_two_daemons_describe_the_same_cluster_and_leaders(root, tmp_path):
     """Each daemon lists both as brokers and names the same controller (the lowest node
     id), and takes a reassignment only to the leader both name."""
-    root.create_topic("t", TopicConfig(partitions=8))
+    partitions = 24  # all led by one daemon once in 2**23
+    root.create_topic("t", TopicConfig(partitions=partitions))
     first = Daemon(root.path, tmp_path / "first.log", "--allow-admin")
     second = Daemon(root.path, tmp_path / "second.log", "--allow-admin")
     try:
         nodes = {brokers.node_id(d.bootstrap): int(d.bootstrap.rsplit(":", 1)[1]) for d in (first, second)}
         pool = sorted([first.bootstrap, second.bootstrap])
-        leaders = [brokers.node_id(brokers.leader("t", p, pool)) for p in range(8)]
+        leaders = [brokers.node_id(brokers.leader("t", p, pool)) for p in range(partitions)]
         assert len(set(leaders)) == 2  # some partitions led by each
         rt = AlterPartitionReassignmentsRequest.ReassignableTopic
-        moves = [rt.ReassignablePartition(partition_index=p, replicas=[n]) for p in range(8) for n in sorted(nodes)]
+        moves = [rt.ReassignablePartition(partition_index=p, replicas=[n]) for p in range(partitions) for n in sorted(nodes)]
         for daemon in (first, second):
             client = Client(tuple_of(daemon.bootstrap))
             deadline = time.monotonic() + 20

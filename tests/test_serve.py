@@ -684,6 +684,20 @@ def test_library_registration_is_removed_on_close(root):
     assert brokers.live(root.path) == [] and not os.path.exists(reg.path)
 
 
+def test_partitions_spread_over_daemons_and_move_only_to_one_that_comes():
+    """Two daemons each lead some of a topic's few partitions about as often as a fair coin
+    says (a CRC, being linear, gave whole topics to one daemon for 3 port pairs in 100), and a
+    third daemon takes partitions only for itself."""
+    ports = random.Random(7)
+    pairs = [tuple(f"127.0.0.1:{port}" for port in ports.sample(range(30000, 60000), 2)) for _ in range(3000)]
+    lopsided = sum(len({brokers.leader("t", p, pair) for p in range(8)}) == 1 for pair in pairs)
+    assert lopsided < 2 * len(pairs) / 2**8 * 2  # twice what fairness expects (23 in 3,000); a CRC gave 90
+    for pair in pairs[:100]:
+        third = pair + ("10.0.0.1:9092",)
+        for p in range(8):
+            assert brokers.leader("t", p, third) in (brokers.leader("t", p, pair), "10.0.0.1:9092")
+
+
 def test_a_crashed_daemons_temporary_file_goes_once_a_minute_old_by_the_file_systems_clock(root, monkeypatch):
     registrations = os.path.join(root.path, brokers.BROKERS_DIR)
     os.makedirs(registrations)

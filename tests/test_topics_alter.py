@@ -206,12 +206,15 @@ def test_an_altered_topic_is_not_taken_for_one_created_again(root):
 
 
 def _appender(path: str, writer: str, stop: str) -> None:
-    """Appends self-checking values to partition 0, one or a few at a time, until ``stop`` exists."""
+    """Appends self-checking values to partition 0, one or a few at a time, until ``stop``
+    exists; ``stop.WRITER`` says the first append is done."""
     producer = kl.Producer(path)
     seq = 0
     while not os.path.exists(stop):
         n = 1 + seq % 5
         producer.send_batch("t", [_value(int(writer), seq + i) for i in range(n)], partition=0)
+        if not seq:
+            Path(f"{stop}.{writer}").touch()
         seq += n
 
 
@@ -253,7 +256,7 @@ def test_producers_and_a_follower_keep_working_while_alter_runs_many_times(root,
     follower = subprocess.Popen(KL + ["--root", root.path, "consume", "t", "--follow", "--partition", "0"],
                                 stdout=subprocess.PIPE)
     try:
-        wait_for(lambda: root.log("t", 0).log_end_offset > 0, what="the first appends")
+        wait_for(lambda: all(os.path.exists(f"{stop}.{w}") for w in range(3)), what="each writer's first append")
         alterer = _python(root, "_alterer", "60")
         assert alterer.wait(120) == 0
         Path(stop).touch()

@@ -13,6 +13,7 @@ one JSON object (see ``BrokerInfo``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -86,9 +87,10 @@ def leader(topic: str, partition: int, daemons: Sequence[str]) -> str:
     """Which of ``daemons`` (Kafka addresses) leads the partition: the one whose hash
     with it is highest (rendezvous hashing), so every daemon that sees the same daemons
     names the same leader, and a partition moves only when its leader goes or a daemon
-    that comes ranks higher for it."""
+    that comes ranks higher for it.  The hash is BLAKE2b: a CRC's is linear, so with two
+    daemons whole topics of a few partitions fell to one of them."""
     key = f"{topic}\0{partition}\0".encode()
-    return max(daemons, key=lambda address: (zlib.crc32(key + address.encode()), address))
+    return max(daemons, key=lambda address: (hashlib.blake2b(key + address.encode(), digest_size=8).digest(), address))
 
 
 class Registration:
