@@ -109,6 +109,8 @@ class SegmentInfo(NamedTuple):
     base_offset: int
     path: str
     size_in_bytes: int
+    mtime_ns: int | None = None
+    """A closed segment's modification time when listed (None for the active one)."""
 
 
 class Log:
@@ -155,7 +157,7 @@ class Log:
         self._counted: dict[int, Counted] = {}
         """Segment base -> its messages as counted (``kl.log.offsetindex``), the active one's too."""
         self._count_lock = threading.Lock()
-        self._start_count: tuple[tuple[int, int, int], int] | None = None
+        self._start_count: tuple[tuple[int, int, int, int | None], int] | None = None
         """(log start, active base, its count) -> the log start's Kafka offset."""
         self._validated: dict[int, int] = {}
         """On NFS: segment base -> the end up to which this reader revalidated it."""
@@ -416,14 +418,14 @@ class Log:
                 if base == state.active_base_offset:
                     if path != segment_path(self.directory, base):
                         continue  # a second file with the active base (recover reports it)
-                    size = state.log_end_offset - base
+                    size, mtime = state.log_end_offset - base, None
                 else:
                     try:
-                        size = os.lstat(path).st_size
+                        stat = os.lstat(path)
                     except FileNotFoundError:
                         continue
-                    size = min(size, following - base)
-                out.append(SegmentInfo(base, path, size))
+                    size, mtime = min(stat.st_size, following - base), stat.st_mtime_ns
+                out.append(SegmentInfo(base, path, size, mtime))
         out.reverse()
         return out
 
@@ -683,7 +685,14 @@ class Log:
         return self._recounted(self._kafka_offsets, state)
 
     def _kafka_offsets(self, state: PartitionState) -> tuple[int, int]:
-        key = (state.log_start_offset, state.active_base_offset, state.active_base_count)
+        """The log start's Kafka offset is worked out again once the directory changed
+        too: a repair of a closed segment (which copies it aside there) takes messages
+        out of its count, and so moves the older segments' numbers up."""
+        try:
+            changed = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            changed = None  # (the state read above found the partition: a race, decided below)
+        key = (state.log_start_offset, state.active_base_offset, state.active_base_count, changed)
         known = self._start_count
         if known is None or known[0] != key:
             known = self._start_count = (key, self._kafka_offset(state, state.log_start_offset, 0))
@@ -786,12 +795,13 @@ class Log:
 
     def _closed_counts(self, info: SegmentInfo, following: int) -> Counted:
         """A closed segment's messages: as counted before, as its offset index keeps them,
-        or counted now by a scan (and kept in its index).  Its base count is the next
-        segment's (``following``) less its messages; where that is ``UNKNOWN``, what its
-        index says (0 without one).  Raises ``FileNotFoundError`` when retention set the
-        segment aside.  Under ``_count_lock``."""
+        or counted now by a scan (and kept in its index); counted again once it was
+        modified (a repair pads over damage, which takes messages out of the count).  Its
+        base count is the next segment's (``following``) less its messages; where that is
+        ``UNKNOWN``, what its index says (0 without one).  Raises ``FileNotFoundError``
+        when retention set the segment aside.  Under ``_count_lock``."""
         counted = self._counted.get(info.base_offset)
-        if counted is None or counted.size_in_bytes != info.size_in_bytes:
+        if counted is None or counted.size_in_bytes != info.size_in_bytes or counted.mtime_ns != info.mtime_ns:
             stat = os.stat(info.path, follow_symlinks=False)
             kept = offsetindex.read(info.path, info.base_offset, stat.st_size, stat.st_mtime_ns)
             if kept is not None and kept.size_in_bytes == info.size_in_bytes and offsetindex.complete(kept):
@@ -804,6 +814,7 @@ class Log:
                     except CorruptMessage:
                         if not self._counted_before(info, counted):
                             raise
+            counted.mtime_ns = stat.st_mtime_ns
             self._counted[info.base_offset] = counted
             kept_base = counted.base_count
             self._base_from(counted, following)

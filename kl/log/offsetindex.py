@@ -96,7 +96,7 @@ class Counted:
     """One segment's messages counted so far, in memory: the active segment's grows with
     the log (``extend``); a closed one's is whole (``of``, ``index``)."""
 
-    __slots__ = ("base_offset", "base_count", "size_in_bytes", "count", "positions", "counts")
+    __slots__ = ("base_offset", "base_count", "size_in_bytes", "count", "positions", "counts", "mtime_ns")
 
     def __init__(self, base_offset: int, base_count: int):
         self.base_offset = base_offset
@@ -107,6 +107,8 @@ class Counted:
         """The segment's messages up to ``size_in_bytes``."""
         self.positions = array("q")
         self.counts = array("q")
+        self.mtime_ns: int | None = None
+        """A closed segment's modification time when it was counted (None while active)."""
 
     @classmethod
     def of(cls, index: SegmentIndex) -> Counted:
