@@ -18,9 +18,9 @@ class Daemon(Server):
         config = config or ServeConfig()
         listeners: list[Listener] = []
         if config.port is not None:
-            listeners.append((config.bind, config.port, Kafka07))
+            listeners.append(Listener(config.bind, config.port, Kafka07))
         if config.kafka_port is not None:
-            listeners.append((config.kafka_bind or config.bind, config.kafka_port, _kafka))
+            listeners.append(Listener(config.kafka_bind or config.bind, config.kafka_port, _kafka))
         super().__init__(root, config, listeners)
         ports = iter(self.ports)
         self.port = None if config.port is None else next(ports)

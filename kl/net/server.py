@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kl.errors import KlError
 from kl.follow import Watch
@@ -168,12 +169,19 @@ class ServeConfig:
 class Connection:
     """A client's socket and what has been read of its next request."""
 
-    __slots__ = ("sock", "peer", "front", "kl", "client", "buffer", "last_active", "started", "out", "wait")
+    __slots__ = (
+        "sock", "peer", "front", "security", "principal", "kl", "client", "buffer", "last_active", "started", "out", "wait",
+    )  # fmt: skip
 
-    def __init__(self, sock: socket.socket, peer: str, front: FrontEnd):
+    def __init__(self, sock: socket.socket, peer: str, front: FrontEnd, security: str = "PLAINTEXT"):
         self.sock = sock
         self.peer = peer
         self.front = front
+        self.security = security
+        """Its listener's security protocol (``SECURITY_PROTOCOLS``)."""
+        self.principal = "User:ANONYMOUS"
+        """Who the client is, as Kafka names it: ``User:ANONYMOUS`` until SASL or a client
+        certificate says otherwise."""
         self.kl = False
         """A kl client (it said HELLO), not a Kafka 0.7 one."""
         self.client: str | None = None
@@ -243,9 +251,18 @@ class Drop(Exception):
     """Close this connection, logging the reason (bad request, a peer gone)."""
 
 
-Listener = tuple[str, int, Callable[["Server"], "FrontEnd"]]
-"""Where a protocol is served (address, port: 0 for any free one) and its front end's
-maker, given the server."""
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+"""Kafka's names for what a listener asks of its connections: TLS (SSL), SASL, both or neither."""
+
+
+class Listener(NamedTuple):
+    """Where a protocol is served (address, port: 0 for any free one), its front end's
+    maker (given the server), and its security protocol (one of ``SECURITY_PROTOCOLS``)."""
+
+    bind: str
+    port: int
+    front_end: Callable[[Server], FrontEnd]
+    security: str = "PLAINTEXT"
 
 
 class Server:
@@ -263,12 +280,16 @@ class Server:
         self.root = root if isinstance(root, Root) else Root(root)
         self.config = config or ServeConfig()
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
-        """Each protocol's listening socket and front end."""
+        """Each listener's listening socket and front end (one of its own)."""
+        self._security: dict[FrontEnd, str] = {}
+        """Each listener's security protocol, by its front end."""
         self.ports: list[int] = []
         """Each listener's port (the one bound, where 0 was asked), in their order."""
         try:
-            for bind, port, front_end in listeners:
-                self.ports.append(self._listen(bind, port, front_end(self)))
+            for listener in listeners:
+                if listener.security not in SECURITY_PROTOCOLS:
+                    raise ServerError(f"unknown security protocol {listener.security!r}")
+                self.ports.append(self._listen(listener, listener.front_end(self)))
         except BaseException:
             for sock, _ in self.listeners:
                 sock.close()
@@ -299,7 +320,8 @@ class Server:
         """Connections handed to the waiter, or STOP_WAITING (answer everything at once
         from now on), CHECK (look at the waits now) or EXIT."""
 
-    def _listen(self, bind: str, port: int, front: FrontEnd) -> int:
+    def _listen(self, listener: Listener, front: FrontEnd) -> int:
+        bind, port = listener.bind, listener.port
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         try:
             sock = socket.create_server((bind, port), family=family, backlog=1024)
@@ -307,6 +329,7 @@ class Server:
             raise ServerError(f"cannot listen on {bind}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
         sock.setblocking(False)
         self.listeners.append((sock, front))
+        self._security[front] = listener.security
         return int(sock.getsockname()[1])
 
     # ----------------------------------------------------------------- the loop
@@ -440,7 +463,7 @@ class Server:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, peer, front)
+            conn = Connection(sock, peer, front, self._security[front])
             self._connections.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
