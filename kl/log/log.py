@@ -158,7 +158,7 @@ class Log:
         """Segment base -> its messages as counted (``kl.log.offsetindex``), the active one's too."""
         self._count_lock = threading.Lock()
         self._start_count: tuple[tuple[int, int, int, int | None], int] | None = None
-        """(log start, active base, its count) -> the log start's Kafka offset."""
+        """(log start, active base, its count, the directory's modification time) -> the log start's Kafka offset."""
         self._validated: dict[int, int] = {}
         """On NFS: segment base -> the end up to which this reader revalidated it."""
         self._journal: producers.Journal | None = None
@@ -691,7 +691,7 @@ class Log:
         try:
             changed = os.stat(self.directory).st_mtime_ns
         except OSError:
-            changed = None  # (the state read above found the partition: a race, decided below)
+            changed = None  # the partition went after its state was read: the lookup below says so
         key = (state.log_start_offset, state.active_base_offset, state.active_base_count, changed)
         known = self._start_count
         if known is None or known[0] != key:
