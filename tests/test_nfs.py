@@ -446,10 +446,7 @@ def test_a_group_on_two_hosts_replaces_a_host_cut_off_before_its_nfs_lease_ran_o
     )
 
 
-READS_OF_AN_APPEND = r"""
-import os, sys, time, kl
-topic, go = sys.argv[1], sys.argv[2]
-
+RECEIVED = r"""
 def received():  # bytes this host's READs got from the server so far (its one NFS mount)
     mine = False
     for line in open("/proc/self/mountstats"):
@@ -458,7 +455,12 @@ def received():  # bytes this host's READs got from the server so far (its one N
         elif mine and line.strip().startswith("READ:"):
             return int(line.split()[5])
     return 0
+""".replace("MOUNT", nfslab.MOUNT)
 
+READS_OF_AN_APPEND = r"""
+import os, sys, time, kl
+topic, go = sys.argv[1], sys.argv[2]
+RECEIVED
 producer = kl.Producer(kl.Root(ROOT, lock_timeout=300))
 producer.send_batch(topic, [b"b"], partition=0)  # opens and keeps the partition's files
 print("ready", flush=True)
@@ -467,12 +469,12 @@ while not os.path.exists(go):
 before = received()
 producer.send_batch(topic, [b"b"], partition=0)
 print("received", received() - before, flush=True)
-""".replace("ROOT", repr(ROOT)).replace("MOUNT", nfslab.MOUNT)
+""".replace("ROOT", repr(ROOT)).replace("RECEIVED", RECEIVED)
 
 
 @pytest.mark.parametrize("lab", ["4.2"], indirect=True)
 def test_an_append_after_another_hosts_reads_nothing_of_the_segment_from_the_server(lab):
-    """A writer writes its segment past the page cache (``Segment.write_through``).  A
+    """A writer writes its segment past the page cache (``Segment.past_page_cache``).  A
     buffered append that ends inside a page the client does not hold (here: another host
     appended meanwhile) reads that page from the server first, one more round trip:
     here the 3.9 KB host a put there.  What the append may read is the state record's
@@ -488,3 +490,30 @@ def test_an_append_after_another_hosts_reads_nothing_of_the_segment_from_the_ser
     assert result.returncode == 0, result.stderr[-2000:]
     received = int(result.stdout.split()[-1])
     assert 0 < received < 3900, result.stdout
+
+
+READS_TWICE = r"""
+import sys, kl
+RECEIVED
+root = kl.Root(ROOT)
+kl.Producer(root).send_batch(sys.argv[1], [b"%05d" % i * 10 for i in range(1000)], partition=0)
+for _ in range(2):
+    before = received()
+    values = [v for batch in kl.Consumer(root).consume(sys.argv[1], values_only=True) for v in batch.messages]
+    print("read", len(values), "received", received() - before, "of", root.log(sys.argv[1], 0).log_end_offset, flush=True)
+""".replace("ROOT", repr(ROOT)).replace("RECEIVED", RECEIVED)
+
+
+@pytest.mark.parametrize("lab", ["4.2"], indirect=True)
+def test_a_reader_reads_past_its_hosts_page_cache(lab):
+    """Readers read segments as writers write them, past the page cache
+    (``Log.open_segment``): a read of what this host's writer just appended, and the
+    same read again, both get the bytes from the server.  Through the page cache a
+    follower on the writer's host read a page of zeros where the other host had
+    published a batch, in about one kill -9 hand-over of six."""
+    create(lab, "twice")
+    done = lab.python("b", READS_TWICE, "twice")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for line in done.stdout.splitlines():
+        _, count, _, received, _, size = line.split()
+        assert int(count) == 1000 and int(received) >= int(size) > 50_000, done.stdout

@@ -445,12 +445,14 @@ class Segment:
             start_writeback(self.fd, self._writeback_from, end - self._writeback_from)
             self._writeback_from = end
 
-    def write_through(self) -> None:
+    def past_page_cache(self) -> None:
         """On NFS, read and write past this host's page cache, straight to the server
         (``O_DIRECT``, which NFS takes at any offset and size; elsewhere, or where it is
         refused, the file stays buffered).  A buffered write that ends inside a page makes
         the NFS client read that page from the server first unless it holds it, and after
-        another host's append it does not: each contended append cost a round trip more."""
+        another host's append it does not: each contended append cost a round trip more.
+        A buffered read can see a page as it was before another host's append, though a
+        lock revalidated the file (``Log.open_segment``)."""
         if not mount_of(self.path)[1].startswith("nfs"):
             return
         try:

@@ -779,18 +779,21 @@ class Span:
     ``FILES_PER_CONNECTION``) and opened again when their turn comes, by its name or the
     name retention sets it aside under, only if it is still the same file."""
 
-    __slots__ = ("segment", "position", "count", "identity")
+    __slots__ = ("segment", "position", "count", "identity", "direct")
 
     def __init__(self, segment: Segment, position: int, count: int):
         self.segment = segment
         self.position = position
         self.count = count
         self.identity: tuple[int, int] | None = None
+        self.direct = 0
+        """``O_DIRECT`` when the segment was open past the page cache (``Log.open_segment``)."""
 
     def close(self) -> None:
         if self.segment.fd >= 0:
             st = os.fstat(self.segment.fd)
             self.identity = (st.st_dev, st.st_ino)
+            self.direct = fcntl.fcntl(self.segment.fd, fcntl.F_GETFL) & os.O_DIRECT
             self.segment.close()
 
     def send(self, sock: socket.socket) -> bool:
@@ -815,7 +818,7 @@ class Span:
         path = self.segment.path
         for name in (path, path + DELETED_SUFFIX):
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | self.direct)
             except FileNotFoundError:
                 continue
             except OSError as e:
