@@ -180,6 +180,23 @@ def test_runs_load_what_is_new_and_nothing_twice(spark, root, out):
     assert {(c.topic, c.partition): c.rows for c in journal.status(out).partitions} == {("t", 0): 50, ("t", 1): 7}
 
 
+def test_a_load_runs_its_tasks_in_a_job_group_of_its_own_and_gives_the_callers_back(spark, root, out):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    produce(root, "t", 40, partition=0)
+    context = spark.sparkContext
+    context.setJobGroup("mine", "the caller's jobs")
+    try:
+        [report] = load(root, out, ["t"], spark=spark)
+        tracker = context.statusTracker()
+        assert report.partitions[0].messages == 40
+        assert tracker.getJobIdsForGroup(f"kl-load-{report.run}") and not tracker.getJobIdsForGroup("mine")
+        assert context.getLocalProperty("spark.jobGroup.id") == "mine"
+        assert context.getLocalProperty("spark.job.description") == "the caller's jobs"
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
+
+
 def test_a_cap_drains_a_backlog_over_several_runs(spark, root, out):
     root.create_topic("t", ROLLING)
     produce(root, "t", 100)

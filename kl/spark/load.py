@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark import TaskContext
+from pyspark import SparkContext, TaskContext
 from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -174,11 +174,17 @@ class SparkRunner:
         if self.progress is not None:
             watcher = threading.Thread(target=self._watch, args=(journal, plan, todo, stop), daemon=True)
             watcher.start()
+        context = spark.sparkContext
+        group, outer = f"kl-load-{plan.run}", {key: context.getLocalProperty(key) for key in JOB_PROPERTIES}
+        context.setJobGroup(group, f"kl load, run {plan.run}")
         try:
             df.mapInArrow(writer, "task int, rows long").collect()
+            _wait_for_attempts(context, group)
         except PySparkException as e:
             raise unwrap(e) from None
         finally:
+            for key, value in outer.items():  # the caller's own (None clears one)
+                context.setLocalProperty(key, value)  # type: ignore[arg-type]
             stop.set()
             if watcher is not None:
                 watcher.join()
@@ -191,6 +197,27 @@ class SparkRunner:
             self.progress(j.progress_of("writing", plan, todo, journal.done(plan)))
             if stop.wait(0.5):
                 return
+
+
+JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+"""The local properties ``setJobGroup`` sets."""
+ATTEMPTS_TIMEOUT = 120.0
+"""How long a run waits for the attempts Spark killed to end (see ``_wait_for_attempts``)."""
+
+
+def _wait_for_attempts(context: SparkContext, group: str, timeout: float = ATTEMPTS_TIMEOUT) -> None:
+    """Until no attempt of the job group's tasks still runs.  A speculative copy that
+    Spark killed once another attempt succeeded goes on writing its files until its
+    Python worker is gone, which may be after the job ended; the commit that follows
+    removes the run's temporary files, and one written after it would stay."""
+    tracker = context.statusTracker()
+    stages = [s for job in tracker.getJobIdsForGroup(group) if (info := tracker.getJobInfo(job)) for s in info.stageIds]
+    deadline = time.monotonic() + timeout
+    while any((stage := tracker.getStageInfo(s)) is not None and stage.numActiveTasks for s in stages):
+        if time.monotonic() >= deadline:
+            log.warning("killed Spark task attempts still run after %gs; their temporary files may stay", timeout)
+            return
+        time.sleep(0.1)
 
 
 def with_json_columns(df: DataFrame, schema: str) -> DataFrame:
