@@ -104,11 +104,15 @@ class Broker:
             return [brokers.node_id(pool[0])] * count
         return [brokers.node_id(brokers.leader(topic, p, pool)) for p in range(count)]
 
+    def endpoint(self, conn: Connection) -> tuple[str, int]:
+        """(host, port) of this daemon at the listener ``conn`` came in on, as advertised."""
+        return self.endpoints.get(conn.front, self.address)
+
     def nodes(self, peers: dict[str, brokers.BrokerInfo], conn: Connection) -> list[tuple[int, str, int]]:
         """(node id, host, port) of this daemon (at the listener ``conn`` came in on) and
         the other live ones serving the Kafka protocol over the root (a partition's leader
         or a group's coordinator may be one of them), this one first."""
-        host, port = self.endpoints.get(conn.front, self.address)
+        host, port = self.endpoint(conn)
         found = [(self.node_id, host, port)]
         for address in sorted(peers):
             other_host, _, other_port = address.rpartition(":")
