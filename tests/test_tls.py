@@ -25,8 +25,9 @@ import trustme
 from kafka.protocol.metadata import MetadataRequest
 
 import kl
+from kl.net import wire
 from kl.net.daemon import Daemon
-from kl.net.server import Connection, ServeConfig, ServerError
+from kl.net.server import FILES_PER_CONNECTION, Connection, ServeConfig, ServerError
 from kl.net.tls import PrincipalRules, TlsError, distinguished_name
 
 from conftest import write
@@ -301,8 +302,16 @@ def test_wrong_protocol_both_ways_is_one_log_line(root, running, pems, caplog):
     assert not [r for r in caplog.records if "bytes refused" in r.getMessage()]
 
 
-def test_kafka07_port_over_tls(root, pems, caplog):
+def test_kafka07_port_over_tls_sends_segment_spans_through_tls(root, pems, caplog):
     caplog.set_level(logging.INFO, "kl.serve")
+    root.create_topic("s", kl.TopicConfig(segment_bytes=4096, max_message_bytes=1024))
+    with kl.Producer(root) as producer:
+        for k in range(40):
+            producer.send_batch("s", [b"%03d-%02d" % (k, i) * 40 for i in range(12)], partition=0)
+    bases = [seg.base_offset for seg in root.log("s", 0).segments()]
+    fetches = [wire.Fetch("s", 0, base, 1 << 20) for base in bases[::-1] + bases]
+    assert len(fetches) > 2 * FILES_PER_CONNECTION
+    local = kl.Consumer(root)
     config = ServeConfig(port=0, port_tls=True, tls_cert=pems["cert"], tls_key=pems["key"])
     server = Daemon(root, config)
     thread = threading.Thread(target=server.serve_forever)
@@ -312,8 +321,23 @@ def test_kafka07_port_over_tls(root, pems, caplog):
             plain.sendall(struct.pack(">ih", 2, 99))
             assert cut(plain)
         logged(caplog, "a plaintext client connected to a TLS listener")
-        with tls_connect(server.port, client_context(pems)) as secure:  # the handshake is served
-            assert secure.version() in ("TLSv1.2", "TLSv1.3")
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer waits, parked, on a full socket
+        raw.settimeout(10)
+        raw.connect(("127.0.0.1", server.port))
+        with client_context(pems).wrap_socket(raw, server_hostname="127.0.0.1") as secure:
+            secure.sendall(wire.request(wire.HELLO, wire.INT16.pack(wire.VERSION) + wire.string("tls")))
+            size, code = wire.HEAD.unpack(exactly(secure, wire.HEAD.size))
+            exactly(secure, size - 2)
+            assert code == 0  # a kl client: kl's messages as they are
+            secure.sendall(wire.request(wire.MULTIFETCH, wire.multifetch_body(fetches)))
+            size, code = wire.HEAD.unpack(exactly(secure, wire.HEAD.size))
+            reader = wire.Reader(exactly(secure, size - 2))
+            got = []
+            for _ in fetches:
+                size, code = reader.unpack(wire.HEAD)
+                got.append((code, bytes(reader.take(size - 2))))
+        assert got == [(0, local.fetch("s", 0, f.offset, f.max_bytes).buffer) for f in fetches]
     finally:
         server.stop()
         thread.join(10)

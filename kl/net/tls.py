@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import ssl
-import threading
 from typing import Any
 
 from kl.errors import KlError
@@ -111,7 +110,6 @@ class Tls:
             raise TlsError(f"client auth {client_auth} needs a CA file (--tls-ca) to check client certificates with")
         self.cert, self.key, self.ca, self.client_auth = cert, key, ca, client_auth
         self.rules = PrincipalRules(rules or "DEFAULT")
-        self._lock = threading.Lock()
         self.context = self._context()
 
     def _context(self) -> ssl.SSLContext:
@@ -128,28 +126,25 @@ class Tls:
         try:
             context.load_cert_chain(self.cert, self.key)
         except ssl.SSLError as e:
-            reason = "the key does not match the certificate" if "KEY_VALUES_MISMATCH" in str(e) else e.reason or str(e)
+            mismatch = "KEY_VALUES_MISMATCH" in str(e)
+            reason = "the key does not match the certificate" if mismatch else "not a PEM certificate and its private key"
             raise TlsError(f"cannot use the TLS certificate {self.cert} with key {self.key}: {reason}") from None
         if self.ca is not None:
             try:
                 context.load_verify_locations(cafile=self.ca)
             except ssl.SSLError as e:
-                raise TlsError(f"cannot use the TLS CA file {self.ca}: {e.reason or e}") from None
+                raise TlsError(f"cannot use the TLS CA file {self.ca}: not PEM certificates ({e.reason or e})") from None
         context.verify_mode = _VERIFY[self.client_auth]
         return context
 
     def reload(self) -> None:
         """Read the certificates, key and CAs again: new connections use them (raises
         ``TlsError`` and keeps the old ones when they are not usable)."""
-        context = self._context()
-        with self._lock:
-            self.context = context
+        self.context = self._context()
 
     def wrap(self, sock: Any) -> ssl.SSLSocket:
         """The accepted socket as the server side of a TLS connection, its handshake to do."""
-        with self._lock:
-            context = self.context
-        return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
 
     def principal(self, sock: ssl.SSLSocket) -> str | None:
         """The principal the client's certificate names (``User:ANONYMOUS`` without one;
