@@ -27,6 +27,7 @@ from kafka.protocol.metadata import MetadataRequest
 import kl
 from kl.net import wire
 from kl.net.daemon import Daemon
+from kl.net.remote import RemoteRoot
 from kl.net.server import FILES_PER_CONNECTION, Connection, ServeConfig, ServerError
 from kl.net.tls import PrincipalRules, TlsError, distinguished_name
 
@@ -433,3 +434,25 @@ def test_sighup_reloads_certificates(tmp_path, ca, pems):
         proc.terminate()
         assert proc.wait(20) == 0, log.read_text()
     assert "BEGIN" not in log.read_text()  # no key logged
+
+
+# ----------------------------------------------------------------- kl's own clients
+
+
+def test_kl_remote_clients_over_tls(root, pems):
+    root.create_topic("t")
+    config = ServeConfig(port=0, port_tls=True, allow_produce=True, tls_cert=pems["cert"], tls_key=pems["key"])
+    server = Daemon(root, config)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        remote = RemoteRoot(f"127.0.0.1:{server.port}", tls=client_context(pems))
+        with kl.RemoteProducer(remote) as producer:
+            producer.send_batch("t", [b"a" * 5000, b"b" * 5000], partition=0)
+        with kl.RemoteConsumer(RemoteRoot(f"127.0.0.1:{server.port}", tls=client_context(pems))) as consumer:
+            assert [m.value for m in consumer.fetch("t", 0, 0, 1 << 20)] == [b"a" * 5000, b"b" * 5000]
+        with pytest.raises(wire.NetworkError, match="no TLS connection to 127.0.0.1"):
+            RemoteRoot(f"127.0.0.1:{server.port}", tls=ssl.create_default_context()).topics()  # not its CA
+    finally:
+        server.stop()
+        thread.join(10)
