@@ -216,7 +216,8 @@ def serve(
 
     Kafka 0.7's fetches are sent with sendfile straight from the segment files.  The
     daemon registers itself under the root while it runs (kl serve --list shows it).
-    Log lines go to stderr.
+    Log lines go to stderr.  --listener SSL://HOST:PORT serves the Kafka protocol over
+    TLS as well (--tls: Kafka 0.7's port); SIGHUP reads the certificates again.
     """
     root = get_root(ctx)
     if list_:

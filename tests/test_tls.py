@@ -456,3 +456,19 @@ def test_kl_remote_clients_over_tls(root, pems):
     finally:
         server.stop()
         thread.join(10)
+
+
+def test_cli_listener_forms_and_errors(tmp_path, pems):
+    kl.Root(tmp_path / "root").create_topic("t")
+    base = [*KL, "--root", str(tmp_path / "root"), "serve"]
+    bad = subprocess.run([*base, "--listener", "TLS://127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is not PROTOCOL://HOST:PORT" in bad.stderr
+    keyless = subprocess.run([*base, "--listener", "SSL://127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert keyless.returncode == 1
+    assert keyless.stderr.strip().splitlines() == [
+        "Error: an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)"
+    ]
+    swapped = ["--listener", "ssl://127.0.0.1:0", "--tls-cert", pems["cert"], "--tls-key", pems["client_key"]]
+    mismatch = subprocess.run([*base, *swapped], capture_output=True, text=True, timeout=60)
+    assert mismatch.returncode == 1 and "the key does not match the certificate" in mismatch.stderr
+    assert "PRIVATE KEY" not in mismatch.stderr
