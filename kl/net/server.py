@@ -20,6 +20,11 @@ A request that has to wait for data (a Kafka fetch with ``max_wait_ms``) holds n
 either: its connection is parked with one waiter thread, which watches the partitions
 it waits on (``kl.follow.Watch``) and hands it back to a worker once one of them grew
 by enough or its time is up.
+
+A listener whose security protocol is SSL or SASL_SSL speaks TLS (``kl.net.tls``): the
+loop does the handshake on the non-blocking socket, a worker writes answers through it
+(segment bytes read and encrypted: ``sendfile`` cannot go through TLS), and bytes TLS has
+decrypted but not handed over (``pending``) are read without waiting for the socket.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class ServerError(KlError):
     """``kl serve`` cannot start as asked (bad bind address, port in use, unsafe settings)."""
 
 
+NO_CERTIFICATE = "an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)"
+
+
 @dataclass
 class ServeConfig:
     """What ``kl serve`` serves, to whom, and within which bounds."""
@@ -153,11 +161,8 @@ class ServeConfig:
                 raise ServerError(f"binding to {bind} needs --allow CIDR naming who may connect")
             if not 0 <= port < 65536:
                 raise ServerError(f"port {port} is not between 0 and 65535")
-        for security, _, _ in self.listeners:
-            if security not in SECURITY_PROTOCOLS:
-                raise ServerError(f"unknown security protocol {security!r} (one of {', '.join(SECURITY_PROTOCOLS)})")
         if self.tls_cert is None and any(security in TLS_PROTOCOLS for security, _, _ in self.endpoints()):
-            raise ServerError("an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)")
+            raise ServerError(NO_CERTIFICATE)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ServerError("a TLS certificate needs its key, and a key its certificate (--tls-cert, --tls-key)")
         for name in ("workers", "max_connections", "max_request_bytes", "default_partitions", "answer_memory"):
@@ -365,7 +370,7 @@ class Server:
         if not any(listener.security in TLS_PROTOCOLS for listener in listeners) and config.tls_cert is None:
             return None
         if config.tls_cert is None or config.tls_key is None:
-            raise ServerError("an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)")
+            raise ServerError(NO_CERTIFICATE)
         try:
             return Tls(config.tls_cert, config.tls_key, config.tls_ca, config.tls_client_auth, config.tls_principal_rules)
         except TlsError as e:
