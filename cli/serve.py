@@ -18,7 +18,8 @@ import click
 from kl.errors import KlError
 from kl.net import brokers
 from kl.net.daemon import Daemon
-from kl.net.server import Network, ServeConfig
+from kl.net.server import SECURITY_PROTOCOLS, Network, ServeConfig
+from kl.net.tls import CLIENT_AUTH
 from kl_cli.common import get_root
 
 LIST_COLUMNS = ["address", "kafka", "pid", "since", "topics", "produce"]
@@ -45,6 +46,21 @@ def _kafka_address(ctx: click.Context, param: click.Parameter, value: str | None
     return host or None, int(port)
 
 
+def _listeners(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
+    """``--listener PROTOCOL://HOST:PORT`` as (security protocol, host, port)."""
+    found = []
+    for listener in value:
+        security, sep, address = listener.partition("://")
+        host, colon, port = address.rpartition(":")
+        host = host.strip("[]")
+        if security.upper() not in SECURITY_PROTOCOLS or not sep or not colon or not host or not port.isdigit():
+            raise click.BadParameter(f"{listener!r} is not PROTOCOL://HOST:PORT ({', '.join(SECURITY_PROTOCOLS)})", ctx, param)
+        if not 0 <= int(port) < 65536:
+            raise click.BadParameter(f"port {port} is not between 0 and 65535", ctx, param)
+        found.append((security.upper(), host, int(port)))
+    return tuple(found)
+
+
 def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
     if value is None:
         return None
@@ -68,6 +84,30 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     metavar="[HOST:]PORT",
     callback=_kafka_address,
     help="Serve today's Kafka protocol on this port (0: any), at HOST or --bind.",
+)
+@click.option(
+    "--listener",
+    "listeners",
+    metavar="PROTOCOL://HOST:PORT",
+    multiple=True,
+    callback=_listeners,
+    help="Serve today's Kafka protocol here too: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (repeatable).",
+)
+@click.option("--tls", "port_tls", is_flag=True, help="Serve Kafka 0.7's port over TLS (--tls-cert, --tls-key).")
+@click.option("--tls-cert", metavar="FILE", help="The server's certificate (PEM, its chain after it) for TLS listeners.")
+@click.option("--tls-key", metavar="FILE", help="The certificate's private key (PEM).")
+@click.option("--tls-ca", metavar="FILE", help="The CAs that sign client certificates (PEM).")
+@click.option(
+    "--tls-client-auth",
+    type=click.Choice(CLIENT_AUTH),
+    default="none",
+    show_default=True,
+    help="Ask TLS clients for a certificate (requested), or refuse those without one (required).",
+)
+@click.option(
+    "--tls-principal-rules",
+    metavar="RULES",
+    help="Kafka's ssl.principal.mapping.rules: the principal a client certificate's subject names.",
 )
 @click.option(
     "--advertise", metavar="HOST", help="The host name Kafka clients are told to connect to (default: the address bound)."
@@ -146,6 +186,13 @@ def serve(
     bind: str,
     port: int | None,
     kafka: tuple[str | None, int] | None,
+    listeners: tuple[tuple[str, str, int], ...],
+    port_tls: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    tls_client_auth: str,
+    tls_principal_rules: str | None,
     advertise: str | None,
     allow: tuple[Network, ...],
     allow_produce: bool,
@@ -169,13 +216,14 @@ def serve(
 
     Kafka 0.7's fetches are sent with sendfile straight from the segment files.  The
     daemon registers itself under the root while it runs (kl serve --list shows it).
-    Log lines go to stderr.
+    Log lines go to stderr.  --listener SSL://HOST:PORT serves the Kafka protocol over
+    TLS as well (--tls: Kafka 0.7's port); SIGHUP reads the certificates again.
     """
     root = get_root(ctx)
     if list_:
         _list(root.path, as_json)
         return
-    if port is None and kafka is None:
+    if port is None and kafka is None and not listeners:
         port = DEFAULT_PORT
     config = ServeConfig(
         bind=bind,
@@ -195,12 +243,21 @@ def serve(
         answer_memory=answer_memory,
         idle_timeout=idle_timeout,
         request_timeout=request_timeout,
+        listeners=listeners,
+        port_tls=port_tls,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
+        tls_client_auth=tls_client_auth,
+        tls_principal_rules=tls_principal_rules,
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request
     server = Daemon(root, config)
     logger = logging.getLogger("kl.serve")
     kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
+    if kafka_address is None and listeners:  # the first listener names the daemon
+        kafka_address = (advertise or listeners[0][1], server.listener_ports[0])
     info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce, kafka_address)
     try:
         registration: brokers.Registration | None = brokers.register(root.path, info)
@@ -214,6 +271,7 @@ def serve(
         server.stop()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: server.reload_tls())
     # A client gone while its answer is sent is that connection's error (EPIPE), not the
     # daemon's death: kl's main() lets SIGPIPE end a pipeline quietly.
     previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import tempfile
 import threading
 import time
@@ -69,8 +70,8 @@ __all__ = ["DEFAULT_TIMEOUT", "RemoteConsumer", "RemoteLog", "RemoteProducer", "
 class _Connection(wire.Connection):
     """A ``wire.Connection`` that reads fetch answers into a buffer it keeps."""
 
-    def __init__(self, address: tuple[str, int], timeout: float | None):
-        super().__init__(address, timeout=timeout)
+    def __init__(self, address: tuple[str, int], timeout: float | None, tls: ssl.SSLContext | None):
+        super().__init__(address, timeout=timeout, tls=tls)
         self._buffer = bytearray(1 << 16)
 
     def fetched(self, into: bytearray | None = None, at: int = 0) -> memoryview:
@@ -166,9 +167,13 @@ class _Thread(threading.local):
 
 class RemoteRoot:
     """The topics a ``kl serve`` at ``address`` (``HOST:PORT``) serves, as a ``Root`` gives
-    them to consumers and producers: ``config``, ``log``, ``forget``, ``topics``."""
+    them to consumers and producers: ``config``, ``log``, ``forget``, ``topics``; over
+    TLS with ``tls`` (``kl serve --tls``), which checks the server's certificate."""
 
-    def __init__(self, address: str | tuple[str, int], *, timeout: float | None = DEFAULT_TIMEOUT):
+    def __init__(
+        self, address: str | tuple[str, int], *, timeout: float | None = DEFAULT_TIMEOUT, tls: ssl.SSLContext | None = None
+    ):
+        self.tls = tls
         self.address = wire.parse_address(address) if isinstance(address, str) else address
         self.path = f"{self.address[0]}:{self.address[1]}"
         """The server, for messages (where a ``Root`` has its directory)."""
@@ -189,7 +194,7 @@ class RemoteRoot:
     def _connection(self) -> _Connection:
         local = self._local
         if local.conn is None:
-            local.conn = _Connection(self.address, self.timeout)
+            local.conn = _Connection(self.address, self.timeout, self.tls)
             with self._guard:
                 self._connections.append(local.conn)
         return local.conn

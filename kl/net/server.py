@@ -20,6 +20,11 @@ A request that has to wait for data (a Kafka fetch with ``max_wait_ms``) holds n
 either: its connection is parked with one waiter thread, which watches the partitions
 it waits on (``kl.follow.Watch``) and hands it back to a worker once one of them grew
 by enough or its time is up.
+
+A listener whose security protocol is SSL or SASL_SSL speaks TLS (``kl.net.tls``): the
+loop does the handshake on the non-blocking socket, a worker writes answers through it
+(segment bytes read and encrypted: ``sendfile`` cannot go through TLS), and bytes TLS has
+decrypted but not handed over (``pending``) are read without waiting for the socket.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import queue
 import re
 import selectors
 import socket
+import ssl
 import struct
 import termios
 import threading
@@ -49,6 +55,7 @@ from kl.log.config import CONFIG_FILE, TopicConfig
 from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
 from kl.net.frames import SIZE, ProtocolError
+from kl.net.tls import RECORD_HANDSHAKE, Tls, TlsError
 from kl.topic import Root
 
 log = logging.getLogger("kl.serve")
@@ -65,6 +72,8 @@ and partition names, a batch's header)."""
 LARGEST_RECHECK = 5.0
 """How long the largest message served topics take is trusted (``Server._request_limit``)."""
 RECV_CHUNK = 256 << 10
+TLS_CHUNK = 256 << 10
+"""The segment bytes read at a time for a TLS connection (which ``sendfile`` cannot serve)."""
 FILES_PER_CONNECTION = 16
 """The most segment files an answer holds open while it waits to be sent: the spans past
 them are closed and opened again (the same file, checked) when their turn comes."""
@@ -83,6 +92,9 @@ WAIT_PICKUP = 0.01
 
 class ServerError(KlError):
     """``kl serve`` cannot start as asked (bad bind address, port in use, unsafe settings)."""
+
+
+NO_CERTIFICATE = "an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)"
 
 
 @dataclass
@@ -121,11 +133,24 @@ class ServeConfig:
     answer_memory: int = 256 << 20
     """The bytes of answers held in memory for clients yet to take them, in all: past it
     a fetch answer carries one message (``Server.reserve``)."""
+    listeners: tuple[tuple[str, str, int], ...] = ()
+    """More listeners of today's Kafka protocol: (security protocol, address, port)."""
+    port_tls: bool = False
+    """Kafka 0.7's port over TLS (its listener's security protocol SSL)."""
+    tls_cert: str | None = None
+    """The server's certificate (PEM, its chain after it), for SSL and SASL_SSL listeners."""
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    """The CAs that sign client certificates (PEM)."""
+    tls_client_auth: str = "none"
+    """Kafka's ``ssl.client.auth``: none, requested or required."""
+    tls_principal_rules: str | None = None
+    """Kafka's ``ssl.principal.mapping.rules`` (None: ``DEFAULT``, the subject's DN)."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         self.networks = tuple(self.allow) or LOOPBACK
-        if self.port is None and self.kafka_port is None:
+        if self.port is None and self.kafka_port is None and not self.listeners:
             raise ServerError("nothing to serve: give a port for Kafka 0.7's protocol, today's Kafka protocol, or both")
         for bind, port in self.addresses():
             try:
@@ -136,6 +161,10 @@ class ServeConfig:
                 raise ServerError(f"binding to {bind} needs --allow CIDR naming who may connect")
             if not 0 <= port < 65536:
                 raise ServerError(f"port {port} is not between 0 and 65535")
+        if self.tls_cert is None and any(security in TLS_PROTOCOLS for security, _, _ in self.endpoints()):
+            raise ServerError(NO_CERTIFICATE)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ServerError("a TLS certificate needs its key, and a key its certificate (--tls-cert, --tls-key)")
         for name in ("workers", "max_connections", "max_request_bytes", "default_partitions", "answer_memory"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
@@ -155,11 +184,16 @@ class ServeConfig:
         return any(address in net for net in self.networks)
 
     def addresses(self) -> list[tuple[str, int]]:
-        """(address, port) of each protocol served: Kafka 0.7's first, then today's."""
-        found = [] if self.port is None else [(self.bind, self.port)]
+        """(address, port) of each listener: Kafka 0.7's first, then today's protocol's."""
+        return [(bind, port) for _, bind, port in self.endpoints()]
+
+    def endpoints(self) -> list[tuple[str, str, int]]:
+        """(security protocol, address, port) of each listener: Kafka 0.7's first, then
+        today's protocol's (``kafka_port``'s, in plaintext, then ``listeners``)."""
+        found = [] if self.port is None else [("SSL" if self.port_tls else "PLAINTEXT", self.bind, self.port)]
         if self.kafka_port is not None:
-            found.append((self.kafka_bind or self.bind, self.kafka_port))
-        return found
+            found.append(("PLAINTEXT", self.kafka_bind or self.bind, self.kafka_port))
+        return found + list(self.listeners)
 
     @property
     def request_limit(self) -> int:
@@ -171,6 +205,7 @@ class Connection:
 
     __slots__ = (
         "sock", "peer", "front", "security", "principal", "kl", "client", "buffer", "last_active", "started", "out", "wait",
+        "handshake",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, peer: str, front: FrontEnd, security: str = "PLAINTEXT"):
@@ -195,6 +230,9 @@ class Connection:
         """The answer not yet sent (None between requests)."""
         self.wait: Wait | None = None
         """What a parked request waits for (None unless parked)."""
+        self.handshake: str | None = HELLO if security in TLS_PROTOCOLS else None
+        """Where its TLS handshake is: HELLO (its first byte not yet seen), HANDSHAKE, or
+        None once done (and on plaintext listeners)."""
 
 
 class Wait:
@@ -253,6 +291,9 @@ class Drop(Exception):
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka's names for what a listener asks of its connections: TLS (SSL), SASL, both or neither."""
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+HELLO, HANDSHAKE = "hello", "handshake"
+"""Where a TLS connection's handshake is (``Connection.handshake``)."""
 
 
 class Listener(NamedTuple):
@@ -285,6 +326,10 @@ class Server:
         """Each listener's security protocol, by its front end."""
         self.ports: list[int] = []
         """Each listener's port (the one bound, where 0 was asked), in their order."""
+        self.tls = self._tls(listeners)
+        """The TLS side of SSL and SASL_SSL listeners (None without them)."""
+        self._reload = False
+        """Read the TLS certificates again (``reload_tls``)."""
         try:
             for listener in listeners:
                 if listener.security not in SECURITY_PROTOCOLS:
@@ -319,6 +364,35 @@ class Server:
         self._parked: queue.SimpleQueue[Connection | str] = queue.SimpleQueue()
         """Connections handed to the waiter, or STOP_WAITING (answer everything at once
         from now on), CHECK (look at the waits now) or EXIT."""
+
+    def _tls(self, listeners: Sequence[Listener]) -> Tls | None:
+        config = self.config
+        if not any(listener.security in TLS_PROTOCOLS for listener in listeners) and config.tls_cert is None:
+            return None
+        if config.tls_cert is None or config.tls_key is None:
+            raise ServerError(NO_CERTIFICATE)
+        try:
+            return Tls(config.tls_cert, config.tls_key, config.tls_ca, config.tls_client_auth, config.tls_principal_rules)
+        except TlsError as e:
+            raise ServerError(str(e)) from None
+
+    def reload_tls(self) -> None:
+        """Have the loop read the TLS certificates and key again (new connections get
+        them, open ones keep theirs).  Safe from a signal handler."""
+        self._reload = True
+        self._wake()
+
+    def _reload_tls(self) -> None:
+        self._reload = False
+        if self.tls is None:
+            log.info("no TLS listener: nothing to reload")
+            return
+        try:
+            self.tls.reload()
+        except TlsError as e:
+            log.warning("kept the TLS certificates in use: %s", e)
+            return
+        log.info("TLS certificates reloaded from %s", self.tls.cert)
 
     def _listen(self, listener: Listener, front: FrontEnd) -> int:
         bind, port = listener.bind, listener.port
@@ -355,10 +429,14 @@ class Server:
                         self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
                     elif key.data == "wake":
                         self._drain_wake()
+                    elif key.data.handshake is not None:
+                        self._handshake(key.data)
                     elif key.data.out is not None:
                         self._send_more(key.data)
                     else:
                         self._readable(key.data)
+                if self._reload:
+                    self._reload_tls()
                 self._take_back()
                 now = time.monotonic()
                 if now >= next_sweep:
@@ -464,39 +542,89 @@ class Server:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Connection(sock, peer, front, self._security[front])
+            if conn.handshake is not None:
+                conn.started = conn.last_active  # the handshake must end within the request timeout
             self._connections.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _readable(self, conn: Connection) -> None:
-        """Read what is missing of the connection's request, no more; hand it over once whole."""
+    def _handshake(self, conn: Connection) -> None:
+        """Go on with a TLS connection's handshake (its first byte must begin a TLS
+        record); once done, its client certificate names its principal."""
+        assert self.tls is not None
+        if conn.handshake == HELLO:
+            try:
+                first = conn.sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._close(conn, f"read failed: {_reason(e)}")
+                return
+            if not first or first[0] != RECORD_HANDSHAKE:
+                self._close(conn, None if not first else "a plaintext client connected to a TLS listener")
+                return
+            self._selector.unregister(conn.sock)
+            conn.sock = self.tls.wrap(conn.sock)
+            conn.handshake = HANDSHAKE
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
         try:
-            need = self._needed(conn)
-            data = conn.sock.recv(min(need, RECV_CHUNK))
-        except (BlockingIOError, InterruptedError):
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._selector.modify(sock, selectors.EVENT_READ, conn)
             return
-        except Drop as e:
-            self._close(conn, str(e))
+        except ssl.SSLWantWriteError:
+            self._selector.modify(sock, selectors.EVENT_WRITE, conn)
             return
         except OSError as e:
-            self._close(conn, f"read failed: {_reason(e)}")
+            reason = e.reason if isinstance(e, ssl.SSLError) and e.reason else _reason(e)
+            self._close(conn, f"TLS handshake failed: {reason}")
             return
-        if not data:
-            self._close(conn, None if not conn.buffer else "closed in the middle of a request")
+        principal = self.tls.principal(sock)
+        if principal is None:
+            self._close(conn, "no principal mapping rule matches the subject of the client's certificate")
             return
+        conn.principal, conn.handshake, conn.started = principal, None, None
         conn.last_active = time.monotonic()
-        if conn.started is None:
-            conn.started = conn.last_active
-        conn.buffer += data
-        try:
-            if self._needed(conn):
+        self._selector.modify(sock, selectors.EVENT_READ, conn)
+        if sock.pending():
+            self._readable(conn)
+
+    def _readable(self, conn: Connection) -> None:
+        """Read what is missing of the connection's request, no more; hand it over once
+        whole.  A TLS connection may hold more than the socket shows (``pending``)."""
+        while True:
+            try:
+                need = self._needed(conn)
+                data = conn.sock.recv(min(need, RECV_CHUNK))
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
-        except Drop as e:
-            self._close(conn, str(e))
+            except Drop as e:
+                self._close(conn, str(e))
+                return
+            except OSError as e:
+                self._close(conn, f"read failed: {_reason(e)}")
+                return
+            if not data:
+                self._close(conn, None if not conn.buffer else "closed in the middle of a request")
+                return
+            conn.last_active = time.monotonic()
+            if conn.started is None:
+                conn.started = conn.last_active
+            conn.buffer += data
+            try:
+                if self._needed(conn):
+                    if _pending(conn.sock):
+                        continue
+                    return
+            except Drop as e:
+                self._close(conn, str(e))
+                return
+            request, conn.buffer, conn.started = conn.buffer, bytearray(), None
+            self._selector.unregister(conn.sock)
+            self._busy += 1
+            self._work.put((conn, request))
             return
-        request, conn.buffer, conn.started = conn.buffer, bytearray(), None
-        self._selector.unregister(conn.sock)
-        self._busy += 1
-        self._work.put((conn, request))
 
     def _send_more(self, conn: Connection) -> None:
         """A parked answer's socket takes more: a worker goes on sending it."""
@@ -509,6 +637,8 @@ class Server:
         if len(conn.buffer) < SIZE.size:
             return SIZE.size - len(conn.buffer)
         (size,) = SIZE.unpack_from(conn.buffer)
+        if conn.buffer[0] == RECORD_HANDSHAKE and conn.handshake is None and conn.security not in TLS_PROTOCOLS:
+            raise Drop("a TLS client connected to a plaintext listener")
         if size < 2 or size > self.config.request_limit and size > self._request_limit():  # (topics read only then)
             raise Drop(f"request of {size} bytes refused (limit {self._request_limit()})")
         return SIZE.size + size - len(conn.buffer)
@@ -547,6 +677,8 @@ class Server:
             else:
                 conn.last_active = time.monotonic()
                 self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+                if _pending(conn.sock):  # its next request came with the last one
+                    self._readable(conn)
 
     def _sweep(self, now: float) -> None:
         config = self.config
@@ -558,7 +690,8 @@ class Server:
                 elif now > conn.out.deadline:
                     self._close(conn, "response not taken within the request timeout")
             elif conn.started is not None and now - conn.started > config.request_timeout:
-                self._close(conn, f"request not complete after {config.request_timeout:g} s")
+                what = "TLS handshake not finished" if conn.handshake is not None else "request not complete"
+                self._close(conn, f"{what} after {config.request_timeout:g} s")
             elif conn.started is None and now - conn.last_active > config.idle_timeout:
                 self._close(conn, f"idle for {config.idle_timeout:g} s")
 
@@ -633,11 +766,11 @@ class Server:
                     if not piece.send(sock):
                         return False
                 else:
-                    sent = sock.send(piece)
+                    sent = sock.send(piece)  # (TLS sends all of it, or raises: then the same piece again)
                     if sent < len(piece):
                         pieces[0] = piece[sent:]
                         continue
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return False
             pieces.popleft()
         self._release(out)
@@ -779,7 +912,7 @@ class Span:
     ``FILES_PER_CONNECTION``) and opened again when their turn comes, by its name or the
     name retention sets it aside under, only if it is still the same file."""
 
-    __slots__ = ("segment", "position", "count", "identity", "direct")
+    __slots__ = ("segment", "position", "count", "identity", "direct", "chunk")
 
     def __init__(self, segment: Segment, position: int, count: int):
         self.segment = segment
@@ -788,6 +921,8 @@ class Span:
         self.identity: tuple[int, int] | None = None
         self.direct = 0
         """``O_DIRECT`` when the segment was open past the page cache (``Log.open_segment``)."""
+        self.chunk: bytes | None = None
+        """The bytes read for a TLS connection that it has not taken yet (sent again as they are)."""
 
     def close(self) -> None:
         if self.segment.fd >= 0:
@@ -797,15 +932,23 @@ class Span:
             self.segment.close()
 
     def send(self, sock: socket.socket) -> bool:
-        """Copy the bytes to the socket, in the kernel: True once all went, False when
-        the socket is full.  Raises ``Drop`` when the file is gone or shorter."""
+        """Copy the bytes to the socket, in the kernel (or, on a TLS connection, read and
+        written through TLS): True once all went, False when the socket is full.  Raises
+        ``Drop`` when the file is gone or shorter."""
         segment = self.segment
         if segment.fd < 0:
             segment.fd = self._reopen()
+        tls = isinstance(sock, ssl.SSLSocket)
         while self.count > 0:
             try:
-                sent = os.sendfile(sock.fileno(), segment.fd, self.position, self.count)
-            except (BlockingIOError, InterruptedError):
+                if tls:
+                    if self.chunk is None:
+                        self.chunk = os.pread(segment.fd, min(self.count, TLS_CHUNK), self.position)
+                    sent = sock.send(self.chunk) if self.chunk else 0
+                    self.chunk = None
+                else:
+                    sent = os.sendfile(sock.fileno(), segment.fd, self.position, self.count)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return False
             if sent == 0:
                 raise Drop(f"{segment.path} is shorter than its published end")
@@ -869,6 +1012,11 @@ def _unsent(sock: socket.socket) -> int:
         return -1
 
 
+
+
+def _pending(sock: socket.socket) -> int:
+    """The bytes TLS has decrypted that the connection has not read (0 in plaintext)."""
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
 
 
 def _reason(error: OSError) -> str:

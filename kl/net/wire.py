@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -287,13 +288,28 @@ class Connection:
     connection per thread.
     """
 
-    def __init__(self, address: str | tuple[str, int], *, timeout: float | None = 30.0, hello: bool = True):
+    def __init__(
+        self,
+        address: str | tuple[str, int],
+        *,
+        timeout: float | None = 30.0,
+        hello: bool = True,
+        tls: ssl.SSLContext | None = None,
+    ):
+        """``tls``: over TLS (``kl serve --tls``), the server's certificate checked by that context."""
         self.address = parse_address(address) if isinstance(address, str) else address
         try:
             self.sock = socket.create_connection(self.address, timeout=timeout)
         except OSError as e:
             raise NetworkError(f"cannot connect to {self.name}: {e.strerror or e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=self.address[0])
+            except OSError as e:
+                self.sock.close()
+                reason = e.reason if isinstance(e, ssl.SSLError) and e.reason else e.strerror or e
+                raise NetworkError(f"no TLS connection to {self.name}: {reason}") from None
         self.server: str | None = None
         self.version = 0
         """The server's protocol version (HELLO's answer)."""

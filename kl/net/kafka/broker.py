@@ -31,7 +31,7 @@ from kl.net.kafka.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
-from kl.net.server import Connection, Server
+from kl.net.server import Connection, FrontEnd, Server
 from kl.topic import validate_name
 
 log = logging.getLogger("kl.serve")
@@ -58,6 +58,9 @@ class Broker:
         self.kafka_address = ""
         """``HOST:PORT`` as this daemon registers it (``BrokerInfo.kafka``)."""
         self.node_id = -1
+        self.endpoints: dict[FrontEnd, tuple[str, int]] = {}
+        """Each listener's (host, port) as advertised, by its front end: Metadata names this
+        daemon by the listener a connection came in on; the first one is its node."""
         self._resume: collections.OrderedDict[tuple[str, int, int], Position] = collections.OrderedDict()
         self._resume_lock = threading.Lock()
         self._names: dict[uuid.UUID, str] = {}
@@ -70,8 +73,11 @@ class Broker:
         """The names of topics that do not exist that clients asked for, as logged."""
         self._unknown_lock = threading.Lock()
 
-    def listening(self, address: str, port: int) -> None:
+    def listening(self, address: str, port: int, front: FrontEnd) -> None:
         host = self.server.config.advertised or brokers.host_of(address)
+        self.endpoints[front] = (host, port)
+        if self.node_id >= 0:
+            return
         self.address = (host, port)
         self.kafka_address = brokers.address_of(host, port)
         self.node_id = brokers.node_id(self.kafka_address)
@@ -98,11 +104,15 @@ class Broker:
             return [brokers.node_id(pool[0])] * count
         return [brokers.node_id(brokers.leader(topic, p, pool)) for p in range(count)]
 
-    def nodes(self, peers: dict[str, brokers.BrokerInfo]) -> list[tuple[int, str, int]]:
-        """(node id, host, port) of this daemon and the other live ones serving the Kafka
-        protocol over the root (a partition's leader or a group's coordinator may be one
-        of them), this one first."""
-        host, port = self.address
+    def endpoint(self, conn: Connection) -> tuple[str, int]:
+        """(host, port) of this daemon at the listener ``conn`` came in on, as advertised."""
+        return self.endpoints.get(conn.front, self.address)
+
+    def nodes(self, peers: dict[str, brokers.BrokerInfo], conn: Connection) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of this daemon (at the listener ``conn`` came in on) and
+        the other live ones serving the Kafka protocol over the root (a partition's leader
+        or a group's coordinator may be one of them), this one first."""
+        host, port = self.endpoint(conn)
         found = [(self.node_id, host, port)]
         for address in sorted(peers):
             other_host, _, other_port = address.rpartition(":")

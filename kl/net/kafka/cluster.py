@@ -70,7 +70,7 @@ def describe_cluster(broker: Broker, conn: Connection, version: int, request: An
             brokers=[],
             authorized_operations=None,  # (encoded as Kafka's -2^31: not asked)
         )
-    nodes = broker.nodes(broker.peers())
+    nodes = broker.nodes(broker.peers(), conn)
     return answer(
         throttle_time_ms=0,
         error_code=NONE,

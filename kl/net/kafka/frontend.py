@@ -58,16 +58,19 @@ HEADER = struct.Struct(">hhi")
 class Kafka(FrontEnd):
     """Answers today's Kafka clients (``kl serve --kafka``)."""
 
-    def __init__(self, server: Server):
+    def __init__(self, server: Server, broker: Broker | None = None):
         super().__init__(server)
-        self.broker = Broker(server)
+        self.owner = broker is None
+        """Whether the broker is this front end's (else another listener's, which it shares)."""
+        self.broker = broker or Broker(server)
 
     def listening(self, address: str, port: int) -> None:
-        self.broker.listening(address, port)
+        self.broker.listening(address, port, self)
         log.info("serving %s to Kafka clients on %s:%d", self.server.root.path, address, port)
 
     def close(self) -> None:
-        self.broker.groups.close()
+        if self.owner:
+            self.broker.groups.close()
 
     def closed(self, conn: Connection) -> None:
         self.broker.groups.hung_up(conn)

@@ -91,6 +91,8 @@ def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> t
         return COORDINATOR_NOT_AVAILABLE, str(e), -1, "", -1
     if address is None:
         return COORDINATOR_NOT_AVAILABLE, "the group's coordinator is starting", -1, "", -1
+    if address == broker.kafka_address:  # this daemon: at the listener the client came in on
+        return NONE, None, broker.node_id, *broker.endpoint(conn)
     host, _, port = address.rpartition(":")
     return NONE, None, brokers.node_id(address), host.strip("[]"), int(port)
 

@@ -25,7 +25,7 @@ def metadata(broker: Broker, conn: Connection, version: int, request: Any, wait:
         create = version < 4 or request.allow_auto_topic_creation
         names = [t.name for t in request.topics if t.name is not None]
         topics = _topics(broker, names, peers, conn, create)
-    nodes = broker.nodes(peers)
+    nodes = broker.nodes(peers, conn)
     return MetadataResponse(
         throttle_time_ms=0,
         brokers=[MetadataResponse.MetadataResponseBroker(node_id=n, host=h, port=p, rack=None) for n, h, p in nodes],
