@@ -79,6 +79,8 @@ WAIT_CHECK = 0.1
 inotify says (it sees nothing that another NFS client writes)."""
 WAIT_PICKUP = 0.01
 """The longest a newly parked request waits before the waiter watches it (and reads its ends)."""
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""The SASL mechanisms ``kl serve`` can take (``ServeConfig.sasl_mechanisms``)."""
 
 
 class ServerError(KlError):
@@ -121,6 +123,8 @@ class ServeConfig:
     answer_memory: int = 256 << 20
     """The bytes of answers held in memory for clients yet to take them, in all: past it
     a fetch answer carries one message (``Server.reserve``)."""
+    sasl_mechanisms: tuple[str, ...] = SASL_MECHANISMS
+    """The SASL mechanisms the SASL listeners take, in the order SaslHandshake names them."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -139,6 +143,8 @@ class ServeConfig:
         for name in ("workers", "max_connections", "max_request_bytes", "default_partitions", "answer_memory"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not self.sasl_mechanisms or not set(self.sasl_mechanisms) <= set(SASL_MECHANISMS):
+            raise ServerError(f"SASL mechanisms must be some of {', '.join(SASL_MECHANISMS)}, not {self.sasl_mechanisms}")
         for name in ("idle_timeout", "request_timeout"):
             if not getattr(self, name) > 0:
                 raise ServerError(f"{name} must be positive, not {getattr(self, name)}")
@@ -171,6 +177,7 @@ class Connection:
 
     __slots__ = (
         "sock", "peer", "front", "security", "principal", "kl", "client", "buffer", "last_active", "started", "out", "wait",
+        "hang_up", "cut_at",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, peer: str, front: FrontEnd, security: str = "PLAINTEXT"):
@@ -195,6 +202,11 @@ class Connection:
         """The answer not yet sent (None between requests)."""
         self.wait: Wait | None = None
         """What a parked request waits for (None unless parked)."""
+        self.hang_up = False
+        """Close it once its answer is sent (a failed SASL authentication, as Kafka's brokers do)."""
+        self.cut_at: float | None = None
+        """When (monotonic) to close it unless the front end clears this first: an
+        unfinished SASL exchange."""
 
 
 class Wait:
@@ -557,6 +569,8 @@ class Server:
                     conn.out.unsent, conn.out.deadline = unsent, now + config.request_timeout
                 elif now > conn.out.deadline:
                     self._close(conn, "response not taken within the request timeout")
+            elif conn.cut_at is not None and now > conn.cut_at:
+                self._close(conn, "authentication not complete within the request timeout")
             elif conn.started is not None and now - conn.started > config.request_timeout:
                 self._close(conn, f"request not complete after {config.request_timeout:g} s")
             elif conn.started is None and now - conn.last_active > config.idle_timeout:
@@ -600,6 +614,8 @@ class Server:
                     continue
                 if conn.out is not None and not self._flush(conn):
                     then = WRITE
+                elif conn.hang_up:
+                    then = CLOSE
             except Drop as e:
                 reason = str(e)
             except ProtocolError as e:

@@ -41,6 +41,7 @@ from kl.net.kafka import (
     list_offsets,
     metadata,
     produce,
+    sasl,
     topics,
     transactions,
 )
@@ -71,14 +72,19 @@ class Kafka(FrontEnd):
 
     def closed(self, conn: Connection) -> None:
         self.broker.groups.hung_up(conn)
+        self.broker.sasl.forget(conn)
 
     # ----------------------------------------------------------------- requests
 
     def handle(self, conn: Connection, request: memoryview) -> None:
+        if self.broker.sasl.bare(conn):  # a SASL token after SaslHandshake v0
+            self._answer(conn, sasl.BARE, 0, 0, bytes(request), None)
+            return
         if len(request) < HEADER.size + 2:
             raise Drop(f"a request of {len(request)} bytes is shorter than its header")
         key, version, correlation = HEADER.unpack_from(request)
         api = APIS.get(key)
+        self.broker.sasl.admit(conn, key, f"request type {key}" if api is None else api.request.name)
         if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
             self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
             return
@@ -250,6 +256,7 @@ APIS = {
         *cluster.APIS,
         *transactions.APIS,
         *acls.APIS,
+        *sasl.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""
