@@ -17,8 +17,8 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from kafka.protocol.metadata import MetadataRequest
-from kafka.protocol.metadata.api_versions import ApiVersionsRequest
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse
 
 import kl
@@ -100,3 +100,215 @@ def test_confluent_kafka_produces_and_consumes_with_each_mechanism(root, served,
             got.append(m.value())
     consumer.close()
     assert got == [f"v{i}".encode() for i in range(5)]
+
+
+class Conn:
+    """A raw connection to the listener: one request, one answer."""
+
+    def __init__(self, address):
+        self.sock = socket.create_connection(address, timeout=20)
+        self.correlation = 0
+
+    def call(self, request, version: int, response, **fields):
+        self.correlation += 1
+        self.sock.sendall(framed(request, version, self.correlation, **fields))
+        body = self.answer()
+        ((got, data),) = answers(body)
+        assert got == self.correlation
+        flexible = response.flexible_version_q(version) and response is not ApiVersionsResponse
+        return response.decode(data[int(flexible) :], version=version)
+
+    def answer(self) -> bytes:
+        head = self.recv(4)
+        return head + self.recv(struct.unpack(">i", head)[0])
+
+    def recv(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    def closed(self) -> bool:
+        """Whether the server closed the connection (it sends nothing more)."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def handshake(self, mechanism: str, version: int = 1):
+        return self.call(SaslHandshakeRequest, version, SaslHandshakeResponse, mechanism=mechanism)
+
+    def authenticate(self, token: bytes, version: int = 2):
+        return self.call(SaslAuthenticateRequest, version, SaslAuthenticateResponse, auth_bytes=token)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def plain(user: str, password: str) -> bytes:
+    return f"\0{user}\0{password}".encode()
+
+
+def failed_login(address, mechanism: str, user: str, password: str):
+    """The answer to a login that fails, with the connection then closed."""
+    import scramp
+
+    c = Conn(address)
+    assert c.handshake(mechanism).error_code == 0
+    if mechanism == "PLAIN":
+        answer = c.authenticate(plain(user, password))
+    else:
+        client = scramp.ScramClient([mechanism], user, password)
+        first = c.authenticate(client.get_client_first().encode())
+        assert first.error_code == 0
+        client.set_server_first(bytes(first.auth_bytes).decode())
+        answer = c.authenticate(client.get_client_final().encode())
+    assert c.closed()
+    c.close()
+    return answer
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(served, mechanism):
+    s = served()
+    wrong = failed_login(s.address, mechanism, "alice", "not it")
+    unknown = failed_login(s.address, mechanism, "nobody", PASSWORD)
+    words = f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+    assert (wrong.error_code, wrong.error_message) == (unknown.error_code, unknown.error_message) == (58, words)
+
+
+def test_scram_of_an_unknown_user_gives_the_same_salt_each_time(served):
+    import scramp
+
+    s = served()
+    salts = []
+    for _ in range(2):
+        c = Conn(s.address)
+        c.handshake("SCRAM-SHA-256")
+        client = scramp.ScramClient(["SCRAM-SHA-256"], "nobody", "x")
+        first = bytes(c.authenticate(client.get_client_first().encode()).auth_bytes).decode()
+        salts.append(dict(part.split("=", 1) for part in first.split(","))["s"])
+        c.close()
+    assert salts[0] == salts[1]
+
+
+def test_repeated_failures_from_a_host_are_answered_later_and_later(served):
+    s = served()
+    took = []
+    for _ in range(4):
+        start = time.monotonic()
+        failed_login(s.address, "PLAIN", "alice", "guess")
+        took.append(time.monotonic() - start)
+    # the 2nd, 3rd and 4th wait at least 0.25, 0.5 and 1 s
+    assert took[1] >= sasl.FAILURE_DELAY and took[2] >= 2 * sasl.FAILURE_DELAY and took[3] >= 4 * sasl.FAILURE_DELAY
+    good = Conn(s.address)  # while another host's (here: the same host's) login still succeeds
+    good.handshake("PLAIN")
+    assert good.authenticate(plain("alice", PASSWORD)).error_code == 0
+
+
+def test_a_request_before_authentication_closes_the_connection(served):
+    s = served()
+    c = Conn(s.address)
+    c.sock.sendall(framed(MetadataRequest, 4, 1, topics=None, allow_auto_topic_creation=False))
+    assert c.closed()
+    c = Conn(s.address)  # ApiVersions and the handshake are taken, then only SaslAuthenticate
+    told = c.call(ApiVersionsRequest, 3, ApiVersionsResponse, client_software_name="t", client_software_version="1")
+    assert {17, 36} <= {k.api_key for k in told.api_keys}
+    assert c.handshake("PLAIN").error_code == 0
+    c.sock.sendall(framed(MetadataRequest, 4, 9, topics=None, allow_auto_topic_creation=False))
+    assert c.closed()
+
+
+def test_after_authentication_requests_are_served_and_the_sasl_ones_answer_illegal_state(served):
+    s = served()
+    c = Conn(s.address)
+    assert c.handshake("PLAIN").mechanisms == MECHANISMS
+    done = c.authenticate(plain("alice", PASSWORD), version=1)
+    assert (done.error_code, done.session_lifetime_ms) == (0, 0)
+    assert c.call(MetadataRequest, 4, MetadataResponse, topics=None, allow_auto_topic_creation=False).brokers
+    assert c.handshake("PLAIN").error_code == 34
+    again = c.authenticate(plain("alice", PASSWORD))
+    assert (again.error_code, again.error_message) == (34, "SaslAuthenticate request received after successful authentication")
+
+
+def test_an_unknown_mechanism_is_refused_with_the_enabled_ones(served):
+    s = served(sasl_mechanisms=("SCRAM-SHA-512",))
+    c = Conn(s.address)
+    answer = c.handshake("PLAIN")
+    assert (answer.error_code, answer.mechanisms) == (33, ["SCRAM-SHA-512"])
+    assert c.closed()
+
+
+def test_handshake_v0_takes_bare_tokens(served):
+    s = served()
+    c = Conn(s.address)
+    assert c.handshake("PLAIN", version=0).error_code == 0
+    token = plain("alice", PASSWORD)
+    c.sock.sendall(struct.pack(">i", len(token)) + token)
+    assert c.answer() == b"\0\0\0\0"  # PLAIN's empty answer, bare
+    assert c.call(MetadataRequest, 4, MetadataResponse, topics=None, allow_auto_topic_creation=False).brokers
+    bad = Conn(s.address)
+    bad.handshake("PLAIN", version=0)
+    token = plain("alice", "wrong")
+    bad.sock.sendall(struct.pack(">i", len(token)) + token)
+    assert bad.closed()
+
+
+def test_a_half_done_exchange_is_cut_after_the_request_timeout(served):
+    s = served(request_timeout=1.0)
+    c = Conn(s.address)
+    c.handshake("SCRAM-SHA-256")
+    start = time.monotonic()
+    assert c.closed()
+    assert time.monotonic() - start < 10
+
+
+def test_sasl_handshake_on_a_plaintext_listener_answers_illegal_state(root, users):
+    server = Server(root, ServeConfig(port=None, kafka_port=0), [Listener("127.0.0.1", 0, daemon._kafka)])
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        c = Conn(("127.0.0.1", server.ports[0]))
+        assert c.handshake("PLAIN").error_code == 34
+        assert c.authenticate(plain("alice", PASSWORD)).error_code == 34
+    finally:
+        server.stop()
+        thread.join(20)
+
+
+def test_fuzzed_sasl_requests_leave_it_serving(served, monkeypatch, caplog):
+    monkeypatch.setattr(sasl, "FAILURE_DELAY", 0.0)  # (else each failure waits longer: 8 s soon)
+    s = served()
+    rng = random.Random(37)
+    good = [framed(SaslHandshakeRequest, v, 1, mechanism=m) for v in (0, 1) for m in MECHANISMS]
+    for _ in range(200):
+        c = socket.create_connection(s.address, timeout=20)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            hello = rng.choice(good)
+            c.sendall(hello)
+            size = rng.randrange(0, 300)
+            token = rng.randbytes(size) if rng.random() < 0.3 else bytes(rng.choice(b"=,\0abnrcp0123456789+/") for _ in range(size))
+            if rng.random() < 0.3:
+                token = rng.choice([b"n,,n=alice,r=", b"\0alice\0", b"c=biws,r=x,p="]) + token
+            request = framed(SaslAuthenticateRequest, rng.choice((0, 1, 2)), 2, auth_bytes=token)
+            if rng.random() < 0.3:  # mangled: cut, or bytes flipped
+                request = bytearray(request)
+                for _ in range(rng.randrange(1, 4)):
+                    request[rng.randrange(4, len(request))] = rng.randrange(256)
+            c.sendall(bytes(request))
+            c.shutdown(socket.SHUT_WR)
+            c.settimeout(20)
+            while c.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+        finally:
+            c.close()
+    c = Conn(s.address)  # still serving
+    c.handshake("PLAIN")
+    assert c.authenticate(plain("alice", PASSWORD)).error_code == 0
+    assert not [r.message for r in caplog.records if "unexpected" in r.message]  # no bug met
