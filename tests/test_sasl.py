@@ -90,7 +90,9 @@ def test_confluent_kafka_produces_and_consumes_with_each_mechanism(root, served,
     for i in range(5):
         producer.produce("t", f"v{i}".encode())
     assert producer.flush(30) == 0
-    consumer = Consumer(confluent(s.bootstrap, mechanism, "alice", PASSWORD, **{"group.id": "g", "auto.offset.reset": "earliest"}))
+    consumer = Consumer(
+        confluent(s.bootstrap, mechanism, "alice", PASSWORD, **{"group.id": "g", "auto.offset.reset": "earliest"})
+    )
     consumer.subscribe(["t"])
     got = []
     deadline = time.monotonic() + 30
@@ -291,7 +293,9 @@ def test_fuzzed_sasl_requests_leave_it_serving(served, monkeypatch, caplog):
             hello = rng.choice(good)
             c.sendall(hello)
             size = rng.randrange(0, 300)
-            token = rng.randbytes(size) if rng.random() < 0.3 else bytes(rng.choice(b"=,\0abnrcp0123456789+/") for _ in range(size))
+            token = (
+                rng.randbytes(size) if rng.random() < 0.3 else bytes(rng.choice(b"=,\0abnrcp0123456789+/") for _ in range(size))
+            )
             if rng.random() < 0.3:
                 token = rng.choice([b"n,,n=alice,r=", b"\0alice\0", b"c=biws,r=x,p="]) + token
             request = framed(SaslAuthenticateRequest, rng.choice((0, 1, 2)), 2, auth_bytes=token)
@@ -312,3 +316,34 @@ def test_fuzzed_sasl_requests_leave_it_serving(served, monkeypatch, caplog):
     c.handshake("PLAIN")
     assert c.authenticate(plain("alice", PASSWORD)).error_code == 0
     assert not [r.message for r in caplog.records if "unexpected" in r.message]  # no bug met
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_kafka_python_produces_and_consumes_with_each_mechanism(served, mechanism):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    s = served()
+    login = dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism, sasl_plain_username="alice",
+                 sasl_plain_password=PASSWORD)  # fmt: skip
+    producer = KafkaProducer(bootstrap_servers=s.bootstrap, **login)
+    for i in range(3):
+        producer.send("k", f"v{i}".encode()).get(timeout=30)
+    producer.close()
+    consumer = KafkaConsumer("k", bootstrap_servers=s.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10000, **login)
+    got = [m.value for _, m in zip(range(3), consumer)]
+    consumer.close()
+    assert got == [b"v0", b"v1", b"v2"]
+
+
+@pytest.mark.skipif(not KCAT, reason="kcat is not installed")
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_kcat_produces_and_consumes_with_each_mechanism(served, mechanism):
+    s = served()
+    login = ["-b", s.bootstrap, "-X", "security.protocol=SASL_PLAINTEXT", "-X", f"sasl.mechanisms={mechanism}",
+             "-X", "sasl.username=alice", "-X", f"sasl.password={PASSWORD}"]  # fmt: skip
+    subprocess.run([KCAT, *login, "-P", "-t", "c"], input=b"one\ntwo\n", check=True, timeout=60)
+    done = subprocess.run([KCAT, *login, "-C", "-t", "c", "-o", "beginning", "-e", "-q"], capture_output=True, timeout=60)
+    assert done.stdout.splitlines() == [b"one", b"two"]
+    wrong = [*login[:-1], "sasl.password=wrong"]
+    refused = subprocess.run([KCAT, *wrong, "-L", "-m", "5"], capture_output=True, timeout=60)
+    assert refused.returncode != 0 and b"Authentication failed" in refused.stderr

@@ -84,7 +84,7 @@ class Kafka(FrontEnd):
             raise Drop(f"a request of {len(request)} bytes is shorter than its header")
         key, version, correlation = HEADER.unpack_from(request)
         api = APIS.get(key)
-        self.broker.sasl.admit(conn, key, f"request type {key}" if api is None else api.request.name)
+        self.broker.sasl.admit(conn, key, version, api)
         if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
             self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
             return

@@ -19,6 +19,8 @@ as Kafka's broker answers them there.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import logging
@@ -78,7 +80,9 @@ class Exchange:
     """scramp's server, between the client's first message and its last."""
     user: str = ""
     known: bool = False
-    """The user a SCRAM exchange names, and whether it has a credential for its mechanism."""
+    credential: Credential | None = None
+    """The user a SCRAM exchange names, whether it has a credential for its mechanism, and
+    the credential (a made-up one for an unknown user)."""
     failed: Any = None
     """The answer of a failed authentication, sent once its delay is over."""
 
@@ -110,15 +114,16 @@ class Authenticator:
             conn.cut_at = time.monotonic() + self.server.config.request_timeout
         return None if exchange.stage == "done" else exchange
 
-    def admit(self, conn: Connection, key: int, name: str) -> None:
-        """Raises ``Drop`` for a request the connection's exchange does not take now."""
+    def admit(self, conn: Connection, key: int, version: int, api: Api | None) -> None:
+        """Raises ``Drop`` for a request the connection's exchange does not take now.  (An
+        ApiVersions of a version not served is answered, and another one may follow.)"""
         exchange = self.pending(conn)
         if exchange is None:
             return
-        taken = TAKEN.get(exchange.stage, ())
-        if key not in taken:
+        if key not in TAKEN.get(exchange.stage, ()):
+            name = f"request type {key}" if api is None else api.request.name
             raise Drop(f"{name} during SASL authentication ({exchange.stage}): closed, as Kafka's ILLEGAL_SASL_STATE")
-        if key == ApiVersionsRequest.API_KEY:
+        if key == ApiVersionsRequest.API_KEY and api is not None and api.low <= version <= api.high:
             exchange.stage = "versions told"
 
     def forget(self, conn: Connection) -> None:
@@ -137,7 +142,7 @@ class Authenticator:
             if exchange.mechanism == "PLAIN":
                 return self._plain(conn, exchange, token)
             return self._scram(conn, exchange, token)
-        except (scramp.ScramException, UnicodeDecodeError, ValueError) as e:
+        except (scramp.ScramException, UnicodeDecodeError, ValueError, binascii.Error) as e:
             reason = getattr(e, "server_error", None) or type(e).__name__
             log.warning("%s: SASL %s authentication failed (%s)", conn.peer, exchange.mechanism, reason)
             return None
@@ -163,19 +168,23 @@ class Authenticator:
             def credential(name: str) -> tuple[bytes, bytes, bytes, int]:
                 known = self.credentials.get(name, exchange.mechanism)
                 exchange.user, exchange.known = name, known is not None
-                return (known or self._made_up(name, exchange.mechanism)).scramp()
+                exchange.credential = known or self._made_up(name, exchange.mechanism)
+                return exchange.credential.scramp()
 
             exchange.scram = scramp.ScramMechanism(exchange.mechanism).make_server(credential)
             exchange.scram.set_client_first(token.decode("utf-8"))
             return exchange.scram.get_server_first().encode()
         scram, exchange.scram = exchange.scram, None
-        scram.set_client_final(token.decode("utf-8"))  # raises unless the proof is the credential's
+        assert exchange.credential is not None
+        signature = _client_final(exchange.mechanism, exchange.credential, scram, token.decode("utf-8"))
         if not exchange.known:  # (a made-up credential has random keys: no proof matches them)
             log.warning("%s: SASL %s authentication failed (unknown user)", conn.peer, exchange.mechanism)
             return None
-        final = scram.get_server_final().encode()
+        if signature is None:
+            log.warning("%s: SASL %s authentication failed (wrong password)", conn.peer, exchange.mechanism)
+            return None
         self._done(conn, exchange, exchange.user)
-        return final
+        return b"v=" + base64.b64encode(signature)
 
     def _made_up(self, name: str, mechanism: str) -> Credential:
         """A credential no password matches, for an unknown user: the same salt each time."""
@@ -218,6 +227,26 @@ class Authenticator:
             raise Drop(f"SASL {exchange.mechanism} authentication failed")
         conn.hang_up = True
         return exchange.failed
+
+
+def _client_final(mechanism: str, credential: Credential, scram: Any, final: str) -> bytes | None:
+    """The server's signature once the client's final message proves it knows the password
+    (RFC 5802, checked here as Kafka's broker does: its nonce need only end with the
+    server's, as librdkafka before 1.9 sends it twice over), else None."""
+    without_proof, _, proof = final.rpartition(",p=")
+    fields = dict(field.split("=", 1) for field in without_proof.split(",") if "=" in field)
+    if not fields.get("r", "").endswith(str(scram.nonce)) or not proof:
+        raise ValueError("not the exchange's final message")
+    digest = credentials.HASHES[mechanism]
+    told = ",".join((str(scram.client_first_bare), str(scram.server_first), without_proof)).encode()
+    signed = hmac.new(credential.stored_key, told, digest).digest()
+    given = base64.b64decode(proof, validate=True)
+    if len(given) != len(signed):
+        return None
+    client_key = bytes(a ^ b for a, b in zip(given, signed, strict=True))
+    if not hmac.compare_digest(hashlib.new(digest, client_key).digest(), credential.stored_key):
+        return None
+    return hmac.new(credential.server_key, told, digest).digest()
 
 
 def _authenticator(broker: Any) -> Authenticator:
