@@ -11,7 +11,6 @@ import socket
 import stat
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,6 +19,7 @@ from click.testing import CliRunner
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse
+from kafkafuzz import answers, framed
 
 import kl
 from kl.net import daemon
@@ -27,8 +27,6 @@ from kl.net.credentials import Credentials
 from kl.net.kafka import sasl
 from kl.net.server import Listener, ServeConfig, Server
 from kl_cli.main import cli
-
-from kafkafuzz import answers, framed
 
 KCAT = subprocess.run(["sh", "-c", "command -v kcat || command -v kafkacat"], capture_output=True, text=True).stdout.strip()
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -330,7 +328,7 @@ def test_kafka_python_produces_and_consumes_with_each_mechanism(served, mechanis
         producer.send("k", f"v{i}".encode()).get(timeout=30)
     producer.close()
     consumer = KafkaConsumer("k", bootstrap_servers=s.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10000, **login)
-    got = [m.value for _, m in zip(range(3), consumer)]
+    got = [m.value for _, m in zip(range(3), consumer, strict=False)]
     consumer.close()
     assert got == [b"v0", b"v1", b"v2"]
 
@@ -347,3 +345,61 @@ def test_kcat_produces_and_consumes_with_each_mechanism(served, mechanism):
     wrong = [*login[:-1], "sasl.password=wrong"]
     refused = subprocess.run([KCAT, *wrong, "-L", "-m", "5"], capture_output=True, timeout=60)
     assert refused.returncode != 0 and b"Authentication failed" in refused.stderr
+
+
+def test_the_credentials_file_holds_no_password_and_only_its_owner_reads_it(root, users):
+    path = os.path.join(root.path, ".users", "credentials.json")
+    data = open(path, "rb").read()
+    assert PASSWORD.encode() not in data and b"other password" not in data
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    kept = json.loads(data)["users"]["alice"]
+    assert set(kept) == {"SCRAM-SHA-256", "SCRAM-SHA-512"}
+    assert set(kept["SCRAM-SHA-256"]) == {"salt", "iterations", "stored_key", "server_key"}
+    assert kept["SCRAM-SHA-512"]["iterations"] == 8192
+
+
+def test_kl_users_adds_lists_and_removes(root, tmp_path, served):
+    def kl_users(*args: str, stdin: str | None = None):
+        return CliRunner().invoke(cli, ["--root", root.path, "users", *args], input=stdin)
+
+    (tmp_path / "pw").write_text("carol's pw\n")
+    assert kl_users("add", "carol", "--password-file", str(tmp_path / "pw")).exit_code == 0
+    assert (
+        kl_users(
+            "add", "carol", "--mechanism", "SCRAM-SHA-512", "--iterations", "5000", "--password-file", "-", stdin="carol's pw\n"
+        ).exit_code
+        == 0
+    )
+    listed = kl_users("list")
+    assert listed.stdout.splitlines() == [
+        "alice\tSCRAM-SHA-256,SCRAM-SHA-512",
+        "bob\tSCRAM-SHA-512",
+        "carol\tSCRAM-SHA-256,SCRAM-SHA-512",
+    ]
+    assert json.loads(kl_users("list", "--json").stdout.splitlines()[2]) == {
+        "name": "carol",
+        "mechanisms": ["SCRAM-SHA-256", "SCRAM-SHA-512"],
+    }
+    s = served()  # the daemon logs carol in, with either mechanism and with PLAIN
+    for mechanism in MECHANISMS:
+        c = Conn(s.address)
+        c.handshake(mechanism)
+        if mechanism == "PLAIN":
+            assert c.authenticate(plain("carol", "carol's pw")).error_code == 0
+        else:
+            import scramp
+
+            client = scramp.ScramClient([mechanism], "carol", "carol's pw")
+            client.set_server_first(bytes(c.authenticate(client.get_client_first().encode()).auth_bytes).decode())
+            final = c.authenticate(client.get_client_final().encode())
+            assert final.error_code == 0
+            client.set_server_final(bytes(final.auth_bytes).decode())  # the server proved it has the key
+    assert kl_users("remove", "carol", "--mechanism", "SCRAM-SHA-256").exit_code == 0
+    assert kl_users("list").stdout.splitlines()[2] == "carol\tSCRAM-SHA-512"
+    assert kl_users("remove", "carol").exit_code == 0
+    gone = kl_users("remove", "carol")
+    assert (gone.exit_code, gone.output.strip()) == (1, "Error: there is no user 'carol'")
+    assert kl_users("add", "x", "--iterations", "100", "--password-file", "-", stdin="pw\n").exit_code == 2
+    assert kl_users("add", "bad\nname", "--password-file", "-", stdin="pw\n").exit_code == 1
+    assert failed_login(s.address, "PLAIN", "carol", "carol's pw").error_code == 58
