@@ -31,6 +31,7 @@ from kl_cli.main import cli
 KCAT = subprocess.run(["sh", "-c", "command -v kcat || command -v kafkacat"], capture_output=True, text=True).stdout.strip()
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 PASSWORD = "s3cret pw"
+CONFIGS = "org.apache.kafka.tools.ConfigCommand"
 
 
 class Sasl:
@@ -403,3 +404,71 @@ def test_kl_users_adds_lists_and_removes(root, tmp_path, served):
     assert kl_users("add", "x", "--iterations", "100", "--password-file", "-", stdin="pw\n").exit_code == 2
     assert kl_users("add", "bad\nname", "--password-file", "-", stdin="pw\n").exit_code == 1
     assert failed_login(s.address, "PLAIN", "carol", "carol's pw").error_code == 58
+
+
+def scram_login(address, mechanism: str, user: str, password: str) -> int:
+    """The error code of a SCRAM login (0: logged in, and the server proved it holds the key)."""
+    import scramp
+
+    c = Conn(address)
+    c.handshake(mechanism)
+    client = scramp.ScramClient([mechanism], user, password)
+    first = c.authenticate(client.get_client_first().encode())
+    if first.error_code:
+        return first.error_code
+    client.set_server_first(bytes(first.auth_bytes).decode())
+    final = c.authenticate(client.get_client_final().encode())
+    if final.error_code == 0:
+        client.set_server_final(bytes(final.auth_bytes).decode())
+    c.close()
+    return final.error_code
+
+
+def test_kafka_configs_alters_and_describes_scram_users(served, tmp_path):
+    from kafka_oracle import Unavailable, install, tool
+
+    try:
+        lib = install()
+    except Unavailable as e:
+        pytest.skip(f"Apache Kafka's tools: {e}")
+    s = served(allow_admin=True)
+    login = tmp_path / "login.properties"  # kafka-configs itself logs in as alice, with SCRAM-SHA-512
+    login.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required"
+        f' username="alice" password="{PASSWORD}";\n'
+    )
+    configs = ["--bootstrap-server", s.bootstrap, "--command-config", str(login), "--entity-type", "users"]
+    tool(
+        lib,
+        CONFIGS,
+        *configs,
+        "--entity-name",
+        "dave",
+        "--alter",
+        "--add-config",
+        "SCRAM-SHA-256=[iterations=5000,password=dave pw]",
+    )
+    assert scram_login(s.address, "SCRAM-SHA-256", "dave", "dave pw") == 0
+    assert scram_login(s.address, "SCRAM-SHA-256", "dave", "not it") == 58
+    described = tool(lib, CONFIGS, *configs, "--entity-name", "dave", "--describe")
+    assert "SCRAM-SHA-256=iterations=5000" in described
+    everyone = tool(lib, CONFIGS, *configs, "--describe")
+    assert "alice" in everyone and "bob" in everyone and "dave" in everyone
+    tool(lib, CONFIGS, *configs, "--entity-name", "dave", "--alter", "--delete-config", "SCRAM-SHA-256")
+    assert "dave" not in Credentials(s.server.root.path).users()
+    assert "dave pw" not in open(os.path.join(s.server.root.path, ".users", "credentials.json")).read()
+
+
+def test_alter_user_scram_credentials_needs_allow_admin(served):
+    from kafka.protocol.admin.users import AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse
+
+    s = served()
+    c = Conn(s.address)
+    c.handshake("PLAIN")
+    c.authenticate(plain("alice", PASSWORD))
+    upsertion = AlterUserScramCredentialsRequest.ScramCredentialUpsertion
+    request = [upsertion(name="eve", mechanism=1, iterations=4096, salt=b"s" * 16, salted_password=b"p" * 32)]
+    answer = c.call(AlterUserScramCredentialsRequest, 0, AlterUserScramCredentialsResponse, deletions=[], upsertions=request)
+    assert [(r.user, r.error_code) for r in answer.results] == [("eve", 31)]
+    assert "eve" not in Credentials(s.server.root.path).users()

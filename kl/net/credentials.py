@@ -150,12 +150,12 @@ class Credentials:
     def set(self, name: str, mechanism: str, credential: Credential) -> None:
         check_name(name)
         check_mechanism(mechanism)
-        with self._changing() as users:
+        with self.changing() as users:
             users.setdefault(name, {})[mechanism] = credential
 
     def remove(self, name: str, mechanism: str | None = None) -> None:
         """Remove user ``name``'s credential for ``mechanism`` (None: all of them, the user)."""
-        with self._changing() as users:
+        with self.changing() as users:
             if name not in users or (mechanism is not None and mechanism not in users[name]):
                 what = f"user {name!r}" if mechanism is None or name not in users else f"a {mechanism} credential of {name!r}"
                 raise CredentialError(f"there is no {what}")
@@ -167,7 +167,7 @@ class Credentials:
                     del users[name]
 
     @contextlib.contextmanager
-    def _changing(self) -> Iterator[dict[str, dict[str, Credential]]]:
+    def changing(self) -> Iterator[dict[str, dict[str, Credential]]]:
         """The users, read under the lock, to change in the ``with`` block: written back at its end."""
         with locks.locked(os.path.join(self.root, LOCK), self.lock_timeout):
             users = {name: dict(kept) for name, kept in self._read().items()}

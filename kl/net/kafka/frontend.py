@@ -44,6 +44,7 @@ from kl.net.kafka import (
     sasl,
     topics,
     transactions,
+    users,
 )
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
@@ -257,6 +258,7 @@ APIS = {
         *transactions.APIS,
         *acls.APIS,
         *sasl.APIS,
+        *users.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""
