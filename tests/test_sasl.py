@@ -5,6 +5,7 @@ SCRAM-SHA-512 against the credentials kept in the root, through real clients
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -223,12 +224,14 @@ def test_a_request_before_authentication_closes_the_connection(served):
     assert c.closed()
 
 
-def test_after_authentication_requests_are_served_and_the_sasl_ones_answer_illegal_state(served):
+def test_after_authentication_requests_are_served_and_the_sasl_ones_answer_illegal_state(served, caplog):
+    caplog.set_level(logging.INFO, logger="kl.serve")
     s = served()
     c = Conn(s.address)
     assert c.handshake("PLAIN").mechanisms == MECHANISMS
     done = c.authenticate(plain("alice", PASSWORD), version=1)
     assert (done.error_code, done.session_lifetime_ms) == (0, 0)
+    assert any("authenticated as User:alice (SASL PLAIN)" in r.message for r in caplog.records)  # its principal
     assert c.call(MetadataRequest, 4, MetadataResponse, topics=None, allow_auto_topic_creation=False).brokers
     assert c.handshake("PLAIN").error_code == 34
     again = c.authenticate(plain("alice", PASSWORD))

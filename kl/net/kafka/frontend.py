@@ -1,7 +1,8 @@
 """Today's Kafka protocol, the front end of ``kl serve --kafka``: each request decoded,
 handed to its family's handler (one module per family, each declaring the versions it
 serves: ``produce``, ``fetch``, ``list_offsets``, ``metadata``, ``groups``, ``topics``,
-``configs``) and the answer encoded.
+``configs``, ``sasl``, ``users``, ...) and the answer encoded.  On a SASL listener a
+connection authenticates first (``sasl``).
 
 Requests and responses are encoded by kafka-python's protocol classes, generated from
 Kafka's own message schemas (``kafka.protocol``); the records inside them by
