@@ -4,6 +4,7 @@ SCRAM-SHA-512 against the credentials kept in the root, through real clients
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -174,12 +175,18 @@ def failed_login(address, mechanism: str, user: str, password: str):
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(served, mechanism):
+def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(served, mechanism, caplog):
+    caplog.set_level(logging.DEBUG)
     s = served()
     wrong = failed_login(s.address, mechanism, "alice", "not it")
     unknown = failed_login(s.address, mechanism, "nobody", PASSWORD)
     words = f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
     assert (wrong.error_code, wrong.error_message) == (unknown.error_code, unknown.error_message) == (58, words)
+    assert scram_login(s.address, "SCRAM-SHA-256", "alice", PASSWORD) == 0
+    logged = caplog.text
+    assert "not it" not in logged and PASSWORD not in logged  # nor a key:
+    for kept in Credentials(s.server.root.path).users()["alice"].values():
+        assert base64.b64encode(kept.stored_key).decode() not in logged and kept.server_key.hex() not in logged
 
 
 def test_scram_of_an_unknown_user_gives_the_same_salt_each_time(served):
