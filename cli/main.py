@@ -34,6 +34,7 @@ COMMANDS = {
     "retain": "kl_cli.maintenance:retain_command",
     "serve": "kl_cli.serve:serve",
     "topics": "kl_cli.topics:topics",
+    "users": "kl_cli.users:users",
 }
 """Each command's module, imported when the command runs (or is listed): ``kl produce``
 does not pay for the modules of Spark loads, the daemon or the others."""

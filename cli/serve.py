@@ -18,7 +18,7 @@ import click
 from kl.errors import KlError
 from kl.net import brokers
 from kl.net.daemon import Daemon
-from kl.net.server import SECURITY_PROTOCOLS, Network, ServeConfig
+from kl.net.server import SASL_MECHANISMS, SECURITY_PROTOCOLS, Network, ServeConfig
 from kl.net.tls import CLIENT_AUTH
 from kl_cli.common import get_root
 
@@ -119,9 +119,7 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     help="Serve only connections from these networks (default: loopback); needed to bind elsewhere.",
 )
 @click.option("--allow-produce", is_flag=True, help="Accept PRODUCE, MULTIPRODUCE and APPEND (off by default).")
-@click.option(
-    "--allow-admin", is_flag=True, help="Take changes to topics from Kafka's admin clients and tools (off by default)."
-)
+@click.option("--allow-admin", is_flag=True, help="Take changes to topics from Kafka's admin clients and tools (off by default).")
 @click.option(
     "--auto-create", is_flag=True, help="Create a topic a Kafka client names in Metadata or Produce that does not exist."
 )
@@ -178,6 +176,13 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     show_default=True,
     help="Close a connection that takes longer to send a request, or takes nothing of an answer for this long.",
 )
+@click.option(
+    "--sasl-mechanism",
+    "sasl_mechanisms",
+    multiple=True,
+    type=click.Choice(SASL_MECHANISMS),
+    help="A SASL mechanism the SASL listeners take (repeat for more; default: all three; users: kl users).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
 @click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")
 @click.pass_context
@@ -206,6 +211,7 @@ def serve(
     answer_memory: int,
     idle_timeout: float,
     request_timeout: float,
+    sasl_mechanisms: tuple[str, ...],
     as_json: bool,
     list_: bool,
 ) -> None:
@@ -250,6 +256,7 @@ def serve(
         tls_ca=tls_ca,
         tls_client_auth=tls_client_auth,
         tls_principal_rules=tls_principal_rules,
+        sasl_mechanisms=sasl_mechanisms or SASL_MECHANISMS,
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request

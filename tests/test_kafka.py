@@ -16,7 +16,8 @@ import time
 import kafkafuzz
 import pytest
 from kafka.protocol.admin.acl import CreateAclsRequest, DescribeAclsRequest
-from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, DescribeClientQuotasRequest
+from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest
+from kafka.protocol.admin.cluster import UpdateFeaturesRequest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
@@ -192,7 +193,8 @@ def test_api_versions_lists_what_is_served_and_answers_a_newer_version_with_vers
 
 def test_a_request_kl_does_not_serve_gets_unsupported_version_or_a_closed_connection_never_an_empty_answer(served, root, topic):
     _, client = served()
-    assert client.call(DescribeClientQuotasRequest, 1, components=[], strict=False).error_code == kafka_errors.UNSUPPORTED_VERSION
+    refused = client.call(UpdateFeaturesRequest, 1, timeout_ms=1000, feature_updates=[], validate_only=True)
+    assert refused.error_code == kafka_errors.UNSUPPORTED_VERSION
     assert client.call(
         MetadataRequest,
         9,

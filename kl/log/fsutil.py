@@ -114,15 +114,19 @@ def ensure_dir(path: str) -> None:
     fsync_dir(parent or ".")
 
 
-def write_atomic(path: str, data: bytes, *, before_rename: Callable[[], None] | None = None, durable: bool = True) -> None:
+def write_atomic(
+    path: str, data: bytes, *, before_rename: Callable[[], None] | None = None, durable: bool = True, mode: int | None = None
+) -> None:
     """Replace ``path`` with ``data``: unique temp file (``.NAME.*.tmp``), fsync, rename,
     fsync the directory.  ``before_rename`` runs between the fsync and the rename.  Not
     ``durable``: no fsync (readers see the old file or the new one; after a crash the
-    new one may be lost or empty)."""
+    new one may be lost or empty).  ``mode``: the file's mode bits, from its creation
+    on (the umask still applies; a shared root's group bits are not added); None:
+    ``open_file``'s."""
     directory = os.path.dirname(path) or "."
     tmp = temp_path(path)
     try:
-        fd = _write_temp(tmp, data)
+        fd = _write_temp(tmp, data, mode)
         try:
             if durable:
                 os.fsync(fd)
@@ -168,9 +172,10 @@ def temp_path(path: str) -> str:
     return os.path.join(directory or ".", f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
 
 
-def _write_temp(tmp: str, data: bytes) -> int:
-    """Create ``tmp`` (``open_file``) holding ``data``; returns its open descriptor."""
-    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _write_temp(tmp: str, data: bytes, mode: int | None = None) -> int:
+    """Create ``tmp`` (``open_file``, or with ``mode``) holding ``data``; returns its open descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = open_file(tmp, flags) if mode is None else os.open(tmp, flags, mode)
     try:
         write_all(fd, data)
     except OSError:

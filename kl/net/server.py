@@ -88,6 +88,8 @@ WAIT_CHECK = 0.1
 inotify says (it sees nothing that another NFS client writes)."""
 WAIT_PICKUP = 0.01
 """The longest a newly parked request waits before the waiter watches it (and reads its ends)."""
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""The SASL mechanisms ``kl serve`` can take (``ServeConfig.sasl_mechanisms``)."""
 
 
 class ServerError(KlError):
@@ -146,6 +148,8 @@ class ServeConfig:
     """Kafka's ``ssl.client.auth``: none, requested or required."""
     tls_principal_rules: str | None = None
     """Kafka's ``ssl.principal.mapping.rules`` (None: ``DEFAULT``, the subject's DN)."""
+    sasl_mechanisms: tuple[str, ...] = SASL_MECHANISMS
+    """The SASL mechanisms the SASL listeners take, in the order SaslHandshake names them."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -168,6 +172,8 @@ class ServeConfig:
         for name in ("workers", "max_connections", "max_request_bytes", "default_partitions", "answer_memory"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not self.sasl_mechanisms or not set(self.sasl_mechanisms) <= set(SASL_MECHANISMS):
+            raise ServerError(f"SASL mechanisms must be some of {', '.join(SASL_MECHANISMS)}, not {self.sasl_mechanisms}")
         for name in ("idle_timeout", "request_timeout"):
             if not getattr(self, name) > 0:
                 raise ServerError(f"{name} must be positive, not {getattr(self, name)}")
@@ -205,7 +211,7 @@ class Connection:
 
     __slots__ = (
         "sock", "peer", "front", "security", "principal", "kl", "client", "buffer", "last_active", "started", "out", "wait",
-        "handshake",
+        "handshake", "hang_up", "cut_at",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, peer: str, front: FrontEnd, security: str = "PLAINTEXT"):
@@ -233,6 +239,11 @@ class Connection:
         self.handshake: str | None = HELLO if security in TLS_PROTOCOLS else None
         """Where its TLS handshake is: HELLO (its first byte not yet seen), HANDSHAKE, or
         None once done (and on plaintext listeners)."""
+        self.hang_up = False
+        """Close it once its answer is sent (a failed SASL authentication, as Kafka's brokers do)."""
+        self.cut_at: float | None = None
+        """When (monotonic) to close it unless the front end clears this first: an
+        unfinished SASL exchange."""
 
 
 class Wait:
@@ -689,6 +700,8 @@ class Server:
                     conn.out.unsent, conn.out.deadline = unsent, now + config.request_timeout
                 elif now > conn.out.deadline:
                     self._close(conn, "response not taken within the request timeout")
+            elif conn.cut_at is not None and now > conn.cut_at:
+                self._close(conn, "authentication not complete within the request timeout")
             elif conn.started is not None and now - conn.started > config.request_timeout:
                 what = "TLS handshake not finished" if conn.handshake is not None else "request not complete"
                 self._close(conn, f"{what} after {config.request_timeout:g} s")
@@ -733,6 +746,8 @@ class Server:
                     continue
                 if conn.out is not None and not self._flush(conn):
                     then = WRITE
+                elif conn.hang_up:
+                    then = CLOSE
             except Drop as e:
                 reason = str(e)
             except ProtocolError as e:

@@ -31,6 +31,7 @@ from kl.net.kafka.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
+from kl.net.kafka.sasl import Authenticator
 from kl.net.server import Connection, FrontEnd, Server
 from kl.topic import validate_name
 
@@ -53,6 +54,7 @@ class Broker:
     def __init__(self, server: Server):
         self.server = server
         self.groups = Coordinator(server.root, server.recheck)
+        self.sasl = Authenticator(server)
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
         self.address = ("", 0)
         self.kafka_address = ""

@@ -1,7 +1,8 @@
 """Today's Kafka protocol, the front end of ``kl serve --kafka``: each request decoded,
 handed to its family's handler (one module per family, each declaring the versions it
 serves: ``produce``, ``fetch``, ``list_offsets``, ``metadata``, ``groups``, ``topics``,
-``configs``) and the answer encoded.
+``configs``, ``sasl``, ``users``, ...) and the answer encoded.  On a SASL listener a
+connection authenticates first (``sasl``).
 
 Requests and responses are encoded by kafka-python's protocol classes, generated from
 Kafka's own message schemas (``kafka.protocol``); the records inside them by
@@ -41,8 +42,10 @@ from kl.net.kafka import (
     list_offsets,
     metadata,
     produce,
+    sasl,
     topics,
     transactions,
+    users,
 )
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
@@ -74,14 +77,19 @@ class Kafka(FrontEnd):
 
     def closed(self, conn: Connection) -> None:
         self.broker.groups.hung_up(conn)
+        self.broker.sasl.forget(conn)
 
     # ----------------------------------------------------------------- requests
 
     def handle(self, conn: Connection, request: memoryview) -> None:
+        if self.broker.sasl.bare(conn):  # a SASL token after SaslHandshake v0
+            self._answer(conn, sasl.BARE, 0, 0, bytes(request), None)
+            return
         if len(request) < HEADER.size + 2:
             raise Drop(f"a request of {len(request)} bytes is shorter than its header")
         key, version, correlation = HEADER.unpack_from(request)
         api = APIS.get(key)
+        self.broker.sasl.admit(conn, key, version, api)
         if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
             self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
             return
@@ -253,6 +261,8 @@ APIS = {
         *cluster.APIS,
         *transactions.APIS,
         *acls.APIS,
+        *sasl.APIS,
+        *users.APIS,
     ]
 }
 """What kl answers, by API key, and the versions it advertises (see kl-serve(1))."""
