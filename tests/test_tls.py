@@ -472,3 +472,39 @@ def test_cli_listener_forms_and_errors(tmp_path, pems):
     mismatch = subprocess.run([*base, *swapped], capture_output=True, text=True, timeout=60)
     assert mismatch.returncode == 1 and "the key does not match the certificate" in mismatch.stderr
     assert "PRIVATE KEY" not in mismatch.stderr
+
+
+def test_sasl_over_tls_logs_in_and_serves_through_a_sasl_ssl_listener(root, running, pems):
+    """SASL_SSL: the TLS handshake, then SCRAM inside it (confluent-kafka), and a wrong
+    password refused there as on SASL_PLAINTEXT."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from kl.net.credentials import Credentials
+
+    Credentials(root.path).add("alice", "alice's secret", "SCRAM-SHA-512")
+    r = running(listeners=(("SASL_SSL", "127.0.0.1", 0),))
+    common = {
+        "bootstrap.servers": f"127.0.0.1:{r.tls}", "security.protocol": "SASL_SSL", "ssl.ca.location": pems["ca"],
+        "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": "alice's secret",
+    }  # fmt: skip
+    producer = confluent_kafka.Producer(common)
+    for n in range(50):
+        producer.produce("t", value=b"s%d" % n)
+    assert producer.flush(30) == 0
+    assert [b.port for b in producer.list_topics(timeout=10).brokers.values()] == [r.tls]
+    consumer = confluent_kafka.Consumer(common | {"group.id": "g", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["t"])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 50 and time.monotonic() < deadline:
+        m = consumer.poll(1)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+    consumer.close()
+    assert got == [b"s%d" % n for n in range(50)]
+    errors: list[object] = []
+    wrong = confluent_kafka.Producer(common | {"sasl.password": "wrong", "error_cb": errors.append})
+    wrong.produce("t", value=b"never")
+    wrong.flush(5)
+    assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
+    assert kl.Consumer(root).latest_offset("t", 0) > 0
+    assert b"never" not in [m.value for b in kl.Consumer(root).consume("t") for m in b.messages]
