@@ -186,25 +186,32 @@ def test_metadata_names_the_listener_the_connection_came_in_on(root, running, pe
     assert plain_brokers[0].node_id == tls_brokers[0].node_id  # one broker, two listeners
 
 
-def test_confluent_kafka_produces_and_consumes_over_tls(root, running, pems):
-    confluent_kafka = pytest.importorskip("confluent_kafka")
-    r = running()
-    common = {"bootstrap.servers": f"127.0.0.1:{r.tls}", "security.protocol": "SSL", "ssl.ca.location": pems["ca"]}
+def confluent_round_trip(confluent_kafka, common: dict, values: list[bytes]) -> list[bytes]:
+    """``values`` produced to topic t with confluent-kafka's ``common`` settings, then
+    what a new group's consumer reads of it."""
     producer = confluent_kafka.Producer(common)
-    for n in range(200):
-        producer.produce("t", value=b"v%d" % n + b"x" * 1000)
+    for value in values:
+        producer.produce("t", value=value)
     assert producer.flush(30) == 0
-    assert [b.port for b in producer.list_topics(timeout=10).brokers.values()] == [r.tls]
     consumer = confluent_kafka.Consumer(common | {"group.id": "g", "auto.offset.reset": "earliest"})
     consumer.subscribe(["t"])
     got: list[bytes] = []
     deadline = time.monotonic() + 30
-    while len(got) < 200 and time.monotonic() < deadline:
+    while len(got) < len(values) and time.monotonic() < deadline:
         m = consumer.poll(1)
         if m is not None and m.error() is None:
             got.append(m.value())
     consumer.close()
-    assert got == [b"v%d" % n + b"x" * 1000 for n in range(200)]
+    return got
+
+
+def test_confluent_kafka_produces_and_consumes_over_tls(root, running, pems):
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    r = running()
+    common = {"bootstrap.servers": f"127.0.0.1:{r.tls}", "security.protocol": "SSL", "ssl.ca.location": pems["ca"]}
+    values = [b"v%d" % n + b"x" * 1000 for n in range(200)]
+    assert confluent_round_trip(confluent_kafka, common, values) == values
+    assert [b.port for b in confluent_kafka.Producer(common).list_topics(timeout=10).brokers.values()] == [r.tls]
     assert kl.Consumer(root).latest_offset("t", 0) > 0
 
 
@@ -486,21 +493,8 @@ def test_sasl_over_tls_logs_in_and_serves_through_a_sasl_ssl_listener(root, runn
         "bootstrap.servers": f"127.0.0.1:{r.tls}", "security.protocol": "SASL_SSL", "ssl.ca.location": pems["ca"],
         "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": "alice's secret",
     }  # fmt: skip
-    producer = confluent_kafka.Producer(common)
-    for n in range(50):
-        producer.produce("t", value=b"s%d" % n)
-    assert producer.flush(30) == 0
-    assert [b.port for b in producer.list_topics(timeout=10).brokers.values()] == [r.tls]
-    consumer = confluent_kafka.Consumer(common | {"group.id": "g", "auto.offset.reset": "earliest"})
-    consumer.subscribe(["t"])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < 50 and time.monotonic() < deadline:
-        m = consumer.poll(1)
-        if m is not None and m.error() is None:
-            got.append(m.value())
-    consumer.close()
-    assert got == [b"s%d" % n for n in range(50)]
+    values = [b"s%d" % n for n in range(50)]
+    assert confluent_round_trip(confluent_kafka, common, values) == values
     errors: list[object] = []
     wrong = confluent_kafka.Producer(common | {"sasl.password": "wrong", "error_cb": errors.append})
     wrong.produce("t", value=b"never")
