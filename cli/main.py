@@ -23,6 +23,7 @@ from kl_cli import Interrupted
 from kl_cli.common import add_root_options, log_warnings
 
 COMMANDS = {
+    "acls": "kl_cli.acls:acls",
     "consume": "kl_cli.consume:consume",
     "dump": "kl_cli.maintenance:dump_command",
     "groups": "kl_cli.groups:groups",

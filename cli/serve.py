@@ -17,6 +17,7 @@ import click
 
 from kl.errors import KlError
 from kl.net import brokers
+from kl.net.acls import check_principal
 from kl.net.daemon import Daemon
 from kl.net.server import SASL_MECHANISMS, SECURITY_PROTOCOLS, Network, ServeConfig
 from kl.net.tls import CLIENT_AUTH
@@ -59,6 +60,13 @@ def _listeners(ctx: click.Context, param: click.Parameter, value: tuple[str, ...
             raise click.BadParameter(f"port {port} is not between 0 and 65535", ctx, param)
         found.append((security.upper(), host, int(port)))
     return tuple(found)
+
+
+def _principals(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(check_principal(p) for p in value)
+    except KlError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
@@ -183,6 +191,15 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     type=click.Choice(SASL_MECHANISMS),
     help="A SASL mechanism the SASL listeners take (repeat for more; default: all three; users: kl users).",
 )
+@click.option("--acls", is_flag=True, help="Enforce the ACLs kept in the root on every Kafka request (kl acls).")
+@click.option(
+    "--super-user",
+    "super_users",
+    metavar="PRINCIPAL",
+    multiple=True,
+    callback=_principals,
+    help="A principal (User:NAME) the ACLs do not bind: it may do anything (repeat for more).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
 @click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")
 @click.pass_context
@@ -212,6 +229,8 @@ def serve(
     idle_timeout: float,
     request_timeout: float,
     sasl_mechanisms: tuple[str, ...],
+    acls: bool,
+    super_users: tuple[str, ...],
     as_json: bool,
     list_: bool,
 ) -> None:
@@ -257,6 +276,8 @@ def serve(
         tls_client_auth=tls_client_auth,
         tls_principal_rules=tls_principal_rules,
         sasl_mechanisms=sasl_mechanisms or SASL_MECHANISMS,
+        acls=acls,
+        super_users=super_users,
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request

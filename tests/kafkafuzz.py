@@ -238,15 +238,21 @@ def produce(topic: str, batches: list[bytes], version: int = 9, partition: int =
 
 
 def fetch(topic: str, offset: int, version: int = 12, partition: int = 0, **extra) -> bytes:
+    fields = fetch_fields(topic, offset, partition, extra.pop("partition_max_bytes", 1 << 20))
+    return framed(FetchRequest, version, **(fields | extra))
+
+
+def fetch_fields(topic: str | None, offset: int, partition: int = 0, max_bytes: int = 1 << 20, topic_id=None) -> dict:
+    """A Fetch request's fields: one partition of a topic (by name, or by id from v13)."""
     part = FetchRequest.FetchTopic.FetchPartition(
         partition=partition,
         fetch_offset=offset,
-        partition_max_bytes=extra.pop("partition_max_bytes", 1 << 20),
+        partition_max_bytes=max_bytes,
         log_start_offset=-1,
         current_leader_epoch=-1,
         last_fetched_epoch=-1,
     )
-    fields = dict(
+    return dict(
         replica_id=-1,
         max_wait_ms=0,
         min_bytes=1,
@@ -254,11 +260,10 @@ def fetch(topic: str, offset: int, version: int = 12, partition: int = 0, **extr
         isolation_level=0,
         session_id=0,
         session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[part])],
+        topics=[FetchRequest.FetchTopic(topic=topic, topic_id=topic_id, partitions=[part])],
         forgotten_topics_data=[],
         rack_id="",
     )
-    return framed(FetchRequest, version, **(fields | extra))
 
 
 def list_offsets(topic: str, timestamp: int, version: int = 6, partition: int = 0) -> bytes:

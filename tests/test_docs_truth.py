@@ -259,7 +259,7 @@ def test_help_without_man_shows_the_page_as_plain_text(monkeypatch):
 def test_help_for_an_unknown_topic_is_a_usage_error_naming_the_topics():
     result = run_kl("help", "nonsense")
     assert result.exit_code == 2
-    assert result.stderr.splitlines()[-1].startswith("Error: no page for 'nonsense' (there are: consume, dump, format,")
+    assert result.stderr.splitlines()[-1].startswith("Error: no page for 'nonsense' (there are: acls, consume, dump, format,")
 
 
 @pytest.mark.skipif(not HAVE_MAN, reason="man is not installed")

@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
-from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse
-from kafkafuzz import answers, framed
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+from kafkafuzz import framed
+from kafkaserver import InThread, Raw, plain
 
-import kl
 from kl.net import daemon
 from kl.net.credentials import Credentials
 from kl.net.kafka import sasl
@@ -34,23 +34,6 @@ KCAT = subprocess.run(["sh", "-c", "command -v kcat || command -v kafkacat"], ca
 MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 PASSWORD = "s3cret pw"
 CONFIGS = "org.apache.kafka.tools.ConfigCommand"
-
-
-class Sasl:
-    """A server in this process with one SASL_PLAINTEXT Kafka listener."""
-
-    def __init__(self, root: kl.Root, **config):
-        config = {"port": None, "kafka_port": 0, "allow_produce": True, "auto_create": True, **config}
-        self.server = Server(root, ServeConfig(**config), [Listener("127.0.0.1", 0, daemon._kafka, "SASL_PLAINTEXT")])
-        self.address = ("127.0.0.1", self.server.ports[0])
-        self.bootstrap = f"127.0.0.1:{self.server.ports[0]}"
-        self.thread = threading.Thread(target=self.server.serve_forever)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-        self.thread.join(20)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
@@ -64,10 +47,10 @@ def users(root):
 
 @pytest.fixture
 def served(root, users):
-    started: list[Sasl] = []
+    started: list[InThread] = []
 
-    def start(**config) -> Sasl:
-        started.append(Sasl(root, **config))
+    def start(**config) -> InThread:
+        started.append(InThread(root, "SASL_PLAINTEXT", **config))
         return started[-1]
 
     yield start
@@ -105,61 +88,11 @@ def test_confluent_kafka_produces_and_consumes_with_each_mechanism(root, served,
     assert got == [f"v{i}".encode() for i in range(5)]
 
 
-class Conn:
-    """A raw connection to the listener: one request, one answer."""
-
-    def __init__(self, address):
-        self.sock = socket.create_connection(address, timeout=20)
-        self.correlation = 0
-
-    def call(self, request, version: int, response, **fields):
-        self.correlation += 1
-        self.sock.sendall(framed(request, version, self.correlation, **fields))
-        body = self.answer()
-        ((got, data),) = answers(body)
-        assert got == self.correlation
-        flexible = response.flexible_version_q(version) and response is not ApiVersionsResponse
-        return response.decode(data[int(flexible) :], version=version)
-
-    def answer(self) -> bytes:
-        head = self.recv(4)
-        return head + self.recv(struct.unpack(">i", head)[0])
-
-    def recv(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError(f"closed after {len(out)} of {n} bytes")
-            out += chunk
-        return out
-
-    def closed(self) -> bool:
-        """Whether the server closed the connection (it sends nothing more)."""
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def handshake(self, mechanism: str, version: int = 1):
-        return self.call(SaslHandshakeRequest, version, SaslHandshakeResponse, mechanism=mechanism)
-
-    def authenticate(self, token: bytes, version: int = 2):
-        return self.call(SaslAuthenticateRequest, version, SaslAuthenticateResponse, auth_bytes=token)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def plain(user: str, password: str) -> bytes:
-    return f"\0{user}\0{password}".encode()
-
-
 def failed_login(address, mechanism: str, user: str, password: str):
     """The answer to a login that fails, with the connection then closed."""
     import scramp
 
-    c = Conn(address)
+    c = Raw(address)
     assert c.handshake(mechanism).error_code == 0
     if mechanism == "PLAIN":
         answer = c.authenticate(plain(user, password))
@@ -195,7 +128,7 @@ def test_scram_of_an_unknown_user_gives_the_same_salt_each_time(served):
     s = served()
     salts = []
     for _ in range(2):
-        c = Conn(s.address)
+        c = Raw(s.address)
         c.handshake("SCRAM-SHA-256")
         client = scramp.ScramClient(["SCRAM-SHA-256"], "nobody", "x")
         first = bytes(c.authenticate(client.get_client_first().encode()).auth_bytes).decode()
@@ -213,17 +146,17 @@ def test_repeated_failures_from_a_host_are_answered_later_and_later(served):
         took.append(time.monotonic() - start)
     # the 2nd, 3rd and 4th wait at least 0.25, 0.5 and 1 s
     assert took[1] >= sasl.FAILURE_DELAY and took[2] >= 2 * sasl.FAILURE_DELAY and took[3] >= 4 * sasl.FAILURE_DELAY
-    good = Conn(s.address)  # while another host's (here: the same host's) login still succeeds
+    good = Raw(s.address)  # while another host's (here: the same host's) login still succeeds
     good.handshake("PLAIN")
     assert good.authenticate(plain("alice", PASSWORD)).error_code == 0
 
 
 def test_a_request_before_authentication_closes_the_connection(served):
     s = served()
-    c = Conn(s.address)
+    c = Raw(s.address)
     c.sock.sendall(framed(MetadataRequest, 4, 1, topics=None, allow_auto_topic_creation=False))
     assert c.closed()
-    c = Conn(s.address)  # ApiVersions and the handshake are taken, then only SaslAuthenticate
+    c = Raw(s.address)  # ApiVersions and the handshake are taken, then only SaslAuthenticate
     told = c.call(ApiVersionsRequest, 3, ApiVersionsResponse, client_software_name="t", client_software_version="1")
     assert {17, 36} <= {k.api_key for k in told.api_keys}
     assert c.handshake("PLAIN").error_code == 0
@@ -234,7 +167,7 @@ def test_a_request_before_authentication_closes_the_connection(served):
 def test_after_authentication_requests_are_served_and_the_sasl_ones_answer_illegal_state(served, caplog):
     caplog.set_level(logging.INFO, logger="kl.serve")
     s = served()
-    c = Conn(s.address)
+    c = Raw(s.address)
     assert c.handshake("PLAIN").mechanisms == MECHANISMS
     done = c.authenticate(plain("alice", PASSWORD), version=1)
     assert (done.error_code, done.session_lifetime_ms) == (0, 0)
@@ -247,7 +180,7 @@ def test_after_authentication_requests_are_served_and_the_sasl_ones_answer_illeg
 
 def test_an_unknown_mechanism_is_refused_with_the_enabled_ones(served):
     s = served(sasl_mechanisms=("SCRAM-SHA-512",))
-    c = Conn(s.address)
+    c = Raw(s.address)
     answer = c.handshake("PLAIN")
     assert (answer.error_code, answer.mechanisms) == (33, ["SCRAM-SHA-512"])
     assert c.closed()
@@ -255,13 +188,13 @@ def test_an_unknown_mechanism_is_refused_with_the_enabled_ones(served):
 
 def test_handshake_v0_takes_bare_tokens(served):
     s = served()
-    c = Conn(s.address)
+    c = Raw(s.address)
     assert c.handshake("PLAIN", version=0).error_code == 0
     token = plain("alice", PASSWORD)
     c.sock.sendall(struct.pack(">i", len(token)) + token)
     assert c.answer() == b"\0\0\0\0"  # PLAIN's empty answer, bare
     assert c.call(MetadataRequest, 4, MetadataResponse, topics=None, allow_auto_topic_creation=False).brokers
-    bad = Conn(s.address)
+    bad = Raw(s.address)
     bad.handshake("PLAIN", version=0)
     token = plain("alice", "wrong")
     bad.sock.sendall(struct.pack(">i", len(token)) + token)
@@ -270,7 +203,7 @@ def test_handshake_v0_takes_bare_tokens(served):
 
 def test_a_half_done_exchange_is_cut_after_the_request_timeout(served):
     s = served(request_timeout=1.0)
-    c = Conn(s.address)
+    c = Raw(s.address)
     c.handshake("SCRAM-SHA-256")
     start = time.monotonic()
     assert c.closed()
@@ -282,7 +215,7 @@ def test_sasl_handshake_on_a_plaintext_listener_answers_illegal_state(root, user
     thread = threading.Thread(target=server.serve_forever)
     thread.start()
     try:
-        c = Conn(("127.0.0.1", server.ports[0]))
+        c = Raw(("127.0.0.1", server.ports[0]))
         assert c.handshake("PLAIN").error_code == 34
         assert c.authenticate(plain("alice", PASSWORD)).error_code == 34
     finally:
@@ -321,7 +254,7 @@ def test_fuzzed_sasl_requests_leave_it_serving(served, monkeypatch, caplog):
             pass
         finally:
             c.close()
-    c = Conn(s.address)  # still serving
+    c = Raw(s.address)  # still serving
     c.handshake("PLAIN")
     assert c.authenticate(plain("alice", PASSWORD)).error_code == 0
     assert not [r.message for r in caplog.records if "unexpected" in r.message]  # no bug met
@@ -394,7 +327,7 @@ def test_kl_users_adds_lists_and_removes(root, tmp_path, served):
     }
     s = served()  # the daemon logs carol in, with either mechanism and with PLAIN
     for mechanism in MECHANISMS:
-        c = Conn(s.address)
+        c = Raw(s.address)
         c.handshake(mechanism)
         if mechanism == "PLAIN":
             assert c.authenticate(plain("carol", "carol's pw")).error_code == 0
@@ -420,7 +353,7 @@ def scram_login(address, mechanism: str, user: str, password: str) -> int:
     """The error code of a SCRAM login (0: logged in, and the server proved it holds the key)."""
     import scramp
 
-    c = Conn(address)
+    c = Raw(address)
     c.handshake(mechanism)
     client = scramp.ScramClient([mechanism], user, password)
     first = c.authenticate(client.get_client_first().encode())
@@ -474,7 +407,7 @@ def test_alter_user_scram_credentials_needs_allow_admin(served):
     from kafka.protocol.admin.users import AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse
 
     s = served()
-    c = Conn(s.address)
+    c = Raw(s.address)
     c.handshake("PLAIN")
     c.authenticate(plain("alice", PASSWORD))
     upsertion = AlterUserScramCredentialsRequest.ScramCredentialUpsertion

@@ -19,22 +19,17 @@ import base64
 import contextlib
 import hashlib
 import hmac
-import json
-import os
-import threading
 import unicodedata
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import scramp
 
 from kl.errors import KlError
-from kl.log import locks
-from kl.log.fsutil import ensure_dir, storage_error, write_atomic
+from kl.net.kept import Kept
 
 USERS_DIR = ".users"
 CREDENTIALS_FILE = "credentials.json"
-LOCK = os.path.join(".locks", "users.lock")
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096
@@ -119,26 +114,13 @@ class Credentials:
 
     def __init__(self, root: str, lock_timeout: float = 10.0):
         self.root = root
-        self.path = os.path.join(root, USERS_DIR, CREDENTIALS_FILE)
-        self.lock_timeout = lock_timeout
-        self._cache: tuple[tuple[int, int, int] | None, dict[str, dict[str, Credential]]] = (None, {})
-        self._cache_lock = threading.Lock()
+        self._kept = Kept(root, USERS_DIR, CREDENTIALS_FILE, _parsed, _encoded_users, dict, CredentialError,
+                          lock_timeout=lock_timeout)  # fmt: skip
+        self.path = self._kept.path
 
     def users(self) -> dict[str, dict[str, Credential]]:
         """Every user's credentials, by name and mechanism (read again once the file changed)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return {}
-        except OSError as e:
-            raise storage_error(e, "read", self.path) from None
-        identity = (st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._cache_lock:
-            seen, users = self._cache
-            if seen != identity:
-                users = self._read()
-                self._cache = (identity, users)
-            return users
+        return self._kept.get()
 
     def get(self, name: str, mechanism: str) -> Credential | None:
         return self.users().get(name, {}).get(mechanism)
@@ -166,54 +148,31 @@ class Credentials:
                 if not users[name]:
                     del users[name]
 
-    @contextlib.contextmanager
-    def changing(self) -> Iterator[dict[str, dict[str, Credential]]]:
+    def changing(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Credential]]]:
         """The users, read under the lock, to change in the ``with`` block: written back at its end."""
-        with locks.locked(os.path.join(self.root, LOCK), self.lock_timeout):
-            users = {name: dict(kept) for name, kept in self._read().items()}
-            yield users
-            self._write(users)
+        return self._kept.changing()
 
-    def _read(self) -> dict[str, dict[str, Credential]]:
-        try:
-            with open(self.path, "rb") as f:
-                data = json.loads(f.read())
-            return {
-                name: {
-                    mechanism: Credential(
-                        base64.b64decode(c["salt"]),
-                        int(c["iterations"]),
-                        base64.b64decode(c["stored_key"]),
-                        base64.b64decode(c["server_key"]),
-                    )  # fmt: skip
-                    for mechanism, c in kept.items()
-                    if mechanism in MECHANISMS
-                }
-                for name, kept in data["users"].items()
-            }
-        except FileNotFoundError:
-            return {}
-        except OSError as e:
-            raise storage_error(e, "read", self.path) from None
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CredentialError(f"{self.path} is damaged ({type(e).__name__}: {e})") from None
 
-    def _write(self, users: dict[str, dict[str, Credential]]) -> None:
-        directory = os.path.dirname(self.path)
-        if not os.path.isdir(directory):
-            ensure_dir(os.path.dirname(directory))
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise storage_error(e, "create directory", directory) from None
-        data = {
-            "users": {
-                name: {mechanism: _encoded(c) for mechanism, c in sorted(kept.items())} for name, kept in sorted(users.items())
-            }
+def _parsed(data: Any) -> dict[str, dict[str, Credential]]:
+    return {
+        name: {
+            mechanism: Credential(
+                base64.b64decode(c["salt"]),
+                int(c["iterations"]),
+                base64.b64decode(c["stored_key"]),
+                base64.b64decode(c["server_key"]),
+            )  # fmt: skip
+            for mechanism, c in kept.items()
+            if mechanism in MECHANISMS
         }
-        write_atomic(self.path, json.dumps(data, indent=1).encode() + b"\n", mode=0o600)
+        for name, kept in data["users"].items()
+    }
+
+
+def _encoded_users(users: dict[str, dict[str, Credential]]) -> Any:
+    return {
+        "users": {name: {mechanism: _encoded(c) for mechanism, c in sorted(kept.items())} for name, kept in sorted(users.items())}
+    }
 
 
 def _encoded(c: Credential) -> dict[str, object]:

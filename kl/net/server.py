@@ -150,6 +150,10 @@ class ServeConfig:
     """Kafka's ``ssl.principal.mapping.rules`` (None: ``DEFAULT``, the subject's DN)."""
     sasl_mechanisms: tuple[str, ...] = SASL_MECHANISMS
     """The SASL mechanisms the SASL listeners take, in the order SaslHandshake names them."""
+    acls: bool = False
+    """Enforce Kafka's ACLs kept in the root (``kl.net.acls``) on every request."""
+    super_users: tuple[str, ...] = ()
+    """Principals (``User:NAME``) the ACLs do not bind: they may do anything."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:

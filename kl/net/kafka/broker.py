@@ -23,10 +23,14 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.state import PartitionState
 from kl.net import brokers
+from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED, Acls, Authorizer, Decision
 from kl.net.kafka.coordinator import Coordinator
 from kl.net.kafka.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    GROUP_AUTHORIZATION_FAILED,
     INVALID_TOPIC_EXCEPTION,
     TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_LEADER_EPOCH,
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
@@ -43,6 +47,16 @@ log that could diverge from another's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
+DENIAL_LOG_SECONDS = 60.0
+"""A denial of the same principal, host, operation and resource is logged once in this
+long (with the count of those not logged)."""
+DENIED = {
+    "TOPIC": (TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed."),
+    "GROUP": (GROUP_AUTHORIZATION_FAILED, "Group authorization failed."),
+    "CLUSTER": (CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed."),
+    "TRANSACTIONAL_ID": (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed."),
+}
+"""Each resource type's error code and Kafka's words for it."""
 MAX_UNKNOWN = 10_000
 """Names of missing topics remembered as logged (past them, a client asking for ever new
 ones is not logged again)."""
@@ -55,6 +69,13 @@ class Broker:
         self.server = server
         self.groups = Coordinator(server.root, server.recheck)
         self.sasl = Authenticator(server)
+        config = server.config
+        self.authorizer = (
+            Authorizer(Acls(server.root.path, server.root.lock_timeout), config.super_users) if config.acls else None
+        )
+        """Kafka's ACLs, enforced on every request (``kl serve --acls``); None: everyone may do everything."""
+        self._denials: dict[tuple[str, str, str, str, str], tuple[float, int]] = {}
+        self._denials_lock = threading.Lock()
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
         self.address = ("", 0)
         self.kafka_address = ""
@@ -121,6 +142,67 @@ class Broker:
             found.append((brokers.node_id(address), other_host.strip("[]"), int(other_port)))
         return found
 
+    # ----------------------------------------------------------------- authorization
+
+    def allows(self, conn: Connection, operation: str, resource_type: str, name: str, *, logged: bool = True) -> bool:
+        """Whether the connection's principal may do ``operation`` (Kafka's ``AclOperation``
+        name) on the resource; a denial is logged unless not ``logged`` (a listing that
+        leaves out what may not be seen)."""
+        if self.authorizer is None:
+            return True
+        decision = self.authorizer.authorize(conn.principal, host_of(conn), operation, resource_type, name)
+        if not decision.allowed and logged:
+            self._log_denial(conn, operation, resource_type, name, decision)
+        return decision.allowed
+
+    def allows_cluster(self, conn: Connection, operation: str, *, logged: bool = True) -> bool:
+        return self.allows(conn, operation, "CLUSTER", CLUSTER_NAME, logged=logged)
+
+    def allows_idempotent_write(self, conn: Connection) -> bool:
+        """Kafka's rule for an idempotent producer's id: IDEMPOTENT_WRITE on the cluster,
+        or WRITE on some topic."""
+        if self.authorizer is None or self.allows_cluster(conn, "IDEMPOTENT_WRITE", logged=False):
+            return True
+        if self.authorizer.authorize_any(conn.principal, host_of(conn), "WRITE", "TOPIC"):
+            return True
+        return self.allows_cluster(conn, "IDEMPOTENT_WRITE")  # (logs the denial)
+
+    def may_create(self, conn: Connection, topic: str) -> bool:
+        """CREATE on the cluster or on the topic."""
+        return self.allows_cluster(conn, "CREATE", logged=False) or self.allows(conn, "CREATE", "TOPIC", topic)
+
+    def operations(self, conn: Connection, resource_type: str, name: str) -> set[int]:
+        """The codes of the operations on the resource the principal may do (Kafka's
+        "authorized operations"; every one that applies when there are no ACLs)."""
+        if self.authorizer is None:
+            return {OPERATIONS[op] for op in SUPPORTED[resource_type]}
+        return self.authorizer.operations(conn.principal, host_of(conn), resource_type, name)
+
+    def require(self, conn: Connection, operation: str, resource_type: str, name: str) -> None:
+        """Raises ``Refused`` with the resource type's authorization error unless ``allows``."""
+        if not self.allows(conn, operation, resource_type, name):
+            code, text = DENIED[resource_type]
+            raise Refused(code, text, logged=True)
+
+    def require_cluster(self, conn: Connection, operation: str) -> None:
+        self.require(conn, operation, "CLUSTER", CLUSTER_NAME)
+
+    def _log_denial(self, conn: Connection, operation: str, resource_type: str, name: str, decision: Decision) -> None:
+        key = (conn.principal, host_of(conn), operation, resource_type, name)
+        now = time.monotonic()
+        with self._denials_lock:
+            last, untold = self._denials.get(key, (float("-inf"), 0))
+            if now - last < DENIAL_LOG_SECONDS:
+                self._denials[key] = (last, untold + 1)
+                return
+            if len(self._denials) > MAX_UNKNOWN:
+                self._denials.clear()
+            self._denials[key] = (now, 0)
+        more = f" ({untold} more times since it was last logged)" if untold else ""
+        log.warning(
+            "%s: %s denied %s on %s %r: %s%s", conn.peer, conn.principal, operation, resource_type.lower(), name, decision, more
+        )
+
     # ----------------------------------------------------------------- topics
 
     def served_topics(self, look: Any) -> list[Any]:
@@ -167,6 +249,8 @@ class Broker:
         it exists now.  Else log the name, once."""
         config = self.server.config
         if create and config.auto_create:
+            if not self.may_create(conn, topic):
+                raise Refused(TOPIC_AUTHORIZATION_FAILED, DENIED["TOPIC"][1], logged=True)
             try:
                 self.server.root.create_topic(topic, TopicConfig(partitions=config.default_partitions))
             except TopicExists:
@@ -216,6 +300,20 @@ class Broker:
             self._resume[key[0], key[1], offset] = position
             if len(self._resume) > RESUME_CACHE:
                 self._resume.popitem(last=False)
+
+
+def refusal(response: Any, code: int, **fields: Any) -> Any:
+    """A ``response`` (class) whose whole-request ``error_code`` is ``code``: its other
+    fields the schema's defaults, or ``fields``."""
+    answer = response(**fields)
+    answer.error_code = code
+    answer.throttle_time_ms = 0
+    return answer
+
+
+def host_of(conn: Connection) -> str:
+    """The IP address a connection comes from, as an ACL's host names it."""
+    return conn.peer.rpartition(":")[0]
 
 
 def check_epoch(epoch: int) -> None:

@@ -33,9 +33,11 @@ from kafka.protocol.admin.topics import (
 )
 
 from kl.errors import KlError
+from kl.net.acls import CLUSTER_NAME
 from kl.net.kafka.api import Api
-from kl.net.kafka.broker import Broker
+from kl.net.kafka.broker import DENIED, Broker
 from kl.net.kafka.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
     ELECTION_NOT_NEEDED,
     INVALID_REPLICA_ASSIGNMENT,
     NO_REASSIGNMENT_IN_PROGRESS,
@@ -79,17 +81,20 @@ def describe_cluster(broker: Broker, conn: Connection, version: int, request: An
         cluster_id=broker.cluster_id,
         controller_id=min(n for n, _, _ in nodes),
         brokers=[answer.DescribeClusterBroker(broker_id=n, host=h, port=p, rack=None, is_fenced=False) for n, h, p in nodes],
-        authorized_operations=_operations(broker) if request.include_cluster_authorized_operations else None,
+        authorized_operations=_operations(broker, conn) if request.include_cluster_authorized_operations else None,
     )
 
 
-def _operations(broker: Broker) -> set[int]:
-    """The operations on the cluster this daemon lets clients do (their bits, encoded)."""
+def _operations(broker: Broker, conn: Connection) -> set[int]:
+    """The operations on the cluster this daemon lets the client do (their bits,
+    encoded): none unless it may describe the cluster, as Kafka answers."""
+    if not broker.allows_cluster(conn, "DESCRIBE"):
+        return set()
     config = broker.server.config
     granted = [DESCRIBE, DESCRIBE_CONFIGS]
     granted += [IDEMPOTENT_WRITE] if config.allow_produce else []
     granted += [CREATE, ALTER, ALTER_CONFIGS] if config.allow_admin else []
-    return set(granted)
+    return set(granted) & broker.operations(conn, "CLUSTER", CLUSTER_NAME)
 
 
 # ----------------------------------------------------------------- DescribeLogDirs
@@ -98,6 +103,8 @@ def _operations(broker: Broker) -> set[int]:
 def describe_log_dirs(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     result = DescribeLogDirsResponse.DescribeLogDirsResult
     topic = result.DescribeLogDirsTopic
+    if not broker.allows_cluster(conn, "DESCRIBE"):
+        return DescribeLogDirsResponse(throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED, results=[])
     asked: list[tuple[str, list[int] | None]]
     if request.topics is None:
         asked = [(name, None) for name in broker.server.root.topics() if broker.server.served(name)]
@@ -157,6 +164,7 @@ def elect_leaders(broker: Broker, conn: Connection, version: int, request: Any, 
     part = result.PartitionResult
     refused: Refused | None = None
     try:
+        broker.require_cluster(conn, "ALTER")
         admin_allowed(broker)
     except Refused as e:
         refused = e
@@ -187,6 +195,7 @@ def alter_partition_reassignments(broker: Broker, conn: Connection, version: int
     topic_answer = answer.ReassignableTopicResponse
     part = topic_answer.ReassignablePartitionResponse
     try:
+        broker.require_cluster(conn, "ALTER")
         admin_allowed(broker)
     except Refused as e:
         return answer(
@@ -223,6 +232,11 @@ def _reassignment(broker: Broker, peers: Any, topic: str, partition: int, replic
 
 
 def list_partition_reassignments(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows_cluster(conn, "DESCRIBE"):
+        text = DENIED["CLUSTER"][1]
+        return ListPartitionReassignmentsResponse(
+            throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED, error_message=text, topics=[]
+        )
     return ListPartitionReassignmentsResponse(throttle_time_ms=0, error_code=NONE, error_message=None, topics=[])
 
 

@@ -32,6 +32,7 @@ from kl.log import config as kl_config
 from kl.log import kafka_config
 from kl.log.config import TopicConfig
 from kl.log.kafka_config import SOURCE_BROKER, SOURCE_DEFAULT, KafkaConfig
+from kl.net.acls import CLUSTER_NAME
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import INVALID_CONFIG, INVALID_REQUEST, NONE, POLICY_VIOLATION, Refused, code_of
@@ -68,6 +69,7 @@ def describe_configs(broker: Broker, conn: Connection, version: int, request: An
     for resource in request.resources:
         kind, name = resource.resource_type, resource.resource_name
         try:
+            _authorize(broker, conn, "DESCRIBE_CONFIGS", kind, name)
             entries = _described(broker, kind, name)
         except (Refused, KlError) as e:
             refused = refusal(e)
@@ -82,6 +84,14 @@ def describe_configs(broker: Broker, conn: Connection, version: int, request: An
         ]
         results.append(result(error_code=NONE, error_message=None, resource_type=kind, resource_name=name, configs=configs))
     return DescribeConfigsResponse(throttle_time_ms=0, results=results)
+
+
+def _authorize(broker: Broker, conn: Connection, operation: str, kind: int, name: str) -> None:
+    """A topic's configs are the topic's to grant, a broker's the cluster's."""
+    if kind == TOPIC:
+        broker.require(conn, operation, "TOPIC", name)
+    elif kind == BROKER:
+        broker.require(conn, operation, "CLUSTER", CLUSTER_NAME)
 
 
 def _described(broker: Broker, kind: int, name: str) -> list[tuple[KafkaConfig, int]]:
@@ -204,10 +214,12 @@ def _altered(broker: Broker, conn: Connection, request: Any, changes: Any, answe
     for resource in request.resources:
         kind, name = resource.resource_type, resource.resource_name
         try:
+            _authorize(broker, conn, "ALTER_CONFIGS", kind, name)
             done = _alter(broker, resource, changes, request.validate_only)
         except (Refused, KlError) as e:
             refused = refusal(e)
-            log.warning("%s: change of the configs of %r refused: %s", conn.peer, name, refused)
+            if not refused.logged:
+                log.warning("%s: change of the configs of %r refused: %s", conn.peer, name, refused)
             answers.append(answer(error_code=refused.code, error_message=str(refused), resource_type=kind, resource_name=name))
             continue
         if done and not request.validate_only:

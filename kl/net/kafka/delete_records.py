@@ -38,9 +38,10 @@ def delete_records(broker: Broker, conn: Connection, version: int, request: Any,
         parts = []
         for p in topic.partitions:
             try:
+                broker.require(conn, "DELETE", "TOPIC", topic.name)
                 low = _delete(broker, topic.name, p.partition_index, p.offset)
             except (Refused, KlError) as e:
-                if code_of(e) not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION):
+                if code_of(e) not in (OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION) and not getattr(e, "logged", False):
                     log.warning("%s: deleting records of %s/%d refused: %s", conn.peer, topic.name, p.partition_index, e)
                 parts.append(part(partition_index=p.partition_index, low_watermark=-1, error_code=code_of(e)))
                 continue

@@ -105,6 +105,7 @@ def _partition(
     try:
         if topic is None:
             raise Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id or 0}")
+        broker.require(conn, "READ", "TOPIC", topic)
         config = broker.checked_config(topic, partition)
         if topic_id is not None and topic_uuid(config.topic_id) != topic_id:
             raise Refused(UNKNOWN_TOPIC_ID, f"topic {topic} no longer has the id {topic_id}: it was created again")

@@ -13,6 +13,7 @@ kl members resume each other's commits exactly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -47,13 +48,15 @@ from kl.log.log import Log, Position
 from kl.net import brokers
 from kl.net.kafka import transactions
 from kl.net.kafka.api import Api
-from kl.net.kafka.broker import Broker
+from kl.net.kafka.broker import Broker, refusal
 from kl.net.kafka.coordinator import GroupWait, JoinResult, SyncResult
 from kl.net.kafka.errors import (
     COORDINATOR_NOT_AVAILABLE,
+    GROUP_AUTHORIZATION_FAILED,
     INVALID_GROUP_ID,
     NONE,
     OFFSET_OUT_OF_RANGE,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
     Refused,
 )
@@ -82,6 +85,8 @@ def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> t
     """(error code, error message, node id, host, port) of a group's coordinator."""
     if key_type != 0:  # a transaction's: refused, fatal to the producer (kl.net.kafka.transactions)
         return transactions.refused(conn, "FindCoordinator", key), transactions.NO_TRANSACTIONS, -1, "", -1
+    if not broker.allows(conn, "DESCRIBE", "GROUP", key):
+        return GROUP_AUTHORIZATION_FAILED, "Group authorization failed.", -1, "", -1
     try:
         address = broker.groups.coordinator(key)
     except InvalidConfig as e:
@@ -98,6 +103,8 @@ def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> t
 
 
 def join_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows(conn, "READ", "GROUP", request.group_id):
+        return refusal(JoinGroupResponse, GROUP_AUTHORIZATION_FAILED, generation_id=-1, member_id=request.member_id)
     if wait is None:
         outcome = broker.groups.join(
             request.group_id,
@@ -133,6 +140,8 @@ def join_group(broker: Broker, conn: Connection, version: int, request: Any, wai
 
 
 def sync_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows(conn, "READ", "GROUP", request.group_id):
+        return refusal(SyncGroupResponse, GROUP_AUTHORIZATION_FAILED, assignment=b"")
     if wait is None:
         outcome = broker.groups.sync(
             request.group_id,
@@ -159,6 +168,8 @@ def sync_group(broker: Broker, conn: Connection, version: int, request: Any, wai
 
 
 def heartbeat(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows(conn, "READ", "GROUP", request.group_id):
+        return refusal(HeartbeatResponse, GROUP_AUTHORIZATION_FAILED)
     code = broker.groups.heartbeat(request.group_id, request.generation_id, request.member_id, conn, hold=wait is None)
     if isinstance(code, GroupWait):
         broker.server.park(conn, code)
@@ -167,6 +178,8 @@ def heartbeat(broker: Broker, conn: Connection, version: int, request: Any, wait
 
 
 def leave_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows(conn, "READ", "GROUP", request.group_id):
+        return refusal(LeaveGroupResponse, GROUP_AUTHORIZATION_FAILED, members=[])
     leaving = [(m.member_id, m.group_instance_id) for m in request.members] if version >= 3 else [(request.member_id, None)]
     code, codes = broker.groups.leave(request.group_id, [member for member, _ in leaving])
     if version < 3:
@@ -183,12 +196,21 @@ def leave_group(broker: Broker, conn: Connection, version: int, request: Any, wa
 
 
 def offset_commit(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    """Kafka's order: the group's READ, then each topic's; the partitions of a topic
+    that may not be read are refused, the others committed."""
+    group_denied = not broker.allows(conn, "READ", "GROUP", request.group_id)
     offsets: list[tuple[str, int, Position | int, str, str]] = []
+    denied: set[str] = set()
     for topic in request.topics:
+        if group_denied or not broker.allows(conn, "READ", "TOPIC", topic.name):
+            denied.add(topic.name)
+            continue
         for p in topic.partitions:
             at = _position(broker, topic.name, p.partition_index, p.committed_offset)
             offsets.append((topic.name, p.partition_index, *at, p.committed_metadata or ""))
-    codes = iter(broker.groups.commit(request.group_id, request.generation_id_or_member_epoch, request.member_id, offsets))
+    group = (request.group_id, request.generation_id_or_member_epoch, request.member_id)
+    codes = iter(broker.groups.commit(*group, offsets) if offsets else [])
+    denial = GROUP_AUTHORIZATION_FAILED if group_denied else TOPIC_AUTHORIZATION_FAILED
     answer = OffsetCommitResponse.OffsetCommitResponseTopic
     return OffsetCommitResponse(
         throttle_time_ms=0,
@@ -196,7 +218,9 @@ def offset_commit(broker: Broker, conn: Connection, version: int, request: Any, 
             answer(
                 name=topic.name,
                 partitions=[
-                    answer.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=next(codes))
+                    answer.OffsetCommitResponsePartition(
+                        partition_index=p.partition_index, error_code=denial if topic.name in denied else next(codes)
+                    )
                     for p in topic.partitions
                 ],
             )
@@ -228,6 +252,9 @@ def _position(broker: Broker, topic: str, partition: int, offset: int) -> tuple[
 
 
 def offset_fetch(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    def may_describe(group: str) -> bool:
+        return broker.allows(conn, "DESCRIBE", "GROUP", group)
+
     if version >= 8:
         group = OffsetFetchResponse.OffsetFetchResponseGroup
         topic_class = group.OffsetFetchResponseTopics
@@ -236,16 +263,20 @@ def offset_fetch(broker: Broker, conn: Connection, version: int, request: Any, w
             groups=[
                 group(
                     group_id=g.group_id,
-                    topics=_fetched(broker, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions),
-                    error_code=NONE,
+                    topics=_fetched(broker, conn, g.group_id, g.topics, topic_class, topic_class.OffsetFetchResponsePartitions)
+                    if may_describe(g.group_id)
+                    else [],
+                    error_code=NONE if may_describe(g.group_id) else GROUP_AUTHORIZATION_FAILED,
                 )
                 for g in request.groups
             ],
         )
     topic_class = OffsetFetchResponse.OffsetFetchResponseTopic
+    if not may_describe(request.group_id):
+        return OffsetFetchResponse(throttle_time_ms=0, topics=[], error_code=GROUP_AUTHORIZATION_FAILED)
     return OffsetFetchResponse(
         throttle_time_ms=0,
-        topics=_fetched(broker, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
+        topics=_fetched(broker, conn, request.group_id, request.topics, topic_class, topic_class.OffsetFetchResponsePartition),
         error_code=NONE,
     )
 
@@ -261,29 +292,31 @@ def _kafka_offset(target: Log, found: Position) -> int:
     return target.kafka_offset(found.offset, found.skip, state=state)
 
 
-def _fetched(broker: Broker, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
-    """The committed offsets of ``topics`` (None: of every partition with one)."""
+def _fetched(broker: Broker, conn: Connection, name: str, topics: Any, topic_class: Any, partition_class: Any) -> list[Any]:
+    """The committed offsets of ``topics`` (None: of every partition with one that the
+    client may describe, as Kafka leaves the others out)."""
     if topics is None:
         wanted: dict[str, list[int]] = {}
         for topic, partition in broker.groups.committed_partitions(name):
-            wanted.setdefault(topic, []).append(partition)
+            if broker.allows(conn, "DESCRIBE", "TOPIC", topic, logged=False):
+                wanted.setdefault(topic, []).append(partition)
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
     answers = []
     for topic, partitions in wanted.items():
         parts = []
+        may = broker.allows(conn, "DESCRIBE", "TOPIC", topic)
         for partition in partitions:
-            offset, metadata, code = -1, "", NONE
-            try:
-                config = broker.checked_config(topic, partition)
-                found, code = broker.groups.committed(name, topic, partition, config.topic_id or "")
-                if found is not None:
-                    offset, metadata = (
-                        _kafka_offset(broker.server.root.log(topic, partition), Position(found.offset, found.skip)),
-                        found.metadata,
-                    )
-            except (Refused, KlError):
-                pass  # no such partition, or not served: nothing committed
+            offset, metadata, code = -1, "", NONE if may else TOPIC_AUTHORIZATION_FAILED
+            with contextlib.suppress(Refused, KlError):  # no such partition, or not served: nothing committed
+                if may:
+                    config = broker.checked_config(topic, partition)
+                    found, code = broker.groups.committed(name, topic, partition, config.topic_id or "")
+                    if found is not None:
+                        offset, metadata = (
+                            _kafka_offset(broker.server.root.log(topic, partition), Position(found.offset, found.skip)),
+                            found.metadata,
+                        )
             parts.append(
                 partition_class(
                     partition_index=partition,
@@ -301,13 +334,16 @@ def list_groups(broker: Broker, conn: Connection, version: int, request: Any, wa
     states = {s.lower() for s in request.states_filter} if version >= 4 else set()
     types = {t.lower() for t in request.types_filter} if version >= 5 else set()
     listed = ListGroupsResponse.ListedGroup
+    everyone = broker.allows_cluster(conn, "DESCRIBE", logged=False)
     return ListGroupsResponse(
         throttle_time_ms=0,
         error_code=NONE,
         groups=[
             listed(group_id=name, protocol_type=kind, group_state=state, group_type="classic")
             for name, kind, state in broker.groups.listed()
-            if (not states or state.lower() in states) and (not types or "classic" in types)
+            if (not states or state.lower() in states)
+            and (not types or "classic" in types)
+            and (everyone or broker.allows(conn, "DESCRIBE", "GROUP", name, logged=False))
         ],
     )
 
@@ -317,6 +353,20 @@ def describe_groups(broker: Broker, conn: Connection, version: int, request: Any
     member = described.DescribedGroupMember
     answers = []
     for name in request.groups:
+        if not broker.allows(conn, "DESCRIBE", "GROUP", name):
+            answers.append(
+                described(
+                    error_code=GROUP_AUTHORIZATION_FAILED,
+                    error_message=None,
+                    group_id=name,
+                    group_state="",
+                    protocol_type="",
+                    protocol_data="",
+                    members=[],
+                    authorized_operations=None,
+                )
+            )
+            continue
         found = broker.groups.describe(name)
         answers.append(
             described(
@@ -348,19 +398,29 @@ def delete_groups(broker: Broker, conn: Connection, version: int, request: Any, 
     return DeleteGroupsResponse(
         throttle_time_ms=0,
         results=[
-            result(group_id=name, error_code=broker.groups.delete(name)) for name in request.groups_names
+            result(
+                group_id=name,
+                error_code=broker.groups.delete(name)
+                if broker.allows(conn, "DELETE", "GROUP", name)
+                else GROUP_AUTHORIZATION_FAILED,
+            )
+            for name in request.groups_names
         ],
     )
 
 
 def offset_delete(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     """Partitions of topics not served or not there are refused as Kafka refuses them
-    (UNKNOWN_TOPIC_OR_PARTITION); the others' offsets are the coordinator's to delete."""
+    (UNKNOWN_TOPIC_OR_PARTITION), and those of topics the client may not read; the
+    others' offsets are the coordinator's to delete."""
+    if not broker.allows(conn, "DELETE", "GROUP", request.group_id):
+        return OffsetDeleteResponse(throttle_time_ms=0, error_code=GROUP_AUTHORIZATION_FAILED, topics=[])
     refused: dict[tuple[str, int], int] = {}
     wanted: dict[str, list[int]] = {}
     for topic in request.topics:
         for p in topic.partitions:
             try:
+                broker.require(conn, "READ", "TOPIC", topic.name)
                 broker.checked_config(topic.name, p.partition_index)
             except Refused as e:
                 refused[topic.name, p.partition_index] = e.code

@@ -10,7 +10,7 @@ from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsRespo
 from kl.errors import KlError
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import LEADER_EPOCH, Broker, check_epoch
-from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION, Refused, code_of
+from kl.net.kafka.errors import NONE, TOPIC_AUTHORIZATION_FAILED, UNSUPPORTED_VERSION, Refused, code_of
 from kl.net.server import Connection, Wait
 
 LATEST, EARLIEST = -1, -2
@@ -23,6 +23,13 @@ def list_offsets(broker: Broker, conn: Connection, version: int, request: Any, w
     topics = []
     for topic in request.topics:
         parts = []
+        if not broker.allows(conn, "DESCRIBE", "TOPIC", topic.name):
+            denied: dict[str, Any] = {"old_style_offsets": []} if version == 0 else {"timestamp": -1, "offset": -1}
+            parts = [
+                part(partition_index=p.partition_index, error_code=TOPIC_AUTHORIZATION_FAILED, **denied) for p in topic.partitions
+            ]
+            topics.append(answer(name=topic.name, partitions=parts))
+            continue
         for p in topic.partitions:
             if version == 0:
                 parts.append(_old_style_offsets(broker, topic.name, p))

@@ -19,6 +19,7 @@ from kl.net.kafka import records, transactions
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
     CORRUPT_MESSAGE,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
@@ -84,6 +85,7 @@ def _partition(
     try:
         if not broker.server.config.allow_produce:
             raise Refused(TOPIC_AUTHORIZATION_FAILED, "produce is off on this server (kl serve --allow-produce)")
+        broker.require(conn, "WRITE", "TOPIC", topic)
         config = broker.checked_config(topic, partition, named_by=conn)
         if data is None:
             raise Refused(INVALID_RECORD, "the partition's records are null")
@@ -113,6 +115,10 @@ def init_producer_id(broker: Broker, conn: Connection, version: int, request: An
     if request.transactional_id is not None:
         code = transactions.refused(conn, "InitProducerId", request.transactional_id)
         return InitProducerIdResponse(throttle_time_ms=0, error_code=code, producer_id=-1, producer_epoch=-1)
+    if not broker.allows_idempotent_write(conn):
+        return InitProducerIdResponse(
+            throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
+        )
     # A random id: two daemons over one root, or one restarted, never hand out the same.
     return InitProducerIdResponse(throttle_time_ms=0, error_code=NONE, producer_id=random.getrandbits(62), producer_epoch=0)
 

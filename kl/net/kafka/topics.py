@@ -96,21 +96,25 @@ def create_topics(broker: Broker, conn: Connection, version: int, request: Any, 
             answers.append(_created(topic.name, None, INVALID_REQUEST, f"topic {topic.name} is named more than once"))
             continue
         try:
-            config = _create(broker, topic, request.validate_only)
+            config = _create(broker, conn, topic, request.validate_only)
         except (Refused, KlError) as e:
-            if not request.validate_only and code_of(e) != TOPIC_ALREADY_EXISTS:  # (applications create theirs at each start)
+            told = getattr(e, "logged", False) or request.validate_only or code_of(e) == TOPIC_ALREADY_EXISTS
+            if not told:  # (applications create theirs at each start)
                 log.warning("%s: creation of topic %r refused: %s", conn.peer, topic.name, e)
             answers.append(_created(topic.name, None, code_of(e), str(e)))
             continue
         if not request.validate_only:
             log.info("%s: created topic %s with %d partitions", conn.peer, topic.name, config.partitions)
-        answers.append(_created(topic.name, config, NONE, None))
+        shown = broker.allows(conn, "DESCRIBE_CONFIGS", "TOPIC", topic.name, logged=False)
+        answers.append(_created(topic.name, config, NONE, None, shown))
     return CreateTopicsResponse(throttle_time_ms=0, topics=answers)
 
 
-def _create(broker: Broker, topic: Any, validate_only: bool) -> TopicConfig:
+def _create(broker: Broker, conn: Connection, topic: Any, validate_only: bool) -> TopicConfig:
     """Create the topic a request describes (or only check it); its config."""
     name = _name(topic.name)
+    if not broker.may_create(conn, name):
+        raise Refused(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.", logged=True)  # Kafka's words
     admin_allowed(broker, name)
     if topic.replication_factor == 0 or topic.replication_factor < DEFAULT:
         raise Refused(INVALID_REPLICATION_FACTOR, f"replication factor must be larger than 0, not {topic.replication_factor}")
@@ -170,15 +174,19 @@ def _configured(config: TopicConfig, configs: list[Any]) -> TopicConfig:
         raise Refused(POLICY_VIOLATION, str(e)) from None
 
 
-def _created(name: str, config: TopicConfig | None, code: int, text: str | None) -> Any:
+def _created(name: str, config: TopicConfig | None, code: int, text: str | None, shown: bool = True) -> Any:
+    """A topic's CreateTopics answer; its configs unless not ``shown`` (the client may
+    not describe them: TOPIC_AUTHORIZATION_FAILED in their place, as Kafka answers)."""
+    configs = [] if config is None or not shown else [_config_entry(entry) for entry in kafka_config.kafka_configs(config)]
     return CreateTopicsResponse.CreatableTopicResult(
         name=name,
         topic_id=topic_uuid(None if config is None else config.topic_id),
         error_code=code,
         error_message=text,
-        num_partitions=-1 if config is None else config.partitions,
-        replication_factor=-1 if config is None else 1,
-        configs=[] if config is None else [_config_entry(entry) for entry in kafka_config.kafka_configs(config)],
+        topic_config_error_code=NONE if shown else TOPIC_AUTHORIZATION_FAILED,
+        num_partitions=-1 if config is None or not shown else config.partitions,
+        replication_factor=-1 if config is None or not shown else 1,
+        configs=configs,
     )
 
 
@@ -204,9 +212,9 @@ def delete_topics(broker: Broker, conn: Connection, version: int, request: Any, 
             answers.append(_deleted(name, topic_id, INVALID_REQUEST, f"topic {name} is named more than once"))
             continue
         try:
-            name, topic_id = _delete(broker, name, topic_id)
+            name, topic_id = _delete(broker, conn, name, topic_id)
         except (Refused, KlError) as e:
-            if code_of(e) != UNKNOWN_TOPIC_OR_PARTITION:
+            if code_of(e) != UNKNOWN_TOPIC_OR_PARTITION and not getattr(e, "logged", False):
                 log.warning("%s: deletion of topic %r refused: %s", conn.peer, name, e)
             answers.append(_deleted(name, topic_id, code_of(e), str(e)))
             continue
@@ -215,8 +223,9 @@ def delete_topics(broker: Broker, conn: Connection, version: int, request: Any, 
     return DeleteTopicsResponse(throttle_time_ms=0, responses=answers)
 
 
-def _delete(broker: Broker, name: str | None, topic_id: Any) -> tuple[str, Any]:
-    """Delete a topic by name, or by id (a zero id: by name); its name and id."""
+def _delete(broker: Broker, conn: Connection, name: str | None, topic_id: Any) -> tuple[str, Any]:
+    """Delete a topic by name, or by id (a zero id: by name); its name and id.  Named by
+    an id, the name of a topic the client may not describe is not told."""
     by_id = topic_id is not None and topic_id.int != 0
     if name is not None and by_id:
         raise Refused(INVALID_REQUEST, "a topic to delete is named by both its name and its id")
@@ -224,9 +233,11 @@ def _delete(broker: Broker, name: str | None, topic_id: Any) -> tuple[str, Any]:
         found = broker.name_of(topic_id)
         if found is None:
             raise Refused(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
+        broker.require(conn, "DESCRIBE", "TOPIC", found)
         name = found
     if name is None:
         raise Refused(INVALID_REQUEST, "a topic to delete is named by neither a name nor an id")
+    broker.require(conn, "DELETE", "TOPIC", name)
     admin_allowed(broker, _name(name))
     try:
         config = broker.server.topic_config(name)
@@ -257,10 +268,12 @@ def create_partitions(broker: Broker, conn: Connection, version: int, request: A
             answers.append(result(name=topic.name, error_code=INVALID_REQUEST, error_message=text))
             continue
         try:
+            broker.require(conn, "ALTER", "TOPIC", topic.name)
             grown = _grow(broker, topic, request.validate_only)
         except (Refused, KlError) as e:
             code = INVALID_PARTITIONS if isinstance(e, InvalidConfig) else code_of(e)
-            log.warning("%s: new partitions of topic %r refused: %s", conn.peer, topic.name, e)
+            if not getattr(e, "logged", False):
+                log.warning("%s: new partitions of topic %r refused: %s", conn.peer, topic.name, e)
             answers.append(result(name=topic.name, error_code=code, error_message=str(e)))
             continue
         if grown and not request.validate_only:

@@ -116,7 +116,9 @@ def describe_transactions(broker: Broker, conn: Connection, version: int, reques
     state = DescribeTransactionsResponse.TransactionState
     states = [
         state(
-            error_code=TRANSACTIONAL_ID_NOT_FOUND,
+            error_code=TRANSACTIONAL_ID_NOT_FOUND
+            if broker.allows(conn, "DESCRIBE", "TRANSACTIONAL_ID", t)
+            else TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
             transactional_id=t,
             transaction_state="",
             transaction_timeout_ms=0,
@@ -138,6 +140,7 @@ def describe_producers(broker: Broker, conn: Connection, version: int, request: 
         parts = []
         for p in t.partition_indexes:
             try:
+                broker.require(conn, "READ", "TOPIC", t.name)
                 active = _producers(broker, t.name, p)
             except (Refused, KlError) as e:
                 parts.append(part(partition_index=p, error_code=code_of(e), error_message=str(e), active_producers=[]))

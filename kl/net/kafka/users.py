@@ -28,7 +28,7 @@ from kl.errors import KlError
 from kl.net import credentials
 from kl.net.credentials import Credential, CredentialError, Credentials
 from kl.net.kafka.api import Api
-from kl.net.kafka.broker import Broker
+from kl.net.kafka.broker import DENIED, Broker
 from kl.net.kafka.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     DUPLICATE_RESOURCE,
@@ -51,6 +51,9 @@ TYPES = {name: number for number, name in MECHANISM_TYPES.items()}
 def describe_user_scram_credentials(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     result = DescribeUserScramCredentialsResponse.DescribeUserScramCredentialsResult
     info = result.CredentialInfo
+    if not broker.allows_cluster(conn, "DESCRIBE"):
+        code, text = DENIED["CLUSTER"]
+        return DescribeUserScramCredentialsResponse(throttle_time_ms=0, error_code=code, error_message=text, results=[])
     try:
         users = broker.sasl.credentials.users()
     except KlError as e:
@@ -74,6 +77,10 @@ def describe_user_scram_credentials(broker: Broker, conn: Connection, version: i
 def alter_user_scram_credentials(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     result = AlterUserScramCredentialsResponse.AlterUserScramCredentialsResult
     names = [d.name for d in request.deletions] + [u.name for u in request.upsertions]
+    if not broker.allows_cluster(conn, "ALTER"):
+        text = DENIED["CLUSTER"][1]
+        results = [result(user=n, error_code=CLUSTER_AUTHORIZATION_FAILED, error_message=text) for n in dict.fromkeys(names)]
+        return AlterUserScramCredentialsResponse(throttle_time_ms=0, results=results)
     if not broker.server.config.allow_admin:
         text = "changes to users are off on this server (kl serve --allow-admin)"
         results = [result(user=n, error_code=CLUSTER_AUTHORIZATION_FAILED, error_message=text) for n in dict.fromkeys(names)]
@@ -146,6 +153,11 @@ def _credential(upsertion: Any) -> Credential:
 
 
 def describe_client_quotas(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
+    if not broker.allows_cluster(conn, "DESCRIBE_CONFIGS"):
+        text = DENIED["CLUSTER"][1]
+        return DescribeClientQuotasResponse(
+            throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED, error_message=text, entries=None
+        )
     return DescribeClientQuotasResponse(throttle_time_ms=0, error_code=NONE, error_message=None, entries=[])
 
 
