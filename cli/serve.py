@@ -191,7 +191,7 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     type=click.Choice(SASL_MECHANISMS),
     help="A SASL mechanism the SASL listeners take (repeat for more; default: all three; users: kl users).",
 )
-@click.option("--acls", is_flag=True, help="Enforce the ACLs kept in the root on every Kafka request (kl acls).")
+@click.option("--acls", is_flag=True, help="Enforce the ACLs kept in the root on every request of both protocols (kl acls).")
 @click.option(
     "--super-user",
     "super_users",

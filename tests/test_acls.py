@@ -1062,3 +1062,54 @@ def test_kl_serve_takes_acls_and_super_users_and_refuses_a_bad_principal(root):
         timeout=60,
     )
     assert bad.returncode == 2 and "principalType:principalName" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_kafka07_port_under_mtls_reads_writes_and_lists_what_the_acls_allow(root, tmp_path, caplog):
+    import ssl
+    import threading
+
+    import trustme
+
+    from kl.net.daemon import Daemon
+    from kl.net.remote import RemoteRoot
+    from kl.net.server import ServeConfig
+
+    ca = trustme.CA()
+    pems = {}
+    server_cert = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("alice@example.com", common_name="alice", organization_name="Example")
+    files = {"ca": ca.cert_pem, "cert": server_cert.cert_chain_pems[0], "key": server_cert.private_key_pem,
+             "client": client.cert_chain_pems[0], "client_key": client.private_key_pem}  # fmt: skip
+    for name, blob in files.items():
+        blob.write_to_path(str(tmp_path / f"{name}.pem"))
+        pems[name] = str(tmp_path / f"{name}.pem")
+    for name in ("orders", "secret"):
+        root.create_topic(name, kl.TopicConfig())
+    Acls(root.path).add([acl(operation="READ"), acl(operation="WRITE")])
+    rules = r"RULE:^CN=([^,]*),.*$/$1/"
+    config = ServeConfig(port=0, port_tls=True, allow_produce=True, tls_cert=pems["cert"], tls_key=pems["key"], tls_ca=pems["ca"],
+                         tls_client_auth="required", tls_principal_rules=rules, acls=True)  # fmt: skip
+    server = Daemon(root, config)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        context = ssl.create_default_context(cafile=pems["ca"])
+        context.load_cert_chain(pems["client"], pems["client_key"])
+        remote = RemoteRoot(f"127.0.0.1:{server.port}", tls=context)
+        assert remote.topics() == ["orders"]
+        with kl.RemoteProducer(remote) as producer:
+            producer.send_batch("orders", [b"mine"], partition=0)
+            with pytest.raises(kl.KlError, match=r"User:alice may not (describe|write) topic secret"):
+                producer.send_batch("secret", [b"not mine"], partition=0)
+        with kl.RemoteConsumer(RemoteRoot(f"127.0.0.1:{server.port}", tls=context)) as consumer:
+            assert [m.value for m in consumer.fetch("orders", 0, 0, 1 << 20)] == [b"mine"]
+            with (
+                caplog.at_level(logging.WARNING, "kl.serve"),
+                pytest.raises(kl.KlError, match=r"may not (describe|read) topic secret"),
+            ):
+                consumer.fetch("secret", 0, 0, 1 << 20)
+        assert root.log("secret", 0).counted().log_end_count == 0
+        assert any("User:alice denied " in r.getMessage() and "topic 'secret'" in r.getMessage() for r in caplog.records)
+    finally:
+        server.stop()
+        thread.join(10)

@@ -38,6 +38,9 @@ log = logging.getLogger("kl.serve")
 ACLS_DIR = ".acls"
 ACLS_FILE = "acls.json"
 RECHECK_SECONDS = 1.0
+DENIAL_LOG_SECONDS = 60.0
+"""A denial of the same principal, host, operation and resource is logged once in this
+long (with the count of those not logged)."""
 CLUSTER_NAME = "kafka-cluster"
 """The one name of the cluster resource, as Kafka's."""
 WILDCARD = "*"
@@ -247,6 +250,32 @@ class Authorizer:
         self._by_type: dict[str, list[Acl]] = {}
         self._decided: dict[tuple[str, str, str, str, str], Decision] = {}
         self._unreadable: str | None = None
+        self._denials: dict[tuple[str, str, str, str, str], tuple[float, int]] = {}
+        self._denials_lock = threading.Lock()
+
+    def allows(
+        self, who: str, principal: str, host: str, operation: str, resource_type: str, name: str, *, logged: bool = True
+    ) -> bool:
+        """``authorize``'s answer; a denial is logged (naming ``who``, the connection),
+        unless not ``logged`` (a listing that leaves out what may not be seen)."""
+        decision = self.authorize(principal, host, operation, resource_type, name)
+        if not decision.allowed and logged:
+            self._log_denial(who, (principal, host, operation, resource_type, name), decision)
+        return decision.allowed
+
+    def _log_denial(self, who: str, key: tuple[str, str, str, str, str], decision: Decision) -> None:
+        now = time.monotonic()
+        with self._denials_lock:
+            last, untold = self._denials.get(key, (float("-inf"), 0))
+            if now - last < DENIAL_LOG_SECONDS:
+                self._denials[key] = (last, untold + 1)
+                return
+            if len(self._denials) > 100_000:
+                self._denials.clear()
+            self._denials[key] = (now, 0)
+        principal, _, operation, resource_type, name = key
+        more = f" ({untold} more times since it was last logged)" if untold else ""
+        log.warning("%s: %s denied %s on %s %r: %s%s", who, principal, operation, resource_type.lower(), name, decision, more)
 
     def authorize(self, principal: str, host: str, operation: str, resource_type: str, name: str) -> Decision:
         """May ``principal``, connected from ``host``, do ``operation`` on the resource?"""

@@ -17,7 +17,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import append_all
 from kl.log.validate import Checked, validate
 from kl.net import wire
-from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Span, Wait
+from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Span, Wait, host_of
 from kl.net.wire import Fetch, ProtocolError, Reader
 from kl.topic import validate_name
 
@@ -83,7 +83,7 @@ class Kafka07(FrontEnd):
         if fetch.max_bytes < 0:
             return self._error(conn, wire.INVALID_FETCH_SIZE, KlError(f"fetch size {fetch.max_bytes} is negative"))
         try:
-            config = self._topic(conn, fetch.topic, fetch.partition)
+            config = self._topic(conn, fetch.topic, fetch.partition, "READ")
             if config is None:
                 return (wire.NO_ERROR, b"")  # Kafka 0.7: an unknown topic is an empty set
             if not conn.kl and getattr(config, "format", KL_FORMAT) == KL_FORMAT:
@@ -100,7 +100,7 @@ class Kafka07(FrontEnd):
         partition, time_ms, max_offsets = reader.unpack(wire.PARTITION_TIME_COUNT)
         reader.done()
         try:
-            if self._topic(conn, topic, partition) is None:
+            if self._topic(conn, topic, partition, "DESCRIBE") is None:
                 offsets = [0] if time_ms in (-1, -2) else []  # Kafka 0.7's getEmptyOffsets
             else:
                 offsets = self.server.root.log(topic, partition).offsets_before(time_ms, max(0, max_offsets))
@@ -141,10 +141,10 @@ class Kafka07(FrontEnd):
         if not self.server.config.allow_produce:
             raise _Refused(wire.NOT_ALLOWED, KlError("produce is off on this server (kl serve --allow-produce)"))
         if partition == -1:
-            config = self._topic(conn, topic, 0, strict=True)
+            config = self._topic(conn, topic, 0, "WRITE", strict=True)
             assert config is not None
             partition = random.randrange(config.partitions)
-        config = self._topic(conn, topic, partition, strict=True)
+        config = self._topic(conn, topic, partition, "WRITE", strict=True)
         assert config is not None
         batch = validate(data, getattr(config, "format", KL_FORMAT), config.max_message_bytes, headers=config.holds_headers)
         if count is not None and count != batch.count:
@@ -160,7 +160,9 @@ class Kafka07(FrontEnd):
         reader.done()
         parts = []
         try:
-            names = [n for n in self.server.root.topics() if self.server.served(n)]
+            names = [
+                n for n in self.server.root.topics() if self.server.served(n) and self._allows(conn, "DESCRIBE", n, logged=False)
+            ]
         except KlError as e:
             self._reply_error(conn, *_coded(e))
             return
@@ -176,7 +178,7 @@ class Kafka07(FrontEnd):
         topic = reader.string()
         reader.done()
         try:
-            self._topic(conn, topic, 0, strict=True)
+            self._topic(conn, topic, 0, "DESCRIBE", strict=True)
             info = self.server.root.describe(topic)
         except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
@@ -204,7 +206,7 @@ class Kafka07(FrontEnd):
         partition, value = reader.unpack(wire.PARTITION_INT64)
         reader.done()
         try:
-            self._topic(conn, topic, partition, strict=True)
+            self._topic(conn, topic, partition, "DESCRIBE", strict=True)
             result = call(self.server.root.log(topic, partition), value)
         except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
@@ -251,15 +253,18 @@ class Kafka07(FrontEnd):
 
     # ----------------------------------------------------------------- helpers
 
-    def _topic(self, conn: Connection, topic: str, partition: int, *, strict: bool = False) -> TopicConfig | None:
-        """The topic's config after the checks every request gets; None for an unknown
-        topic asked by a Kafka 0.7 client, which gets Kafka 0.7's answer to it."""
+    def _topic(self, conn: Connection, topic: str, partition: int, operation: str, *, strict: bool = False) -> TopicConfig | None:
+        """The topic's config after the checks every request gets, ``operation`` (Kafka's
+        ACL operation) allowed on it; None for an unknown topic asked by a Kafka 0.7
+        client, which gets Kafka 0.7's answer to it."""
         try:
             validate_name(topic)
         except InvalidTopicName as e:
             raise _Refused(wire.UNKNOWN if not conn.kl else wire.KL_ERROR, e) from None
         if not self.server.served(topic):
             raise _Refused(wire.NOT_ALLOWED, KlError(f"topic {topic} is not served here (kl serve --topics)"))
+        if not self._allows(conn, operation, topic):
+            raise _Refused(wire.NOT_ALLOWED, KlError(f"{conn.principal} may not {operation.lower()} topic {topic} (kl acls)"))
         try:
             config = self.server.topic_config(topic)
         except TopicNotFound as e:
@@ -270,6 +275,12 @@ class Kafka07(FrontEnd):
             error = TopicNotFound(f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {partition}")
             raise _Refused(wire.WRONG_PARTITION if not conn.kl else wire.TOPIC_NOT_FOUND, error)
         return config
+
+    def _allows(self, conn: Connection, operation: str, topic: str, *, logged: bool = True) -> bool:
+        authorizer = self.server.authorizer
+        if authorizer is None:
+            return True
+        return authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, "TOPIC", topic, logged=logged)
 
     @staticmethod
     def _code(conn: Connection, code: int) -> int:

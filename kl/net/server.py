@@ -54,6 +54,7 @@ from kl.follow import Watch
 from kl.log.config import CONFIG_FILE, TopicConfig
 from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
+from kl.net.acls import Acls, Authorizer
 from kl.net.frames import SIZE, ProtocolError
 from kl.net.tls import RECORD_HANDSHAKE, Tls, TlsError
 from kl.topic import Root
@@ -250,6 +251,11 @@ class Connection:
         unfinished SASL exchange."""
 
 
+def host_of(conn: Connection) -> str:
+    """The IP address a connection comes from, as an ACL's host names it."""
+    return conn.peer.rpartition(":")[0]
+
+
 class Wait:
     """A request waiting for data: until the partitions in ``logs`` (each with the end it
     had) hold ``min_bytes`` more in all, or ``deadline`` (monotonic), whichever comes
@@ -335,6 +341,9 @@ class Server:
             raise ValueError("a server needs a listener (kl.net.daemon.Daemon gives one per configured port)")
         self.root = root if isinstance(root, Root) else Root(root)
         self.config = config or ServeConfig()
+        acls = Acls(self.root.path, self.root.lock_timeout)
+        self.authorizer = Authorizer(acls, self.config.super_users) if self.config.acls else None
+        """Kafka's ACLs, enforced on every request of either protocol (``kl serve --acls``); None: none are."""
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
         """Each listener's listening socket and front end (one of its own)."""
         self._security: dict[FrontEnd, str] = {}
@@ -1029,8 +1038,6 @@ def _unsent(sock: socket.socket) -> int:
         return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
     except OSError:
         return -1
-
-
 
 
 def _pending(sock: socket.socket) -> int:

@@ -23,7 +23,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.state import PartitionState
 from kl.net import brokers
-from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED, Acls, Authorizer, Decision
+from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED
 from kl.net.kafka.coordinator import Coordinator
 from kl.net.kafka.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
@@ -36,7 +36,7 @@ from kl.net.kafka.errors import (
     Refused,
 )
 from kl.net.kafka.sasl import Authenticator
-from kl.net.server import Connection, FrontEnd, Server
+from kl.net.server import Connection, FrontEnd, Server, host_of
 from kl.topic import validate_name
 
 log = logging.getLogger("kl.serve")
@@ -47,9 +47,6 @@ log that could diverge from another's."""
 RESUME_CACHE = 100_000
 """Fetch offsets remembered (where the last record of an answer ends plus one -> where
 the next message starts), so that a client resuming there needs no scan."""
-DENIAL_LOG_SECONDS = 60.0
-"""A denial of the same principal, host, operation and resource is logged once in this
-long (with the count of those not logged)."""
 DENIED = {
     "TOPIC": (TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed."),
     "GROUP": (GROUP_AUTHORIZATION_FAILED, "Group authorization failed."),
@@ -69,13 +66,7 @@ class Broker:
         self.server = server
         self.groups = Coordinator(server.root, server.recheck)
         self.sasl = Authenticator(server)
-        config = server.config
-        self.authorizer = (
-            Authorizer(Acls(server.root.path, server.root.lock_timeout), config.super_users) if config.acls else None
-        )
-        """Kafka's ACLs, enforced on every request (``kl serve --acls``); None: everyone may do everything."""
-        self._denials: dict[tuple[str, str, str, str, str], tuple[float, int]] = {}
-        self._denials_lock = threading.Lock()
+        self.authorizer = server.authorizer
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
         self.address = ("", 0)
         self.kafka_address = ""
@@ -150,10 +141,7 @@ class Broker:
         leaves out what may not be seen)."""
         if self.authorizer is None:
             return True
-        decision = self.authorizer.authorize(conn.principal, host_of(conn), operation, resource_type, name)
-        if not decision.allowed and logged:
-            self._log_denial(conn, operation, resource_type, name, decision)
-        return decision.allowed
+        return self.authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, resource_type, name, logged=logged)
 
     def allows_cluster(self, conn: Connection, operation: str, *, logged: bool = True) -> bool:
         return self.allows(conn, operation, "CLUSTER", CLUSTER_NAME, logged=logged)
@@ -186,22 +174,6 @@ class Broker:
 
     def require_cluster(self, conn: Connection, operation: str) -> None:
         self.require(conn, operation, "CLUSTER", CLUSTER_NAME)
-
-    def _log_denial(self, conn: Connection, operation: str, resource_type: str, name: str, decision: Decision) -> None:
-        key = (conn.principal, host_of(conn), operation, resource_type, name)
-        now = time.monotonic()
-        with self._denials_lock:
-            last, untold = self._denials.get(key, (float("-inf"), 0))
-            if now - last < DENIAL_LOG_SECONDS:
-                self._denials[key] = (last, untold + 1)
-                return
-            if len(self._denials) > MAX_UNKNOWN:
-                self._denials.clear()
-            self._denials[key] = (now, 0)
-        more = f" ({untold} more times since it was last logged)" if untold else ""
-        log.warning(
-            "%s: %s denied %s on %s %r: %s%s", conn.peer, conn.principal, operation, resource_type.lower(), name, decision, more
-        )
 
     # ----------------------------------------------------------------- topics
 
@@ -309,11 +281,6 @@ def refusal(response: Any, code: int, **fields: Any) -> Any:
     answer.error_code = code
     answer.throttle_time_ms = 0
     return answer
-
-
-def host_of(conn: Connection) -> str:
-    """The IP address a connection comes from, as an ACL's host names it."""
-    return conn.peer.rpartition(":")[0]
 
 
 def check_epoch(epoch: int) -> None:
