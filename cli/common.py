@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import select
+import ssl
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ from kl.net.wire import parse_address
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from kl.net.remote import RemoteRoot
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the input at a time, and the largest append by default."""
@@ -92,7 +95,8 @@ def key_delimiter_option(help: str) -> Callable[[F], F]:
 
 
 def server_option(what: str) -> Callable[[F], F]:
-    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root."""
+    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root;
+    with ``server_tls_options``."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
@@ -102,7 +106,42 @@ def server_option(what: str) -> Callable[[F], F]:
                 raise click.BadParameter(str(e), ctx, param) from None
         return value
 
-    return click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
+    option = click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
+    return lambda command: option(server_tls_options(command))
+
+
+def server_tls_options(command: F) -> F:
+    """``--server-ca``, ``--server-cert``, ``--server-key``: TLS to a ``kl serve --tls``
+    (kept for ``server_tls``)."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        ctx.meta.setdefault("server_tls", {})[param.name] = value
+
+    for name, help in (
+        ("--server-ca", "Connect over TLS, checking the server's certificate with these CAs (PEM)."),
+        ("--server-cert", "Over TLS, show this client certificate (PEM): kl serve --tls-client-auth."),
+        ("--server-key", "The client certificate's private key (PEM)."),
+    ):
+        command = click.option(name, metavar="FILE", expose_value=False, callback=keep, help=help)(command)
+    return command
+
+
+def server_tls(ctx: click.Context) -> ssl.SSLContext | None:
+    """The TLS context ``server_tls_options`` ask for (None: plaintext)."""
+    from kl.net.tls import client_context
+
+    given = ctx.meta.get("server_tls", {})
+    ca, cert, key = given.get("server_ca"), given.get("server_cert"), given.get("server_key")
+    if ca is None and cert is None and key is None:
+        return None
+    return client_context(ca, cert, key)
+
+
+def remote_root(ctx: click.Context, server: str) -> RemoteRoot:
+    """The ``kl serve`` at ``server``, over TLS if asked."""
+    from kl.net.remote import RemoteRoot
+
+    return RemoteRoot(server, tls=server_tls(ctx))
 
 
 def resolve_delimiter(delimiter: bytes | None, null: bool) -> bytes:

@@ -13,7 +13,7 @@ import click
 
 import kl
 from kl import mirror as mirroring
-from kl_cli.common import aligned, root_option
+from kl_cli.common import aligned, root_option, server_tls, server_tls_options
 
 
 @click.command("mirror")
@@ -41,6 +41,7 @@ from kl_cli.common import aligned, root_option
     help="How many partitions each TOPIC has on a Kafka 0.7 broker (which cannot be asked).",
 )
 @click.option("--json", "as_json", is_flag=True, help="The summary as one JSON object per partition.")
+@server_tls_options
 @click.pass_context
 def mirror_command(
     ctx: click.Context,
@@ -76,7 +77,7 @@ def mirror_command(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        src = mirroring.open_source(source, partitions=partitions)
+        src = mirroring.open_source(source, partitions=partitions, tls=server_tls(ctx))
         try:
             copies = mirroring.Mirror(src, root, list(topics) or None, recreate=recreate).run(follow=follow, stop=stop, poll=poll)
         finally:

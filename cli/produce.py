@@ -39,6 +39,7 @@ from kl_cli.common import (
     key_delimiter_option,
     note,
     read_chunks,
+    remote_root,
     resolve_delimiter,
     server_option,
     to_bytes,
@@ -290,7 +291,7 @@ def produce(
     exclusive(json=json_input, header=bool(headers))
     given = _headers(headers)
     delim = resolve_delimiter(delimiter, null)
-    root = RemoteRoot(server) if server is not None else get_root(ctx)
+    root = remote_root(ctx, server) if server is not None else get_root(ctx)
     root.log(topic, partition if partition is not None else 0)  # fail before reading input
     codec = None if compression == "none" else compression
     batch_bytes = root.config(topic).segment_bytes if batch_size else DEFAULT_BATCH_BYTES

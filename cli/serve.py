@@ -191,6 +191,14 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     type=click.Choice(SASL_MECHANISMS),
     help="A SASL mechanism the SASL listeners take (repeat for more; default: all three; users: kl users).",
 )
+@click.option(
+    "--failed-authentication-delay",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0),
+    default=0.25,
+    show_default=True,
+    help="How long a host's second failed SASL login in a row waits for its answer (each further one twice as long, up to 8 s).",
+)
 @click.option("--acls", is_flag=True, help="Enforce the ACLs kept in the root on every request of both protocols (kl acls).")
 @click.option(
     "--super-user",
@@ -229,6 +237,7 @@ def serve(
     idle_timeout: float,
     request_timeout: float,
     sasl_mechanisms: tuple[str, ...],
+    failed_authentication_delay: float,
     acls: bool,
     super_users: tuple[str, ...],
     as_json: bool,
@@ -276,6 +285,7 @@ def serve(
         tls_client_auth=tls_client_auth,
         tls_principal_rules=tls_principal_rules,
         sasl_mechanisms=sasl_mechanisms or SASL_MECHANISMS,
+        failed_authentication_delay=failed_authentication_delay,
         acls=acls,
         super_users=super_users,
     )
@@ -286,7 +296,13 @@ def serve(
     kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
     if kafka_address is None and listeners:  # the first listener names the daemon
         kafka_address = (advertise or listeners[0][1], server.listener_ports[0])
-    info = brokers.info_for(bind, server.port, None if topics is None else topics.pattern, allow_produce, kafka_address)
+    advertised: dict[str, tuple[str, int]] = {}
+    if server.kafka_port is not None:
+        advertised["PLAINTEXT"] = (advertise or config.kafka_bind or bind, server.kafka_port)
+    for (security, host, _), bound in zip(listeners, server.listener_ports, strict=True):
+        advertised.setdefault(security, (advertise or host, bound))
+    pattern = None if topics is None else topics.pattern
+    info = brokers.info_for(bind, server.port, pattern, allow_produce, kafka_address, advertised)
     try:
         registration: brokers.Registration | None = brokers.register(root.path, info)
     except KlError as e:

@@ -69,6 +69,7 @@ __all__ = [
     "reset",
 ]
 
+
 class Status(enum.Enum):
     """Where a group's committed offset of a partition stands."""
 

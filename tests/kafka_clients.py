@@ -239,6 +239,15 @@ if __name__ == "__main__":
         sys.exit(f"scripts/test: the KafkaJS tests will be skipped or fail: {e}")
 
 
+def kcat_librdkafka(kcat: str | None) -> tuple[int, ...]:
+    """The version of the librdkafka ``kcat`` runs on, as ``kcat -V`` says it ((): no kcat)."""
+    if not kcat:
+        return ()
+    said = subprocess.run([kcat, "-V"], capture_output=True, text=True, timeout=30).stdout
+    found = re.search(r"librdkafka (\d+)\.(\d+)\.(\d+)", said)
+    return tuple(int(n) for n in found.groups()) if found else ()
+
+
 def kafkajs_modules() -> Path:
     """KafkaJS's node_modules (``install_kafkajs``), or a test's skip saying why not."""
     import pytest

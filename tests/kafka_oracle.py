@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from installs import Unavailable, cached_install
@@ -157,22 +158,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Broker:
-    """Kafka's broker and controller in one JVM, its data and log under ``directory``.
-    Raises AssertionError, with the end of the broker's log, when it does not start."""
+@dataclass
+class Security:
+    """What the broker's SSL, SASL_PLAINTEXT and SASL_SSL listeners take: its certificate
+    chain and key in one PEM file, the CA of client certificates (asked for, not required:
+    mTLS), and the users (name: password) known to PLAIN and to both SCRAM mechanisms."""
 
-    def __init__(self, lib: Path, directory: Path) -> None:
+    pem: Path
+    ca: Path
+    users: dict[str, str]
+
+
+SECURE = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def secure_settings(security: Security, ports: dict[str, int]) -> dict[str, str]:
+    """server.properties of the secure listeners (Kafka's names: see its security docs)."""
+    plain_users = " ".join(f'user_{name}="{password}"' for name, password in security.users.items())
+    plain = f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    settings = {
+        "listener.security.protocol.map": SETTINGS["listener.security.protocol.map"] + "".join(f",{p}:{p}" for p in SECURE),
+        "sasl.enabled.mechanisms": ",".join(MECHANISMS),
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(security.pem),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(security.ca),
+        "ssl.client.auth": "requested",
+    }
+    for listener in ("sasl_plaintext", "sasl_ssl"):
+        prefix = f"listener.name.{listener}"
+        settings[f"{prefix}.plain.sasl.jaas.config"] = plain
+        for mechanism in MECHANISMS[1:]:
+            settings[f"{prefix}.{mechanism.lower()}.sasl.jaas.config"] = scram
+    return settings
+
+
+class Broker:
+    """Kafka's broker and controller in one JVM, its data and log under ``directory``;
+    with ``security``, SSL, SASL_PLAINTEXT and SASL_SSL listeners too (``listeners``:
+    each protocol's ``HOST:PORT``).  Raises AssertionError, with the end of the broker's
+    log, when it does not start."""
+
+    def __init__(self, lib: Path, directory: Path, security: Security | None = None) -> None:
         self.directory = directory
         self.log = directory / "broker.log"
         port, controller = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{port}"
-        listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}"
+        ports = {"PLAINTEXT": port} | ({p: free_port() for p in SECURE} if security else {})
+        self.listeners = {p: f"127.0.0.1:{n}" for p, n in ports.items()}
+        advertised = ",".join(f"{p}://{address}" for p, address in self.listeners.items())
         settings = {
             **SETTINGS,
-            "listeners": listeners,
-            "advertised.listeners": listeners,
+            "listeners": f"{advertised},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": advertised,
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller}",
             "log.dirs": str(directory / "data"),
+            **(secure_settings(security, ports) if security else {}),
         }
         config = directory / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
@@ -180,6 +223,8 @@ class Broker:
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         # One argument, "--cluster-id=ID": an id may start with "-".
         format_ = [*java, "kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={cluster}", f"--config={config}"]
+        for name, password in (security.users if security else {}).items():  # SCRAM credentials, made at format
+            format_ += [f"--add-scram={m}=[name={name},password={password}]" for m in MECHANISMS[1:]]
         done = subprocess.run(format_, capture_output=True, text=True, timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise AssertionError(f"kafka-storage format failed ({done.returncode}):\n{done.stdout}{done.stderr}")
@@ -188,7 +233,10 @@ class Broker:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [*orphaned, *java, "kafka.Kafka", str(config)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         started = time.monotonic()
         while STARTED not in self.text():

@@ -36,6 +36,7 @@ import json
 import os
 import pprint
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -62,13 +63,14 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
-from kafka_oracle import Broker, Unavailable, install, tool, version
+from kafka_oracle import MECHANISMS, SECURE, Broker, Security, Unavailable, install, tool, version
 from kafka_programs import Program, go_programs, java_command
 
 import kl
 from kl.log import message as m
 from kl.log import messageset
 from kl.log.validate import Checked
+from kl.net.credentials import Credentials
 from kl.net.kafka.errors import (
     INVALID_CONFIG,
     INVALID_REQUEST,
@@ -80,7 +82,7 @@ from kl.net.kafka.errors import (
 )
 from kl.net.kafka.frontend import _responses
 
-from kafka_clients import KAFKAJS, NODE, Daemon, kafkajs_modules
+from kafka_clients import KAFKAJS, NODE, Daemon, kafkajs_modules, kcat_librdkafka
 
 CLIENTS = ("confluent", "kafka-python")
 SCENARIO_TIMEOUT = 90.0
@@ -122,6 +124,9 @@ class Endpoint:
     compressed: Callable[[str, list[Record]], None]
     """compressed(topic, records): one zstd batch of them in partition 0 (kl keeps a client's
     batch as plain messages: its own producer writes one of kl's compressed batches)."""
+    listeners: dict[str, str]
+    """Each listener's HOST:PORT by its security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT,
+    SASL_SSL), the same certificates and users behind both endpoints' (``Pki``, ``USERS``)."""
 
     def create_topic(self, topic: str, partitions: int = 1, max_message_bytes: int | None = None) -> str:
         self.create(topic, partitions, max_message_bytes)
@@ -153,11 +158,11 @@ def kafka_endpoint(broker: Broker, lib: Path) -> Endpoint:
     def compressed(topic: str, records: list[Record]) -> None:
         confluent_produce(endpoint, topic, records, **{"compression.type": "zstd", "linger.ms": 1000})
 
-    endpoint = Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib, delete, compressed)
+    endpoint = Endpoint("kafka", broker.bootstrap, create, broker.report, broker.alive, lib, delete, compressed, broker.listeners)
     return endpoint
 
 
-def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
+def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path, listeners: dict[str, str]) -> Endpoint:
     def create(topic: str, partitions: int, max_message_bytes: int | None) -> None:
         sizes = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
         root.create_topic(topic, kl.TopicConfig(partitions=partitions, **sizes))
@@ -172,7 +177,7 @@ def kl_endpoint(root: kl.Root, daemon: Daemon, lib: Path) -> Endpoint:
         root.log(topic, 0).append(Checked.framed(wrapped, len(records)))
 
     return Endpoint("kl", daemon.bootstrap, create, report, lambda: daemon.proc.poll() is None, lib, root.delete_topic,
-                    compressed)  # fmt: skip
+                    compressed, listeners)  # fmt: skip
 
 
 def installed() -> Path:
@@ -183,12 +188,53 @@ def installed() -> Path:
         pytest.skip(f"Apache Kafka: {e}")
 
 
+@dataclass
+class Pki:
+    """Test certificates (trustme's): the CA, the server's for 127.0.0.1 and a client's
+    (CN=alice), each as a certificate file and a key file, and, for Java, the key (PKCS#8)
+    and the chain in one file."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    keystore: Path
+    client_cert: Path
+    client_key: Path
+    client_keystore: Path
+
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+"""The SASL users of both endpoints (PLAIN and both SCRAM mechanisms)."""
+
+
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """Kafka's one broker for the module; a skip where it cannot be installed, a failure
-    where it was and does not start."""
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    directory = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    made: dict[str, Path] = {"ca": directory / "ca.pem"}
+    ca.cert_pem.write_to_path(str(made["ca"]))
+    for name, cert in (
+        ("", ca.issue_cert("127.0.0.1", "localhost")),
+        ("client_", ca.issue_cert("alice@example.com", common_name="alice")),
+    ):
+        key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), None)
+        pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        chain = b"".join(c.bytes() for c in cert.cert_chain_pems)
+        for part, data in (("cert", chain), ("key", pkcs8), ("keystore", pkcs8 + chain)):
+            made[name + part] = directory / f"{name}{part}.pem"
+            made[name + part].write_bytes(data)
+    return Pki(**made)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+    """Kafka's one broker for the module, with every security protocol's listener; a skip
+    where it cannot be installed, a failure where it was and does not start."""
     lib = installed()
-    b = Broker(lib, tmp_path_factory.mktemp("kafka"))
+    b = Broker(lib, tmp_path_factory.mktemp("kafka"), Security(pki.keystore, pki.ca, USERS))
     try:
         AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=CALL_TIMEOUT)
     except ck.KafkaException as e:
@@ -199,14 +245,27 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 
 @pytest.fixture(scope="module")
-def endpoints(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Endpoint, Endpoint]]:
-    """(Kafka, kl serve --kafka over a fresh root)."""
+def endpoints(broker: Broker, pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Endpoint, Endpoint]]:
+    """(Kafka, kl serve --kafka over a fresh root), each with a listener of every security
+    protocol: the same certificates, the same users."""
     path = tmp_path_factory.mktemp("oracle-kl") / "root"
     path.mkdir()
     root = kl.Root(path)
-    daemon = Daemon(root.path, path.parent / "serve.log", "--allow-admin")
+    users = Credentials(root.path)
+    for name, password in USERS.items():
+        for mechanism in MECHANISMS[1:]:
+            users.add(name, password, mechanism)
+    secure = [arg for p in SECURE for arg in ("--listener", f"{p}://127.0.0.1:0")]
+    tls = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--tls-ca", str(pki.ca), "--tls-client-auth", "requested"]
+    # Failed logins answered at once, as the oracle answers them (100 ms): the wrong passwords'
+    # tests fail many from this one host, which kl would answer later and later.
+    daemon = Daemon(root.path, path.parent / "serve.log", "--allow-admin", *secure, *tls, "--failed-authentication-delay", "0")
+    deadline = time.monotonic() + 30
+    while len(found := re.findall(r"to Kafka clients on (127\.0\.0\.1:\d+) \((\w+)\)", daemon.text())) < 1 + len(SECURE):
+        assert time.monotonic() < deadline, daemon.text()
+        time.sleep(0.05)
     lib = installed()
-    yield kafka_endpoint(broker, lib), kl_endpoint(root, daemon, lib)
+    yield kafka_endpoint(broker, lib), kl_endpoint(root, daemon, lib, {p: address for address, p in found})
     code = daemon.stop()
     root.close()
     assert code == 0, f"kl serve --kafka did not stop cleanly on SIGTERM ({code}): {daemon.text()}"
@@ -626,8 +685,14 @@ def group_read(endpoint: Endpoint, client: str, topic: str, group: str, count: i
         finally:
             consumer.close()
     consumer = kafka.KafkaConsumer(
-        **kafka_python_config(endpoint, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-                              session_timeout_ms=10_000, heartbeat_interval_ms=1000)  # fmt: skip
+        **kafka_python_config(
+            endpoint,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=1000,
+        )  # fmt: skip
     )
     try:
         # The topic's metadata first: a member that joins without it assigns the topic no
@@ -1735,8 +1800,10 @@ def test_go_and_java_clients_read_a_topic_created_again_from_its_start(endpoints
                 progress=tmp_path)  # fmt: skip
     new = [(None, b"new %d" % i, [], T0 + i) for i in range(100)]
     unknown = "kafka server: Request was for a topic or partition that does not exist on this broker"
-    out_of_range = ("kafka server: The requested offset is outside the range of offsets maintained by the server for the given "
-                    "topic/partition")
+    out_of_range = (
+        "kafka server: The requested offset is outside the range of offsets maintained by the server for the given "
+        "topic/partition"
+    )
     read, errors = {
         "java": (new, []),
         "franz": ([], []),  # kgo keeps fetching the old topic's id, and says nothing
@@ -1854,6 +1921,7 @@ def confluent_admin(endpoint: Endpoint, topic: str) -> Any:
     step("create", lambda: one(admin.create_topics([created], request_timeout=CALL_TIMEOUT)))
     step("again", lambda: one(admin.create_topics([created], request_timeout=CALL_TIMEOUT)))
     step("described", partitions)
+
     def grown() -> int:
         one(admin.create_partitions([NewPartitions(topic, 3)]))
         deadline = time.monotonic() + CALL_TIMEOUT  # Kafka's broker has them once its metadata does
@@ -1888,8 +1956,11 @@ def test_confluent_kafkas_admin_client_manages_a_topic_as_on_kafka(endpoints) ->
         "again": {"error": "TOPIC_ALREADY_EXISTS"},
         "described": [[0, 1, 1], [1, 1, 1]],
         "grown": 3,
-        "configs": {"retention.ms": ["3600000", False], "max.message.bytes": ["default", True],
-                    "cleanup.policy": ["delete", True]},
+        "configs": {
+            "retention.ms": ["3600000", False],
+            "max.message.bytes": ["default", True],
+            "cleanup.policy": ["delete", True],
+        },
         "altered": {"retention.ms": ["7200000", False], "max.message.bytes": ["default", True]},
         "records": 2,
         "cluster": 1,
@@ -2149,3 +2220,299 @@ def test_kafka_leader_election_and_reassignments_find_nothing_to_do(endpoints) -
     }
     assert "Reassignment of partition elected-0 is completed." in seen["verified"]  # and its throttles cleared
     assert seen["to its leader"]["said"][-1] == "Successfully started partition reassignment for elected-0"
+
+
+# ----------------------------------------------------------------- security: every client, every mechanism
+
+
+SETTINGS = {
+    "SSL": ("SSL", None, False),
+    "mTLS": ("SSL", None, True),
+    **{f"{p}-{m}": (p, m, False) for p in ("SASL_PLAINTEXT", "SASL_SSL") for m in MECHANISMS},
+}
+"""The security settings every client is taken through: (security protocol, SASL
+mechanism, whether the client shows a certificate)."""
+SECURED = ("confluent", "kafka-python", "aiokafka", "kcat", "kafkajs", "java", "franz")
+WRONG = "not-the-password"
+KCAT = shutil.which("kcat") or shutil.which("kafkacat")
+KCAT_LIBRDKAFKA = kcat_librdkafka(KCAT)
+
+
+@dataclass
+class Secured:
+    """One client's security settings against one endpoint's listener."""
+
+    bootstrap: str
+    protocol: str
+    mechanism: str | None
+    mtls: bool
+    pki: Pki
+    password: str = USERS["alice"]
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    def librdkafka(self) -> dict[str, str]:
+        config = {"bootstrap.servers": self.bootstrap, "security.protocol": self.protocol}
+        if self.tls:
+            config["ssl.ca.location"] = str(self.pki.ca)
+        if self.mtls:
+            config |= {"ssl.certificate.location": str(self.pki.client_cert), "ssl.key.location": str(self.pki.client_key)}
+        if self.mechanism:
+            config |= {"sasl.mechanisms": self.mechanism, "sasl.username": "alice", "sasl.password": self.password}
+        return config
+
+    def kafka_python(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "security_protocol": self.protocol}
+        if self.tls:
+            config["ssl_cafile"] = str(self.pki.ca)
+        if self.mtls:
+            config |= {"ssl_certfile": str(self.pki.client_cert), "ssl_keyfile": str(self.pki.client_key)}
+        if self.mechanism:
+            config |= {"sasl_mechanism": self.mechanism, "sasl_plain_username": "alice", "sasl_plain_password": self.password}
+        return config
+
+    def program(self) -> dict[str, Any]:
+        """The ``security`` of a request to the Java, Go and KafkaJS drivers."""
+        files = {"ca": str(self.pki.ca)} if self.tls else {}
+        if self.mtls:
+            files |= {
+                "cert": str(self.pki.client_cert),
+                "key": str(self.pki.client_key),
+                "keystore": str(self.pki.client_keystore),
+            }
+        sasl = {"mechanism": self.mechanism, "user": "alice", "password": self.password} if self.mechanism else {}
+        return {"protocol": self.protocol, **files, **sasl}
+
+
+def secured(endpoint: Endpoint, pki: Pki, setting: str, password: str = USERS["alice"]) -> Secured:
+    protocol, mechanism, mtls = SETTINGS[setting]
+    return Secured(endpoint.listeners[protocol], protocol, mechanism, mtls, pki, password)
+
+
+SECURE_VALUES = [b"first", b"second", b"third"]
+
+
+def secure_round_trip(endpoint: Endpoint, client: str, setting: str, pki: Pki, programs: Programs | None, modules: Path | None,
+                      topic: str) -> Any:  # fmt: skip
+    """Three records produced and read back from the earliest offset by ``client`` under
+    ``setting``: its delivery offsets and the values read."""
+    endpoint.create_topic(topic)
+    return through(client, secured(endpoint, pki, setting), endpoint, programs, modules, topic)
+
+
+def wrong_password(endpoint: Endpoint, client: str, setting: str, pki: Pki, programs: Programs | None, modules: Path | None,
+                   topic: str) -> Any:  # fmt: skip
+    """The client's produce with a wrong password: what it reports (its error's kind and
+    Kafka's words, the addresses left out), nothing appended."""
+    endpoint.create_topic(topic)
+    return through(client, secured(endpoint, pki, setting, WRONG), endpoint, programs, modules, topic, refused=True)
+
+
+def through(client: str, s: Secured, endpoint: Endpoint, programs: Programs | None, modules: Path | None, topic: str,
+            refused: bool = False) -> Any:  # fmt: skip
+    records = [(None, v, [], T0 + i) for i, v in enumerate(SECURE_VALUES)]
+    if client == "confluent":
+        return confluent_secured(endpoint, s, topic, records, refused)
+    if client == "kafka-python":
+        return kafka_python_secured(endpoint, s, topic, records, refused)
+    if client == "aiokafka":
+        return aiokafka_secured(s, topic, refused)
+    if client == "kcat":
+        return kcat_secured(s, topic, refused)
+    if client == "kafkajs":
+        return kafkajs_secured(s, topic, modules, refused)  # type: ignore[arg-type]
+    assert programs is not None
+    return program_secured(s, programs[endpoint.name], topic, records, refused)
+
+
+def _words(text: str) -> str:
+    """An error's text without what differs between two servers (addresses, ports, timings)."""
+    text = re.sub(r"\d+\.\d+\.\d+\.\d+:\d+(/[\w.-]+)?|localhost:\d+|\('127\.0\.0\.1', \d+, [^)]*\)", "HOST", text)
+    return re.sub(r"\(after \d+ms in state \w+\)|\d+ms", "", text).strip()
+
+
+def confluent_secured(endpoint: Endpoint, s: Secured, topic: str, records: list[Record], refused: bool) -> Any:
+    if refused:
+        errors: list[str] = []
+        config = {
+            "error_cb": lambda e: errors.append(f"{e.name()}: {_words(e.str())}"),
+            "message.timeout.ms": 5000,
+            "log_level": 0,
+        }
+        producer = ck.Producer(s.librdkafka() | config)
+        producer.produce(topic, b"refused")
+        deadline = time.monotonic() + 10
+        while not any("_AUTHENTICATION" in e for e in errors) and time.monotonic() < deadline:
+            producer.flush(0.2)
+        producer.flush(1)
+        return sorted(set(errors))
+    produced = confluent_produce(endpoint, topic, records, **s.librdkafka())
+    read_back = confluent_consume(endpoint, topic, ck.OFFSET_BEGINNING, len(records), **s.librdkafka())
+    return {"produced": produced, "read": [v for _, v, _, _ in read_back]}
+
+
+def kafka_python_secured(endpoint: Endpoint, s: Secured, topic: str, records: list[Record], refused: bool) -> Any:
+    if refused:
+        try:
+            kafka.KafkaProducer(**s.kafka_python(), max_block_ms=3_000, bootstrap_timeout_ms=3_000).send(topic, b"refused").get(5)
+        except kafka.errors.KafkaError as e:
+            return f"{type(e).__name__}: {_words(str(e))}"
+        return "no error"
+    produced = kafka_python_produce(endpoint, topic, records, **s.kafka_python())
+    read_back = kafka_python_consume(endpoint, topic, None, len(records), **s.kafka_python())
+    return {"produced": produced, "read": [v for _, v, _, _ in read_back]}
+
+
+def aiokafka_secured(s: Secured, topic: str, refused: bool) -> Any:
+    import asyncio
+
+    import aiokafka
+    import aiokafka.errors
+    from aiokafka.helpers import create_ssl_context
+
+    config: dict[str, Any] = {"bootstrap_servers": s.bootstrap, "security_protocol": s.protocol, "request_timeout_ms": 10_000}
+    if s.tls:
+        files = {"certfile": str(s.pki.client_cert), "keyfile": str(s.pki.client_key)} if s.mtls else {}
+        config["ssl_context"] = create_ssl_context(cafile=str(s.pki.ca), **files)
+    if s.mechanism:
+        config |= {"sasl_mechanism": s.mechanism, "sasl_plain_username": "alice", "sasl_plain_password": s.password}
+
+    async def run() -> Any:
+        producer = aiokafka.AIOKafkaProducer(**config)
+        try:
+            await producer.start()
+        except aiokafka.errors.KafkaError as e:
+            await producer.stop()
+            return f"{type(e).__name__}: {_words(str(e))}"
+        try:
+            produced = [(await producer.send_and_wait(topic, v, partition=0, timestamp_ms=T0)).offset for v in SECURE_VALUES]
+        finally:
+            await producer.stop()
+        consumer = aiokafka.AIOKafkaConsumer(**config, enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            tp = aiokafka.TopicPartition(topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            got: list[bytes] = []
+            deadline = time.monotonic() + CALL_TIMEOUT
+            while len(got) < len(SECURE_VALUES) and time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    got += [m.value for m in batch]
+            return {"produced": produced, "read": got}
+        finally:
+            await consumer.stop()
+
+    outcome = asyncio.run(asyncio.wait_for(run(), CALL_TIMEOUT * 2))
+    return outcome if not refused else outcome if isinstance(outcome, str) else "no error"
+
+
+def kcat_secured(s: Secured, topic: str, refused: bool) -> Any:
+    """The offsets and values kcat reads back, or, where its produce fails, its exit status
+    and what it said of authentication."""
+    if KCAT is None:
+        pytest.skip("kcat is not installed (scripts/test installs it with apt)")
+    options = [arg for k, v in s.librdkafka().items() if k != "bootstrap.servers" for arg in ("-X", f"{k}={v}")]
+    base = [KCAT, "-b", s.bootstrap, *options, "-t", topic, "-p", "0"]
+    lines = "".join(v.decode() + "\n" for v in SECURE_VALUES)
+    produced = subprocess.run(
+        [*base, "-P", "-X", "message.timeout.ms=5000"], input=lines, capture_output=True, text=True, timeout=30
+    )
+    if produced.returncode != 0 or refused:
+        said = sorted({_words(line.split(": ", 1)[-1]) for line in produced.stderr.splitlines() if "uthentication" in line})
+        return {"exit": produced.returncode, "said": said}
+    consumed = subprocess.run(
+        [*base, "-C", "-o", "beginning", "-e", "-f", "%o %s\\n"], capture_output=True, text=True, timeout=30
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    return consumed.stdout.splitlines()
+
+
+def kafkajs_secured(s: Secured, topic: str, modules: Path, refused: bool) -> Any:
+    """KafkaJS's produce (its offsets), then the values a group's member of it reads."""
+    records = [{"key": None, "value": b64(v), "headers": [], "timestamp": T0} for v in SECURE_VALUES]
+    spec = {"bootstrap": s.bootstrap, "topic": topic, "partition": 0, "timeout": 30, "security": s.program()}
+    env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(spec | {"op": "produce", "records": records}, file)
+        file.flush()
+        done = subprocess.run(
+            [str(NODE), str(KAFKAJS / "driver.js"), file.name], env=env, capture_output=True, text=True, timeout=45
+        )
+    if done.returncode != 0:
+        return {"failed": sorted({_words(m) for m in re.findall(r"(KafkaJS\w+Error: [^\n]*)", done.stderr)})}
+    produced = [json.loads(line) for line in done.stdout.splitlines()]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(spec | {"op": "group", "group": f"{topic}-group", "topics": [topic]}, file)
+        file.flush()
+        member = subprocess.Popen([str(NODE), str(KAFKAJS / "driver.js"), file.name], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        values = []
+        try:
+            while len(values) < len(SECURE_VALUES) and (line := member.stdout.readline()):  # type: ignore[union-attr]
+                if "value" in (seen := json.loads(line)):
+                    values.append(seen["value"])
+        finally:
+            member.communicate("close\n", timeout=30)
+    return {"produced": produced, "read": values}
+
+
+def program_secured(s: Secured, client: Program, topic: str, records: list[Record], refused: bool) -> Any:
+    request = {"bootstrap": s.bootstrap, "topic": topic, "security": s.program(), "timeout": 3 if refused else CALL_TIMEOUT}
+    produced = client.ask(request | {"op": "produce", "records": as_json(records)})
+    if refused:
+        return {k: _words(v) if isinstance(v, str) else v for k, v in produced.items()}
+    read_back = client.ask(request | {"op": "consume", "start": "earliest", "count": len(records), "quiet": QUIET})
+    return {"produced": produced, "read": [r["value"] for r in read_back["records"]]}
+
+
+@pytest.fixture(scope="module")
+def secured_programs(request: pytest.FixtureRequest) -> Iterator[dict[str, Programs]]:
+    """The Java and franz-go drivers, started on first use (a skip where they cannot be built)."""
+    started: dict[str, Programs] = {}
+    yield started
+    for programs in started.values():
+        for p in programs.values():
+            p.close()
+
+
+def secured_client(client: str, started: dict[str, Programs]) -> tuple[Programs | None, Path | None]:
+    if client == "kafkajs":
+        return None, kafkajs_modules()
+    if client not in ("java", "franz"):
+        return None, None
+    if client not in started:
+        try:
+            command = java_command() if client == "java" else [str(go_programs()["franz"])]
+        except Unavailable as e:
+            pytest.skip(f"{client}: {e}")
+        started[client] = {e: Program(command) for e in ENDPOINTS}
+    return started[client], None
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("client", SECURED)
+def test_every_client_reads_and_writes_under_every_security_setting_as_on_kafka(endpoints, pki, secured_programs, client,
+                                                                                 setting) -> None:  # fmt: skip
+    programs, modules = secured_client(client, secured_programs)
+    topic = f"secured-{client}-{setting}".lower()
+    seen = same(secure_round_trip, endpoints, client=client, setting=setting, pki=pki, programs=programs, modules=modules,
+                topic=topic)  # fmt: skip
+    if client == "kcat" and SETTINGS[setting][1] not in (None, "PLAIN") and KCAT_LIBRDKAFKA < (2, 6, 1):
+        # librdkafka before 2.6.1 sends SCRAM's client nonce twice over: Kafka 4 refuses it, and so does kl.
+        assert "invalid credentials" in str(seen), seen
+        return
+    assert "first" in str(seen) or "Zmlyc3Q" in str(seen), seen  # the records came back ("first", or its base64)
+
+
+@pytest.mark.parametrize("setting", ["SASL_PLAINTEXT-PLAIN", "SASL_SSL-SCRAM-SHA-512"])
+@pytest.mark.parametrize("client", SECURED)
+def test_a_wrong_password_is_refused_as_kafka_refuses_it(endpoints, pki, secured_programs, client, setting) -> None:
+    programs, modules = secured_client(client, secured_programs)
+    topic = f"refused-{client}-{setting}".lower()
+    seen = same(
+        wrong_password, endpoints, client=client, setting=setting, pki=pki, programs=programs, modules=modules, topic=topic
+    )
+    assert seen and "no error" not in str(seen) and "first" not in str(seen), seen  # refused, by its own account

@@ -502,3 +502,100 @@ def test_sasl_over_tls_logs_in_and_serves_through_a_sasl_ssl_listener(root, runn
     assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
     assert kl.Consumer(root).latest_offset("t", 0) > 0
     assert b"never" not in [m.value for b in kl.Consumer(root).consume("t") for m in b.messages]
+
+
+def test_kl_cli_and_mirror_reach_a_tls_port_with_a_client_certificate_its_acls_name(tmp_path, pems):
+    """--server-ca/--server-cert/--server-key on kl produce, consume, topics and mirror,
+    against a daemon that takes only client certificates and whose ACLs name their subject."""
+    from kl.net.acls import Acl, Acls
+
+    root = kl.Root(tmp_path / "root")
+    root.create_topic("t")
+    root.create_topic("hidden")
+    Acls(root.path).add([Acl("TOPIC", "t", "LITERAL", "User:alice", "*", op, "ALLOW") for op in ("READ", "WRITE")])
+    log = tmp_path / "serve.log"
+    tls = ["--tls", "--tls-cert", pems["cert"], "--tls-key", pems["key"], "--tls-ca", pems["ca"], "--tls-client-auth", "required",
+           "--tls-principal-rules", r"RULE:^CN=([^,]*),.*$/$1/"]  # fmt: skip
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([*KL, "--root", root.path, "serve", "--port", "0", "--allow-produce", "--acls", *tls],
+                                stdin=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"serving \S+ on 127\.0\.0\.1:(\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        server = f"127.0.0.1:{found[1]}"
+        mine = [
+            "--server",
+            server,
+            "--server-ca",
+            pems["ca"],
+            "--server-cert",
+            pems["client_cert"],
+            "--server-key",
+            pems["client_key"],
+        ]
+
+        def kl_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*KL, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+        assert kl_cli("produce", "t", *mine, stdin="one\ntwo\n").returncode == 0
+        read = kl_cli("consume", "t", *mine)
+        assert read.returncode == 0 and read.stdout.splitlines() == ["one", "two"], read.stderr
+        listed = kl_cli("topics", "list", *mine)
+        assert listed.returncode == 0 and "t" in listed.stdout.split() and "hidden" not in listed.stdout
+        copy = tmp_path / "copy"
+        mirrored = kl_cli("mirror", server, str(copy), "t", *mine[2:])
+        assert mirrored.returncode == 0, mirrored.stderr
+        assert [m.value for m in kl.Consumer(kl.Root(copy)).fetch("t", 0, 0, 1 << 20)] == [b"one", b"two"]
+        for args, words in (
+            (["--server", server, "--server-ca", pems["ca"]], "with a client certificate only"),
+            (
+                ["--server", server, "--server-cert", pems["client_cert"], "--server-key", pems["client_key"]],
+                "CERTIFICATE_VERIFY_FAILED",
+            ),
+            ([*mine[:2], "--server-ca", str(tmp_path / "nowhere.pem")], "cannot read the TLS CA file"),
+        ):
+            refused = kl_cli("consume", "t", *args)
+            assert refused.returncode == 1 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+        denied = kl_cli("consume", "hidden", *mine)
+        assert denied.returncode == 1 and "User:alice may not" in denied.stderr and "hidden" in denied.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0, log.read_text()
+
+
+def test_metadata_names_each_daemon_at_its_listener_of_the_connections_protocol(tmp_path, pems):
+    """Two daemons over one root, each with a plaintext port and an SSL listener: through
+    either's SSL listener, both are named at their SSL listeners (as Kafka names brokers by
+    the listener a request came in on), and through the plaintext port at theirs."""
+    root = tmp_path / "root"
+    kl.Root(root).create_topic("t", kl.TopicConfig(partitions=4))
+    args = ["--kafka", "127.0.0.1:0", "--listener", "SSL://127.0.0.1:0", "--tls-cert", pems["cert"], "--tls-key", pems["key"]]
+    procs, ports = [], []
+    try:
+        for i in range(2):
+            log = tmp_path / f"serve{i}.log"
+            with open(log, "wb") as err:
+                procs.append(subprocess.Popen([*KL, "--root", str(root), "serve", "--port", "0", *args], stdin=subprocess.DEVNULL,
+                                              stderr=err))  # fmt: skip
+            deadline = time.monotonic() + 60
+            while len(found := re.findall(r"to Kafka clients on 127\.0\.0\.1:(\d+) \((\w+)\)", log.read_text())) < 2:
+                assert procs[-1].poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            ports.append({protocol: int(port) for port, protocol in found})
+        deadline = time.monotonic() + 30
+        while True:
+            with tls_connect(ports[0]["SSL"], client_context(pems)) as secure:
+                named = sorted(b.port for b in metadata(secure).brokers)
+            if len(named) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert named == sorted(p["SSL"] for p in ports)
+        with socket.create_connection(("127.0.0.1", ports[1]["PLAINTEXT"]), timeout=10) as plain:
+            assert sorted(b.port for b in metadata(plain).brokers) == sorted(p["PLAINTEXT"] for p in ports)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)

@@ -47,7 +47,10 @@ class BrokerInfo:
     """The ``--topics`` regex, or None for every topic."""
     produce: bool
     kafka: str | None = None
-    """``HOST:PORT`` of today's Kafka protocol (None: not served)."""
+    """``HOST:PORT`` of today's Kafka protocol (None: not served): its node's name."""
+    listeners: dict[str, str] | None = None
+    """``HOST:PORT`` of its Kafka listener of each security protocol (PLAINTEXT, SSL,
+    SASL_PLAINTEXT, SASL_SSL), as advertised; None: registered by a kl that had only one."""
 
     @property
     def address(self) -> str | None:
@@ -55,11 +58,21 @@ class BrokerInfo:
         return None if self.port is None else address_of(self.host, self.port)
 
 
-def info_for(bind: str, port: int | None, topics: str | None, produce: bool, kafka: tuple[str, int] | None = None) -> BrokerInfo:
+def info_for(
+    bind: str,
+    port: int | None,
+    topics: str | None,
+    produce: bool,
+    kafka: tuple[str, int] | None = None,
+    listeners: dict[str, tuple[str, int]] | None = None,
+) -> BrokerInfo:
     """This process's ``BrokerInfo`` for a daemon listening on ``bind``:``port`` and, for
-    today's Kafka protocol, on ``kafka`` (the address it is bound to or advertises, and port)."""
+    today's Kafka protocol, on ``kafka`` (the address it is bound to or advertises, and
+    port) and ``listeners`` (the same, by security protocol)."""
     kafka_address = None if kafka is None else address_of(host_of(kafka[0]), kafka[1])
-    return BrokerInfo(host_of(bind), port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce, kafka_address)
+    advertised = {security: address_of(host_of(h), p) for security, (h, p) in (listeners or {}).items()} or None
+    return BrokerInfo(host_of(bind), port, bind, os.getpid(), time.time_ns() // 1_000_000, topics, produce, kafka_address,
+                      advertised)  # fmt: skip
 
 
 def host_of(bind: str) -> str:
@@ -199,6 +212,7 @@ def _parse(data: bytes) -> BrokerInfo | None:
             None if body["topics"] is None else str(body["topics"]),
             bool(body["produce"]),
             None if body.get("kafka") is None else str(body["kafka"]),
+            None if body.get("listeners") is None else {str(k): str(v) for k, v in body["listeners"].items()},
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None  # still being written, or not a registration

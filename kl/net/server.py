@@ -151,6 +151,9 @@ class ServeConfig:
     """Kafka's ``ssl.principal.mapping.rules`` (None: ``DEFAULT``, the subject's DN)."""
     sasl_mechanisms: tuple[str, ...] = SASL_MECHANISMS
     """The SASL mechanisms the SASL listeners take, in the order SaslHandshake names them."""
+    failed_authentication_delay: float = 0.25
+    """How long the answer to a host's second failed SASL authentication in a row waits
+    (each further one twice as long, up to 8 s; 0: none)."""
     acls: bool = False
     """Enforce Kafka's ACLs kept in the root (``kl.net.acls``) on every request."""
     super_users: tuple[str, ...] = ()
@@ -346,7 +349,7 @@ class Server:
         """Kafka's ACLs, enforced on every request of either protocol (``kl serve --acls``); None: none are."""
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
         """Each listener's listening socket and front end (one of its own)."""
-        self._security: dict[FrontEnd, str] = {}
+        self.security: dict[FrontEnd, str] = {}
         """Each listener's security protocol, by its front end."""
         self.ports: list[int] = []
         """Each listener's port (the one bound, where 0 was asked), in their order."""
@@ -427,7 +430,7 @@ class Server:
             raise ServerError(f"cannot listen on {bind}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
         sock.setblocking(False)
         self.listeners.append((sock, front))
-        self._security[front] = listener.security
+        self.security[front] = listener.security
         return int(sock.getsockname()[1])
 
     # ----------------------------------------------------------------- the loop
@@ -565,7 +568,7 @@ class Server:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, peer, front, self._security[front])
+            conn = Connection(sock, peer, front, self.security[front])
             if conn.handshake is not None:
                 conn.started = conn.last_active  # the handshake must end within the request timeout
             self._connections.add(conn)

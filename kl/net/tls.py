@@ -99,6 +99,43 @@ def _escaped(value: str) -> str:
     return value
 
 
+def client_context(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """The client side of TLS for kl's own clients of ``kl serve --tls``: the server's
+    certificate checked against ``ca`` (None: the system's CAs) and its host name, and a
+    client certificate and its key (mTLS) when given.  Raises ``TlsError`` in one line."""
+    _readable(("CA file", ca), ("certificate", cert), ("key", key))
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except ssl.SSLError as e:
+        raise TlsError(f"cannot use the TLS CA file {ca}: not PEM certificates ({e.reason or e})") from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None or key is not None:
+        if cert is None:
+            raise TlsError("a client key needs its certificate")
+        _load_pair(context, cert, key)
+    return context
+
+
+def _readable(*paths: tuple[str, str | None]) -> None:
+    for name, path in paths:
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise TlsError(f"cannot read the TLS {name} {path}: {e.strerror or e}") from None
+
+
+def _load_pair(context: ssl.SSLContext, cert: str, key: str | None) -> None:
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        mismatch = "KEY_VALUES_MISMATCH" in str(e)
+        reason = "the key does not match the certificate" if mismatch else "not a PEM certificate and its private key"
+        raise TlsError(f"cannot use the TLS certificate {cert} with key {key}: {reason}") from None
+
+
 class Tls:
     """The server side of TLS: the context new connections are wrapped in, and what
     their client certificates make of their principal."""
@@ -115,20 +152,8 @@ class Tls:
     def _context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        for name, path in (("certificate", self.cert), ("key", self.key), ("CA file", self.ca)):
-            if path is None:
-                continue
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as e:
-                raise TlsError(f"cannot read the TLS {name} {path}: {e.strerror or e}") from None
-        try:
-            context.load_cert_chain(self.cert, self.key)
-        except ssl.SSLError as e:
-            mismatch = "KEY_VALUES_MISMATCH" in str(e)
-            reason = "the key does not match the certificate" if mismatch else "not a PEM certificate and its private key"
-            raise TlsError(f"cannot use the TLS certificate {self.cert} with key {self.key}: {reason}") from None
+        _readable(("certificate", self.cert), ("key", self.key), ("CA file", self.ca))
+        _load_pair(context, self.cert, self.key)
         if self.ca is not None:
             try:
                 context.load_verify_locations(cafile=self.ca)

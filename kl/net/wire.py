@@ -369,4 +369,8 @@ class Connection:
     def _lost(self, error: OSError) -> NetworkError:
         if isinstance(error, TimeoutError):
             return NetworkError(f"{self.name} did not answer in time")
+        if isinstance(error, ssl.SSLError) and error.reason:
+            if "CERTIFICATE_REQUIRED" in error.reason:
+                return NetworkError(f"{self.name} takes TLS connections with a client certificate only ({error.reason})")
+            return NetworkError(f"the TLS connection to {self.name} failed: {error.reason}")
         return NetworkError(f"connection to {self.name} failed: {error.strerror or error}")

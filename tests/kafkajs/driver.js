@@ -39,12 +39,18 @@ const timer = setTimeout(() => {
   process.exit(1)
 }, spec.timeout * 1000)
 
+// spec.security, where given: {protocol, ca, cert, key, mechanism, user, password}, as
+// KafkaJS takes TLS (its ssl: the CA, and a client certificate for mTLS) and SASL.
+const security = spec.security || {}
+const tls = security.protocol === 'SSL' || security.protocol === 'SASL_SSL'
 const kafka = new Kafka({
   clientId: 'kl-tests',
   brokers: [spec.bootstrap],
   logLevel: logLevel.ERROR,
   retry: { retries: 2, initialRetryTime: 50 },
   requestTimeout: spec.timeout * 1000,
+  ssl: tls ? { ca: [fs.readFileSync(security.ca)], ...(security.cert ? { cert: fs.readFileSync(security.cert), key: fs.readFileSync(security.key) } : {}) } : undefined,
+  sasl: security.mechanism ? { mechanism: security.mechanism.toLowerCase(), username: security.user, password: security.password } : undefined,
 })
 
 async function produce () {

@@ -129,9 +129,19 @@ class Broker:
         host, port = self.endpoint(conn)
         found = [(self.node_id, host, port)]
         for address in sorted(peers):
-            other_host, _, other_port = address.rpartition(":")
-            found.append((brokers.node_id(address), other_host.strip("[]"), int(other_port)))
+            reached = self.reached(peers[address], conn)
+            if reached is not None:  # (one without a listener of the connection's protocol is not named, as in Kafka)
+                found.append((brokers.node_id(address), *reached))
         return found
+
+    def reached(self, peer: brokers.BrokerInfo, conn: Connection) -> tuple[str, int] | None:
+        """(host, port) of another daemon's listener of the security protocol ``conn`` came
+        in by (None: it has none)."""
+        address = peer.kafka if peer.listeners is None else peer.listeners.get(conn.security)
+        if address is None:
+            return None
+        host, _, port = address.rpartition(":")
+        return host.strip("[]"), int(port)
 
     # ----------------------------------------------------------------- authorization
 

@@ -69,7 +69,8 @@ class Kafka(FrontEnd):
 
     def listening(self, address: str, port: int) -> None:
         self.broker.listening(address, port, self)
-        log.info("serving %s to Kafka clients on %s:%d", self.server.root.path, address, port)
+        security = self.server.security.get(self, "PLAINTEXT")
+        log.info("serving %s to Kafka clients on %s:%d (%s)", self.server.root.path, address, port, security)
 
     def close(self) -> None:
         if self.owner:

@@ -98,8 +98,12 @@ def _coordinator(broker: Broker, conn: Connection, key: str, key_type: int) -> t
         return COORDINATOR_NOT_AVAILABLE, "the group's coordinator is starting", -1, "", -1
     if address == broker.kafka_address:  # this daemon: at the listener the client came in on
         return NONE, None, broker.node_id, *broker.endpoint(conn)
-    host, _, port = address.rpartition(":")
-    return NONE, None, brokers.node_id(address), host.strip("[]"), int(port)
+    peer = broker.peers().get(address)
+    reached = None if peer is None else broker.reached(peer, conn)
+    if reached is None:
+        why = "is not registered" if peer is None else f"has no {conn.security} listener"
+        return COORDINATOR_NOT_AVAILABLE, f"the group's coordinator {address} {why}", -1, "", -1
+    return NONE, None, brokers.node_id(address), *reached
 
 
 def join_group(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:

@@ -11,7 +11,7 @@ tokens come bare (an int32 size and the bytes), and so do the answers.  A failed
 authentication is answered SASL_AUTHENTICATION_FAILED in Kafka's words, the same for an
 unknown user as for a wrong password (an unknown user's exchange runs against a made-up
 credential, so it takes as long), and the connection is closed once it is sent; the
-failures from one host are answered later and later (``FAILURE_DELAY``), parked with the
+failures from one host are answered later and later (``ServeConfig.failed_authentication_delay``), parked with the
 server (no worker waits).  An exchange not done within the request timeout is cut.  On
 other listeners, and once authenticated, both requests are answered ILLEGAL_SASL_STATE,
 as Kafka's broker answers them there.
@@ -48,10 +48,9 @@ from kl.net.server import Connection, Drop, Server, Wait
 log = logging.getLogger("kl.serve")
 
 SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
-FAILURE_DELAY = 0.25
-"""How long the second failed authentication from a host in a row waits before its
-answer; each further one waits twice as long as the one before, up to ``MAX_FAILURE_DELAY``."""
 MAX_FAILURE_DELAY = 8.0
+"""The longest a failed authentication's answer waits (``ServeConfig.failed_authentication_delay``
+the second from a host in a row, twice as long each further one)."""
 FAILURES_FORGOTTEN = 300.0
 """A host's failures are forgotten once it has failed none for this long."""
 MAX_HOSTS = 10_000
@@ -64,9 +63,17 @@ TAKEN = {
 """The requests a connection on a SASL listener takes at each stage before it is done."""
 
 
-def failed_text(mechanism: str) -> str:
-    """Kafka's words for a failed authentication."""
-    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+DOUBLED_NONCE = (
+    "its final message does not carry the exchange's nonce, as librdkafka before 2.6.1 sends it: Kafka 4 refuses it too"
+)
+
+
+def failed_text(exchange: Exchange) -> str:
+    """Kafka's words for a failed authentication: PLAIN's say why (its PlainSaslServer's),
+    SCRAM's do not."""
+    if exchange.why is not None:
+        return exchange.why
+    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {exchange.mechanism}"
 
 
 @dataclass
@@ -85,6 +92,8 @@ class Exchange:
     the credential (a made-up one for an unknown user)."""
     failed: Any = None
     """The answer of a failed authentication, sent once its delay is over."""
+    why: str | None = None
+    """What a failed PLAIN authentication is answered (Kafka's words)."""
 
 
 class Authenticator:
@@ -150,14 +159,24 @@ class Authenticator:
     def _plain(self, conn: Connection, exchange: Exchange, token: bytes) -> bytes | None:
         parts = token.decode("utf-8").split("\0")
         if len(parts) != 3 or not parts[1] or not parts[2]:
+            exchange.why = (
+                f"Invalid SASL/PLAIN response: expected 3 tokens, got {len(parts)}"
+                if len(parts) != 3
+                else f"Authentication failed: {'username' if not parts[1] else 'password'} not specified"
+            )  # Kafka's words
             raise ValueError("not a PLAIN message")
         authorization, name, password = parts
         known = self.credentials.users().get(name, {})
         mechanism = next((m for m in credentials.MECHANISMS if m in known), credentials.MECHANISMS[0])
         credential = known.get(mechanism) or self._made_up(name, mechanism)
         matches = credentials.check_password(mechanism, credential, password)
-        if not matches or not known or authorization not in ("", name):
+        if not matches or not known:
+            exchange.why = "Authentication failed: Invalid username or password"
             log.warning("%s: SASL PLAIN authentication failed (%s)", conn.peer, "unknown user" if not known else "wrong password")
+            return None
+        if authorization not in ("", name):
+            exchange.why = "Authentication failed: Client requested an authorization id that is different from username"
+            log.warning("%s: SASL PLAIN authentication failed (authorization id %r is not the user's)", conn.peer, authorization)
             return None
         self._done(conn, exchange, name)
         return b""
@@ -176,12 +195,14 @@ class Authenticator:
             return exchange.scram.get_server_first().encode()
         scram, exchange.scram = exchange.scram, None
         assert exchange.credential is not None
-        signature = _client_final(exchange.mechanism, exchange.credential, scram, token.decode("utf-8"))
+        final = token.decode("utf-8")
+        signature = _client_final(exchange.mechanism, exchange.credential, scram, final)
         if not exchange.known:  # (a made-up credential has random keys: no proof matches them)
             log.warning("%s: SASL %s authentication failed (unknown user)", conn.peer, exchange.mechanism)
             return None
         if signature is None:
-            log.warning("%s: SASL %s authentication failed (wrong password)", conn.peer, exchange.mechanism)
+            why = "wrong password" if _nonce(final) == str(scram.nonce) else DOUBLED_NONCE
+            log.warning("%s: SASL %s authentication failed (%s)", conn.peer, exchange.mechanism, why)
             return None
         self._done(conn, exchange, exchange.user)
         return b"v=" + base64.b64encode(signature)
@@ -209,7 +230,8 @@ class Authenticator:
                 oldest = min(self._failures, key=lambda h: self._failures[h][1])
                 del self._failures[oldest]
             self._failures[host] = (count, now)
-        return 0.0 if count < 2 else min(FAILURE_DELAY * 2 ** (count - 2), MAX_FAILURE_DELAY)
+        first = self.server.config.failed_authentication_delay
+        return 0.0 if count < 2 else min(first * 2 ** (count - 2), MAX_FAILURE_DELAY)
 
     def fail(self, conn: Connection, exchange: Exchange, answer: Any) -> Any:
         """``answer`` (None: none, the connection is closed), now or once the host's delay is over."""
@@ -231,12 +253,14 @@ class Authenticator:
 
 def _client_final(mechanism: str, credential: Credential, scram: Any, final: str) -> bytes | None:
     """The server's signature once the client's final message proves it knows the password
-    (RFC 5802, checked here as Kafka's broker does: its nonce need only end with the
-    server's, as librdkafka before 1.9 sends it twice over), else None."""
+    (RFC 5802), else None.  Its nonce must be the server's, as Kafka 4's broker checks it:
+    librdkafka before 2.6.1 sends the client's part twice over, and is refused (the same
+    answer as a wrong password, as Kafka's)."""
     without_proof, _, proof = final.rpartition(",p=")
-    fields = dict(field.split("=", 1) for field in without_proof.split(",") if "=" in field)
-    if not fields.get("r", "").endswith(str(scram.nonce)) or not proof:
+    if not proof or _nonce(without_proof) is None:
         raise ValueError("not the exchange's final message")
+    if _nonce(without_proof) != str(scram.nonce):
+        return None
     digest = credentials.HASHES[mechanism]
     told = ",".join((str(scram.client_first_bare), str(scram.server_first), without_proof)).encode()
     signed = hmac.new(credential.stored_key, told, digest).digest()
@@ -247,6 +271,12 @@ def _client_final(mechanism: str, credential: Credential, scram: Any, final: str
     if not hmac.compare_digest(hashlib.new(digest, client_key).digest(), credential.stored_key):
         return None
     return hmac.new(credential.server_key, told, digest).digest()
+
+
+def _nonce(message: str) -> str | None:
+    """The nonce (``r=``) a SCRAM message carries."""
+    fields = dict(field.split("=", 1) for field in message.split(",") if "=" in field)
+    return fields.get("r")
 
 
 def _authenticator(broker: Any) -> Authenticator:
@@ -277,7 +307,7 @@ def sasl_authenticate(broker: Any, conn: Connection, version: int, request: Any,
         return sasl.answer_failure(conn, exchange)
     token = sasl.evaluate(conn, exchange, bytes(request.auth_bytes))
     if token is None:
-        failed = SaslAuthenticateResponse(error_code=SASL_AUTHENTICATION_FAILED, error_message=failed_text(exchange.mechanism))
+        failed = SaslAuthenticateResponse(error_code=SASL_AUTHENTICATION_FAILED, error_message=failed_text(exchange))
         return sasl.fail(conn, exchange, failed)
     return SaslAuthenticateResponse(error_code=NONE, error_message=None, auth_bytes=token, session_lifetime_ms=0)
 

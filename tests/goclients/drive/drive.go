@@ -51,6 +51,8 @@ type Record struct {
 //     Progress + ".stop" is there, appending a line to the file Progress as each record
 //     comes (so that the tests can change the topic meanwhile); answers {"records", "errors"}, the errors the client gave its reader
 //     (by name where it has names), each once, in the order they first came.
+//
+// Security, where given, is how produce and consume connect (franz-go).
 type Request struct {
 	Op          string          `json:"op"`
 	Bootstrap   string          `json:"bootstrap"`
@@ -71,6 +73,20 @@ type Request struct {
 	How         string          `json:"how"`
 	Seconds     float64         `json:"seconds"`
 	Progress    string          `json:"progress"`
+	Security    *Security       `json:"security"`
+}
+
+// Security is how a client connects: Kafka's security protocol (SSL, SASL_PLAINTEXT,
+// SASL_SSL), the CA that signs the server's certificate, a client certificate and its
+// key (mTLS), the SASL mechanism, user and password.
+type Security struct {
+	Protocol  string `json:"protocol"`
+	CA        string `json:"ca"`
+	Cert      string `json:"cert"`
+	Key       string `json:"key"`
+	Mechanism string `json:"mechanism"`
+	User      string `json:"user"`
+	Password  string `json:"password"`
 }
 
 // Start is where a consume begins: Earliest, Latest, else Offset.

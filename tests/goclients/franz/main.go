@@ -32,7 +32,11 @@ func produce(ctx context.Context, r *drive.Request) (any, error) {
 	if !r.Idempotent {
 		options = append(options, kgo.DisableIdempotentWrite())
 	}
-	client, err := kgo.NewClient(options...)
+	security, err := secured(r)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kgo.NewClient(append(options, security...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -99,8 +103,12 @@ func consume(ctx context.Context, r *drive.Request) (any, error) {
 	} else if start.Latest {
 		at = kgo.NewOffset().AtEnd()
 	}
-	client, err := kgo.NewClient(kgo.SeedBrokers(r.Bootstrap), kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.Topic: {r.Partition: at}}))
+	security, err := secured(r)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kgo.NewClient(append(security, kgo.SeedBrokers(r.Bootstrap), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.Topic: {r.Partition: at}}))...)
 	if err != nil {
 		return nil, err
 	}

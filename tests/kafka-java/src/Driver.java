@@ -92,7 +92,32 @@ public final class Driver {
         Properties p = new Properties();
         p.put("bootstrap.servers", r.path("bootstrap").asText());
         p.put("request.timeout.ms", "10000");
+        secured(p, r.path("security"));
         return p;
+    }
+
+    /** A request's "security" ({protocol, ca, keystore, mechanism, user, password}) as the client's settings. */
+    static void secured(Properties p, JsonNode s) {
+        if (s.isMissingNode()) {
+            return;
+        }
+        p.put("security.protocol", s.path("protocol").asText());
+        if (s.has("ca")) {
+            p.put("ssl.truststore.type", "PEM");
+            p.put("ssl.truststore.location", s.path("ca").asText());
+        }
+        if (s.has("keystore")) {
+            p.put("ssl.keystore.type", "PEM");
+            p.put("ssl.keystore.location", s.path("keystore").asText());
+        }
+        if (s.has("mechanism")) {
+            String mechanism = s.path("mechanism").asText();
+            String module = mechanism.equals("PLAIN") ? "org.apache.kafka.common.security.plain.PlainLoginModule"
+                    : "org.apache.kafka.common.security.scram.ScramLoginModule";
+            p.put("sasl.mechanism", mechanism);
+            p.put("sasl.jaas.config", module + " required username=\"" + s.path("user").asText() + "\" password=\""
+                    + s.path("password").asText() + "\";");
+        }
     }
 
     static Object produce(JsonNode r) throws Exception {
