@@ -92,7 +92,8 @@ def key_delimiter_option(help: str) -> Callable[[F], F]:
 
 
 def server_option(what: str) -> Callable[[F], F]:
-    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root."""
+    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root,
+    with the options of ``connection_options``."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
@@ -102,7 +103,92 @@ def server_option(what: str) -> Callable[[F], F]:
                 raise click.BadParameter(str(e), ctx, param) from None
         return value
 
-    return click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
+    option = click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
+
+    def decorate(f: F) -> F:
+        return option(connection_options(f))
+
+    return decorate
+
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PASSWORD_VARIABLE = "KL_PASSWORD"
+_CONNECTION = "kl_connection"
+"""Where in ``ctx.meta`` the connection options are kept (``connection``)."""
+
+
+def connection_options(f: F) -> F:
+    """How to reach a ``kl serve`` over the network: TLS (the server's certificate checked
+    against ``--tls-ca`` or the system's CAs; a client certificate for mTLS) and SASL
+    (``--sasl-user``; the password from ``$KL_PASSWORD``, ``--password-file`` or a prompt,
+    never an argument, which other users see in ps).  ``connection`` gives them to
+    ``RemoteRoot``."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        assert param.name is not None
+        ctx.meta.setdefault(_CONNECTION, {})[param.name] = value
+        return value
+
+    def option(*names: str, **settings: Any) -> Callable[[F], F]:
+        return click.option(*names, expose_value=False, callback=keep, **settings)
+
+    path = click.Path(dir_okay=False)
+    options = [
+        option("--tls", is_flag=True, help="Connect over TLS (kl serve --tls), the server's certificate checked."),
+        option("--tls-ca", type=path, help="The CAs that sign the server's certificate (PEM; implies --tls)."),
+        option("--tls-cert", type=path, help="A client certificate (PEM) for mTLS (implies --tls)."),
+        option("--tls-key", type=path, help="The client certificate's private key (PEM)."),
+        option("--sasl-user", metavar="NAME", help="Authenticate with SASL as NAME (kl serve --sasl)."),
+        option(
+            "--sasl-mechanism",
+            type=click.Choice(SASL_MECHANISMS),
+            default="SCRAM-SHA-256",
+            show_default=True,
+            help="The SASL mechanism --sasl-user logs in with.",
+        ),
+        option(
+            "--password-file",
+            type=click.File("r"),
+            help=f"Read --sasl-user's password from the first line of this file (else ${PASSWORD_VARIABLE}, else a prompt).",
+        ),
+    ]
+    for each in reversed(options):
+        f = each(f)
+    return f
+
+
+def connection(ctx: click.Context) -> dict[str, Any]:
+    """``RemoteRoot``'s ``tls`` and ``sasl`` from the options of ``connection_options``."""
+    import ssl
+
+    given = ctx.meta.get(_CONNECTION, {})
+    tls = None
+    if given.get("tls") or given.get("tls_ca") or given.get("tls_cert"):
+        if bool(given.get("tls_cert")) != bool(given.get("tls_key")):
+            raise click.UsageError("a client certificate needs its key, and a key its certificate (--tls-cert, --tls-key)")
+        try:
+            tls = ssl.create_default_context(cafile=given.get("tls_ca"))
+            if given.get("tls_cert"):
+                tls.load_cert_chain(given["tls_cert"], given["tls_key"])
+        except (OSError, ssl.SSLError) as e:
+            raise click.UsageError(f"cannot use the TLS files given: {getattr(e, 'reason', None) or e.strerror or e}") from None
+    sasl = None
+    user = given.get("sasl_user")
+    if user is not None:
+        sasl = (given["sasl_mechanism"], user, _password(given.get("password_file")))
+    elif given.get("password_file") is not None:
+        raise click.UsageError("--password-file is the password of --sasl-user: give it too")
+    return {"tls": tls, "sasl": sasl}
+
+
+def _password(file: IO[str] | None) -> str:
+    if file is not None:
+        return file.readline().rstrip("\r\n")
+    if PASSWORD_VARIABLE in os.environ:
+        return os.environ[PASSWORD_VARIABLE]
+    if sys.stdin.isatty():
+        return str(click.prompt("Password", hide_input=True, err=True))
+    raise click.UsageError(f"--sasl-user needs a password: ${PASSWORD_VARIABLE}, --password-file, or a terminal to ask on")
 
 
 def resolve_delimiter(delimiter: bytes | None, null: bool) -> bytes:

@@ -1,6 +1,7 @@
 """SASL on either front end of ``kl serve``: the server's side of PLAIN, SCRAM-SHA-256 and
 SCRAM-SHA-512 (``ServeConfig.sasl_mechanisms``) against the credentials kept in the root
-(``kl.net.credentials``; SCRAM's server side is scramp's), and kl's client side of them.
+(``kl.net.credentials``; SCRAM's server side is scramp's).  (kl's client side is
+``kl.net.wire``'s.)
 
 The rules are Kafka's broker's (its SaslServerAuthenticator), the same on both ports: a
 failed authentication is the same for an unknown user as for a wrong password (an
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import scramp
 
@@ -213,31 +214,3 @@ def _client_final(mechanism: str, credential: Credential, scram: Any, final: str
     if not hmac.compare_digest(hashlib.new(digest, client_key).digest(), credential.stored_key):
         return None
     return hmac.new(credential.server_key, told, digest).digest()
-
-
-class Login(NamedTuple):
-    """What a kl client authenticates with: a SASL mechanism, a user and its password."""
-
-    mechanism: str
-    user: str
-    password: str
-
-    def __repr__(self) -> str:
-        return f"Login({self.mechanism!r}, {self.user!r}, password=...)"
-
-
-def client_tokens(login: Login) -> Any:
-    """The client's side of an exchange, as a generator: it yields each token to send and
-    is sent the server's answer to it; a server whose last answer does not prove it knows
-    the credential raises ``ValueError``."""
-    if login.mechanism == "PLAIN":
-        yield f"\0{login.user}\0{login.password}".encode()
-        return
-    client = scramp.ScramClient([login.mechanism], login.user, login.password)
-    answer = yield client.get_client_first().encode()
-    client.set_server_first(bytes(answer).decode())
-    answer = yield client.get_client_final().encode()
-    try:
-        client.set_server_final(bytes(answer).decode())
-    except (scramp.ScramException, UnicodeDecodeError) as e:
-        raise ValueError(f"the server's SCRAM answer does not prove it knows the credential: {e}") from None
