@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -15,7 +16,7 @@ import select
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -106,7 +107,16 @@ def server_option(what: str) -> Callable[[F], F]:
     option = click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
 
     def decorate(f: F) -> F:
-        return option(connection_options(f))
+        @functools.wraps(f)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("server") is None:
+                given = click.get_current_context().meta.get(_CONNECTION, {})
+                unused = [name for name, value in given.items() if value not in (None, False) and name != "sasl_mechanism"]
+                if unused:
+                    raise click.UsageError(f"--{unused[0].replace('_', '-')} is for a server: give --server too")
+            return f(*args, **kwargs)
+
+        return option(connection_options(cast(F, checked)))
 
     return decorate
 

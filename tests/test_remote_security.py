@@ -177,6 +177,8 @@ def test_server_certificate_is_checked(root, serve, pems):
     done = run_kl("topics", "list", "--server", address, "--tls-ca", pems["other_ca"])
     assert done.returncode == 1 and done.stderr.decode().count("\n") == 1 and "CERTIFICATE_VERIFY_FAILED" in done.stderr.decode()
     assert run_kl("topics", "list", "--server", address, "--tls-ca", pems["ca"]).returncode == 0
+    alone = run_kl("topics", "list", "--root", str(root.path), "--tls-ca", pems["ca"])  # not for a root
+    assert alone.returncode == 2 and "--tls-ca is for a server: give --server too" in alone.stderr.decode()
 
 
 def test_client_certificate_names_the_principal(root, serve, pems, principals):

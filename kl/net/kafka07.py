@@ -50,7 +50,8 @@ class Kafka07(FrontEnd):
             raise Drop(f"unknown request type {kind}")
         if kind >= wire.HELLO:
             conn.kl = True
-        if kind not in (wire.HELLO, wire.AUTHENTICATE) and self.sasl.pending(conn) is not None:
+        exchange = self.sasl.pending(conn)  # (the first request starts the time the exchange has)
+        if exchange is not None and kind not in (wire.HELLO, wire.AUTHENTICATE):
             if not conn.kl:
                 raise Drop(f"{wire.NAMES[kind]} before SASL authentication (kl serve --sasl)")
             conn.hang_up = True

@@ -17,8 +17,6 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import scramp
-
 from kl import errors
 from kl.errors import KlError
 from kl.net.frames import ProtocolError
@@ -299,6 +297,8 @@ def client_tokens(login: Login) -> Any:
     if login.mechanism == "PLAIN":
         yield f"\0{login.user}\0{login.password}".encode()
         return
+    import scramp  # here: a command that does not log in does not load it
+
     client = scramp.ScramClient([login.mechanism], login.user, login.password)
     answer = yield client.get_client_first().encode()
     client.set_server_first(bytes(answer).decode())
