@@ -4,6 +4,7 @@ the --server commands and kl mirror."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -211,6 +212,37 @@ def test_cli_produces_consumes_and_lists_through_tls_and_sasl(root, serve, pems,
     assert wrong.stderr.decode() == f"Error: SASL {mechanism} authentication failed: unknown user or wrong password\n"
     none = run_kl("consume", *secure, "t", password=None)  # no password, and no terminal to ask on
     assert none.returncode == 2 and "KL_PASSWORD" in none.stderr.decode()
+
+
+def test_password_is_asked_for_on_a_terminal(root, serve, pems):
+    import fcntl
+    import pty
+    import termios
+
+    root.create_topic("t", kl.TopicConfig())
+    address = serve(port_sasl=True)
+    master, terminal = pty.openpty()
+
+    def controlling() -> None:
+        os.setsid()
+        fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+
+    env = {k: v for k, v in os.environ.items() if k != "KL_PASSWORD"}
+    args = ["topics", "list", "--server", address, "--tls-ca", pems["ca"], "--sasl-user", "alice"]
+    streams = {"stdin": terminal, "stdout": subprocess.PIPE, "stderr": terminal}
+    with subprocess.Popen([*KL, *args], **streams, env=env, preexec_fn=controlling) as kl_:
+        os.close(terminal)
+        told = b""
+        while b"Password" not in told:
+            told += os.read(master, 100)
+        os.write(master, PASSWORD.encode() + b"\n")
+        out, _ = kl_.communicate(timeout=60)
+    seen = told
+    with contextlib.suppress(OSError):
+        seen += os.read(master, 1000)
+    os.close(master)
+    assert kl_.returncode == 0 and b"t" in out.split()
+    assert PASSWORD.encode() not in seen + out  # not echoed
 
 
 def test_mirror_copies_from_a_server_over_tls_and_sasl(root, serve, pems, tmp_path):
