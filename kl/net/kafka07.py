@@ -78,7 +78,9 @@ class Kafka07(FrontEnd):
             done = "already authenticated" if self.server.config.port_sasl else "SASL is off on this port (kl serve --sasl)"
             self._reply_error(conn, wire.KL_ERROR, KlError(done))
             return
-        if mechanism not in self.sasl.mechanisms or exchange.mechanism not in ("", mechanism):
+        if exchange.mechanism not in ("", mechanism):
+            raise Drop(f"AUTHENTICATE with {mechanism} inside a {exchange.mechanism} exchange")
+        if mechanism not in self.sasl.mechanisms:
             log.warning("%s: SASL mechanism %r is not enabled here (%s)", conn.peer, mechanism, ", ".join(self.sasl.mechanisms))
             conn.hang_up = True
             refused = f"SASL mechanism {mechanism} is not one this server takes ({', '.join(self.sasl.mechanisms)})"
