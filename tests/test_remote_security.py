@@ -170,6 +170,13 @@ def test_client_that_does_not_authenticate_is_refused_in_one_line(root, serve, p
     assert "requires SASL authentication" in done.stderr.decode() and b"Traceback" not in done.stderr
 
 
+def test_mechanism_not_taken_is_refused(root, serve, pems):
+    address = serve(port_sasl=True, sasl_mechanisms=("SCRAM-SHA-512",))
+    with pytest.raises(wire.AuthenticationFailed, match=r"^SASL mechanism PLAIN is not one this server takes \(SCRAM-SHA-512\)$"):
+        kl.RemoteConsumer(address, tls=trusting(pems), sasl=("PLAIN", "alice", PASSWORD)).topics()
+    assert kl.RemoteConsumer(address, tls=trusting(pems), sasl=("SCRAM-SHA-512", "alice", PASSWORD)).topics() == []
+
+
 def test_server_certificate_is_checked(root, serve, pems):
     address = serve()
     assert kl.RemoteConsumer(address, tls=trusting(pems)).topics() == []
