@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import re
 import select
-import ssl
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -26,8 +26,6 @@ from kl.net.wire import parse_address
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from kl.net.remote import RemoteRoot
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the input at a time, and the largest append by default."""
@@ -95,8 +93,8 @@ def key_delimiter_option(help: str) -> Callable[[F], F]:
 
 
 def server_option(what: str) -> Callable[[F], F]:
-    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root;
-    with ``server_tls_options``."""
+    """``--server HOST:PORT``: ``what`` through a ``kl serve`` there instead of the root,
+    with the options of ``connection_options``."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
@@ -107,41 +105,96 @@ def server_option(what: str) -> Callable[[F], F]:
         return value
 
     option = click.option("--server", metavar="HOST:PORT", callback=check, help=f"{what} through the kl serve at HOST:PORT.")
-    return lambda command: option(server_tls_options(command))
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("server") is None:
+                given = click.get_current_context().meta.get(_CONNECTION, {})
+                unused = [name for name, value in given.items() if value not in (None, False) and name != "sasl_mechanism"]
+                if unused:
+                    raise click.UsageError(f"--{unused[0].replace('_', '-')} is for a server: give --server too")
+            return f(*args, **kwargs)
+
+        return option(connection_options(cast(F, checked)))
+
+    return decorate
 
 
-def server_tls_options(command: F) -> F:
-    """``--server-ca``, ``--server-cert``, ``--server-key``: TLS to a ``kl serve --tls``
-    (kept for ``server_tls``)."""
-
-    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-        ctx.meta.setdefault("server_tls", {})[param.name] = value
-
-    for name, help in (
-        ("--server-ca", "Connect over TLS, checking the server's certificate with these CAs (PEM)."),
-        ("--server-cert", "Over TLS, show this client certificate (PEM): kl serve --tls-client-auth."),
-        ("--server-key", "The client certificate's private key (PEM)."),
-    ):
-        command = click.option(name, metavar="FILE", expose_value=False, callback=keep, help=help)(command)
-    return command
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PASSWORD_VARIABLE = "KL_PASSWORD"
+_CONNECTION = "kl_connection"
+"""Where in ``ctx.meta`` the connection options are kept (``connection``)."""
 
 
-def server_tls(ctx: click.Context) -> ssl.SSLContext | None:
-    """The TLS context ``server_tls_options`` ask for (None: plaintext)."""
+def connection_options(f: F) -> F:
+    """How to reach a ``kl serve`` over the network: TLS (the server's certificate checked
+    against ``--tls-ca`` or the system's CAs; a client certificate for mTLS) and SASL
+    (``--sasl-user``; the password from ``$KL_PASSWORD``, ``--password-file`` or a prompt,
+    never an argument, which other users see in ps).  ``connection`` gives them to
+    ``RemoteRoot``."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        assert param.name is not None
+        ctx.meta.setdefault(_CONNECTION, {})[param.name] = value
+        return value
+
+    def option(*names: str, **settings: Any) -> Callable[[F], F]:
+        return click.option(*names, expose_value=False, callback=keep, **settings)
+
+    path = click.Path(dir_okay=False)
+    options = [
+        option("--tls", is_flag=True, help="Connect over TLS (kl serve --tls), the server's certificate checked."),
+        option("--tls-ca", type=path, help="The CAs that sign the server's certificate (PEM; implies --tls)."),
+        option("--tls-cert", type=path, help="A client certificate (PEM) for mTLS (implies --tls)."),
+        option("--tls-key", type=path, help="The client certificate's private key (PEM)."),
+        option("--sasl-user", metavar="NAME", help="Authenticate with SASL as NAME (kl serve --sasl)."),
+        option(
+            "--sasl-mechanism",
+            type=click.Choice(SASL_MECHANISMS),
+            default="SCRAM-SHA-256",
+            show_default=True,
+            help="The SASL mechanism --sasl-user logs in with.",
+        ),
+        option(
+            "--password-file",
+            type=click.File("r"),
+            help=f"Read --sasl-user's password from the first line of this file (else ${PASSWORD_VARIABLE}, else a prompt).",
+        ),
+    ]
+    for each in reversed(options):
+        f = each(f)
+    return f
+
+
+def connection(ctx: click.Context) -> dict[str, Any]:
+    """``RemoteRoot``'s ``tls`` and ``sasl`` from the options of ``connection_options``
+    (a TLS file that is missing or not usable is ``TlsError``'s one line)."""
     from kl.net.tls import client_context
 
-    given = ctx.meta.get("server_tls", {})
-    ca, cert, key = given.get("server_ca"), given.get("server_cert"), given.get("server_key")
-    if ca is None and cert is None and key is None:
-        return None
-    return client_context(ca, cert, key)
+    given = ctx.meta.get(_CONNECTION, {})
+    tls = None
+    if given.get("tls") or given.get("tls_ca") or given.get("tls_cert"):
+        if bool(given.get("tls_cert")) != bool(given.get("tls_key")):
+            raise click.UsageError("a client certificate needs its key, and a key its certificate (--tls-cert, --tls-key)")
+        tls = client_context(given.get("tls_ca"), given.get("tls_cert"), given.get("tls_key"))
+    sasl = None
+    user = given.get("sasl_user")
+    if user is not None:
+        sasl = (given["sasl_mechanism"], user, _password(given.get("password_file")))
+    elif given.get("password_file") is not None:
+        raise click.UsageError("--password-file is the password of --sasl-user: give it too")
+    return {"tls": tls, "sasl": sasl}
 
 
-def remote_root(ctx: click.Context, server: str) -> RemoteRoot:
-    """The ``kl serve`` at ``server``, over TLS if asked."""
-    from kl.net.remote import RemoteRoot
-
-    return RemoteRoot(server, tls=server_tls(ctx))
+def _password(file: IO[str] | None) -> str:
+    if file is not None:
+        return file.readline().rstrip("\r\n")
+    if PASSWORD_VARIABLE in os.environ:
+        return os.environ[PASSWORD_VARIABLE]
+    if sys.stdin.isatty():
+        return str(click.prompt("Password", hide_input=True, err=True))
+    raise click.UsageError(f"--sasl-user needs a password: ${PASSWORD_VARIABLE}, --password-file, or a terminal to ask on")
 
 
 def resolve_delimiter(delimiter: bytes | None, null: bool) -> bytes:

@@ -23,11 +23,11 @@ from kl.log import core
 from kl_cli import complete
 from kl_cli.common import (
     TIME,
+    connection,
     delimiter_options,
     exclusive,
     get_root,
     key_delimiter_option,
-    remote_root,
     resolve_delimiter,
     server_option,
     to_bytes,
@@ -189,7 +189,7 @@ def consume(
     emit = _emitter(write, render, binary, delim)
     if group is not None and server is not None:
         raise click.UsageError("--group needs the root: a group cannot consume through --server")
-    consumer = kl.RemoteConsumer(remote_root(ctx, server)) if server is not None else kl.Consumer(get_root(ctx))
+    consumer = kl.RemoteConsumer(server, **connection(ctx)) if server is not None else kl.Consumer(get_root(ctx))
     root = consumer.root
     if group is not None:
         if from_offset is not None or from_time is not None or partitions:

@@ -13,7 +13,7 @@ import click
 
 import kl
 from kl import mirror as mirroring
-from kl_cli.common import aligned, root_option, server_tls, server_tls_options
+from kl_cli.common import aligned, connection, connection_options, root_option
 
 
 @click.command("mirror")
@@ -41,7 +41,7 @@ from kl_cli.common import aligned, root_option, server_tls, server_tls_options
     help="How many partitions each TOPIC has on a Kafka 0.7 broker (which cannot be asked).",
 )
 @click.option("--json", "as_json", is_flag=True, help="The summary as one JSON object per partition.")
-@server_tls_options
+@connection_options
 @click.pass_context
 def mirror_command(
     ctx: click.Context,
@@ -57,7 +57,8 @@ def mirror_command(
     """Copy topics from SOURCE into the root TARGET, with identical offsets.
 
     SOURCE is a root directory or HOST:PORT of a kl serve (or a Kafka 0.7 broker: name
-    the topics and give --partitions).  With no TOPIC, every topic of SOURCE.  Missing
+    the topics and give --partitions; --tls and --sasl-user reach a kl serve that
+    requires them).  With no TOPIC, every topic of SOURCE.  Missing
     topics are created with SOURCE's settings; a run goes on from where the target
     ends, and refuses a target that is not a copy of SOURCE (or of its topic's current
     creation: see --recreate).  SIGTERM and Ctrl-C stop
@@ -77,7 +78,7 @@ def mirror_command(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        src = mirroring.open_source(source, partitions=partitions, tls=server_tls(ctx))
+        src = mirroring.open_source(source, partitions=partitions, **connection(ctx))
         try:
             copies = mirroring.Mirror(src, root, list(topics) or None, recreate=recreate).run(follow=follow, stop=stop, poll=poll)
         finally:

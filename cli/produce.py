@@ -33,13 +33,13 @@ from kl.producer import DEFAULT_BATCH_BYTES, atomic_partitions, message_sizes
 from kl_cli import complete
 from kl_cli.common import (
     Progress,
+    connection,
     delimiter_options,
     exclusive,
     get_root,
     key_delimiter_option,
     note,
     read_chunks,
-    remote_root,
     resolve_delimiter,
     server_option,
     to_bytes,
@@ -291,7 +291,7 @@ def produce(
     exclusive(json=json_input, header=bool(headers))
     given = _headers(headers)
     delim = resolve_delimiter(delimiter, null)
-    root = remote_root(ctx, server) if server is not None else get_root(ctx)
+    root = RemoteRoot(server, **connection(ctx)) if server is not None else get_root(ctx)
     root.log(topic, partition if partition is not None else 0)  # fail before reading input
     codec = None if compression == "none" else compression
     batch_bytes = root.config(topic).segment_bytes if batch_size else DEFAULT_BATCH_BYTES

@@ -102,6 +102,9 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     help="Serve today's Kafka protocol here too: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (repeatable).",
 )
 @click.option("--tls", "port_tls", is_flag=True, help="Serve Kafka 0.7's port over TLS (--tls-cert, --tls-key).")
+@click.option(
+    "--sasl", "port_sasl", is_flag=True, help="Kafka 0.7's port requires kl clients to authenticate with SASL (--sasl-mechanism)."
+)
 @click.option("--tls-cert", metavar="FILE", help="The server's certificate (PEM, its chain after it) for TLS listeners.")
 @click.option("--tls-key", metavar="FILE", help="The certificate's private key (PEM).")
 @click.option("--tls-ca", metavar="FILE", help="The CAs that sign client certificates (PEM).")
@@ -218,6 +221,7 @@ def serve(
     kafka: tuple[str | None, int] | None,
     listeners: tuple[tuple[str, str, int], ...],
     port_tls: bool,
+    port_sasl: bool,
     tls_cert: str | None,
     tls_key: str | None,
     tls_ca: str | None,
@@ -279,6 +283,7 @@ def serve(
         request_timeout=request_timeout,
         listeners=listeners,
         port_tls=port_tls,
+        port_sasl=port_sasl,
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_ca=tls_ca,

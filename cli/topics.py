@@ -15,7 +15,7 @@ from kl.log import kafka_config
 from kl.log.config import FORMATS, PARTITIONERS
 from kl.log.importer import import_topic
 from kl_cli import complete
-from kl_cli.common import DURATION, F, aligned, get_root, note, print_line, remote_root, server_option
+from kl_cli.common import DURATION, F, aligned, connection, get_root, note, print_line, server_option
 
 CONFIG_OPTIONS = [
     ("--partitions", "partitions", "Number of partitions."),
@@ -245,8 +245,9 @@ def _described(
         root = get_root(ctx)
         yield root.topics(), root.describe, root.strays
         return
+    from kl.net.remote import RemoteRoot  # here: listing a root does not load the client
 
-    remote = remote_root(ctx, server)
+    remote = RemoteRoot(server, **connection(ctx))
     try:
         yield remote.topics(), remote.describe, list
     finally:

@@ -240,16 +240,26 @@ class LocalSource:
 class RemoteSource:
     """A ``kl serve`` (kl's TOPICS gives the topics and their settings) or a Kafka 0.7
     broker (no such request: topics are named, and ``partitions`` says how many each has);
-    over TLS with ``tls`` (``kl serve --tls``)."""
+    ``tls`` and ``sasl`` are ``RemoteRoot``'s (a kl serve only, then)."""
 
-    def __init__(self, address: str, *, partitions: int | None = None, timeout: float = 30.0, tls: ssl.SSLContext | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        partitions: int | None = None,
+        timeout: float = 30.0,
+        tls: ssl.SSLContext | None = None,
+        sasl: wire.Login | tuple[str, str, str] | None = None,
+    ):
         self.name = address
         self.partitions = partitions
         try:
-            self.conn = wire.Connection(address, timeout=timeout, tls=tls)
+            self.conn = wire.Connection(address, timeout=timeout, tls=tls, sasl=sasl)
             self.kl = True
         except (wire.ProtocolError, wire.NetworkError):  # a Kafka 0.7 broker closes a connection on an unknown type
-            self.conn = wire.Connection(address, timeout=timeout, hello=False, tls=tls)
+            if tls is not None or sasl is not None:
+                raise
+            self.conn = wire.Connection(address, timeout=timeout, hello=False)
             self.kl = False
         self._configs: dict[str, TopicConfig] | None = None
 
@@ -328,12 +338,21 @@ def kafka07_config(partitions: int) -> TopicConfig:
     return TopicConfig(partitions=partitions, format=FORMAT_07)
 
 
-def open_source(spec: str, *, partitions: int | None = None, timeout: float = 30.0, tls: ssl.SSLContext | None = None) -> Source:
-    """``HOST:PORT`` of a server (unless a directory has that name; over TLS with ``tls``),
-    else a root directory."""
+def open_source(
+    spec: str,
+    *,
+    partitions: int | None = None,
+    timeout: float = 30.0,
+    tls: ssl.SSLContext | None = None,
+    sasl: wire.Login | tuple[str, str, str] | None = None,
+) -> Source:
+    """``HOST:PORT`` of a server (unless a directory has that name), else a root directory;
+    ``tls`` and ``sasl`` are ``RemoteSource``'s."""
     host, sep, port = spec.rpartition(":")
     if sep and host and port.isdigit() and not os.path.isdir(spec):
-        return RemoteSource(spec, partitions=partitions, timeout=timeout, tls=tls)
+        return RemoteSource(spec, partitions=partitions, timeout=timeout, tls=tls, sasl=sasl)
+    if tls is not None or sasl is not None:
+        raise InvalidConfig(f"{spec} is a root, not a server's HOST:PORT: TLS and SASL are for a server")
     return LocalSource(Root(spec))
 
 

@@ -505,7 +505,7 @@ def test_sasl_over_tls_logs_in_and_serves_through_a_sasl_ssl_listener(root, runn
 
 
 def test_kl_cli_and_mirror_reach_a_tls_port_with_a_client_certificate_its_acls_name(tmp_path, pems):
-    """--server-ca/--server-cert/--server-key on kl produce, consume, topics and mirror,
+    """--tls-ca/--tls-cert/--tls-key on kl produce, consume, topics and mirror,
     against a daemon that takes only client certificates and whose ACLs name their subject."""
     from kl.net.acls import Acl, Acls
 
@@ -528,11 +528,11 @@ def test_kl_cli_and_mirror_reach_a_tls_port_with_a_client_certificate_its_acls_n
         mine = [
             "--server",
             server,
-            "--server-ca",
+            "--tls-ca",
             pems["ca"],
-            "--server-cert",
+            "--tls-cert",
             pems["client_cert"],
-            "--server-key",
+            "--tls-key",
             pems["client_key"],
         ]
 
@@ -549,12 +549,12 @@ def test_kl_cli_and_mirror_reach_a_tls_port_with_a_client_certificate_its_acls_n
         assert mirrored.returncode == 0, mirrored.stderr
         assert [m.value for m in kl.Consumer(kl.Root(copy)).fetch("t", 0, 0, 1 << 20)] == [b"one", b"two"]
         for args, words in (
-            (["--server", server, "--server-ca", pems["ca"]], "with a client certificate only"),
+            (["--server", server, "--tls-ca", pems["ca"]], "with a client certificate only"),
             (
-                ["--server", server, "--server-cert", pems["client_cert"], "--server-key", pems["client_key"]],
+                ["--server", server, "--tls-cert", pems["client_cert"], "--tls-key", pems["client_key"]],
                 "CERTIFICATE_VERIFY_FAILED",
             ),
-            ([*mine[:2], "--server-ca", str(tmp_path / "nowhere.pem")], "cannot read the TLS CA file"),
+            ([*mine[:2], "--tls-ca", str(tmp_path / "nowhere.pem")], "cannot read the TLS CA file"),
         ):
             refused = kl_cli("consume", "t", *args)
             assert refused.returncode == 1 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

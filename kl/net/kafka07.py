@@ -17,7 +17,8 @@ from kl.log.config import TopicConfig
 from kl.log.log import append_all
 from kl.log.validate import Checked, validate
 from kl.net import wire
-from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Span, Wait, host_of
+from kl.net.sasl import Authenticator
+from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Server, Span, Wait, host_of
 from kl.net.wire import Fetch, ProtocolError, Reader
 from kl.topic import validate_name
 
@@ -31,7 +32,12 @@ MAX_PAYLOAD = (1 << 31) - 1 - 2
 
 
 class Kafka07(FrontEnd):
-    """Answers Kafka 0.7's requests and kl's own."""
+    """Answers Kafka 0.7's requests and kl's own; with ``ServeConfig.port_sasl``, only
+    from clients that authenticated (AUTHENTICATE, ``kl.net.sasl``'s rules)."""
+
+    def __init__(self, server: Server):
+        super().__init__(server)
+        self.sasl = Authenticator(server, lambda conn: server.config.port_sasl)
 
     def listening(self, address: str, port: int) -> None:
         log.info("serving %s on %s:%d", self.server.root.path, address, port)
@@ -44,10 +50,52 @@ class Kafka07(FrontEnd):
             raise Drop(f"unknown request type {kind}")
         if kind >= wire.HELLO:
             conn.kl = True
+        exchange = self.sasl.pending(conn)  # (the first request starts the time the exchange has)
+        if exchange is not None and kind not in (wire.HELLO, wire.AUTHENTICATE):
+            if not conn.kl:
+                raise Drop(f"{wire.NAMES[kind]} before SASL authentication (kl serve --sasl)")
+            conn.hang_up = True
+            needed = wire.AuthenticationFailed(f"this server requires SASL authentication ({', '.join(self.sasl.mechanisms)})")
+            self._reply_error(conn, wire.KL_ERROR, needed)
+            return
         handler(self, conn, reader)
 
     def resume(self, conn: Connection, wait: Wait) -> None:
-        raise AssertionError("Kafka 0.7's requests never wait")
+        """A failed authentication's answer, once its delay is over (nothing else waits)."""
+        exchange = self.sasl.pending(conn)
+        assert exchange is not None
+        self.server.queue(conn, self.sasl.answer_failure(conn, exchange))
+
+    def closed(self, conn: Connection) -> None:
+        self.sasl.forget(conn)
+
+    def _authenticate(self, conn: Connection, reader: Reader) -> None:
+        mechanism = reader.string()
+        token = bytes(reader.take(reader.int32()))
+        reader.done()
+        exchange = self.sasl.pending(conn)
+        if exchange is None:
+            done = "already authenticated" if self.server.config.port_sasl else "SASL is off on this port (kl serve --sasl)"
+            self._reply_error(conn, wire.KL_ERROR, KlError(done))
+            return
+        if exchange.mechanism not in ("", mechanism):
+            raise Drop(f"AUTHENTICATE with {mechanism} inside a {exchange.mechanism} exchange")
+        if mechanism not in self.sasl.mechanisms:
+            log.warning("%s: SASL mechanism %r is not enabled here (%s)", conn.peer, mechanism, ", ".join(self.sasl.mechanisms))
+            conn.hang_up = True
+            refused = f"SASL mechanism {mechanism} is not one this server takes ({', '.join(self.sasl.mechanisms)})"
+            self._reply_error(conn, wire.KL_ERROR, wire.AuthenticationFailed(refused))
+            return
+        exchange.mechanism = mechanism
+        answer = self.sasl.evaluate(conn, exchange, token)
+        if answer is None:
+            failed = wire.AuthenticationFailed(f"SASL {mechanism} authentication failed: unknown user or wrong password")
+            _, payload = wire.error_payload(failed)
+            refusal = self.sasl.fail(conn, exchange, memoryview(wire.HEAD.pack(2 + len(payload), wire.KL_ERROR) + payload))
+            if refusal is not None:
+                self.server.queue(conn, refusal)
+            return
+        self._reply(conn, wire.NO_ERROR, wire.INT32.pack(len(answer)) + answer)
 
     def _fetch(self, conn: Connection, reader: Reader) -> None:
         fetch = reader.fetch()
@@ -350,4 +398,5 @@ HANDLERS = {
     wire.DESCRIBE: Kafka07._describe,
     wire.APPEND_ALL: Kafka07._append_all_request,
     wire.KAFKA_OFFSET: Kafka07._kafka_offset,
+    wire.AUTHENTICATE: Kafka07._authenticate,
 }

@@ -70,8 +70,8 @@ __all__ = ["DEFAULT_TIMEOUT", "RemoteConsumer", "RemoteLog", "RemoteProducer", "
 class _Connection(wire.Connection):
     """A ``wire.Connection`` that reads fetch answers into a buffer it keeps."""
 
-    def __init__(self, address: tuple[str, int], timeout: float | None, tls: ssl.SSLContext | None):
-        super().__init__(address, timeout=timeout, tls=tls)
+    def __init__(self, address: tuple[str, int], timeout: float | None, tls: ssl.SSLContext | None, sasl: wire.Login | None):
+        super().__init__(address, timeout=timeout, tls=tls, sasl=sasl)
         self._buffer = bytearray(1 << 16)
 
     def fetched(self, into: bytearray | None = None, at: int = 0) -> memoryview:
@@ -168,12 +168,20 @@ class _Thread(threading.local):
 class RemoteRoot:
     """The topics a ``kl serve`` at ``address`` (``HOST:PORT``) serves, as a ``Root`` gives
     them to consumers and producers: ``config``, ``log``, ``forget``, ``topics``; over
-    TLS with ``tls`` (``kl serve --tls``), which checks the server's certificate."""
+    TLS with ``tls`` (``kl serve --tls``), which checks the server's certificate (and may
+    hold the client's); authenticated with ``sasl``, (mechanism, user, password) or a
+    ``wire.Login`` (``kl serve --sasl``): refused, ``wire.AuthenticationFailed``."""
 
     def __init__(
-        self, address: str | tuple[str, int], *, timeout: float | None = DEFAULT_TIMEOUT, tls: ssl.SSLContext | None = None
+        self,
+        address: str | tuple[str, int],
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+        sasl: wire.Login | tuple[str, str, str] | None = None,
     ):
         self.tls = tls
+        self.sasl = None if sasl is None else wire.Login(*sasl)
         self.address = wire.parse_address(address) if isinstance(address, str) else address
         self.path = f"{self.address[0]}:{self.address[1]}"
         """The server, for messages (where a ``Root`` has its directory)."""
@@ -194,7 +202,7 @@ class RemoteRoot:
     def _connection(self) -> _Connection:
         local = self._local
         if local.conn is None:
-            local.conn = _Connection(self.address, self.timeout, self.tls)
+            local.conn = _Connection(self.address, self.timeout, self.tls, self.sasl)
             with self._guard:
                 self._connections.append(local.conn)
         return local.conn
@@ -521,7 +529,8 @@ class RemoteLog:
 class RemoteConsumer(Consumer):
     """``Consumer`` reading from a ``kl serve`` at ``address`` (``HOST:PORT``, or a ``RemoteRoot``).
 
-    ``timeout`` bounds the wait for a connection and for each answer (``NetworkError`` after it).
+    ``timeout`` bounds the wait for a connection and for each answer (``NetworkError`` after it);
+    ``tls`` and ``sasl`` are ``RemoteRoot``'s.
     """
 
     def __init__(
@@ -530,8 +539,10 @@ class RemoteConsumer(Consumer):
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float | None = DEFAULT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+        sasl: wire.Login | tuple[str, str, str] | None = None,
     ):
-        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout)
+        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout, tls=tls, sasl=sasl)
         super().__init__(cast(Root, remote), max_bytes=max_bytes)  # RemoteRoot has the part of Root's API used
         self.remote = remote
 
@@ -573,7 +584,7 @@ class RemoteProducer(Producer):
 
     The options are ``Producer``'s (sync and async mode alike), with ``batch_bytes`` at
     most ``MAX_APPEND_BYTES``; ``flush`` waits for the queue but cannot fsync on the
-    server: use ``fsync=True`` for durable appends.
+    server: use ``fsync=True`` for durable appends.  ``tls`` and ``sasl`` are ``RemoteRoot``'s.
     """
 
     def __init__(
@@ -581,6 +592,8 @@ class RemoteProducer(Producer):
         address: str | RemoteRoot,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+        sasl: wire.Login | tuple[str, str, str] | None = None,
         compression: str | None = None,
         fsync: bool = False,
         partitioner: Partitioner | None = None,
@@ -590,7 +603,7 @@ class RemoteProducer(Producer):
         queue_size: int = DEFAULT_QUEUE_SIZE,
         queue_timeout: float | None = None,
     ):
-        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout)
+        remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout, tls=tls, sasl=sasl)
         self.remote = remote
         super().__init__(
             cast(Root, remote),  # RemoteRoot has the part of Root's API used

@@ -140,6 +140,9 @@ class ServeConfig:
     """More listeners of today's Kafka protocol: (security protocol, address, port)."""
     port_tls: bool = False
     """Kafka 0.7's port over TLS (its listener's security protocol SSL)."""
+    port_sasl: bool = False
+    """Kafka 0.7's port takes only kl clients that authenticate with SASL (kl's AUTHENTICATE,
+    ``sasl_mechanisms``) before any other request but HELLO."""
     tls_cert: str | None = None
     """The server's certificate (PEM, its chain after it), for SSL and SASL_SSL listeners."""
     tls_key: str | None = None

@@ -15,7 +15,7 @@ import socket
 import ssl
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kl import errors
 from kl.errors import KlError
@@ -51,6 +51,11 @@ KAFKA_OFFSET = 108
 """kl: ``topic partition:int32 offset:int64`` -> ``kafka_offset:int64``: the Kafka offset of the message at
 ``offset`` (a message start, or the log end: the next message's; unchecked, as ``Log.kafka_offset``: one
 inside a message names the next).  Servers of version 3 on."""
+AUTHENTICATE = 109
+"""kl: ``mechanism:string size:int32 token`` -> ``size:int32 token``: one step of a SASL exchange (PLAIN,
+SCRAM-SHA-256, SCRAM-SHA-512), on a port that requires it (``kl serve --sasl``) before any request but HELLO.
+A failure is ``AuthenticationFailed``, the same for an unknown user as for a wrong password, and closes the
+connection.  Servers of version 4 on."""
 NAMES = {
     PRODUCE: "PRODUCE",
     FETCH: "FETCH",
@@ -66,9 +71,10 @@ NAMES = {
     DESCRIBE: "DESCRIBE",
     APPEND_ALL: "APPEND_ALL",
     KAFKA_OFFSET: "KAFKA_OFFSET",
+    AUTHENTICATE: "AUTHENTICATE",
 }
-VERSION = 3
-"""kl's protocol version, sent in HELLO: 2 has APPEND_ALL, 3 KAFKA_OFFSET."""
+VERSION = 4
+"""kl's protocol version, sent in HELLO: 2 has APPEND_ALL, 3 KAFKA_OFFSET, 4 AUTHENTICATE."""
 
 # Error codes: Kafka 0.7's (kafka.common.ErrorMapping), then kl's.
 NO_ERROR = 0
@@ -123,6 +129,10 @@ class ServerError(KlError):
 
 class NetworkError(KlError):
     """The server cannot be reached, or the connection broke or timed out."""
+
+
+class AuthenticationFailed(KlError):
+    """The server refused the client's credentials, or requires some it was not given."""
 
 
 class Fetch(NamedTuple):
@@ -259,7 +269,8 @@ def raise_error(code: int, payload: bytes | memoryview) -> None:
         raise ServerError(f"server error {code}: {bytes(payload)[:200]!r}") from None
     cls = getattr(errors, name, None)
     if not (isinstance(cls, type) and issubclass(cls, KlError)):
-        cls = {"ProtocolError": ProtocolError, "NetworkError": NetworkError}.get(name, ServerError)
+        known: dict[str, type[KlError]] = {c.__name__: c for c in (ProtocolError, NetworkError, AuthenticationFailed)}
+        cls = known.get(name, ServerError)
     error = cls.__new__(cls)
     Exception.__init__(error, message)
     for key, value in detail.items():
@@ -268,6 +279,34 @@ def raise_error(code: int, payload: bytes | memoryview) -> None:
 
 
 # ------------------------------------------------------------------ client
+class Login(NamedTuple):
+    """What a kl client authenticates with: a SASL mechanism, a user and its password."""
+
+    mechanism: str
+    user: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"Login({self.mechanism!r}, {self.user!r}, password=...)"
+
+
+def client_tokens(login: Login) -> Any:
+    """The client's side of an exchange, as a generator: it yields each token to send and
+    is sent the server's answer to it; a server whose last answer does not prove it knows
+    the credential raises ``ValueError``."""
+    if login.mechanism == "PLAIN":
+        yield f"\0{login.user}\0{login.password}".encode()
+        return
+    import scramp  # here: a command that does not log in does not load it
+
+    client = scramp.ScramClient([login.mechanism], login.user, login.password)
+    answer = yield client.get_client_first().encode()
+    client.set_server_first(bytes(answer).decode())
+    answer = yield client.get_client_final().encode()
+    try:
+        client.set_server_final(bytes(answer).decode())
+    except (scramp.ScramException, UnicodeDecodeError) as e:
+        raise ValueError(f"the server's SCRAM answer does not prove it knows the credential: {e}") from None
 
 
 def parse_address(address: str, default_port: int = 9092) -> tuple[str, int]:
@@ -295,8 +334,10 @@ class Connection:
         timeout: float | None = 30.0,
         hello: bool = True,
         tls: ssl.SSLContext | None = None,
+        sasl: Login | tuple[str, str, str] | None = None,
     ):
-        """``tls``: over TLS (``kl serve --tls``), the server's certificate checked by that context."""
+        """``tls``: over TLS (``kl serve --tls``), the server's certificate checked by that context;
+        ``sasl``: authenticated after HELLO with that (mechanism, user, password) (``kl serve --sasl``)."""
         self.address = parse_address(address) if isinstance(address, str) else address
         try:
             self.sock = socket.create_connection(self.address, timeout=timeout)
@@ -317,6 +358,25 @@ class Connection:
             reply = Reader(self.call(HELLO, INT16.pack(VERSION) + string("kl")))
             self.version = reply.int16()
             self.server = reply.string()
+            if sasl is not None:
+                self._authenticate(Login(*sasl))
+
+    def _authenticate(self, login: Login) -> None:
+        """Run the SASL exchange; a refusal closes the connection and raises ``AuthenticationFailed``."""
+        tokens = client_tokens(login)
+        try:
+            token = next(tokens)
+            while True:
+                answer = Reader(self.call(AUTHENTICATE, string(login.mechanism) + INT32.pack(len(token)) + token))
+                token = tokens.send(answer.take(answer.int32()))
+        except StopIteration:
+            return
+        except ValueError as e:
+            self.close()
+            raise AuthenticationFailed(f"{self.name}: {e}") from None
+        except (KlError, ProtocolError):
+            self.close()
+            raise
 
     @property
     def name(self) -> str:
