@@ -162,7 +162,8 @@ def free_port() -> int:
 class Security:
     """What the broker's SSL, SASL_PLAINTEXT and SASL_SSL listeners take: its certificate
     chain and key in one PEM file, the CA of client certificates (asked for, not required:
-    mTLS), and the users (name: password) known to PLAIN and to both SCRAM mechanisms."""
+    mTLS), and the users (name: password) known to PLAIN and to both SCRAM mechanisms;
+    its ACLs are StandardAuthorizer's, ``SUPER_USERS`` unbound by them."""
 
     pem: Path
     ca: Path
@@ -170,6 +171,9 @@ class Security:
 
 
 SECURE = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SUPER_USERS = ("User:ANONYMOUS", "User:admin")
+"""With ``security``, the broker's ACLs bind every principal but these: the plaintext
+listener's (ANONYMOUS, which the controller's and the other tests' connections have) and admin."""
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -186,6 +190,8 @@ def secure_settings(security: Security, ports: dict[str, int]) -> dict[str, str]
         "ssl.truststore.type": "PEM",
         "ssl.truststore.location": str(security.ca),
         "ssl.client.auth": "requested",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": ";".join(SUPER_USERS),
     }
     for listener in ("sasl_plaintext", "sasl_ssl"):
         prefix = f"listener.name.{listener}"

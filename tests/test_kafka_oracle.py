@@ -63,13 +63,14 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
-from kafka_oracle import MECHANISMS, SECURE, Broker, Security, Unavailable, install, tool, version
+from kafka_oracle import MECHANISMS, SECURE, SUPER_USERS, Broker, Security, Unavailable, install, tool, version
 from kafka_programs import Program, go_programs, java_command
 
 import kl
 from kl.log import message as m
 from kl.log import messageset
 from kl.log.validate import Checked
+from kl.net.acls import Acl, Acls
 from kl.net.credentials import Credentials
 from kl.net.kafka.errors import (
     INVALID_CONFIG,
@@ -204,7 +205,12 @@ class Pki:
 
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
-"""The SASL users of both endpoints (PLAIN and both SCRAM mechanisms)."""
+"""The SASL users of both endpoints (PLAIN and both SCRAM mechanisms): alice may do
+anything to any topic, group or transactional id (``ACL_KINDS``), bob nothing but what
+a test gives him."""
+ACL_KINDS = ("TOPIC", "GROUP", "TRANSACTIONAL_ID")
+ALICE = ("User:alice", "User:CN=alice")
+"""alice's principals: her SASL user's, and her client certificate's subject (mTLS)."""
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +242,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
     lib = installed()
     b = Broker(lib, tmp_path_factory.mktemp("kafka"), Security(pki.keystore, pki.ca, USERS))
     try:
-        AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=CALL_TIMEOUT)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.list_topics(timeout=CALL_TIMEOUT)
+        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+        alice = [AclBinding(getattr(ResourceType, kind), "*", ResourcePatternType.LITERAL, who, "*", AclOperation.ALL,
+                            AclPermissionType.ALLOW) for kind in ACL_KINDS for who in ALICE]  # fmt: skip
+        for future in admin.create_acls(alice, request_timeout=CALL_TIMEOUT).values():
+            future.result(CALL_TIMEOUT)
     except ck.KafkaException as e:
         b.stop()
         raise AssertionError(b.report(f"Kafka {version(lib)} started but does not answer: {e}")) from None
@@ -256,6 +269,8 @@ def endpoints(broker: Broker, pki: Pki, tmp_path_factory: pytest.TempPathFactory
         for mechanism in MECHANISMS[1:]:
             users.add(name, password, mechanism)
     secure = [arg for p in SECURE for arg in ("--listener", f"{p}://127.0.0.1:0")]
+    secure += ["--acls", *(arg for user in SUPER_USERS for arg in ("--super-user", user))]
+    Acls(root.path).add([Acl(kind, "*", "LITERAL", who, "*", "ALL", "ALLOW") for kind in ACL_KINDS for who in ALICE])
     tls = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--tls-ca", str(pki.ca), "--tls-client-auth", "requested"]
     # Failed logins answered at once, as the oracle answers them (100 ms): the wrong passwords'
     # tests fail many from this one host, which kl would answer later and later.
@@ -2347,7 +2362,7 @@ def confluent_secured(endpoint: Endpoint, s: Secured, topic: str, records: list[
         while not any("_AUTHENTICATION" in e for e in errors) and time.monotonic() < deadline:
             producer.flush(0.2)
         producer.flush(1)
-        return sorted(set(errors))
+        return sorted({e for e in errors if "_AUTHENTICATION" in e})  # (what librdkafka adds about its brokers varies)
     produced = confluent_produce(endpoint, topic, records, **s.librdkafka())
     read_back = confluent_consume(endpoint, topic, ck.OFFSET_BEGINNING, len(records), **s.librdkafka())
     return {"produced": produced, "read": [v for _, v, _, _ in read_back]}
@@ -2492,8 +2507,15 @@ def secured_client(client: str, started: dict[str, Programs]) -> tuple[Programs 
     return started[client], None
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("client", SECURED)
+ESSENTIAL = ("SSL", "mTLS", "SASL_PLAINTEXT-PLAIN", "SASL_PLAINTEXT-SCRAM-SHA-256", "SASL_SSL-SCRAM-SHA-512")
+"""Every security protocol and every mechanism once: what each client is taken through
+(confluent-kafka and the Java client, every setting)."""
+
+
+@pytest.mark.parametrize(
+    ("client", "setting"),
+    [(client, setting) for client in SECURED for setting in SETTINGS if setting in ESSENTIAL or client in ("confluent", "java")],
+)
 def test_every_client_reads_and_writes_under_every_security_setting_as_on_kafka(endpoints, pki, secured_programs, client,
                                                                                  setting) -> None:  # fmt: skip
     programs, modules = secured_client(client, secured_programs)
@@ -2516,3 +2538,75 @@ def test_a_wrong_password_is_refused_as_kafka_refuses_it(endpoints, pki, secured
         wrong_password, endpoints, client=client, setting=setting, pki=pki, programs=programs, modules=modules, topic=topic
     )
     assert seen and "no error" not in str(seen) and "first" not in str(seen), seen  # refused, by its own account
+
+
+# ----------------------------------------------------------------- ACLs: every request type, as Kafka decides
+
+
+def error_codes(found: Any) -> list[int]:
+    """Every error code an answer holds (``to_dict``'s), in its order."""
+    if isinstance(found, dict):
+        return [c for key, value in found.items() for c in ([value] if key == "error_code" else error_codes(value))]
+    if isinstance(found, list):
+        return [c for item in found for c in error_codes(item)]
+    return []
+
+
+def acl_walk(endpoint: Endpoint) -> Any:
+    """bob, allowed to read and write one topic and to read one group (ACLs made through
+    the endpoint's CreateAcls by a super user), sends every request type kl serves naming
+    another topic, group and transactional id: each answer's error codes (or "closed"),
+    and the topics his Metadata of all lists."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+    from kafkaserver import Raw
+    from kafkawalk import walk
+
+    for topic in ("walk-open", "walk-secret"):
+        endpoint.create_topic(topic)
+    admin = AdminClient({"bootstrap.servers": endpoint.bootstrap, "socket.timeout.ms": 10_000})
+    allow = AclPermissionType.ALLOW
+    grants = [AclBinding(ResourceType.TOPIC, "walk-open", ResourcePatternType.LITERAL, "User:bob", "*", op, allow)
+              for op in (AclOperation.READ, AclOperation.WRITE)]  # fmt: skip
+    grants.append(
+        AclBinding(ResourceType.GROUP, "walk-group", ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.READ, allow)
+    )
+    for future in admin.create_acls(grants, request_timeout=CALL_TIMEOUT).values():
+        future.result(CALL_TIMEOUT)
+    time.sleep(1)  # (Kafka's broker has them once its metadata does)
+    confluent_produce(endpoint, "walk-secret", sample(2))
+    topic_id = uuid_of(endpoint, "walk-secret")
+    host, _, port = endpoint.listeners["SASL_PLAINTEXT"].rpartition(":")
+    seen: dict[str, Any] = {}
+    bob = Raw((host, int(port))).login("bob", USERS["bob"])
+    try:
+        for request, case in walk(topic_id, topic="walk-secret", group="walk-secret-group", tx="walk-tx").items():
+            if case is None:
+                continue
+            version, response, fields, _ = case
+            try:
+                seen[request.__name__] = error_codes(bob.call(request, version, response, **fields).to_dict())
+            except (ConnectionError, TimeoutError) as e:
+                seen[request.__name__] = type(e).__name__
+                bob.close()
+                bob = Raw((host, int(port))).login("bob", USERS["bob"])
+        everything = dict(topics=None, allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
+                          include_topic_authorized_operations=True)  # fmt: skip
+        listed = bob.call(MetadataRequest, 12, _responses()[MetadataRequest.API_KEY], **everything)
+        seen["listed"] = [(t.name, sorted(t.authorized_operations or ())) for t in listed.topics]
+    finally:
+        bob.close()
+    return seen
+
+
+def uuid_of(endpoint: Endpoint, topic: str) -> Any:
+    """The topic's id, as its Metadata v12 gives it."""
+    answer = ask(endpoint, MetadataRequest, 12, topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                 allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
+                 include_topic_authorized_operations=False)  # fmt: skip
+    return answer.topics[0].topic_id
+
+
+def test_every_request_type_is_authorized_as_kafka_authorizes_it(endpoints) -> None:
+    seen = same(acl_walk, endpoints)
+    assert seen["listed"] == [("walk-open", [3, 4, 8])]  # READ, WRITE and the DESCRIBE they imply
+    assert seen["FetchRequest"] == [0, 29]

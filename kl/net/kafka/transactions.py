@@ -42,7 +42,14 @@ from kl.errors import KlError
 from kl.log import producers
 from kl.net.kafka.api import Api
 from kl.net.kafka.broker import Broker
-from kl.net.kafka.errors import NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_NOT_FOUND, Refused, code_of
+from kl.net.kafka.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    NONE,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_NOT_FOUND,
+    Refused,
+    code_of,
+)
 from kl.net.server import Connection, Wait
 
 log = logging.getLogger("kl.serve")
@@ -72,6 +79,8 @@ def add_partitions_to_txn(broker: Broker, conn: Connection, version: int, reques
             for t in topics
         ]
 
+    if version >= 4 and not broker.allows_cluster(conn, "CLUSTER_ACTION"):  # (from v4, a broker's request: Kafka's rule)
+        return answer(throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED, results_by_transaction=[])
     if version <= 3:
         code = refused(conn, "AddPartitionsToTxn", request.v3_and_below_transactional_id)
         return answer(throttle_time_ms=0, results_by_topic_v3_and_below=results(request.v3_and_below_topics, code))
