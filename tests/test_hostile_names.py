@@ -19,7 +19,9 @@ from kafkaserver import InThread, Raw
 from kafkawalk import walk
 
 import kl
+from kl.net import wire
 from kl.net.daemon import Daemon
+from kl.net.kafka07 import HANDLERS
 from kl.net.remote import RemoteRoot
 from kl.net.server import ServeConfig
 from kl.topic import validate_name
@@ -145,3 +147,56 @@ def test_a_hostile_name_sent_raw_on_kafka07s_port_is_refused(guarded):
         server.stop()
         thread.join(10)
     assert (top / "escaped").read_text() == "untouched"
+
+
+def _string(name: bytes) -> bytes:
+    return len(name).to_bytes(2, "big") + name
+
+
+NAMED_07 = {
+    wire.PRODUCE: lambda t: _string(t) + (0).to_bytes(4, "big") + (0).to_bytes(4, "big"),
+    wire.FETCH: lambda t: _string(t) + (0).to_bytes(4, "big") + (0).to_bytes(8, "big") + (1 << 20).to_bytes(4, "big"),
+    wire.MULTIFETCH: lambda t: (1).to_bytes(2, "big") + NAMED_07[wire.FETCH](t),
+    wire.MULTIPRODUCE: lambda t: (1).to_bytes(2, "big") + NAMED_07[wire.PRODUCE](t),
+    wire.OFFSETS: lambda t: _string(t) + (0).to_bytes(4, "big") + (-1).to_bytes(8, "big", signed=True) + (1).to_bytes(4, "big"),
+    wire.OFFSET_FOR_TIME: lambda t: _string(t) + (0).to_bytes(4, "big") + (0).to_bytes(8, "big"),
+    wire.APPEND: lambda t: _string(t) + (0).to_bytes(4, "big") + b"\0" + (0).to_bytes(4, "big") * 2,
+    wire.OFFSET_BACK: lambda t: _string(t) + (0).to_bytes(4, "big") + (1).to_bytes(8, "big"),
+    wire.CHECK_OFFSET: lambda t: _string(t) + (0).to_bytes(4, "big") + (0).to_bytes(8, "big"),
+    wire.DESCRIBE: _string,
+    wire.APPEND_ALL: lambda t: b"\0" + (1).to_bytes(2, "big") + _string(t) + (0).to_bytes(4, "big") * 3,
+    wire.KAFKA_OFFSET: lambda t: _string(t) + (0).to_bytes(4, "big") + (0).to_bytes(8, "big"),
+}  # fmt: skip
+"""Each Kafka 0.7 request kind that names a topic, framed by hand with the topic ``t``."""
+
+
+def test_every_kafka07_request_kind_with_hostile_names_framed_by_hand(guarded):
+    """Every request kind of Kafka 0.7's port (``HANDLERS``: a new one must be framed here)
+    naming each hostile topic: no answer carries NO_ERROR with bytes of a file, the daemon
+    keeps serving, nothing outside the root changes."""
+    top, root = guarded
+    assert set(HANDLERS) - set(NAMED_07) == {wire.HELLO, wire.TOPICS, wire.AUTHENTICATE}  # the three that name no topic
+    before = tree(top)
+    server = Daemon(root, ServeConfig(port=0, allow_produce=True))
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        for kind, body in NAMED_07.items():
+            for name in HOSTILE:
+                request = kind.to_bytes(2, "big") + body(name.encode("utf-8", "surrogatepass")[:32_000])
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                    sock.sendall(len(request).to_bytes(4, "big") + request)
+                    if kind in (wire.PRODUCE, wire.MULTIPRODUCE):
+                        continue  # Kafka 0.7 answers no produce
+                    answer = b""
+                    while len(answer) < 6 and (got := sock.recv(6 - len(answer))):
+                        answer += got
+                if len(answer) == 6 and answer[4:6] == b"\0\0":
+                    assert kind in (wire.FETCH, wire.MULTIFETCH, wire.OFFSETS), (wire.NAMES[kind], name[:20])
+                    assert int.from_bytes(answer[:4], "big") <= 2 + 4 + 8 + 2, "bytes of a file"  # empty set or [0]
+            assert RemoteRoot(f"127.0.0.1:{server.port}").topics() == ["t"], wire.NAMES[kind]
+    finally:
+        server.stop()
+        thread.join(10)
+    assert escaped(top, Path(root.path), before) == []
+    assert sorted(p.name for p in Path(root.path).iterdir() if not p.name.startswith(".")) == ["t"]

@@ -2610,3 +2610,32 @@ def test_every_request_type_is_authorized_as_kafka_authorizes_it(endpoints) -> N
     seen = same(acl_walk, endpoints)
     assert seen["listed"] == [("walk-open", [3, 4, 8])]  # READ, WRITE and the DESCRIBE they imply
     assert seen["FetchRequest"] == [0, 29]
+
+
+HOSTILE_TOPICS = [
+    "..", ".", "../x", "a/../../etc", "/abs", "a/b", "x\x00y", "", "%2e%2e", "\u202eevil", "line\nbreak",
+    "a" * 250, "b" * 10_000,
+]  # fmt: skip
+"""tests/test_hostile_names.py's topic names that Kafka refuses (CON, a legal name there, is left out)."""
+
+
+def hostile_topics(endpoint: Endpoint, topic: str) -> Any:
+    """Each hostile name in CreateTopics v7 (validate-only), Metadata v12 (no auto-creation)
+    and DescribeConfigs v4: the error codes."""
+    asked = CreateTopicsRequest.CreatableTopic
+    seen: dict[str, Any] = {}
+    for name in HOSTILE_TOPICS:
+        wanted = asked(name=name, num_partitions=1, replication_factor=1, assignments=[], configs=[])
+        (created,) = ask(endpoint, CreateTopicsRequest, 7, topics=[wanted], timeout_ms=5000, validate_only=True).topics
+        (listed,) = ask(endpoint, MetadataRequest, 12, topics=[MetadataRequest.MetadataRequestTopic(name=name)],
+                        allow_auto_topic_creation=False, include_topic_authorized_operations=False).topics  # fmt: skip
+        resource = DescribeConfigsRequest.DescribeConfigsResource(resource_type=2, resource_name=name, configuration_keys=None)
+        (described,) = ask(endpoint, DescribeConfigsRequest, 4, resources=[resource], include_synonyms=False,
+                           include_documentation=False).results  # fmt: skip
+        seen[name[:40]] = (created.error_code, listed.error_code, described.error_code)
+    return seen
+
+
+def test_hostile_topic_names_get_kafkas_error_codes(endpoints) -> None:
+    seen = same(hostile_topics, endpoints, topic="unused")
+    assert all(code != 0 for codes in seen.values() for code in codes), seen
