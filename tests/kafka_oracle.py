@@ -171,6 +171,8 @@ class Security:
 
 
 SECURE = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+PRINCIPAL_RULES = r"RULE:^CN=([^,]*),.*$/$1/,DEFAULT"
+"""A client certificate's principal: its subject's CN (``User:alice``), as kl's endpoint maps it too."""
 SUPER_USERS = ("User:ANONYMOUS", "User:admin")
 """With ``security``, the broker's ACLs bind every principal but these: the plaintext
 listener's (ANONYMOUS, which the controller's and the other tests' connections have) and admin."""
@@ -192,6 +194,7 @@ def secure_settings(security: Security, ports: dict[str, int]) -> dict[str, str]
         "ssl.client.auth": "requested",
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users": ";".join(SUPER_USERS),
+        "ssl.principal.mapping.rules": PRINCIPAL_RULES,
     }
     for listener in ("sasl_plaintext", "sasl_ssl"):
         prefix = f"listener.name.{listener}"
