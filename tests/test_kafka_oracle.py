@@ -2493,7 +2493,7 @@ def program_secured(s: Secured, client: Program, topic: str, records: list[Recor
 
 
 @pytest.fixture(scope="module")
-def secured_programs(request: pytest.FixtureRequest) -> Iterator[dict[str, Programs]]:
+def secured_programs() -> Iterator[dict[str, Programs]]:
     """The Java and franz-go drivers, started on first use (a skip where they cannot be built)."""
     started: dict[str, Programs] = {}
     yield started

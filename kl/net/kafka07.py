@@ -18,7 +18,7 @@ from kl.log.log import append_all
 from kl.log.validate import Checked, validate
 from kl.net import wire
 from kl.net.sasl import Authenticator
-from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Server, Span, Wait, host_of
+from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Server, Span, Wait
 from kl.net.wire import Fetch, ProtocolError, Reader
 from kl.topic import validate_name
 
@@ -209,7 +209,9 @@ class Kafka07(FrontEnd):
         parts = []
         try:
             names = [
-                n for n in self.server.root.topics() if self.server.served(n) and self._allows(conn, "DESCRIBE", n, logged=False)
+                n
+                for n in self.server.root.topics()
+                if self.server.served(n) and self.server.allows(conn, "DESCRIBE", "TOPIC", n, logged=False)
             ]
         except KlError as e:
             self._reply_error(conn, *_coded(e))
@@ -311,7 +313,7 @@ class Kafka07(FrontEnd):
             raise _Refused(wire.UNKNOWN if not conn.kl else wire.KL_ERROR, e) from None
         if not self.server.served(topic):
             raise _Refused(wire.NOT_ALLOWED, KlError(f"topic {topic} is not served here (kl serve --topics)"))
-        if not self._allows(conn, operation, topic):
+        if not self.server.allows(conn, operation, "TOPIC", topic):
             raise _Refused(wire.NOT_ALLOWED, KlError(f"{conn.principal} may not {operation.lower()} topic {topic} (kl acls)"))
         try:
             config = self.server.topic_config(topic)
@@ -323,12 +325,6 @@ class Kafka07(FrontEnd):
             error = TopicNotFound(f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {partition}")
             raise _Refused(wire.WRONG_PARTITION if not conn.kl else wire.TOPIC_NOT_FOUND, error)
         return config
-
-    def _allows(self, conn: Connection, operation: str, topic: str, *, logged: bool = True) -> bool:
-        authorizer = self.server.authorizer
-        if authorizer is None:
-            return True
-        return authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, "TOPIC", topic, logged=logged)
 
     @staticmethod
     def _code(conn: Connection, code: int) -> int:

@@ -862,6 +862,14 @@ class Server:
         ``resume`` (at once when the daemon is stopping)."""
         conn.wait = wait
 
+    def allows(self, conn: Connection, operation: str, resource_type: str, name: str, *, logged: bool = True) -> bool:
+        """Whether the connection's principal may do ``operation`` (Kafka's ``AclOperation``
+        name) on the resource (always, without ``--acls``); a denial is logged unless not
+        ``logged`` (a listing that leaves out what may not be seen)."""
+        if self.authorizer is None:
+            return True
+        return self.authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, resource_type, name, logged=logged)
+
     def recheck(self) -> None:
         """Have the waiter look at the parked requests now (one's wait was ended)."""
         self._parked.put(CHECK)

@@ -146,12 +146,8 @@ class Broker:
     # ----------------------------------------------------------------- authorization
 
     def allows(self, conn: Connection, operation: str, resource_type: str, name: str, *, logged: bool = True) -> bool:
-        """Whether the connection's principal may do ``operation`` (Kafka's ``AclOperation``
-        name) on the resource; a denial is logged unless not ``logged`` (a listing that
-        leaves out what may not be seen)."""
-        if self.authorizer is None:
-            return True
-        return self.authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, resource_type, name, logged=logged)
+        """``Server.allows``."""
+        return self.server.allows(conn, operation, resource_type, name, logged=logged)
 
     def allows_cluster(self, conn: Connection, operation: str, *, logged: bool = True) -> bool:
         return self.allows(conn, operation, "CLUSTER", CLUSTER_NAME, logged=logged)
