@@ -1878,14 +1878,20 @@ def defaults_shown(seen: dict[str, Any]) -> dict[str, Any]:
 
 def kafkajs_admin(endpoint: Endpoint, modules: Path, topic: str) -> Any:
     """The same steps through KafkaJS's admin client (tests/kafkajs/driver.js, op admin)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
-        json.dump({"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "timeout": SCENARIO_TIMEOUT - 10}, spec)
-        spec.flush()
-        env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
-        done = subprocess.run([str(NODE), str(KAFKAJS / "driver.js"), spec.name], env=env, capture_output=True, text=True,
-                              timeout=SCENARIO_TIMEOUT - 5)  # fmt: skip
+    spec = {"op": "admin", "bootstrap": endpoint.bootstrap, "topic": topic, "timeout": SCENARIO_TIMEOUT - 10}
+    done = kafkajs_run(modules, spec, SCENARIO_TIMEOUT - 5)
     assert done.returncode == 0, done.stderr
     return defaults_shown(json.loads(done.stdout))
+
+
+def kafkajs_run(modules: Path, spec: dict[str, Any], timeout: float) -> subprocess.CompletedProcess[str]:
+    """tests/kafkajs/driver.js run once on ``spec``, within ``timeout`` seconds."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(spec, file)
+        file.flush()
+        env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
+        return subprocess.run([str(NODE), str(KAFKAJS / "driver.js"), file.name], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -2458,16 +2464,11 @@ def kafkajs_secured(s: Secured, topic: str, modules: Path, refused: bool) -> Any
     """KafkaJS's produce (its offsets), then the values a group's member of it reads."""
     records = [{"key": None, "value": b64(v), "headers": [], "timestamp": T0} for v in SECURE_VALUES]
     spec = {"bootstrap": s.bootstrap, "topic": topic, "partition": 0, "timeout": 30, "security": s.program()}
-    env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(spec | {"op": "produce", "records": records}, file)
-        file.flush()
-        done = subprocess.run(
-            [str(NODE), str(KAFKAJS / "driver.js"), file.name], env=env, capture_output=True, text=True, timeout=45
-        )
+    done = kafkajs_run(modules, spec | {"op": "produce", "records": records}, 45)
     if done.returncode != 0:
         return {"failed": sorted({_words(m) for m in re.findall(r"(KafkaJS\w+Error: [^\n]*)", done.stderr)})}
     produced = [json.loads(line) for line in done.stdout.splitlines()]
+    env = {**os.environ, "NODE_PATH": str(modules), "NODE_NO_WARNINGS": "1"}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
         json.dump(spec | {"op": "group", "group": f"{topic}-group", "topics": [topic]}, file)
         file.flush()
