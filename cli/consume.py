@@ -40,6 +40,8 @@ FORMAT_FIELDS = ("topic", "partition", "offset", "next_offset", "kafka_offset", 
 
 Render = Callable[[str, int, list[kl.Message]], bytes]
 
+NULL = "NULL"
+"""A null key or value as -Z writes it (kcat's spelling)."""
 GROUP_PIECE_BYTES = 64 << 10
 """With --group: the most each write holds (values, or one larger message), the size of
 a pipe's buffer on Linux, so a commit can follow a slow reader closely."""
@@ -98,6 +100,12 @@ a pipe's buffer on Linux, so a commit can follow a slow reader closely."""
     + " ".join(f"{{{field}}}" for field in FORMAT_FIELDS)
     + "; {timestamp:iso} is ISO 8601 in UTC; {headers} is kcat's %h, k1=v1,k2=v2 (a null value without its =).",
 )
+@click.option(
+    "-Z",
+    "--print-null",
+    is_flag=True,
+    help="Write a null key or value as NULL, not as an empty one (kcat's -Z).",
+)
 @click.option("--json", "json_output", is_flag=True, help="Write one JSON object per message.")
 @click.option("--binary", is_flag=True, help="Write the values exactly as stored, nothing added.")
 @click.option(
@@ -153,6 +161,7 @@ def consume(
     null: bool,
     key_delimiter: bytes | None,
     fmt: str | None,
+    print_null: bool,
     json_output: bool,
     binary: bool,
     skip_corrupt: bool,
@@ -171,15 +180,20 @@ def consume(
     exclusive(format=fmt, json=json_output, binary=binary, key_delimiter=key_delimiter)
     exclusive(json=json_output, delimiter=delimiter, null=null)
     exclusive(binary=binary, delimiter=delimiter, null=null)
+    exclusive(print_null=print_null, json=json_output, binary=binary)
     delim = resolve_delimiter(delimiter, null)
     where, n = _parse_from_offset(from_offset)
     render = None
+    if key_delimiter is not None and print_null:  # (the core writes no key for a null one)
+        fmt = "{key}" + key_delimiter.decode("utf-8", "surrogateescape").replace("{", "{{").replace("}", "}}") + "{value}"
     if fmt is not None:
-        render = _format_renderer(fmt, delim, lambda: consumer, lambda: start)
+        render = _format_renderer(fmt, delim, lambda: consumer, lambda: start, NULL if print_null else None)
     elif json_output:
         render = _render_json
     elif key_delimiter is not None:
         render = _keyed_renderer(key_delimiter, delim)
+    elif print_null:
+        render = _null_renderer(delim)
 
     if fmt is not None and "kafka_offset" in fmt and (server is not None or group is not None):
         raise click.UsageError("{kafka_offset} counts from where a read of the root starts: not with --server or --group")
@@ -347,9 +361,12 @@ class _Timestamp:
         return format(self, "")
 
 
-def _format_renderer(fmt: str, delim: bytes, consumer: Callable[[], Any], start: Callable[[], Any]) -> Render:
+def _format_renderer(
+    fmt: str, delim: bytes, consumer: Callable[[], Any], start: Callable[[], Any], null: str | None = None
+) -> Render:
     """``consumer`` and ``start``: the consumer and the start it was given, once they are
-    known (``{kafka_offset}`` counts on from them)."""
+    known (``{kafka_offset}`` counts on from them); ``null``: how a null key or value is
+    written (None: as an empty one)."""
     try:
         fmt = unescape(fmt)
         fmt.format(
@@ -358,7 +375,7 @@ def _format_renderer(fmt: str, delim: bytes, consumer: Callable[[], Any], start:
     except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise click.BadParameter(f"{e.__class__.__name__}: {e}", param_hint="'--format'") from None
     parsed = list(string.Formatter().parse(fmt))
-    if all(
+    if null is None and all(
         name is None or (conversion is None and (name in ("topic", "partition") or (name, spec) in _CORE_FIELDS))
         for _, name, spec, conversion in parsed
     ):  # every field one the core writes, or the batch's topic and partition (texts of their own)
@@ -402,8 +419,8 @@ def _format_renderer(fmt: str, delim: bytes, consumer: Callable[[], Any], start:
                 "next_offset": m.next_offset,
                 "kafka_offset": kafka_offset(topic, partition, m) if wants_kafka else 0,
                 "timestamp": _Timestamp(m.timestamp),
-                "key": _text(m.key),
-                "value": _text(m.value),
+                "key": null if m.key is None and null is not None else _text(m.key),
+                "value": null if m.value is None and null is not None else _text(m.value),
                 "headers": _text(core.render([m], [(core.HEADERS, b"")])),
             }
             try:
@@ -455,6 +472,16 @@ def _program(parts: list[bytes | int]) -> list[bytes | tuple[int, bytes]]:
         elif part:
             program.append(part)
     return program
+
+
+def _null_renderer(delim: bytes) -> Render:
+    """Values, each then ``delim``, a null one written as ``NULL`` (-Z)."""
+    null = NULL.encode()
+
+    def render(topic: str, partition: int, messages: list[kl.Message]) -> bytes:
+        return b"".join((null if m.value is None else m.value) + delim for m in messages)
+
+    return render
 
 
 def _keyed_renderer(key_delim: bytes, delim: bytes) -> Render:

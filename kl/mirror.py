@@ -101,6 +101,11 @@ class SourceGap(KlError):
     """The source no longer holds the offsets the target needs next (retention deleted them)."""
 
 
+class SameRoot(KlError):
+    """The source and the target are the same root: there is nothing to copy, and a
+    run would only seem to have done it."""
+
+
 class MirrorBusy(KlError):
     """Another mirror is copying into the same target topic."""
 
@@ -359,6 +364,15 @@ def open_source(
 # ------------------------------------------------------------------ the mirror
 
 
+def _same_directory(a: str, b: str) -> bool:
+    """Whether two paths name one directory (by inode where both exist: a bind mount or a
+    hard-to-see symlink too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _message_at(log: Log, offset: int) -> int:
     """The offset of the message of ``log`` that holds the byte at ``offset`` (a scan of its segment)."""
     base = max(s.base_offset for s in log.segments() if s.base_offset <= offset)
@@ -414,6 +428,8 @@ class Mirror:
         recreate: bool = False,
         on_progress: Callable[[PartitionCopy], None] | None = None,
     ):
+        if isinstance(source, LocalSource) and _same_directory(source.root.path, target.path):
+            raise SameRoot(f"{source.root.path} and {target.path} are the same root: a root cannot be mirrored onto itself")
         self.source = source
         self.target = target
         self.named = [validate_name(t) for t in topics] if topics else None

@@ -2,7 +2,8 @@
 
 A **time** (``parse_time``) is milliseconds since the epoch, and can be written as
 
-- milliseconds since the epoch, digits alone: ``1767225600000``;
+- milliseconds since the epoch, digits alone: ``1767225600000`` (ten or eleven digits,
+  1970-01-12 to 1973-03-03, are refused as seconds by mistake: ``date +%s`` gives those);
 - an ISO 8601 date, meaning its midnight: ``2026-01-31``; or a date and time:
   ``2026-01-31T14:30``, ``2026-01-31 14:30:05.250``, with a zone ``Z``, ``+01:00``,
   ``+0100`` or ``+01``.  Without a zone it is **local** time: the zone of the machine
@@ -38,6 +39,9 @@ TIME_FORMS = (
 )
 DURATION_FORMS = "a duration such as 2d, 12h, 90m, 1h30m, 45s, 500ms or PT1H30M"
 
+SECONDS_LOOK = (10**9, 10**11)
+"""Digits alone in this range are refused: as milliseconds they are 1970-01-12 to
+1973-03-03, as seconds 2001 to 5138 (``date +%s`` gives them: it was meant as seconds)."""
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _MS = datetime.timedelta(milliseconds=1)
 _UNITS_MS = (604_800_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
@@ -57,7 +61,13 @@ def parse_time(text: str, *, now: float | None = None) -> int:
     value = text.strip().lower()
     clock = time.time() if now is None else now
     if value.isdigit() and value.isascii():
-        return int(value)
+        ms = int(value)
+        if SECONDS_LOOK[0] <= ms < SECONDS_LOOK[1]:
+            raise InvalidTime(
+                f"{text.strip()} reads as milliseconds since the epoch ({format_iso(ms)}), but looks like seconds: "
+                f"give {ms}000, or an ISO 8601 time"
+            )
+        return ms
     if value == "now":
         return int(clock * 1000)
     if value in ("today", "yesterday"):

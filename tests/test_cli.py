@@ -346,6 +346,25 @@ def test_from_time(ten):
     assert ok(ten, "consume", "t", "--from-time", "99999") == b""
 
 
+def test_from_time_in_seconds_is_refused_naming_the_fix(ten):
+    for option in ("--from-time", "--until-time"):
+        line = fails(ten, "consume", "t", option, "1700000000", code=2)
+        assert "1700000000 reads as milliseconds since the epoch (1970-01-20T16:13:20.000Z), but looks like seconds" in line
+    assert "give 1700000000000" in run(ten, "consume", "t", "--from-time", "1700000000").stderr
+    assert ok(ten, "consume", "t", "--from-time", "1700000000000") == b""
+
+
+def test_print_null_writes_null_keys_and_values_as_kcat_does(kl_root):
+    kl.Root(kl_root).create_topic("n")
+    kl.Producer(kl.Root(kl_root)).send_batch("n", [b"v", None, b""], keys=[None, b"k", b"e"], partition=0)
+    assert ok(kl_root, "consume", "n") == b"v\n\n\n"  # null and empty alike
+    assert ok(kl_root, "consume", "n", "-Z") == b"v\nNULL\n\n"
+    assert ok(kl_root, "consume", "n", "-Z", "-K", ":") == b"NULL:v\nk:NULL\ne:\n"
+    assert ok(kl_root, "consume", "n", "-Z", "--format", "{offset} {key}={value}", "-d", ";").split(b";")[1].endswith(b" k=NULL")
+    assert ok(kl_root, "consume", "n", "--print-null", "--format", "{value!r}") == b"'v'\n'NULL'\n''\n"
+    assert "--print-null, --json cannot be used together" in fails(kl_root, "consume", "n", "-Z", "--json", code=2)
+
+
 def test_from_time_ago_today_and_iso_local_time(kl_root, monkeypatch):
     now = time.time_ns() // 1_000_000
     stamps = [now - 3 * 86_400_000, now - 2 * 3_600_000, now - 30 * 60_000]

@@ -745,3 +745,15 @@ def test_recreate_copies_a_source_created_again_while_copying_afresh(source, tar
         copier.source.close()
     assert target.topic_id("t") == new
     assert_same(source, target)
+
+
+def test_a_root_onto_itself_is_refused_and_left_as_it_was(source, tmp_path):
+    before = read_all(source, "t", 0)
+    with pytest.raises(mirror.SameRoot, match="cannot be mirrored onto itself"):
+        run(source, kl.Root(source.path + "/."))
+    link = tmp_path / "link"
+    link.symlink_to(source.path)
+    done = subprocess.run([*KL, "mirror", source.path, str(link), "t"], capture_output=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.decode().count("\n") == 1 and b"Traceback" not in done.stderr
+    assert b"are the same root" in done.stderr and not done.stdout
+    assert read_all(source, "t", 0) == before

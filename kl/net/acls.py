@@ -32,6 +32,7 @@ from typing import Any
 
 from kl.errors import KlError
 from kl.net.kept import Kept
+from kl.net.repeats import Repeats, more
 
 log = logging.getLogger("kl.serve")
 
@@ -250,8 +251,7 @@ class Authorizer:
         self._by_type: dict[str, list[Acl]] = {}
         self._decided: dict[tuple[str, str, str, str, str], Decision] = {}
         self._unreadable: str | None = None
-        self._denials: dict[tuple[str, str, str, str, str], tuple[float, int]] = {}
-        self._denials_lock = threading.Lock()
+        self._denials = Repeats(DENIAL_LOG_SECONDS)
 
     def allows(
         self, who: str, principal: str, host: str, operation: str, resource_type: str, name: str, *, logged: bool = True
@@ -264,18 +264,12 @@ class Authorizer:
         return decision.allowed
 
     def _log_denial(self, who: str, key: tuple[str, str, str, str, str], decision: Decision) -> None:
-        now = time.monotonic()
-        with self._denials_lock:
-            last, untold = self._denials.get(key, (float("-inf"), 0))
-            if now - last < DENIAL_LOG_SECONDS:
-                self._denials[key] = (last, untold + 1)
-                return
-            if len(self._denials) > 100_000:
-                self._denials.clear()
-            self._denials[key] = (now, 0)
+        untold = self._denials.due(key)
+        if untold is None:
+            return
         principal, _, operation, resource_type, name = key
-        more = f" ({untold} more times since it was last logged)" if untold else ""
-        log.warning("%s: %s denied %s on %s %r: %s%s", who, principal, operation, resource_type.lower(), name, decision, more)
+        kind = resource_type.lower()
+        log.warning("%s: %s denied %s on %s %r: %s%s", who, principal, operation, kind, name, decision, more(untold))
 
     def authorize(self, principal: str, host: str, operation: str, resource_type: str, name: str) -> Decision:
         """May ``principal``, connected from ``host``, do ``operation`` on the resource?"""

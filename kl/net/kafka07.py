@@ -18,13 +18,15 @@ from kl.log.log import append_all
 from kl.log.validate import Checked, validate
 from kl.net import wire
 from kl.net.sasl import Authenticator
-from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Server, Span, Wait
+from kl.net.server import FILES_PER_CONNECTION, Connection, Drop, FrontEnd, Server, Span, Wait, WrongDoor
 from kl.net.wire import Fetch, ProtocolError, Reader
 from kl.topic import validate_name
 
 log = logging.getLogger("kl.serve")
 
 KL_FORMAT = "kl"
+KAFKA_API_VERSIONS = 18
+"""The API key of today's Kafka protocol's ApiVersions, the first request its clients send."""
 MAX_FETCHES = 1000
 """The most fetches one MULTIFETCH may hold."""
 MAX_PAYLOAD = (1 << 31) - 1 - 2
@@ -47,7 +49,7 @@ class Kafka07(FrontEnd):
         kind = reader.int16()
         handler = HANDLERS.get(kind)
         if handler is None:
-            raise Drop(f"unknown request type {kind}")
+            raise self._unknown(kind, request)
         if kind >= wire.HELLO:
             conn.kl = True
         exchange = self.sasl.pending(conn)  # (the first request starts the time the exchange has)
@@ -59,6 +61,17 @@ class Kafka07(FrontEnd):
             self._reply_error(conn, wire.KL_ERROR, needed)
             return
         handler(self, conn, reader)
+
+    def _unknown(self, kind: int, request: memoryview) -> Drop:
+        """Why a request of an unknown type closes its connection: a Kafka client's first
+        request (ApiVersions, which today's clients all send first) is told where today's
+        Kafka protocol is served."""
+        if kind != KAFKA_API_VERSIONS or len(request) < 10:
+            return Drop(f"unknown request type {kind}")
+        doors = [door for door in self.server.doors(FrontEnd) if door not in self.server.doors(Kafka07)]
+        instead = f"it is served on {', '.join(doors)}" if doors else "this daemon does not serve it (kl serve --kafka PORT)"
+        version = wire.INT16.unpack_from(request, 2)[0]
+        return WrongDoor(f"a Kafka client (ApiVersions v{version}) connected to Kafka 0.7's port; today's protocol: {instead}")
 
     def resume(self, conn: Connection, wait: Wait) -> None:
         """A failed authentication's answer, once its delay is over (nothing else waits)."""

@@ -94,7 +94,7 @@ class _Connection(wire.Connection):
             while got < n:
                 k = self.sock.recv_into(view[got:], n - got)
                 if not k:
-                    raise wire.ProtocolError(f"{self.name} closed the connection")
+                    raise wire.ProtocolError(f"{self.name} {wire.CLOSED}")
                 got += k
         except OSError as e:
             raise self._lost(e) from None

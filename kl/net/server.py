@@ -56,6 +56,7 @@ from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
 from kl.net.acls import Acls, Authorizer
 from kl.net.frames import SIZE, ProtocolError
+from kl.net.repeats import Repeats, more
 from kl.net.tls import RECORD_HANDSHAKE, Tls, TlsError
 from kl.topic import Root
 
@@ -316,6 +317,11 @@ class Drop(Exception):
     """Close this connection, logging the reason (bad request, a peer gone)."""
 
 
+class WrongDoor(Drop):
+    """Close this connection: its client speaks another protocol, or TLS where there is
+    none (or the reverse).  Logged once a minute per host and reason, as clients retry."""
+
+
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka's names for what a listener asks of its connections: TLS (SSL), SASL, both or neither."""
 TLS_PROTOCOLS = ("SSL", "SASL_SSL")
@@ -356,6 +362,10 @@ class Server:
         """Each listener's security protocol, by its front end."""
         self.ports: list[int] = []
         """Each listener's port (the one bound, where 0 was asked), in their order."""
+        self._wrong_doors = Repeats()
+        """Clients closed for knocking at the wrong listener, as logged (``_told``)."""
+        self._bound: list[tuple[FrontEnd, str, str]] = []
+        """Each listener's front end, address bound (``HOST:PORT``) and security protocol."""
         self.tls = self._tls(listeners)
         """The TLS side of SSL and SASL_SSL listeners (None without them)."""
         self._reload = False
@@ -434,7 +444,9 @@ class Server:
         sock.setblocking(False)
         self.listeners.append((sock, front))
         self.security[front] = listener.security
-        return int(sock.getsockname()[1])
+        host, port = sock.getsockname()[:2]
+        self._bound.append((front, f"[{host}]:{port}" if ":" in host else f"{host}:{port}", listener.security))
+        return int(port)
 
     # ----------------------------------------------------------------- the loop
 
@@ -590,7 +602,9 @@ class Server:
                 self._close(conn, f"read failed: {_reason(e)}")
                 return
             if not first or first[0] != RECORD_HANDSHAKE:
-                self._close(conn, None if not first else "a plaintext client connected to a TLS listener")
+                self._close(conn, None)
+                if first:
+                    self._told(conn, self._wrong_door(conn, "a plaintext client", plain=True))
                 return
             self._selector.unregister(conn.sock)
             conn.sock = self.tls.wrap(conn.sock)
@@ -629,6 +643,10 @@ class Server:
                 data = conn.sock.recv(min(need, RECV_CHUNK))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
+            except WrongDoor as e:
+                self._close(conn, None)
+                self._told(conn, str(e))
+                return
             except Drop as e:
                 self._close(conn, str(e))
                 return
@@ -647,6 +665,10 @@ class Server:
                     if _pending(conn.sock):
                         continue
                     return
+            except WrongDoor as e:
+                self._close(conn, None)
+                self._told(conn, str(e))
+                return
             except Drop as e:
                 self._close(conn, str(e))
                 return
@@ -668,10 +690,36 @@ class Server:
             return SIZE.size - len(conn.buffer)
         (size,) = SIZE.unpack_from(conn.buffer)
         if conn.buffer[0] == RECORD_HANDSHAKE and conn.handshake is None and conn.security not in TLS_PROTOCOLS:
-            raise Drop("a TLS client connected to a plaintext listener")
+            raise WrongDoor(self._wrong_door(conn, "a TLS client", plain=False))
         if size < 2 or size > self.config.request_limit and size > self._request_limit():  # (topics read only then)
             raise Drop(f"request of {size} bytes refused (limit {self._request_limit()})")
         return SIZE.size + size - len(conn.buffer)
+
+    def _told(self, conn: Connection, reason: str) -> None:
+        """Log a wrong door's closing, once a minute per host and reason."""
+        untold = self._wrong_doors.due((host_of(conn), reason))
+        if untold is not None:
+            log.warning("closed %s: %s%s", conn.peer, reason, more(untold))
+
+    def _wrong_door(self, conn: Connection, who: str, *, plain: bool) -> str:
+        """The log line for ``who`` on a listener of the other kind (TLS or not), naming
+        this protocol's listeners of the kind it needs."""
+        doors = self.doors(type(conn.front), tls=not plain)
+        if doors:
+            instead = f"{'plaintext' if plain else 'TLS'} is on {', '.join(doors)}"
+        else:
+            instead = f"this protocol is not served {'in plaintext' if plain else 'over TLS'} here"
+        return f"{who} connected to a {'TLS' if plain else 'plaintext'} listener ({instead})"
+
+    def doors(self, front_type: type[FrontEnd], *, tls: bool | None = None) -> list[str]:
+        """``HOST:PORT (SECURITY)`` of each listener whose front end is a ``front_type``
+        (only those over TLS, or not, when ``tls`` says): where a client that knocked at
+        the wrong one is sent."""
+        return [
+            f"{address} ({security})"
+            for front, address, security in self._bound
+            if isinstance(front, front_type) and (tls is None or (security in TLS_PROTOCOLS) == tls)
+        ]
 
     def _request_limit(self) -> int:
         """The largest request taken: the configured one or, with produce on, one that
@@ -767,6 +815,9 @@ class Server:
                     then = WRITE
                 elif conn.hang_up:
                     then = CLOSE
+            except WrongDoor as e:
+                self._told(conn, str(e))
+                then = CLOSE
             except Drop as e:
                 reason = str(e)
             except ProtocolError as e:

@@ -123,6 +123,9 @@ MAX_RESPONSE = 1 << 31
 """Kafka 0.7's sizes are int32."""
 
 
+CLOSED = "closed the connection"
+
+
 class ServerError(KlError):
     """The server answered a request with an error this client has no class for."""
 
@@ -349,13 +352,30 @@ class Connection:
                 self.sock = tls.wrap_socket(self.sock, server_hostname=self.address[0])
             except OSError as e:
                 self.sock.close()
-                reason = e.reason if isinstance(e, ssl.SSLError) and e.reason else e.strerror or e
+                if isinstance(e, (ssl.SSLEOFError, ConnectionResetError)):
+                    reason = "it closed the connection in the handshake (a plaintext port? leave out --tls)"
+                else:
+                    reason = e.reason if isinstance(e, ssl.SSLError) and e.reason else e.strerror or str(e)
                 raise NetworkError(f"no TLS connection to {self.name}: {reason}") from None
+        self._hung_up = False
+        """The server closed the connection (or reset it)."""
         self.server: str | None = None
         self.version = 0
         """The server's protocol version (HELLO's answer)."""
         if hello:
-            reply = Reader(self.call(HELLO, INT16.pack(VERSION) + string("kl")))
+            try:
+                reply = Reader(self.call(HELLO, INT16.pack(VERSION) + string("kl")))
+            except (ProtocolError, NetworkError) as e:
+                if not self._hung_up:
+                    raise
+                if tls is None:
+                    hint = "not kl serve's port for kl's clients (--port), or one that takes TLS (then --tls)?"
+                else:  # (TLS 1.3: a refused certificate's alert is lost when the close resets the connection)
+                    hint = (
+                        "does it take TLS connections with a client certificate only (--tls-cert, --tls-key), "
+                        "or is it not kl serve's port for kl's clients (--port)?"
+                    )
+                raise type(e)(f"{self.name} {CLOSED} at HELLO: {hint} kl serve --list shows the daemons' addresses") from None
             self.version = reply.int16()
             self.server = reply.string()
             if sasl is not None:
@@ -420,13 +440,15 @@ class Connection:
             while got < n:
                 k = self.sock.recv_into(view[got:], n - got)
                 if not k:
-                    raise ProtocolError(f"{self.name} closed the connection")
+                    self._hung_up = True
+                    raise ProtocolError(f"{self.name} {CLOSED}")
                 got += k
         except OSError as e:
             raise self._lost(e) from None
         return buf
 
     def _lost(self, error: OSError) -> NetworkError:
+        self._hung_up = isinstance(error, (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError))
         if isinstance(error, TimeoutError):
             return NetworkError(f"{self.name} did not answer in time")
         if isinstance(error, ssl.SSLError) and error.reason:

@@ -32,6 +32,7 @@ from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
+from kl.net import wire
 from kl.net.kafka import (
     acls,
     cluster,
@@ -50,6 +51,7 @@ from kl.net.kafka import (
 from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
+from kl.net.kafka07 import Kafka07
 from kl.net.server import Connection, Drop, FrontEnd, Server, Wait
 
 log = logging.getLogger("kl.serve")
@@ -86,6 +88,9 @@ class Kafka(FrontEnd):
         if self.broker.sasl.bare(conn):  # a SASL token after SaslHandshake v0
             self._answer(conn, sasl.BARE, 0, 0, bytes(request), None)
             return
+        if _kl_hello(request):
+            self._kl_client(conn)
+            return
         if len(request) < HEADER.size + 2:
             raise Drop(f"a request of {len(request)} bytes is shorter than its header")
         key, version, correlation = HEADER.unpack_from(request)
@@ -112,6 +117,18 @@ class Kafka(FrontEnd):
         if (null := _null_array(api.request._struct, body, version)) is not None:
             raise Drop(f"malformed {api.request.name} v{version}: its {null} array is null")
         self._answer(conn, api, version, correlation, body, None)
+
+    def _kl_client(self, conn: Connection) -> None:
+        """A kl client's HELLO: answered in kl's protocol with where kl's clients are served
+        (Kafka 0.7's port), and the connection closed."""
+        host, port = conn.sock.getsockname()[:2]
+        doors = self.server.doors(Kafka07)
+        instead = f"kl's clients connect to {', '.join(doors)}" if doors else "no port here serves them (kl serve --port)"
+        refusal = wire.NetworkError(f"{host}:{port} serves today's Kafka protocol (kl serve --kafka), not kl's: {instead}")
+        log.warning("closed %s: a kl client connected to a Kafka protocol port (%s)", conn.peer, instead)
+        code, payload = wire.error_payload(refusal)
+        self.server.queue(conn, memoryview(wire.HEAD.pack(2 + len(payload), code) + payload))
+        conn.hang_up = True
 
     def resume(self, conn: Connection, wait: Wait) -> None:
         api, version, correlation, body = wait.request  # type: ignore[misc]
@@ -174,6 +191,14 @@ def _spliced(answer: Spliced, data: bytes | bytearray, flexible: bool) -> list[m
 
 def api_versions(broker: Broker, conn: Connection, version: int, request: Any, wait: Wait | None) -> Any:
     return ApiVersionsResponse(error_code=NONE, api_keys=_api_keys(), throttle_time_ms=0)
+
+
+def _kl_hello(request: memoryview) -> bool:
+    """Whether a request is kl's HELLO (``kl.net.wire``: type, version, a string, no more),
+    which no Kafka request can be (no API key is 100)."""
+    if len(request) < 6 or wire.INT16.unpack_from(request)[0] != wire.HELLO:
+        return False
+    return len(request) == 6 + wire.INT16.unpack_from(request, 4)[0]
 
 
 def _header(request: memoryview, flexible: bool) -> tuple[int, str | None]:
