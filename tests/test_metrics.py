@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafkafuzz import fetch_fields
-from kafkaserver import Raw, plain
+from kafkaserver import InThread, Raw, plain
 from prometheus_client.parser import text_string_to_metric_families
 from test_cli import KL
 
@@ -90,6 +90,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     running = Daemon(work / "root", work / "log")
     yield running
     running.stop()
+    with pytest.raises(ConnectionRefusedError):  # the metrics port went with the daemon
+        socket.create_connection(("127.0.0.1", running.metrics), timeout=20)
 
 
 def total(scraped: dict, name: str, **labels: str) -> float:
@@ -268,3 +270,18 @@ def test_a_metrics_port_elsewhere_than_loopback_needs_allow(tmp_path):
 def test_a_metrics_address_that_is_not_one_is_a_usage_error(tmp_path):
     done = subprocess.run([*KL, "--root", str(tmp_path), "serve", "--metrics", "localhost"], capture_output=True, timeout=30)
     assert done.returncode == 2 and b"is not [HOST:]PORT" in done.stderr
+
+
+def test_acl_denials_are_counted_by_operation_and_resource_type(root, topic):
+    served = InThread(root, acls=True)  # no ACLs: User:ANONYMOUS may do nothing
+    try:
+        client = Raw(served.address)
+        (answer,) = client.call(FetchRequest, 12, FetchResponse, **fetch_fields(topic, 0)).responses[0].partitions
+        client.close()
+        assert answer.error_code == 29  # TOPIC_AUTHORIZATION_FAILED
+        registry = served.server.metrics.registry
+        assert registry.get_sample_value("kl_authorization_denied_total", {"operation": "READ", "resource_type": "TOPIC"}) == 1
+        errors = {"request": "Fetch", "error": "TOPIC_AUTHORIZATION_FAILED"}
+        assert registry.get_sample_value("kafka_network_requestmetrics_errors_total", errors) == 1
+    finally:
+        served.stop()
