@@ -172,7 +172,7 @@ class Kafka07(FrontEnd):
             return self._error(conn, *_coded(e))
         if span is None:
             return (wire.NO_ERROR, b"")
-        self.server.metrics.topic_bytes_out.labels(fetch.topic).inc(span[2])
+        self.server.metrics.topic(fetch.topic).bytes_out.inc(span[2])
         return Span(*span)
 
     def _offsets(self, conn: Connection, reader: Reader) -> None:
@@ -372,9 +372,7 @@ class Kafka07(FrontEnd):
         return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
 
     def _appended(self, topic: str, batch: Checked) -> None:
-        metrics = self.server.metrics
-        metrics.topic_bytes_in.labels(topic).inc(len(batch.data))
-        metrics.topic_messages_in.labels(topic).inc(batch.count)
+        self.server.metrics.topic(topic).appended(len(batch.data), batch.count)
 
     def _reply(self, conn: Connection, code: int, body: bytes) -> None:
         self._answered_with(code)

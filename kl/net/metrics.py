@@ -138,9 +138,33 @@ class Metrics:
             "kafka_server_group_coordinator_metrics_classic_group_rebalance", "Rebalances of the groups this daemon coordinates."
         )
 
+        self._topics: dict[str, TopicMeters] = {}
+
+    def topic(self, name: str) -> TopicMeters:
+        """The topic's counters (kept: a request counts each partition it names)."""
+        found = self._topics.get(name)
+        if found is None:
+            found = self._topics[name] = TopicMeters(self, name)
+        return found
+
     def register(self, collector: Collector) -> None:
         """Have ``collector`` scraped with the daemon's metrics (its names must be its own)."""
         self.registry.register(collector)
+
+
+class TopicMeters:
+    """One topic's counters."""
+
+    __slots__ = ("bytes_in", "messages_in", "bytes_out")
+
+    def __init__(self, metrics: Metrics, name: str):
+        self.bytes_in = metrics.topic_bytes_in.labels(name)
+        self.messages_in = metrics.topic_messages_in.labels(name)
+        self.bytes_out = metrics.topic_bytes_out.labels(name)
+
+    def appended(self, size: int, count: int) -> None:
+        self.bytes_in.inc(size)
+        self.messages_in.inc(count)
 
 
 class Traffic:

@@ -87,7 +87,7 @@ def _answer(broker: Broker, conn: Connection, version: int, request: Any, wait: 
         broker.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
         return None
     for name, size in sizes.items():
-        broker.server.metrics.topic_bytes_out.labels(name).inc(size)
+        broker.server.metrics.topic(name).bytes_out.inc(size)
     return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
 
 

@@ -137,7 +137,10 @@ class Kafka(FrontEnd):
         codes: dict[int, int] = {}
         _error_codes(meter.errors, response.message if isinstance(response, Spliced) else response, codes)
         for code, count in codes.items():
-            self.server.metrics.errors.labels(meter.name, _error_name(code)).inc(count)
+            counter = meter.by_code.get(code)
+            if counter is None:
+                counter = meter.by_code[code] = self.server.metrics.errors.labels(meter.name, _error_name(code))
+            counter.inc(count)
         flexible = api.response.flexible_version_q(version) and api.request is not ApiVersionsRequest
         self._send(conn, correlation, response, version, flexible)
 
@@ -149,6 +152,7 @@ class Kafka(FrontEnd):
             metrics.requests.labels(name, str(version)),
             metrics.total_time.labels(name),
             _errors_in(api.response._struct, version),
+            {},
         )
         self._meters[(api.key, version)] = meter
         return meter
@@ -189,6 +193,8 @@ class _Meter(NamedTuple):
     requests: Any
     time: Any
     errors: tuple[tuple[str, Any, bool], ...]
+    by_code: dict[int, Any]
+    """Error code -> its counter's child, as met."""
 
 
 def _errors_in(struct: Any, version: int) -> tuple[tuple[str, Any, bool], ...]:

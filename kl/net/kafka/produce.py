@@ -99,9 +99,7 @@ def _partition(
             last_sequence = (last.base_sequence + last.size - 1) & producers.MAX_SEQUENCE
             producer = producers.Batch(first.producer_id, first.producer_epoch, first.base_sequence, last_sequence)
         offset = target.append_counted(messages, fsync=acks == -1, producer=producer)[1]
-        metrics = broker.server.metrics
-        metrics.topic_bytes_in.labels(topic).inc(len(data))
-        metrics.topic_messages_in.labels(topic).inc(messages.count)
+        broker.server.metrics.topic(topic).appended(len(data), messages.count)
         return partition, NONE, offset, None
     except InvalidRecords as e:
         return _refused(conn, topic, partition, CORRUPT_MESSAGE, e)
