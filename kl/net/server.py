@@ -926,7 +926,7 @@ class Server:
             self.metrics.denials.labels(operation, resource_type).inc()
         return allowed
 
-    def listener_name(self, conn: Connection) -> str:
+    def listener_of(self, conn: Connection) -> str:
         """The ``listener`` label of the connection's metrics (``FrontEnd.listener_name``)."""
         return self._traffic[conn.front].name
 
