@@ -25,6 +25,8 @@ import kl
 from kl.net.remote import RemoteRoot
 
 TOPIC = "metered"
+TOPIC07 = "metered-07"
+"""Written and read on Kafka 0.7's port (each test counts on its own topic)."""
 RECORDS = 1200
 BATCHES = 4
 """The producer flushes after each of these, so each is at least one Produce request."""
@@ -86,6 +88,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     work = tmp_path_factory.mktemp("metrics")
     root = kl.Root(work / "root")
     root.create_topic(TOPIC, kl.TopicConfig(partitions=2))
+    root.create_topic(TOPIC07)
     root.close()
     running = Daemon(work / "root", work / "log")
     yield running
@@ -195,9 +198,12 @@ def test_a_group_member_shows_its_group_stable_and_its_rebalance(daemon):
 def test_kafka07_port_counts_kl_clients_requests_and_its_connections(daemon):
     before = daemon.value("kl_kafka07_requests_total", request="HELLO")
     remote = RemoteRoot(f"127.0.0.1:{daemon.port}")
-    assert remote.topics() == [TOPIC]
+    assert remote.topics() == [TOPIC, TOPIC07]
+    producer = kl.RemoteProducer(remote)  # (on remote's connection)
+    producer.send_batch(TOPIC07, [VALUE] * 10, partition=0)
+    producer.flush()
     consumer = kl.RemoteConsumer(RemoteRoot(f"127.0.0.1:{daemon.port}"))
-    assert consumer.fetch(TOPIC, 0, 0, 1 << 20)
+    assert len(list(consumer.fetch(TOPIC07, 0, 0, 1 << 20))) == 10
     with pytest.raises(kl.TopicNotFound):
         remote.describe("nowhere")
     until(lambda: daemon.value("kafka_server_socket_server_metrics_connection_count", listener="KAFKA07") == 2, "two open")
@@ -206,7 +212,12 @@ def test_kafka07_port_counts_kl_clients_requests_and_its_connections(daemon):
     assert total(after, "kl_kafka07_requests_total", request="TOPICS") >= 1
     assert total(after, "kl_kafka07_errors_total", error="TOPIC_NOT_FOUND", request="DESCRIBE") == 1
     assert total(after, "kl_kafka07_totaltimems_count", request="TOPICS") >= 1
-    assert total(after, "kafka_server_socket_server_metrics_outgoing_byte_total", listener="KAFKA07") > RECORDS // 2 * len(VALUE)
+    assert total(after, "kafka_server_brokertopicmetrics_messagesin_total", topic=TOPIC07) == 10
+    assert total(after, "kafka_server_brokertopicmetrics_bytesin_total", topic=TOPIC07) >= 10 * len(VALUE)
+    assert total(after, "kafka_server_brokertopicmetrics_bytesout_total", topic=TOPIC07) >= 10 * len(VALUE)
+    assert total(after, "kafka_server_socket_server_metrics_incoming_byte_total", listener="KAFKA07") > 10 * len(VALUE)
+    assert total(after, "kafka_server_socket_server_metrics_outgoing_byte_total", listener="KAFKA07") > 10 * len(VALUE)
+    producer.close()
     remote.close()
     consumer.close()
     until(lambda: daemon.value("kafka_server_socket_server_metrics_connection_count", listener="KAFKA07") == 0, "closed")
@@ -241,6 +252,7 @@ def test_a_failed_sasl_login_is_counted_by_listener_and_mechanism(daemon):
 
 
 def test_garbage_on_the_metrics_port_hurts_nothing(daemon):
+    before = daemon.value("kafka_server_socket_server_metrics_connection_creation_total", listener="PLAINTEXT")
     for garbage in (b"\x16\x03\x01\x00\xff" + bytes(range(256)), b"NOT HTTP AT ALL\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost"):
         sock = socket.create_connection(("127.0.0.1", daemon.metrics), timeout=20)
         sock.sendall(garbage)
@@ -249,7 +261,7 @@ def test_garbage_on_the_metrics_port_hurts_nothing(daemon):
             pass
         sock.close()
     assert daemon.process.poll() is None
-    assert daemon.value("kafka_server_brokertopicmetrics_messagesin_total", topic=TOPIC) == RECORDS
+    assert daemon.value("kafka_server_socket_server_metrics_connection_creation_total", listener="PLAINTEXT") == before
     client = Raw(("127.0.0.1", daemon.kafka))
     assert client.call(FetchRequest, 12, FetchResponse, **fetch_fields(TOPIC, 0)).responses[0].partitions[0].error_code == 0
     client.close()
