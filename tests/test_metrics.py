@@ -27,6 +27,7 @@ from kl.net.remote import RemoteRoot
 TOPIC = "metered"
 TOPIC07 = "metered-07"
 """Written and read on Kafka 0.7's port (each test counts on its own topic)."""
+TOPIC_IDEMPOTENT = "metered-idempotent"
 RECORDS = 1200
 BATCHES = 4
 """The producer flushes after each of these, so each is at least one Produce request."""
@@ -89,6 +90,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = kl.Root(work / "root")
     root.create_topic(TOPIC, kl.TopicConfig(partitions=2))
     root.create_topic(TOPIC07)
+    root.create_topic(TOPIC_IDEMPOTENT)
     root.close()
     running = Daemon(work / "root", work / "log")
     yield running
@@ -195,10 +197,21 @@ def test_a_group_member_shows_its_group_stable_and_its_rebalance(daemon):
     until(lambda: daemon.value("kafka_server_group_coordinator_metrics_classic_group_count", state="stable") == 0, "left")
 
 
+def test_an_idempotent_producer_is_a_producer_id_tracked(daemon):
+    before = daemon.value("kafka_server_replicamanager_produceridcount")
+    producer = Producer({"bootstrap.servers": daemon.bootstrap, "enable.idempotence": True, **QUIET})
+    for _ in range(10):
+        producer.produce(TOPIC_IDEMPOTENT, VALUE, partition=0)
+    assert producer.flush(30) == 0
+    assert daemon.value("kafka_server_replicamanager_produceridcount") == before + 1
+    assert daemon.value("kafka_server_brokertopicmetrics_messagesin_total", topic=TOPIC_IDEMPOTENT) == 10
+    assert daemon.value("kafka_network_requestmetrics_requests_total", request="InitProducerId") >= 1
+
+
 def test_kafka07_port_counts_kl_clients_requests_and_its_connections(daemon):
     before = daemon.value("kl_kafka07_requests_total", request="HELLO")
     remote = RemoteRoot(f"127.0.0.1:{daemon.port}")
-    assert remote.topics() == [TOPIC, TOPIC07]
+    assert remote.topics() == sorted([TOPIC, TOPIC07, TOPIC_IDEMPOTENT])
     producer = kl.RemoteProducer(remote)  # (on remote's connection)
     producer.send_batch(TOPIC07, [VALUE] * 10, partition=0)
     producer.flush()
