@@ -37,7 +37,7 @@ def _networks(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def _kafka_address(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str | None, int] | None:
-    """``--kafka [HOST:]PORT`` as (host or None for --bind, port)."""
+    """``--kafka [HOST:]PORT`` (and ``--metrics``) as (host or None for --bind, port)."""
     if value is None:
         return None
     host, sep, port = value.rpartition(":")
@@ -211,6 +211,12 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     callback=_principals,
     help="A principal (User:NAME) the ACLs do not bind: it may do anything (repeat for more).",
 )
+@click.option(
+    "--metrics",
+    metavar="[HOST:]PORT",
+    callback=_kafka_address,
+    help="Serve the daemon's metrics to Prometheus on http://HOST:PORT/metrics (0: any port), at HOST or --bind.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
 @click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")
 @click.pass_context
@@ -244,6 +250,7 @@ def serve(
     failed_authentication_delay: float,
     acls: bool,
     super_users: tuple[str, ...],
+    metrics: tuple[str | None, int] | None,
     as_json: bool,
     list_: bool,
 ) -> None:
@@ -293,6 +300,7 @@ def serve(
         failed_authentication_delay=failed_authentication_delay,
         acls=acls,
         super_users=super_users,
+        metrics=metrics,
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request

@@ -423,6 +423,11 @@ class Root:
                 self._logs[key] = found
         return found
 
+    def open_logs(self) -> list[Log]:
+        """The partitions' logs this root has opened (``log``) and not forgotten since."""
+        with self._guard:
+            return list(self._logs.values())
+
     def describe(self, name: str) -> TopicInfo:
         config = self.config(name)
         partitions = []

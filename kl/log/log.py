@@ -895,6 +895,12 @@ class Log:
         """
         return self.append_counted(batch, fsync=fsync)[0]
 
+    @property
+    def producer_ids(self) -> int:
+        """The idempotent producers this writer's producer journal remembers (0 before it appended a batch of one)."""
+        journal = self._journal
+        return 0 if journal is None else len(journal.producers)
+
     def append_counted(self, batch: Checked, *, fsync: bool = False, producer: producers.Batch | None = None) -> tuple[int, int]:
         """``append``, returning the offset the set starts at and the Kafka offset of its
         first message.  ``producer``: the set is an idempotent producer's batch, appended

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from kl.errors import InvalidTopicName, KlError, TopicNotFound
 from kl.log.config import TopicConfig
@@ -40,9 +43,16 @@ class Kafka07(FrontEnd):
     def __init__(self, server: Server):
         super().__init__(server)
         self.sasl = Authenticator(server, lambda conn: server.config.port_sasl)
+        self._meters: dict[int, _Meter] = {}
+        """Request type -> its metrics' children."""
+        self._answered = threading.local()
+        """``codes``: the error codes the request a worker answers has answered so far, counted."""
 
     def listening(self, address: str, port: int) -> None:
         log.info("serving %s on %s:%d", self.server.root.path, address, port)
+
+    def listener_name(self, security: str) -> str:
+        return "KAFKA07" if security == "PLAINTEXT" else f"KAFKA07_{security}"
 
     def handle(self, conn: Connection, request: memoryview) -> None:
         reader = Reader(request)
@@ -50,17 +60,38 @@ class Kafka07(FrontEnd):
         handler = HANDLERS.get(kind)
         if handler is None:
             raise self._unknown(kind, request)
-        if kind >= wire.HELLO:
-            conn.kl = True
-        exchange = self.sasl.pending(conn)  # (the first request starts the time the exchange has)
-        if exchange is not None and kind not in (wire.HELLO, wire.AUTHENTICATE):
-            if not conn.kl:
-                raise Drop(f"{wire.NAMES[kind]} before SASL authentication (kl serve --sasl)")
-            conn.hang_up = True
-            needed = wire.AuthenticationFailed(f"this server requires SASL authentication ({', '.join(self.sasl.mechanisms)})")
-            self._reply_error(conn, wire.KL_ERROR, needed)
-            return
-        handler(self, conn, reader)
+        meter = self._meters.get(kind) or self._meter(kind)
+        codes: dict[int, int] = {}
+        self._answered.codes = codes
+        try:
+            if kind >= wire.HELLO:
+                conn.kl = True
+            exchange = self.sasl.pending(conn)  # (the first request starts the time the exchange has)
+            if exchange is not None and kind not in (wire.HELLO, wire.AUTHENTICATE):
+                if not conn.kl:
+                    raise Drop(f"{wire.NAMES[kind]} before SASL authentication (kl serve --sasl)")
+                conn.hang_up = True
+                needed = wire.AuthenticationFailed(
+                    f"this server requires SASL authentication ({', '.join(self.sasl.mechanisms)})"
+                )
+                self._reply_error(conn, wire.KL_ERROR, needed)
+                return
+            handler(self, conn, reader)
+        finally:
+            meter.requests.inc()
+            if conn.wait is None:  # (a parked failed login is answered later)
+                meter.time.observe((time.monotonic() - conn.last_active) * 1000)  # (the request's last byte came then)
+            for code, count in codes.items():
+                self.server.metrics.kafka07_errors.labels(meter.name, wire.CODE_NAMES.get(code, str(code))).inc(count)
+
+    def _meter(self, kind: int) -> _Meter:
+        metrics, name = self.server.metrics, wire.NAMES[kind]
+        meter = self._meters[kind] = _Meter(name, metrics.kafka07_requests.labels(name), metrics.kafka07_total_time.labels(name))
+        return meter
+
+    def _answered_with(self, code: int) -> None:
+        codes = self._answered.codes
+        codes[code] = codes.get(code, 0) + 1
 
     def _unknown(self, kind: int, request: memoryview) -> Drop:
         """Why a request of an unknown type closes its connection: a Kafka client's first
@@ -154,6 +185,7 @@ class Kafka07(FrontEnd):
             return self._error(conn, *_coded(e))
         if span is None:
             return (wire.NO_ERROR, b"")
+        self.server.metrics.topic(fetch.topic).bytes_out.inc(span[2])
         return Span(*span)
 
     def _offsets(self, conn: Connection, reader: Reader) -> None:
@@ -192,9 +224,11 @@ class Kafka07(FrontEnd):
             try:
                 checked.append((p, *self._checked(conn, p.topic, p.partition, p.data, None)))
             except (_Refused, KlError) as e:
+                self._answered_with(_coded(e)[0])  # (no answer: the connection is closed)
                 raise Drop(f"produce to {p.topic}/{p.partition} refused: {_coded(e)[1]}") from None
         for p, partition, batch in checked:
             self.server.root.log(p.topic, partition).append(batch)
+            self._appended(p.topic, batch)
 
     def _checked(self, conn: Connection, topic: str, partition: int, data: bytes, count: int | None) -> tuple[int, Checked]:
         """The partition a set goes to (Kafka 0.7's -1: a random one) and the set checked,
@@ -289,6 +323,7 @@ class Kafka07(FrontEnd):
         except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
+        self._appended(topic, batch)
         self._reply(conn, wire.NO_ERROR, wire.INT64.pack(offset))
 
     def _append_all_request(self, conn: Connection, reader: Reader) -> None:
@@ -312,6 +347,8 @@ class Kafka07(FrontEnd):
         except (_Refused, KlError) as e:
             self._reply_error(conn, *_coded(e))
             return
+        for (topic, _, _, _), (_, batch) in zip(sets, appends, strict=True):
+            self._appended(topic, batch)
         self._reply(conn, wire.NO_ERROR, wire.INT32.pack(len(offsets)) + b"".join(map(wire.INT64.pack, offsets)))
 
     # ----------------------------------------------------------------- helpers
@@ -347,7 +384,11 @@ class Kafka07(FrontEnd):
     def _error(self, conn: Connection, code: int, error: BaseException) -> _Part:
         return (self._code(conn, code), wire.error_payload(error)[1] if conn.kl else b"")
 
+    def _appended(self, topic: str, batch: Checked) -> None:
+        self.server.metrics.topic(topic).appended(len(batch.data), batch.count)
+
     def _reply(self, conn: Connection, code: int, body: bytes) -> None:
+        self._answered_with(code)
         self.server.queue(conn, memoryview(wire.HEAD.pack(2 + len(body), code) + body))
 
     def _reply_error(self, conn: Connection, code: int, error: BaseException, plain: bytes = b"") -> None:
@@ -361,6 +402,7 @@ class Kafka07(FrontEnd):
         room = MAX_PAYLOAD
         pieces: list[memoryview | Span] = []
         for part in parts:
+            self._answered_with(wire.NO_ERROR if isinstance(part, Span) else part[0])
             room -= 0 if outer is None else wire.HEAD.size
             if isinstance(part, Span):
                 part.count = max(0, min(part.count, room))
@@ -379,6 +421,14 @@ class Kafka07(FrontEnd):
 
 
 _Part = tuple[int, bytes] | Span
+
+
+class _Meter(NamedTuple):
+    """A request type's name and its metrics' children."""
+
+    name: str
+    requests: Any
+    time: Any
 
 
 class _Refused(Exception):

@@ -174,6 +174,7 @@ class Authenticator:
         conn.principal = f"User:{name}"
         conn.cut_at = None
         log.info("%s: authenticated as %s (SASL %s)", conn.peer, conn.principal, exchange.mechanism)
+        self.server.metrics.authentications.labels(self.server.listener_of(conn), exchange.mechanism).inc()
 
     def failure_delay(self, conn: Connection) -> float:
         """How long the answer to this failure waits: the host's failures in a row, counted."""
@@ -194,6 +195,8 @@ class Authenticator:
         exchange.stage = "failed"
         exchange.failed = answer
         conn.cut_at = None
+        mechanism = exchange.mechanism if exchange.mechanism in self.server.config.sasl_mechanisms else "other"
+        self.server.metrics.authentication_failures.labels(self.server.listener_of(conn), mechanism).inc()
         delay = self.failure_delay(conn)
         if delay > 0:
             self.server.park(conn, Wait([], 1, time.monotonic() + delay, None))

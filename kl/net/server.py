@@ -56,6 +56,7 @@ from kl.log.log import DELETED_SUFFIX, Log
 from kl.log.segment import Segment
 from kl.net.acls import Acls, Authorizer
 from kl.net.frames import SIZE, ProtocolError
+from kl.net.metrics import Endpoint, Metrics, Traffic
 from kl.net.repeats import Repeats, more
 from kl.net.tls import RECORD_HANDSHAKE, Tls, TlsError
 from kl.topic import Root
@@ -162,13 +163,16 @@ class ServeConfig:
     """Enforce Kafka's ACLs kept in the root (``kl.net.acls``) on every request."""
     super_users: tuple[str, ...] = ()
     """Principals (``User:NAME``) the ACLs do not bind: they may do anything."""
+    metrics: tuple[str | None, int] | None = None
+    """Where ``/metrics`` is served over HTTP (``kl.net.metrics``): (address or None for
+    ``bind``, port; 0: any free port); None: nowhere."""
     networks: tuple[Network, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         self.networks = tuple(self.allow) or LOOPBACK
         if self.port is None and self.kafka_port is None and not self.listeners:
             raise ServerError("nothing to serve: give a port for Kafka 0.7's protocol, today's Kafka protocol, or both")
-        for bind, port in self.addresses():
+        for bind, port in self.addresses() + ([] if self.metrics is None else [(self.metrics[0] or self.bind, self.metrics[1])]):
             try:
                 address = ipaddress.ip_address(bind)
             except ValueError:
@@ -312,6 +316,10 @@ class FrontEnd:
     def listening(self, address: str, port: int) -> None:
         """Log where this protocol is served."""
 
+    def listener_name(self, security: str) -> str:
+        """The ``listener`` label of its metrics: Kafka's default listener name, its security protocol."""
+        return security
+
 
 class Drop(Exception):
     """Close this connection, logging the reason (bad request, a peer gone)."""
@@ -356,6 +364,13 @@ class Server:
         acls = Acls(self.root.path, self.root.lock_timeout)
         self.authorizer = Authorizer(acls, self.config.super_users) if self.config.acls else None
         """Kafka's ACLs, enforced on every request of either protocol (``kl serve --acls``); None: none are."""
+        self.metrics = Metrics()
+        """What the daemon does, counted (``kl.net.metrics``); served by ``ServeConfig.metrics``."""
+        self._traffic: dict[FrontEnd, Traffic] = {}
+        """Each listener's counters, by its front end."""
+        self._endpoint: Endpoint | None = None
+        self.metrics_port: int | None = None
+        """The port ``/metrics`` is served on (the one bound, where 0 was asked); None: none."""
         self.listeners: list[tuple[socket.socket, FrontEnd]] = []
         """Each listener's listening socket and front end (one of its own)."""
         self.security: dict[FrontEnd, str] = {}
@@ -375,6 +390,9 @@ class Server:
                 if listener.security not in SECURITY_PROTOCOLS:
                     raise ServerError(f"unknown security protocol {listener.security!r}")
                 self.ports.append(self._listen(listener, listener.front_end(self)))
+            if self.config.metrics is not None:
+                self._endpoint = self._serve_metrics(*self.config.metrics)
+                self.metrics_port = self._endpoint.port
         except BaseException:
             for sock, _ in self.listeners:
                 sock.close()
@@ -404,6 +422,15 @@ class Server:
         self._parked: queue.SimpleQueue[Connection | str] = queue.SimpleQueue()
         """Connections handed to the waiter, or STOP_WAITING (answer everything at once
         from now on), CHECK (look at the waits now) or EXIT."""
+        self.metrics.answer_memory.set_function(lambda: self._held)
+        self.metrics.producer_ids.set_function(lambda: sum(log.producer_ids for log in self.root.open_logs()))
+
+    def _serve_metrics(self, host: str | None, port: int) -> Endpoint:
+        host = host or self.config.bind
+        try:
+            return Endpoint(self.metrics, host, port, self.config.allows)
+        except OSError as e:
+            raise ServerError(f"cannot serve metrics on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
 
     def _tls(self, listeners: Sequence[Listener]) -> Tls | None:
         config = self.config
@@ -444,6 +471,7 @@ class Server:
         sock.setblocking(False)
         self.listeners.append((sock, front))
         self.security[front] = listener.security
+        self._traffic[front] = Traffic(self.metrics, front.listener_name(listener.security))
         host, port = sock.getsockname()[:2]
         self._bound.append((front, f"[{host}]:{port}" if ":" in host else f"{host}:{port}", listener.security))
         return int(port)
@@ -462,6 +490,8 @@ class Server:
             w.start()
         for sock, front in self.listeners:
             front.listening(sock.getsockname()[0], sock.getsockname()[1])
+        if self._endpoint is not None:
+            self._endpoint.start()
         next_sweep = 0.0
         finished = False
         try:
@@ -497,6 +527,8 @@ class Server:
                 self._discard(conn)
             for _, front in self.listeners:
                 front.close()
+            if self._endpoint is not None:
+                self._endpoint.close()
             if finished:  # else a stuck worker may still wake it
                 self._wake_r.close()
                 self._wake_w.close()
@@ -566,6 +598,7 @@ class Server:
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     log.warning("not accepting for %g s: %s", ACCEPT_PAUSE, e.strerror or e)
+                    self.metrics.refused.labels(self._traffic[front].name, "out_of_fds").inc()
                     for listening, _ in self.listeners:
                         self._selector.unregister(listening)
                     self._accepting = False
@@ -573,14 +606,19 @@ class Server:
                     return
                 continue  # the peer gave up before it was accepted, and the like
             peer = f"{address[0]}:{address[1]}"
+            traffic = self._traffic[front]
             if not self.config.allows(address[0]):
                 log.warning("refused %s: not in --allow", peer)
+                self.metrics.refused.labels(traffic.name, "allow_list").inc()
                 sock.close()
                 continue
             if len(self._connections) >= self.config.max_connections:
                 log.warning("refused %s: %d connections open (--max-connections)", peer, len(self._connections))
+                self.metrics.refused.labels(traffic.name, "max_connections").inc()
                 sock.close()
                 continue
+            traffic.created.inc()
+            traffic.connections.inc()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Connection(sock, peer, front, self.security[front])
@@ -659,6 +697,7 @@ class Server:
             conn.last_active = time.monotonic()
             if conn.started is None:
                 conn.started = conn.last_active
+            self._traffic[conn.front].bytes_in.inc(len(data))
             conn.buffer += data
             try:
                 if self._needed(conn):
@@ -788,7 +827,11 @@ class Server:
             log.warning("closed %s: %s", conn.peer, reason)
         if self._registered(conn):
             self._selector.unregister(conn.sock)
-        self._connections.discard(conn)
+        if conn in self._connections:
+            self._connections.discard(conn)
+            traffic = self._traffic[conn.front]
+            traffic.closed.inc()
+            traffic.connections.dec()
         self._discard(conn)
         conn.front.closed(conn)
 
@@ -807,6 +850,7 @@ class Server:
                     conn.front.handle(conn, memoryview(request)[SIZE.size :])
                 elif conn.wait is not None:
                     wait, conn.wait = conn.wait, None
+                    self.metrics.parked.dec()
                     conn.front.resume(conn, wait)
                 if conn.wait is not None:
                     self._parked.put(conn)  # the waiter hands it back
@@ -844,20 +888,28 @@ class Server:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             out.corked = True
         pieces = out.pieces
-        while pieces:
-            piece = pieces[0]
-            try:
-                if isinstance(piece, Span):
-                    if not piece.send(sock):
-                        return False
-                else:
-                    sent = sock.send(piece)  # (TLS sends all of it, or raises: then the same piece again)
-                    if sent < len(piece):
-                        pieces[0] = piece[sent:]
-                        continue
-            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                return False
-            pieces.popleft()
+        sent = 0
+        try:
+            while pieces:
+                piece = pieces[0]
+                try:
+                    if isinstance(piece, Span):
+                        left = piece.count
+                        done = piece.send(sock)
+                        sent += left - piece.count
+                        if not done:
+                            return False
+                    else:
+                        went = sock.send(piece)  # (TLS sends all of it, or raises: then the same piece again)
+                        sent += went
+                        if went < len(piece):
+                            pieces[0] = piece[went:]
+                            continue
+                except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    return False
+                pieces.popleft()
+        finally:
+            self._traffic[conn.front].bytes_out.inc(sent)
         self._release(out)
         conn.out = None
         with contextlib.suppress(OSError):
@@ -912,6 +964,7 @@ class Server:
         """Answer the request later: once ``wait`` is over, a worker calls the front end's
         ``resume`` (at once when the daemon is stopping)."""
         conn.wait = wait
+        self.metrics.parked.inc()
 
     def allows(self, conn: Connection, operation: str, resource_type: str, name: str, *, logged: bool = True) -> bool:
         """Whether the connection's principal may do ``operation`` (Kafka's ``AclOperation``
@@ -919,7 +972,14 @@ class Server:
         ``logged`` (a listing that leaves out what may not be seen)."""
         if self.authorizer is None:
             return True
-        return self.authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, resource_type, name, logged=logged)
+        allowed = self.authorizer.allows(conn.peer, conn.principal, host_of(conn), operation, resource_type, name, logged=logged)
+        if not allowed and logged:
+            self.metrics.denials.labels(operation, resource_type).inc()
+        return allowed
+
+    def listener_of(self, conn: Connection) -> str:
+        """The ``listener`` label of the connection's metrics (``FrontEnd.listener_name``)."""
+        return self._traffic[conn.front].name
 
     def recheck(self) -> None:
         """Have the waiter look at the parked requests now (one's wait was ended)."""

@@ -91,6 +91,20 @@ NOT_ALLOWED = 103
 """Produce is off, or the topic is not served (``kl serve --allow-produce``, ``--topics``)."""
 KL_ERROR = 104
 """Any other kl error; the JSON names it."""
+CODE_NAMES = {
+    NO_ERROR: "NO_ERROR",
+    UNKNOWN: "UNKNOWN",
+    OFFSET_OUT_OF_RANGE: "OFFSET_OUT_OF_RANGE",
+    INVALID_MESSAGE: "INVALID_MESSAGE",
+    WRONG_PARTITION: "WRONG_PARTITION",
+    INVALID_FETCH_SIZE: "INVALID_FETCH_SIZE",
+    TOPIC_NOT_FOUND: "TOPIC_NOT_FOUND",
+    INVALID_OFFSET: "INVALID_OFFSET",
+    FORMAT_NOT_UNDERSTOOD: "FORMAT_NOT_UNDERSTOOD",
+    NOT_ALLOWED: "NOT_ALLOWED",
+    KL_ERROR: "KL_ERROR",
+}
+"""Each error code's name (the daemon's metrics label answers by them)."""
 
 _CODES: dict[type[KlError], int] = {
     errors.OffsetOutOfRange: OFFSET_OUT_OF_RANGE,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from kl.log.log import Log, Position
 from kl.log.state import PartitionState
 from kl.net import brokers
 from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED
-from kl.net.kafka.coordinator import Coordinator
+from kl.net.kafka.coordinator import STATES, Coordinator
 from kl.net.kafka.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     GROUP_AUTHORIZATION_FAILED,
@@ -64,7 +65,9 @@ class Broker:
 
     def __init__(self, server: Server):
         self.server = server
-        self.groups = Coordinator(server.root, server.recheck)
+        self.groups = Coordinator(server.root, server.recheck, server.metrics.rebalances.inc)
+        for state in STATES:  # read when scraped, as Kafka's classic-group-count (its states in lower case)
+            server.metrics.groups.labels(state.lower()).set_function(functools.partial(self.groups.count, state))
         self.sasl = Authenticator(server)
         self.authorizer = server.authorizer
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]

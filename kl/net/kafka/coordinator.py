@@ -95,6 +95,7 @@ from kl.topic import GROUPS_DIR, Root
 log = logging.getLogger("kl.serve")
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
+STATES = (EMPTY, PREPARING, COMPLETING, STABLE, DEAD)
 
 MAX_METADATA = 4096
 """The longest commit metadata stored (Kafka's offset.metadata.max.bytes, which counts characters)."""
@@ -202,10 +203,12 @@ class Described(NamedTuple):
 class Coordinator:
     """The groups this daemon coordinates, and the lookup of the others' coordinators."""
 
-    def __init__(self, root: Root, wake: Callable[[], None]):
+    def __init__(self, root: Root, wake: Callable[[], None], rebalanced: Callable[[], None] = lambda: None):
         self.root = root
         self._wake = wake
         """Tells the server's waiter to look at its parked requests now."""
+        self._rebalanced = rebalanced
+        """Called as each rebalance starts (the daemon counts them)."""
         self.address = ""
         """This daemon's Kafka address, ``HOST:PORT`` (set once it listens)."""
         self._dir = os.path.join(root.path, GROUPS_DIR, COORDINATORS_DIR)
@@ -287,6 +290,11 @@ class Coordinator:
             return False
         finally:
             os.close(fd)
+
+    def count(self, state: str) -> int:
+        """How many of the groups coordinated here are in ``state`` (``STATES``)."""
+        with self._lock:
+            return sum(1 for group in self._groups.values() if group.state == state)
 
     def _group(self, name: str) -> Group | None:
         with self._lock:
@@ -730,6 +738,7 @@ class Coordinator:
         for member in group.members.values():
             _answer(member, None, SyncResult(REBALANCE_IN_PROGRESS))
         log.info("group %s: rebalancing (generation %d): %s", group.name, group.generation, why)
+        self._rebalanced()
         self._wake()
 
     def _complete(self, group: Group, now: float) -> None:

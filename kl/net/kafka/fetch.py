@@ -62,6 +62,7 @@ def _answer(broker: Broker, conn: Connection, version: int, request: Any, wait: 
     waits: list[tuple[Log, int]] = []
     topics = []
     total = 0
+    sizes: dict[str, int] = {}
     for topic in request.topics:
         parts = []
         topic_id = topic.topic_id if version >= 13 else None
@@ -76,6 +77,8 @@ def _answer(broker: Broker, conn: Connection, version: int, request: Any, wait: 
             parts.append(part)
             room = max(0, room - size)
             total += size
+            if size and name is not None:
+                sizes[name] = sizes.get(name, 0) + size
             if target is not None:
                 waits.append(target)
         topics.append(FetchResponse.FetchableTopicResponse(topic=name, topic_id=topic_id, partitions=parts))
@@ -83,6 +86,8 @@ def _answer(broker: Broker, conn: Connection, version: int, request: Any, wait: 
         deadline = time.monotonic() + min(request.max_wait_ms / 1000, broker.server.config.request_timeout)
         broker.server.park(conn, Wait(waits, request.min_bytes - total, deadline, None))
         return None
+    for name, size in sizes.items():
+        broker.server.metrics.topic(name).bytes_out.inc(size)
     return FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=topics)
 
 

@@ -26,8 +26,10 @@ import importlib
 import logging
 import pkgutil
 import struct
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
+import kafka.errors
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
@@ -38,6 +40,7 @@ from kl.net.kafka import (
     cluster,
     configs,
     delete_records,
+    errors,
     fetch,
     groups,
     list_offsets,
@@ -52,6 +55,7 @@ from kl.net.kafka.api import Api, Spliced
 from kl.net.kafka.broker import Broker
 from kl.net.kafka.errors import NONE, UNSUPPORTED_VERSION
 from kl.net.kafka07 import Kafka07
+from kl.net.metrics import Metrics
 from kl.net.server import Connection, Drop, FrontEnd, Server, Wait
 
 log = logging.getLogger("kl.serve")
@@ -68,6 +72,8 @@ class Kafka(FrontEnd):
         self.owner = broker is None
         """Whether the broker is this front end's (else another listener's, which it shares)."""
         self.broker = broker or Broker(server)
+        self._meters: dict[tuple[int, int], _Meter] = {}
+        """(API key, version) -> its metrics' children (``_meter``)."""
 
     def listening(self, address: str, port: int) -> None:
         self.broker.listening(address, port, self)
@@ -97,6 +103,7 @@ class Kafka(FrontEnd):
         api = APIS.get(key)
         self.broker.sasl.admit(conn, key, version, api)
         if key == API_VERSIONS and not api.low <= version <= api.high:  # type: ignore[union-attr]
+            self.server.metrics.errors.labels("ApiVersions", "UNSUPPORTED_VERSION").inc()
             self._send(conn, correlation, ApiVersionsResponse(error_code=UNSUPPORTED_VERSION, api_keys=_api_keys()), 0, False)
             return
         if api is None:
@@ -139,10 +146,33 @@ class Kafka(FrontEnd):
         if conn.wait is not None:  # parked: answered by resume
             conn.wait.request = (api, version, correlation, body)
             return
+        meter = self._meters.get((api.key, version)) or self._meter(api, version)
+        meter.requests.inc()
+        meter.time.observe((time.monotonic() - conn.last_active) * 1000)  # (the request's last byte came then)
         if response is None:
             return  # produce with acks 0: no answer
+        codes: dict[int, int] = {}
+        _error_codes(meter.errors, response.message if isinstance(response, Spliced) else response, codes)
+        for code, count in codes.items():
+            counter = meter.by_code.get(code)
+            if counter is None:
+                counter = meter.by_code[code] = self.server.metrics.errors.labels(meter.name, _error_name(code))
+            counter.inc(count)
         flexible = api.response.flexible_version_q(version) and api.request is not ApiVersionsRequest
         self._send(conn, correlation, response, version, flexible)
+
+    def _meter(self, api: Api, version: int) -> _Meter:
+        metrics: Metrics = self.server.metrics
+        name = api.request.name.removesuffix("Request")  # Kafka's name of the request (its ApiKeys)
+        meter = _Meter(
+            name,
+            metrics.requests.labels(name, str(version)),
+            metrics.total_time.labels(name),
+            _errors_in(api.response._struct, version),
+            {},
+        )
+        self._meters[(api.key, version)] = meter
+        return meter
 
     def _unsupported(self, conn: Connection, key: int, version: int, correlation: int) -> None:
         """Answer a request of a type kl does not serve (nor advertise) with UNSUPPORTED_VERSION
@@ -157,6 +187,7 @@ class Kafka(FrontEnd):
             raise Drop(f"{response.name} v{version} is not served here (nor advertised)")
         log.warning("%s: %s v%d is not served here: answered UNSUPPORTED_VERSION", conn.peer, response.name, version)
         answer.error_code = UNSUPPORTED_VERSION
+        self.server.metrics.errors.labels(response.name.removesuffix("Response"), "UNSUPPORTED_VERSION").inc()
         self._send(conn, correlation, answer, version, response.flexible_version_q(version))
 
     def _send(self, conn: Connection, correlation: int, response: ApiMessage | Spliced, version: int, flexible: bool) -> None:
@@ -169,6 +200,58 @@ class Kafka(FrontEnd):
             self.server.queue(conn, memoryview(head), *pieces)  # TCP_CORK makes one stream
         finally:
             self.server.unreserve(response.reserved)
+
+
+class _Meter(NamedTuple):
+    """A request type and version's metrics: its name, its counter and latency children,
+    where its answer's error codes are (``_errors_in``)."""
+
+    name: str
+    requests: Any
+    time: Any
+    errors: tuple[tuple[str, Any, bool], ...]
+    by_code: dict[int, Any]
+    """Error code -> its counter's child, as met."""
+
+
+def _errors_in(struct: Any, version: int) -> tuple[tuple[str, Any, bool], ...]:
+    """Where a message of the schema ``struct`` holds error codes in ``version``: for each
+    field that is one or holds some, (its name, what is inside: None for the code itself,
+    whether it is an array).  Found once per request type and version (``_meter``)."""
+    found: list[tuple[str, Any, bool]] = []
+    for field in struct.fields.values():
+        if not field.for_version_q(version):
+            continue
+        if field.name == "error_code":
+            found.append((field.name, None, False))
+        elif field.is_struct_array() or field.is_struct():
+            many = field.is_struct_array()
+            inner = _errors_in(field.array_of if many else field, version)
+            if inner:
+                found.append((field.name, inner, many))
+    return tuple(found)
+
+
+def _error_codes(where: tuple[tuple[str, Any, bool], ...], data: Any, codes: dict[int, int]) -> None:
+    """Count into ``codes`` the error codes of ``data`` found where ``_errors_in`` says."""
+    for name, inner, many in where:
+        value = getattr(data, name, None)
+        if inner is None:
+            if value is not None:
+                codes[value] = codes.get(value, 0) + 1
+        elif value is not None:
+            for item in value if many else (value,):
+                _error_codes(inner, item, codes)
+
+
+@functools.cache
+def _error_name(code: int) -> str:
+    """Kafka's name of an error code (its Errors enum): NONE, UNKNOWN_TOPIC_OR_PARTITION, ..."""
+    ours = next((name for name, value in vars(errors).items() if name.isupper() and value == code), None)
+    if ours is not None:  # the codes kl answers with, by Kafka's names
+        return ours
+    known = kafka.errors.kafka_errors.get(code)
+    return str(known.message) if known is not None else str(code)
 
 
 def _spliced(answer: Spliced, data: bytes | bytearray, flexible: bool) -> list[memoryview]:

@@ -98,7 +98,9 @@ def _partition(
         if first.producer_id >= 0:  # idempotent: appended once (kl.log.producers)
             last_sequence = (last.base_sequence + last.size - 1) & producers.MAX_SEQUENCE
             producer = producers.Batch(first.producer_id, first.producer_epoch, first.base_sequence, last_sequence)
-        return partition, NONE, target.append_counted(messages, fsync=acks == -1, producer=producer)[1], None
+        offset = target.append_counted(messages, fsync=acks == -1, producer=producer)[1]
+        broker.server.metrics.topic(topic).appended(len(data), messages.count)
+        return partition, NONE, offset, None
     except InvalidRecords as e:
         return _refused(conn, topic, partition, CORRUPT_MESSAGE, e)
     except (Refused, KlError) as e:
