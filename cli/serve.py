@@ -14,6 +14,7 @@ import signal
 import sys
 
 import click
+import prometheus_client
 
 from kl.errors import KlError
 from kl.net import brokers
@@ -304,6 +305,8 @@ def serve(
     )
     _log_lines(as_json)
     root.topics()  # a missing root is an error now, not on every request
+    if metrics is not None:  # counters without _created samples, as Kafka's exporter has them (this process is the daemon)
+        prometheus_client.disable_created_metrics()
     server = Daemon(root, config)
     logger = logging.getLogger("kl.serve")
     kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
