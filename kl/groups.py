@@ -20,8 +20,10 @@ count of its messages already consumed, written ``OFFSET+SKIP`` (``reset``'s tar
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -126,6 +128,11 @@ class PartitionLag:
     """Inner messages of the compressed batch at ``committed`` already consumed."""
     damage: str | None = None
     """Why the offset file is damaged (status ``DAMAGED``)."""
+    committed_kafka_offset: int | None = None
+    """The committed position as a Kafka offset (None where it is not in the log now:
+    before its start, past its end, gone, or uncountable)."""
+    log_end_kafka_offset: int | None = None
+    """The log end as a Kafka offset: the records the partition ever held."""
 
     @property
     def position(self) -> Position | None:
@@ -172,11 +179,12 @@ def list_groups(root: RootLike) -> list[str]:
     return groups(_root(root).path)
 
 
-def describe(root: RootLike, group: str) -> GroupInfo:
+def describe(root: RootLike, group: str, topics: Callable[[str], bool] | None = None) -> GroupInfo:
     """The group's live members, and per partition its owner, committed offset and lag.
 
     The partitions are those of every topic the group has a committed offset or an owner
-    record for, and of every topic a live member subscribes to.  A damaged offset file
+    record for, and of every topic a live member subscribes to (of those ``topics`` takes,
+    where given).  A damaged offset file
     is a row of status ``DAMAGED`` (the others are described all the same); an offset of
     an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
@@ -195,8 +203,9 @@ def describe(root: RootLike, group: str) -> GroupInfo:
         else:
             if found is not None:
                 committed[t, p] = found
+    topic_ids = functools.cache(r.topic_id)  # read once a topic
     rows = []
-    for topic, partition in _partitions(r, members, set(owners) | set(committed)):
+    for topic, partition in _partitions(r, members, set(owners) | set(committed), topics):
         owner = owners.get((topic, partition))
         c = committed.get((topic, partition))
         damage, skip, when = None, 0, None
@@ -204,9 +213,8 @@ def describe(root: RootLike, group: str) -> GroupInfo:
             damage, c = c.reason, None
         elif c is not None:
             skip, when = c.skip, c.time_ms
-        if damage is not None or (c is not None and _stale(r, topic, c)):
-            start, end, *_ = _lag(r, topic, partition, None, now)
-            lag: Lag = (start, end, None, None, None, Status.STALE if damage is None else Status.DAMAGED)
+        if damage is not None or (c is not None and _stale(topic_ids, topic, c)):
+            lag = _lag(r, topic, partition, None, now)._replace(status=Status.STALE if damage is None else Status.DAMAGED)
         else:
             lag = _lag(r, topic, partition, None if c is None else c.position, now)
         rows.append(
@@ -217,9 +225,16 @@ def describe(root: RootLike, group: str) -> GroupInfo:
                 0 if owner is None else owner.generation,
                 None if c is None else c.offset,
                 when,
-                *lag,
+                lag.log_start_offset,
+                lag.log_end_offset,
+                lag.messages,
+                lag.bytes,
+                lag.ms,
+                lag.status,
                 skip=skip,
                 damage=damage,
+                committed_kafka_offset=lag.committed_kafka_offset,
+                log_end_kafka_offset=lag.log_end_kafka_offset,
             )
         )
     return GroupInfo(registry.group, [_member_info(registry, member, now) for member in members], rows)
@@ -323,7 +338,7 @@ def export(root: RootLike, group: str) -> str:
         line = f"{topic} {partition} {committed.position}\n"
         if not _exists(r, topic, partition):
             line = f"# {line.rstrip()} (no such partition now)\n"
-        elif _stale(r, topic, committed):
+        elif _stale(r.topic_id, topic, committed):
             line = f"# {line.rstrip()} (of topic {topic} before it was deleted and created again)\n"
         lines.append(line)
     return "".join(lines)
@@ -400,11 +415,11 @@ def _write(root: Root, registry: Registry, changes: list[OffsetChange], who: str
     registry.write_offsets([Offset(c.topic, c.partition, c.new, ids[c.topic]) for c in changes], who)
 
 
-def _stale(root: Root, topic: str, committed: Committed) -> bool:
-    """Whether ``committed`` is of an earlier creation of ``topic`` (one written before
-    topic ids counts as of the current one)."""
+def _stale(topic_id: Callable[[str], str], topic: str, committed: Committed) -> bool:
+    """Whether ``committed`` is of an earlier creation of ``topic``, whose current id
+    ``topic_id`` reads (one written before topic ids counts as of the current one)."""
     try:
-        return not same_creation(committed.topic_id, root.topic_id(topic))
+        return not same_creation(committed.topic_id, topic_id(topic))
     except TopicNotFound:
         return False
 
@@ -417,12 +432,16 @@ def _old(registry: Registry, topic: str, partition: int) -> Position | None:
     return None if committed is None else committed.position
 
 
-def _partitions(root: Root, members: list[Member], known: set[tuple[str, int]]) -> list[tuple[str, int]]:
+def _partitions(
+    root: Root, members: list[Member], known: set[tuple[str, int]], taken: Callable[[str], bool] | None = None
+) -> list[tuple[str, int]]:
     """``known`` partitions plus every partition of their topics and of the topics live
-    members subscribe to, sorted."""
+    members subscribe to (of those ``taken`` takes, where given), sorted."""
+    if taken is not None:
+        known = {(t, p) for t, p in known if taken(t)}
     topics = {t for t, _ in known}
     existing = root.topics()
-    topics.update(t for t in existing if any(member.subscribes(t) for member in members))
+    topics.update(t for t in existing if any(member.subscribes(t) for member in members) and (taken is None or taken(t)))
     found = set(known)
     for topic in topics:
         if topic in existing:
@@ -447,7 +466,7 @@ def _shiftable(root: Root, registry: Registry, old: dict[tuple[str, int], Positi
     found, missing = {}, []
     for (topic, partition), position in old.items():
         committed = None if position is None else registry.committed(topic, partition)
-        if committed is None or _stale(root, topic, committed):
+        if committed is None or _stale(root.topic_id, topic, committed):
             missing.append(f"{topic}/{partition}")
         else:
             found[topic, partition] = committed.position
@@ -520,34 +539,56 @@ def _member_info(registry: Registry, member: Member, now: int) -> MemberInfo:
     return MemberInfo(member.id, member.host, member.pid, member.since_ms, member.subscription, age)
 
 
-Lag = tuple[int | None, int | None, int | None, int | None, int | None, Status]
-"""log start, log end, lag in messages, in bytes, in ms, status."""
+class Lag(NamedTuple):
+    """A partition's log start and end and a committed position's lag (None: unknown)."""
+
+    log_start_offset: int | None
+    log_end_offset: int | None
+    messages: int | None
+    bytes: int | None
+    ms: int | None
+    status: Status
+    committed_kafka_offset: int | None = None
+    log_end_kafka_offset: int | None = None
 
 
 def _lag(root: Root, topic: str, partition: int, committed: Position | None, now: int) -> Lag:
+    """The partition's log start and end, and the lag of ``committed`` (None: not
+    committed) at ``now`` (ms, the files' clock): messages from it to the log end (a
+    compressed batch counts its inner messages), bytes, and the age of the first of them
+    by its timestamp.  Reads the state, the counts, and one message; damaged data or a
+    codec kl cannot read on the way leave the counts and the age None.  Raises no
+    ``TopicNotFound`` (status ``GONE``)."""
     try:
         log = root.log(topic, partition)
         state = log.state()
     except TopicNotFound:
-        return None, None, None, None, None, Status.GONE
+        return Lag(None, None, None, None, None, Status.GONE)
     start, end = state.log_start_offset, state.log_end_offset
+    try:
+        state = log.counted(state)
+        end_count: int | None = state.log_end_count
+    except TopicNotFound:
+        return Lag(None, None, None, None, None, Status.GONE)
+    except CorruptMessage:
+        end_count = None
     if committed is None:
-        return start, end, None, None, None, Status.NOT_COMMITTED
+        return Lag(start, end, None, None, None, Status.NOT_COMMITTED, None, end_count)
     if committed.offset > end:
-        return start, end, None, None, None, Status.PAST_END
+        return Lag(start, end, None, None, None, Status.PAST_END, None, end_count)
     status = Status.BEFORE_START if committed.offset < start else Status.OK
     first = max(committed.offset, start)
     skip = committed.skip if first == committed.offset else 0
     try:
-        counted = log.counted(state)
-        count: int | None = counted.log_end_count - log.kafka_offset(first, skip, state=counted)
+        at = log.kafka_offset(first, skip, state=state)
+        count: int | None = None if end_count is None else end_count - at
         stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
     except TopicNotFound:
-        return None, None, None, None, None, Status.GONE
+        return Lag(None, None, None, None, None, Status.GONE)
     except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
-        count, stamp = None, None
+        at, count, stamp = None, None, None
     age = None if stamp is None else max(0, now - stamp)
-    return start, end, count, end - first, age, status
+    return Lag(start, end, count, end - first, age, status, at if status is Status.OK else None, end_count)
 
 
 def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], Position]:

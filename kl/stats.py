@@ -1,0 +1,288 @@
+"""A root's figures read from its files alone: per partition its log start and end (byte
+offsets and Kafka offsets), size and segments; per group and partition its committed
+offset and lag (``kl.groups.describe``).  What ``kl metrics`` shows over time, and what
+``Collector`` exports as Prometheus gauges, named as kafka_exporter names them.
+
+A snapshot reads each partition's state record, lists its directory and, where the
+record carries no message counts (one an older kl wrote), counts them; each committed
+offset costs the lag's reads as well (``kl.groups``: its Kafka offset, and the first
+unconsumed message for the lag in time).  Nothing is written, nothing locked (but that
+``kl.groups.describe`` deletes the registrations of dead members, as every reader of a
+group does).  A file that cannot be read leaves out its partition (or group) and is
+counted (``Snapshot.unreadable``); a topic deleted meanwhile is simply gone.  A snapshot
+is not atomic: each partition is read at its own moment.
+
+``snapshot`` stops reading partitions once its ``budget`` of seconds is spent and counts
+those left (``Snapshot.skipped``); the next snapshot with the same ``Cursor`` starts
+where it stopped, so every partition is read in turn, however many there are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from kl.errors import CorruptMessage, KlError, TopicNotFound
+from kl.groups import GroupInfo, RootLike, Status, _root, describe, list_groups
+from kl.registry import GroupNotFound
+from kl.topic import Root
+
+__all__ = ["Collector", "Cursor", "PartitionStats", "Snapshot", "snapshot"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET = 1.0
+"""Seconds a collector's snapshot may spend reading partitions (see ``snapshot``)."""
+
+Filter = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """One partition as its files have it."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    log_start_kafka_offset: int | None
+    """None where the messages cannot be counted (damaged data): also for the log end."""
+    log_end_kafka_offset: int | None
+    size_in_bytes: int
+    segments: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time_ms: int
+    """When it began (this host's clock)."""
+    topics: dict[str, int]
+    """Partitions of each topic."""
+    partitions: list[PartitionStats]
+    groups: list[GroupInfo]
+    """Each group with the rows of the topics taken (``kl.groups.describe``)."""
+    skipped: int = 0
+    """Partitions not read: the time budget ran out (read first by the next snapshot)."""
+    unreadable: int = 0
+    """Partitions and groups left out: their files could not be read (each is logged)."""
+    seconds: float = 0.0
+    """How long it took."""
+
+
+@dataclass
+class Cursor:
+    """Where the next snapshot starts reading partitions (after the last one read)."""
+
+    after: tuple[str, int] | None = None
+    last: dict[tuple[str, int], PartitionStats] = field(default_factory=dict)
+    """Each partition's figures as last read: what a snapshot that runs out of time gives
+    for those it did not reach."""
+    ids: dict[str, str] = field(default_factory=dict)
+    """The topic id of each topic as last read."""
+
+
+def snapshot(
+    root: RootLike,
+    topics: Filter | None = None,
+    groups: Filter | None = None,
+    *,
+    budget: float | None = None,
+    cursor: Cursor | None = None,
+) -> Snapshot:
+    """The figures of the topics ``topics`` takes (all by default) and of the groups
+    ``groups`` takes, within ``budget`` seconds of reading partitions (None: no bound;
+    a group's lag is read whatever the budget, once the partitions are).  With a
+    ``cursor``, it starts after the partition the last one stopped at, and a partition
+    it has no time for keeps its figures as last read.  Raises ``RootNotFound``; no
+    error of one partition or group stops it."""
+    began, clock = time.time_ns() // 1_000_000, time.monotonic()
+    r = _root(root)
+    cursor = cursor or Cursor()
+    counts, keys = _topics(r, topics, cursor)
+    start = 0 if cursor.after is None else next((i for i, key in enumerate(keys) if key > cursor.after), 0)
+    found: dict[tuple[str, int], PartitionStats] = {}
+    unreadable = skipped = 0
+    for i in range(len(keys)):
+        key = keys[(start + i) % len(keys)]
+        if budget is not None and time.monotonic() - clock > budget:
+            skipped = len(keys) - i
+            for rest in range(i, len(keys)):
+                old = cursor.last.get(keys[(start + rest) % len(keys)])
+                if old is not None:
+                    found[old.topic, old.partition] = old
+            break
+        try:
+            found[key] = _partition(r, *key)
+        except TopicNotFound:
+            continue  # deleted meanwhile
+        except (KlError, OSError) as e:
+            unreadable += 1
+            log.warning("stats of %s/%d left out: %s", *key, e)
+        cursor.after = key
+    cursor.last = found
+    listed: list[GroupInfo] = []
+    for name in list_groups(r):
+        if groups is not None and not groups(name):
+            continue
+        try:
+            listed.append(describe(r, name, topics))
+        except GroupNotFound:
+            continue  # deleted meanwhile
+        except (KlError, OSError) as e:
+            unreadable += 1
+            log.warning("stats of group %s left out: %s", name, e)
+    partitions = [found[key] for key in keys if key in found]
+    return Snapshot(began, counts, partitions, listed, skipped, unreadable, time.monotonic() - clock)
+
+
+def _topics(root: Root, taken: Filter | None, cursor: Cursor) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """Partition counts of the topics taken, and their partitions, sorted.  The root's
+    handles of a topic deleted, or created again, since the last snapshot are dropped."""
+    counts = {}
+    for topic in root.topics():
+        if taken is None or taken(topic):
+            try:
+                config = root.read_config(topic)
+                if topic in cursor.ids and cursor.ids[topic] != config.topic_id:
+                    root.forget(topic)  # created again: the handles are of the old one
+                cursor.ids[topic] = config.topic_id
+                counts[topic] = config.partitions
+            except TopicNotFound:
+                continue  # deleted meanwhile
+            except (KlError, OSError) as e:
+                log.warning("stats of topic %s left out: %s", topic, e)
+    for topic in [t for t in cursor.ids if t not in counts]:
+        root.forget(topic)
+        del cursor.ids[topic]
+    return counts, [(topic, p) for topic, n in counts.items() for p in range(n)]
+
+
+def _partition(root: Root, topic: str, partition: int) -> PartitionStats:
+    log = root.log(topic, partition)
+    state = log.state()
+    segments = log.segments(state)
+    counts: tuple[int | None, int | None]
+    try:
+        counts = log.kafka_offsets(state)
+    except CorruptMessage:
+        counts = None, None
+    return PartitionStats(
+        topic,
+        partition,
+        state.log_start_offset,
+        state.log_end_offset,
+        counts[0],
+        counts[1],
+        sum(s.size_in_bytes for s in segments),
+        len(segments),
+    )
+
+
+# ----------------------------------------------------------------- Prometheus
+
+
+class Collector:
+    """A ``prometheus_client`` collector of a root's snapshot: register it in a
+    ``CollectorRegistry``; each scrape takes a snapshot (within ``budget`` seconds, see
+    ``snapshot``; the partitions it had no time for keep their last figures) of the
+    topics ``topics`` takes.
+
+    Names and labels are kafka_exporter's (``kafka_topic_partition_current_offset``,
+    ``kafka_consumergroup_lag``, ...; offsets and lags in Kafka offsets, that is
+    records); what it has no name for is ``kl_``-prefixed (byte offsets, sizes, lag in
+    bytes and seconds, the scrape's own cost).  ``kafka_consumergroup_members`` counts
+    kl's members; a group of Kafka clients (coordinated by ``kl serve --kafka``, which
+    keeps its members in memory) has none in its files and no such gauge.  Safe across
+    threads: scrapes take turns."""
+
+    def __init__(self, root: RootLike, topics: Filter | None = None, *, budget: float = DEFAULT_BUDGET):
+        self.root = _root(root)
+        self.topics = topics
+        self.budget = budget
+        self._cursor = Cursor()
+        self._turn = threading.Lock()
+
+    def describe(self) -> list[object]:
+        """No metrics known before a scrape (so registering takes no snapshot)."""
+        return []
+
+    def collect(self) -> Iterator[object]:
+        """The gauges of a snapshot taken now.  Never raises (a root gone, say, gives the
+        scrape's own gauges only, and is logged)."""
+        with self._turn:
+            try:
+                snap = snapshot(self.root, self.topics, budget=self.budget, cursor=self._cursor)
+            except (KlError, OSError) as e:
+                log.warning("stats of %s: %s", self.root.path, e)
+                snap = Snapshot(time.time_ns() // 1_000_000, {}, [], [], unreadable=1)
+        yield from gauges(snap)
+
+
+def gauges(snap: Snapshot) -> Iterator[object]:
+    """The snapshot's figures as Prometheus metric families (see ``Collector``)."""
+    from prometheus_client.core import GaugeMetricFamily as Gauge
+
+    tp, tpp = ["topic"], ["topic", "partition"]
+    families = {
+        "partitions": Gauge("kafka_topic_partitions", "Number of partitions for this topic", labels=tp),
+        "current": Gauge("kafka_topic_partition_current_offset", "Current offset of a partition (its log end)", labels=tpp),
+        "oldest": Gauge("kafka_topic_partition_oldest_offset", "Oldest offset of a partition (its log start)", labels=tpp),
+        "start_bytes": Gauge("kl_topic_partition_log_start_offset_bytes", "Log start as a byte offset", labels=tpp),
+        "end_bytes": Gauge("kl_topic_partition_log_end_offset_bytes", "Log end as a byte offset", labels=tpp),
+        "size": Gauge("kl_topic_partition_size_bytes", "Bytes of the partition's segments", labels=tpp),
+    }
+    for topic, count in snap.topics.items():
+        families["partitions"].add_metric([topic], count)
+    for p in snap.partitions:
+        labels = [p.topic, str(p.partition)]
+        if p.log_end_kafka_offset is not None and p.log_start_kafka_offset is not None:
+            families["current"].add_metric(labels, p.log_end_kafka_offset)
+            families["oldest"].add_metric(labels, p.log_start_kafka_offset)
+        families["start_bytes"].add_metric(labels, p.log_start_offset)
+        families["end_bytes"].add_metric(labels, p.log_end_offset)
+        families["size"].add_metric(labels, p.size_in_bytes)
+    yield from families.values()
+    yield from _group_gauges(snap.groups)
+    skipped = Gauge("kl_stats_partitions_skipped", "Partitions this scrape left out, and why", labels=["reason"])
+    skipped.add_metric(["time budget"], snap.skipped)
+    skipped.add_metric(["unreadable"], snap.unreadable)
+    yield skipped
+    yield Gauge("kl_stats_scrape_seconds", "Seconds this scrape spent reading the root", value=snap.seconds)
+
+
+def _group_gauges(groups: list[GroupInfo]) -> Iterator[object]:
+    from prometheus_client.core import GaugeMetricFamily as Gauge
+
+    gtp = ["consumergroup", "topic", "partition"]
+    current = Gauge("kafka_consumergroup_current_offset", "Current offset of a consumer group at a partition", labels=gtp)
+    current_bytes = Gauge("kl_consumergroup_current_offset_bytes", "A group's committed byte offset", labels=gtp)
+    lag = Gauge("kafka_consumergroup_lag", "Current approximate lag of a consumer group at a partition", labels=gtp)
+    lag_sum = Gauge("kafka_consumergroup_lag_sum", "Current approximate lag of a consumer group at a topic", labels=gtp[:2])
+    lag_bytes = Gauge("kl_consumergroup_lag_bytes", "Bytes from a group's committed offset to the log end", labels=gtp)
+    lag_seconds = Gauge("kl_consumergroup_lag_seconds", "Age of a group's oldest unconsumed message", labels=gtp)
+    members = Gauge("kafka_consumergroup_members", "Amount of members in a consumer group", labels=gtp[:1])
+    for info in groups:
+        kl_members = [m for m in info.members if "kafka" not in m.subscription]
+        if kl_members or len(kl_members) == len(info.members):
+            members.add_metric([info.group], len(kl_members))
+        sums: dict[str, int] = {}
+        for p in info.partitions:
+            if p.status not in (Status.OK, Status.BEFORE_START) or p.committed is None:
+                continue
+            labels = [info.group, p.topic, str(p.partition)]
+            current_bytes.add_metric(labels, p.committed)
+            if p.lag_bytes is not None:
+                lag_bytes.add_metric(labels, p.lag_bytes)
+            if p.committed_kafka_offset is not None:
+                current.add_metric(labels, p.committed_kafka_offset)
+            if p.lag_messages is not None:
+                lag.add_metric(labels, p.lag_messages)
+                sums[p.topic] = sums.get(p.topic, 0) + p.lag_messages
+                if p.lag_messages == 0 or p.lag_ms is not None:
+                    lag_seconds.add_metric(labels, (p.lag_ms or 0) / 1000)
+        for topic, total in sums.items():
+            lag_sum.add_metric([info.group, topic], total)
+    yield from (current, current_bytes, lag, lag_sum, lag_bytes, lag_seconds, members)
