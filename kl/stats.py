@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, KlError, TopicNotFound
-from kl.groups import GroupInfo, RootLike, Status, _root, describe, list_groups
+from kl.groups import GroupInfo, PartitionLag, RootLike, Status, _root, describe, list_groups
 from kl.registry import GroupNotFound
 from kl.topic import Root
 
-__all__ = ["Collector", "Cursor", "PartitionStats", "Snapshot", "snapshot"]
+__all__ = ["Collector", "Cursor", "GroupFigures", "PartitionStats", "Snapshot", "TopicFigures", "figures", "gauges", "snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,126 @@ def _partition(root: Root, topic: str, partition: int) -> PartitionStats:
         sum(s.size_in_bytes for s in segments),
         len(segments),
     )
+
+
+# ----------------------------------------------------------------- over time
+
+
+@dataclass(frozen=True)
+class TopicFigures:
+    """A topic in a snapshot, and its growth since the one before (None: not known)."""
+
+    topic: str
+    partitions: int
+    records: int | None
+    """Its partitions' log ends as Kafka offsets, summed: the records ever appended (None
+    where one cannot be counted)."""
+    log_end_offset: int
+    """Its partitions' log ends as byte offsets, summed: the bytes ever appended."""
+    size_in_bytes: int
+    records_in: int | None = None
+    bytes_in: int | None = None
+    seconds: float | None = None
+    """Between the two snapshots."""
+
+    @property
+    def records_per_second(self) -> float | None:
+        return _rate(self.records_in, self.seconds)
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        return _rate(self.bytes_in, self.seconds)
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """A group's lag on one topic in a snapshot, and its change since the one before."""
+
+    group: str
+    topic: str
+    members: int
+    """The group's live members (a group of Kafka clients: its coordinators)."""
+    lag: int | None
+    """Records from the committed offsets to the log ends, summed (None: none known)."""
+    lag_bytes: int | None
+    lag_ms: int | None
+    """The age of the oldest record not consumed (0: caught up; None: not known)."""
+    lag_change: int | None = None
+    seconds: float | None = None
+
+    @property
+    def lag_per_second(self) -> float | None:
+        return _rate(self.lag_change, self.seconds)
+
+
+def figures(snap: Snapshot, before: Snapshot | None = None) -> tuple[list[TopicFigures], list[GroupFigures]]:
+    """Per topic and per group and topic, the snapshot's figures and their change since
+    ``before``.  A partition's growth counts from 0 where its end went back (its topic
+    was created again) and is not counted where ``before`` had no figures of it."""
+    seconds = None if before is None else (snap.time_ms - before.time_ms) / 1000
+    old = {} if before is None else {(p.topic, p.partition): p for p in before.partitions}
+    topics: dict[str, list[PartitionStats]] = {topic: [] for topic in snap.topics}
+    for p in snap.partitions:
+        topics.setdefault(p.topic, []).append(p)
+    out = []
+    for topic, partitions in topics.items():
+        ends = [p.log_end_kafka_offset for p in partitions]
+        records = None if None in ends else sum(e for e in ends if e is not None)
+        grown = [(p, old[p.topic, p.partition]) for p in partitions if (p.topic, p.partition) in old]
+        known = before is not None and topic in before.topics
+        out.append(
+            TopicFigures(
+                topic,
+                snap.topics.get(topic, len(partitions)),
+                records,
+                sum(p.log_end_offset for p in partitions),
+                sum(p.size_in_bytes for p in partitions),
+                _growth([(p.log_end_kafka_offset, q.log_end_kafka_offset) for p, q in grown]) if known else None,
+                _growth([(p.log_end_offset, q.log_end_offset) for p, q in grown]) if known else None,
+                seconds,
+            )
+        )
+    lags = [_group_figures(info) for info in snap.groups]
+    previous = {} if before is None else {(g.group, g.topic): g for info in before.groups for g in _group_figures(info)}
+    rows = []
+    for each in lags:
+        for g in each:
+            was = previous.get((g.group, g.topic))
+            change = None if was is None or was.lag is None or g.lag is None else g.lag - was.lag
+            rows.append(GroupFigures(g.group, g.topic, g.members, g.lag, g.lag_bytes, g.lag_ms, change, seconds))
+    return out, rows
+
+
+def _group_figures(info: GroupInfo) -> list[GroupFigures]:
+    by_topic: dict[str, list[PartitionLag]] = {}
+    for p in info.partitions:
+        by_topic.setdefault(p.topic, []).append(p)
+    rows = []
+    for topic, partitions in by_topic.items():
+        counted = [p for p in partitions if p.status in (Status.OK, Status.BEFORE_START) and p.lag_messages is not None]
+        ages = [0 if p.lag_messages == 0 else p.lag_ms for p in counted]
+        rows.append(
+            GroupFigures(
+                info.group,
+                topic,
+                len(info.members),
+                sum(p.lag_messages or 0 for p in counted) if counted else None,
+                sum(p.lag_bytes or 0 for p in counted) if counted else None,
+                None if not ages or None in ages else max(a for a in ages if a is not None),
+            )
+        )
+    return rows
+
+
+def _growth(pairs: list[tuple[int | None, int | None]]) -> int | None:
+    """Summed growth of (now, before) ends: from 0 where an end went back."""
+    if any(now is None or was is None for now, was in pairs):
+        return None
+    return sum(now - was if now >= was else now for now, was in pairs if now is not None and was is not None)
+
+
+def _rate(amount: int | None, seconds: float | None) -> float | None:
+    return None if amount is None or not seconds else amount / seconds
 
 
 # ----------------------------------------------------------------- Prometheus
