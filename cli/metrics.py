@@ -21,6 +21,7 @@ import click
 from kl import stats
 from kl_cli import complete
 from kl_cli.common import get_root
+from kl_cli.groups import _duration as duration
 
 TOPIC_COLUMNS = ("topic", "partitions", "end offsets", "records/s", "bytes/s", "size")
 GROUP_COLUMNS = ("group", "topic", "members", "lag", "lag trend", "lag bytes", "lag time")
@@ -157,7 +158,7 @@ def _table(snap: stats.Snapshot, topics: list[stats.TopicFigures], groups: list[
             _plain(g.lag),
             _trend(g.lag_per_second),
             _plain(g.lag_bytes),
-            "-" if g.lag_ms is None else f"{g.lag_ms / 1000:.1f}s",
+            duration(g.lag_ms),
         ]
         for g in groups
     ]

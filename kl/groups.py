@@ -23,7 +23,7 @@ import enum
 import functools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -40,6 +40,7 @@ from kl.errors import (
 from kl.log.config import same_creation
 from kl.log.fsutil import file_time_ns
 from kl.log.log import Log, Position
+from kl.log.state import PartitionState
 from kl.registry import (
     Committed,
     CorruptOffset,
@@ -179,12 +180,19 @@ def list_groups(root: RootLike) -> list[str]:
     return groups(_root(root).path)
 
 
-def describe(root: RootLike, group: str, topics: Callable[[str], bool] | None = None) -> GroupInfo:
+def describe(
+    root: RootLike,
+    group: str,
+    topics: Callable[[str], bool] | None = None,
+    states: Mapping[tuple[str, int], PartitionState] | None = None,
+) -> GroupInfo:
     """The group's live members, and per partition its owner, committed offset and lag.
 
     The partitions are those of every topic the group has a committed offset or an owner
     record for, and of every topic a live member subscribes to (of those ``topics`` takes,
-    where given).  A damaged offset file
+    where given).  The lag is counted to the log end of the partition's state in
+    ``states`` where it has one (read by the caller: the figures of a snapshot agree),
+    else as read now.  A damaged offset file
     is a row of status ``DAMAGED`` (the others are described all the same); an offset of
     an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
@@ -204,6 +212,7 @@ def describe(root: RootLike, group: str, topics: Callable[[str], bool] | None = 
             if found is not None:
                 committed[t, p] = found
     topic_ids = functools.cache(r.topic_id)  # read once a topic
+    known = states or {}
     rows = []
     for topic, partition in _partitions(r, members, set(owners) | set(committed), topics):
         owner = owners.get((topic, partition))
@@ -214,9 +223,11 @@ def describe(root: RootLike, group: str, topics: Callable[[str], bool] | None = 
         elif c is not None:
             skip, when = c.skip, c.time_ms
         if damage is not None or (c is not None and _stale(topic_ids, topic, c)):
-            lag = _lag(r, topic, partition, None, now)._replace(status=Status.STALE if damage is None else Status.DAMAGED)
+            lag = _lag(r, topic, partition, None, now, known.get((topic, partition)))._replace(
+                status=Status.STALE if damage is None else Status.DAMAGED
+            )
         else:
-            lag = _lag(r, topic, partition, None if c is None else c.position, now)
+            lag = _lag(r, topic, partition, None if c is None else c.position, now, known.get((topic, partition)))
         rows.append(
             PartitionLag(
                 topic,
@@ -552,16 +563,18 @@ class Lag(NamedTuple):
     log_end_kafka_offset: int | None = None
 
 
-def _lag(root: Root, topic: str, partition: int, committed: Position | None, now: int) -> Lag:
-    """The partition's log start and end, and the lag of ``committed`` (None: not
-    committed) at ``now`` (ms, the files' clock): messages from it to the log end (a
+def _lag(
+    root: Root, topic: str, partition: int, committed: Position | None, now: int, state: PartitionState | None = None
+) -> Lag:
+    """The partition's log start and end (of ``state``, by default as read now), and the
+    lag of ``committed`` (None: not committed) at ``now`` (ms, the files' clock): messages from it to the log end (a
     compressed batch counts its inner messages), bytes, and the age of the first of them
     by its timestamp.  Reads the state, the counts, and one message; damaged data or a
     codec kl cannot read on the way leave the counts and the age None.  Raises no
     ``TopicNotFound`` (status ``GONE``)."""
     try:
         log = root.log(topic, partition)
-        state = log.state()
+        state = state or log.state()
     except TopicNotFound:
         return Lag(None, None, None, None, None, Status.GONE)
     start, end = state.log_start_offset, state.log_end_offset

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, KlError, TopicNotFound
 from kl.groups import GroupInfo, PartitionLag, RootLike, Status, _root, describe, list_groups
+from kl.log.state import PartitionState
 from kl.registry import GroupNotFound
 from kl.topic import Root
 
@@ -104,10 +105,12 @@ def snapshot(
     counts, keys = _topics(r, topics, cursor)
     start = 0 if cursor.after is None else next((i for i, key in enumerate(keys) if key > cursor.after), 0)
     found: dict[tuple[str, int], PartitionStats] = {}
+    states: dict[tuple[str, int], PartitionState] = {}
+    """As read for ``found``: the groups' lag is counted to the same log ends."""
     unreadable = skipped = 0
     for i in range(len(keys)):
         key = keys[(start + i) % len(keys)]
-        if budget is not None and time.monotonic() - clock > budget:
+        if budget is not None and i and time.monotonic() - clock > budget:  # (one is read whatever the budget)
             skipped = len(keys) - i
             for rest in range(i, len(keys)):
                 old = cursor.last.get(keys[(start + rest) % len(keys)])
@@ -115,7 +118,7 @@ def snapshot(
                     found[old.topic, old.partition] = old
             break
         try:
-            found[key] = _partition(r, *key)
+            found[key], states[key] = _partition(r, *key)
         except TopicNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:
@@ -128,7 +131,7 @@ def snapshot(
         if groups is not None and not groups(name):
             continue
         try:
-            listed.append(describe(r, name, topics))
+            listed.append(describe(r, name, topics, states))
         except GroupNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:
@@ -160,7 +163,7 @@ def _topics(root: Root, taken: Filter | None, cursor: Cursor) -> tuple[dict[str,
     return counts, [(topic, p) for topic, n in counts.items() for p in range(n)]
 
 
-def _partition(root: Root, topic: str, partition: int) -> PartitionStats:
+def _partition(root: Root, topic: str, partition: int) -> tuple[PartitionStats, PartitionState]:
     log = root.log(topic, partition)
     state = log.state()
     segments = log.segments(state)
@@ -169,16 +172,9 @@ def _partition(root: Root, topic: str, partition: int) -> PartitionStats:
         counts = log.kafka_offsets(state)
     except CorruptMessage:
         counts = None, None
-    return PartitionStats(
-        topic,
-        partition,
-        state.log_start_offset,
-        state.log_end_offset,
-        counts[0],
-        counts[1],
-        sum(s.size_in_bytes for s in segments),
-        len(segments),
-    )
+    size = sum(s.size_in_bytes for s in segments)
+    start, end = state.log_start_offset, state.log_end_offset
+    return PartitionStats(topic, partition, start, end, counts[0], counts[1], size, len(segments)), state
 
 
 # ----------------------------------------------------------------- over time
