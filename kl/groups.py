@@ -59,6 +59,7 @@ __all__ = [
     "AtTime",
     "ShiftBy",
     "GroupInfo",
+    "LagMemo",
     "MemberInfo",
     "OffsetChange",
     "PartitionLag",
@@ -185,6 +186,7 @@ def describe(
     group: str,
     topics: Callable[[str], bool] | None = None,
     states: Mapping[tuple[str, int], PartitionState] | None = None,
+    memo: LagMemo | None = None,
 ) -> GroupInfo:
     """The group's live members, and per partition its owner, committed offset and lag.
 
@@ -192,7 +194,9 @@ def describe(
     record for, and of every topic a live member subscribes to (of those ``topics`` takes,
     where given).  The lag is counted to the log end of the partition's state in
     ``states`` where it has one (read by the caller: the figures of a snapshot agree),
-    else as read now.  A damaged offset file
+    else as read now.  A caller describing the group again and again keeps a ``memo``
+    for it (an empty dict at first): the reads of a committed offset that did not move
+    are not made again.  A damaged offset file
     is a row of status ``DAMAGED`` (the others are described all the same); an offset of
     an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
@@ -227,7 +231,8 @@ def describe(
                 status=Status.STALE if damage is None else Status.DAMAGED
             )
         else:
-            lag = _lag(r, topic, partition, None if c is None else c.position, now, known.get((topic, partition)))
+            position = None if c is None else c.position
+            lag = _lag(r, topic, partition, position, now, known.get((topic, partition)), memo)
         rows.append(
             PartitionLag(
                 topic,
@@ -563,15 +568,29 @@ class Lag(NamedTuple):
     log_end_kafka_offset: int | None = None
 
 
+LagMemo = dict[tuple[str, int], tuple[tuple[object, ...], tuple[int | None, int | None]]]
+"""(topic, partition) -> what ``_lag`` read of the place it counts from (its Kafka
+offset and the timestamp of the message there), and where and when: offset, skip, topic
+id, the directory's modification time (changed by a roll, retention or a repair), and
+whether a message was there."""
+
+
 def _lag(
-    root: Root, topic: str, partition: int, committed: Position | None, now: int, state: PartitionState | None = None
+    root: Root,
+    topic: str,
+    partition: int,
+    committed: Position | None,
+    now: int,
+    state: PartitionState | None = None,
+    memo: LagMemo | None = None,
 ) -> Lag:
     """The partition's log start and end (of ``state``, by default as read now), and the
-    lag of ``committed`` (None: not committed) at ``now`` (ms, the files' clock): messages from it to the log end (a
-    compressed batch counts its inner messages), bytes, and the age of the first of them
-    by its timestamp.  Reads the state, the counts, and one message; damaged data or a
-    codec kl cannot read on the way leave the counts and the age None.  Raises no
-    ``TopicNotFound`` (status ``GONE``)."""
+    lag of ``committed`` (None: not committed) at ``now`` (ms, the files' clock): messages
+    from it to the log end (a compressed batch counts its inner messages), bytes, and the
+    age of the first of them by its timestamp.  Reads the state, the counts, and one
+    message (not again where ``memo`` has them); damaged data or a codec kl cannot read
+    on the way leave the counts and the age None.  Raises no ``TopicNotFound`` (status
+    ``GONE``)."""
     try:
         log = root.log(topic, partition)
         state = state or log.state()
@@ -593,13 +612,24 @@ def _lag(
     first = max(committed.offset, start)
     skip = committed.skip if first == committed.offset else 0
     try:
-        at = log.kafka_offset(first, skip, state=state)
-        count: int | None = None if end_count is None else end_count - at
-        stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
-    except TopicNotFound:
+        where = (first, skip, log.config.topic_id, os.stat(log.directory).st_mtime_ns, first < end)
+    except FileNotFoundError:
         return Lag(None, None, None, None, None, Status.GONE)
-    except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
-        at, count, stamp = None, None, None
+    kept = None if memo is None else memo.get((topic, partition))
+    if kept is not None and kept[0] == where:
+        at, stamp = kept[1]
+    else:
+        try:
+            at = log.kafka_offset(first, skip, state=state)
+            stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
+        except TopicNotFound:
+            return Lag(None, None, None, None, None, Status.GONE)
+        except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
+            at, stamp = None, None
+        else:
+            if memo is not None:
+                memo[topic, partition] = where, (at, stamp)
+    count = None if end_count is None or at is None else end_count - at
     age = None if stamp is None else max(0, now - stamp)
     return Lag(start, end, count, end - first, age, status, at if status is Status.OK else None, end_count)
 

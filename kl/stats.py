@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kl.errors import CorruptMessage, KlError, TopicNotFound
-from kl.groups import GroupInfo, PartitionLag, RootLike, Status, _root, describe, list_groups
+from kl.groups import GroupInfo, LagMemo, PartitionLag, RootLike, Status, _root, describe, list_groups
 from kl.log.state import PartitionState
 from kl.registry import GroupNotFound
 from kl.topic import Root
@@ -83,6 +83,8 @@ class Cursor:
     for those it did not reach."""
     ids: dict[str, str] = field(default_factory=dict)
     """The topic id of each topic as last read."""
+    lags: dict[str, LagMemo] = field(default_factory=dict)
+    """Per group, what its lag read last (``kl.groups.describe``'s ``memo``)."""
 
 
 def snapshot(
@@ -131,7 +133,7 @@ def snapshot(
         if groups is not None and not groups(name):
             continue
         try:
-            listed.append(describe(r, name, topics, states))
+            listed.append(describe(r, name, topics, states, cursor.lags.setdefault(name, {})))
         except GroupNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:

@@ -170,6 +170,23 @@ def test_a_budget_spent_gives_the_partitions_as_last_read_and_the_next_scrape_go
     assert [p.log_end_kafka_offset for p in first.partitions] == [1, 2, 3, 4]
 
 
+def test_snapshots_again_follow_the_commits_and_the_appends(root):
+    root.create_topic("t")
+    offsets = write_each(root, "t", [b"m%d" % i for i in range(5)])
+    registry = Registry(root.path, "g")
+    registry.write_offset("t", 0, offsets[1], "test", root.topic_id("t"))
+    cursor = stats.Cursor()
+    lags = []
+    for more, at in ((2, 3), (1, 3), (1, 7)):
+        [row] = stats.snapshot(root, cursor=cursor).groups[0].partitions
+        lags.append((row.committed_kafka_offset, row.lag_messages, row.log_end_kafka_offset))
+        offsets += write_each(root, "t", [b"n"] * more)
+        registry.write_offset("t", 0, offsets[at], "test", root.topic_id("t"))
+    [row] = stats.snapshot(root, cursor=cursor).groups[0].partitions
+    lags.append((row.committed_kafka_offset, row.lag_messages, row.log_end_kafka_offset))
+    assert lags == [(1, 4, 5), (3, 4, 7), (3, 5, 8), (7, 2, 9)]
+
+
 def test_a_kafka_clients_group_commits_into_the_group_files_the_snapshot_reads(root, served):
     """Kafka consumer groups coordinated by kl serve --kafka commit into kl's group files."""
     root.create_topic("k")
