@@ -29,6 +29,7 @@ from typing import Literal, NamedTuple
 
 from kl.errors import (
     CorruptMessage,
+    CorruptState,
     InvalidConfig,
     InvalidOffset,
     KlError,
@@ -89,6 +90,9 @@ class Status(enum.Enum):
     """The offset is of an earlier creation of the topic (another topic id): a member starts afresh."""
     DAMAGED = "damaged"
     """The offset file is unreadable (``PartitionLag.damage`` says how): reset it."""
+    UNREADABLE = "unreadable partition"
+    """The partition's state record cannot be read (``PartitionLag.damage`` says how):
+    ``kl recover`` rebuilds it."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ class PartitionLag:
     skip: int = 0
     """Inner messages of the compressed batch at ``committed`` already consumed."""
     damage: str | None = None
-    """Why the offset file is damaged (status ``DAMAGED``)."""
+    """Why the offset file is damaged (status ``DAMAGED``), or the partition's state
+    record unreadable (``UNREADABLE``)."""
     committed_kafka_offset: int | None = None
     """The committed position as a Kafka offset (None where it is not in the log now:
     before its start, past its end, gone, or uncountable)."""
@@ -248,7 +253,7 @@ def describe(
                 lag.ms,
                 lag.status,
                 skip=skip,
-                damage=damage,
+                damage=damage or lag.damage,
                 committed_kafka_offset=lag.committed_kafka_offset,
                 log_end_kafka_offset=lag.log_end_kafka_offset,
             )
@@ -566,6 +571,8 @@ class Lag(NamedTuple):
     status: Status
     committed_kafka_offset: int | None = None
     log_end_kafka_offset: int | None = None
+    damage: str | None = None
+    """Why the partition's state record cannot be read (status ``UNREADABLE``)."""
 
 
 LagMemo = dict[tuple[str, int], tuple[tuple[object, ...], tuple[int | None, int | None]]]
@@ -590,12 +597,14 @@ def _lag(
     age of the first of them by its timestamp.  Reads the state, the counts, and one
     message (not again where ``memo`` has them); damaged data or a codec kl cannot read
     on the way leave the counts and the age None.  Raises no ``TopicNotFound`` (status
-    ``GONE``)."""
+    ``GONE``) and no ``CorruptState`` (``UNREADABLE``)."""
     try:
         log = root.log(topic, partition)
         state = state or log.state()
     except TopicNotFound:
         return Lag(None, None, None, None, None, Status.GONE)
+    except CorruptState as e:
+        return Lag(None, None, None, None, None, Status.UNREADABLE, damage=str(e))
     start, end = state.log_start_offset, state.log_end_offset
     try:
         state = log.counted(state)

@@ -229,6 +229,8 @@ def test_a_scrape_meets_bad_files_and_still_answers(root, caplog):
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(body + b"crc32 %08x\n" % (zlib.crc32(body) ^ 1))
     registry.write_offset("t", 1, 0, "test", root.topic_id("t"))
+    for p in range(2):
+        Registry(root.path, "h").write_offset("broken", p, 0, "test", root.topic_id("broken"))
     Path(root.path, "broken", "1", "state").write_bytes(b"not a state record")
 
     with caplog.at_level(logging.WARNING, logger="kl.stats"):
@@ -245,6 +247,14 @@ def test_a_scrape_meets_bad_files_and_still_answers(root, caplog):
     statuses = {(r.topic, r.partition): r.status for r in snap.groups[0].partitions}
     assert statuses[("t", 0)] is Status.DAMAGED and statuses[("again", 0)] is Status.STALE
     assert ("gone", 0) not in statuses
+    assert lag[labels(consumergroup="h", topic="broken", partition=0)] == 3  # the group is read all the same
+    assert labels(consumergroup="h", topic="broken", partition=1) not in lag
+    described = subprocess.run([*KL, "--root", root.path, "groups", "describe", "h"], capture_output=True, text=True)
+    assert "unreadable partition: partition state" in described.stdout
+    assert (described.returncode, described.stderr) == (
+        1,
+        "Error: group h: unreadable partition state of broken/1: run 'kl recover'\n",
+    )
 
 
 def test_a_scrape_of_a_root_gone_gives_its_own_gauges_only(tmp_path):
