@@ -8,13 +8,17 @@ record carries no message counts (one an older kl wrote), counts them; each comm
 offset costs the lag's reads as well (``kl.groups``: its Kafka offset, and the first
 unconsumed message for the lag in time).  Nothing is written, nothing locked (but that
 ``kl.groups.describe`` deletes the registrations of dead members, as every reader of a
-group does).  A file that cannot be read leaves out its partition (or group) and is
-counted (``Snapshot.unreadable``); a topic deleted meanwhile is simply gone.  A snapshot
-is not atomic: each partition is read at its own moment.
+group does).  A partition whose files cannot be read is left out and counted
+(``Snapshot.unreadable``; logged once, while it stays so), and in a group it is a row of
+status ``UNREADABLE``; a topic deleted meanwhile is simply gone.  A snapshot is not
+atomic: each partition is read at its own moment (a group's lag counts to the log ends
+the snapshot read, though).
 
-``snapshot`` stops reading partitions once its ``budget`` of seconds is spent and counts
-those left (``Snapshot.skipped``); the next snapshot with the same ``Cursor`` starts
-where it stopped, so every partition is read in turn, however many there are.
+Snapshots taken again and again (``kl metrics``, a collector scraped every few seconds)
+share a ``Cursor``: a committed offset that did not move is not looked up again, and a
+snapshot that runs out of its ``budget`` of seconds for reading partitions gives the
+partitions it had no time for as last read (``Snapshot.skipped``) and the next one
+starts where it stopped, so every partition is read in turn, however many there are.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class Cursor:
     """The topic id of each topic as last read."""
     lags: dict[str, LagMemo] = field(default_factory=dict)
     """Per group, what its lag read last (``kl.groups.describe``'s ``memo``)."""
+    unreadable: set[str] = field(default_factory=set)
+    """What the last snapshot could not read (warned about once, while it stays so)."""
 
 
 def snapshot(
@@ -109,7 +115,8 @@ def snapshot(
     found: dict[tuple[str, int], PartitionStats] = {}
     states: dict[tuple[str, int], PartitionState] = {}
     """As read for ``found``: the groups' lag is counted to the same log ends."""
-    unreadable = skipped = 0
+    unreadable: set[str] = set()
+    skipped = 0
     for i in range(len(keys)):
         key = keys[(start + i) % len(keys)]
         if budget is not None and i and time.monotonic() - clock > budget:  # (one is read whatever the budget)
@@ -124,23 +131,30 @@ def snapshot(
         except TopicNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:
-            unreadable += 1
-            log.warning("stats of %s/%d left out: %s", *key, e)
+            _unreadable(cursor, unreadable, f"{key[0]}/{key[1]}", e)
         cursor.after = key
     cursor.last = found
     listed: list[GroupInfo] = []
+    lags = {}
     for name in list_groups(r):
         if groups is not None and not groups(name):
             continue
+        lags[name] = cursor.lags.get(name, {})
         try:
-            listed.append(describe(r, name, topics, states, cursor.lags.setdefault(name, {})))
+            listed.append(describe(r, name, topics, states, lags[name]))
         except GroupNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:
-            unreadable += 1
-            log.warning("stats of group %s left out: %s", name, e)
+            _unreadable(cursor, unreadable, f"group {name}", e)
+    cursor.lags, cursor.unreadable = lags, unreadable
     partitions = [found[key] for key in keys if key in found]
-    return Snapshot(began, counts, partitions, listed, skipped, unreadable, time.monotonic() - clock)
+    return Snapshot(began, counts, partitions, listed, skipped, len(unreadable), time.monotonic() - clock)
+
+
+def _unreadable(cursor: Cursor, found: set[str], what: str, error: Exception) -> None:
+    found.add(what)
+    if what not in cursor.unreadable:
+        log.warning("stats of %s left out: %s", what, error)
 
 
 def _topics(root: Root, taken: Filter | None, cursor: Cursor) -> tuple[dict[str, int], list[tuple[str, int]]]:
