@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from kl import stats
+from kl.topic import validate_name
 from kl_cli import complete
 from kl_cli.common import get_root
 from kl_cli.groups import _duration as duration
@@ -38,7 +39,12 @@ GROUP_COLUMNS = ("group", "topic", "members", "lag", "lag trend", "lag bytes", "
 )
 @click.option("--count", type=click.IntRange(min=1), metavar="N", help="Stop after N snapshots (default: go on until stopped).")
 @click.option(
-    "--topic", "topics", multiple=True, metavar="TOPIC", shell_complete=complete.topics, help="Only this topic (repeatable)."
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="TOPIC",
+    shell_complete=complete.topics,
+    help="Only this topic (repeatable; one not created yet shows once it is).",
 )
 @click.option(
     "--group", "groups", multiple=True, metavar="GROUP", shell_complete=complete.groups, help="Only this group (repeatable)."
@@ -57,6 +63,8 @@ def metrics(
     SIGTERM ends it after the snapshot at hand (exit 0), Ctrl-C too (by SIGINT).
     """
     root = get_root(ctx)
+    for topic in topics:
+        validate_name(topic)
     topic_filter = None if not topics else set(topics).__contains__
     group_filter = None if not groups else set(groups).__contains__
     stopping = threading.Event()

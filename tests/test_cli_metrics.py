@@ -151,3 +151,5 @@ def test_bad_input(root, tmp_path):
     assert (missing.returncode, missing.stderr) == (1, f"Error: root {tmp_path / 'nowhere'} does not exist (is it mounted?)\n")
     assert metrics(root, "--interval", "0").returncode == 2
     assert metrics(root, "--count", "0").returncode == 2
+    bad = metrics(root, "--count", "1", "--topic", "../x")
+    assert (bad.returncode, bad.stdout) == (1, "") and bad.stderr.startswith("Error: invalid topic name '../x'")
