@@ -60,7 +60,7 @@ def metrics(
     time (the age of the oldest record not consumed).  The first snapshot has no rates.
 
     Read from the root's files alone, as kl groups describe reads them: no daemon needed.
-    SIGTERM ends it after the snapshot at hand (exit 0), Ctrl-C too (by SIGINT).
+    SIGTERM ends it after the snapshot at hand (exit 0); Ctrl-C at once (by SIGINT).
     """
     root = get_root(ctx)
     for topic in topics:
