@@ -633,7 +633,7 @@ def _lag(
             stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
         except TopicNotFound:
             return Lag(None, None, None, None, None, Status.GONE)
-        except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
+        except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange, InvalidOffset):  # (damage, retention meanwhile)
             at, stamp = None, None
         else:
             if memo is not None:

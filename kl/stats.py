@@ -16,9 +16,9 @@ the snapshot read, though).
 
 Snapshots taken again and again (``kl metrics``, a collector scraped every few seconds)
 share a ``Cursor``: a committed offset that did not move is not looked up again, and a
-snapshot that runs out of its ``budget`` of seconds for reading partitions gives the
-partitions it had no time for as last read (``Snapshot.skipped``) and the next one
-starts where it stopped, so every partition is read in turn, however many there are.
+snapshot that runs out of its ``budget`` of seconds gives the partitions and groups it
+had no time for as last read (``Snapshot.skipped``, ``groups_skipped``) and the next one
+starts where it stopped, so every one is read in turn, however many there are.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["Collector", "Cursor", "GroupFigures", "PartitionStats", "Snapshot", 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 1.0
-"""Seconds a collector's snapshot may spend reading partitions (see ``snapshot``)."""
+"""Seconds a collector's snapshot may spend reading the root (see ``snapshot``)."""
 
 Filter = Callable[[str], bool]
 
@@ -72,9 +72,11 @@ class Snapshot:
     skipped: int = 0
     """Partitions not read: the time budget ran out (read first by the next snapshot)."""
     unreadable: int = 0
-    """Partitions and groups left out: their files could not be read (each is logged)."""
+    """Partitions (and groups) left out: their files could not be read (each is logged)."""
     seconds: float = 0.0
     """How long it took."""
+    groups_skipped: int = 0
+    """Groups not described: the time budget ran out (given as last described)."""
 
 
 @dataclass
@@ -91,6 +93,9 @@ class Cursor:
     """Per group, what its lag read last (``kl.groups.describe``'s ``memo``)."""
     unreadable: set[str] = field(default_factory=set)
     """What the last snapshot could not read (warned about once, while it stays so)."""
+    group_after: str | None = None
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    """Each group as last described (given for those a snapshot had no time for)."""
 
 
 def snapshot(
@@ -102,11 +107,13 @@ def snapshot(
     cursor: Cursor | None = None,
 ) -> Snapshot:
     """The figures of the topics ``topics`` takes (all by default) and of the groups
-    ``groups`` takes, within ``budget`` seconds of reading partitions (None: no bound;
-    a group's lag is read whatever the budget, once the partitions are).  With a
-    ``cursor``, it starts after the partition the last one stopped at, and a partition
-    it has no time for keeps its figures as last read.  Raises ``RootNotFound``; no
-    error of one partition or group stops it."""
+    ``groups`` takes, read within ``budget`` seconds (None: no bound), partitions first,
+    then groups: once it is spent, those left are given as the ``cursor`` last had them
+    (a partition it never read is left out) and counted (``skipped``,
+    ``groups_skipped``); at least one partition and one group are read, and every group
+    not described before.  The next snapshot with the ``cursor`` starts after the last
+    partition and the last group read.  Raises ``RootNotFound``; no error of one
+    partition or group stops it."""
     began, clock = time.time_ns() // 1_000_000, time.monotonic()
     r = _root(root)
     cursor = cursor or Cursor()
@@ -134,21 +141,29 @@ def snapshot(
             _unreadable(cursor, unreadable, f"{key[0]}/{key[1]}", e)
         cursor.after = key
     cursor.last = found
-    listed: list[GroupInfo] = []
-    lags = {}
-    for name in list_groups(r):
-        if groups is not None and not groups(name):
-            continue
+    names = [name for name in list_groups(r) if groups is None or groups(name)]
+    first = 0 if cursor.group_after is None else next((i for i, name in enumerate(names) if name > cursor.group_after), 0)
+    described: dict[str, GroupInfo] = {}
+    lags, groups_skipped = {}, 0
+    for i in range(len(names)):
+        name = names[(first + i) % len(names)]
         lags[name] = cursor.lags.get(name, {})
+        if budget is not None and i and name in cursor.groups and time.monotonic() - clock > budget:
+            groups_skipped += 1  # (one is described whatever the budget, and each new one)
+            described[name] = cursor.groups[name]
+            continue
         try:
-            listed.append(describe(r, name, topics, states, lags[name]))
+            described[name] = describe(r, name, topics, states, lags[name])
         except GroupNotFound:
             continue  # deleted meanwhile
         except (KlError, OSError) as e:
             _unreadable(cursor, unreadable, f"group {name}", e)
-    cursor.lags, cursor.unreadable = lags, unreadable
+        cursor.group_after = name
+    cursor.lags, cursor.groups, cursor.unreadable = lags, described, unreadable
     partitions = [found[key] for key in keys if key in found]
-    return Snapshot(began, counts, partitions, listed, skipped, len(unreadable), time.monotonic() - clock)
+    listed = [described[name] for name in names if name in described]
+    took = time.monotonic() - clock
+    return Snapshot(began, counts, partitions, listed, skipped, len(unreadable), took, groups_skipped)
 
 
 def _unreadable(cursor: Cursor, found: set[str], what: str, error: Exception) -> None:
@@ -382,6 +397,9 @@ def gauges(snap: Snapshot) -> Iterator[object]:
     skipped.add_metric(["time budget"], snap.skipped)
     skipped.add_metric(["unreadable"], snap.unreadable)
     yield skipped
+    yield Gauge(
+        "kl_stats_groups_skipped", "Groups this scrape had no time for (given as last described)", value=snap.groups_skipped
+    )
     yield Gauge("kl_stats_scrape_seconds", "Seconds this scrape spent reading the root", value=snap.seconds)
 
 

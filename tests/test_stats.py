@@ -155,19 +155,34 @@ def test_the_topic_filter_leaves_out_the_other_topics_and_the_groups_lag_on_them
         Registry(busy.path, "late").forget_offsets("other", [0], "test")
 
 
-def test_a_budget_spent_gives_the_partitions_as_last_read_and_the_next_scrape_goes_on(root):
+def test_a_budget_spent_gives_what_it_had_no_time_for_as_last_read_and_the_next_scrape_goes_on(root):
     root.create_topic("t", kl.TopicConfig(partitions=4))
     for p in range(4):
         write_each(root, "t", [b"m"] * (p + 1), partition=p)
+    for group in "abc":
+        Registry(root.path, group).write_offset("t", 0, 0, "test", root.topic_id("t"))
     cursor = stats.Cursor()
     first = stats.snapshot(root, cursor=cursor)
-    write_each(root, "t", [b"more"], partition=0)
-    spent = stats.snapshot(root, budget=0, cursor=cursor)  # no time: the first partition read, the rest as they were
+    [more] = write_each(root, "t", [b"more"], partition=0)
+    for group in "abc":
+        Registry(root.path, group).write_offset("t", 0, more, "test", root.topic_id("t"))
+    spent = stats.snapshot(root, budget=0, cursor=cursor)  # no time: one partition and one group read, the rest as they were
     assert (spent.skipped, [p.log_end_kafka_offset for p in spent.partitions]) == (3, [2, 2, 3, 4])
+    assert (spent.groups_skipped, [lag_of(g) for g in spent.groups]) == (2, [(1, 1), (0, 1), (0, 1)])
     assert cursor.after == ("t", 0)
     again = stats.snapshot(root, budget=0, cursor=cursor)
     assert cursor.after == ("t", 1) and again.partitions == spent.partitions
+    assert [lag_of(g) for g in again.groups] == [(1, 1), (1, 1), (0, 1)]
     assert [p.log_end_kafka_offset for p in first.partitions] == [1, 2, 3, 4]
+    found = scrape(stats.Collector(root, budget=0))
+    assert found["kl_stats_groups_skipped"][()] == 0  # every group is described once, whatever the budget
+    assert len(found["kafka_consumergroup_lag"]) == 3
+
+
+def lag_of(info) -> tuple[int, int]:
+    """The committed Kafka offset and the lag of partition 0 of topic t."""
+    row = next(r for r in info.partitions if r.partition == 0)
+    return row.committed_kafka_offset, row.lag_messages
 
 
 def test_snapshots_again_follow_the_commits_and_the_appends(root):
