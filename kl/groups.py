@@ -202,8 +202,9 @@ def describe(
     else as read now.  A caller describing the group again and again keeps a ``memo``
     for it (an empty dict at first): the reads of a committed offset that did not move
     are not made again.  A damaged offset file
-    is a row of status ``DAMAGED`` (the others are described all the same); an offset of
-    an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
+    is a row of status ``DAMAGED`` (the others are described all the same), a partition
+    whose state record cannot be read one of ``UNREADABLE``; an offset of an earlier
+    creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
     r = _root(root)
     registry = _registry(r, group)
