@@ -62,17 +62,24 @@ def describe(ctx: click.Context, group: str, as_json: bool) -> None:
     Lag is counted from the committed offset to the log end: in messages, in bytes, and
     in time (the age of the oldest message not consumed yet).  A committed offset inside
     a compressed batch reads OFFSET+SKIP.  Exits 1 after the listing when an offset file
-    is damaged (its status names the damage).
+    is damaged, or a partition's state unreadable (its status names the damage).
     """
     info = admin.describe(get_root(ctx), group)
     damaged = [p for p in info.partitions if p.status is admin.Status.DAMAGED]
+    unreadable = [p for p in info.partitions if p.status is admin.Status.UNREADABLE]
     _describe(info, as_json)
+    problems = []
     if damaged:
         where = ", ".join(f"{p.topic}/{p.partition}" for p in damaged)
-        raise click.ClickException(
-            f"group {info.group}: damaged committed offset file{'s' if len(damaged) > 1 else ''} of {where}:"
+        problems.append(
+            f"damaged committed offset file{'s' if len(damaged) > 1 else ''} of {where}:"
             f" reset {'them' if len(damaged) > 1 else 'it'} with 'kl groups reset'"
         )
+    if unreadable:
+        where = ", ".join(f"{p.topic}/{p.partition}" for p in unreadable)
+        problems.append(f"unreadable partition state{'s' if len(unreadable) > 1 else ''} of {where}: run 'kl recover'")
+    if problems:
+        raise click.ClickException(f"group {info.group}: {'; '.join(problems)}")
 
 
 def _member(member: admin.MemberInfo) -> str:

@@ -29,6 +29,7 @@ COMMANDS = {
     "groups": "kl_cli.groups:groups",
     "help": "kl_cli.manual:help_command",
     "load": "kl_cli.load:load",
+    "metrics": "kl_cli.metrics:metrics",
     "mirror": "kl_cli.mirror:mirror_command",
     "produce": "kl_cli.produce:produce",
     "recover": "kl_cli.maintenance:recover_command",

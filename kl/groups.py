@@ -20,13 +20,16 @@ count of its messages already consumed, written ``OFFSET+SKIP`` (``reset``'s tar
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from kl.errors import (
     CorruptMessage,
+    CorruptState,
     InvalidConfig,
     InvalidOffset,
     KlError,
@@ -38,6 +41,7 @@ from kl.errors import (
 from kl.log.config import same_creation
 from kl.log.fsutil import file_time_ns
 from kl.log.log import Log, Position
+from kl.log.state import PartitionState
 from kl.registry import (
     Committed,
     CorruptOffset,
@@ -56,6 +60,7 @@ __all__ = [
     "AtTime",
     "ShiftBy",
     "GroupInfo",
+    "LagMemo",
     "MemberInfo",
     "OffsetChange",
     "PartitionLag",
@@ -85,6 +90,9 @@ class Status(enum.Enum):
     """The offset is of an earlier creation of the topic (another topic id): a member starts afresh."""
     DAMAGED = "damaged"
     """The offset file is unreadable (``PartitionLag.damage`` says how): reset it."""
+    UNREADABLE = "unreadable partition"
+    """The partition's state record cannot be read (``PartitionLag.damage`` says how):
+    ``kl recover`` rebuilds it."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,13 @@ class PartitionLag:
     skip: int = 0
     """Inner messages of the compressed batch at ``committed`` already consumed."""
     damage: str | None = None
-    """Why the offset file is damaged (status ``DAMAGED``)."""
+    """Why the offset file is damaged (status ``DAMAGED``), or the partition's state
+    record unreadable (``UNREADABLE``)."""
+    committed_kafka_offset: int | None = None
+    """The committed position as a Kafka offset (None where it is not in the log now:
+    before its start, past its end, gone, or uncountable)."""
+    log_end_kafka_offset: int | None = None
+    """The log end as a Kafka offset: the records the partition ever held."""
 
     @property
     def position(self) -> Position | None:
@@ -172,13 +186,25 @@ def list_groups(root: RootLike) -> list[str]:
     return groups(_root(root).path)
 
 
-def describe(root: RootLike, group: str) -> GroupInfo:
+def describe(
+    root: RootLike,
+    group: str,
+    topics: Callable[[str], bool] | None = None,
+    states: Mapping[tuple[str, int], PartitionState] | None = None,
+    memo: LagMemo | None = None,
+) -> GroupInfo:
     """The group's live members, and per partition its owner, committed offset and lag.
 
     The partitions are those of every topic the group has a committed offset or an owner
-    record for, and of every topic a live member subscribes to.  A damaged offset file
-    is a row of status ``DAMAGED`` (the others are described all the same); an offset of
-    an earlier creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
+    record for, and of every topic a live member subscribes to (of those ``topics`` takes,
+    where given).  The lag is counted to the log end of the partition's state in
+    ``states`` where it has one (read by the caller: the figures of a snapshot agree),
+    else as read now.  A caller describing the group again and again keeps a ``memo``
+    for it (an empty dict at first): the reads of a committed offset that did not move
+    are not made again.  A damaged offset file
+    is a row of status ``DAMAGED`` (the others are described all the same), a partition
+    whose state record cannot be read one of ``UNREADABLE``; an offset of an earlier
+    creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
     r = _root(root)
     registry = _registry(r, group)
@@ -195,8 +221,10 @@ def describe(root: RootLike, group: str) -> GroupInfo:
         else:
             if found is not None:
                 committed[t, p] = found
+    topic_ids = functools.cache(r.topic_id)  # read once a topic
+    known = states or {}
     rows = []
-    for topic, partition in _partitions(r, members, set(owners) | set(committed)):
+    for topic, partition in _partitions(r, members, set(owners) | set(committed), topics):
         owner = owners.get((topic, partition))
         c = committed.get((topic, partition))
         damage, skip, when = None, 0, None
@@ -204,11 +232,13 @@ def describe(root: RootLike, group: str) -> GroupInfo:
             damage, c = c.reason, None
         elif c is not None:
             skip, when = c.skip, c.time_ms
-        if damage is not None or (c is not None and _stale(r, topic, c)):
-            start, end, *_ = _lag(r, topic, partition, None, now)
-            lag: Lag = (start, end, None, None, None, Status.STALE if damage is None else Status.DAMAGED)
+        if damage is not None or (c is not None and _stale(topic_ids, topic, c)):
+            lag = _lag(r, topic, partition, None, now, known.get((topic, partition)))._replace(
+                status=Status.STALE if damage is None else Status.DAMAGED
+            )
         else:
-            lag = _lag(r, topic, partition, None if c is None else c.position, now)
+            position = None if c is None else c.position
+            lag = _lag(r, topic, partition, position, now, known.get((topic, partition)), memo)
         rows.append(
             PartitionLag(
                 topic,
@@ -217,9 +247,16 @@ def describe(root: RootLike, group: str) -> GroupInfo:
                 0 if owner is None else owner.generation,
                 None if c is None else c.offset,
                 when,
-                *lag,
+                lag.log_start_offset,
+                lag.log_end_offset,
+                lag.messages,
+                lag.bytes,
+                lag.ms,
+                lag.status,
                 skip=skip,
-                damage=damage,
+                damage=damage or lag.damage,
+                committed_kafka_offset=lag.committed_kafka_offset,
+                log_end_kafka_offset=lag.log_end_kafka_offset,
             )
         )
     return GroupInfo(registry.group, [_member_info(registry, member, now) for member in members], rows)
@@ -323,7 +360,7 @@ def export(root: RootLike, group: str) -> str:
         line = f"{topic} {partition} {committed.position}\n"
         if not _exists(r, topic, partition):
             line = f"# {line.rstrip()} (no such partition now)\n"
-        elif _stale(r, topic, committed):
+        elif _stale(r.topic_id, topic, committed):
             line = f"# {line.rstrip()} (of topic {topic} before it was deleted and created again)\n"
         lines.append(line)
     return "".join(lines)
@@ -400,11 +437,11 @@ def _write(root: Root, registry: Registry, changes: list[OffsetChange], who: str
     registry.write_offsets([Offset(c.topic, c.partition, c.new, ids[c.topic]) for c in changes], who)
 
 
-def _stale(root: Root, topic: str, committed: Committed) -> bool:
-    """Whether ``committed`` is of an earlier creation of ``topic`` (one written before
-    topic ids counts as of the current one)."""
+def _stale(topic_id: Callable[[str], str], topic: str, committed: Committed) -> bool:
+    """Whether ``committed`` is of an earlier creation of ``topic``, whose current id
+    ``topic_id`` reads (one written before topic ids counts as of the current one)."""
     try:
-        return not same_creation(committed.topic_id, root.topic_id(topic))
+        return not same_creation(committed.topic_id, topic_id(topic))
     except TopicNotFound:
         return False
 
@@ -417,12 +454,16 @@ def _old(registry: Registry, topic: str, partition: int) -> Position | None:
     return None if committed is None else committed.position
 
 
-def _partitions(root: Root, members: list[Member], known: set[tuple[str, int]]) -> list[tuple[str, int]]:
+def _partitions(
+    root: Root, members: list[Member], known: set[tuple[str, int]], taken: Callable[[str], bool] | None = None
+) -> list[tuple[str, int]]:
     """``known`` partitions plus every partition of their topics and of the topics live
-    members subscribe to, sorted."""
+    members subscribe to (of those ``taken`` takes, where given), sorted."""
+    if taken is not None:
+        known = {(t, p) for t, p in known if taken(t)}
     topics = {t for t, _ in known}
     existing = root.topics()
-    topics.update(t for t in existing if any(member.subscribes(t) for member in members))
+    topics.update(t for t in existing if any(member.subscribes(t) for member in members) and (taken is None or taken(t)))
     found = set(known)
     for topic in topics:
         if topic in existing:
@@ -447,7 +488,7 @@ def _shiftable(root: Root, registry: Registry, old: dict[tuple[str, int], Positi
     found, missing = {}, []
     for (topic, partition), position in old.items():
         committed = None if position is None else registry.committed(topic, partition)
-        if committed is None or _stale(root, topic, committed):
+        if committed is None or _stale(root.topic_id, topic, committed):
             missing.append(f"{topic}/{partition}")
         else:
             found[topic, partition] = committed.position
@@ -520,34 +561,87 @@ def _member_info(registry: Registry, member: Member, now: int) -> MemberInfo:
     return MemberInfo(member.id, member.host, member.pid, member.since_ms, member.subscription, age)
 
 
-Lag = tuple[int | None, int | None, int | None, int | None, int | None, Status]
-"""log start, log end, lag in messages, in bytes, in ms, status."""
+class Lag(NamedTuple):
+    """A partition's log start and end and a committed position's lag (None: unknown)."""
+
+    log_start_offset: int | None
+    log_end_offset: int | None
+    messages: int | None
+    bytes: int | None
+    ms: int | None
+    status: Status
+    committed_kafka_offset: int | None = None
+    log_end_kafka_offset: int | None = None
+    damage: str | None = None
+    """Why the partition's state record cannot be read (status ``UNREADABLE``)."""
 
 
-def _lag(root: Root, topic: str, partition: int, committed: Position | None, now: int) -> Lag:
+LagMemo = dict[tuple[str, int], tuple[tuple[object, ...], tuple[int | None, int | None]]]
+"""(topic, partition) -> what ``_lag`` read of the place it counts from (its Kafka
+offset and the timestamp of the message there), and where and when: offset, skip, topic
+id, the directory's modification time (changed by a roll, retention or a repair), and
+whether a message was there."""
+
+
+def _lag(
+    root: Root,
+    topic: str,
+    partition: int,
+    committed: Position | None,
+    now: int,
+    state: PartitionState | None = None,
+    memo: LagMemo | None = None,
+) -> Lag:
+    """The partition's log start and end (of ``state``, by default as read now), and the
+    lag of ``committed`` (None: not committed) at ``now`` (ms, the files' clock): messages
+    from it to the log end (a compressed batch counts its inner messages), bytes, and the
+    age of the first of them by its timestamp.  Reads the state, the counts, and one
+    message (not again where ``memo`` has them); damaged data or a codec kl cannot read
+    on the way leave the counts and the age None.  Raises no ``TopicNotFound`` (status
+    ``GONE``) and no ``CorruptState`` (``UNREADABLE``)."""
     try:
         log = root.log(topic, partition)
-        state = log.state()
+        state = state or log.state()
     except TopicNotFound:
-        return None, None, None, None, None, Status.GONE
+        return Lag(None, None, None, None, None, Status.GONE)
+    except CorruptState as e:
+        return Lag(None, None, None, None, None, Status.UNREADABLE, damage=str(e))
     start, end = state.log_start_offset, state.log_end_offset
+    try:
+        state = log.counted(state)
+        end_count: int | None = state.log_end_count
+    except TopicNotFound:
+        return Lag(None, None, None, None, None, Status.GONE)
+    except CorruptMessage:
+        end_count = None
     if committed is None:
-        return start, end, None, None, None, Status.NOT_COMMITTED
+        return Lag(start, end, None, None, None, Status.NOT_COMMITTED, None, end_count)
     if committed.offset > end:
-        return start, end, None, None, None, Status.PAST_END
+        return Lag(start, end, None, None, None, Status.PAST_END, None, end_count)
     status = Status.BEFORE_START if committed.offset < start else Status.OK
     first = max(committed.offset, start)
     skip = committed.skip if first == committed.offset else 0
     try:
-        counted = log.counted(state)
-        count: int | None = counted.log_end_count - log.kafka_offset(first, skip, state=counted)
-        stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
-    except TopicNotFound:
-        return None, None, None, None, None, Status.GONE
-    except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange):  # (damage, or retention meanwhile)
-        count, stamp = None, None
+        where = (first, skip, log.config.topic_id, os.stat(log.directory).st_mtime_ns, first < end)
+    except FileNotFoundError:
+        return Lag(None, None, None, None, None, Status.GONE)
+    kept = None if memo is None else memo.get((topic, partition))
+    if kept is not None and kept[0] == where:
+        at, stamp = kept[1]
+    else:
+        try:
+            at = log.kafka_offset(first, skip, state=state)
+            stamp = next((msg.timestamp for msg in log.messages(first, end)), None)
+        except TopicNotFound:
+            return Lag(None, None, None, None, None, Status.GONE)
+        except (CorruptMessage, UnsupportedCodec, OffsetOutOfRange, InvalidOffset):  # (damage, retention meanwhile)
+            at, stamp = None, None
+        else:
+            if memo is not None:
+                memo[topic, partition] = where, (at, stamp)
+    count = None if end_count is None or at is None else end_count - at
     age = None if stamp is None else max(0, now - stamp)
-    return start, end, count, end - first, age, status
+    return Lag(start, end, count, end - first, age, status, at if status is Status.OK else None, end_count)
 
 
 def _parse_line(root: Root, line: str, number: int) -> tuple[tuple[str, int], Position]:

@@ -55,8 +55,9 @@ PAGES = sorted((REPO / "man").glob("kl*.[157]"))
 PATHS = ("/data", "/backup", "/var/kafka-logs", "/var/log", "/tmp/kl", "/mnt")
 """The documents' absolute paths, each run as ``$DOC_TMP`` + the path."""
 
-FOREVER = (r"(?<!\S)(--follow|-f)(?!\S)", r"^tail -F ", r"\bkl\b.* serve\b(?!.*--list)")
-"""Commands that wait for more (a follower, ``tail -F``, a daemon in the foreground):
+FOREVER = (r"(?<!\S)(--follow|-f)(?!\S)", r"^tail -F ", r"\bkl\b.* serve\b(?!.*--list)", r"\bkl\b.* metrics\b(?!.*--count)")
+"""Commands that wait for more (a follower, ``tail -F``, a daemon in the foreground,
+``kl metrics`` without ``--count``):
 each runs under ``timeout``, and being stopped by it counts as success."""
 
 FOREVER_SECONDS = 1

@@ -138,7 +138,10 @@ def test_describe_gives_lag_in_messages_bytes_and_time(root, events):
     assert (p0.log_start_offset, p0.log_end_offset) == (0, events[10])
     assert (p0.lag_messages, p0.lag_bytes) == (6, events[10] - events[4])
     assert HOUR <= p0.lag_ms < 2 * HOUR
-    assert p1 == groups.PartitionLag("t", 1, None, 0, None, None, 0, 0, None, None, None, Status.NOT_COMMITTED)
+    assert (p0.committed_kafka_offset, p0.log_end_kafka_offset) == (4, 10)
+    assert p1 == groups.PartitionLag(
+        "t", 1, None, 0, None, None, 0, 0, None, None, None, Status.NOT_COMMITTED, log_end_kafka_offset=0
+    )
 
 
 def test_describe_when_caught_up(root, events):
@@ -517,6 +520,8 @@ def test_cli_describe_json(root, events):
         "status": "ok",
         "skip": 0,
         "damage": None,
+        "committed_kafka_offset": 4,
+        "log_end_kafka_offset": 10,
     }
     assert obj["partitions"][1]["status"] == "not committed"
 
