@@ -295,7 +295,9 @@ def serve(
     Kafka 0.7's fetches are sent with sendfile straight from the segment files.  The
     daemon registers itself under the root while it runs (kl serve --list shows it).
     Log lines go to stderr.  --listener SSL://HOST:PORT serves the Kafka protocol over
-    TLS as well (--tls: Kafka 0.7's port); SIGHUP reads the certificates again.
+    TLS as well (--tls: Kafka 0.7's port).  --config FILE reads the options from a TOML
+    file (KEY = VALUE by long option name), which SIGHUP reads again, with the TLS
+    certificates, applying what can change live.  --print-unit prints a systemd unit.
     """
     if print_unit:
         sys.stdout.write(unit())

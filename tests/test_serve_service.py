@@ -19,6 +19,7 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 from click.testing import CliRunner
+from test_serve import KL, wait_for
 
 import kl
 from kl.log import locks
@@ -29,28 +30,24 @@ from kl_cli.main import cli
 from kl_cli.options_file import ConfigCommand
 from kl_cli.serve import NOT_IN_FILE
 
-KL = [sys.executable, "-m", "kl_cli"]
-STARTED: list[subprocess.Popen[bytes]] = []
 SERVING = re.compile(r"serving \S+ on 127\.0\.0\.1:(\d+)")
 KAFKA = re.compile(r"to Kafka clients on 127\.0\.0\.1:(\d+)")
 
 
-@pytest.fixture(autouse=True)
-def _no_daemon_outlives_its_test():
-    yield
-    while STARTED:
-        proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+@pytest.fixture
+def serving(tmp_path):
+    """Start ``kl serve`` subprocesses (``Serving``); those still running at the end are killed."""
+    started: list[Serving] = []
 
+    def start(root: str, log: str, *args: str, **kwargs) -> Serving:
+        started.append(Serving(root, tmp_path / log, *args, **kwargs))
+        return started[-1]
 
-def wait_for(check, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return found
+    yield start
+    for daemon in started:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
 
 
 class Serving:
@@ -63,8 +60,7 @@ class Serving:
             argv = command or [*KL, "--root", root, "serve", *args]
             env = {**os.environ, "KL_ROOT": root}
             self.proc = subprocess.Popen(argv, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        STARTED.append(self.proc)
-        self.port = int(wait_for(lambda: self._seen(listening), "the daemon to listen")[1])
+        self.port = int(wait_for(lambda: self._seen(listening), "the daemon to listen", timeout=120)[1])
 
     def _seen(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
         found = pattern.search(self.text())
@@ -76,7 +72,7 @@ class Serving:
 
     def wait_log(self, what: str, after: int = 0) -> str:
         """The log from offset ``after`` once it holds ``what``."""
-        return wait_for(lambda: what in self.text()[after:] and self.text()[after:], f"{what!r} in the log")
+        return wait_for(lambda: what in self.text()[after:] and self.text()[after:], f"{what!r} in the log", timeout=60)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         self.proc.send_signal(sig)
@@ -128,11 +124,11 @@ def test_an_unreadable_config_file(root, tmp_path):
     assert f"Error: {tmp_path / 'none.toml'}: cannot read it: No such file or directory" in result.output
 
 
-def test_the_file_sets_options_and_the_command_line_wins(root, tmp_path):
+def test_the_file_sets_options_and_the_command_line_wins(root, tmp_path, serving):
     root.create_topic("t")
     config = tmp_path / "serve.toml"
     config.write_text('port = 0\ntopics = "t.*"\nallow-produce = true\nallow = "127.0.0.0/8"\n')
-    daemon = Serving(root.path, tmp_path / "log", "--config", str(config), "--topics", "x.*")
+    daemon = serving(root.path, "log", "--config", str(config), "--topics", "x.*")
     (info,) = brokers.live(root.path)
     assert (info.port, info.topics, info.produce) == (daemon.port, "x.*", True)
     assert daemon.stop() == 0
@@ -141,11 +137,11 @@ def test_the_file_sets_options_and_the_command_line_wins(root, tmp_path):
 # ----------------------------------------------------------------- SIGHUP
 
 
-def test_sighup_applies_what_changes_live_and_keeps_the_rest(root, tmp_path):
+def test_sighup_applies_what_changes_live_and_keeps_the_rest(root, tmp_path, serving):
     root.create_topic("t")
     config = tmp_path / "serve.toml"
     config.write_text("port = 0\nmax-connections = 1024\n")
-    daemon = Serving(root.path, tmp_path / "log", "--config", str(config))
+    daemon = serving(root.path, "log", "--config", str(config))
     first = socket_to(daemon.port)
     second = socket_to(daemon.port)  # two open: the limit is not reached yet
     config.write_text('port = 0\nmax-connections = 2\ntopics = "t.*"\nallow-produce = true\nworkers = 3\nlog-level = "debug"\n')
@@ -172,9 +168,9 @@ def test_sighup_applies_what_changes_live_and_keeps_the_rest(root, tmp_path):
     assert registered(root) == []
 
 
-def test_sighup_without_a_config_file_reads_the_certificates_only(root, tmp_path):
+def test_sighup_without_a_config_file_reads_the_certificates_only(root, tmp_path, serving):
     root.create_topic("t")
-    daemon = Serving(root.path, tmp_path / "log", "--port", "0")
+    daemon = serving(root.path, "log", "--port", "0")
     daemon.proc.send_signal(signal.SIGHUP)
     daemon.wait_log("no TLS listener: nothing to reload")
     assert "SIGHUP: no config file (kl serve --config): reading the TLS certificates only" in daemon.text()
@@ -190,10 +186,10 @@ def socket_to(port: int):
 # ----------------------------------------------------------------- SIGTERM
 
 
-def test_sigterm_answers_a_long_polling_consumer_and_exits_0_at_once(root, tmp_path):
+def test_sigterm_answers_a_long_polling_consumer_and_exits_0_at_once(root, tmp_path, serving):
     """A fetch parked for 20 s is answered at once: the daemon is gone long before it."""
     root.create_topic("t")
-    daemon = Serving(root.path, tmp_path / "log", "--kafka", "0", "--request-timeout", "60", listening=KAFKA)
+    daemon = serving(root.path, "log", "--kafka", "0", "--request-timeout", "60", listening=KAFKA)
     consumer = confluent_kafka.Consumer(
         {"bootstrap.servers": f"127.0.0.1:{daemon.port}", "group.id": "unused", "fetch.wait.max.ms": 20000,
          "enable.auto.commit": False, "log_level": 0}
@@ -223,10 +219,10 @@ def test_sigterm_answers_a_long_polling_consumer_and_exits_0_at_once(root, tmp_p
     assert registered(root) == []
 
 
-def test_sigterm_tells_group_members_to_find_the_next_coordinator(root, tmp_path):
+def test_sigterm_tells_group_members_to_find_the_next_coordinator(root, tmp_path, serving):
     root.create_topic("t")
-    first = Serving(root.path, tmp_path / "first.log", "--kafka", "0", listening=KAFKA)
-    second = Serving(root.path, tmp_path / "second.log", "--kafka", "0", listening=KAFKA)
+    first = serving(root.path, "first.log", "--kafka", "0", listening=KAFKA)
+    second = serving(root.path, "second.log", "--kafka", "0", listening=KAFKA)
     producer = kl.Producer(root)
     producer.send("t", b"before")
     consumer = confluent_kafka.Consumer(
@@ -261,9 +257,9 @@ def _poll_until(consumer: confluent_kafka.Consumer, value: bytes) -> None:
 # ----------------------------------------------------------------- the registration
 
 
-def test_sigint_removes_the_registration(root, tmp_path):
+def test_sigint_removes_the_registration(root, tmp_path, serving):
     root.create_topic("t")
-    daemon = Serving(root.path, tmp_path / "log", "--port", "0")
+    daemon = serving(root.path, "log", "--port", "0")
     assert len(registered(root)) == 1
     assert daemon.stop(signal.SIGINT) in (130, -signal.SIGINT)
     assert registered(root) == []
@@ -303,15 +299,15 @@ def test_a_failure_removes_the_registration(root, tmp_path, target, name, args):
 # ----------------------------------------------------------------- retention by the daemon
 
 
-def test_two_daemons_over_one_root_retain_it_one_at_a_time(root, tmp_path):
+def test_two_daemons_over_one_root_retain_it_one_at_a_time(root, tmp_path, serving):
     root.create_topic("t", kl.TopicConfig(segment_bytes=1024, max_message_bytes=512, retention_bytes=2048))
     producer = kl.Producer(root)
     for n in range(60):
         producer.send("t", b"%03d" % n + b"x" * 97)
     log = root.log("t", 0)
     args = ("--port", "0", "--retain-every", "200ms", "--log-level", "debug")
-    daemons = [Serving(root.path, tmp_path / f"{n}.log", *args) for n in range(2)]
-    wait_for(lambda: sum(s.size_in_bytes for s in log.segments()) <= 2048, "retention")
+    daemons = [serving(root.path, f"{n}.log", *args) for n in range(2)]
+    wait_for(lambda: sum(s.size_in_bytes for s in log.segments()) <= 2048, "retention", timeout=60)
     deleted = [sum(int(n) for n in re.findall(r"retention: t/0: deleted (\d+) segments", d.text())) for d in daemons]
     set_aside = [n for n in os.listdir(log.directory) if n.endswith(DELETED_SUFFIX)]
     assert sum(deleted) == len(set_aside) > 0  # each segment deleted once, by the daemon whose log says so
@@ -328,7 +324,7 @@ def test_two_daemons_over_one_root_retain_it_one_at_a_time(root, tmp_path):
         assert all("deleted" not in d.text()[mark:] for d, mark in zip(daemons, marks, strict=True))
     finally:
         os.close(fd)
-    wait_for(lambda: [s.base_offset for s in log.segments()][0] > before[0], "retention once the lock is free")
+    wait_for(lambda: [s.base_offset for s in log.segments()][0] > before[0], "retention once the lock is free", timeout=60)
     for d in daemons:
         assert d.stop() == 0
     producer.close()
@@ -351,7 +347,7 @@ def test_the_printed_unit_verifies(tmp_path):
     assert (done.returncode, done.stderr) == (0, "")
 
 
-def test_the_printed_units_command_line_serves_both_protocols(root, tmp_path):
+def test_the_printed_units_command_line_serves_both_protocols(root, tmp_path, serving):
     unit = printed_unit()
     for line in ("ExecReload=/bin/kill -HUP $MAINPID", "ProtectSystem=strict", "NoNewPrivileges=yes", "ReadWritePaths=/data/kl"):
         assert line in unit.splitlines()
@@ -364,7 +360,7 @@ def test_the_printed_units_command_line_serves_both_protocols(root, tmp_path):
     config.write_text(example.replace("port = 9092", "port = 0").replace('kafka = "9093"', 'kafka = "0"'))
     root.create_topic("t")
     argv[argv.index("/etc/kl/serve.toml")] = str(config)
-    daemon = Serving(root.path, tmp_path / "log", command=argv, listening=KAFKA)
+    daemon = serving(root.path, "log", command=argv, listening=KAFKA)
     assert SERVING.search(daemon.text())  # Kafka 0.7's protocol too
     assert json.loads(daemon.text().splitlines()[0])["level"] == "info"  # json = true
     assert daemon.stop() == 0
