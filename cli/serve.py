@@ -86,6 +86,12 @@ def _principals(ctx: click.Context, param: click.Parameter, value: tuple[str, ..
         raise click.BadParameter(str(e)) from None
 
 
+def _positive(ctx: click.Context, param: click.Parameter, ms: int | None) -> int | None:
+    if ms is not None and ms <= 0:
+        raise click.BadParameter("a duration longer than 0 is needed", ctx, param)
+    return ms
+
+
 def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
     if value is None:
         return None
@@ -235,6 +241,7 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     "--retain-every",
     metavar="DURATION",
     type=DURATION,
+    callback=_positive,
     help="Run retention (as kl retain) over the whole root every DURATION (10m, 1h), one daemon of the root at a time.",
 )
 @click.option(
