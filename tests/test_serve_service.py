@@ -146,8 +146,9 @@ def test_sighup_applies_what_changes_live_and_keeps_the_rest(root, tmp_path, ser
     config.write_text("port = 0\nmax-connections = 1024\n")
     daemon = serving(root.path, "log", "--config", str(config))
     first = socket_to(daemon.port)
-    second = socket_to(daemon.port)  # two open: the limit is not reached yet
-    config.write_text('port = 0\nmax-connections = 2\ntopics = "t.*"\nallow-produce = true\nworkers = 3\nlog-level = "debug"\n')
+    config.write_text(
+        'port = 0\nmax-connections = 2\ntopics = "t.*"\nallow-produce = true\nworkers = 3\nlog-level = "debug"\nacls = true\n'
+    )
     mark = len(daemon.text())
     daemon.proc.send_signal(signal.SIGHUP)
     text = daemon.wait_log("log-level info -> debug", mark)
@@ -157,16 +158,18 @@ def test_sighup_applies_what_changes_live_and_keeps_the_rest(root, tmp_path, ser
     assert f"reloaded {config}: kept workers 8: a change to 3 needs a restart" in text
     (info,) = brokers.live(root.path)  # the registration says what is served now
     assert (info.topics, info.produce) == ("t.*", True)
-    third = socket_to(daemon.port)
-    daemon.wait_log("(--max-connections)", mark)  # refused: 2 open
+    consumed = subprocess.run([*KL, "consume", "t", "--server", f"127.0.0.1:{daemon.port}"], capture_output=True, text=True)
+    assert consumed.stderr == "Error: User:ANONYMOUS may not describe topic t (kl acls)\n"  # ACLs enforced now
+    more = [socket_to(daemon.port) for _ in range(2)]
+    daemon.wait_log("connections open (--max-connections)", mark)  # one of the three refused
+    for s in (first, *more):
+        s.close()
     config.write_text("port = 0\nmax-connections = many\n")
     mark = len(daemon.text())
     daemon.proc.send_signal(signal.SIGHUP)
     text = daemon.wait_log("kept the config in use", mark)
     assert f"kept the config in use: {config}: not valid TOML" in text
     assert "reloaded" not in text
-    for s in (first, second, third):
-        s.close()
     assert daemon.stop() == 0
     assert registered(root) == []
 
