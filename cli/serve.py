@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.resources
 import ipaddress
 import json
 import logging
+import os
 import re
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 import prometheus_client
@@ -20,12 +24,25 @@ from kl.errors import KlError
 from kl.net import brokers
 from kl.net.acls import check_principal
 from kl.net.daemon import Daemon
-from kl.net.server import SASL_MECHANISMS, SECURITY_PROTOCOLS, Network, ServeConfig
+from kl.net.retainer import Retainer
+from kl.net.server import LIVE, SASL_MECHANISMS, SECURITY_PROTOCOLS, Network, ServeConfig, ServerError
 from kl.net.tls import CLIENT_AUTH
-from kl_cli.common import get_root
+from kl_cli.common import DURATION, get_root
+from kl_cli.options_file import ConfigCommand, config_option, key_of
 
 LIST_COLUMNS = ["address", "kafka", "pid", "since", "topics", "produce"]
 DEFAULT_PORT = 9092
+LOG_LEVELS = ("debug", "info", "warning", "error")
+NOT_IN_FILE = ("list_", "print_unit", "print_config", "root", "lock_timeout")
+"""The options a config file does not set: actions, and the root (named where the daemon starts)."""
+RELOADED_HERE = frozenset({"log_level"})
+"""Options a reload applies that are the command's own (the server's are ``LIVE``)."""
+UNIT = "kl-serve.service"
+UNIT_KL = "@KL@"
+"""What ``--print-unit`` replaces with the command that runs this kl."""
+CONFIG_PATH = "/etc/kl/serve.toml"
+EXAMPLE = {"port": 9092, "kafka": "9093", "json": True}
+"""The settings ``--print-config`` gives for the shipped unit: both protocols, JSON log lines."""
 
 
 def _networks(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Network, ...]:
@@ -70,6 +87,12 @@ def _principals(ctx: click.Context, param: click.Parameter, value: tuple[str, ..
         raise click.BadParameter(str(e)) from None
 
 
+def _positive(ctx: click.Context, param: click.Parameter, ms: int | None) -> int | None:
+    if ms is not None and ms <= 0:
+        raise click.BadParameter("a duration longer than 0 is needed", ctx, param)
+    return ms
+
+
 def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> re.Pattern[str] | None:
     if value is None:
         return None
@@ -79,7 +102,10 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
         raise click.BadParameter(f"{value!r} is not a regular expression: {e}", ctx, param) from None
 
 
-@click.command(short_help="Serve the root's topics to Kafka clients, today's and 0.7's.")
+@click.command(
+    cls=ConfigCommand, leave_out=NOT_IN_FILE, short_help="Serve the root's topics to Kafka clients, today's and 0.7's."
+)
+@config_option
 @click.option("--bind", metavar="ADDRESS", default="127.0.0.1", show_default=True, help="Listen on this IP address.")
 @click.option(
     "--port",
@@ -218,11 +244,28 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str | None) -> r
     callback=_kafka_address,
     help="Serve the daemon's metrics to Prometheus on http://HOST:PORT/metrics (0: any port), at HOST or --bind.",
 )
+@click.option(
+    "--retain-every",
+    metavar="DURATION",
+    type=DURATION,
+    callback=_positive,
+    help="Run retention (as kl retain) over the whole root every DURATION (10m, 1h), one daemon of the root at a time.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log lines of this level and above.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Log (or, with --list, list) JSON lines.")
 @click.option("--list", "list_", is_flag=True, help="List the live daemons registered under the root, and exit.")
+@click.option("--print-unit", is_flag=True, help="Print a systemd unit that runs this kl serve, and exit.")
+@click.option("--print-config", is_flag=True, help="Print a config file for the unit, every key shown, and exit.")
 @click.pass_context
 def serve(
     ctx: click.Context,
+    config: str | None,
     bind: str,
     port: int | None,
     kafka: tuple[str | None, int] | None,
@@ -252,8 +295,12 @@ def serve(
     acls: bool,
     super_users: tuple[str, ...],
     metrics: tuple[str | None, int] | None,
+    retain_every: int | None,
+    log_level: str,
     as_json: bool,
     list_: bool,
+    print_unit: bool,
+    print_config: bool,
 ) -> None:
     """Serve the root's topics to hosts that do not mount it, until SIGTERM (exit 0) or
     Ctrl-C: over Kafka 0.7's wire protocol (--port; kl's own remote clients use it),
@@ -263,87 +310,253 @@ def serve(
     Kafka 0.7's fetches are sent with sendfile straight from the segment files.  The
     daemon registers itself under the root while it runs (kl serve --list shows it).
     Log lines go to stderr.  --listener SSL://HOST:PORT serves the Kafka protocol over
-    TLS as well (--tls: Kafka 0.7's port); SIGHUP reads the certificates again.
+    TLS as well (--tls: Kafka 0.7's port).  --config FILE reads the options from a TOML
+    file (KEY = VALUE by long option name), which SIGHUP reads again, with the TLS
+    certificates, applying what can change live.  --print-unit prints a systemd unit.
     """
+    if print_unit:
+        sys.stdout.write(unit())
+        return
+    if print_config:
+        sys.stdout.write(example_config(ctx.command))
+        return
     root = get_root(ctx)
     if list_:
         _list(root.path, as_json)
         return
-    if port is None and kafka is None and not listeners:
-        port = DEFAULT_PORT
-    config = ServeConfig(
-        bind=bind,
-        port=port,
-        kafka_bind=None if kafka is None else kafka[0],
-        kafka_port=None if kafka is None else kafka[1],
-        advertised=advertise,
-        allow=allow,
-        allow_produce=allow_produce,
-        allow_admin=allow_admin,
-        auto_create=auto_create,
-        default_partitions=default_partitions,
-        topics=topics,
-        workers=workers,
-        max_connections=max_connections,
-        max_request_bytes=max_request_bytes,
-        answer_memory=answer_memory,
-        idle_timeout=idle_timeout,
-        request_timeout=request_timeout,
-        listeners=listeners,
-        port_tls=port_tls,
-        port_sasl=port_sasl,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_ca=tls_ca,
-        tls_client_auth=tls_client_auth,
-        tls_principal_rules=tls_principal_rules,
-        sasl_mechanisms=sasl_mechanisms or SASL_MECHANISMS,
-        failed_authentication_delay=failed_authentication_delay,
-        acls=acls,
-        super_users=super_users,
-        metrics=metrics,
-    )
-    _log_lines(as_json)
+    params = dict(ctx.params)
+    serve_config = _serve_config(params)
+    _log_lines(as_json, log_level)
     root.topics()  # a missing root is an error now, not on every request
-    if metrics is not None:  # counters without _created samples, as Kafka's exporter has them (this process is the daemon)
+    if serve_config.metrics is not None:  # counters without _created samples, as Kafka's exporter has them
         prometheus_client.disable_created_metrics()
-    server = Daemon(root, config)
+    server = Daemon(root, serve_config)
     logger = logging.getLogger("kl.serve")
-    kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
-    if kafka_address is None and listeners:  # the first listener names the daemon
-        kafka_address = (advertise or listeners[0][1], server.listener_ports[0])
-    advertised: dict[str, tuple[str, int]] = {}
-    if server.kafka_port is not None:
-        advertised["PLAINTEXT"] = (advertise or config.kafka_bind or bind, server.kafka_port)
-    for (security, host, _), bound in zip(listeners, server.listener_ports, strict=True):
-        advertised.setdefault(security, (advertise or host, bound))
-    pattern = None if topics is None else topics.pattern
-    info = brokers.info_for(bind, server.port, pattern, allow_produce, kafka_address, advertised)
-    try:
-        registration: brokers.Registration | None = brokers.register(root.path, info)
-    except KlError as e:
-        logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
-        registration = None
+    registration: brokers.Registration | None = None
+    retainer = None if retain_every is None else Retainer(root.path, retain_every / 1000)
     stopped_by: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
         stopped_by.append(signum)
         server.stop()
 
+    reload = _certificates_only(server) if config is None else _reloader(ctx, server, params, lambda: registration)
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: server.reload_tls())
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, frame: server.reload(reload))
     # A client gone while its answer is sent is that connection's error (EPIPE), not the
     # daemon's death: kl's main() lets SIGPIPE end a pipeline quietly.
     previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    try:
+    try:  # the handlers first: a signal from now on ends the daemon here, its registration removed
+        try:
+            registration = brokers.register(root.path, _broker_info(server, serve_config))
+        except KlError as e:
+            logger.warning("serving unregistered (kl serve --list will not show it): %s", e)
+        if retainer is not None:
+            retainer.start()
         server.serve_forever()
     finally:
+        if retainer is not None:
+            retainer.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if registration is not None:
             registration.close()
     if signal.SIGINT in stopped_by:
         raise KeyboardInterrupt
+
+
+def _serve_config(params: dict[str, Any]) -> ServeConfig:
+    """The server's config from the command's parameters (raises ``ServerError``)."""
+    port, kafka, listeners = params["port"], params["kafka"], params["listeners"]
+    if port is None and kafka is None and not listeners:
+        port = DEFAULT_PORT
+    return ServeConfig(
+        bind=params["bind"],
+        port=port,
+        kafka_bind=None if kafka is None else kafka[0],
+        kafka_port=None if kafka is None else kafka[1],
+        advertised=params["advertise"],
+        allow=params["allow"],
+        allow_produce=params["allow_produce"],
+        allow_admin=params["allow_admin"],
+        auto_create=params["auto_create"],
+        default_partitions=params["default_partitions"],
+        topics=params["topics"],
+        workers=params["workers"],
+        max_connections=params["max_connections"],
+        max_request_bytes=params["max_request_bytes"],
+        answer_memory=params["answer_memory"],
+        idle_timeout=params["idle_timeout"],
+        request_timeout=params["request_timeout"],
+        listeners=listeners,
+        port_tls=params["port_tls"],
+        port_sasl=params["port_sasl"],
+        tls_cert=params["tls_cert"],
+        tls_key=params["tls_key"],
+        tls_ca=params["tls_ca"],
+        tls_client_auth=params["tls_client_auth"],
+        tls_principal_rules=params["tls_principal_rules"],
+        sasl_mechanisms=params["sasl_mechanisms"] or SASL_MECHANISMS,
+        failed_authentication_delay=params["failed_authentication_delay"],
+        acls=params["acls"],
+        super_users=params["super_users"],
+        metrics=params["metrics"],
+    )
+
+
+def _broker_info(server: Daemon, config: ServeConfig) -> brokers.BrokerInfo:
+    """What the daemon registers: where each of its protocols is reached, what it serves."""
+    bind, advertise = config.bind, config.advertised
+    kafka_address = None if server.kafka_port is None else (advertise or config.kafka_bind or bind, server.kafka_port)
+    if kafka_address is None and config.listeners:  # the first listener names the daemon
+        kafka_address = (advertise or config.listeners[0][1], server.listener_ports[0])
+    advertised: dict[str, tuple[str, int]] = {}
+    if server.kafka_port is not None:
+        advertised["PLAINTEXT"] = (advertise or config.kafka_bind or bind, server.kafka_port)
+    for (security, host, _), bound in zip(config.listeners, server.listener_ports, strict=True):
+        advertised.setdefault(security, (advertise or host, bound))
+    pattern = None if config.topics is None else config.topics.pattern
+    return brokers.info_for(bind, server.port, pattern, config.allow_produce, kafka_address, advertised)
+
+
+def _reloader(
+    ctx: click.Context, server: Daemon, params: dict[str, Any], registration: Callable[[], brokers.Registration | None]
+) -> Callable[[], None]:
+    """What SIGHUP has the server's loop do (``Server.reload``): parse the command line
+    again with the config file as it is now, apply what changed that can change live
+    (``LIVE``, ``RELOADED_HERE``), log a line per change, and keep the rest (logged too).
+    An invalid file changes nothing (one line).  ``params`` are the settings in use,
+    updated as changes are applied."""
+    command = ctx.command
+    assert isinstance(command, ConfigCommand)
+    path = ctx.params["config"]
+    logger = logging.getLogger("kl.serve")
+    keys = {p.name: key_of(p) for p in command.params}
+
+    def read() -> None:
+        try:
+            new = command.reparse(ctx).params
+            _serve_config(new)  # the new config is valid as a whole, or nothing changes
+        except click.ClickException as e:
+            raise ServerError(f"kept the config in use: {e.format_message()}") from None
+        except KlError as e:
+            raise ServerError(f"kept the config in use: {path}: {e}") from None
+        old_config = _serve_config(params)
+        changed = [name for name in params if new.get(name) != params[name]]
+        live = {name: _live(name, params, new, old_config) for name in changed}
+        try:
+            server.apply(_serve_config({**params, **{n: new[n] for n in changed if live[n]}}))
+        except KlError as e:
+            raise ServerError(f"kept the config in use: {path}: {e}") from None
+        for name in changed:
+            was, now = _shown(params[name]), _shown(new[name])
+            if live[name]:
+                params[name] = new[name]
+                logger.info("reloaded %s: %s %s -> %s", path, keys[name], was, now)
+            else:
+                logger.warning("reloaded %s: kept %s %s: a change to %s needs a restart", path, keys[name], was, now)
+        if not changed:
+            logger.info("reloaded %s: nothing changed", path)
+        logging.getLogger("kl").setLevel(params["log_level"].upper())
+        if server.tls is not None:
+            logger.info("TLS certificates reloaded from %s", server.tls.cert)
+        held = registration()
+        if held is not None and any(live[n] for n in changed if n in ("topics", "allow_produce")):
+            pattern = None if params["topics"] is None else params["topics"].pattern
+            try:
+                held.update(dataclasses.replace(held.info, topics=pattern, produce=params["allow_produce"]))
+            except KlError as e:
+                logger.warning("kept the registration as it was: %s", e)
+
+    return read
+
+
+def _certificates_only(server: Daemon) -> Callable[[], None]:
+    """What SIGHUP has the loop do without a config file: read the TLS certificates again."""
+
+    def read() -> None:
+        logging.getLogger("kl.serve").info("SIGHUP: no config file (kl serve --config): reading the TLS certificates only")
+        server.read_certificates()
+
+    return read
+
+
+def _live(name: str, old: dict[str, Any], new: dict[str, Any], old_config: ServeConfig) -> bool:
+    """Whether a changed option can be applied by a reload: the command's own, or one
+    whose every effect on the server's config is in a field the server changes live."""
+    if name in RELOADED_HERE:
+        return True
+    try:
+        alone = _serve_config({**old, name: new[name]})
+    except KlError:
+        return False
+    fields = {f.name for f in dataclasses.fields(ServeConfig) if getattr(alone, f.name) != getattr(old_config, f.name)}
+    return bool(fields) and fields <= LIVE
+
+
+def _shown(value: object) -> str:
+    """A setting as a log line shows it."""
+    if value is None:
+        return "(none)"
+    if isinstance(value, re.Pattern):
+        return value.pattern
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(_shown(v) if not isinstance(v, tuple) else ":".join(map(str, v)) for v in value) or "(none)"
+    return str(value)
+
+
+def unit() -> str:
+    """The systemd unit shipped with kl, its ``ExecStart`` running this kl."""
+    text = importlib.resources.files("kl_cli").joinpath("data", UNIT).read_text()
+    kl = _this_kl()
+    if kl.startswith(("/home/", "/root/")):  # ProtectHome=yes would hide it from the service
+        text = text.replace("\nProtectHome=yes\n", "\nProtectHome=read-only\n")
+    return text.replace(UNIT_KL, kl)
+
+
+def _this_kl() -> str:
+    """The command that runs this kl: its ``kl`` script, or its Python with ``-m kl_cli``."""
+    script = os.path.abspath(sys.argv[0])
+    if os.path.basename(script) == "kl" and os.access(script, os.X_OK):
+        return script
+    return f"{sys.executable} -m kl_cli"
+
+
+def example_config(command: click.Command) -> str:
+    """A config file for the unit: ``EXAMPLE``'s settings, then every other key with its
+    help, commented out at its default."""
+    assert isinstance(command, ConfigCommand)
+    lines = [
+        f"# kl serve's config file ({CONFIG_PATH}): one key per option of kl serve, by its long",
+        "# name; the command line wins.  kill -HUP reloads it (kl-serve(1), CONFIG FILE).",
+        "",
+    ]
+    for key, param in command.keys().items():
+        assert isinstance(param, click.Option)
+        lines.append(f"# {param.help}")
+        if key in EXAMPLE:
+            lines.append(f"{key} = {_toml(EXAMPLE[key])}")
+        elif param.is_flag:
+            lines.append(f"# {key} = false")
+        elif isinstance(param.default, (int, float, str)):
+            lines.append(f"# {key} = {_toml(param.default)}")
+        else:  # no default: what the option takes
+            kind = param.type
+            shown = param.metavar or ("|".join(kind.choices) if isinstance(kind, click.Choice) else kind.name.upper())
+            lines.append(f"# {key} = {_toml([shown] if param.multiple else shown)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
 
 
 class _Lines(logging.Formatter):
@@ -362,13 +575,14 @@ class _Lines(logging.Formatter):
         return f"{when} {record.levelname.lower()} {message}"
 
 
-def _log_lines(as_json: bool) -> None:
-    """The library's records (the server's, and any warning) as log lines on stderr."""
+def _log_lines(as_json: bool, level: str = "info") -> None:
+    """The library's records (the server's, and any warning) of ``level`` and above as
+    log lines on stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Lines(as_json))
     logger = logging.getLogger("kl")
     logger.handlers = [handler]
-    logger.setLevel(logging.INFO)
+    logger.setLevel(level.upper())
 
 
 def _list(root_path: str, as_json: bool) -> None:

@@ -311,6 +311,8 @@ def test_pip_install_puts_the_pages_where_man_and_kl_help_find_them(tmp_path):
     where, text = done.stdout.split("\n", 1)
     assert Path(where).is_relative_to(venv)
     assert text.startswith("KL-TOPICS(1)\n")
+    (unit,) = venv.glob("lib/python*/site-packages/kl_cli/data/kl-serve.service")  # what kl serve --print-unit prints
+    assert unit.read_bytes() == (REPO / "cli" / "data" / "kl-serve.service").read_bytes()
 
 
 def test_the_demo_says_how_to_reach_kl_and_man_finds_its_pages(tmp_path):

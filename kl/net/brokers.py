@@ -112,6 +112,14 @@ class Registration:
     def __init__(self, fd: int, path: str, info: BrokerInfo):
         self.fd, self.path, self.info = fd, path, info
 
+    def update(self, info: BrokerInfo) -> None:
+        """Register ``info`` instead (its topics or produce changed): a new locked file
+        renamed over this one, so a reader sees one or the other, never neither.  Raises
+        ``StorageError`` (the registration as it was is kept)."""
+        fd = _write(os.path.dirname(self.path), os.path.basename(self.path), info)
+        os.close(self.fd)  # its file, renamed over, is gone already
+        self.fd, self.info = fd, info
+
     def close(self) -> None:
         """Delete the registration, then let the lock go."""
         with contextlib.suppress(OSError):
@@ -135,6 +143,12 @@ def register(root_path: str, info: BrokerInfo) -> Registration:
         raise StorageError(problem)
     port = info.port if info.port is not None else (info.kafka or "").rpartition(":")[2]
     name = f"{socket.gethostname()}:{port}:{info.pid}"
+    return Registration(_write(directory, name, info), os.path.join(directory, name), info)
+
+
+def _write(directory: str, name: str, info: BrokerInfo) -> int:
+    """Write ``info`` as ``directory/name``, locked: a hidden temporary file renamed into
+    place; the descriptor holding its lock."""
     path, tmp = os.path.join(directory, name), os.path.join(directory, f".{name}.tmp")
     try:
         fd = open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
@@ -151,7 +165,7 @@ def register(root_path: str, info: BrokerInfo) -> Registration:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise e if isinstance(e, KlError) else storage_error(e, "register in", directory) from None
-    return Registration(fd, path, info)
+    return fd
 
 
 def live(root_path: str) -> list[BrokerInfo]:

@@ -30,6 +30,7 @@ decrypted but not handed over (``pending``) are read without waiting for the soc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import ipaddress
@@ -100,6 +101,15 @@ class ServerError(KlError):
 
 
 NO_CERTIFICATE = "an SSL or SASL_SSL listener needs a certificate and its key (--tls-cert, --tls-key)"
+LIVE = frozenset({
+    "allow", "networks", "allow_produce", "allow_admin", "auto_create", "default_partitions", "topics",
+    "max_connections", "max_request_bytes", "idle_timeout", "request_timeout", "answer_memory",
+    "tls_cert", "tls_key", "tls_ca", "tls_client_auth", "tls_principal_rules",
+    "sasl_mechanisms", "failed_authentication_delay", "acls", "super_users",
+})  # fmt: skip
+"""The ``ServeConfig`` fields a running server changes when given a new config
+(``Server.apply``); the others (addresses, ports, listeners, workers, and any field not
+named here) need a restart."""
 
 
 @dataclass
@@ -307,6 +317,10 @@ class FrontEnd:
     def resume(self, conn: Connection, wait: Wait) -> None:
         raise NotImplementedError
 
+    def stopping(self) -> None:
+        """The daemon is stopping: answer what waits for others (it will not wait long
+        enough); the requests under way are still answered."""
+
     def close(self) -> None:
         """The daemon stopped: let go of what the front end holds."""
 
@@ -381,10 +395,11 @@ class Server:
         """Clients closed for knocking at the wrong listener, as logged (``_told``)."""
         self._bound: list[tuple[FrontEnd, str, str]] = []
         """Each listener's front end, address bound (``HOST:PORT``) and security protocol."""
-        self.tls = self._tls(listeners)
+        self._tls_listeners = any(listener.security in TLS_PROTOCOLS for listener in listeners)
+        self.tls = self._tls(self.config)
         """The TLS side of SSL and SASL_SSL listeners (None without them)."""
-        self._reload = False
-        """Read the TLS certificates again (``reload_tls``)."""
+        self._reload: Callable[[], None] | bool = False
+        """What the loop does next round (``reload``): call it, or (True) read the TLS certificates again."""
         try:
             for listener in listeners:
                 if listener.security not in SECURITY_PROTOCOLS:
@@ -428,13 +443,13 @@ class Server:
     def _serve_metrics(self, host: str | None, port: int) -> Endpoint:
         host = host or self.config.bind
         try:
-            return Endpoint(self.metrics, host, port, self.config.allows)
+            return Endpoint(self.metrics, host, port, lambda client: self.config.allows(client))  # as reloaded
         except OSError as e:
             raise ServerError(f"cannot serve metrics on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
 
-    def _tls(self, listeners: Sequence[Listener]) -> Tls | None:
-        config = self.config
-        if not any(listener.security in TLS_PROTOCOLS for listener in listeners) and config.tls_cert is None:
+    def _tls(self, config: ServeConfig) -> Tls | None:
+        """The TLS side ``config`` gives (its files read now), None without TLS."""
+        if not self._tls_listeners and config.tls_cert is None:
             return None
         if config.tls_cert is None or config.tls_key is None:
             raise ServerError(NO_CERTIFICATE)
@@ -443,14 +458,29 @@ class Server:
         except TlsError as e:
             raise ServerError(str(e)) from None
 
-    def reload_tls(self) -> None:
-        """Have the loop read the TLS certificates and key again (new connections get
-        them, open ones keep theirs).  Safe from a signal handler."""
-        self._reload = True
+    def reload(self, read: Callable[[], None] | None = None) -> None:
+        """Have the loop call ``read`` (which reads the config again and gives it to
+        ``apply``), or without it read the TLS certificates again (new connections get
+        them, open ones keep theirs).  Safe from a signal handler: the loop's thread does
+        the work, between two of its rounds; a ``KlError`` it raises is logged."""
+        self._reload = read or True
         self._wake()
 
-    def _reload_tls(self) -> None:
-        self._reload = False
+    def _reloaded(self) -> None:
+        read, self._reload = self._reload, False
+        try:
+            if callable(read):
+                read()
+            else:
+                self.read_certificates()
+        except KlError as e:
+            log.warning("%s", e)
+        except Exception as e:  # a bug: the reload goes, the daemon stays
+            log.error("reload failed: unexpected %s: %s", type(e).__name__, e)
+
+    def read_certificates(self) -> None:
+        """Read the TLS certificates and key again, or keep those in use (logged).  Called
+        on the loop's thread (``reload``)."""
         if self.tls is None:
             log.info("no TLS listener: nothing to reload")
             return
@@ -460,6 +490,21 @@ class Server:
             log.warning("kept the TLS certificates in use: %s", e)
             return
         log.info("TLS certificates reloaded from %s", self.tls.cert)
+
+    def apply(self, config: ServeConfig) -> None:
+        """Serve by ``config`` from now on: its ``LIVE`` settings at once (new connections
+        and requests see them; the TLS certificates, read again, go to new connections),
+        the others kept as they are.  Called on the loop's thread (from ``reload``'s
+        ``read``).  Raises ``ServerError``, having changed nothing, when the TLS files
+        cannot be used or the settings kept make the config invalid."""
+        old = self.config
+        kept = {f.name: getattr(old, f.name) for f in dataclasses.fields(ServeConfig) if f.init and f.name not in LIVE}
+        applied = dataclasses.replace(config, **kept)
+        tls = self._tls(applied)
+        authorizer = self.authorizer
+        if (applied.acls, applied.super_users) != (old.acls, old.super_users):
+            authorizer = Authorizer(Acls(self.root.path, self.root.lock_timeout), applied.super_users) if applied.acls else None
+        self.config, self.tls, self.authorizer = applied, tls, authorizer  # each read whole by the workers
 
     def _listen(self, listener: Listener, front: FrontEnd) -> int:
         bind, port = listener.bind, listener.port
@@ -508,7 +553,7 @@ class Server:
                     else:
                         self._readable(key.data)
                 if self._reload:
-                    self._reload_tls()
+                    self._reloaded()
                 self._take_back()
                 now = time.monotonic()
                 if now >= next_sweep:
@@ -545,9 +590,13 @@ class Server:
             if self._accepting:
                 self._selector.unregister(sock)
             sock.close()
+        for _, front in self.listeners:
+            front.stopping()
         self._parked.put(STOP_WAITING)  # parked requests are answered now
         for conn in [c for c in self._connections if self._registered(c) and c.out is None]:
             self._close(conn, None)
+        if self._connections:
+            log.info("draining %d connections (at most %g s)", len(self._connections), self.config.request_timeout)
         deadline = time.monotonic() + self.config.request_timeout
         cut = False
         while self._connections:  # each one busy with a worker or parked with an answer

@@ -24,7 +24,7 @@ from kl.log.config import TopicConfig
 from kl.log.log import Log, Position
 from kl.log.state import PartitionState
 from kl.net import brokers
-from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED
+from kl.net.acls import CLUSTER_NAME, OPERATIONS, SUPPORTED, Authorizer
 from kl.net.kafka.coordinator import STATES, Coordinator
 from kl.net.kafka.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
@@ -69,7 +69,6 @@ class Broker:
         for state in STATES:  # read when scraped, as Kafka's classic-group-count (its states in lower case)
             server.metrics.groups.labels(state.lower()).set_function(functools.partial(self.groups.count, state))
         self.sasl = Authenticator(server)
-        self.authorizer = server.authorizer
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid5(uuid.NAMESPACE_URL, server.root.path).bytes).decode()[:22]
         self.address = ("", 0)
         self.kafka_address = ""
@@ -89,6 +88,11 @@ class Broker:
         self._unknown: set[str] = set()
         """The names of topics that do not exist that clients asked for, as logged."""
         self._unknown_lock = threading.Lock()
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """The server's ACLs (None: none are enforced), as the last reload left them."""
+        return self.server.authorizer
 
     def listening(self, address: str, port: int, front: FrontEnd) -> None:
         host = self.server.config.advertised or brokers.host_of(address)

@@ -222,11 +222,26 @@ class Coordinator:
         self._hung_up: queue.SimpleQueue[object] = queue.SimpleQueue()
         """Connections closed since the last tick."""
         self._nfs: bool | None = None
+        self._resigned = False
+        """The daemon is stopping: it coordinates no group any more (``resign``)."""
 
     def start(self, address: str) -> None:
         self.address = address
         self._thread = threading.Thread(target=self._run, name="kl-serve-groups", daemon=True)
         self._thread.start()
+
+    def resign(self) -> None:
+        """The daemon is stopping: give up every group at once, as Kafka's coordinator
+        unloads a group it no longer owns (its waiting JoinGroup and SyncGroup answered
+        NOT_COORDINATOR, and every later request about it too), so that its members find
+        the next coordinator, which takes the group's lock, and join it there."""
+        with self._lock:
+            self._resigned = True
+            names = list(self._held)
+            for name in names:
+                self._drop(name, NOT_COORDINATOR)
+        if names:
+            log.info("stopping: no longer the coordinator of %s (members are told NOT_COORDINATOR)", ", ".join(names))
 
     def close(self) -> None:
         """Stop coordinating: leave every group's registration and lock."""
@@ -245,6 +260,8 @@ class Coordinator:
         with self._lock:
             if name in self._held:
                 return self.address
+            if self._resigned:
+                return None
             path = coordinator_path(self.root.path, name)
             ensure_dir(self._dir)
             try:
@@ -320,14 +337,14 @@ class Coordinator:
         except OSError as e:
             raise _Lost(f"{name}: {os.strerror(e.errno) if e.errno else e}") from None
 
-    def _drop(self, name: str) -> None:
-        """Forget a group (called with ``_lock``): answer its waiting members, leave its
-        registration, let its lock go."""
+    def _drop(self, name: str, sync_error: int = REBALANCE_IN_PROGRESS) -> None:
+        """Forget a group (called with ``_lock``): answer its waiting members (a JoinGroup
+        NOT_COORDINATOR, a SyncGroup ``sync_error``), leave its registration, let its lock go."""
         group = self._groups.pop(name, None)
         if group is not None:
             with group.lock:
                 for member in group.members.values():
-                    _answer(member, JoinResult(NOT_COORDINATOR, member.id), SyncResult(REBALANCE_IN_PROGRESS))
+                    _answer(member, JoinResult(NOT_COORDINATOR, member.id), SyncResult(sync_error))
                 group.members.clear()
                 self._unregister(group)
         fd = self._held.pop(name, None)

@@ -80,6 +80,10 @@ class Kafka(FrontEnd):
         security = self.server.security.get(self, "PLAINTEXT")
         log.info("serving %s to Kafka clients on %s:%d (%s)", self.server.root.path, address, port, security)
 
+    def stopping(self) -> None:
+        if self.owner:
+            self.broker.groups.resign()
+
     def close(self) -> None:
         if self.owner:
             self.broker.groups.close()
