@@ -28,12 +28,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kl.errors import CorruptMessage, KlError, TopicNotFound
 from kl.groups import GroupInfo, LagMemo, PartitionLag, RootLike, Status, _root, describe, list_groups
 from kl.log.state import PartitionState
 from kl.registry import GroupNotFound
 from kl.topic import Root
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 __all__ = ["Collector", "Cursor", "GroupFigures", "PartitionStats", "Snapshot", "TopicFigures", "figures", "gauges", "snapshot"]
 
@@ -352,11 +356,11 @@ class Collector:
         self._cursor = Cursor()
         self._turn = threading.Lock()
 
-    def describe(self) -> list[object]:
+    def describe(self) -> list[Metric]:
         """No metrics known before a scrape (so registering takes no snapshot)."""
         return []
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         """The gauges of a snapshot taken now.  Never raises (a root gone, say, gives the
         scrape's own gauges only, and is logged)."""
         with self._turn:
@@ -368,7 +372,7 @@ class Collector:
         yield from gauges(snap)
 
 
-def gauges(snap: Snapshot) -> Iterator[object]:
+def gauges(snap: Snapshot) -> Iterator[Metric]:
     """The snapshot's figures as Prometheus metric families (see ``Collector``)."""
     from prometheus_client.core import GaugeMetricFamily as Gauge
 
@@ -403,7 +407,7 @@ def gauges(snap: Snapshot) -> Iterator[object]:
     yield Gauge("kl_stats_scrape_seconds", "Seconds this scrape spent reading the root", value=snap.seconds)
 
 
-def _group_gauges(groups: list[GroupInfo]) -> Iterator[object]:
+def _group_gauges(groups: list[GroupInfo]) -> Iterator[Metric]:
     from prometheus_client.core import GaugeMetricFamily as Gauge
 
     gtp = ["consumergroup", "topic", "partition"]

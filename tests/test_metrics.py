@@ -28,6 +28,7 @@ TOPIC = "metered"
 TOPIC07 = "metered-07"
 """Written and read on Kafka 0.7's port (each test counts on its own topic)."""
 TOPIC_IDEMPOTENT = "metered-idempotent"
+TOPIC_LAG = "metered-lag"
 RECORDS = 1200
 BATCHES = 4
 """The producer flushes after each of these, so each is at least one Produce request."""
@@ -91,6 +92,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root.create_topic(TOPIC, kl.TopicConfig(partitions=2))
     root.create_topic(TOPIC07)
     root.create_topic(TOPIC_IDEMPOTENT)
+    root.create_topic(TOPIC_LAG)
     root.close()
     running = Daemon(work / "root", work / "log")
     yield running
@@ -211,7 +213,7 @@ def test_an_idempotent_producer_is_a_producer_id_tracked(daemon):
 def test_kafka07_port_counts_kl_clients_requests_and_its_connections(daemon):
     before = daemon.value("kl_kafka07_requests_total", request="HELLO")
     remote = RemoteRoot(f"127.0.0.1:{daemon.port}")
-    assert remote.topics() == sorted([TOPIC, TOPIC07, TOPIC_IDEMPOTENT])
+    assert remote.topics() == sorted([TOPIC, TOPIC07, TOPIC_IDEMPOTENT, TOPIC_LAG])
     producer = kl.RemoteProducer(remote)  # (on remote's connection)
     producer.send_batch(TOPIC07, [VALUE] * 10, partition=0)
     producer.flush()
@@ -310,3 +312,36 @@ def test_acl_denials_are_counted_by_operation_and_resource_type(root, topic):
         assert registry.get_sample_value("kafka_network_requestmetrics_errors_total", errors) == 1
     finally:
         served.stop()
+
+
+def test_a_scrape_gives_the_log_ends_and_a_kafka_groups_lag(daemon):
+    topic = TOPIC_LAG
+    delivered = []
+    producer = Producer({"bootstrap.servers": daemon.bootstrap, **QUIET})
+    for _ in range(10):
+        producer.produce(topic, VALUE, partition=0, on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush(30) == 0
+    assert delivered == [None] * 10
+    consumer = Consumer({"bootstrap.servers": daemon.bootstrap, "group.id": "lagging", **QUIET})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
+    consumer.close()
+    at = (("partition", "0"), ("topic", topic))
+    group_at = (("consumergroup", "lagging"), *at)
+    scraped = daemon.scrape()
+    assert scraped[("kafka_topic_partition_current_offset", at)] == 10
+    assert scraped[("kafka_topic_partition_oldest_offset", at)] == 0
+    end = scraped[("kl_topic_partition_log_end_offset_bytes", at)]
+    assert end == scraped[("kl_topic_partition_size_bytes", at)] > 10 * len(VALUE)
+    assert scraped[("kafka_consumergroup_current_offset", group_at)] == 4
+    assert scraped[("kafka_consumergroup_lag", group_at)] == 6
+    assert scraped[("kafka_consumergroup_lag_sum", (("consumergroup", "lagging"), ("topic", topic)))] == 6
+    assert scraped[("kl_stats_partitions_skipped", (("reason", "unreadable"),))] == 0
+
+
+def test_kl_serve_1_lists_every_metric_a_scrape_gives(daemon):
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics}/metrics", timeout=20) as answer:
+        families = list(text_string_to_metric_families(answer.read().decode()))
+    scraped = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    page = (Path(__file__).parent.parent / "man" / "kl-serve.1").read_text()
+    listed = page.split("Every metric: its name")[1].split("\n.SS ")[0]
+    assert scraped == set(re.findall(r"^\.B (k\w+)$", listed, re.M))

@@ -1,6 +1,7 @@
 """``kl serve``'s daemon: the server core (``kl.net.server``) with the protocols its
 config names, Kafka 0.7's (``kl.net.kafka07``) and today's Kafka protocol
-(``kl.net.kafka``)."""
+(``kl.net.kafka``), and with ``--metrics`` the root's own figures beside its counters
+(``kl.stats``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from kl.net.kafka07 import Kafka07
 from kl.net.server import FrontEnd, Listener, ServeConfig, Server
+from kl.stats import Collector
 from kl.topic import Root
 
 
@@ -30,6 +32,8 @@ class Daemon(Server):
         """Today's Kafka protocol's port (``--kafka``)."""
         self.listener_ports = list(ports)
         """The ports of ``config.listeners``, in their order."""
+        if config.metrics is not None:  # log ends, sizes and every group's lag, of the topics served (as reloaded)
+            self.metrics.register(Collector(self.root.path, self.served))
 
 
 def _kafka(server: Server) -> FrontEnd:
