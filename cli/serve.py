@@ -444,29 +444,31 @@ def _reloader(
         old_config = _serve_config(params)
         changed = [name for name in params if new.get(name) != params[name]]
         live = {name: _live(name, params, new, old_config) for name in changed}
+        applied = {name: new[name] for name in changed if live[name]}
         try:
-            server.apply(_serve_config({**params, **{n: new[n] for n in changed if live[n]}}))
+            server.apply(_serve_config({**params, **applied}))
         except KlError as e:
             raise ServerError(f"kept the config in use: {path}: {e}") from None
+        held = registration()  # registered before the log says so: other daemons name leaders by it
+        if held is not None and applied.keys() & {"topics", "allow_produce"}:
+            served = {**params, **applied}
+            pattern = None if served["topics"] is None else served["topics"].pattern
+            try:
+                held.update(dataclasses.replace(held.info, topics=pattern, produce=served["allow_produce"]))
+            except KlError as e:
+                logger.warning("kept the registration as it was: %s", e)
         for name in changed:
             was, now = _shown(params[name]), _shown(new[name])
             if live[name]:
-                params[name] = new[name]
                 logger.info("reloaded %s: %s %s -> %s", path, keys[name], was, now)
             else:
                 logger.warning("reloaded %s: kept %s %s: a change to %s needs a restart", path, keys[name], was, now)
+        params.update(applied)
         if not changed:
             logger.info("reloaded %s: nothing changed", path)
         logging.getLogger("kl").setLevel(params["log_level"].upper())
         if server.tls is not None:
             logger.info("TLS certificates reloaded from %s", server.tls.cert)
-        held = registration()
-        if held is not None and any(live[n] for n in changed if n in ("topics", "allow_produce")):
-            pattern = None if params["topics"] is None else params["topics"].pattern
-            try:
-                held.update(dataclasses.replace(held.info, topics=pattern, produce=params["allow_produce"]))
-            except KlError as e:
-                logger.warning("kept the registration as it was: %s", e)
 
     return read
 
