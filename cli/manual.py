@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-SECTIONS = ("1", "5", "7")
+SECTIONS = ("1", "3", "5", "7")
 WIDTH = 80
 INDENT = 7
 """Where man puts a page's text: its paragraphs, and the tags of its tagged paragraphs."""
@@ -64,7 +64,7 @@ def find_page(topic: str) -> Path | None:
 
 def topics() -> list[str]:
     """Every page found, by the name ``kl help`` takes."""
-    names = {p.name.split(".")[0] for d in man_dirs() if d.is_dir() for p in d.glob("kl*.[157]")}
+    names = {p.name.split(".")[0] for d in man_dirs() if d.is_dir() for p in d.glob("kl*.[1357]")}
     return sorted(("kl" if n == "kl" else n[3:]) for n in names)
 
 
