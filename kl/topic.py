@@ -87,6 +87,7 @@ class TopicInfo:
 
     @property
     def size_in_bytes(self) -> int:
+        """Bytes of the topic's segment files."""
         return sum(p.size_in_bytes for p in self.partitions)
 
 
@@ -429,6 +430,8 @@ class Root:
             return list(self._logs.values())
 
     def describe(self, name: str) -> TopicInfo:
+        """The topic's config and each partition's offsets, segments and size (``kl topics
+        describe``).  Raises ``TopicNotFound``."""
         config = self.config(name)
         partitions = []
         for p in range(config.partitions):

@@ -225,6 +225,7 @@ class TopicConfig:
             )
 
     def to_json(self) -> bytes:
+        """The config as ``topic.json`` holds it (kl-format(5))."""
         fields = dataclasses.asdict(self)
         if not self.headers:  # a topic without headers stays readable by kl before them
             del fields["headers"]
@@ -234,6 +235,7 @@ class TopicConfig:
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> TopicConfig:
+        """The config ``topic.json`` at ``path`` holds.  Raises ``InvalidConfig`` naming the path and the field."""
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):

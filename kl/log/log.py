@@ -208,10 +208,12 @@ class Log:
 
     @property
     def log_start_offset(self) -> int:
+        """The byte offset of the first message kept (retention moves it), as the state record says now."""
         return self.state().log_start_offset
 
     @property
     def log_end_offset(self) -> int:
+        """The byte offset after the last message published, as the state record says now."""
         return self.state().log_end_offset
 
     def open_segment(self, base_offset: int) -> Segment:
@@ -332,6 +334,7 @@ class Log:
         return self._bases[i], end, end  # closed segments were fsynced when they rolled
 
     def refresh(self) -> None:
+        """List the segment files again (another process rolled or deleted some).  Raises ``TopicNotFound``."""
         try:
             found = list_segments(self.directory)
         except FileNotFoundError:
@@ -441,6 +444,7 @@ class Log:
         return out
 
     def size_in_bytes(self) -> int:
+        """Bytes of the partition's segment files."""
         return sum(s.size_in_bytes for s in self.segments())
 
     def first_timestamp(self, segment: SegmentInfo) -> int | None:

@@ -189,6 +189,7 @@ class MessageSet:
 
     @property
     def size_in_bytes(self) -> int:
+        """Bytes of the set as read (whole messages)."""
         return len(self.buffer)
 
     def __iter__(self) -> Iterator[Message]:
