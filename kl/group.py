@@ -40,7 +40,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
@@ -83,6 +83,8 @@ OnLost = Callable[[str, int, str], None]
 """Told (topic, partition, why) when a partition was taken from this member."""
 
 TopicPartition = tuple[str, int]
+Offsets = Mapping[TopicPartition, "Position | int"] | Iterable[tuple[TopicPartition, "Position | int"]]
+"""What ``commit(offsets)`` stores: (topic, partition) -> position, as a mapping or pairs."""
 OnRebalance = Callable[["GroupConsumer", list[TopicPartition]], None]
 """``on_assign``/``on_revoke``: told the member and the (topic, partition)s it got or gives up."""
 
@@ -357,8 +359,9 @@ class GroupConsumer:
     when a partition moves to another member, and by ``close()``; inside a compressed
     batch a commit is of the position after the last message (``kl.Position``).
 
-    ``on_assign(consumer, partitions)`` and ``on_revoke(consumer, partitions)`` (lists of
-    (topic, partition)) are called around every rebalance as Kafka clients call theirs:
+    ``on_assign(consumer, partitions)`` and ``on_revoke(consumer, partitions)`` (sorted lists
+    of (topic, partition): only those that move, as in Kafka's cooperative rebalancing, not
+    the whole assignment as in its eager one) are called around every rebalance:
     ``on_revoke`` after the final auto-commit of the partitions given up and before they
     are (it may ``commit(offsets)`` them), then ``on_assign`` after the new ones are
     claimed and before any of their messages is handed out (it may ``seek()`` or
@@ -537,13 +540,15 @@ class GroupConsumer:
                 out.setdefault(topic, []).append(partition)
             return out
 
-    def commit(self, offsets: Mapping[TopicPartition, Position | int] | None = None) -> None:
+    def commit(self, offsets: Offsets | None = None) -> None:
         """Commit the offsets after every message handed out so far, or, given ``offsets``
         ((topic, partition) -> position, or a list of such pairs), exactly those (the
         position of the next message to read, as Kafka's ``commit(offsets)``: a record's
-        ``next_offset``).  ``offsets`` naming a partition this member does not own raises
-        ``NotOwner`` naming them and commits nothing.  Raises ``NotOwner`` (after committing
-        the rest) for partitions taken from this member meanwhile; it stops reading them.
+        ``next_offset``; before the last message of a compressed batch that is the batch's
+        start, where ``position()`` right after the record is exact).  ``offsets`` naming
+        a partition this member does not own raises ``NotOwner`` naming them and commits
+        nothing.  Raises ``NotOwner`` (after committing the rest) for partitions taken
+        from this member meanwhile; it stops reading them.
         Where another process holds a partition's lock it tries again every poll interval
         (without holding up the heartbeat) for up to the session timeout, then raises
         ``LockTimeout``."""
