@@ -755,28 +755,39 @@ class GroupConsumer:
             to_claim: dict[str, list[int]] = {}
             for topic, partition in sorted(wanted - self._owned.keys() - self._releasing.keys()):
                 to_claim.setdefault(topic, []).append(partition)
-            for topic, partitions in to_claim.items():
-                self._claim(topic, partitions, expired)
+            try:
+                for topic, partitions in to_claim.items():
+                    self._claim(topic, partitions, expired)
+            finally:  # those taken before a failure are read from now on too
+                self._assigned()
             self._settled = wanted == self._owned.keys()
-            assigned = [claim for claim in self._owned.values() if claim.assigning]
-            if assigned:
-                self._call(self.on_assign, assigned)
-                for claim in assigned:
-                    claim.assigning = False
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
                 self._auto_commit()
 
+    def _assigned(self) -> None:
+        """``on_assign`` of the partitions claimed since the last call; then their streams read them."""
+        assigned = [claim for claim in self._owned.values() if claim.assigning]
+        self._call(self.on_assign, assigned)
+        for claim in assigned:
+            claim.assigning = False
+
     def _revoke(self, claims: list[_Claim]) -> list[_Claim]:
-        """Before ``claims`` are given up: their final auto-commit, then ``on_revoke``; those still owned after."""
-        if not claims:
-            return []
-        if self.auto_commit:
-            try:
-                self._commit("consumed", raise_lost=False)
-            except KlError as e:  # the release commits again
-                log.warning("group %s: not committed before the revoke: %s", self.group, e)
-        claims = [c for c in claims if self._owned.get((c.topic, c.partition)) is c]
-        self._call(self.on_revoke, [c for c in claims if not c.assigning])
+        """Before ``claims`` are given up: with ``on_revoke``, their final auto-commit (else
+        their release commits), then ``on_revoke``; returns those still owned after."""
+        told = [c for c in claims if not c.assigning]  # (on_assign is always called first)
+        if self.on_revoke is None or not told:
+            return claims
+        due = {}
+        for c in told if self.auto_commit else []:
+            with c.stream._lock:
+                if not c.blocked and c.consumed != c.committed:
+                    due[c.topic, c.partition] = (c, c.consumed)
+        try:
+            if due:
+                self._commit("consumed", raise_lost=False, offsets=due)  # what found its lock held: the release commits it
+        except KlError as e:
+            log.warning("group %s: not committed before the revoke: %s", self.group, e)
+        self._call(self.on_revoke, [c for c in told if self._owned.get((c.topic, c.partition)) is c])
         return [c for c in claims if self._owned.get((c.topic, c.partition)) is c]
 
     def _call(self, callback: OnRebalance | None, claims: list[_Claim]) -> None:

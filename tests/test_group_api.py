@@ -242,6 +242,31 @@ def test_a_member_killed_mid_processing_is_resumed_from_its_last_commit(root, me
         assert int(record.value) == offsets.index(record.offset)
 
 
+def test_on_revoke_comes_after_the_final_auto_commit_and_its_own_commit_stands(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    offsets = {p: write_each(root, "t", [b"x", b"y"], partition=p) for p in range(2)}
+    seen = {}
+
+    def on_revoke(member, partitions):
+        for t, p in partitions:
+            seen[p] = member.committed(t, p)
+            member.commit({(t, p): offsets[p][1]})  # the caller's own, after the auto-commit
+
+    a = kl.GroupConsumer(root, "g", ["t"], on_revoke=on_revoke, auto_commit_interval=60, **FAST)
+    stream = iter(a)
+    assert len([stream.poll(5) for _ in range(4)]) == 4
+    assert stream.poll(0.1) is None  # the last one is consumed too
+    b = kl.GroupConsumer(root, "g", ["t"], **FAST)
+    try:
+        (moved,) = wait_for(lambda: b.assignment().get("t"), "b to take a partition")
+        assert seen[moved] == kl.Position(a.root.log("t", moved).state().log_end_offset)
+        assert b.committed("t", moved) == kl.Position(offsets[moved][1])
+        assert iter(b).poll(5).offset == offsets[moved][1]
+    finally:
+        b.close()
+        a.close()
+
+
 def test_callbacks_in_process_and_a_raising_callback_is_logged(root, topic, caplog):
     write_each(root, topic, [b"a"])
     calls = []
