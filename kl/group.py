@@ -187,6 +187,8 @@ class MessageStream:
                         if isinstance(message, Message):
                             claim.handed = self._pending_at = advance(self._pending_at, message)
                             self._last = (claim, claim.handed)
+                            if consumer.key_deserializer is None and consumer.value_deserializer is None:
+                                return Record(claim.topic, claim.partition, *message)
                             key = deserialize(consumer.key_deserializer, message.key)
                             value = deserialize(consumer.value_deserializer, message.value)
                             return Record(claim.topic, claim.partition, *message._replace(key=key, value=value))
