@@ -373,8 +373,9 @@ class GroupConsumer:
     rebalance in the constructor's, ``close()``'s in its caller's) and hold up the
     heartbeat while they run; an exception they raise is logged (``logging``) and the
     member goes on.  ``key_deserializer``/``value_deserializer`` (kl.serde) turn the keys
-    and values that iteration and streams hand out (``Record``) into objects; the raw
-    bytes are not kept (leave them out to get bytes); ``batches()`` hands out bytes.
+    and values that iteration and streams hand out (``Record``) into objects (what one
+    raises comes out of the iteration, its message counted as handed out); the raw bytes
+    are not kept (leave them out to get bytes); ``batches()`` hands out bytes.
 
     Every method but iteration and ``batches()`` is safe from any thread.
     """
@@ -582,8 +583,9 @@ class GroupConsumer:
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Hand out nothing more of ``partitions`` (owned ones: ``NotOwner`` else) until
         ``resume()``; they stay this member's (it heartbeats on: no rebalance).  What was
-        fetched of them and not handed out comes after ``resume()``.  As in Kafka, a
-        partition that moves to another member and back is no longer paused."""
+        fetched of them and not handed out comes after ``resume()`` (``batches()`` without
+        ``follow`` waits for that).  As in Kafka, a partition that moves to another member
+        and back is no longer paused."""
         with self._lock:
             for claim in self._claims(partitions, "pause").values():
                 claim.stream._rewind(claim, claim.handed)
