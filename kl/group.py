@@ -40,9 +40,9 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, TypeVar, cast
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 from kl.consumer import DEFAULT_MAX_BYTES, Batch, ResetPolicy, skip_report
 from kl.errors import (
@@ -64,6 +64,7 @@ from kl.log.message import Headers, Message
 from kl.log.messageset import MessageSet
 from kl.log.state import PartitionState
 from kl.registry import Commit, CorruptOffset, GroupTaken, Member, NotOwner, Registration, Registry, kafka_lease, subscribes
+from kl.serde import Deserializer, deserialize
 from kl.topic import Root, validate_name
 
 log = logging.getLogger(__name__)
@@ -81,17 +82,24 @@ T = TypeVar("T")
 OnLost = Callable[[str, int, str], None]
 """Told (topic, partition, why) when a partition was taken from this member."""
 
+TopicPartition = tuple[str, int]
+Offsets = Mapping[TopicPartition, "Position | int"] | Iterable[tuple[TopicPartition, "Position | int"]]
+"""What ``commit(offsets)`` stores: (topic, partition) -> position, as a mapping or pairs."""
+OnRebalance = Callable[["GroupConsumer", list[TopicPartition]], None]
+"""``on_assign``/``on_revoke``: told the member and the (topic, partition)s it got or gives up."""
+
 
 class Record(NamedTuple):
-    """A message as a group stream hands it out."""
+    """A message as a group stream hands it out; ``key`` and ``value`` are what the
+    member's deserializers made of them (bytes without one; None stays None)."""
 
     topic: str
     partition: int
     offset: int
     next_offset: int
     timestamp: int | None
-    key: bytes | None
-    value: bytes | None
+    key: Any
+    value: Any
     headers: Headers = ()
 
 
@@ -118,6 +126,10 @@ class _Claim:
     error: KlError | None = None
     blocked: bool = False
     """Its committed offset is unusable and ``reset`` is "fail": nothing is read or committed."""
+    paused: bool = False
+    """``pause()``d: its stream reads nothing of it."""
+    assigning: bool = True
+    """Claimed, ``on_assign`` not called yet: its stream reads nothing of it."""
 
 
 class MessageStream:
@@ -175,7 +187,11 @@ class MessageStream:
                         if isinstance(message, Message):
                             claim.handed = self._pending_at = advance(self._pending_at, message)
                             self._last = (claim, claim.handed)
-                            return Record(claim.topic, claim.partition, *message)
+                            if consumer.key_deserializer is None and consumer.value_deserializer is None:
+                                return Record(claim.topic, claim.partition, *message)
+                            key = deserialize(consumer.key_deserializer, message.key)
+                            value = deserialize(consumer.value_deserializer, message.value)
+                            return Record(claim.topic, claim.partition, *message._replace(key=key, value=value))
                         self._pending_claim = None
                         continue
                 if not self._wait(deadline):
@@ -260,6 +276,8 @@ class MessageStream:
         consumer, claims = self._consumer, self._claims
         for k in range(len(claims)):
             claim = claims[(self._turn + k) % len(claims)]
+            if claim.paused or claim.assigning:
+                continue
             if claim.error is not None:
                 raise claim.error
             start = claim.position
@@ -297,11 +315,20 @@ class MessageStream:
         """Stop reading ``claim``'s partition and forget what was fetched of it and not handed out."""
         with self._lock:
             self._claims.remove(claim)
-            if self._pending_claim is claim:
-                self._pending, self._pending_claim = iter(()), None
-            self._pieces = [piece for piece in self._pieces if piece[0] is not claim]
+            self._forget_fetched(claim)
             if self._last is not None and self._last[0] is claim:
                 self._last = None
+
+    def _rewind(self, claim: _Claim, to: Position) -> None:
+        """Read ``claim``'s partition from ``to`` next, forgetting what was fetched of it and not handed out."""
+        with self._lock:
+            self._forget_fetched(claim)
+            claim.position = claim.handed = to
+
+    def _forget_fetched(self, claim: _Claim) -> None:
+        if self._pending_claim is claim:
+            self._pending, self._pending_claim = iter(()), None
+        self._pieces = [piece for piece in self._pieces if piece[0] is not claim]
 
     def _close(self) -> None:
         """Free the watch's descriptor (a stream waiting on it frees it as it wakes up)."""
@@ -334,7 +361,23 @@ class GroupConsumer:
     when a partition moves to another member, and by ``close()``; inside a compressed
     batch a commit is of the position after the last message (``kl.Position``).
 
-    ``commit()``, ``close()``, ``stop()`` and ``assignment()`` are safe from any thread.
+    ``on_assign(consumer, partitions)`` and ``on_revoke(consumer, partitions)`` (sorted lists
+    of (topic, partition): only those that move, as in Kafka's cooperative rebalancing, not
+    the whole assignment as in its eager one) are called around every rebalance:
+    ``on_revoke`` after the final auto-commit of the partitions given up and before they
+    are (it may ``commit(offsets)`` them), then ``on_assign`` after the new ones are
+    claimed and before any of their messages is handed out (it may ``seek()`` or
+    ``pause()`` them); ``close()`` calls ``on_revoke`` with what is still owned.
+    Partitions taken away without a clean revoke (this member expired, its commit
+    rejected) go to ``on_lost`` instead.  They run in the coordinator's thread (the first
+    rebalance in the constructor's, ``close()``'s in its caller's) and hold up the
+    heartbeat while they run; an exception they raise is logged (``logging``) and the
+    member goes on.  ``key_deserializer``/``value_deserializer`` (kl.serde) turn the keys
+    and values that iteration and streams hand out (``Record``) into objects (what one
+    raises comes out of the iteration, its message counted as handed out); the raw bytes
+    are not kept (leave them out to get bytes); ``batches()`` hands out bytes.
+
+    Every method but iteration and ``batches()`` is safe from any thread.
     """
 
     def __init__(
@@ -354,6 +397,10 @@ class GroupConsumer:
         max_bytes: int = DEFAULT_MAX_BYTES,
         skip_corrupt: bool = False,
         on_lost: OnLost | None = None,
+        on_assign: OnRebalance | None = None,
+        on_revoke: OnRebalance | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
     ):
         if not group:
             raise InvalidConfig("a group id cannot be empty (Kafka's rule for a group's members)")
@@ -370,7 +417,8 @@ class GroupConsumer:
         self.auto_commit, self.auto_commit_interval = auto_commit, auto_commit_interval
         self.poll_interval, self.session_timeout = poll_interval, session_timeout
         self.max_bytes = max_bytes
-        self.on_lost = on_lost
+        self.on_lost, self.on_assign, self.on_revoke = on_lost, on_assign, on_revoke
+        self.key_deserializer, self.value_deserializer = key_deserializer, value_deserializer
         self._subscription: dict[str, object] | None = None
         self._streams: list[MessageStream] = []
         self._route: Callable[[str, int], MessageStream] = lambda topic, partition: self._streams[0]
@@ -495,13 +543,85 @@ class GroupConsumer:
                 out.setdefault(topic, []).append(partition)
             return out
 
-    def commit(self) -> None:
-        """Commit the offsets after every message handed out so far.  Raises ``NotOwner``
-        (after committing the rest) for partitions taken from this member meanwhile; it
-        stops reading them.  Where another process holds a partition's lock it tries again
-        every poll interval (without holding up the heartbeat) for up to the session
-        timeout, then raises ``LockTimeout``."""
-        self._commit_all("handed", raise_lost=True)
+    def commit(self, offsets: Offsets | None = None) -> None:
+        """Commit the offsets after every message handed out so far, or, given ``offsets``
+        ((topic, partition) -> position, or a list of such pairs), exactly those (the
+        position of the next message to read, as Kafka's ``commit(offsets)``: a record's
+        ``next_offset``; before the last message of a compressed batch that is the batch's
+        start, where ``position()`` right after the record is exact).  ``offsets`` naming
+        a partition this member does not own raises ``NotOwner`` naming them and commits
+        nothing.  Raises ``NotOwner`` (after committing the rest) for partitions taken
+        from this member meanwhile; it stops reading them.
+        Where another process holds a partition's lock it tries again every poll interval
+        (without holding up the heartbeat) for up to the session timeout, then raises
+        ``LockTimeout``."""
+        if offsets is None:
+            self._commit_all("handed", raise_lost=True)
+            return
+        pairs = offsets.items() if isinstance(offsets, Mapping) else offsets
+        wanted = {(topic, partition): _position(at) for (topic, partition), at in pairs}
+        with self._lock:
+            claims = self._claims(list(wanted), "commit")
+            due = {key: (claims[key], at) for key, at in wanted.items()}
+        self._commit_all("handed", raise_lost=True, offsets=due)
+
+    def seek(self, topic: str, partition: int, position: Position | int | Literal["earliest", "latest"]) -> None:
+        """Hand out ``topic``/``partition``'s messages from ``position`` next: a byte offset
+        (``kl.Position`` inside a compressed batch), "earliest" or "latest" (the log's start
+        or end now).  Only of a partition this member owns (``NotOwner`` else); what was
+        fetched of it and not handed out is dropped.  Kafka's ``seek`` (with
+        ``seek_to_beginning``/``seek_to_end``); nothing is committed by it."""
+        with self._lock:
+            claim = self._claims([(topic, partition)], "seek")[topic, partition]
+            if position in ("earliest", "latest"):
+                state = claim.log.state()
+                to = Position(state.log_start_offset if position == "earliest" else state.log_end_offset)
+            else:
+                to = _position(position)
+            claim.stream._rewind(claim, to)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Hand out nothing more of ``partitions`` (owned ones: ``NotOwner`` else) until
+        ``resume()``; they stay this member's (it heartbeats on: no rebalance).  What was
+        fetched of them and not handed out comes after ``resume()`` (``batches()`` without
+        ``follow`` waits for that).  As in Kafka, a partition that moves to another member
+        and back is no longer paused."""
+        with self._lock:
+            for claim in self._claims(partitions, "pause").values():
+                claim.stream._rewind(claim, claim.handed)
+                claim.paused = True
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Hand out ``partitions`` again (owned ones: ``NotOwner`` else) after ``pause()``."""
+        with self._lock:
+            for claim in self._claims(partitions, "resume").values():
+                claim.paused = False
+
+    def paused(self) -> list[TopicPartition]:
+        """The partitions owned and paused, sorted."""
+        with self._lock:
+            return sorted(key for key, claim in self._owned.items() if claim.paused)
+
+    def position(self, topic: str, partition: int) -> Position:
+        """Where the next message handed out of an owned partition starts (``NotOwner`` else)."""
+        with self._lock:
+            return self._claims([(topic, partition)], "position")[topic, partition].handed
+
+    def committed(self, topic: str, partition: int) -> Position | None:
+        """The group's committed position of ``topic``/``partition`` as the registry's files
+        hold it now (owned or not), or None: never committed, or of an earlier creation of
+        the topic.  Raises ``CorruptOffset`` for a damaged offset file of an older kl."""
+        found = self.registry.committed(topic, partition)
+        if found is None or not same_creation(found.topic_id, self._topic_id(topic) or ""):
+            return None
+        return found.position
+
+    def _claims(self, partitions: list[TopicPartition], what: str) -> dict[TopicPartition, _Claim]:
+        """The claims of ``partitions``; ``NotOwner`` naming those this member does not own."""
+        missing = [f"{t}/{p}" for t, p in partitions if (t, p) not in self._owned]
+        if missing:
+            raise NotOwner(f"cannot {what} {', '.join(missing)}: not owned by this member (see assignment())")
+        return {(t, p): self._owned[t, p] for t, p in partitions}
 
     def stop(self) -> None:
         """Make every stream and ``batches()`` end soon (safe from a signal handler); then ``close()``."""
@@ -528,6 +648,8 @@ class GroupConsumer:
         try:
             if self.auto_commit and self._registration is not None:
                 self._commit_all("consumed", raise_lost=False)
+            with self._lock:
+                self._call(self.on_revoke, [c for c in self._owned.values() if not c.assigning])
         finally:
             with self._lock:
                 for claim in list(self._owned.values()):
@@ -632,16 +754,54 @@ class GroupConsumer:
             for claim, commit, member in list(self._releasing.values()):
                 self._finish_release(claim, commit, member)
             wanted = self._assignment(topics, [m for m in members if m.id not in expired])
-            for key in [key for key in self._owned if key not in wanted]:
-                self._release(self._owned[key], commit=self.auto_commit)
+            for claim in self._revoke([claim for key, claim in self._owned.items() if key not in wanted]):
+                self._release(claim, commit=self.auto_commit)
             to_claim: dict[str, list[int]] = {}
             for topic, partition in sorted(wanted - self._owned.keys() - self._releasing.keys()):
                 to_claim.setdefault(topic, []).append(partition)
-            for topic, partitions in to_claim.items():
-                self._claim(topic, partitions, expired)
+            try:
+                for topic, partitions in to_claim.items():
+                    self._claim(topic, partitions, expired)
+            finally:  # those taken before a failure are read from now on too
+                self._assigned()
             self._settled = wanted == self._owned.keys()
             if self.auto_commit and now - self._committed_at >= self.auto_commit_interval:
                 self._auto_commit()
+
+    def _assigned(self) -> None:
+        """``on_assign`` of the partitions claimed since the last call; then their streams read them."""
+        assigned = [claim for claim in self._owned.values() if claim.assigning]
+        self._call(self.on_assign, assigned)
+        for claim in assigned:
+            claim.assigning = False
+
+    def _revoke(self, claims: list[_Claim]) -> list[_Claim]:
+        """Before ``claims`` are given up: with ``on_revoke``, their final auto-commit (else
+        their release commits), then ``on_revoke``; returns those still owned after."""
+        told = [c for c in claims if not c.assigning]  # (on_assign is always called first)
+        if self.on_revoke is None or not told:
+            return claims
+        due = {}
+        for c in told if self.auto_commit else []:
+            with c.stream._lock:
+                if not c.blocked and c.consumed != c.committed:
+                    due[c.topic, c.partition] = (c, c.consumed)
+        try:
+            if due:
+                self._commit("consumed", raise_lost=False, offsets=due)  # what found its lock held: the release commits it
+        except KlError as e:
+            log.warning("group %s: not committed before the revoke: %s", self.group, e)
+        self._call(self.on_revoke, [c for c in told if self._owned.get((c.topic, c.partition)) is c])
+        return [c for c in claims if self._owned.get((c.topic, c.partition)) is c]
+
+    def _call(self, callback: OnRebalance | None, claims: list[_Claim]) -> None:
+        """``callback(self, partitions)`` of ``claims``, if any; what it raises is logged."""
+        if callback is None or not claims:
+            return
+        try:
+            callback(self, sorted((c.topic, c.partition) for c in claims))
+        except Exception:
+            log.exception("group %s: %s raised (the member goes on)", self.group, getattr(callback, "__name__", callback))
 
     def _claim(self, topic: str, partitions: list[int], expired: dict[str, int]) -> None:
         """Claim the partitions of ``topic`` (``_unless_busy`` each, all in one go) and take
@@ -896,7 +1056,7 @@ class GroupConsumer:
         owns it) and join again as a new member."""
         assert self._registration is not None and self._subscription is not None
         log.warning("group %s: member %s joins again: %s", self.group, self._registration.member.id, why)
-        for claim in list(self._owned.values()):
+        for claim in self._revoke(list(self._owned.values())):
             try:
                 self._release(claim, commit=self.auto_commit)
             except KlError as e:
@@ -918,12 +1078,18 @@ class GroupConsumer:
             if not owns:
                 self._drop(claim, f"taken over while this member was expired ({self.session_timeout:g}s without a heartbeat)")
 
-    def _commit_all(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> None:
+    def _commit_all(
+        self,
+        which: Literal["handed", "consumed"],
+        *,
+        raise_lost: bool,
+        offsets: dict[TopicPartition, tuple[_Claim, Position]] | None = None,
+    ) -> None:
         """``_commit``, again every poll interval while locks are held (not holding up the
         coordinator meanwhile), for up to the session timeout; then ``LockTimeout``."""
         deadline = time.monotonic() + self.session_timeout
         while True:
-            busy = self._commit(which, raise_lost=raise_lost)
+            busy = self._commit(which, raise_lost=raise_lost, offsets=offsets)
             if not busy:
                 return
             if time.monotonic() >= deadline:
@@ -934,17 +1100,31 @@ class GroupConsumer:
                 return
             time.sleep(self.poll_interval)
 
-    def _commit(self, which: Literal["handed", "consumed"], *, raise_lost: bool) -> list[LockTimeout]:
-        """Commit every partition's offset; what found its lock held is returned (tried
-        again by the caller)."""
+    def _commit(
+        self,
+        which: Literal["handed", "consumed"],
+        *,
+        raise_lost: bool,
+        offsets: dict[TopicPartition, tuple[_Claim, Position]] | None = None,
+    ) -> list[LockTimeout]:
+        """Commit every partition's offset, or those of ``offsets`` (each stored one is
+        taken out of it); what found its lock held is returned (tried again by the caller)."""
         assert self._registration is not None
         me = self._registration.member.id
         rejected = []
         busy = []
         with self._lock:
-            self._committed_at, self._to_commit = time.monotonic(), False
             due: list[tuple[_Claim, Position]] = []
-            for claim in list(self._owned.values()):
+            if offsets is not None:
+                for claim, offset in offsets.values():
+                    if self._owned.get((claim.topic, claim.partition)) is not claim:
+                        rejected.append(NotOwner(f"{claim.topic}/{claim.partition} was taken from this member meanwhile"))
+                    else:
+                        due.append((claim, offset))
+                offsets.clear()
+            else:
+                self._committed_at, self._to_commit = time.monotonic(), False
+            for claim in list(self._owned.values()) if offsets is None else []:
                 with claim.stream._lock:
                     if which == "handed":  # all handed out is processed: auto-commit must not go back before it
                         claim.consumed = claim.handed
@@ -959,9 +1139,14 @@ class GroupConsumer:
                 if outcome is None:
                     self._busy.pop((claim.topic, claim.partition), None)
                     claim.committed = offset
+                    if offsets is not None:  # what the caller stored stands: a release commits nothing over it
+                        with claim.stream._lock:
+                            claim.consumed = offset
                 elif isinstance(outcome, LockTimeout):
                     self._note_busy(claim.topic, claim.partition, outcome)
                     busy.append(outcome)
+                    if offsets is not None:
+                        offsets[claim.topic, claim.partition] = (claim, offset)
                 else:
                     self._drop(claim, str(outcome))
                     rejected.append(outcome)
@@ -1039,6 +1224,15 @@ def _value_pieces(found: MessageSet, piece_bytes: int | None) -> list[Piece]:
     elif pieces:  # past padding after the last message too
         pieces[-1] = (pieces[-1][0], Position(found.next_offset))
     return pieces
+
+
+def _position(at: object) -> Position:
+    """A caller's position: a ``Position`` or a byte offset."""
+    if isinstance(at, Position):
+        return at
+    if isinstance(at, int) and not isinstance(at, bool) and at >= 0:
+        return Position(at)
+    raise InvalidConfig(f"a position must be a byte offset (an int >= 0) or a kl.Position, not {at!r}")
 
 
 def _subscription(topics: list[str] | None, pattern: str | None, exclude: str | None) -> dict[str, object]:
