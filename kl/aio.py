@@ -159,8 +159,9 @@ class AsyncConsumer:
     (``start``, ``until``, ``max_messages``, ``idle_timeout``, ``skip_corrupt``, ...; not
     ``values_only``: records carry their values) and ``max_bytes`` of the sync consumer.
     Iterating waits for new messages; it ends with ``consume`` (a bound, ``idle_timeout``)
-    or ``close``.  A cancelled ``__anext__`` loses nothing: the next one hands out the
-    message it was waiting for.
+    or ``close``.  ``start`` is resolved by the first ``__anext__`` ("latest": the end then).
+    A cancelled ``__anext__`` loses nothing: the next one hands out the message it was
+    waiting for.
     """
 
     def __init__(
@@ -308,11 +309,15 @@ class AsyncGroupConsumer:
         """``GroupConsumer.commit`` with the same arguments, after the calls before it."""
         await self._thread.run(self.member.commit, *args, **kwargs)
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        """A public method of the sync member as a coroutine run on the member's thread."""
+    def __getattr__(self, name: str) -> Any:
+        """A public method of the sync member as a coroutine run on the member's thread
+        (any other public attribute of it as it is)."""
         member = self.__dict__.get("_member")
-        if name.startswith("_") or member is None or not callable(method := getattr(member, name, None)):
-            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r} (a GroupConsumer method, after start())")
+        if name.startswith("_") or member is None or not hasattr(member, name):
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r} (a GroupConsumer one, after start())")
+        method = getattr(member, name)
+        if not callable(method):
+            return method
 
         @functools.wraps(method)
         async def call(*args: Any, **kwargs: Any) -> Any:
