@@ -277,3 +277,44 @@ def test_what_was_acknowledged_before_kill_9_is_in_the_log(root, topic):
         assert stored[int(offset)] == i
     assert list(stored.values()) == [b"%d" % i for i in range(len(stored))]  # whole messages, in order
     assert len(stored) >= len(acknowledged)
+
+
+def test_a_cancelled_wait_of_a_group_member_loses_nothing(root, topic):
+    async def main() -> list[bytes | None]:
+        got: list[bytes | None] = []
+        async with AsyncGroupConsumer(root, "g", [topic]) as member, AsyncProducer(root) as producer:
+            for i in range(30):
+                sent = producer.send(topic, b"%d" % i)
+                try:
+                    got.append((await asyncio.wait_for(member.__anext__(), timeout=0.001 * (i % 5))).value)
+                except asyncio.TimeoutError:
+                    pass
+                await sent
+            while len(got) < 30:
+                got.append((await member.__anext__()).value)
+        return got
+
+    assert asyncio.run(main()) == [b"%d" % i for i in range(30)]
+
+
+FOLLOWER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from kl.aio import AsyncConsumer
+
+    async def main():
+        async with AsyncConsumer(sys.argv[1], "t") as consumer:
+            async for record in consumer:
+                print(record.value.decode(), flush=True)
+                break
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_follower_under_asyncio_run_exits_once_closed(root, topic):
+    """The follow's thread ends with ``close``: the process exits while the topic stays idle."""
+    kl.Producer(root).send(topic, b"first")
+    done = subprocess.run([sys.executable, "-c", FOLLOWER, root.path], capture_output=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, b"first\n"), done.stderr
