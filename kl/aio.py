@@ -287,6 +287,8 @@ class AsyncGroupConsumer:
         return self
 
     async def __anext__(self) -> Record:
+        if self._closed and self._next is None:
+            raise StopAsyncIteration
         await self.start()
         if self._stream is None:
             self._stream = cast("MessageStream", iter(self.member))  # GroupConsumer.__iter__ gives its stream

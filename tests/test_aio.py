@@ -210,6 +210,7 @@ def test_group_methods_appear_as_coroutines(root, topic):
         with pytest.raises(AttributeError, match="no attribute 'nothing_like_this'"):
             member.nothing_like_this  # noqa: B018
         await member.close()
+        assert [record async for record in member] == []
 
     asyncio.run(main())
 
