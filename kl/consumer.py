@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, cast
@@ -132,6 +133,7 @@ class Consumer:
         max_bytes: int | None = None,
         idle_timeout: float | None = None,
         poll_interval: float = 0.1,
+        stopped: threading.Event | None = None,
     ) -> Iterator[Batch]:
         """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
 
@@ -146,7 +148,8 @@ class Consumer:
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
         backstop) until ``idle_timeout`` seconds pass without one (never, if None); reading
         all partitions, it also reads those added meanwhile (``Root.alter_topic``) from
-        their start.  Stops after ``max_messages`` messages.
+        their start.  Stops after ``max_messages`` messages, or (within a poll
+        interval while waiting) once ``stopped`` is set, from another thread.
 
         Two bounds end a partition early, with or without ``follow`` (which ends when
         every partition read has reached its bound): ``until``, a byte offset (one
@@ -188,7 +191,7 @@ class Consumer:
                 for key in keys:  # before the first reads, so nothing published after them is missed
                     self._watch(watch, *key)
             idle_since = time.monotonic()
-            while active and remaining != 0:
+            while active and remaining != 0 and not (stopped is not None and stopped.is_set()):
                 progressed = False
                 for key in list(active):
                     (t, p), cursor, stop = key, cursors[key], stops[key]
