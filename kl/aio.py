@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from kl.producer import Appended, Producer
     from kl.topic import Root
 
+__all__ = ["AsyncConsumer", "AsyncGroupConsumer", "AsyncProducer"]
+
 T = TypeVar("T")
 
 POLL_SLICE = 0.2

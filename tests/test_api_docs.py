@@ -17,7 +17,7 @@ def test_kl_3_is_up_to_date_with_the_docstrings():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
 
 
-@pytest.mark.parametrize("module", ["kl", "kl.serde"])
+@pytest.mark.parametrize("module", ["kl", "kl.aio", "kl.serde"])
 def test_kl_3_names_every_public_name(module):
     page = (REPO / "man" / "kl.3").read_text().replace("\\-", "-")
     missing = [name for name in importlib.import_module(module).__all__ if f".B {module}.{name}" not in page
