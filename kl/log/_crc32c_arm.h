@@ -4,6 +4,7 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #define ARM_CRC 1
 #include <arm_acle.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/auxv.h>
