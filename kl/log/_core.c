@@ -108,10 +108,13 @@ static uLong crc(uLong seed, const unsigned char *p, Py_ssize_t n) {
     return seed;
 }
 
-/* CRC-32C (Castagnoli), for Kafka's record batches: by the SSE4.2 instruction where
- * the CPU has it, else a byte at a time from a table made at import. */
+/* CRC-32C (Castagnoli), for Kafka's record batches: by the SSE4.2 instruction (x86-64)
+ * or ARMv8's CRC32C instructions (aarch64, HWCAP_CRC32) where the CPU has them, else a
+ * byte at a time from a table made at import. */
 static uint32_t crc32c_table[256];
 static int have_crc32c_instruction;
+
+#include "_crc32c_arm.h" /* ARM_CRC: ARMv8's CRC32C instructions, on aarch64 */
 
 #ifdef X86_SIMD
 __attribute__((target("sse4.2"))) static uint32_t crc32c_by_instruction(uint32_t reg, const unsigned char *p, Py_ssize_t n) {
@@ -130,7 +133,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_by_instruction(uint32_t
 
 static uint32_t crc32c_of(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
     uint32_t reg = ~crc;
-#ifdef X86_SIMD
+#if defined(X86_SIMD) || defined(ARM_CRC)
     if (have_crc32c_instruction)
         return ~crc32c_by_instruction(reg, p, n);
 #endif
@@ -1740,6 +1743,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
     have_crc32c_instruction = __builtin_cpu_supports("sse4.2");
+#elif defined(ARM_CRC)
+    have_crc32c_instruction = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
 #endif
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t reg = n;
@@ -1772,6 +1777,17 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *made = PyModule_Create(&module);
     if (!made)
         return NULL;
+#if defined(X86_SIMD)
+    const char *crc32c_by = have_crc32c_instruction ? "SSE4.2" : "table";
+#elif defined(ARM_CRC)
+    const char *crc32c_by = have_crc32c_instruction ? "ARMv8 CRC" : "table";
+#else
+    const char *crc32c_by = "table";
+#endif
+    if (PyModule_AddStringConstant(made, "CRC32C", crc32c_by) < 0) {
+        Py_DECREF(made);
+        return NULL;
+    }
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(made, "Lane", (PyObject *)&LaneType) < 0) {
         Py_DECREF(&LaneType);

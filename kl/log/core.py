@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from types import ModuleType
+
+import google_crc32c
 
 from kl.log import pycore
 from kl.log.pycore import (
@@ -129,13 +132,30 @@ def use(name: str) -> None:
     NAME = name
 
 
-def describe() -> str:
-    """Which core runs, and why, in a few words (``kl --version`` says it)."""
+@dataclass(frozen=True)
+class Description:
+    """Which core runs, and which CRC-32C implementation it runs (``kl --version`` says it)."""
+
+    core: str
+    """``compiled`` or ``pure`` (as ``NAME``)."""
+    why: str
+    """The core in a few words, and why the pure one runs where it does."""
+    crc32c: str
+    """``SSE4.2``, ``ARMv8 CRC`` or ``table`` (the compiled core's), else ``google-crc32c (C)``
+    or ``google-crc32c (python)`` (the pure core's: google-crc32c's extension or its fallback)."""
+
+    def __str__(self) -> str:
+        return f"{self.why}, crc32c: {self.crc32c}"
+
+
+def describe() -> Description:
+    """Which core runs, why, and its CRC-32C implementation."""
     if NAME == "compiled":
-        return "compiled core (C)"
-    if forced():
-        return "pure-Python core (KL_PURE is set)"
-    return "pure-Python core (the compiled one was not built)"
+        from kl.log import _core
+
+        return Description(NAME, "compiled core (C)", _core.CRC32C)
+    why = "pure-Python core (KL_PURE is set)" if forced() else "pure-Python core (the compiled one was not built)"
+    return Description(NAME, why, f"google-crc32c ({'C' if google_crc32c.implementation == 'c' else 'python'})")
 
 
 def forced() -> bool:
