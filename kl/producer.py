@@ -428,6 +428,7 @@ class Producer:
         of ``data`` they took: an unterminated rest is left, and so is a record too large
         for the topic and everything after it (``send_batch`` of that record alone raises
         ``MessageTooLarge``).  A topic of format 0.7 has its records framed as magic 1.
+        The records are bytes as they are: the producer's serializers do not apply.
         """
         config = self.root.config(topic)
         keep = delimiter if keep_delimiter else b""
