@@ -19,6 +19,7 @@ from kl.log.cursor import Cursor
 from kl.log.log import EARLIEST, LATEST, Position
 from kl.log.message import Message
 from kl.log.messageset import MessageSet
+from kl.serde import Deserializer, deserialize
 from kl.topic import Root
 
 DEFAULT_MAX_BYTES = 1 << 20
@@ -47,7 +48,8 @@ class Batch(NamedTuple):
     next_offset: int
     """Where the partition's next fetch starts (inside a compressed batch: at the batch)."""
     messages: list[Message] | list[bytes | None]
-    """``Message`` objects, or with ``values_only`` their values alone."""
+    """``Message`` objects, or with ``values_only`` their values alone (deserialized, with
+    the consumer's deserializers)."""
 
 
 class Skipped(NamedTuple):
@@ -61,11 +63,26 @@ class Skipped(NamedTuple):
 
 
 class Consumer:
-    """Reads topics under a root without taking any lock.  Safe to share between threads."""
+    """Reads topics under a root without taking any lock.  Safe to share between threads.
 
-    def __init__(self, root: Root | str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES):
+    ``key_deserializer`` and ``value_deserializer`` (see :mod:`kl.serde`) turn the keys and
+    values of the messages ``consume`` and ``stream`` hand out back from bytes (None stays
+    None); ``fetch`` and ``multifetch`` stay raw ``MessageSet``s, bytes as stored.
+    Header values are never deserialized.
+    """
+
+    def __init__(
+        self,
+        root: Root | str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
+    ):
         self.root = Root(root) if isinstance(root, (str, os.PathLike)) else root
         self.max_bytes = max_bytes
+        self.key_deserializer = key_deserializer
+        self.value_deserializer = value_deserializer
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int | None = None) -> MessageSet:
         """The complete messages from ``offset`` within ``max_bytes`` (at least one whole
@@ -210,7 +227,7 @@ class Consumer:
                     if got:
                         if remaining is not None:
                             remaining -= len(got)
-                        yield Batch(t, p, offset, cursor.position.offset, got)
+                        yield Batch(t, p, offset, cursor.position.offset, self._deserialized(got, values_only))
                         if remaining == 0:
                             return
                     if damage is not None:
@@ -242,6 +259,16 @@ class Consumer:
                     if until_time is not None:  # wake when the clock passes the time bound
                         waits.append(max(0.0, until_time / 1000 - time.time()))
                     watch.wait(min(waits, default=None))
+
+    def _deserialized(self, got: list[Message] | list[bytes | None], values_only: bool) -> list[Message] | list[Any]:
+        """``got`` through the deserializers (as it is without any)."""
+        keys, values = self.key_deserializer, self.value_deserializer
+        if keys is None and values is None:
+            return got
+        if values_only:
+            return [deserialize(values, value) for value in cast("list[bytes | None]", got)]
+        messages = cast("list[Message]", got)
+        return [msg._replace(key=deserialize(keys, msg.key), value=deserialize(values, msg.value)) for msg in messages]
 
     def _keys(
         self, topic: str | Sequence[str], partitions: Iterable[int] | Iterable[tuple[str, int]] | None

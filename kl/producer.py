@@ -12,10 +12,12 @@ same framing, compression and size checks as ``send_batch``.  Order holds per pa
 messages sent by one thread to one partition land in the order they were sent.  Messages
 without a key or partition go to one partition per round of the thread, chosen by the
 partitioner (keys go to their key's partition); messages without a timestamp are stamped
-when the thread takes them.  ``send(..., callback=fn)`` has ``fn(appended, None)`` or
-``fn(None, error)`` called on that thread once the message is appended (``appended``
-holds its own offsets, or those of the compressed batch holding it) or has failed.
-An error nobody was told of (no callback) is raised by the next ``flush()`` or
+when the thread takes them.  ``send(..., on_delivery=fn)`` has ``fn(None, appended)`` or
+``fn(error, None)`` called (confluent-kafka's order) on that thread once the message is
+appended (``appended`` holds its own offsets, or those of the compressed batch holding
+it) or has failed; the older ``callback=fn``, ``fn(appended, error)``, still works and
+warns (``DeprecationWarning``, once per call site).  An error nobody was told of (no
+callback) is raised by the next ``flush()`` or
 ``close()``.  The queue holds at most ``queue_size`` messages: ``send`` then waits for
 room, up to ``queue_timeout`` seconds, and raises ``QueueFull``.  ``flush()`` waits for
 everything queued before it to be appended, then fsyncs; ``close()`` also stops the
@@ -45,6 +47,7 @@ import os
 import random
 import threading
 import time
+import warnings
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -66,6 +69,7 @@ from kl.log.log import Log
 from kl.log.messageset import frame, frame_v1, wrap, wrap_v1
 from kl.log.pycore import chunks
 from kl.log.validate import Checked
+from kl.serde import Serializer, serialize
 from kl.topic import Root
 
 Partitioner = Callable[[bytes | None, int], int]
@@ -123,6 +127,9 @@ class Appended(NamedTuple):
 Callback = Callable[[Appended | None, BaseException | None], object]
 """Async mode: called with (where the message landed, None) or (None, the error)."""
 
+OnDelivery = Callable[[BaseException | None, Appended | None], object]
+"""Called with (None, where the message landed) or (the error, None), as confluent-kafka does."""
+
 _Item = tuple[str, bytes | None, bytes | None, int | None, int | None, Callback | None, m.Headers]
 """A queued message: topic, value, key, partition, timestamp, callback, headers."""
 _TOPIC, _VALUE, _KEY, _PARTITION, _TIMESTAMP, _CALLBACK, _HEADERS = (operator.itemgetter(i) for i in range(7))
@@ -145,6 +152,11 @@ class Producer:
     ``queue_size`` messages are queued, then raises ``QueueFull``.  Callbacks run on that
     thread and must not wait for it: ``flush`` and ``close`` there raise RuntimeError, and
     a ``send`` there never waits for room.
+
+    ``key_serializer`` and ``value_serializer`` (see :mod:`kl.serde`) turn what ``send``
+    and ``send_batch`` are given into bytes; without one, a key or value must be bytes
+    (``TypeError`` naming the fix, raised by ``send`` before anything is queued).  None is
+    never serialized: it stays a null value.  Header values are not serialized (bytes or None).
     """
 
     def __init__(
@@ -159,6 +171,8 @@ class Producer:
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         queue_timeout: float | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ):
         self.root = Root(root) if isinstance(root, (str, os.PathLike)) else root
         if compression not in (None, *m.CODECS):
@@ -173,6 +187,9 @@ class Producer:
         self.fsync = fsync
         self.partitioner = partitioner
         self.batch_bytes = batch_bytes
+        self.key_serializer = key_serializer
+        self.value_serializer = value_serializer
+        self._serializing = key_serializer is not None or value_serializer is not None
         self._written: set[Log] = set()
         """The logs appended to since the last flush (none with ``fsync``: nothing to flush)."""
         self._used: set[Log] = set()
@@ -204,7 +221,8 @@ class Producer:
         bare values; it calls ``_slow`` once more than ``wake_at`` messages are queued: -1
         before the thread runs, 0 while it idles, ``batch_size - 1`` while it lingers,
         then ``queue_size`` until the thread takes the queue."""
-        if self.linger_ms is not None and type(self).send is Producer.send:  # not over a subclass's own send
+        lane_fits = type(self).send is Producer.send and not self._serializing  # not over a subclass's send; bytes as given
+        if self.linger_ms is not None and lane_fits:
             self.send = self._lane.send  # type: ignore[method-assign,assignment]  # the compiled core's: no Python frame
         self._woken = False
         self._closing = False
@@ -222,11 +240,15 @@ class Producer:
         timestamp: int | None = None,
         callback: Callback | None = None,
         headers: Sequence[tuple[str, bytes | None]] | None = (),
+        on_delivery: OnDelivery | None = None,
     ) -> Appended | None:
         """Append one message; returns where it landed (None in async mode, which only
-        queues it).  ``callback``, if given, is called with (where it landed, None) or
-        (None, the error) once it is appended or has failed; in sync mode before this
-        returns (and the error is raised too).
+        queues it).  ``on_delivery``, if given, is called with (None, where it landed) or
+        (the error, None) once it is appended or has failed; in sync mode before this
+        returns (and the error is raised too).  ``callback`` is the deprecated form,
+        called with (where it landed, None) or (None, the error); not both.
+        ``key`` and ``value`` go through the producer's serializers (``TypeError`` at
+        once for what is not bytes without one).
 
         ``headers`` are (key, value) pairs, keys ``str`` (stored as UTF-8) and values
         bytes or None; a ``value`` of None is a null value (a tombstone).  Either needs a
@@ -239,6 +261,15 @@ class Producer:
         first sent to), ``TopicNotFound`` for a topic not sent to before, ``QueueFull``
         and ``ProducerClosed``; other errors come later (see the module docstring).
         """
+        if self._serializing or type(value) is not bytes or (key is not None and type(key) is not bytes):
+            value, key = serialize(self.value_serializer, value, "value"), serialize(self.key_serializer, key, "key")
+        if on_delivery is not None:
+            if callback is not None:
+                raise TypeError("send() takes on_delivery= or callback=, not both: pass on_delivery= alone")
+            callback = _error_first(on_delivery)
+        elif callback is not None:
+            deprecated = "send(callback=fn) is deprecated: pass on_delivery=fn, called fn(error, appended)"
+            warnings.warn(deprecated, DeprecationWarning, stacklevel=2)
         if timestamp is not None:
             _check_timestamp(timestamp)
         headers = _headers(headers) if headers else ()
@@ -339,8 +370,12 @@ class Producer:
         keys, no timestamp and no zstd (``FormatMismatch``).  A timestamp outside the
         years 1 to 9999 raises ``InvalidTimestamp`` (see ``message.MIN_TIMESTAMP``).
         ``headers``, one entry per message as ``keys``, and null values (None) need a
-        topic with the ``headers`` setting (see ``send``).
+        topic with the ``headers`` setting (see ``send``).  Keys and values go through
+        the producer's serializers, all before any is appended.
         """
+        if self._serializing:
+            values = [serialize(self.value_serializer, value, "value") for value in values]
+            keys = None if keys is None else [serialize(self.key_serializer, key, "key") for key in keys]
         if keys is not None and len(keys) != len(values):
             raise ValueError(f"{len(values)} values but {len(keys)} keys")
         if headers is not None and len(headers) != len(values):
@@ -393,6 +428,7 @@ class Producer:
         of ``data`` they took: an unterminated rest is left, and so is a record too large
         for the topic and everything after it (``send_batch`` of that record alone raises
         ``MessageTooLarge``).  A topic of format 0.7 has its records framed as magic 1.
+        The records are bytes as they are: the producer's serializers do not apply.
         """
         config = self.root.config(topic)
         keep = delimiter if keep_delimiter else b""
@@ -1019,6 +1055,11 @@ def _check_timestamp(timestamp: int) -> None:
 def _raise(error: Exception | None) -> None:
     if error is not None:
         raise error
+
+
+def _error_first(on_delivery: OnDelivery) -> Callback:
+    """An ``on_delivery`` function called as a ``Callback``."""
+    return lambda appended, error: on_delivery(error, appended)
 
 
 def _call(callback: Callback, appended: Appended | None, error: BaseException | None) -> None:

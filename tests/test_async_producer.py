@@ -37,12 +37,12 @@ def everything(root: kl.Root, topic: str) -> dict[int, list[kl.Message]]:
 
 
 class Told:
-    """A callback that records what it was told, in order."""
+    """An ``on_delivery`` that records what it was told, in order, as (appended, error)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[kl.Appended | None, BaseException | None]] = []
 
-    def __call__(self, appended: kl.Appended | None, error: BaseException | None) -> None:
+    def __call__(self, error: BaseException | None, appended: kl.Appended | None) -> None:
         self.calls.append((appended, error))
 
 
@@ -140,7 +140,7 @@ def test_callbacks_get_each_message_offsets(root, four):
     told = Told()
     with kl.Producer(root, linger_ms=LONG) as producer:
         for i in range(300):
-            producer.send(four, b"v%d" % i, key=b"k%d" % (i % 3), callback=told)
+            producer.send(four, b"v%d" % i, key=b"k%d" % (i % 3), on_delivery=told)
     messages = {msg.value: msg for ms in everything(root, four).values() for msg in ms}
     assert len(told.calls) == 300
     for appended, error in told.calls:
@@ -155,17 +155,17 @@ def test_callbacks_of_a_compressed_batch_get_its_offsets(root, topic):
     told = Told()
     with kl.Producer(root, linger_ms=LONG, compression="gzip") as producer:
         for i in range(50):
-            producer.send(topic, b"v%d" % i, callback=told)
+            producer.send(topic, b"v%d" % i, on_delivery=told)
     end = root.log(topic, 0).log_end_offset
     assert [call for call in told.calls] == [(kl.Appended(topic, 0, 0, end, 50), None)] * 50
 
 
 def test_a_callback_that_raises_does_not_stop_the_producer(root, topic, caplog):
-    def bad(appended, error):
+    def bad(error, appended):
         raise RuntimeError("callback bug")
 
     with kl.Producer(root, linger_ms=LONG) as producer:
-        producer.send(topic, b"a", callback=bad)
+        producer.send(topic, b"a", on_delivery=bad)
         producer.flush()
         producer.send(topic, b"b")
     assert values_of(read_all(root, topic)) == [b"a", b"b"]
@@ -174,7 +174,7 @@ def test_a_callback_that_raises_does_not_stop_the_producer(root, topic, caplog):
 
 def test_a_callback_may_send_again(root, topic):
     with kl.Producer(root, linger_ms=LONG) as producer:
-        producer.send(topic, b"first", callback=lambda a, e: producer.send(topic, b"second"))
+        producer.send(topic, b"first", on_delivery=lambda e, a: producer.send(topic, b"second"))
         producer.flush()
         producer.flush()
     assert values_of(read_all(root, topic)) == [b"first", b"second"]
@@ -182,7 +182,7 @@ def test_a_callback_may_send_again(root, topic):
 
 def test_sync_send_calls_the_callback_too(root, topic):
     told = Told()
-    appended = kl.Producer(root).send(topic, b"x", callback=told)
+    appended = kl.Producer(root).send(topic, b"x", on_delivery=told)
     assert told.calls == [(appended, None)]
 
 
@@ -228,7 +228,7 @@ def test_a_deleted_topic_is_told_to_the_callback_instead(root, topic):
     producer.send(topic, b"before")
     producer.flush()
     root.delete_topic(topic)
-    producer.send(topic, b"after", callback=told)
+    producer.send(topic, b"after", on_delivery=told)
     producer.close()  # does not raise: the callback was told
     ((appended, error),) = told.calls
     assert appended is None and isinstance(error, kl.TopicNotFound)
@@ -242,7 +242,7 @@ def test_a_topic_created_again_gets_the_rest(root, topic):
     root.create_topic(topic, kl.TopicConfig(partitions=2, max_message_bytes=100))
     told = Told()
     producer.send(topic, b"new", partition=1)
-    producer.send(topic, b"y" * 80, partition=1, callback=told)  # fits the old limit, not the new one
+    producer.send(topic, b"y" * 80, partition=1, on_delivery=told)  # fits the old limit, not the new one
     producer.send(topic, b"newer", partition=1)
     producer.close()
     assert values_of(read_all(root, topic, 1)) == [b"new", b"newer"]
@@ -353,15 +353,15 @@ def test_close_refuses_further_sends(root, topic):
 def test_flush_or_close_from_a_callback_is_refused(root, topic):
     told = Told()
 
-    def flush_inside(appended, error):
+    def flush_inside(error, appended):
         for verb in (producer.flush, producer.close):
             try:
                 verb()
             except RuntimeError as e:
-                told(None, e)
+                told(e, None)
 
     with kl.Producer(root, linger_ms=LONG) as producer:
-        producer.send(topic, b"x", callback=flush_inside)
+        producer.send(topic, b"x", on_delivery=flush_inside)
         producer.flush()
         producer.send(topic, b"y")
     assert [str(error) for _, error in told.calls] == ["flush() or close() from a producer callback would wait for itself"] * 2

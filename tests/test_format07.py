@@ -140,8 +140,8 @@ def test_a_gzip_batch_is_one_wrapper_of_kafka_07_messages(root, old):
 def test_the_async_producer_frames_kafka_07_messages_and_reports_their_offsets(root, old):
     landed = []
     with kl.Producer(root, linger_ms=1) as producer:
-        producer.send(old, b"x", callback=lambda a, e: landed.append((a.offset, a.next_offset)))
-        producer.send(old, b"yy", callback=lambda a, e: landed.append((a.offset, a.next_offset)))
+        producer.send(old, b"x", on_delivery=lambda e, a: landed.append((a.offset, a.next_offset)))
+        producer.send(old, b"yy", on_delivery=lambda e, a: landed.append((a.offset, a.next_offset)))
         producer.send(old, b"zzz")
     assert kafka_messages(on_disk(root, old)) == [(0, b"x"), (0, b"yy"), (0, b"zzz")]
     assert landed == [(0, 11), (11, 23)]

@@ -141,7 +141,7 @@ def test_the_async_producer_carries_headers_and_null_values_in_order(root, topic
     with kl.Producer(root, linger_ms=linger_ms) as producer:
         for i in range(200):
             if i % 3 == 0:
-                producer.send(topic, b"%d" % i, headers=[("i", b"%d" % i)], callback=lambda a, e: done.append((a, e)))
+                producer.send(topic, b"%d" % i, headers=[("i", b"%d" % i)], on_delivery=lambda e, a: done.append((a, e)))
             elif i % 3 == 1:
                 producer.send(topic, None, key=b"%d" % i)
             else:

@@ -256,7 +256,7 @@ def test_the_partitioner_and_async_mode_with_callbacks(root, two, address):
     told: list[tuple[kl.Appended | None, BaseException | None]] = []
     with kl.RemoteProducer(address, linger_ms=5, partitioner=lambda key, n: n - 1) as producer:
         for i in range(100):
-            producer.send("t", b"m%d" % i, callback=lambda a, e: told.append((a, e)))
+            producer.send("t", b"m%d" % i, on_delivery=lambda e, a: told.append((a, e)))
     assert len(told) == 100 and all(e is None and a is not None and a.partition == 1 for a, e in told)
     start = told[0][0].offset  # type: ignore[union-attr]
     values = [m.value for b in kl.Consumer(root).consume("t", [1], start=start) for m in b.messages]

@@ -655,8 +655,8 @@ def kafka_records(
 
 class Lane:
     """The async producer's fast lane: ``send`` with its signature, queueing a bare value
-    (bytes) when the message is plain (no key, timestamp, callback or headers), goes where the
-    last one ``aim`` named (``topic`` the same object, ``partition`` equal), fits
+    (bytes) when the message is plain (no key, timestamp, callback, on_delivery or headers),
+    goes where the last one ``aim`` named (``topic`` the same object, ``partition`` equal), fits
     ``room`` and comes from ``owner``'s thread; then ``slow(value)`` once ``queue`` holds
     more than ``wake_at``.  Anything else is ``general``'s, with the same arguments."""
 
@@ -683,12 +683,14 @@ class Lane:
         timestamp: int | None = None,
         callback: Callable | None = None,
         headers: object = (),
+        on_delivery: Callable | None = None,
     ) -> None:
         if (
             topic is self.topic
             and key is None
             and timestamp is None
             and callback is None
+            and on_delivery is None
             and (headers is None or (type(headers) is tuple and not headers))
             and type(value) is bytes
             and len(value) <= self.room
@@ -700,6 +702,8 @@ class Lane:
             if len(queue) > self.wake_at:
                 self.slow(value)
             return None
+        if on_delivery is not None:
+            return self.general(topic, value, key, partition, timestamp, callback, headers, on_delivery)
         return self.general(topic, value, key, partition, timestamp, callback, headers)
 
 

@@ -51,6 +51,7 @@ from kl.log.segment import Segment
 from kl.log.validate import Checked
 from kl.net import wire
 from kl.producer import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_SIZE, Partitioner, Producer
+from kl.serde import Deserializer, Serializer
 from kl.topic import CONFIG_RECHECK_SECONDS, PartitionInfo, Root, TopicInfo
 
 DEFAULT_TIMEOUT = 30.0
@@ -541,9 +542,13 @@ class RemoteConsumer(Consumer):
         timeout: float | None = DEFAULT_TIMEOUT,
         tls: ssl.SSLContext | None = None,
         sasl: wire.Login | tuple[str, str, str] | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
     ):
         remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout, tls=tls, sasl=sasl)
-        super().__init__(cast(Root, remote), max_bytes=max_bytes)  # RemoteRoot has the part of Root's API used
+        super().__init__(  # RemoteRoot has the part of Root's API used
+            cast(Root, remote), max_bytes=max_bytes, key_deserializer=key_deserializer, value_deserializer=value_deserializer
+        )
         self.remote = remote
 
     def multifetch(self, requests: Iterable[tuple[str, int, int, int | None]]) -> list[MessageSet]:
@@ -602,6 +607,8 @@ class RemoteProducer(Producer):
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         queue_timeout: float | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ):
         remote = address if isinstance(address, RemoteRoot) else RemoteRoot(address, timeout=timeout, tls=tls, sasl=sasl)
         self.remote = remote
@@ -615,6 +622,8 @@ class RemoteProducer(Producer):
             batch_size=batch_size,
             queue_size=queue_size,
             queue_timeout=queue_timeout,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
         )
 
     def close(self) -> None:
