@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from kl.group import GroupConsumer, MessageStream, Record
     from kl.net.remote import RemoteRoot
     from kl.producer import Appended, Producer
+    from kl.serde import Deserializer
     from kl.topic import Root
 
 __all__ = ["AsyncConsumer", "AsyncGroupConsumer", "AsyncProducer"]
@@ -159,7 +160,8 @@ class AsyncConsumer:
 
     ``topic`` and ``partitions`` are ``consume``'s; ``options`` are its keyword arguments
     (``start``, ``until``, ``max_messages``, ``idle_timeout``, ``skip_corrupt``, ...; not
-    ``values_only``: records carry their values) and ``max_bytes`` of the sync consumer.
+    ``values_only``: records carry their values); ``max_bytes`` and the deserializers are
+    the sync consumer's.
     Iterating waits for new messages; it ends with ``consume`` (a bound, ``idle_timeout``)
     or ``close``.  ``start`` is resolved by the first ``__anext__`` ("latest": the end then).
     A cancelled ``__anext__`` loses nothing: the next one hands out the message it was
@@ -174,6 +176,8 @@ class AsyncConsumer:
         *,
         start: Start = "earliest",
         max_bytes: int | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
         **options: Any,
     ) -> None:
         if "values_only" in options or "follow" in options:
@@ -181,8 +185,13 @@ class AsyncConsumer:
         from kl.consumer import DEFAULT_MAX_BYTES, Consumer
         from kl.net.remote import RemoteConsumer
 
-        size = max_bytes or DEFAULT_MAX_BYTES
-        self.consumer: Consumer = RemoteConsumer(root, max_bytes=size) if _remote(root) else Consumer(root, max_bytes=size)  # type: ignore[arg-type]
+        twin = RemoteConsumer if _remote(root) else Consumer
+        self.consumer: Consumer = twin(
+            root,  # type: ignore[arg-type]
+            max_bytes=max_bytes or DEFAULT_MAX_BYTES,
+            key_deserializer=key_deserializer,
+            value_deserializer=value_deserializer,
+        )
         """The sync twin, used only from this consumer's thread."""
         self._stopped = threading.Event()
         batches = self.consumer.consume(topic, partitions, start=start, follow=True, stopped=self._stopped, **options)

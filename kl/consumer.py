@@ -99,9 +99,11 @@ class Consumer:
         self.root.log(topic, partition).check_offset(offset)
 
     def earliest_offset(self, topic: str, partition: int) -> int:
+        """The partition's log start: the byte offset of its first message kept."""
         return self.root.log(topic, partition).log_start_offset
 
     def latest_offset(self, topic: str, partition: int) -> int:
+        """The partition's log end: the byte offset the next message published gets."""
         return self.root.log(topic, partition).log_end_offset
 
     def offsets_before(self, topic: str, partition: int, time_ms: int, max_offsets: int) -> list[int]:

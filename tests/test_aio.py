@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import kl
+import kl.serde
 from kl.aio import AsyncConsumer, AsyncGroupConsumer, AsyncProducer
 from kl.net.remote import RemoteRoot
 
@@ -319,3 +320,20 @@ def test_a_follower_under_asyncio_run_exits_once_closed(root, topic):
     kl.Producer(root).send(topic, b"first")
     done = subprocess.run([sys.executable, "-c", FOLLOWER, root.path], capture_output=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, b"first\n"), done.stderr
+
+
+def test_serializers_pass_through_to_the_sync_twins(root, topic):
+    async def main() -> list[object]:
+        async with AsyncProducer(root, value_serializer=kl.serde.json_serializer) as producer:
+            await producer.send(topic, {"id": 1})
+            await producer.send(topic, None, key=b"gone")  # a tombstone stays one
+        got = []
+        async with AsyncConsumer(root, topic, value_deserializer=kl.serde.json_deserializer) as consumer:
+            async for record in consumer:
+                got.append(record.value)
+                if len(got) == 2:
+                    break
+        return got
+
+    assert asyncio.run(main()) == [{"id": 1}, None]
+    assert [m.value for m in kl.Consumer(root).fetch(topic, 0, 0)] == [b'{"id":1}', None]

@@ -574,6 +574,7 @@ class RemoteConsumer(Consumer):
         return self.remote.topics()
 
     def close(self) -> None:
+        """Close the connections to the daemon."""
         self.remote.close()
 
     def __enter__(self) -> RemoteConsumer:
