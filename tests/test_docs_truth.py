@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import click
@@ -282,7 +283,10 @@ def venv_with_kl(tmp_path: Path) -> Path:
     for name in ("pyspark_kl.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+    (site,) = venv.glob("lib/python*/site-packages")  # this venv's packages after the new venv's own
+    paths = dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib"))
+    (site / "this-venv.pth").write_text("".join(f"{path}\n" for path in paths))
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps", str(src)],
         capture_output=True, text=True, timeout=300,
