@@ -9,13 +9,13 @@ async with kl.aio.AsyncConsumer(root, "events") as consumer:
 Each object wraps its sync twin (``kl.Producer``, ``kl.Consumer``, ``kl.GroupConsumer``;
 ``kl.RemoteProducer`` and ``kl.RemoteConsumer`` for a ``kl.net.remote.RemoteRoot``) and
 runs every call of it on a thread of its own, one call after the other in the order they
-were made: file locks, appends, fsyncs, reads and follow waits never block the event loop,
-and one producer's sends append in call order.  Waiting for new messages happens on that
-thread too (``kl.follow.Watch``: inotify, or polling on NFS and over the network), which
-hands each message to the loop as it comes: one waiting thread rather than
-``loop.add_reader`` on the inotify descriptor, so that the follow is the sync API's own
-(recreated topics, added partitions, the NFS fallback) and a long fetch or fsync stalls no
-other task.  Closing ends the wait within a poll interval.
+were made: file locks, appends, fsyncs and reads never block the event loop, and one
+producer's sends append in call order.  A consumer that has caught up waits on the loop,
+not on its thread: through ``loop.add_reader`` on its ``kl.follow.Watch``'s inotify
+descriptor, woken as a writer publishes, and by a timer every poll interval, the backstop
+and all there is on NFS and over the network (``Consumer.follow_steps``,
+``MessageStream.poll_nowait``).  The follow is the sync API's own (recreated topics, added
+partitions, rebalances), and closing ends a wait at once.
 
 Cancellation never tears or loses anything: a send, once called, is appended whole (or
 fails) whether or not its caller still waits; a cancelled wait for the next message keeps
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -36,6 +35,7 @@ from kl.errors import InvalidConfig, ProducerClosed
 
 if TYPE_CHECKING:
     from kl.consumer import Batch, Consumer, Start
+    from kl.follow import CaughtUp
     from kl.group import GroupConsumer, MessageStream, Record
     from kl.net.remote import RemoteRoot
     from kl.producer import Appended, Producer
@@ -45,10 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncConsumer", "AsyncGroupConsumer", "AsyncProducer"]
 
 T = TypeVar("T")
-
-POLL_SLICE = 0.2
-"""Seconds a group member's thread waits for a message before it looks whether it is closed
-(and lets a ``commit`` queued behind the wait run)."""
 
 
 class _Thread:
@@ -69,24 +65,104 @@ class _Thread:
         self._executor.shutdown(wait=False)
 
 
+class _Waiter:
+    """Waits on the running loop for a ``CaughtUp``'s watch: until its inotify descriptor is
+    readable (``loop.add_reader``) or the step's time is up (a timer), step after step of
+    ``Watch.steps``.  ``close`` ends a wait under way at once; a closed waiter never touches
+    a watch again, so the thread may close it."""
+
+    def __init__(self) -> None:
+        self._wake: asyncio.Future[None] | None = None
+        self.closed = False
+
+    async def wait(self, caught_up: CaughtUp) -> None:
+        watch = caught_up.watch
+        steps, fd = watch.steps(caught_up.timeout), watch.fileno()
+        loop = asyncio.get_running_loop()
+        try:
+            seconds = next(steps)
+            while not self.closed:
+                self._wake = wake = loop.create_future()
+                timer = loop.call_later(seconds, _wake, wake)
+                if fd >= 0:
+                    loop.add_reader(fd, _wake, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    if fd >= 0:
+                        loop.remove_reader(fd)
+                    self._wake = None
+                if not self.closed:
+                    seconds = next(steps)
+        except StopIteration:
+            pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self._wake is not None:
+            _wake(self._wake)
+
+
+def _wake(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
+
+
 def _remote(root: object) -> bool:
     from kl.net.remote import RemoteRoot
 
     return isinstance(root, RemoteRoot)
 
 
-class AsyncProducer:
+class _Closing:
+    """What the three have alike: a thread, ``close`` (and aiokafka's ``stop``) once, ``async with``."""
+
+    _thread: _Thread
+    _closed = False
+
+    async def close(self) -> None:
+        """Close the sync twin (see the class); calls after the first do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._close()
+        finally:
+            self._thread.shutdown()
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """aiokafka's name for ``close``."""
+        await self.close()
+
+    async def __aenter__(self: C) -> C:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+C = TypeVar("C", bound=_Closing)
+
+
+class AsyncProducer(_Closing):
     """``kl.Producer`` (``kl.RemoteProducer`` for a ``RemoteRoot``) for asyncio; aiokafka's ``AIOKafkaProducer``.
 
-    ``options`` are the sync producer's (``compression``, ``fsync``, ``partitioner``, ...),
-    but not ``linger_ms``: every send is appended at once, in call order, on this
-    producer's thread (send many and ``asyncio.gather`` them to keep the thread busy).
+    ``options`` are the sync producer's (``compression``, ``fsync``, ``partitioner``,
+    serializers, ...), but not ``linger_ms``: every send is appended at once, in call
+    order, on this producer's thread (send many and ``asyncio.gather`` them to keep the
+    thread busy).
 
     ``send`` queues the append when it is called and returns an awaitable of its
     ``kl.Appended``: cancelling that await does not stop or undo the append (it is
     shielded), so a message whose send was called is in the log, whole and in its place,
     unless the send failed; ``await flush()`` waits for every send called before it (a
     cancelled caller learns where its message went by reading the log after that).
+    ``close`` waits for the sends called before, flushes and closes the files; later
+    sends raise ``ProducerClosed``.
     """
 
     def __init__(self, root: Root | RemoteRoot | str | os.PathLike[str], **options: Any) -> None:
@@ -98,20 +174,20 @@ class AsyncProducer:
         self.producer: Producer = RemoteProducer(root, **options) if _remote(root) else Producer(root, **options)  # type: ignore[arg-type]
         """The sync twin, used only from this producer's thread."""
         self._thread = _Thread("kl-aio-producer")
-        self._closed = False
 
     def send(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         partition: int | None = None,
         timestamp: int | None = None,
         headers: Sequence[tuple[str, bytes | None]] | None = (),
     ) -> asyncio.Future[Appended]:
-        """Append one message (``kl.Producer.send``'s arguments, no callback): awaiting the
-        result gives where it landed or raises the send's error.  Called only in a running
-        loop; raises ``ProducerClosed`` after ``close``."""
+        """Append one message (``kl.Producer.send``'s arguments, no callback; bytes or None
+        unless the producer has serializers): awaiting the result gives where it landed or
+        raises the send's error.  Called only in a running loop; raises ``ProducerClosed``
+        after ``close``."""
         if self._closed:
             raise ProducerClosed("this AsyncProducer is closed: make a new one")
         sent = self._thread.submit(self.producer.send, topic, value, key, partition, timestamp, None, headers)
@@ -120,8 +196,8 @@ class AsyncProducer:
     async def send_and_wait(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         partition: int | None = None,
         timestamp: int | None = None,
         headers: Sequence[tuple[str, bytes | None]] | None = (),
@@ -133,27 +209,11 @@ class AsyncProducer:
         """Wait for every send called before, then fsync what they wrote (``kl.Producer.flush``)."""
         await self._thread.run(self.producer.flush)
 
-    async def close(self) -> None:
-        """Wait for the sends called before, flush and close the files; later sends raise ``ProducerClosed``."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._thread.run(self.producer.close)
-        finally:
-            self._thread.shutdown()
-
-    stop = close
-    """aiokafka's name for ``close``."""
-
-    async def __aenter__(self) -> AsyncProducer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def _close(self) -> None:
+        await self._thread.run(self.producer.close)
 
 
-class AsyncConsumer:
+class AsyncConsumer(_Closing):
     """``kl.Consumer.consume(follow=True)`` (``kl.RemoteConsumer``'s for a ``RemoteRoot``) as
     an async iterator of ``kl.Record``; aiokafka's ``AIOKafkaConsumer`` with partitions assigned
     and ``seek`` done (``start``).
@@ -162,8 +222,9 @@ class AsyncConsumer:
     (``start``, ``until``, ``max_messages``, ``idle_timeout``, ``skip_corrupt``, ...; not
     ``values_only``: records carry their values); ``max_bytes`` and the deserializers are
     the sync consumer's.
-    Iterating waits for new messages; it ends with ``consume`` (a bound, ``idle_timeout``)
-    or ``close``.  ``start`` is resolved by the first ``__anext__`` ("latest": the end then).
+    Iterating waits for new messages (on the loop); it ends with ``consume`` (a bound,
+    ``idle_timeout``) or ``close``, which ends a wait at once and closes the files or the
+    connection.  ``start`` is resolved by the first ``__anext__`` ("latest": the end then).
     A cancelled ``__anext__`` loses nothing: the next one hands out the message it was
     waiting for.
     """
@@ -193,63 +254,49 @@ class AsyncConsumer:
             value_deserializer=value_deserializer,
         )
         """The sync twin, used only from this consumer's thread."""
-        self._stopped = threading.Event()
-        batches = self.consumer.consume(topic, partitions, start=start, follow=True, stopped=self._stopped, **options)
-        self._batches = cast("Generator[Batch, None, None]", batches)
+        self._steps = self.consumer.follow_steps(topic, partitions, start=start, **options)
         self._thread = _Thread("kl-aio-consumer")
-        self._next: asyncio.Future[Batch | None] | None = None
+        self._waiter = _Waiter()
+        self._next: asyncio.Future[Batch | CaughtUp | None] | None = None
         """The fetch under way, kept across a cancelled ``__anext__``."""
         self._records: Iterator[Record] = iter(())
-        self._closed = False
 
     def __aiter__(self) -> AsyncConsumer:
         return self
 
     async def __anext__(self) -> Record:
+        from kl.follow import CaughtUp
         from kl.group import Record
 
         while (record := next(self._records, None)) is None:
             if self._next is None:
                 if self._closed:
                     raise StopAsyncIteration
-                self._next = self._thread.submit(next, self._batches, None)
-            batch = await asyncio.shield(self._next)
+                self._next = self._thread.submit(next, self._steps, None)
+            got = await asyncio.shield(self._next)
             self._next = None
-            if batch is None:
+            if got is None:
                 raise StopAsyncIteration
-            self._records = (Record(batch.topic, batch.partition, *message) for message in batch.messages)  # type: ignore[misc]
+            if isinstance(got, CaughtUp):
+                await self._waiter.wait(got)  # cancelled: the next __anext__ reads again
+            else:
+                self._records = (Record(got.topic, got.partition, *message) for message in got.messages)  # type: ignore[misc]
         return record
 
-    async def close(self) -> None:
-        """End the iteration (a wait under way ends within a poll interval) and close the files or connection."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stopped.set()
-        try:
-            if self._next is not None:
-                await asyncio.shield(self._next)
-            await self._thread.run(self._finish)
-        finally:
-            self._thread.shutdown()
+    async def _close(self) -> None:
+        self._waiter.close()
+        if self._next is not None:
+            await asyncio.shield(self._next)
+        await self._thread.run(self._finish)
 
     def _finish(self) -> None:
-        self._batches.close()
+        cast("Generator[object, None, None]", self._steps).close()
         close = getattr(self.consumer, "close", None)  # a RemoteConsumer's connection
         if close is not None:
             close()
 
-    stop = close
-    """aiokafka's name for ``close``."""
 
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(_Closing):
     """``kl.GroupConsumer`` for asyncio: a member of ``group``; aiokafka's ``AIOKafkaConsumer``
     with a ``group_id`` (``async for``, ``commit``, ``assignment``, ``stop``).
 
@@ -258,8 +305,10 @@ class AsyncGroupConsumer:
     ``__anext__`` call it).  Any other public method of ``GroupConsumer`` is here as a
     coroutine taking the same arguments, run on the member's thread after the calls before
     it (``await member.commit(offsets)``, ``await member.seek(...)``, ``await member.pause(...)``
-    where the sync member has them).  ``assignment()`` stays a plain call.  A cancelled
-    ``__anext__`` loses nothing: the next one hands out the record it was waiting for.
+    where the sync member has them).  ``assignment()`` stays a plain call.  Iterating waits
+    for new messages on the loop.  A cancelled ``__anext__`` loses nothing: the next one
+    hands out the record it was waiting for.  ``close`` leaves the group
+    (``GroupConsumer.close``: with auto-commit, commit what was consumed) and ends iterating.
     """
 
     def __init__(
@@ -267,11 +316,11 @@ class AsyncGroupConsumer:
     ) -> None:
         self._arguments = (root, group, topics, options)
         self._thread = _Thread("kl-aio-group")
+        self._waiter = _Waiter()
         self._member: GroupConsumer | None = None
         self._stream: MessageStream | None = None
-        self._next: asyncio.Future[Record | None] | None = None
+        self._next: asyncio.Future[Record | CaughtUp | None] | None = None
         """The poll under way, kept across a cancelled ``__anext__``."""
-        self._closed = False
 
     @property
     def member(self) -> GroupConsumer:
@@ -298,6 +347,8 @@ class AsyncGroupConsumer:
         return self
 
     async def __anext__(self) -> Record:
+        from kl.follow import CaughtUp
+
         if self._closed and self._next is None:
             raise StopAsyncIteration
         await self.start()
@@ -308,11 +359,14 @@ class AsyncGroupConsumer:
             if self._next is None:
                 if self._closed:
                     raise StopAsyncIteration
-                self._next = self._thread.submit(stream.poll, POLL_SLICE)
-            record = await asyncio.shield(self._next)
+                self._next = self._thread.submit(stream.poll_nowait)
+            got = await asyncio.shield(self._next)
             self._next = None
-            if record is not None:
-                return record
+            if got is None:
+                raise StopAsyncIteration
+            if not isinstance(got, CaughtUp):
+                return got
+            await self._waiter.wait(got)  # cancelled: the next __anext__ polls again
 
     def assignment(self) -> dict[str, list[int]]:
         """The partitions this member owns now, by topic (``GroupConsumer.assignment``)."""
@@ -338,26 +392,14 @@ class AsyncGroupConsumer:
 
         return call
 
-    async def close(self) -> None:
-        """Leave the group (``GroupConsumer.close``: with auto-commit, commit what was consumed); iterating ends."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self._member is not None:
-                self._member.stop()  # thread-safe: the poll under way returns at once
-                if self._next is not None:
-                    await asyncio.shield(self._next)
-                await self._thread.run(self._member.close)
-        finally:
-            self._thread.shutdown()
-
-    stop = close
-    """aiokafka's name for ``close``."""
-
     async def __aenter__(self) -> AsyncGroupConsumer:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def _close(self) -> None:
+        self._waiter.close()  # before the member closes the watch
+        if self._member is not None:
+            self._member.stop()  # thread-safe: a poll under way returns at once
+            if self._next is not None:
+                await asyncio.shield(self._next)
+            await self._thread.run(self._member.close)

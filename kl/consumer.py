@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, cast
 
 from kl.errors import InvalidConfig
-from kl.follow import Watch
+from kl.follow import CaughtUp, Watch
 from kl.log.cursor import Cursor
 from kl.log.log import EARLIEST, LATEST, Position
 from kl.log.message import Message
@@ -152,7 +151,7 @@ class Consumer:
         max_bytes: int | None = None,
         idle_timeout: float | None = None,
         poll_interval: float = 0.1,
-        stopped: threading.Event | None = None,
+        caught_up: Literal["wait", "yield"] = "wait",
     ) -> Iterator[Batch]:
         """Read ``partitions`` of ``topic`` (all by default) round-robin, one fetch of each in turn.
 
@@ -167,8 +166,8 @@ class Consumer:
         inotify, on NFS by polling every ``poll_interval`` seconds, which is also the
         backstop) until ``idle_timeout`` seconds pass without one (never, if None); reading
         all partitions, it also reads those added meanwhile (``Root.alter_topic``) from
-        their start.  Stops after ``max_messages`` messages, or (within a poll
-        interval while waiting) once ``stopped`` is set, from another thread.
+        their start.  Stops after ``max_messages`` messages.  (``caught_up`` is for
+        ``follow_steps``.)
 
         Two bounds end a partition early, with or without ``follow`` (which ends when
         every partition read has reached its bound): ``until``, a byte offset (one
@@ -210,7 +209,7 @@ class Consumer:
                 for key in keys:  # before the first reads, so nothing published after them is missed
                     self._watch(watch, *key)
             idle_since = time.monotonic()
-            while active and remaining != 0 and not (stopped is not None and stopped.is_set()):
+            while active and remaining != 0:
                 progressed = False
                 for key in list(active):
                     (t, p), cursor, stop = key, cursors[key], stops[key]
@@ -260,7 +259,20 @@ class Consumer:
                     waits = [] if idle_timeout is None else [idle_timeout - idle]
                     if until_time is not None:  # wake when the clock passes the time bound
                         waits.append(max(0.0, until_time / 1000 - time.time()))
-                    watch.wait(min(waits, default=None))
+                    if caught_up == "wait":
+                        watch.wait(min(waits, default=None))
+                    else:
+                        yield CaughtUp(watch, min(waits, default=None))  # type: ignore[misc]  # follow_steps' type says
+                        watch.check()
+
+    def follow_steps(
+        self, topic: str | Sequence[str], partitions: Iterable[int] | Iterable[tuple[str, int]] | None = None, **options: Any
+    ) -> Iterator[Batch | CaughtUp]:
+        """``consume(topic, partitions, follow=True, **options)`` for a caller that does the
+        waiting itself (``kl.aio``, on its event loop's reader): where ``consume`` would
+        wait for new messages, this yields a ``kl.follow.CaughtUp``; the caller waits on its
+        watch (``Watch.steps``, never reading the log), then asks for the next item."""
+        return self.consume(topic, partitions, follow=True, caught_up="yield", **options)
 
     def _deserialized(self, got: list[Message] | list[bytes | None], values_only: bool) -> list[Message] | list[Any]:
         """``got`` through the deserializers (as it is without any)."""

@@ -69,6 +69,8 @@ import select
 import struct
 import sys
 import time
+from collections.abc import Generator
+from typing import NamedTuple
 
 from kl.errors import InvalidConfig, KlError, TopicRecreated
 from kl.log.config import CONFIG_FILE, TopicConfig
@@ -117,6 +119,15 @@ def _fall_back(error: int, what: str) -> None:
     if error not in _warned:
         _warned.add(error)
         log.warning("%s failed (%s): following those partitions by polling", what, os.strerror(error))
+
+
+class CaughtUp(NamedTuple):
+    """What ``Consumer.follow_steps`` yields where ``consume`` would wait: every partition
+    is caught up; wait on ``watch`` for up to ``timeout`` seconds (``Watch.steps``), then
+    go on."""
+
+    watch: Watch
+    timeout: float | None
 
 
 class Watch:
@@ -190,15 +201,28 @@ class Watch:
         happen) or ``timeout`` seconds passed (False); never longer than the poll
         interval, after which the caller reads every partition again.  Raises
         ``TopicRecreated`` (see ``__init__``)."""
-        moved = self._wait(timeout)
+        steps = self.steps(timeout)
+        try:
+            while True:
+                self._ready(next(steps))
+        except StopIteration as done:
+            moved: bool = done.value
         self.check()
         return moved
 
-    def _wait(self, timeout: float | None) -> bool:
+    def fileno(self) -> int:
+        """The inotify descriptor ``steps`` waits on, or -1 while every partition is polled."""
+        return self._fd if self._watched else -1
+
+    def steps(self, timeout: float | None = None) -> Generator[float, None, bool]:
+        """``wait`` (without its ``check``) for a caller that waits itself, on an event
+        loop say: each step yields how many seconds to wait until ``fileno()`` is readable
+        (the whole time when it is -1); the caller waits, at most that long, and steps
+        on; the generator returns ``wait``'s result.  Reading the events never blocks."""
         limit = self.poll_interval if timeout is None else max(0.0, min(timeout, self.poll_interval))
         deadline = time.monotonic() + limit
         if not self._watched:
-            time.sleep(limit)
+            yield limit
             return False
         pending: set[Log] = set()  # logs with events but the old end: their writers have still to publish
         recheck = FIRST_RECHECK
@@ -207,11 +231,12 @@ class Watch:
             if left <= 0:
                 return False
             rechecking = bool(pending) and recheck < left
-            woken = self._events(recheck if rechecking else left)
+            yield recheck if rechecking else left
+            woken = self._events()
             if woken is None:
                 return True
             if not woken and not rechecking:
-                continue  # the time is up
+                continue  # woken early without events, or the time is up: the deadline tells
             if rechecking:
                 recheck *= 2
             pending |= woken
@@ -272,16 +297,18 @@ class Watch:
             return None
         return wd
 
-    def _events(self, timeout: float) -> set[Log] | None:
-        """The logs whose directories had events within ``timeout`` seconds (sleeping
-        for timeouts under a millisecond, poll's unit), or None when every log should
-        be read again (the event queue overflowed, a directory went away)."""
-        if timeout < 0.001:
-            if timeout > 0:
-                time.sleep(timeout)
-            timeout = 0
-        if not self._poll.poll(math.ceil(timeout * 1000)):
-            return set()
+    def _ready(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the descriptor to be readable (sleeping for
+        timeouts under a millisecond, poll's unit, and the whole time without one)."""
+        if self.fileno() < 0 or timeout < 0.001:
+            time.sleep(timeout)
+        else:
+            self._poll.poll(math.ceil(timeout * 1000))
+
+    def _events(self) -> set[Log] | None:
+        """The logs whose directories had events since the last call (reading without
+        blocking), or None when every log should be read again (the event queue
+        overflowed, a directory went away)."""
         try:
             data = os.read(self._fd, READ_SIZE)
         except BlockingIOError:

@@ -56,7 +56,7 @@ from kl.errors import (
     StorageError,
     TopicNotFound,
 )
-from kl.follow import Watch
+from kl.follow import CaughtUp, Watch
 from kl.log.config import same_creation
 from kl.log.cursor import Cursor, advance
 from kl.log.log import Log, Position
@@ -198,6 +198,17 @@ class MessageStream:
                     return None
             return None
 
+    def poll_nowait(self) -> Record | CaughtUp | None:
+        """``poll(0)``, but where it would give None while the consumer runs, a
+        ``kl.follow.CaughtUp`` for a caller that waits itself (``kl.aio``, on its event
+        loop's reader): wait on its watch, then call again.  None once the consumer stops.
+        The watch stays the stream's: close the consumer only after the wait ended."""
+        record = self.poll(0)
+        if record is not None or self._consumer._stopped.is_set():
+            return record
+        with self._lock:
+            return CaughtUp(self._watching(), WAKE_EVERY)
+
     # ----------------------------------------------------------------- for GroupConsumer
 
     def _batch(self, timeout: float | None, follow: bool, values_only: bool, limit: int | None) -> Batch | None:
@@ -250,22 +261,27 @@ class MessageStream:
         wait = WAKE_EVERY if deadline is None else min(WAKE_EVERY, deadline - time.monotonic())
         if wait <= 0:
             return False
-        logs = {c.log for c in self._claims if c.error is None}
-        for gone in self._watched - logs:
-            self._watch.remove(gone)
-        for new in logs - self._watched:
-            self._watch.add(new)
-        self._watched = logs
+        watch = self._watching()
         self._waiting = True
         self._lock.release()  # the coordinator may hand partitions over meanwhile
         try:
-            self._watch.wait(wait)
+            watch.wait(wait)
         finally:
             self._lock.acquire()
             self._waiting = False
             if consumer._stopped.is_set():
                 self._watch.close()
         return True
+
+    def _watching(self) -> Watch:
+        """The watch, over the partitions claimed now (called with the lock held)."""
+        logs = {c.log for c in self._claims if c.error is None}
+        for gone in self._watched - logs:
+            self._watch.remove(gone)
+        for new in logs - self._watched:
+            self._watch.add(new)
+        self._watched = logs
+        return self._watch
 
     def _fetch(
         self, follow: bool, values_only: bool, limit: int | None, piece_bytes: int | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 import signal
 import subprocess
@@ -149,6 +150,57 @@ def test_the_consumer_follows_new_messages_and_close_ends_the_wait(root):
         return got
 
     assert asyncio.run(main()) == [(i % 2, b"%d" % i) for i in range(10)]
+
+
+WRITER = "import sys, kl; kl.Producer(sys.argv[1]).send(sys.argv[2], b'from another process')"
+
+
+def spy_on_readers(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """The descriptors ``loop.add_reader`` is given from now on."""
+    fds: list[int] = []
+    add_reader = loop.add_reader
+
+    def spy(fd, callback, *args):
+        fds.append(fd)
+        return add_reader(fd, callback, *args)
+
+    loop.add_reader = spy  # type: ignore[method-assign]
+    return fds
+
+
+@pytest.mark.parametrize("member", [False, True], ids=["consumer", "group-member"])
+def test_a_caught_up_follower_waits_on_the_loops_reader_with_its_thread_free(root, topic, member):
+    """Caught up, the follower waits through ``loop.add_reader`` on the inotify descriptor,
+    not on its thread: calls queued on the thread run meanwhile, another process's message
+    arrives (a consumer's at once even with a 60 s poll interval, the timer's backstop), and
+    ``close`` ends the wait at once."""
+
+    async def readers_reach(count: int, readers: list[int], waiting: asyncio.Task) -> None:
+        while len(readers) < count and not waiting.done():
+            await asyncio.sleep(0.01)
+        assert len(readers) >= count, waiting.result()
+
+    async def main() -> tuple[bytes | None, float]:
+        readers = spy_on_readers(asyncio.get_running_loop())
+        follower = AsyncGroupConsumer(root, "g", [topic]) if member else AsyncConsumer(root, topic, poll_interval=60)
+        async with follower:
+            waiting = asyncio.create_task(follower.__anext__())
+            await asyncio.wait_for(readers_reach(1, readers, waiting), 30)
+            assert os.readlink(f"/proc/self/fd/{readers[0]}") == "anon_inode:inotify"
+            await asyncio.wait_for(follower._thread.run(int), 5)  # the thread is not waiting
+            subprocess.run([sys.executable, "-c", WRITER, root.path, topic], check=True, timeout=60)
+            record = await asyncio.wait_for(waiting, 30)
+            waiting = asyncio.create_task(follower.__anext__())
+            await asyncio.wait_for(readers_reach(len(readers) + 1, readers, waiting), 30)
+            began = time.monotonic()
+            await follower.close()
+            with pytest.raises(StopAsyncIteration):
+                await waiting
+            return record.value, time.monotonic() - began
+
+    value, closing = asyncio.run(main())
+    assert value == b"from another process"
+    assert closing < 10  # not the 60 s poll interval
 
 
 def test_a_cancelled_wait_for_a_message_loses_nothing(root, topic):
