@@ -6,7 +6,8 @@ the system-wide monotonic clock, so lines of several processes can be ordered), 
 TOPIC PARTITION NEXT_OFFSET`` after each commit that returned, ``lost TOPIC PARTITION WHY``
 (``on_lost``), ``rejected WHY`` (a commit raising ``NotOwner``), ``busy WHY``
 (``LockTimeout``) and, once it left, ``gap SECONDS`` (the longest its event loop stood
-still: a ticker task's longest wait between two ticks) and ``left``.  SIGTERM closes it.
+still: a ticker task's longest wait between two ticks) and ``left``.  SIGTERM ends it
+(the consuming task cancelled, then ``close``).
 
 ``--die-in-commit STEP --die-at N`` makes the process SIGKILL itself inside its Nth commit
 (after writing ``dying NEXT_OFFSET``): ``torn`` after writing half of the commit's line to
@@ -64,6 +65,7 @@ async def main() -> None:
     parser.add_argument("--session", type=float, default=3.0)
     parser.add_argument("--commit-every", type=int, default=0)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--max-bytes", type=int, default=1 << 20)
     parser.add_argument("--die-in-commit", choices=["torn", "written", "synced"])
     parser.add_argument("--die-at", type=int, default=1)
     args = parser.parse_args()
@@ -90,33 +92,42 @@ async def main() -> None:
         poll_interval=args.poll,
         session_timeout=args.session,
         auto_commit=False,
+        max_bytes=args.max_bytes,
         on_lost=lambda topic, partition, why: out.write(f"lost {topic} {partition} {why}\n"),
     )
-    closing: list[asyncio.Task[None]] = []
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: closing.append(asyncio.create_task(member.close())))
     await member.start()
+
+    async def consume() -> None:
+        n = commits = 0
+        async for record in member:
+            value = record.value.decode() if record.value is not None else ""
+            where = f"{record.topic} {record.partition} {record.offset} {record.next_offset}"
+            out.write(f"m {time.monotonic():.6f} {where} {value}\n")
+            n += 1
+            if args.sleep:
+                await asyncio.sleep(args.sleep)
+            if args.commit_every and n % args.commit_every == 0:
+                commits += 1
+                if args.die_in_commit and commits == args.die_at:
+                    out.write(f"dying {record.next_offset}\n")
+                    armed[0] = True
+                try:
+                    await member.commit()
+                    out.write(f"committed {record.topic} {record.partition} {record.next_offset}\n")
+                except kl.NotOwner as e:
+                    out.write(f"rejected {e}\n")
+                except kl.LockTimeout as e:
+                    out.write(f"busy {e}\n")
+
+    # SIGTERM cancels the consuming task at whatever await it is (which loses nothing),
+    # then the member closes: the sync groupmember.py's stop() and close().
+    consuming = asyncio.create_task(consume())
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consuming.cancel)
     out.write(f"joined {member.member_id}\n")
-    n = commits = 0
-    async for record in member:
-        value = record.value.decode() if record.value is not None else ""
-        out.write(f"m {time.monotonic():.6f} {record.topic} {record.partition} {record.offset} {record.next_offset} {value}\n")
-        n += 1
-        if args.sleep:
-            await asyncio.sleep(args.sleep)
-        if args.commit_every and n % args.commit_every == 0:
-            commits += 1
-            if args.die_in_commit and commits == args.die_at:
-                out.write(f"dying {record.next_offset}\n")
-                armed[0] = True
-            try:
-                await member.commit()
-                out.write(f"committed {record.topic} {record.partition} {record.next_offset}\n")
-            except kl.NotOwner as e:
-                out.write(f"rejected {e}\n")
-            except kl.LockTimeout as e:
-                out.write(f"busy {e}\n")
-    for task in closing:
-        await task
+    try:
+        await consuming
+    except asyncio.CancelledError:
+        pass
     await member.close()
     ticking.cancel()
     out.write(f"gap {gap:.3f}\n")

@@ -138,7 +138,8 @@ def test_an_async_member_stopped_past_its_session_loses_its_partition_to_one_tha
     hands out at most the one record in hand of it until it owns it again."""
     root.create_topic("t", kl.TopicConfig(partitions=2))
     produce(root, "t", 400)
-    options = ("--session", str(SESSION), "--sleep", "0.05", "--commit-every", "1")
+    # Fetches of a few records each: a member turns to a partition it was given at once.
+    options = ("--session", str(SESSION), "--sleep", "0.05", "--commit-every", "1", "--max-bytes", "256")
     a = Member(root, str(tmp_path / "a.out"), *options)
     b = Member(root, str(tmp_path / "b.out"), *options)
     wait_for(lambda: len(a.owned()) == 1 and len(b.owned()) == 1, what="one each")
@@ -530,6 +531,38 @@ def test_an_async_member_goes_on_after_an_error_as_the_sync_one_does(root):
         return got
 
     assert asyncio.run(main()) == sync
+
+
+BUG_CALLS_AFTER_CLOSE = pytest.mark.xfail(
+    strict=True,
+    reason="kl bug: after close(), AsyncGroupConsumer's commit() and the GroupConsumer methods it forwards "
+    "raise concurrent.futures' RuntimeError('cannot schedule new futures after shutdown'); the sync "
+    "GroupConsumer's commit() after close() commits nothing and returns, commit(offsets) raises NotOwner",
+)
+
+
+@BUG_CALLS_AFTER_CLOSE
+def test_an_async_member_answers_a_commit_after_close_as_the_sync_one_does(root):
+    """A member closed by a signal handler while its consuming task is between records
+    (aiomember.py's first SIGTERM handler did that) and then asked to commit."""
+    root.create_topic("t")
+    kl.Producer(root).send_batch("t", [b"1", b"2"])
+    sync = kl.GroupConsumer(root, "sync", ["t"], auto_commit=False)
+    record = next(iter(sync))
+    sync.close()
+    assert sync.commit() is None
+    with pytest.raises(kl.NotOwner, match="not owned by this member"):
+        sync.commit({("t", 0): record.next_offset})
+
+    async def main() -> None:
+        member = AsyncGroupConsumer(root, "aio", ["t"], auto_commit=False)
+        record = await member.__anext__()
+        await member.close()
+        assert await member.commit() is None
+        with pytest.raises(kl.NotOwner, match="not owned by this member"):
+            await member.commit({("t", 0): record.next_offset})
+
+    asyncio.run(main())
 
 
 # ----------------------------------------------------------------- (d) kill -9 in the middle of a commit
