@@ -24,7 +24,7 @@ import pytest
 import kl
 from kl.aio import AsyncConsumer, AsyncGroupConsumer, AsyncProducer
 from kl.log.recovery import recover
-from kl.registry import Registry, encode_commit
+from kl.registry import Committed, Registry, encode_commit
 
 from conftest import read_all
 
@@ -345,7 +345,7 @@ def damage(root: kl.Root, group: str, kind: str) -> None:
         with open(path, "wb") as f:  # the last line's offset changed: its checksum fails
             f.write(data[:last] + changed)
     elif kind == "torn line":  # a writer that died in its append
-        line = encode_commit(0, kl.registry.Committed(zero[8], "dead-member", 1_700_000_000_000), 1)
+        line = encode_commit(0, Committed(zero[8], "dead-member", 1_700_000_000_000), 1)
         with open(path, "ab") as f:
             f.write(line[: len(line) // 2])
     elif kind == "deleted":
@@ -438,7 +438,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("kl")]
 
 
-def same_outcome(sync: Outcome, aio: Outcome, root: kl.Root) -> bool:
+def same_outcome(sync: Outcome, aio: Outcome) -> bool:
     def named(outcome: Outcome, group: str) -> str:
         return repr(outcome).replace(f"/.groups/{group}/", "/.groups/G/").replace(f"group {group}", "group G")
 
@@ -475,7 +475,7 @@ def test_damaged_committed_offsets_take_an_async_member_where_they_take_a_sync_o
         return aio, ticker.stop()
 
     aio, longest = asyncio.run(main())
-    assert same_outcome(sync, aio, root), f"sync: {sync}\nasync: {aio}"
+    assert same_outcome(sync, aio), f"sync: {sync}\nasync: {aio}"
     assert longest < GAP, f"the event loop stood still for {longest:.2f}s"
     got, errors, _, _ = aio
     if isinstance(expected[0], type):  # t/0 blocked: every poll raises, nothing is committed over the damage
