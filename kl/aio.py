@@ -52,17 +52,30 @@ class _Thread:
 
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._shut = False
 
     def submit(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
-        """Start ``call`` after every call submitted before; its result on the running loop."""
-        return asyncio.wrap_future(self._executor.submit(call, *args, **kwargs), loop=asyncio.get_running_loop())
+        """Start ``call`` after every call submitted before; its result on the running loop.
+        After ``shutdown`` (the object is closed: what the sync twin does then is quick)
+        on the loop's default executor."""
+        loop = asyncio.get_running_loop()
+        if self._shut:
+            return loop.run_in_executor(None, functools.partial(call, *args, **kwargs))
+        return asyncio.wrap_future(self._executor.submit(call, *args, **kwargs), loop=loop)
 
     async def run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call``'s result; a cancelled caller stops waiting, the call still runs to its end."""
         return await asyncio.shield(self.submit(call, *args, **kwargs))
 
     def shutdown(self) -> None:
+        self._shut = True
         self._executor.shutdown(wait=False)
+
+
+async def _settled(pending: asyncio.Future[Any] | None) -> None:
+    """Wait for ``pending`` to end, whatever it gives (its caller has the error, if any)."""
+    if pending is not None:
+        await asyncio.wait([pending])
 
 
 class _Waiter:
@@ -130,6 +143,17 @@ class _Closing:
             await self._close()
         finally:
             self._thread.shutdown()
+
+    _next: asyncio.Future[Any] | None = None
+    """A consumer's fetch under way, kept across a cancelled ``__anext__``."""
+
+    async def _fetched(self, pending: asyncio.Future[T]) -> T:
+        """What the fetch ``pending`` gave or raised; a cancelled caller leaves it under way."""
+        try:
+            return await asyncio.shield(pending)
+        finally:
+            if pending.done():
+                self._next = None
 
     async def _close(self) -> None:
         raise NotImplementedError
@@ -258,7 +282,6 @@ class AsyncConsumer(_Closing):
         self._thread = _Thread("kl-aio-consumer")
         self._waiter = _Waiter()
         self._next: asyncio.Future[Batch | CaughtUp | None] | None = None
-        """The fetch under way, kept across a cancelled ``__anext__``."""
         self._records: Iterator[Record] = iter(())
 
     def __aiter__(self) -> AsyncConsumer:
@@ -273,8 +296,7 @@ class AsyncConsumer(_Closing):
                 if self._closed:
                     raise StopAsyncIteration
                 self._next = self._thread.submit(next, self._steps, None)
-            got = await asyncio.shield(self._next)
-            self._next = None
+            got = await self._fetched(self._next)
             if got is None:
                 raise StopAsyncIteration
             if isinstance(got, CaughtUp):
@@ -285,8 +307,7 @@ class AsyncConsumer(_Closing):
 
     async def _close(self) -> None:
         self._waiter.close()
-        if self._next is not None:
-            await asyncio.shield(self._next)
+        await _settled(self._next)
         await self._thread.run(self._finish)
 
     def _finish(self) -> None:
@@ -320,7 +341,6 @@ class AsyncGroupConsumer(_Closing):
         self._member: GroupConsumer | None = None
         self._stream: MessageStream | None = None
         self._next: asyncio.Future[Record | CaughtUp | None] | None = None
-        """The poll under way, kept across a cancelled ``__anext__``."""
 
     @property
     def member(self) -> GroupConsumer:
@@ -360,8 +380,7 @@ class AsyncGroupConsumer(_Closing):
                 if self._closed:
                     raise StopAsyncIteration
                 self._next = self._thread.submit(stream.poll_nowait)
-            got = await asyncio.shield(self._next)
-            self._next = None
+            got = await self._fetched(self._next)
             if got is None:
                 raise StopAsyncIteration
             if not isinstance(got, CaughtUp):
@@ -400,6 +419,5 @@ class AsyncGroupConsumer(_Closing):
         self._waiter.close()  # before the member closes the watch
         if self._member is not None:
             self._member.stop()  # thread-safe: a poll under way returns at once
-            if self._next is not None:
-                await asyncio.shield(self._next)
+            await _settled(self._next)
             await self._thread.run(self._member.close)

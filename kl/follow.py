@@ -27,7 +27,8 @@ its publish that outlasts the poll interval), and for writers inotify cannot see
 
 Why ctypes and not a package from PyPI: inotify is three libc calls
 (``inotify_init1``, ``inotify_add_watch``, ``inotify_rm_watch``) and a fixed event
-header; the descriptor is read with ``os.read`` and waited on with ``select.poll``.  A
+header; the descriptor is read with ``os.read`` and waited on with ``select.poll`` (or by
+an event loop, ``Watch.steps``: ``kl.aio``).  A
 package (``inotify_simple``, itself ctypes over the same calls) would add a dependency to
 every install for some thirty lines.
 

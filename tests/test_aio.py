@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import kl
+import kl.follow
 import kl.serde
 from kl.aio import AsyncConsumer, AsyncGroupConsumer, AsyncProducer
 from kl.net.remote import RemoteRoot
@@ -201,6 +202,22 @@ def test_a_caught_up_follower_waits_on_the_loops_reader_with_its_thread_free(roo
     value, closing = asyncio.run(main())
     assert value == b"from another process"
     assert closing < 10  # not the 60 s poll interval
+
+
+def test_without_inotify_the_follower_waits_on_the_loops_timer(root, topic, monkeypatch):
+    """Where inotify is unavailable (as on NFS) a caught-up follower polls: a timer on the
+    loop every poll interval, no reader, and another process's message still arrives."""
+    monkeypatch.setattr(kl.follow, "_libc", lambda: None)
+
+    async def main() -> tuple[bytes | None, list[int]]:
+        readers = spy_on_readers(asyncio.get_running_loop())
+        async with AsyncConsumer(root, topic, poll_interval=0.05) as consumer:
+            waiting = asyncio.create_task(consumer.__anext__())
+            await asyncio.sleep(0.2)
+            subprocess.run([sys.executable, "-c", WRITER, root.path, topic], check=True, timeout=60)
+            return (await asyncio.wait_for(waiting, 30)).value, readers
+
+    assert asyncio.run(main()) == (b"from another process", [])
 
 
 def test_a_cancelled_wait_for_a_message_loses_nothing(root, topic):

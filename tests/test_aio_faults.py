@@ -356,23 +356,16 @@ def damage(root: kl.Root, group: str, kind: str) -> None:
         raise AssertionError(kind)
 
 
-BUG_FAILED_POLL_KEPT = pytest.mark.xfail(
-    strict=True,
-    reason="kl bug: AsyncGroupConsumer keeps a poll that raised as its poll under way; every later "
-    "__anext__ re-raises that exception without polling, and close() (async with's exit) raises it too "
-    "(test_an_async_member_goes_on_after_an_error_as_the_sync_one_does)",
-)
-
 DAMAGES = [
     # kind, reset, where t/0 and t/1 go on from (message numbers) or the error every poll raises
-    pytest.param("garbage offset file", "fail", (kl.CorruptOffset, "no checksum line at its end"), marks=BUG_FAILED_POLL_KEPT),
+    ("garbage offset file", "fail", (kl.CorruptOffset, "no checksum line at its end")),
     ("garbage offset file", "earliest", (0, 10)),
     ("damaged offset file", "latest", (PER_PARTITION, 10)),
     ("damaged line", "fail", (5, 10)),
     ("torn line", "fail", (5, 10)),
     ("deleted", "fail", (0, 0)),
     ("truncated", "fail", (0, 0)),
-    pytest.param("out of range", "fail", (kl.OffsetOutOfRange, "outside the log"), marks=BUG_FAILED_POLL_KEPT),
+    ("out of range", "fail", (kl.OffsetOutOfRange, "outside the log")),
     ("out of range", "earliest", (0, 10)),
 ]
 
@@ -491,13 +484,10 @@ def test_damaged_committed_offsets_take_an_async_member_where_they_take_a_sync_o
         assert aio[3]["t/0"] == aio[3]["t/1"] == (root.log("t", 0).log_end_offset, 0)
 
 
-@BUG_FAILED_POLL_KEPT
 def test_an_async_member_goes_on_after_an_error_as_the_sync_one_does(root):
-    """The kl bug BUG_FAILED_POLL_KEPT names, plainly: a value deserializer raises for one
-    message.  The sync member's poll raises it once and hands out the next message; the
-    async member must do the same, and close cleanly.  It re-raises the same exception
-    object at every ``__anext__`` (its failed poll stays ``_next``) and ``close()``
-    raises it once more."""
+    """A value deserializer raises for one message.  The sync member's poll raises it
+    once and hands out the next message; the async member does the same (a failed poll
+    is not kept as the one under way), and closes cleanly."""
     root.create_topic("t")
     kl.Producer(root).send_batch("t", [b"1", b"bad", b"3"])
 
@@ -533,15 +523,6 @@ def test_an_async_member_goes_on_after_an_error_as_the_sync_one_does(root):
     assert asyncio.run(main()) == sync
 
 
-BUG_CALLS_AFTER_CLOSE = pytest.mark.xfail(
-    strict=True,
-    reason="kl bug: after close(), AsyncGroupConsumer's commit() and the GroupConsumer methods it forwards "
-    "raise concurrent.futures' RuntimeError('cannot schedule new futures after shutdown'); the sync "
-    "GroupConsumer's commit() after close() commits nothing and returns, commit(offsets) raises NotOwner",
-)
-
-
-@BUG_CALLS_AFTER_CLOSE
 def test_an_async_member_answers_a_commit_after_close_as_the_sync_one_does(root):
     """A member closed by a signal handler while its consuming task is between records
     (aiomember.py's first SIGTERM handler did that) and then asked to commit."""
