@@ -183,7 +183,7 @@ RootLike = Root | str | os.PathLike[str]
 
 def list_groups(root: RootLike) -> list[str]:
     """Names of the groups under the root, sorted.  Raises ``RootNotFound``."""
-    return groups(_root(root).path)
+    return groups(existing_root(root).path)
 
 
 def describe(
@@ -206,7 +206,7 @@ def describe(
     whose state record cannot be read one of ``UNREADABLE``; an offset of an earlier
     creation of its topic one of status ``STALE``.  Raises ``GroupNotFound``.
     """
-    r = _root(root)
+    r = existing_root(root)
     registry = _registry(r, group)
     members = registry.members()
     live = {member.id for member in members}
@@ -288,7 +288,7 @@ def reset(
     partitions; a shift of a partition with no committed offset of its topic's current
     creation), ``OffsetOutOfRange`` and ``InvalidOffset``.
     """
-    r = _root(root)
+    r = existing_root(root)
     registry = _registry(r, group)
     if partition is not None and topic is None:
         raise InvalidConfig(f"a partition ({partition}) needs its topic")
@@ -319,7 +319,7 @@ def reset(
 def delete(root: RootLike, group: str, *, force: bool = False) -> None:
     """Remove the group: members, owners, committed offsets.  Raises ``GroupNotFound`` and
     ``GroupActive`` (live members, unless ``force``; forced, they join it again, new)."""
-    registry = _registry(_root(root), group)
+    registry = _registry(existing_root(root), group)
     _refuse_if_active(registry, registry.members(), force)
     registry.delete()
 
@@ -335,7 +335,7 @@ def delete_offsets(
     (Kafka clients' subscriptions are their coordinator's: any of them counts; to delete
     the offsets of another topic while they live, ask it: kafka-consumer-groups
     --delete-offsets), unless ``force``."""
-    r = _root(root)
+    r = existing_root(root)
     registry = _registry(r, group)
     validate_name(topic)
     members = registry.members()
@@ -354,7 +354,7 @@ def export(root: RootLike, group: str) -> str:
     ``import_offsets`` reads.  Offsets of partitions that no longer exist, and of an
     earlier creation of their topic, come as comment lines.  Raises ``GroupNotFound`` and
     ``CorruptOffset``."""
-    r = _root(root)
+    r = existing_root(root)
     lines = []
     for topic, partition, committed in _registry(r, group).offsets():
         line = f"{topic} {partition} {committed.position}\n"
@@ -376,7 +376,7 @@ def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False
     Creates the group when missing.  Returns the changes.  Raises ``InvalidImport``
     (naming the line) and ``GroupActive`` (live members, unless ``force``).
     """
-    r = _root(root)
+    r = existing_root(root)
     registry = Registry(r.path, group, lock_timeout=r.lock_timeout)
     wanted: dict[tuple[str, int], Position] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -397,7 +397,8 @@ def import_offsets(root: RootLike, group: str, text: str, *, force: bool = False
 # ----------------------------------------------------------------- helpers
 
 
-def _root(root: RootLike) -> Root:
+def existing_root(root: RootLike) -> Root:
+    """``root`` as a ``Root``; raises ``RootNotFound`` when its directory is missing (not mounted)."""
     r = root if isinstance(root, Root) else Root(root)
     if not os.path.isdir(r.path):
         raise RootNotFound(f"root {r.path} does not exist (is it mounted?)")

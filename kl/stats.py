@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kl.errors import CorruptMessage, KlError, TopicNotFound
-from kl.groups import GroupInfo, LagMemo, PartitionLag, RootLike, Status, _root, describe, list_groups
+from kl.groups import GroupInfo, LagMemo, PartitionLag, RootLike, Status, describe, existing_root, list_groups
 from kl.log.state import PartitionState
 from kl.registry import GroupNotFound
 from kl.topic import Root
@@ -119,7 +119,7 @@ def snapshot(
     partition and the last group read.  Raises ``RootNotFound``; no error of one
     partition or group stops it."""
     began, clock = time.time_ns() // 1_000_000, time.monotonic()
-    r = _root(root)
+    r = existing_root(root)
     cursor = cursor or Cursor()
     counts, keys = _topics(r, topics, cursor)
     start = 0 if cursor.after is None else next((i for i, key in enumerate(keys) if key > cursor.after), 0)
@@ -350,7 +350,7 @@ class Collector:
     threads: scrapes take turns."""
 
     def __init__(self, root: RootLike, topics: Filter | None = None, *, budget: float = DEFAULT_BUDGET):
-        self.root = _root(root)
+        self.root = existing_root(root)
         self.topics = topics
         self.budget = budget
         self._cursor = Cursor()
