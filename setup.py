@@ -3,4 +3,4 @@ are found, else left out (optional) and kl runs its pure-Python twin (kl/log/pyc
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kl.log._core", ["kl/log/_core.c"], depends=["kl/log/_crc32c_arm.h"], libraries=["z"], optional=True)])
+setup(ext_modules=[Extension("kl.log._core", ["kl/log/_core.c"], depends=["kl/log/_crc32c_arm.h", "kl/log/_crc32c_fold.h"], libraries=["z"], optional=True)])

@@ -325,6 +325,20 @@ def test_murmur2_is_kafka_pythons_in_both_cores(data):
         assert compiled.murmur2(memoryview(data)) == signed
 
 
+FOLD_LENGTHS = [767, 768, 769, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 1, 2 * 3 * 8192 + 3 * 256 + 13, 100_003]
+"""Around the compiled core's three-stream blocks (kl/log/_crc32c_fold.h: 3 x 256 and 3 x 8192 bytes)."""
+
+
+@needs_compiled
+@pytest.mark.parametrize("length", FOLD_LENGTHS)
+def test_both_cores_compute_crc32c_alike_across_the_three_stream_blocks(length):
+    data = bytes(random.Random(length).getrandbits(8) for _ in range(length + 7))
+    for at in range(8):  # every alignment
+        piece = memoryview(data)[at : at + length]
+        assert compiled.crc32c(piece) == pycore.crc32c(piece)
+        assert compiled.crc32c(piece, 0x12345678) == pycore.crc32c(piece, 0x12345678)
+
+
 @needs_compiled
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000), st.integers(0, 0xFFFFFFFF), st.data())

@@ -109,26 +109,18 @@ static uLong crc(uLong seed, const unsigned char *p, Py_ssize_t n) {
 }
 
 /* CRC-32C (Castagnoli), for Kafka's record batches: by the SSE4.2 instruction (x86-64)
- * or ARMv8's CRC32C instructions (aarch64, HWCAP_CRC32) where the CPU has them, else a
- * byte at a time from a table made at import. */
+ * or ARMv8's CRC32C instructions (aarch64, HWCAP_CRC32) where the CPU has them, three
+ * streams at a time (_crc32c_fold.h), else a byte at a time from a table made at import. */
 static uint32_t crc32c_table[256];
 static int have_crc32c_instruction;
 
 #include "_crc32c_arm.h" /* ARM_CRC: ARMv8's CRC32C instructions, on aarch64 */
 
 #ifdef X86_SIMD
-__attribute__((target("sse4.2"))) static uint32_t crc32c_by_instruction(uint32_t reg, const unsigned char *p, Py_ssize_t n) {
-    uint64_t wide = reg;
-    for (; n >= 8; p += 8, n -= 8) {
-        uint64_t word;
-        memcpy(&word, p, 8);
-        wide = _mm_crc32_u64(wide, word);
-    }
-    reg = (uint32_t)wide;
-    for (; n > 0; p++, n--)
-        reg = _mm_crc32_u8(reg, *p);
-    return reg;
-}
+#define CRC32C_TARGET __attribute__((target("sse4.2")))
+#define CRC32C_WORD(reg, word) _mm_crc32_u64(reg, word)
+#define CRC32C_BYTE(reg, byte) _mm_crc32_u8(reg, byte)
+#include "_crc32c_fold.h"
 #endif
 
 static uint32_t crc32c_of(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
@@ -1745,6 +1737,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     have_crc32c_instruction = __builtin_cpu_supports("sse4.2");
 #elif defined(ARM_CRC)
     have_crc32c_instruction = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+#endif
+#if defined(X86_SIMD) || defined(ARM_CRC)
+    crc32c_fold_init();
 #endif
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t reg = n;
