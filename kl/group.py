@@ -383,9 +383,11 @@ class GroupConsumer:
     ``on_revoke`` after the final auto-commit of the partitions given up and before they
     are (it may ``commit(offsets)`` them), then ``on_assign`` after the new ones are
     claimed and before any of their messages is handed out (it may ``seek()`` or
-    ``pause()`` them); ``close()`` calls ``on_revoke`` with what is still owned.
-    Partitions taken away without a clean revoke (this member expired, its commit
-    rejected) go to ``on_lost`` instead.  They run in the coordinator's thread (the first
+    ``pause()`` them); ``close()`` calls ``on_revoke`` with what is still owned.  A topic
+    deleted and created again is revoked (without a final auto-commit: its offsets are of
+    the old topic), then the new one's partitions are assigned.  Partitions taken away
+    without a clean revoke (this member expired, its commit rejected) go to ``on_lost``
+    instead.  They run in the coordinator's thread (the first
     rebalance in the constructor's, ``close()``'s in its caller's) and hold up the
     heartbeat while they run; an exception they raise is logged (``logging``) and the
     member goes on.  ``key_deserializer``/``value_deserializer`` (kl.serde) turn the keys
@@ -1044,15 +1046,18 @@ class GroupConsumer:
 
     def _created_again(self, topic: str) -> bool:
         """Whether ``topic`` was deleted and created again since the last look (its topic
-        id changed); if so, forget it, drop the committed offsets of the partitions this
-        member owned and let them go, so the next rebalance claims the new ones afresh.
+        id changed); if so, forget it, ``on_revoke`` the partitions this member owned, drop
+        their committed offsets and let them go, so the next rebalance claims the new ones
+        afresh (and calls ``on_assign`` of them).
         (Messages read of the new topic before this was seen come again.)"""
         ident = self._topic_id(topic)
         if ident is None or self._topic_ids.setdefault(topic, ident) == ident:
             return False
         self._topic_ids[topic] = ident
         assert self._registration is not None
-        for claim in [c for c in self._owned.values() if c.topic == topic]:
+        owned = [c for c in self._owned.values() if c.topic == topic]
+        self._call(self.on_revoke, [c for c in owned if not c.assigning])  # their partitions are gone
+        for claim in owned:
             try:  # its offsets are the old topic's: the new one starts at ``start``
                 self.registry.delete_offset(topic, claim.partition, self._registration.member.id, claim.generation)
             except NotOwner as e:

@@ -285,6 +285,34 @@ def test_callbacks_in_process_and_a_raising_callback_is_logged(root, topic, capl
     assert "the callback's own bug" in caplog.text and "on_assign raised" in caplog.text
 
 
+def test_a_topic_created_again_is_revoked_before_its_new_partitions_are_assigned(root):
+    root.create_topic("t", kl.TopicConfig(partitions=2))
+    write_each(root, "t", [b"old"])
+    calls = []
+    member = kl.GroupConsumer(
+        root,
+        "g",
+        ["t"],
+        on_assign=lambda m, ps: calls.append(("assign", ps)),
+        on_revoke=lambda m, ps: calls.append(("revoke", ps)),
+        **FAST,
+    )
+    try:
+        assert iter(member).poll(5).value == b"old"
+        root.delete_topic("t")
+        root.create_topic("t", kl.TopicConfig(partitions=1))
+        write_each(root, "t", [b"new"])
+        wait_for(lambda: len(calls) >= 3, "the new topic's partition to be assigned")
+    finally:
+        member.close()
+    assert calls == [
+        ("assign", [("t", 0), ("t", 1)]),
+        ("revoke", [("t", 0), ("t", 1)]),
+        ("assign", [("t", 0)]),
+        ("revoke", [("t", 0)]),
+    ]
+
+
 def test_deserializers_hand_out_objects_and_null_stays_none(root, topic):
     producer = kl.Producer(root)
     producer.send(topic, json.dumps({"n": 1}).encode(), key=b"k")
