@@ -335,11 +335,14 @@ class MessageStream:
             if self._last is not None and self._last[0] is claim:
                 self._last = None
 
-    def _rewind(self, claim: _Claim, to: Position) -> None:
-        """Read ``claim``'s partition from ``to`` next, forgetting what was fetched of it and not handed out."""
+    def _rewind(self, claim: _Claim, to: Position, *, unblock: bool = False) -> None:
+        """Read ``claim``'s partition from ``to`` next, forgetting what was fetched of it and
+        not handed out (and, with ``unblock``, the error its reads raise)."""
         with self._lock:
             self._forget_fetched(claim)
             claim.position = claim.handed = to
+            if unblock:  # and commit where the caller chose, not before it
+                claim.error, claim.blocked, claim.consumed = None, False, to
 
     def _forget_fetched(self, claim: _Claim) -> None:
         if self._pending_claim is claim:
@@ -372,7 +375,7 @@ class GroupConsumer:
     damaged line of a commits file is skipped, see kl/registry.py), "earliest" and
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
-    is committed over it.  With ``auto_commit`` the consumed messages' offsets are
+    is committed over it, until ``seek()`` says where to go on.  With ``auto_commit`` the consumed messages' offsets are
     committed every ``auto_commit_interval`` seconds (shorter than ``poll_interval`` too),
     when a partition moves to another member, and by ``close()``; inside a compressed
     batch a commit is of the position after the last message (``kl.Position``).
@@ -588,7 +591,10 @@ class GroupConsumer:
         (``kl.Position`` inside a compressed batch), "earliest" or "latest" (the log's start
         or end now).  Only of a partition this member owns (``NotOwner`` else); what was
         fetched of it and not handed out is dropped.  Kafka's ``seek`` (with
-        ``seek_to_beginning``/``seek_to_end``); nothing is committed by it."""
+        ``seek_to_beginning``/``seek_to_end``); nothing is committed by it.  As in Kafka,
+        it is the way on for a partition whose polls raise (under ``reset="fail"``, or at a
+        damaged message): reading goes on from ``position``, and commits of it are stored
+        again (a damaged offset file of an older kl is first set aside, as ``reset`` does)."""
         with self._lock:
             claim = self._claims([(topic, partition)], "seek")[topic, partition]
             if position in ("earliest", "latest"):
@@ -596,7 +602,10 @@ class GroupConsumer:
                 to = Position(state.log_start_offset if position == "earliest" else state.log_end_offset)
             else:
                 to = _position(position)
-            claim.stream._rewind(claim, to)
+            if claim.blocked and isinstance(claim.error, CorruptOffset):
+                kept = self.registry.set_aside(topic, partition)
+                log.warning("group %s: %s set aside as %s; going on from %s", self.group, claim.error.path, kept, to)
+            claim.stream._rewind(claim, to, unblock=True)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Hand out nothing more of ``partitions`` (owned ones: ``NotOwner`` else) until

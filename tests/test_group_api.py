@@ -15,6 +15,7 @@ import time
 import pytest
 
 import kl
+import kl.registry
 from kl.registry import COMMITS, LEGACY_OFFSETS
 from kl.serde import json_deserializer, string_deserializer
 
@@ -311,6 +312,37 @@ def test_a_topic_created_again_is_revoked_before_its_new_partitions_are_assigned
         ("assign", [("t", 0)]),
         ("revoke", [("t", 0)]),
     ]
+
+
+@pytest.mark.parametrize("damage", ["out of range", "damaged offset file"])
+def test_seek_is_the_way_on_for_a_partition_blocked_under_reset_fail(root, damage):
+    """Kafka's remedy under ``auto.offset.reset=none``: polls raise until a seek; then
+    reading goes on from there and the commit of it is stored (a damaged offset file set aside)."""
+    root.create_topic("t")
+    offsets = write_each(root, "t", [b"a", b"b", b"c"])
+    registry = kl.registry.Registry(root.path, "g")
+    if damage == "out of range":
+        registry.write_offset("t", 0, 10**9, "admin")
+        error = kl.OffsetOutOfRange
+    else:
+        path = os.path.join(registry.path, LEGACY_OFFSETS, "t", "0")
+        os.makedirs(os.path.dirname(path))
+        with open(path, "wb") as f:
+            f.write(b"offset 9")
+        error = kl.CorruptOffset
+    with kl.GroupConsumer(root, "g", ["t"], reset="fail", auto_commit=False, **FAST) as member:
+        stream = iter(member)
+        for _ in range(2):  # every poll, until the seek
+            with pytest.raises(error):
+                stream.poll(1)
+        member.seek("t", 0, offsets[1])
+        assert stream.poll(5).value == b"b"
+        member.commit()
+        assert member.committed("t", 0) == kl.Position(offsets[2])
+    if damage != "out of range":
+        assert os.path.exists(path + ".damaged") and not os.path.exists(path)
+    with kl.GroupConsumer(root, "g", ["t"], reset="fail", **FAST) as later:
+        assert iter(later).poll(5).value == b"c"
 
 
 def test_deserializers_hand_out_objects_and_null_stays_none(root, topic):
