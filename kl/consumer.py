@@ -263,7 +263,6 @@ class Consumer:
                         watch.wait(min(waits, default=None))
                     else:
                         yield CaughtUp(watch, min(waits, default=None))  # type: ignore[misc]  # follow_steps' type says
-                        watch.check()
 
     def follow_steps(
         self, topic: str | Sequence[str], partitions: Iterable[int] | Iterable[tuple[str, int]] | None = None, **options: Any

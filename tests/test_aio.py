@@ -220,6 +220,25 @@ def test_without_inotify_the_follower_waits_on_the_loops_timer(root, topic, monk
     assert asyncio.run(main()) == (b"from another process", [])
 
 
+def test_a_follower_waiting_on_the_loop_fails_on_a_topic_created_again(root, topic):
+    """As the sync follow does: one line, ``TopicRecreated``, nothing of the new topic handed out."""
+    kl.Producer(root).send(topic, b"old")
+
+    async def main() -> bytes | None:
+        async with AsyncConsumer(root, topic) as consumer:
+            first = (await consumer.__anext__()).value
+            waiting = asyncio.create_task(consumer.__anext__())
+            await asyncio.sleep(0.2)
+            root.delete_topic(topic)
+            root.create_topic(topic)
+            kl.Producer(root).send(topic, b"new")
+            with pytest.raises(kl.TopicRecreated, match="follow it again to read the new one"):
+                await asyncio.wait_for(waiting, 30)
+            return first
+
+    assert asyncio.run(main()) == b"old"
+
+
 def test_a_cancelled_wait_for_a_message_loses_nothing(root, topic):
     async def main() -> list[bytes | None]:
         got: list[bytes | None] = []
