@@ -148,12 +148,17 @@ class _Closing:
     """A consumer's fetch under way, kept across a cancelled ``__anext__``."""
 
     async def _fetched(self, pending: asyncio.Future[T]) -> T:
-        """What the fetch ``pending`` gave or raised; a cancelled caller leaves it under way."""
+        """What the fetch ``pending`` gave or raised; a cancelled caller leaves it (under
+        way or done) for the next call."""
         try:
-            return await asyncio.shield(pending)
-        finally:
-            if pending.done():
-                self._next = None
+            got = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._next = None
+            raise
+        self._next = None
+        return got
 
     async def _close(self) -> None:
         raise NotImplementedError

@@ -239,6 +239,25 @@ def test_a_follower_waiting_on_the_loop_fails_on_a_topic_created_again(root, top
     assert asyncio.run(main()) == b"old"
 
 
+@pytest.mark.parametrize("member", [False, True], ids=["consumer", "group-member"])
+def test_a_cancel_that_comes_as_the_fetch_ends_loses_nothing(root, topic, member):
+    """The fetch done, its caller cancelled before it resumed: the next ``__anext__`` has it."""
+    kl.Producer(root).send_batch(topic, [b"0", b"1"])
+
+    async def main() -> list[bytes | None]:
+        follower = AsyncGroupConsumer(root, "g", [topic]) if member else AsyncConsumer(root, topic)
+        async with follower:
+            reading = asyncio.create_task(follower.__anext__())
+            while follower._next is None or not follower._next.done():
+                await asyncio.sleep(0)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+            return [(await asyncio.wait_for(follower.__anext__(), 30)).value for _ in range(2)]
+
+    assert asyncio.run(main()) == [b"0", b"1"]
+
+
 def test_a_cancelled_wait_for_a_message_loses_nothing(root, topic):
     async def main() -> list[bytes | None]:
         got: list[bytes | None] = []
