@@ -301,8 +301,8 @@ def run_shell(cmds: list[Command], tmp: Path, env: dict[str, str]) -> None:
         bash.wait(timeout=SCRIPT_SECONDS)
     except subprocess.TimeoutExpired:
         pytest.fail(hung(cmds, out, bash.pid, tmp))
-    finally:
-        signal_session(bash.pid, signal.SIGKILL)  # whatever the script left running
+    finally:  # whatever the script left running, gone before the next script binds its ports
+        wait_for_death(signal_session(bash.pid, signal.SIGKILL), 20)
         bash.wait()
     assert bash.returncode == 0
     for n, cmd in enumerate(cmds):
