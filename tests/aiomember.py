@@ -16,11 +16,12 @@ the commits file, ``written`` after writing all of it, ``synced`` after its fsyn
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
 import time
+
+from groupmember import arguments
 
 import kl
 from kl.aio import AsyncGroupConsumer
@@ -56,15 +57,7 @@ def die_in_commit(step: str, armed: list[bool]) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("root")
-    parser.add_argument("group")
-    parser.add_argument("topics")
-    parser.add_argument("out")
-    parser.add_argument("--poll", type=float, default=0.1)
-    parser.add_argument("--session", type=float, default=3.0)
-    parser.add_argument("--commit-every", type=int, default=0)
-    parser.add_argument("--sleep", type=float, default=0.0)
+    parser = arguments()
     parser.add_argument("--max-bytes", type=int, default=1 << 20)
     parser.add_argument("--die-in-commit", choices=["torn", "written", "synced"])
     parser.add_argument("--die-at", type=int, default=1)

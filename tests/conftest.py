@@ -166,6 +166,19 @@ def served(root: kl.Root) -> Iterator[Callable[..., tuple[Any, Any]]]:
         running.stop()
 
 
+def output_lines(path: str, kind: str, fields: int) -> list[list[str]]:
+    """The ``fields`` fields after ``kind`` (the last one holding the rest) of each complete
+    line of a child process's output file ``path`` that starts with ``kind``; none while
+    the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    complete = text[: text.rfind("\n") + 1]
+    return [line.split(" ", fields)[1:] for line in complete.splitlines() if line.startswith(kind + " ")]
+
+
 def run_on_a_terminal(command: list[str], env: dict[str, str], stream: str = "stdout") -> tuple[int, bytes]:
     """Run ``command`` with its ``stream`` ("stdout" or "stderr") on a pseudo-terminal and
     the other to /dev/null; its exit status and what the terminal got."""

@@ -57,7 +57,8 @@ def stop_in(op: str, out: IO[str], armed_now: bool) -> None:
     _Claims.lock = stopping  # type: ignore[method-assign]
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The arguments of a member process (this one's and tests/aiomember.py's)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
     parser.add_argument("group")
@@ -67,6 +68,11 @@ def main() -> None:
     parser.add_argument("--session", type=float, default=3.0)
     parser.add_argument("--commit-every", type=int, default=0)
     parser.add_argument("--sleep", type=float, default=0.0)
+    return parser
+
+
+def main() -> None:
+    parser = arguments()
     parser.add_argument("--stop-in", choices=["claim", "commit", "release", "owns"])
     parser.add_argument("--arm-on-usr1", action="store_true")
     args = parser.parse_args()

@@ -26,7 +26,7 @@ from kl.aio import AsyncConsumer, AsyncGroupConsumer, AsyncProducer
 from kl.log.recovery import recover
 from kl.registry import Committed, Registry, encode_commit
 
-from conftest import read_all
+from conftest import output_lines, read_all
 
 AIOMEMBER = os.path.join(os.path.dirname(__file__), "aiomember.py")
 SESSION = 2.5
@@ -95,14 +95,7 @@ class Member:
         [(self.id,)] = self.lines("joined")
 
     def lines(self, kind: str) -> list[list[str]]:
-        try:
-            with open(self.out, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            return []
-        complete = text[: text.rfind("\n") + 1]
-        fields = {"m": 6, "lost": 3, "committed": 3}.get(kind, 1)
-        return [line.split(" ", fields)[1:] for line in complete.splitlines() if line.startswith(kind + " ")]
+        return output_lines(self.out, kind, {"m": 6, "lost": 3, "committed": 3}.get(kind, 1))
 
     def received(self) -> list[tuple[float, int, int, int, str]]:
         """(time, partition, offset, next offset, value) of each record handed out."""

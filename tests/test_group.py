@@ -18,7 +18,7 @@ import kl
 from kl import groups
 from kl.registry import SLOT, Commit, Committed, Registry, decode_commit, encode_commit, encode_forgotten
 
-from conftest import active_segment, flip_byte, write_each
+from conftest import active_segment, flip_byte, output_lines, write_each
 
 MEMBER = os.path.join(os.path.dirname(__file__), "groupmember.py")
 
@@ -60,13 +60,7 @@ class Member:
         wait_for(lambda: self.lines("joined"), what="the member to join")
 
     def lines(self, kind: str) -> list[list[str]]:
-        try:
-            with open(self.out, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            return []
-        complete = text[: text.rfind("\n") + 1]
-        return [line.split(" ", 5 if kind == "m" else 3)[1:] for line in complete.splitlines() if line.startswith(kind + " ")]
+        return output_lines(self.out, kind, 5 if kind == "m" else 3)
 
     def received(self) -> list[tuple[float, str, int, int, str]]:
         return [(float(t), topic, int(p), int(o), v) for t, topic, p, o, v in self.lines("m")]
