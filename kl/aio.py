@@ -32,11 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from kl.errors import InvalidConfig, ProducerClosed
+from kl.follow import CaughtUp
+from kl.group import GroupConsumer, Record
 
 if TYPE_CHECKING:
     from kl.consumer import Batch, Consumer, Start
-    from kl.follow import CaughtUp
-    from kl.group import GroupConsumer, MessageStream, Record
+    from kl.group import MessageStream
     from kl.net.remote import RemoteRoot
     from kl.producer import Appended, Producer
     from kl.serde import Deserializer
@@ -293,9 +294,6 @@ class AsyncConsumer(_Closing):
         return self
 
     async def __anext__(self) -> Record:
-        from kl.follow import CaughtUp
-        from kl.group import Record
-
         while (record := next(self._records, None)) is None:
             if self._next is None:
                 if self._closed:
@@ -362,8 +360,6 @@ class AsyncGroupConsumer(_Closing):
     def _join(self) -> GroupConsumer:
         if self._member is not None:  # a cancelled start that joined after all
             return self._member
-        from kl.group import GroupConsumer
-
         root, group, topics, options = self._arguments
         self._member = GroupConsumer(root, group, topics, **options)
         return self._member
@@ -372,8 +368,6 @@ class AsyncGroupConsumer(_Closing):
         return self
 
     async def __anext__(self) -> Record:
-        from kl.follow import CaughtUp
-
         if self._closed and self._next is None:
             raise StopAsyncIteration
         await self.start()

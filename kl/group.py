@@ -375,8 +375,9 @@ class GroupConsumer:
     damaged line of a commits file is skipped, see kl/registry.py), "earliest" and
     "latest" go on from the log start or end with a warning; "fail" blocks the partition:
     every poll of its stream raises ``OffsetOutOfRange`` or ``CorruptOffset``, and nothing
-    is committed over it, until ``seek()`` says where to go on.  With ``auto_commit`` the consumed messages' offsets are
-    committed every ``auto_commit_interval`` seconds (shorter than ``poll_interval`` too),
+    is committed over it, until ``seek()`` says where to go on.  With ``auto_commit`` the
+    consumed messages' offsets are committed every ``auto_commit_interval`` seconds
+    (shorter than ``poll_interval`` too),
     when a partition moves to another member, and by ``close()``; inside a compressed
     batch a commit is of the position after the last message (``kl.Position``).
 
@@ -390,8 +391,8 @@ class GroupConsumer:
     deleted and created again is revoked (without a final auto-commit: its offsets are of
     the old topic), then the new one's partitions are assigned.  Partitions taken away
     without a clean revoke (this member expired, its commit rejected) go to ``on_lost``
-    instead.  They run in the coordinator's thread (the first
-    rebalance in the constructor's, ``close()``'s in its caller's) and hold up the
+    instead.  They run in the coordinator's thread (the first rebalance in the
+    constructor's, ``close()``'s in its caller's) and hold up the
     heartbeat while they run; an exception they raise is logged (``logging``) and the
     member goes on.  ``key_deserializer``/``value_deserializer`` (kl.serde) turn the keys
     and values that iteration and streams hand out (``Record``) into objects (what one
